@@ -1,0 +1,197 @@
+//! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
+//! module tree (one file per party: tasks, planner, worker), prepared through deadpool's
+//! statement cache; nothing else in the runtime writes SQL.
+//!
+//! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
+//! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see SPEC.md §6.
+
+pub mod admin;
+mod migrate;
+mod planner;
+mod tasks;
+mod worker;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
+pub use planner::CLAIM as CLAIM_SQL;
+pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
+pub use tasks::{NewTask, TaskRow, TaskStatus, TransitionRow};
+pub use worker::{Completion, Outcome, Registration, StartedTask};
+
+use crate::error::{Error, Result};
+
+/// The NOTIFY channel on which new runnable tasks are announced (by the table's trigger).
+pub const TASKS_CHANNEL: &str = "artex_tasks";
+
+/// A handle on the blackboard: two small pools (durable writes; relaxed writes for
+/// heartbeats and lease renewals) and what is needed to open LISTEN sessions.
+#[derive(Clone)]
+pub struct Blackboard {
+    pool: Pool,
+    relaxed: Pool,
+    config: tokio_postgres::Config,
+}
+
+impl std::fmt::Debug for Blackboard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blackboard")
+            .field("pool", &self.pool.status())
+            .finish()
+    }
+}
+
+impl Blackboard {
+    /// Prepares pools for `url` (no connection is made until first use). `pool_size` is
+    /// the durable pool's size; the relaxed pool has two connections.
+    pub fn connect(url: &str, pool_size: usize) -> Result<Self> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| Error::Url(format!("{e} (in {})", mask_password(url))))?;
+        if config.get_application_name().is_none() {
+            config.application_name("artex");
+        }
+        config.connect_timeout(Duration::from_secs(10));
+        let pool = build_pool(config.clone(), pool_size)?;
+        let mut relaxed_cfg = config.clone();
+        // Heartbeats and lease renewals are rewritten every few seconds; losing the last
+        // one in a crash costs nothing, so they do not wait for the WAL flush. Task
+        // results never go through this pool.
+        relaxed_cfg.options("-c synchronous_commit=off");
+        let relaxed = build_pool(relaxed_cfg, 2)?;
+        Ok(Blackboard {
+            pool,
+            relaxed,
+            config,
+        })
+    }
+
+    /// Checks the database answers.
+    pub async fn ping(&self) -> Result {
+        let client = self.pool.get().await?;
+        client.simple_query("select 1").await?;
+        Ok(())
+    }
+
+    /// Opens a dedicated session that LISTENs on `channels`. LISTEN needs a session of its
+    /// own (so pgbouncer must run in session mode for it); notifications are wake-up hints,
+    /// never the record: when the session drops, `Listener::recv` returns `None` and the
+    /// owner reconnects and rescans the tables.
+    pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
+        let (client, mut connection) = self.config.connect(NoTls).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = stream.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if tx.send(n.channel().to_string()).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listening session ended");
+                        break;
+                    }
+                }
+            }
+        });
+        let mut sql = String::new();
+        for c in channels {
+            sql.push_str(&format!("listen \"{}\";", c.replace('"', "\"\"")));
+        }
+        client.batch_execute(&sql).await?;
+        Ok(Listener {
+            _client: client,
+            rx,
+            driver,
+        })
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client> {
+        Ok(self.pool.get().await?)
+    }
+
+    pub(crate) async fn relaxed_client(&self) -> Result<deadpool_postgres::Client> {
+        Ok(self.relaxed.get().await?)
+    }
+}
+
+/// A LISTEN session; see [`Blackboard::listen`].
+pub struct Listener {
+    _client: tokio_postgres::Client,
+    rx: mpsc::UnboundedReceiver<String>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Listener {
+    /// The next notification's channel, or `None` once the session is gone.
+    pub async fn recv(&mut self) -> Option<String> {
+        self.rx.recv().await
+    }
+
+    /// Drops every notification already received (they all mean "look again").
+    pub fn drain_pending(&mut self) -> usize {
+        let mut n = 0;
+        while self.rx.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+fn build_pool(config: tokio_postgres::Config, size: usize) -> Result<Pool> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .build()
+        .map_err(|e| Error::Url(e.to_string()))
+}
+
+/// The URL with any password replaced by `***`, for logs and errors.
+pub fn mask_password(url: &str) -> String {
+    // postgresql://user:secret@host/db → postgresql://user:***@host/db
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        if let Some(at) = rest.find('@') {
+            let userinfo = &rest[..at];
+            if let Some(colon) = userinfo.find(':') {
+                return format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &rest[at..]
+                );
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for part in url.split(['&', '?', ' ']) {
+        if let Some(v) = part.strip_prefix("password=") {
+            out.push((v, "***"));
+        }
+    }
+    let mut masked = url.to_string();
+    for (v, m) in out {
+        masked = masked.replace(&format!("password={v}"), &format!("password={m}"));
+    }
+    masked
+}

@@ -1,0 +1,288 @@
+//! The planner's SQL: the roster of workers with spare capacity, the batched claim and
+//! assignment (one transaction: `for update skip locked`, then one compare-and-set update
+//! that also wakes the chosen workers), and the reaper's sweeps.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::Blackboard;
+use crate::error::Result;
+
+/// An online, live worker as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RosterEntry {
+    /// Worker id.
+    pub id: String,
+    /// The kinds it runs.
+    pub kinds: Vec<String>,
+    /// How many tasks it may hold at once.
+    pub capacity: i32,
+    /// How many it holds now (assigned or running).
+    pub held: i32,
+}
+
+impl RosterEntry {
+    /// Free slots.
+    pub fn free(&self) -> i32 {
+        (self.capacity - self.held).max(0)
+    }
+}
+
+/// A task the planner locked for assignment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// Task id.
+    pub id: Uuid,
+    /// Its kind.
+    pub kind: String,
+}
+
+/// One decision of the assigner: this task to that worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Task id.
+    pub task: Uuid,
+    /// Worker id.
+    pub worker: String,
+}
+
+/// What one claim-and-assign cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AssignReport {
+    /// Runnable tasks locked by the claim.
+    pub claimed: usize,
+    /// Tasks assigned (written and committed).
+    pub assigned: usize,
+    /// Workers woken.
+    pub workers_notified: usize,
+    /// Free capacity the roster showed before the cycle.
+    pub free_capacity: i64,
+}
+
+/// What one reaper sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Workers newly marked `gone`.
+    pub workers_gone: Vec<String>,
+    /// Tasks taken back from expired leases or gone workers, now pending again.
+    pub requeued: usize,
+    /// Tasks that ran out of retries and ended (`timeout`).
+    pub ended: usize,
+    /// Rows of workers gone long ago that were deleted.
+    pub workers_pruned: u64,
+}
+
+const ROSTER: &str = "select w.id, w.kinds, w.capacity,
+        (select count(*) from artex.tasks t
+          where t.assigned_to = w.id and t.status in ('assigned', 'running'))::int4
+    from artex.workers w
+    where w.state = 'online'
+      and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+    order by w.id";
+
+/// The scanner's claim query (public so a test can prove with EXPLAIN that it uses
+/// the partial index `tasks_runnable`).
+pub const CLAIM: &str = "select id, kind from artex.tasks
+    where status = 'pending' and run_at <= now() and kind = any($1::text[])
+      and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
+    order by priority desc, run_at, id
+    limit $2
+    for update skip locked";
+
+const ASSIGN: &str = "with a as (
+        update artex.tasks t
+        set status = 'assigned', assigned_to = v.worker,
+            lease_until = now() + make_interval(secs => $4::float8)
+        from artex.set_context($1, 'assigned') ctx,
+             unnest($2::uuid[], $3::text[]) as v(id, worker)
+        where ctx and t.id = v.id and t.status = 'pending'
+        returning t.id, t.assigned_to
+    ),
+    woken as (
+        select count(pg_notify(w.channel, '')) as n
+        from artex.workers w where w.id in (select distinct assigned_to from a)
+    )
+    select a.id, (select n from woken) from a";
+
+// Takes back held tasks whose lease ran out or whose worker is gone. Running tasks count
+// a failed attempt (and end as `timeout` past their budget); assigned tasks never
+// started, so they go back without one.
+const RECLAIM: &str = "with stale as materialized (
+        select id from artex.tasks
+        where status in ('assigned', 'running')
+          and (lease_until < coalesce($1::timestamptz, now()) or assigned_to = any($2::text[]))
+        order by lease_until
+        limit $3
+        for update skip locked
+    )
+    update artex.tasks t
+    set status = case when t.status = 'running' and t.retries + 1 > t.max_retries
+                      then 'timeout'::artex.task_status else 'pending' end,
+        retries = t.retries + (t.status = 'running')::int,
+        run_at = coalesce($1::timestamptz, now())
+                 + artex.retry_delay(t.retries, $5::float8, $6::float8),
+        error = case when t.status = 'running'
+                     then 'lease lost by worker ' || t.assigned_to else t.error end
+    from artex.set_context($4, case when cardinality($2::text[]) > 0
+                               then 'worker gone or lease expired' else 'lease expired' end) ctx,
+         stale
+    where ctx and t.id = stale.id
+    returning t.status::text";
+
+const MARK_GONE: &str = "update artex.workers set state = 'gone'
+    where state <> 'gone'
+      and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+    returning id";
+
+const PRUNE_WORKERS: &str = "delete from artex.workers
+    where state = 'gone'
+      and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+      and not exists (select 1 from artex.tasks t
+                      where t.assigned_to = workers.id and t.status in ('assigned', 'running'))";
+
+/// Limits of one reaper sweep.
+#[derive(Debug, Clone)]
+pub struct ReapParams {
+    /// "Now" for the sweep (tests move the clock); the database's clock when `None`.
+    pub now: Option<DateTime<Utc>>,
+    /// A worker silent for longer is gone.
+    pub worker_timeout_secs: f64,
+    /// Rows of gone workers older than this are deleted.
+    pub prune_after_secs: f64,
+    /// At most this many tasks taken back per sweep.
+    pub batch: i64,
+    /// Retry backoff base and cap, milliseconds.
+    pub retry_base_ms: f64,
+    /// Cap of the backoff.
+    pub retry_cap_ms: f64,
+}
+
+impl Blackboard {
+    /// Online workers heard from within `alive_secs`, with what they hold.
+    pub async fn roster(
+        &self,
+        now: Option<DateTime<Utc>>,
+        alive_secs: f64,
+    ) -> Result<Vec<RosterEntry>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(ROSTER).await?;
+        let rows = client.query(&stmt, &[&now, &alive_secs]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(RosterEntry {
+                    id: r.try_get(0)?,
+                    kinds: r.try_get(1)?,
+                    capacity: r.try_get(2)?,
+                    held: r.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    /// One dispatch cycle in one transaction: lock up to `limit` runnable tasks of `kinds`
+    /// (skipping rows other planners hold), let `plan` match them to workers, write the
+    /// assignments with a compare-and-set on `pending`, and wake the chosen workers.
+    /// `shards`: `(count, mine)`, or `(1, [])` to take every shard.
+    pub async fn claim_and_assign<F>(
+        &self,
+        actor: &str,
+        kinds: &[String],
+        limit: i64,
+        shards: (i32, &[i32]),
+        lease_secs: f64,
+        plan: F,
+    ) -> Result<AssignReport>
+    where
+        F: FnOnce(&[Claimed]) -> Vec<Assignment>,
+    {
+        let mut report = AssignReport::default();
+        if kinds.is_empty() || limit <= 0 {
+            return Ok(report);
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let claim = tx.prepare_cached(CLAIM).await?;
+        let rows = tx
+            .query(&claim, &[&kinds, &limit, &shards.0, &shards.1])
+            .await?;
+        let claimed: Vec<Claimed> = rows
+            .iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: r.try_get(0)?,
+                    kind: r.try_get(1)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        report.claimed = claimed.len();
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(report);
+        }
+        let plan = plan(&claimed);
+        if plan.is_empty() {
+            tx.commit().await?;
+            return Ok(report);
+        }
+        let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
+        let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
+        let assign = tx.prepare_cached(ASSIGN).await?;
+        let rows = tx
+            .query(&assign, &[&actor, &ids, &workers, &lease_secs])
+            .await?;
+        tx.commit().await?;
+        report.assigned = rows.len();
+        report.workers_notified = rows
+            .first()
+            .map(|r| r.try_get::<_, Option<i64>>(1))
+            .transpose()?
+            .flatten()
+            .unwrap_or(0) as usize;
+        Ok(report)
+    }
+
+    /// One reaper sweep: mark silent workers gone, take back their tasks and every task
+    /// whose lease expired, and delete rows of workers gone long ago.
+    pub async fn reap(&self, actor: &str, p: &ReapParams) -> Result<ReapReport> {
+        let client = self.client().await?;
+        let mut report = ReapReport::default();
+        let stmt = client.prepare_cached(MARK_GONE).await?;
+        for row in client
+            .query(&stmt, &[&p.now, &p.worker_timeout_secs])
+            .await?
+        {
+            report.workers_gone.push(row.try_get(0)?);
+        }
+        let stmt = client.prepare_cached(RECLAIM).await?;
+        loop {
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &p.now,
+                        &report.workers_gone,
+                        &p.batch,
+                        &actor,
+                        &p.retry_base_ms,
+                        &p.retry_cap_ms,
+                    ],
+                )
+                .await?;
+            for r in &rows {
+                if r.try_get::<_, String>(0)? == "pending" {
+                    report.requeued += 1;
+                } else {
+                    report.ended += 1;
+                }
+            }
+            if (rows.len() as i64) < p.batch {
+                break;
+            }
+        }
+        let stmt = client.prepare_cached(PRUNE_WORKERS).await?;
+        report.workers_pruned = client
+            .execute(&stmt, &[&p.now, &p.prune_after_secs])
+            .await?;
+        Ok(report)
+    }
+}

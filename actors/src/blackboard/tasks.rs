@@ -1,0 +1,373 @@
+//! Tasks as users see them: submit, show with full history, list. The status machine
+//! itself is enforced by the database (migrations/V1__blackboard.sql), not here.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Blackboard;
+use crate::error::{Error, Result};
+
+/// A task's status, mirroring the `artex.task_status` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    /// Runnable once `run_at` has passed.
+    Pending,
+    /// Given to a worker, not yet started.
+    Assigned,
+    /// A worker runs it.
+    Running,
+    /// Finished with a result.
+    Succeeded,
+    /// Failed for good.
+    Failed,
+    /// Out of time for good (lease or handler timeout past its retries).
+    Timeout,
+    /// Held by an operator.
+    Paused,
+    /// Waiting on upstream tasks of its flow.
+    Blocked,
+    /// Canceled by an operator or by a failed upstream task.
+    Canceled,
+}
+
+impl TaskStatus {
+    /// Every status, in the order of the enum.
+    pub const ALL: [TaskStatus; 9] = [
+        TaskStatus::Pending,
+        TaskStatus::Assigned,
+        TaskStatus::Running,
+        TaskStatus::Succeeded,
+        TaskStatus::Failed,
+        TaskStatus::Timeout,
+        TaskStatus::Paused,
+        TaskStatus::Blocked,
+        TaskStatus::Canceled,
+    ];
+
+    /// The name used in the database and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Assigned => "assigned",
+            TaskStatus::Running => "running",
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Timeout => "timeout",
+            TaskStatus::Paused => "paused",
+            TaskStatus::Blocked => "blocked",
+            TaskStatus::Canceled => "canceled",
+        }
+    }
+
+    /// Whether no transition leaves this status.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Timeout | TaskStatus::Canceled
+        )
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TaskStatus {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        TaskStatus::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown status '{s}'; expected one of: {}",
+                    TaskStatus::ALL.map(|t| t.as_str()).join(", ")
+                ))
+            })
+    }
+}
+
+/// A task to submit. Only `kind` is required; the rest default as in the table.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    /// The handler kind.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: serde_json::Value,
+    /// Higher runs first; 0 by default.
+    pub priority: i32,
+    /// Not before this time; now by default.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Retries after the first attempt; 3 by default.
+    pub max_retries: Option<i32>,
+    /// Per-attempt handler timeout in milliseconds; the handler's default otherwise.
+    pub timeout_ms: Option<i32>,
+    /// Business shard key: tasks with one key go to one planner shard.
+    pub shard_key: Option<String>,
+}
+
+impl NewTask {
+    /// A task of `kind` with `payload`, everything else default.
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
+        NewTask {
+            kind: kind.into(),
+            payload,
+            ..Default::default()
+        }
+    }
+
+    /// Checks what the database would refuse, with a message naming the field.
+    pub fn validate(&self) -> Result {
+        if self.kind.trim().is_empty() {
+            return Err(Error::Invalid("kind: must not be empty".into()));
+        }
+        if self.kind.len() > 200 {
+            return Err(Error::Invalid(format!(
+                "kind: {} bytes long, at most 200 allowed",
+                self.kind.len()
+            )));
+        }
+        if let Some(n) = self.max_retries {
+            if n < 0 {
+                return Err(Error::Invalid(format!(
+                    "max_retries: {n} is negative; expected 0 or more"
+                )));
+            }
+        }
+        if let Some(ms) = self.timeout_ms {
+            if ms <= 0 {
+                return Err(Error::Invalid(format!(
+                    "timeout_ms: {ms}; expected a positive number of milliseconds"
+                )));
+            }
+        }
+        if self.shard_key.as_deref() == Some("") {
+            return Err(Error::Invalid("shard_key: must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A task as stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskRow {
+    /// Its id.
+    pub id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its status.
+    pub status: TaskStatus,
+    /// Its input.
+    pub payload: serde_json::Value,
+    /// Its result, once succeeded.
+    pub result: Option<serde_json::Value>,
+    /// The last error.
+    pub error: Option<String>,
+    /// The worker holding it.
+    pub assigned_to: Option<String>,
+    /// Until when the holder's lease runs.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The fencing token.
+    pub lease_epoch: i64,
+    /// Failed attempts so far.
+    pub retries: i32,
+    /// Retries allowed after the first attempt.
+    pub max_retries: i32,
+    /// Dispatch priority.
+    pub priority: i32,
+    /// Not before.
+    pub run_at: DateTime<Utc>,
+    /// Per-attempt timeout.
+    pub timeout_ms: Option<i32>,
+    /// Business shard key.
+    pub shard_key: Option<String>,
+    /// Its flow.
+    pub flow_id: Option<Uuid>,
+    /// Its name in the flow.
+    pub flow_task: Option<String>,
+    /// Saved progress.
+    pub checkpoint: Option<serde_json::Value>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Last started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One row of a task's audit trail.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransitionRow {
+    /// From (None for the creation).
+    pub from_status: Option<TaskStatus>,
+    /// To.
+    pub to_status: TaskStatus,
+    /// Why.
+    pub reason: Option<String>,
+    /// Who.
+    pub actor: String,
+    /// The worker holding the task then.
+    pub worker: Option<String>,
+    /// The fencing token then.
+    pub lease_epoch: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
+    assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
+    shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at";
+
+pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
+    Ok(TaskRow {
+        id: r.try_get(0)?,
+        kind: r.try_get(1)?,
+        status: r.try_get::<_, String>(2)?.parse()?,
+        payload: r.try_get(3)?,
+        result: r.try_get(4)?,
+        error: r.try_get(5)?,
+        assigned_to: r.try_get(6)?,
+        lease_until: r.try_get(7)?,
+        lease_epoch: r.try_get(8)?,
+        retries: r.try_get(9)?,
+        max_retries: r.try_get(10)?,
+        priority: r.try_get(11)?,
+        run_at: r.try_get(12)?,
+        timeout_ms: r.try_get(13)?,
+        shard_key: r.try_get(14)?,
+        flow_id: r.try_get(15)?,
+        flow_task: r.try_get(16)?,
+        checkpoint: r.try_get(17)?,
+        created_at: r.try_get(18)?,
+        updated_at: r.try_get(19)?,
+        started_at: r.try_get(20)?,
+        finished_at: r.try_get(21)?,
+    })
+}
+
+const SUBMIT: &str = "insert into artex.tasks
+        (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+    select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
+           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key
+    from artex.set_context($1, $2) ctx,
+         unnest($3::uuid[], $4::text[], $5::jsonb[], $6::int4[], $7::timestamptz[],
+                $8::int4[], $9::int4[], $10::text[])
+           as v(id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+    where ctx";
+
+impl Blackboard {
+    /// Inserts one task; returns its id.
+    pub async fn submit(&self, task: &NewTask, actor: &str) -> Result<Uuid> {
+        let ids = self.submit_many(std::slice::from_ref(task), actor).await?;
+        Ok(ids[0])
+    }
+
+    /// Inserts many tasks in one statement (one audit insert, one NOTIFY); returns their
+    /// ids in order. All or nothing.
+    pub async fn submit_many(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Uuid>> {
+        for (i, t) in tasks.iter().enumerate() {
+            t.validate()
+                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
+        }
+        // Time-ordered ids keep the primary key's inserts on the rightmost pages.
+        let ids: Vec<Uuid> = tasks.iter().map(|_| Uuid::now_v7()).collect();
+        let kinds: Vec<&str> = tasks.iter().map(|t| t.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = tasks.iter().map(|t| &t.payload).collect();
+        let priorities: Vec<i32> = tasks.iter().map(|t| t.priority).collect();
+        let run_ats: Vec<Option<DateTime<Utc>>> = tasks.iter().map(|t| t.run_at).collect();
+        let max_retries: Vec<Option<i32>> = tasks.iter().map(|t| t.max_retries).collect();
+        let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
+        let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SUBMIT).await?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &actor,
+                    &"submitted",
+                    &ids,
+                    &kinds,
+                    &payloads,
+                    &priorities,
+                    &run_ats,
+                    &max_retries,
+                    &timeouts,
+                    &shard_keys,
+                ],
+            )
+            .await?;
+        Ok(ids)
+    }
+
+    /// One task, or `TaskNotFound`.
+    pub async fn task(&self, id: Uuid) -> Result<TaskRow> {
+        let client = self.client().await?;
+        let sql = format!("select {TASK_COLUMNS} from artex.tasks where id = $1");
+        let stmt = client.prepare_cached(&sql).await?;
+        match client.query_opt(&stmt, &[&id]).await? {
+            Some(row) => task_from_row(&row),
+            None => Err(Error::TaskNotFound(id)),
+        }
+    }
+
+    /// A task's audit trail, oldest first.
+    pub async fn transitions(&self, id: Uuid) -> Result<Vec<TransitionRow>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "select from_status::text, to_status::text, reason, actor, worker, lease_epoch, at
+                 from artex.task_transitions where task_id = $1 order by id",
+            )
+            .await?;
+        let rows = client.query(&stmt, &[&id]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TransitionRow {
+                    from_status: r
+                        .try_get::<_, Option<String>>(0)?
+                        .map(|s| s.parse())
+                        .transpose()?,
+                    to_status: r.try_get::<_, String>(1)?.parse()?,
+                    reason: r.try_get(2)?,
+                    actor: r.try_get(3)?,
+                    worker: r.try_get(4)?,
+                    lease_epoch: r.try_get(5)?,
+                    at: r.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest tasks, optionally of one status, at most `limit`.
+    pub async fn tasks(&self, status: Option<TaskStatus>, limit: i64) -> Result<Vec<TaskRow>> {
+        let client = self.client().await?;
+        let sql = format!(
+            "select {TASK_COLUMNS} from artex.tasks
+             where ($1::text is null or status = $1::text::artex.task_status)
+             order by created_at desc, id desc limit $2"
+        );
+        let stmt = client.prepare_cached(&sql).await?;
+        let status = status.map(|s| s.as_str());
+        let rows = client.query(&stmt, &[&status, &limit]).await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    /// How many tasks are in each status (statuses with none are left out).
+    pub async fn status_counts(&self) -> Result<Vec<(TaskStatus, i64)>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("select status::text, count(*) from artex.tasks group by 1 order by 1")
+            .await?;
+        let rows = client.query(&stmt, &[]).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<_, String>(0)?.parse()?, r.try_get(1)?)))
+            .collect()
+    }
+}

@@ -1,0 +1,337 @@
+//! A worker's SQL: register and heartbeat, start what was assigned to it, renew leases,
+//! save checkpoints, record outcomes in batches, release what it will not run. Every
+//! write to a task names the lease epoch the worker holds: a worker that lost its lease
+//! changes nothing.
+
+use uuid::Uuid;
+
+use super::Blackboard;
+use crate::error::Result;
+
+/// How a worker introduces itself.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Unique per process: `host:pid:suffix`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: i32,
+    /// Its build version.
+    pub version: String,
+    /// Where its HTTP server listens.
+    pub http_addr: Option<String>,
+    /// The NOTIFY channel it listens on for assignments.
+    pub channel: String,
+    /// The kinds it runs.
+    pub kinds: Vec<String>,
+    /// How many tasks it runs at once.
+    pub capacity: i32,
+}
+
+/// A task a worker just started.
+#[derive(Debug, Clone)]
+pub struct StartedTask {
+    /// Task id.
+    pub id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its input.
+    pub payload: serde_json::Value,
+    /// The fencing token to name in every write.
+    pub epoch: i64,
+    /// Failed attempts before this one.
+    pub retries: i32,
+    /// Retry budget.
+    pub max_retries: i32,
+    /// Per-attempt timeout, if the task sets one.
+    pub timeout_ms: Option<i32>,
+    /// Saved progress from an earlier attempt or process.
+    pub checkpoint: Option<serde_json::Value>,
+    /// Its flow, if any.
+    pub flow_id: Option<Uuid>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Done, with a result.
+    Succeeded(serde_json::Value),
+    /// Failed; retried after `retry_in_ms` if the budget allows, else failed for good.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// Backoff before the retry.
+        retry_in_ms: i64,
+    },
+    /// The handler ran past its timeout; retried like a failure, ends as `timeout`.
+    TimedOut {
+        /// What ran out.
+        error: String,
+        /// Backoff before the retry.
+        retry_in_ms: i64,
+    },
+    /// Not run to its end here (drain, handover): back to pending, no attempt counted.
+    Released,
+}
+
+/// One outcome to record, fenced by the epoch the worker held.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// Task id.
+    pub id: Uuid,
+    /// The fencing token the worker held.
+    pub epoch: i64,
+    /// Failed attempts before this one (as read when the task started).
+    pub retries: i32,
+    /// Retry budget (as read when the task started).
+    pub max_retries: i32,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Completion {
+    /// (status, result, error, counted failure, delay) as written.
+    fn row(
+        &self,
+    ) -> (
+        &'static str,
+        Option<&serde_json::Value>,
+        Option<&str>,
+        bool,
+        i64,
+    ) {
+        let exhausted = self.retries + 1 > self.max_retries;
+        match &self.outcome {
+            Outcome::Succeeded(v) => ("succeeded", Some(v), None, false, 0),
+            Outcome::Failed { error, retry_in_ms } => {
+                let status = if exhausted { "failed" } else { "pending" };
+                (status, None, Some(error), true, *retry_in_ms)
+            }
+            Outcome::TimedOut { error, retry_in_ms } => {
+                let status = if exhausted { "timeout" } else { "pending" };
+                (status, None, Some(error), true, *retry_in_ms)
+            }
+            Outcome::Released => ("pending", None, None, false, 0),
+        }
+    }
+}
+
+// Registering adds capacity: wake the planners.
+const REGISTER: &str = "with r as (insert into artex.workers
+        (id, host, pid, version, http_addr, channel, kinds, capacity, state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, 'online', now())
+    on conflict (id) do update set
+        version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
+        kinds = excluded.kinds, capacity = excluded.capacity, state = 'online', last_seen = now()
+    returning 1)
+    select pg_notify('artex_tasks', '') from r";
+
+const HEARTBEAT: &str = "update artex.workers set last_seen = now(), inflight = $2
+    where id = $1 returning state::text";
+
+const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
+        last_seen = now()
+    where id = $1";
+
+// The lock runs in a MATERIALIZED CTE: as a subquery in FROM, PostgreSQL may rescan it
+// once per outer row, and each rescan of `limit … skip locked` takes more rows.
+const START: &str = "with s as materialized (
+        select id from artex.tasks
+        where assigned_to = $1 and status = 'assigned'
+        order by priority desc, run_at, id
+        limit $2
+        for update skip locked
+    )
+    update artex.tasks t
+    set status = 'running', lease_until = now() + make_interval(secs => $3::float8)
+    from artex.set_context($1, 'started') ctx, s
+    where ctx and t.id = s.id and t.status = 'assigned' and t.assigned_to = $1
+    returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
+              t.checkpoint, t.flow_id";
+
+const COMPLETE: &str = "update artex.tasks t
+    set status = v.status::artex.task_status,
+        result = v.result,
+        error = coalesce(v.error, t.error),
+        retries = t.retries + v.failed::int,
+        run_at = case when v.status = 'pending'
+                      then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end
+    from artex.set_context($1, null) ctx,
+         unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::bool[],
+                $8::float8[]) as v(id, epoch, status, result, error, failed, delay_ms)
+    where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+      and t.status in ('running', 'assigned')
+    returning t.id";
+
+const RENEW: &str = "update artex.tasks t
+    set lease_until = now() + make_interval(secs => $2::float8)
+    from unnest($3::uuid[], $4::int8[]) as v(id, epoch)
+    where t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+      and t.status in ('assigned', 'running')
+    returning t.id";
+
+const CHECKPOINT: &str = "update artex.tasks set checkpoint = $3
+    where id = $1 and lease_epoch = $2 and status = 'running'
+    returning id";
+
+const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
+    from artex.set_context($1, $2) ctx
+    where ctx and t.assigned_to = $1 and t.status = 'assigned'
+    returning t.id";
+
+impl Blackboard {
+    /// Inserts or revives the worker's row as `online`.
+    pub async fn register_worker(&self, r: &Registration) -> Result {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(REGISTER).await?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &r.id,
+                    &r.host,
+                    &r.pid,
+                    &r.version,
+                    &r.http_addr,
+                    &r.channel,
+                    &r.kinds,
+                    &r.capacity,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Refreshes `last_seen` (without waiting for the WAL flush); returns the state the
+    /// row holds — `gone` means the reaper gave this worker up and took its tasks back —
+    /// or `None` if the row was deleted.
+    pub async fn heartbeat(&self, worker: &str, inflight: i32) -> Result<Option<String>> {
+        let client = self.relaxed_client().await?;
+        let stmt = client.prepare_cached(HEARTBEAT).await?;
+        Ok(client
+            .query_opt(&stmt, &[&worker, &inflight])
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?)
+    }
+
+    /// Sets the worker's state (`online`, `draining`, `upgrading`, `gone`).
+    pub async fn set_worker_state(&self, worker: &str, state: &str) -> Result {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SET_STATE).await?;
+        client.execute(&stmt, &[&worker, &state]).await?;
+        Ok(())
+    }
+
+    /// Moves up to `limit` of the tasks assigned to `worker` to `running`, with a fresh
+    /// lease, and returns what the handlers need.
+    pub async fn start_assigned(
+        &self,
+        worker: &str,
+        limit: i64,
+        lease_secs: f64,
+    ) -> Result<Vec<StartedTask>> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(START).await?;
+        let rows = client.query(&stmt, &[&worker, &limit, &lease_secs]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StartedTask {
+                    id: r.try_get(0)?,
+                    kind: r.try_get(1)?,
+                    payload: r.try_get(2)?,
+                    epoch: r.try_get(3)?,
+                    retries: r.try_get(4)?,
+                    max_retries: r.try_get(5)?,
+                    timeout_ms: r.try_get(6)?,
+                    checkpoint: r.try_get(7)?,
+                    flow_id: r.try_get(8)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records a batch of outcomes in one statement (one audit insert, one commit).
+    /// Returns the ids actually written: a missing id was fenced off (its lease was lost).
+    pub async fn complete(&self, worker: &str, batch: &[Completion]) -> Result<Vec<Uuid>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut epochs = Vec::with_capacity(batch.len());
+        let mut statuses = Vec::with_capacity(batch.len());
+        let mut results = Vec::with_capacity(batch.len());
+        let mut errors = Vec::with_capacity(batch.len());
+        let mut failed = Vec::with_capacity(batch.len());
+        let mut delays = Vec::with_capacity(batch.len());
+        for c in batch {
+            let (status, result, error, counted, delay) = c.row();
+            ids.push(c.id);
+            epochs.push(c.epoch);
+            statuses.push(status);
+            results.push(result);
+            errors.push(error);
+            failed.push(counted);
+            delays.push(delay as f64);
+        }
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(COMPLETE).await?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &worker, &ids, &epochs, &statuses, &results, &errors, &failed, &delays,
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Extends the leases of the tasks the worker holds (without waiting for the WAL
+    /// flush). Returns the ids still held: a missing one was taken away.
+    pub async fn renew_leases(
+        &self,
+        worker: &str,
+        held: &[(Uuid, i64)],
+        lease_secs: f64,
+    ) -> Result<Vec<Uuid>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+        let epochs: Vec<i64> = held.iter().map(|h| h.1).collect();
+        let client = self.relaxed_client().await?;
+        let stmt = client.prepare_cached(RENEW).await?;
+        let rows = client
+            .query(&stmt, &[&worker, &lease_secs, &ids, &epochs])
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Saves a running task's progress, durably. False if the lease was lost.
+    pub async fn save_checkpoint(
+        &self,
+        id: Uuid,
+        epoch: i64,
+        checkpoint: &serde_json::Value,
+    ) -> Result<bool> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(CHECKPOINT).await?;
+        Ok(client
+            .query_opt(&stmt, &[&id, &epoch, checkpoint])
+            .await?
+            .is_some())
+    }
+
+    /// Gives back every task assigned to `worker` that it has not started.
+    pub async fn release_assigned(&self, worker: &str, reason: &str) -> Result<Vec<Uuid>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(RELEASE_ASSIGNED).await?;
+        let rows = client.query(&stmt, &[&worker, &reason]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+}

@@ -1,0 +1,83 @@
+//! The one error type of the actors crate: what went wrong talking to the blackboard or
+//! between actors, said so that a user can act on it.
+
+use uuid::Uuid;
+
+/// Everything that can go wrong in the planner, the workers and the blackboard.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// PostgreSQL refused or failed a statement; the database's own message is kept.
+    #[error("{}", db_message(.0))]
+    Db(#[from] tokio_postgres::Error),
+    /// No connection could be had from the pool.
+    #[error("database connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// The database URL could not be used.
+    #[error("database URL: {0}")]
+    Url(String),
+    /// A migration could not be applied, or an applied one was edited afterwards.
+    #[error("migration V{version}__{name}: {why}")]
+    Migration {
+        /// Its number.
+        version: i32,
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// No task has this id.
+    #[error("no task with id {0}")]
+    TaskNotFound(Uuid),
+    /// No flow has this id.
+    #[error("no flow with id {0}")]
+    FlowNotFound(Uuid),
+    /// Input that cannot be accepted: the message names what and where.
+    #[error("{0}")]
+    Invalid(String),
+    /// A control that the task's state does not allow (e.g. resume a succeeded task).
+    #[error("{0}")]
+    Refused(String),
+    /// An actor is gone (stopped or restarting) and did not take the message.
+    #[error("actor unavailable: {0}")]
+    Mailbox(#[from] actix::MailboxError),
+}
+
+/// `Result` with this crate's error.
+pub type Result<T = (), E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether this is the database refusing the statement (a constraint, the status
+    /// machine's trigger) rather than the connection failing.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Error::Db(e) => e.as_db_error().is_some(),
+            _ => false,
+        }
+    }
+
+    /// Whether retrying on a fresh connection may succeed (the server restarted, the
+    /// connection dropped).
+    pub fn is_connection(&self) -> bool {
+        match self {
+            Error::Db(e) => e.is_closed() || e.as_db_error().is_none(),
+            Error::Pool(_) => true,
+            _ => false,
+        }
+    }
+}
+
+fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = db.message().to_string();
+            if let Some(detail) = db.detail() {
+                s.push_str(&format!(" ({detail})"));
+            }
+            s
+        }
+        None => match std::error::Error::source(e) {
+            Some(src) => format!("database: {e}: {src}"),
+            None => format!("database: {e}"),
+        },
+    }
+}

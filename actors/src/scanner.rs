@@ -1,0 +1,149 @@
+//! The Scanner: notices runnable work and drives the Assigner. Woken by NOTIFY on
+//! `artex_tasks` (new tasks, freed capacity) with a poll as the safety net — NOTIFY is a
+//! hint, the tables are the truth. Wake-ups that arrive while a round runs fold into one
+//! more round, so a burst of notifications costs one extra round, not one each.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::assigner::{AssignNow, Assigner};
+use crate::blackboard::{AssignReport, Blackboard, TASKS_CHANNEL};
+use crate::supervisor::ActorStats;
+
+/// The Scanner actor.
+pub struct Scanner {
+    bb: Blackboard,
+    assigner: Addr<Assigner>,
+    poll: Duration,
+    batch: i64,
+    stats: ActorStats,
+    in_flight: bool,
+    again: bool,
+}
+
+impl Scanner {
+    /// A scanner that polls every `poll` and asks `assigner` for rounds of up to `batch`.
+    pub fn new(
+        bb: Blackboard,
+        assigner: Addr<Assigner>,
+        poll: Duration,
+        batch: i64,
+        stats: ActorStats,
+    ) -> Self {
+        Scanner {
+            bb,
+            assigner,
+            poll,
+            batch,
+            stats,
+            in_flight: false,
+            again: false,
+        }
+    }
+
+    /// One scan: one assignment round, awaited. Tests call this through [`ScanNow`].
+    fn start_round(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight {
+            self.again = true;
+            return;
+        }
+        self.in_flight = true;
+        self.again = false;
+        self.assigner
+            .send(AssignNow)
+            .into_actor(self)
+            .map(|res, act, ctx| {
+                act.in_flight = false;
+                match res {
+                    Ok(Ok(report)) => {
+                        act.stats.ran("scanner");
+                        // A full batch means more may be runnable right now.
+                        if report.assigned > 0 && report.assigned as i64 >= act.batch {
+                            act.again = true;
+                        }
+                        if report.assigned > 0 {
+                            tracing::debug!(assigned = report.assigned, "assigned tasks");
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        act.stats.failed("scanner");
+                        tracing::warn!(error = %e, "assignment round failed; retrying on the next poll");
+                    }
+                    Err(e) => {
+                        act.stats.failed("scanner");
+                        tracing::warn!(error = %e, "assigner unavailable; retrying on the next poll");
+                    }
+                }
+                if act.again {
+                    act.start_round(ctx);
+                }
+            })
+            .spawn(ctx);
+    }
+}
+
+impl Actor for Scanner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.poll, |act, ctx| act.start_round(ctx));
+        let bb = self.bb.clone();
+        let me = ctx.address();
+        // The LISTEN session: reconnects forever; after each (re)connect, a round catches
+        // whatever was notified while it was away.
+        async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match bb.listen(&[TASKS_CHANNEL.to_string()]).await {
+                    Ok(mut listener) => {
+                        backoff = Duration::from_millis(100);
+                        me.do_send(Wake);
+                        while listener.recv().await.is_some() {
+                            listener.drain_pending();
+                            me.do_send(Wake);
+                        }
+                        tracing::warn!("planner's LISTEN session dropped; reconnecting");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "planner cannot LISTEN; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+        .into_actor(self)
+        .spawn(ctx);
+    }
+}
+
+impl Supervised for Scanner {
+    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.in_flight = false;
+        self.stats.restarted("scanner");
+    }
+}
+
+/// A hint that there may be work: start a round (or fold into the running one).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+impl Handler<Wake> for Scanner {
+    type Result = ();
+    fn handle(&mut self, _msg: Wake, ctx: &mut Context<Self>) {
+        self.start_round(ctx);
+    }
+}
+
+/// Run one assignment round now and answer with its report (for tests and operators).
+#[derive(Message)]
+#[rtype(result = "crate::Result<AssignReport>")]
+pub struct ScanNow;
+
+impl Handler<ScanNow> for Scanner {
+    type Result = ResponseFuture<crate::Result<AssignReport>>;
+    fn handle(&mut self, _msg: ScanNow, _ctx: &mut Context<Self>) -> Self::Result {
+        let assigner = self.assigner.clone();
+        Box::pin(async move { assigner.send(AssignNow).await? })
+    }
+}

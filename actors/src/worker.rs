@@ -1,0 +1,818 @@
+//! The Worker: one per worker process. It registers and heartbeats, listens for its
+//! assignments, starts them up to its concurrency, runs each handler (with a timeout,
+//! catching panics), renews the leases of long tasks, and records outcomes in batches —
+//! a group commit: outcomes that arrive while one batch is being written form the next.
+//! Every write names the lease epoch, so a worker that lost a task changes nothing.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::FutureExt;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::blackboard::{Blackboard, Completion, Outcome, Registration, StartedTask};
+use crate::supervisor::{panic_message, ActorStats};
+
+/// A failed attempt, as a handler reports it. It is retried with backoff while the task's
+/// retry budget lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskError(pub String);
+
+impl TaskError {
+    /// A failure with this message.
+    pub fn new(msg: impl Into<String>) -> Self {
+        TaskError(msg.into())
+    }
+}
+
+impl std::fmt::Display for TaskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for TaskError {
+    fn from(e: E) -> Self {
+        TaskError(e.to_string())
+    }
+}
+
+/// What a handler returns.
+pub type HandlerResult = Result<serde_json::Value, TaskError>;
+/// The future a handler returns. It runs on the worker's thread, so it need not be `Send`;
+/// CPU-heavy work belongs in `tokio::task::spawn_blocking`.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult>>>;
+
+/// Code that runs tasks of one kind.
+pub trait TaskHandler: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn call(&self, ctx: TaskContext) -> HandlerFuture;
+}
+
+impl<F, Fut> TaskHandler for F
+where
+    F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + 'static,
+{
+    fn call(&self, ctx: TaskContext) -> HandlerFuture {
+        Box::pin(self(ctx))
+    }
+}
+
+/// Handlers by kind: what a worker binary runs.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn TaskHandler>>,
+    timeouts: HashMap<String, Duration>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers `handler` for `kind` (replacing any earlier one).
+    pub fn register(&mut self, kind: impl Into<String>, handler: impl TaskHandler) -> &mut Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers `handler` for `kind` with its own default timeout per attempt.
+    pub fn register_with_timeout(
+        &mut self,
+        kind: impl Into<String>,
+        timeout: Duration,
+        handler: impl TaskHandler,
+    ) -> &mut Self {
+        let kind = kind.into();
+        self.timeouts.insert(kind.clone(), timeout);
+        self.register(kind, handler)
+    }
+
+    /// The registered kinds, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.handlers.keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// Keeps only the kinds for which `keep` says yes.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.handlers.retain(|k, _| keep(k));
+    }
+
+    fn get(&self, kind: &str) -> Option<Arc<dyn TaskHandler>> {
+        self.handlers.get(kind).cloned()
+    }
+}
+
+/// What a handler gets: the task's input, its saved progress, and a fenced way to save
+/// more.
+#[derive(Clone)]
+pub struct TaskContext {
+    id: Uuid,
+    kind: String,
+    payload: serde_json::Value,
+    epoch: i64,
+    attempt: i32,
+    checkpoint: Option<serde_json::Value>,
+    bb: Blackboard,
+}
+
+impl TaskContext {
+    /// The task id.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+    /// The task's kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+    /// The task's input.
+    pub fn payload(&self) -> &serde_json::Value {
+        &self.payload
+    }
+    /// 1 for the first attempt, 2 for the first retry, …
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+    /// The fencing token of this attempt.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+    /// Progress saved by an earlier attempt (here or in another process), if any.
+    pub fn checkpoint(&self) -> Option<&serde_json::Value> {
+        self.checkpoint.as_ref()
+    }
+
+    /// Saves progress durably, fenced by this attempt's lease: an error means the lease was
+    /// lost (the task belongs to someone else now) or the database is unreachable, and the
+    /// handler should stop.
+    pub async fn save_checkpoint(&mut self, state: serde_json::Value) -> Result<(), TaskError> {
+        match self.bb.save_checkpoint(self.id, self.epoch, &state).await {
+            Ok(true) => {
+                self.checkpoint = Some(state);
+                Ok(())
+            }
+            Ok(false) => Err(TaskError::new(
+                "lease lost: the task was taken back or handed over",
+            )),
+            Err(e) => Err(TaskError::new(format!("saving checkpoint: {e}"))),
+        }
+    }
+}
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Unique per process: `host:pid:suffix`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Build version reported in the roster.
+    pub version: String,
+    /// Where its HTTP server listens.
+    pub http_addr: Option<String>,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Tasks held beyond `concurrency`, started as slots free up (a local queue that hides
+    /// the planner's round trip).
+    pub prefetch: usize,
+    /// Lease length; renewed every third of it.
+    pub lease: Duration,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Safety-net poll for assignments whose NOTIFY was missed.
+    pub poll: Duration,
+    /// Timeout of an attempt when neither the task nor its handler sets one.
+    pub default_timeout: Duration,
+    /// Retry backoff: base·2^retries, capped, with jitter.
+    pub retry_base: Duration,
+    /// Cap of the retry backoff.
+    pub retry_cap: Duration,
+}
+
+impl WorkerConfig {
+    /// The NOTIFY channel the planner wakes this worker on.
+    pub fn channel(&self) -> String {
+        let suffix = self.id.rsplit(':').next().unwrap_or(&self.id);
+        format!("artex_w_{suffix}")
+    }
+
+    fn backoff_ms(&self, retries: i32) -> i64 {
+        let base = self.retry_base.as_millis() as f64;
+        let cap = self.retry_cap.as_millis() as f64;
+        let d = (base * 2f64.powi(retries.clamp(0, 30))).min(cap);
+        (d * (0.5 + fastrand::f64() * 0.5)) as i64
+    }
+}
+
+struct Running {
+    kind: String,
+    epoch: i64,
+    retries: i32,
+    max_retries: i32,
+    started: Instant,
+    abort: AbortHandle,
+}
+
+/// A task running in this worker, as `/status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunningTask {
+    /// Task id.
+    pub id: Uuid,
+    /// Kind.
+    pub kind: String,
+    /// Fencing token.
+    pub epoch: i64,
+    /// Milliseconds since it started here.
+    pub running_ms: u64,
+}
+
+/// A snapshot of the worker for `/status` and `/health`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStatus {
+    /// Worker id.
+    pub id: String,
+    /// `online` or `draining`.
+    pub state: &'static str,
+    /// Whether the last database call succeeded.
+    pub database_ok: bool,
+    /// The last database error, if the last call failed.
+    pub database_error: Option<String>,
+    /// Tasks running now.
+    pub running: Vec<RunningTask>,
+    /// Outcomes waiting to be written.
+    pub unwritten_outcomes: usize,
+    /// Tasks finished by this process.
+    pub finished: u64,
+    /// Outcomes discarded because the lease had been lost.
+    pub fenced_off: u64,
+}
+
+/// The Worker actor.
+pub struct Worker {
+    bb: Blackboard,
+    config: WorkerConfig,
+    registry: Registry,
+    stats: ActorStats,
+    running: HashMap<Uuid, Running>,
+    outbox: Vec<Completion>,
+    flushing: bool,
+    fetching: bool,
+    fetch_again: bool,
+    draining: bool,
+    drain_waiters: Vec<oneshot::Sender<()>>,
+    db_error: Option<String>,
+    finished: u64,
+    fenced_off: u64,
+}
+
+impl Worker {
+    /// A worker running `registry`'s kinds with `config`. Call [`Worker::register`] first,
+    /// so a missing database fails the start instead of the first heartbeat.
+    pub fn new(
+        bb: Blackboard,
+        config: WorkerConfig,
+        registry: Registry,
+        stats: ActorStats,
+    ) -> Self {
+        Worker {
+            bb,
+            config,
+            registry,
+            stats,
+            running: HashMap::new(),
+            outbox: Vec::new(),
+            flushing: false,
+            fetching: false,
+            fetch_again: false,
+            draining: false,
+            drain_waiters: Vec::new(),
+            db_error: None,
+            finished: 0,
+            fenced_off: 0,
+        }
+    }
+
+    /// The row this worker writes into `artex.workers`.
+    pub fn registration(config: &WorkerConfig, registry: &Registry) -> Registration {
+        Registration {
+            id: config.id.clone(),
+            host: config.host.clone(),
+            pid: std::process::id() as i32,
+            version: config.version.clone(),
+            http_addr: config.http_addr.clone(),
+            channel: config.channel(),
+            kinds: registry.kinds(),
+            capacity: (config.concurrency + config.prefetch).max(1) as i32,
+        }
+    }
+
+    /// Registers (or re-registers) the worker as online.
+    pub async fn register(
+        bb: &Blackboard,
+        config: &WorkerConfig,
+        registry: &Registry,
+    ) -> crate::Result {
+        bb.register_worker(&Worker::registration(config, registry))
+            .await
+    }
+
+    fn free_slots(&self) -> usize {
+        self.config.concurrency.saturating_sub(self.running.len())
+    }
+
+    fn db_result<T>(&mut self, r: &crate::Result<T>) {
+        match r {
+            Ok(_) => self.db_error = None,
+            Err(e) if e.is_connection() => self.db_error = Some(e.to_string()),
+            Err(_) => {}
+        }
+    }
+
+    /// Starts as many assigned tasks as there are free slots.
+    fn fetch(&mut self, ctx: &mut Context<Self>) {
+        if self.draining {
+            return;
+        }
+        if self.fetching {
+            self.fetch_again = true;
+            return;
+        }
+        let free = self.free_slots();
+        if free == 0 {
+            return;
+        }
+        self.fetching = true;
+        self.fetch_again = false;
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        let lease = self.config.lease.as_secs_f64();
+        async move { bb.start_assigned(&id, free as i64, lease).await }
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                act.fetching = false;
+                act.db_result(&res);
+                match res {
+                    Ok(tasks) => {
+                        let full = tasks.len() == free;
+                        for t in tasks {
+                            act.run(t, ctx);
+                        }
+                        if full {
+                            act.fetch_again = true;
+                        }
+                    }
+                    Err(e) => {
+                        act.stats.failed("worker");
+                        tracing::warn!(error = %e, "cannot start assigned tasks; retrying on the next poll");
+                    }
+                }
+                if act.fetch_again {
+                    act.fetch(ctx);
+                }
+            })
+            .spawn(ctx);
+    }
+
+    fn run(&mut self, task: StartedTask, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        let (abort, reg) = AbortHandle::new_pair();
+        let id = task.id;
+        let epoch = task.epoch;
+        let handler = self.registry.get(&task.kind);
+        let timeout = task
+            .timeout_ms
+            .map(|ms| Duration::from_millis(ms as u64))
+            .or_else(|| self.registry.timeouts.get(&task.kind).copied())
+            .unwrap_or(self.config.default_timeout);
+        let tctx = TaskContext {
+            id,
+            kind: task.kind.clone(),
+            payload: task.payload,
+            epoch,
+            attempt: task.retries + 1,
+            checkpoint: task.checkpoint,
+            bb: self.bb.clone(),
+        };
+        tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
+        self.running.insert(
+            id,
+            Running {
+                kind: task.kind.clone(),
+                epoch,
+                retries: task.retries,
+                max_retries: task.max_retries,
+                started: Instant::now(),
+                abort,
+            },
+        );
+        let kind = task.kind;
+        let attempt = async move {
+            let Some(handler) = handler else {
+                return Err(Attempt::Failed(format!(
+                    "no handler for kind '{kind}' in this worker"
+                )));
+            };
+            let call = AssertUnwindSafe(handler.call(tctx)).catch_unwind();
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(Ok(value))) => Ok(value),
+                Ok(Ok(Err(e))) => Err(Attempt::Failed(e.0)),
+                Ok(Err(panic)) => Err(Attempt::Failed(format!(
+                    "handler panicked: {}",
+                    panic_message(&*panic)
+                ))),
+                Err(_) => Err(Attempt::TimedOut(format!(
+                    "handler ran past its timeout of {} ms",
+                    timeout.as_millis()
+                ))),
+            }
+        };
+        actix::spawn(async move {
+            // Aborted means the lease was lost or the worker gave the task back: the
+            // outcome is decided elsewhere, so nothing is reported.
+            if let Ok(result) = Abortable::new(attempt, reg).await {
+                me.do_send(TaskFinished { id, epoch, result });
+            }
+        });
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing || self.outbox.is_empty() {
+            return;
+        }
+        self.flushing = true;
+        let batch = std::mem::take(&mut self.outbox);
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move {
+            let res = bb.complete(&id, &batch).await;
+            (res, batch)
+        }
+        .into_actor(self)
+        .map(|(res, batch), act, ctx| {
+            act.flushing = false;
+            act.db_result(&res);
+            match res {
+                Ok(written) => {
+                    act.finished += written.len() as u64;
+                    if written.len() < batch.len() {
+                        for c in batch.iter().filter(|c| !written.contains(&c.id)) {
+                            act.fenced_off += 1;
+                            tracing::warn!(task = %c.id, epoch = c.epoch,
+                                "outcome discarded: the lease was lost before it was written");
+                        }
+                    }
+                    act.stats.ran("worker");
+                }
+                Err(e) => {
+                    // Outcomes are never dropped while the process lives: put them back
+                    // and try again shortly (the database may be restarting).
+                    act.stats.failed("worker");
+                    tracing::warn!(error = %e, count = batch.len(), "cannot record outcomes; retrying");
+                    let mut again = batch;
+                    again.append(&mut act.outbox);
+                    act.outbox = again;
+                    ctx.run_later(Duration::from_millis(100), |act, ctx| act.flush(ctx));
+                    return;
+                }
+            }
+            act.flush(ctx);
+            act.check_drained();
+        })
+        .spawn(ctx);
+    }
+
+    fn renew(&mut self, ctx: &mut Context<Self>) {
+        if self.running.is_empty() {
+            return;
+        }
+        let held: Vec<(Uuid, i64)> = self.running.iter().map(|(id, r)| (*id, r.epoch)).collect();
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        let lease = self.config.lease.as_secs_f64();
+        async move {
+            let res = bb.renew_leases(&id, &held, lease).await;
+            (res, held)
+        }
+        .into_actor(self)
+        .map(|(res, held), act, _ctx| {
+            act.db_result(&res);
+            match res {
+                Ok(kept) => {
+                    for (id, epoch) in held.iter().filter(|(id, _)| !kept.contains(id)) {
+                        // The task was taken back (reaper) or handed over: stop running it
+                        // here; whatever it would write would be fenced off anyway.
+                        if let Some(r) = act.running.get(id) {
+                            if r.epoch == *epoch {
+                                tracing::warn!(task = %id, epoch, "lease lost; stopping the handler");
+                                r.abort.abort();
+                                act.running.remove(id);
+                                act.fenced_off += 1;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot renew leases; retrying"),
+            }
+            act.check_drained();
+        })
+        .spawn(ctx);
+    }
+
+    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
+        let bb = self.bb.clone();
+        let config = self.config.clone();
+        let registry = self.registry.clone();
+        let inflight = self.running.len() as i32;
+        let draining = self.draining;
+        async move {
+            let state = bb.heartbeat(&config.id, inflight).await?;
+            match state.as_deref() {
+                Some("online") | Some("draining") | Some("upgrading") => Ok(false),
+                _ if draining => Ok(false),
+                // Declared gone (e.g. this process was stopped past the threshold) or
+                // deleted: come back as a new registration; the tasks it held were taken
+                // back and its stale writes are fenced off.
+                _ => Worker::register(&bb, &config, &registry).await.map(|_| true),
+            }
+        }
+        .into_actor(self)
+        .map(|res: crate::Result<bool>, act, ctx| {
+            act.db_result(&res);
+            match res {
+                Ok(true) => {
+                    tracing::warn!(worker = %act.config.id, "this worker had been declared gone; registered again");
+                    act.fetch(ctx);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        })
+        .spawn(ctx);
+    }
+
+    fn check_drained(&mut self) {
+        if self.draining && self.running.is_empty() && self.outbox.is_empty() && !self.flushing {
+            for w in self.drain_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+
+    /// A snapshot for `/status`.
+    fn status(&self) -> WorkerStatus {
+        let mut running: Vec<RunningTask> = self
+            .running
+            .iter()
+            .map(|(id, r)| RunningTask {
+                id: *id,
+                kind: r.kind.clone(),
+                epoch: r.epoch,
+                running_ms: r.started.elapsed().as_millis() as u64,
+            })
+            .collect();
+        running.sort_by_key(|r| std::cmp::Reverse(r.running_ms));
+        WorkerStatus {
+            id: self.config.id.clone(),
+            state: if self.draining { "draining" } else { "online" },
+            database_ok: self.db_error.is_none(),
+            database_error: self.db_error.clone(),
+            running,
+            unwritten_outcomes: self.outbox.len(),
+            finished: self.finished,
+            fenced_off: self.fenced_off,
+        }
+    }
+}
+
+enum Attempt {
+    Failed(String),
+    TimedOut(String),
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.config.poll, |act, ctx| act.fetch(ctx));
+        ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
+        ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
+        let bb = self.bb.clone();
+        let channel = self.config.channel();
+        let me = ctx.address();
+        async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match bb.listen(std::slice::from_ref(&channel)).await {
+                    Ok(mut listener) => {
+                        backoff = Duration::from_millis(100);
+                        me.do_send(Wake);
+                        while listener.recv().await.is_some() {
+                            listener.drain_pending();
+                            me.do_send(Wake);
+                        }
+                        tracing::warn!("worker's LISTEN session dropped; reconnecting");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "worker cannot LISTEN; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+        .into_actor(self)
+        .spawn(ctx);
+        self.fetch(ctx);
+    }
+}
+
+impl Supervised for Worker {
+    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.stats.restarted("worker");
+        self.fetching = false;
+        self.flushing = false;
+    }
+}
+
+/// There may be assignments: start what fits.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+impl Handler<Wake> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: Wake, ctx: &mut Context<Self>) {
+        self.fetch(ctx);
+    }
+}
+
+/// A handler finished an attempt.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct TaskFinished {
+    id: Uuid,
+    epoch: i64,
+    result: Result<serde_json::Value, Attempt>,
+}
+
+impl Handler<TaskFinished> for Worker {
+    type Result = ();
+    fn handle(&mut self, msg: TaskFinished, ctx: &mut Context<Self>) {
+        let Some(r) = self.running.remove(&msg.id) else {
+            return;
+        };
+        if r.epoch != msg.epoch {
+            return;
+        }
+        let outcome = match msg.result {
+            Ok(v) => {
+                tracing::debug!(task = %msg.id, kind = %r.kind, "task succeeded");
+                Outcome::Succeeded(v)
+            }
+            Err(Attempt::Failed(error)) => {
+                tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task failed");
+                Outcome::Failed {
+                    error,
+                    retry_in_ms: self.config.backoff_ms(r.retries),
+                }
+            }
+            Err(Attempt::TimedOut(error)) => {
+                tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task timed out");
+                Outcome::TimedOut {
+                    error,
+                    retry_in_ms: self.config.backoff_ms(r.retries),
+                }
+            }
+        };
+        self.outbox.push(Completion {
+            id: msg.id,
+            epoch: r.epoch,
+            retries: r.retries,
+            max_retries: r.max_retries,
+            outcome,
+        });
+        self.flush(ctx);
+        self.fetch(ctx);
+    }
+}
+
+/// Stop taking work, give back what was assigned but not started, let running tasks
+/// finish within `deadline`, give back what is still running then, write every outcome,
+/// and mark the worker gone. Answers when all of that is done.
+#[derive(Message)]
+#[rtype(result = "DrainReport")]
+pub struct Drain {
+    /// How long running tasks may take to finish.
+    pub deadline: Duration,
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DrainReport {
+    /// Tasks that finished during the drain.
+    pub finished_during_drain: u64,
+    /// Tasks given back unstarted.
+    pub released_unstarted: usize,
+    /// Tasks still running at the deadline, stopped and given back.
+    pub released_running: usize,
+}
+
+impl Handler<Drain> for Worker {
+    type Result = ResponseActFuture<Self, DrainReport>;
+
+    fn handle(&mut self, msg: Drain, _ctx: &mut Context<Self>) -> Self::Result {
+        self.draining = true;
+        let finished_before = self.finished;
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        let (tx, rx) = oneshot::channel();
+        self.drain_waiters.push(tx);
+        self.check_drained();
+        Box::pin(
+            async move {
+                if let Err(e) = bb.set_worker_state(&id, "draining").await {
+                    tracing::warn!(error = %e, "cannot mark the worker draining");
+                }
+                let released = bb
+                    .release_assigned(&id, "released by a draining worker")
+                    .await
+                    .map(|v| v.len())
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
+                        0
+                    });
+                let finished_in_time = tokio::time::timeout(msg.deadline, rx).await.is_ok();
+                (released, finished_in_time)
+            }
+            .into_actor(self)
+            .then(move |(released, finished_in_time), act, _ctx| {
+                let mut report = DrainReport {
+                    released_unstarted: released,
+                    ..Default::default()
+                };
+                let mut late = Vec::new();
+                if !finished_in_time {
+                    for (id, r) in act.running.drain() {
+                        r.abort.abort();
+                        late.push(Completion {
+                            id,
+                            epoch: r.epoch,
+                            retries: r.retries,
+                            max_retries: r.max_retries,
+                            outcome: Outcome::Released,
+                        });
+                    }
+                }
+                report.released_running = late.len();
+                let mut outcomes = std::mem::take(&mut act.outbox);
+                outcomes.extend(late);
+                let bb = act.bb.clone();
+                let id = act.config.id.clone();
+                async move {
+                    // The last writes of this process: retry for a while if the database
+                    // is restarting, then leave what is left to the reaper.
+                    for attempt in 0..50 {
+                        match bb.complete(&id, &outcomes).await {
+                            Ok(_) => break,
+                            Err(e) => {
+                                tracing::warn!(error = %e, attempt, "cannot record final outcomes");
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    }
+                    if let Err(e) = bb.set_worker_state(&id, "gone").await {
+                        tracing::warn!(error = %e, "cannot deregister; the reaper will mark it gone");
+                    }
+                    report
+                }
+                .into_actor(act)
+                .map(move |mut report, act, _| {
+                    report.finished_during_drain = act.finished - finished_before;
+                    report
+                })
+            }),
+        )
+    }
+}
+
+/// Ask for a status snapshot.
+#[derive(Message)]
+#[rtype(result = "WorkerStatus")]
+pub struct GetStatus;
+
+impl Handler<GetStatus> for Worker {
+    type Result = MessageResult<GetStatus>;
+    fn handle(&mut self, _msg: GetStatus, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status())
+    }
+}

@@ -1,0 +1,107 @@
+//! Configuration: one struct per part, each field a flag with an `ARTEX_*` environment
+//! variable and a default (clap's `env` feature). Printed at start-up, secrets masked.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+/// Where the blackboard is.
+#[derive(Debug, Clone, Args)]
+pub struct DbConfig {
+    /// PostgreSQL URL (e.g. postgresql://user:pass@host/db). Without one, artex runs its
+    /// own private cluster in --data-dir.
+    #[arg(long, env = "ARTEX_DATABASE_URL", global = true)]
+    pub database_url: Option<String>,
+    /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
+    #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
+    pub data_dir: PathBuf,
+    /// Connections in each process's pool.
+    #[arg(long, env = "ARTEX_POOL_SIZE", default_value_t = 4, global = true)]
+    pub pool_size: usize,
+}
+
+/// How a worker runs.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// HTTP address (/health, /status, /metrics); port 0 picks a free port.
+    #[arg(long = "http", env = "ARTEX_HTTP", default_value = "127.0.0.1:0")]
+    pub http: String,
+    /// Handlers running at once.
+    #[arg(long, env = "ARTEX_CONCURRENCY", default_value_t = 10)]
+    pub concurrency: usize,
+    /// Tasks held beyond --concurrency, waiting for a slot (hides the planner round trip).
+    #[arg(long, env = "ARTEX_PREFETCH", default_value_t = 10)]
+    pub prefetch: usize,
+    /// Only these kinds (comma-separated); all registered kinds by default.
+    #[arg(long, env = "ARTEX_KINDS", value_delimiter = ',')]
+    pub kinds: Vec<String>,
+    /// Lease length in milliseconds; renewed every third of it.
+    #[arg(long, env = "ARTEX_LEASE_MS", default_value_t = 30_000)]
+    pub lease_ms: u64,
+    /// Heartbeat interval in milliseconds.
+    #[arg(long, env = "ARTEX_HEARTBEAT_MS", default_value_t = 2_000)]
+    pub heartbeat_ms: u64,
+    /// Safety-net poll for missed assignment notifications, milliseconds.
+    #[arg(long, env = "ARTEX_WORKER_POLL_MS", default_value_t = 200)]
+    pub worker_poll_ms: u64,
+    /// Handler timeout per attempt when neither task nor handler sets one, milliseconds.
+    #[arg(long, env = "ARTEX_TASK_TIMEOUT_MS", default_value_t = 300_000)]
+    pub task_timeout_ms: u64,
+    /// First retry backoff in milliseconds (doubles per retry, with jitter).
+    #[arg(long, env = "ARTEX_RETRY_BASE_MS", default_value_t = 1_000)]
+    pub retry_base_ms: u64,
+    /// Longest retry backoff in milliseconds.
+    #[arg(long, env = "ARTEX_RETRY_CAP_MS", default_value_t = 300_000)]
+    pub retry_cap_ms: u64,
+    /// On SIGTERM/SIGINT, how long running tasks may take to finish, milliseconds.
+    #[arg(long, env = "ARTEX_DRAIN_MS", default_value_t = 30_000)]
+    pub drain_ms: u64,
+}
+
+/// How a planner runs.
+#[derive(Debug, Clone, Args)]
+pub struct PlannerArgs {
+    /// Safety-net poll for runnable tasks, milliseconds (NOTIFY wakes it sooner).
+    #[arg(long, env = "ARTEX_PLANNER_POLL_MS", default_value_t = 200)]
+    pub planner_poll_ms: u64,
+    /// Tasks assigned per transaction at most.
+    #[arg(long, env = "ARTEX_BATCH", default_value_t = 500)]
+    pub batch: i64,
+    /// Lease given with an assignment, milliseconds.
+    #[arg(long, env = "ARTEX_ASSIGN_LEASE_MS", default_value_t = 30_000)]
+    pub assign_lease_ms: u64,
+    /// A worker silent this long is gone and its tasks are taken back, milliseconds.
+    #[arg(long, env = "ARTEX_WORKER_TIMEOUT_MS", default_value_t = 10_000)]
+    pub worker_timeout_ms: u64,
+    /// Reaper sweep interval, milliseconds.
+    #[arg(long, env = "ARTEX_REAP_MS", default_value_t = 2_000)]
+    pub reap_ms: u64,
+    /// This planner's shard as I/N (serves tasks whose shard % N = I); all by default.
+    #[arg(long, env = "ARTEX_SHARD", value_parser = parse_shard)]
+    pub shard: Option<(i32, i32)>,
+    /// Backoff base for retries the reaper schedules, milliseconds.
+    #[arg(long, env = "ARTEX_REAP_RETRY_BASE_MS", default_value_t = 1_000)]
+    pub reap_retry_base_ms: u64,
+}
+
+fn parse_shard(s: &str) -> Result<(i32, i32), String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}': expected I/N, e.g. 0/3"))?;
+    let i: i32 = i
+        .parse()
+        .map_err(|_| format!("'{s}': shard index '{i}' is not a number"))?;
+    let n: i32 = n
+        .parse()
+        .map_err(|_| format!("'{s}': shard count '{n}' is not a number"))?;
+    if !(1..=1024).contains(&n) || !(0..n).contains(&i) {
+        return Err(format!("'{s}': expected 0 <= I < N <= 1024"));
+    }
+    Ok((i, n))
+}
+
+/// Milliseconds as a `Duration`.
+pub fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}

@@ -1,0 +1,55 @@
+//! The app's error type: what the CLI and the HTTP layer report, each with the exit code
+//! or status that fits (bad input is exit 2 / HTTP 400, and says what was wrong).
+
+/// Everything the artex app can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// From the planner, the workers or the blackboard.
+    #[error(transparent)]
+    Actors(#[from] artex_actors::Error),
+    /// From the hot-upgrade machinery.
+    #[error(transparent)]
+    Upgrade(#[from] artex_upgrade::Error),
+    /// The embedded PostgreSQL cluster could not be created, started or stopped.
+    #[error("embedded PostgreSQL: {0}")]
+    Cluster(String),
+    /// The PostgreSQL server binaries are not installed.
+    #[error("{0}")]
+    PostgresMissing(String),
+    /// Input that cannot be accepted; the message names what and where.
+    #[error("{0}")]
+    Invalid(String),
+    /// A file or socket operation failed; the message names it.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, to what.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// `Result` with this crate's error.
+pub type Result<T = (), E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The process exit code for this error: 2 for bad input, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Invalid(_) => 2,
+            Error::Actors(artex_actors::Error::Invalid(_)) => 2,
+            Error::Actors(artex_actors::Error::TaskNotFound(_)) => 2,
+            Error::Actors(artex_actors::Error::FlowNotFound(_)) => 2,
+            Error::Actors(artex_actors::Error::Refused(_)) => 2,
+            _ => 1,
+        }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
+//! process is and what it runs), `/metrics` (Prometheus text). Routes hold no SQL: they
+//! ask the Worker actor.
+
+use actix::Addr;
+use actix_web::{web, HttpResponse, ResponseError};
+use artex_actors::supervisor::ActorStats;
+use artex_actors::worker::{GetStatus, Worker};
+use serde_json::json;
+
+/// What the routes need.
+#[derive(Clone)]
+pub struct AppState {
+    /// The worker actor.
+    pub worker: Addr<Worker>,
+    /// Actor counters.
+    pub stats: ActorStats,
+    /// Build version.
+    pub version: String,
+    /// sha256 of the running binary.
+    pub binary_sha256: String,
+}
+
+/// An HTTP error: a status code and a JSON body saying what was wrong.
+#[derive(Debug)]
+pub struct ApiError {
+    status: actix_web::http::StatusCode,
+    message: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        self.status
+    }
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({ "error": self.message }))
+    }
+}
+
+impl ApiError {
+    fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            status: actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+        }
+    }
+}
+
+/// Registers the routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
+        .route("/status", web::get().to(status))
+        .route("/metrics", web::get().to(metrics));
+}
+
+async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let s = state
+        .worker
+        .send(GetStatus)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("worker actor unavailable: {e}")))?;
+    let mut reasons = Vec::new();
+    if !s.database_ok {
+        reasons.push(format!(
+            "database unreachable: {}",
+            s.database_error.as_deref().unwrap_or("unknown error")
+        ));
+    }
+    if s.state != "online" {
+        reasons.push(format!("worker is {}", s.state));
+    }
+    let body = json!({
+        "ready": reasons.is_empty(),
+        "reasons": reasons,
+        "worker": s.id,
+        "pid": std::process::id(),
+        "version": state.version,
+    });
+    Ok(if reasons.is_empty() {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    })
+}
+
+async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let s = state
+        .worker
+        .send(GetStatus)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("worker actor unavailable: {e}")))?;
+    Ok(HttpResponse::Ok().json(json!({
+        "worker": s.id,
+        "pid": std::process::id(),
+        "version": state.version,
+        "binary_sha256": state.binary_sha256,
+        "state": s.state,
+        "database_ok": s.database_ok,
+        "running": s.running,
+        "unwritten_outcomes": s.unwritten_outcomes,
+        "finished": s.finished,
+        "fenced_off": s.fenced_off,
+        "actors": state.stats.snapshot(),
+    })))
+}
+
+async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let s = state
+        .worker
+        .send(GetStatus)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("worker actor unavailable: {e}")))?;
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, kind: &str, value: String| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    };
+    gauge(
+        "artex_tasks_running",
+        "Tasks running in this worker.",
+        "gauge",
+        s.running.len().to_string(),
+    );
+    gauge(
+        "artex_tasks_finished_total",
+        "Outcomes written by this worker.",
+        "counter",
+        s.finished.to_string(),
+    );
+    gauge(
+        "artex_tasks_fenced_off_total",
+        "Outcomes discarded after a lost lease.",
+        "counter",
+        s.fenced_off.to_string(),
+    );
+    gauge(
+        "artex_outcomes_unwritten",
+        "Outcomes waiting to be written.",
+        "gauge",
+        s.unwritten_outcomes.to_string(),
+    );
+    gauge(
+        "artex_database_up",
+        "1 if the last database call succeeded.",
+        "gauge",
+        u8::from(s.database_ok).to_string(),
+    );
+    out.push_str("# HELP artex_actor_restarts_total Actor restarts after a panic.\n# TYPE artex_actor_restarts_total counter\n");
+    let snapshot = state.stats.snapshot();
+    for (actor, c) in &snapshot {
+        out.push_str(&format!(
+            "artex_actor_restarts_total{{actor=\"{actor}\"}} {}\n",
+            c.restarts
+        ));
+    }
+    out.push_str("# HELP artex_actor_errors_total Actor runs that failed.\n# TYPE artex_actor_errors_total counter\n");
+    for (actor, c) in &snapshot {
+        out.push_str(&format!(
+            "artex_actor_errors_total{{actor=\"{actor}\"}} {}\n",
+            c.errors
+        ));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(out))
+}

@@ -1,0 +1,246 @@
+//! artex: an actor-model task runtime with PostgreSQL as the blackboard. This crate is the
+//! app shell (CLI, configuration, HTTP, embedded PostgreSQL) and the library API users
+//! build their own worker binaries on:
+//!
+//! ```no_run
+//! use artex::{Registry, TaskContext};
+//! use serde_json::json;
+//!
+//! fn main() -> std::process::ExitCode {
+//!     let mut handlers = Registry::new();
+//!     handlers.register("resize", |ctx: TaskContext| async move {
+//!         let width = ctx.payload()["width"].as_u64().unwrap_or(100);
+//!         Ok(json!({ "resized_to": width }))
+//!     });
+//!     // The same CLI as the stock binary (`worker`, `up`, `submit`, …), with these kinds.
+//!     artex::cli::main_with(handlers)
+//! }
+//! ```
+//!
+//! # Layout
+//! - [`cli`]: the `artex` command line and its dispatch.
+//! - [`config`]: flags and `ARTEX_*` variables, with defaults.
+//! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
+//! - [`handlers`]: the stock binary's task kinds.
+//! - [`http`]: the worker's HTTP routes.
+//! - [`error`]: the app's error type and exit codes.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod dev_db;
+pub mod error;
+pub mod handlers;
+pub mod http;
+
+use std::future::Future;
+use std::io::Read;
+
+use actix::Supervisor;
+use actix_web::{web, App, HttpServer};
+use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::blackboard::{admin, ReapParams};
+use artex_actors::reaper::Reaper;
+use artex_actors::scanner::Scanner;
+use artex_actors::supervisor::ActorStats;
+use artex_actors::worker::{Drain, DrainReport, Worker, WorkerConfig};
+use sha2::Digest;
+
+pub use artex_actors::worker::{Registry, TaskContext, TaskError};
+pub use artex_actors::Blackboard;
+pub use error::{Error, Result};
+
+use config::{ms, DbConfig, PlannerArgs, WorkerArgs};
+
+/// This build's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The database URL to use: the one configured, or the embedded cluster's (created and
+/// started on first use, reused afterwards).
+pub async fn database_url(db: &DbConfig) -> Result<String> {
+    if let Some(url) = &db.database_url {
+        return Ok(url.clone());
+    }
+    let cluster = dev_db::Cluster::new(dev_db::ClusterOptions::new(&db.data_dir))?;
+    let dir = db.data_dir.clone();
+    let started = tokio::task::spawn_blocking(move || cluster.start().map(|s| (s, cluster)))
+        .await
+        .map_err(|e| Error::Cluster(format!("starting the cluster: {e}")))?;
+    let (started, cluster) = started?;
+    if started {
+        tracing::info!(data_dir = %dir.display(), "started the embedded PostgreSQL cluster");
+    }
+    admin::create_database(&cluster.url("postgres"), dev_db::DATABASE, None).await?;
+    Ok(cluster.url(dev_db::DATABASE))
+}
+
+/// Connects to the blackboard and brings its schema up to date.
+pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
+    let url = database_url(db).await?;
+    let bb = Blackboard::connect(&url, db.pool_size)?;
+    let report = bb.migrate().await?;
+    if !report.applied.is_empty() {
+        tracing::info!(applied = ?report.applied, "migrated the blackboard");
+    }
+    Ok(bb)
+}
+
+/// Runs the planner's actors (Scanner, Assigner, Reaper, each supervised) until
+/// `shutdown` resolves.
+pub async fn run_planner(
+    bb: Blackboard,
+    args: &PlannerArgs,
+    stats: ActorStats,
+    shutdown: impl Future<Output = ()>,
+) -> Result {
+    let name = format!("planner:{}:{}", hostname(), std::process::id());
+    let shards = match args.shard {
+        Some((i, n)) => (n, vec![i]),
+        None => (1, Vec::new()),
+    };
+    let assigner_cfg = AssignerConfig {
+        actor: name.clone(),
+        batch: args.batch,
+        lease_secs: ms(args.assign_lease_ms).as_secs_f64(),
+        worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
+        shards,
+    };
+    tracing::info!(planner = %name, config = ?args, "planner starting");
+    let (b, s) = (bb.clone(), stats.clone());
+    let assigner = Supervisor::start(move |_| Assigner::new(b, assigner_cfg, s));
+    let (b, s, a) = (bb.clone(), stats.clone(), assigner.clone());
+    let (poll, batch) = (ms(args.planner_poll_ms), args.batch);
+    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, batch, s));
+    let params = ReapParams {
+        now: None,
+        worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
+        prune_after_secs: 3600.0,
+        batch: 1000,
+        retry_base_ms: args.reap_retry_base_ms as f64,
+        retry_cap_ms: 300_000.0,
+    };
+    let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
+    let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
+    shutdown.await;
+    tracing::info!(planner = %name, "planner stopping");
+    drop((scanner, assigner, reaper));
+    Ok(())
+}
+
+/// Runs a worker with `registry`'s handlers, serving HTTP on `listener`, until `shutdown`
+/// resolves; then drains (see [`Drain`]) and returns what the drain did.
+pub async fn run_worker(
+    bb: Blackboard,
+    args: &WorkerArgs,
+    mut registry: Registry,
+    listener: std::net::TcpListener,
+    stats: ActorStats,
+    shutdown: impl Future<Output = ()>,
+) -> Result<DrainReport> {
+    if !args.kinds.is_empty() {
+        let known = registry.kinds();
+        for k in &args.kinds {
+            if !known.contains(k) {
+                return Err(Error::Invalid(format!(
+                    "--kinds: '{k}' has no handler in this binary; it has: {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        registry.retain(|k| args.kinds.iter().any(|x| x == k));
+    }
+    if args.concurrency == 0 {
+        return Err(Error::Invalid("--concurrency: must be at least 1".into()));
+    }
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the HTTP listener's address", e))?;
+    let host = hostname();
+    let config = WorkerConfig {
+        id: format!("{host}:{}:{:012x}", std::process::id(), fastrand_suffix()),
+        host,
+        version: VERSION.to_string(),
+        http_addr: Some(addr.to_string()),
+        concurrency: args.concurrency,
+        prefetch: args.prefetch,
+        lease: ms(args.lease_ms),
+        heartbeat: ms(args.heartbeat_ms),
+        poll: ms(args.worker_poll_ms),
+        default_timeout: ms(args.task_timeout_ms),
+        retry_base: ms(args.retry_base_ms),
+        retry_cap: ms(args.retry_cap_ms),
+    };
+    Worker::register(&bb, &config, &registry).await?;
+    tracing::info!(worker = %config.id, http = %addr, kinds = ?registry.kinds(),
+        concurrency = config.concurrency, "worker registered; listening");
+    let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
+    let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
+    let state = http::AppState {
+        worker: worker.clone(),
+        stats,
+        version: VERSION.to_string(),
+        binary_sha256: binary_sha256(),
+    };
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .configure(http::routes)
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(5)
+    .listen(listener)
+    .map_err(|e| Error::io(format!("serving HTTP on {addr}"), e))?
+    .run();
+    let handle = server.handle();
+    let serving = actix::spawn(server);
+    shutdown.await;
+    tracing::info!(worker = %config.id, "draining: no new work; finishing what runs");
+    let report = worker
+        .send(Drain {
+            deadline: ms(args.drain_ms),
+        })
+        .await
+        .map_err(artex_actors::Error::from)?;
+    tracing::info!(worker = %config.id, report = ?report, "drained");
+    handle.stop(true).await;
+    let _ = serving.await;
+    Ok(report)
+}
+
+/// Binds the worker's HTTP listener.
+pub fn bind_http(addr: &str) -> Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr).map_err(|e| Error::io(format!("binding HTTP on {addr}"), e))
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn fastrand_suffix() -> u64 {
+    // 48 random bits: unique among the processes a fleet runs at once.
+    let mut seed = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut seed);
+    }
+    (u64::from_le_bytes(seed) ^ u64::from(std::process::id())) & 0xffff_ffff_ffff
+}
+
+/// sha256 of the running binary, as `/status` reports it (empty if unreadable).
+pub fn binary_sha256() -> String {
+    match std::fs::read("/proc/self/exe") {
+        Ok(bytes) => hex::encode(sha2::Sha256::digest(&bytes)),
+        Err(_) => String::new(),
+    }
+}
+
+/// Resolves when a stop signal (SIGTERM, SIGINT, SIGUSR2) arrives.
+pub async fn stop_signal() -> Result<artex_upgrade::StopSignal> {
+    let mut signals = artex_upgrade::StopSignals::install()?;
+    Ok(signals.next().await)
+}

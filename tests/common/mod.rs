@@ -1,0 +1,254 @@
+//! The test harness: one throwaway PostgreSQL cluster per test run, shared by every test
+//! process, a template database migrated once per migration set, and a fresh database
+//! per test cloned from it (`TestDb`), dropped when the test ends.
+//!
+//! Works under `cargo nextest run` (one process per test: a file lock and an advisory
+//! lock make the set-up happen once) and under plain `cargo test` (threads: a `OnceLock`).
+//! The cluster is left running for the next test process; `scripts/test.sh` stops it.
+#![allow(dead_code)]
+
+pub mod procs;
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use artex::dev_db::{Cluster, ClusterOptions};
+use artex_actors::Blackboard;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+/// Key of the advisory lock (on the `postgres` database) under which templates are made.
+const TEMPLATE_LOCK: i64 = 0x6172_7465_785f_7470; // "artex_tp"
+
+/// The `artex` binary built for these tests.
+pub fn artex_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_artex")
+}
+
+/// The cluster's folder: `$ARTEX_TEST_PG_DIR`, else `<target>/tmp/artex-test-pg`.
+pub fn cluster_dir() -> PathBuf {
+    match std::env::var_os("ARTEX_TEST_PG_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_TARGET_TMPDIR")).join("artex-test-pg"),
+    }
+}
+
+/// The test run's cluster, created and started on first use (once per run, whichever
+/// process comes first). Tests that stop or restart it must put it back running.
+pub fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| start_cluster().unwrap_or_else(|e| panic!("test cluster: {e}")))
+        .clone()
+}
+
+fn start_cluster() -> Result<Cluster, String> {
+    let dir = cluster_dir();
+    let parent = dir
+        .parent()
+        .ok_or_else(|| format!("{} has no parent folder", dir.display()))?;
+    std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    check_reachable_by_server(parent)?;
+    let mut lock_name = dir.file_name().unwrap_or_default().to_os_string();
+    lock_name.push(".lock");
+    let lock_path = parent.join(lock_name);
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("opening {}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+    let cluster = Cluster::new(ClusterOptions {
+        unsafe_fast: true,
+        logical: true,
+        ..ClusterOptions::new(&dir)
+    })
+    .map_err(|e| e.to_string())?;
+    cluster.start().map_err(|e| e.to_string())?;
+    drop::<File>(lock);
+    Ok(cluster)
+}
+
+/// As root, PostgreSQL runs as the `postgres` user, which must traverse every folder
+/// above the cluster's (a `mktemp -d` folder is 0700): say so rather than let initdb fail
+/// with a bare "permission denied".
+fn check_reachable_by_server(parent: &Path) -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let parent = parent
+        .canonicalize()
+        .map_err(|e| format!("resolving {}: {e}", parent.display()))?;
+    for dir in parent.ancestors() {
+        let mode = std::fs::metadata(dir)
+            .map_err(|e| format!("reading {}: {e}", dir.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o001 == 0 {
+            return Err(format!(
+                "{} (mode {:o}) is not traversable by the postgres user that runs the test \
+                 cluster; chmod o+x it or set ARTEX_TEST_PG_DIR elsewhere",
+                dir.display(),
+                mode & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// URL of the cluster's `postgres` database (for creating and dropping databases).
+pub fn admin_url() -> String {
+    cluster().url("postgres")
+}
+
+/// A plain client on `url`, its connection driven by a task on the current runtime.
+pub async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    tokio::spawn(async move {
+        // Ends when the client is dropped or the server goes away; nothing to report.
+        let _ = connection.await;
+    });
+    client
+}
+
+/// The migrated template database of the migrations compiled into this test binary,
+/// created once per cluster (under an advisory lock) and once per process checked.
+pub async fn template() -> String {
+    static TEMPLATE: OnceLock<String> = OnceLock::new();
+    if let Some(name) = TEMPLATE.get() {
+        return name.clone();
+    }
+    let name = format!("artex_tpl_{}", artex_actors::blackboard::fingerprint());
+    let admin = connect(&admin_url()).await;
+    admin
+        .execute("select pg_advisory_lock($1)", &[&TEMPLATE_LOCK])
+        .await
+        .expect("taking the template lock");
+    let row = admin
+        .query_opt(
+            "select datistemplate from pg_database where datname = $1",
+            &[&name],
+        )
+        .await
+        .expect("looking up the template");
+    // A template is marked `datistemplate` only once migrated; one left half-made by a
+    // crashed run is made again.
+    if row.as_ref().map(|r| r.get::<_, bool>(0)) != Some(true) {
+        if row.is_some() {
+            admin
+                .batch_execute(&format!("drop database \"{name}\" with (force)"))
+                .await
+                .expect("dropping a half-made template");
+        }
+        admin
+            .batch_execute(&format!("create database \"{name}\""))
+            .await
+            .expect("creating the template");
+        let bb = Blackboard::connect(&cluster().url(&name), 2).expect("template pool");
+        bb.migrate().await.expect("migrating the template");
+        drop(bb);
+        admin
+            .batch_execute(&format!("alter database \"{name}\" is_template true"))
+            .await
+            .expect("marking the template");
+    }
+    admin
+        .execute("select pg_advisory_unlock($1)", &[&TEMPLATE_LOCK])
+        .await
+        .expect("releasing the template lock");
+    let _ = TEMPLATE.set(name.clone());
+    name
+}
+
+/// A database of its own for one test, cloned from the migrated template and dropped
+/// (with its connections) when this value is dropped.
+pub struct TestDb {
+    /// The database's name (`t_<uuid>`).
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// A blackboard on it.
+    pub bb: Blackboard,
+    /// URL of the cluster's `postgres` database.
+    pub admin_url: String,
+}
+
+impl TestDb {
+    /// A fresh, migrated database.
+    pub async fn new() -> TestDb {
+        let template = template().await;
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin_url = admin_url();
+        let admin = connect(&admin_url).await;
+        let sql = format!("create database \"{name}\" template \"{template}\"");
+        // The template's last connections (its migration pool) close asynchronously on
+        // the server: "source database is being accessed by other users" for a moment.
+        let mut delay = Duration::from_millis(20);
+        let mut waited = Duration::ZERO;
+        loop {
+            match admin.batch_execute(&sql).await {
+                Ok(()) => break,
+                Err(e)
+                    if e.code() == Some(&SqlState::OBJECT_IN_USE)
+                        && waited < Duration::from_secs(15) =>
+                {
+                    tokio::time::sleep(delay).await;
+                    waited += delay;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => panic!("{sql}: {e}"),
+            }
+        }
+        let url = cluster().url(&name);
+        let bb = Blackboard::connect(&url, 4).expect("test database pool");
+        TestDb {
+            name,
+            url,
+            bb,
+            admin_url,
+        }
+    }
+
+    /// A plain client on this database, for raw SQL.
+    pub async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop cannot await, and the test's runtime may be current-thread: drop the
+        // database from a thread of its own with a runtime of its own.
+        let sql = format!("drop database if exists \"{}\" with (force)", self.name);
+        let admin_url = self.admin_url.clone();
+        let outcome = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (client, connection) = tokio_postgres::connect(&admin_url, NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let driver = tokio::spawn(connection);
+                let done = client.batch_execute(&sql).await.map_err(|e| e.to_string());
+                drop(client);
+                let _ = driver.await;
+                done
+            })
+        })
+        .join();
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: dropping test database {}: {e}", self.name),
+            Err(_) => eprintln!("warning: dropping test database {} panicked", self.name),
+        }
+    }
+}

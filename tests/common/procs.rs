@@ -1,0 +1,200 @@
+//! Real processes for end-to-end tests: spawn `artex` planners and workers against a test
+//! database, signal them, read their logs, talk HTTP to them, and wait on conditions in
+//! the blackboard (never sleep-and-hope).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A running `artex` process; killed (SIGKILL) and reaped on drop. If the test is failing,
+/// its log is printed so the failure can be read.
+pub struct Proc {
+    /// What it is, for messages.
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    exited: Option<ExitStatus>,
+}
+
+/// Test-friendly worker settings: fast heartbeats, short leases, quick retries.
+pub const FAST_WORKER: &[&str] = &[
+    "--http",
+    "127.0.0.1:0",
+    "--heartbeat-ms",
+    "200",
+    "--lease-ms",
+    "3000",
+    "--retry-base-ms",
+    "20",
+    "--retry-cap-ms",
+    "200",
+    "--drain-ms",
+    "10000",
+];
+
+/// Test-friendly planner settings: gone after 1.5 s of silence, reaper every 200 ms.
+pub const FAST_PLANNER: &[&str] = &[
+    "--worker-timeout-ms",
+    "1500",
+    "--reap-ms",
+    "200",
+    "--reap-retry-base-ms",
+    "20",
+];
+
+impl Proc {
+    /// Starts `artex ARGS…` with `ARTEX_DATABASE_URL=url`.
+    pub fn start(name: &str, url: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let dir = tempfile::tempdir().expect("temp dir for a process log");
+        let log = dir.path().join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let mut cmd = Command::new(super::artex_bin());
+        cmd.args(args)
+            .env("ARTEX_DATABASE_URL", url)
+            .env("ARTEX_LOG", "info,actix_server=warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn artex");
+        Proc {
+            name: name.into(),
+            child,
+            log,
+            _dir: dir,
+            exited: None,
+        }
+    }
+
+    /// `artex worker` with [`FAST_WORKER`] settings plus `extra`.
+    pub fn worker(name: &str, url: &str, extra: &[&str]) -> Proc {
+        let mut args = vec!["worker"];
+        args.extend_from_slice(FAST_WORKER);
+        args.extend_from_slice(extra);
+        Proc::start(name, url, &args, &[])
+    }
+
+    /// `artex planner` with [`FAST_PLANNER`] settings plus `extra`.
+    pub fn planner(name: &str, url: &str, extra: &[&str]) -> Proc {
+        let mut args = vec!["planner"];
+        args.extend_from_slice(FAST_PLANNER);
+        args.extend_from_slice(extra);
+        Proc::start(name, url, &args, &[])
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `sig`.
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("send signal");
+    }
+
+    /// Waits for it to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if self.exited.is_some() {
+            return self.exited;
+        }
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exited = Some(status);
+                return self.exited;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Everything it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("---- last lines of {} ----", self.name);
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// Polls `check` every 25 ms until it yields a value; panics naming `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > end {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    // Bodies here are small JSON or text; undo chunked encoding if used.
+    let body = if raw
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

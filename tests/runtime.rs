@@ -1,0 +1,726 @@
+//! The runtime end to end, with real planner and worker processes on real PostgreSQL:
+//! mixed workloads, crashes (kill -9), a PostgreSQL restart, a zombie worker, several
+//! planners, graceful stops, NOTIFY and its safety nets, supervision, worker HTTP.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use artex_actors::blackboard::NewTask;
+use common::procs::{http_get, wait_for, Proc};
+use common::TestDb;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use tokio_postgres::Client;
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+async fn unfinished(c: &Client) -> i64 {
+    count(
+        c,
+        "select count(*) from artex.tasks
+         where status not in ('succeeded', 'failed', 'timeout', 'canceled')",
+    )
+    .await
+}
+
+async fn wait_all_finished(c: &Client, timeout: Duration) {
+    wait_for("every task to finish", timeout, || async {
+        (unfinished(c).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// No task ever succeeded twice, and none was assigned twice at one epoch.
+async fn assert_no_double_run(c: &Client) {
+    let twice = count(
+        c,
+        "select count(*) from (select task_id from artex.task_transitions
+         where to_status = 'succeeded' group by task_id having count(*) > 1) x",
+    )
+    .await;
+    assert_eq!(twice, 0, "tasks that succeeded twice");
+    let same_epoch = count(
+        c,
+        "select count(*) from (select task_id, lease_epoch from artex.task_transitions
+         where to_status = 'assigned' group by 1, 2 having count(*) > 1) x",
+    )
+    .await;
+    assert_eq!(same_epoch, 0, "assignments sharing a fencing token");
+}
+
+async fn worker_id(c: &Client, p: &Proc) -> String {
+    let pid = p.pid();
+    wait_for(
+        &format!("{} to register", p.name),
+        Duration::from_secs(30),
+        || async move {
+            c.query_opt(
+                "select id from artex.workers where pid = $1 and state = 'online'",
+                &[&pid],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.get::<_, String>(0))
+        },
+    )
+    .await
+}
+
+async fn worker_http(c: &Client, p: &Proc) -> String {
+    let id = worker_id(c, p).await;
+    c.query_one("select http_addr from artex.workers where id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+fn tasks(kind: &str, n: usize, payload: serde_json::Value) -> Vec<NewTask> {
+    (0..n)
+        .map(|_| NewTask::new(kind, payload.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn five_thousand_mixed_tasks_through_one_planner_and_three_workers() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let workers: Vec<Proc> = (0..3)
+        .map(|i| Proc::worker(&format!("worker{i}"), &db.url, &[]))
+        .collect();
+    let mut batch: Vec<NewTask> = (0..3000)
+        .map(|i| NewTask::new("echo", json!({ "i": i })))
+        .collect();
+    batch.extend(tasks("noop", 1000, json!({})));
+    batch.extend(tasks("fail", 500, json!({ "times": 1 })));
+    batch.extend((0..250).map(|_| NewTask {
+        max_retries: Some(1),
+        ..NewTask::new("fail", json!({}))
+    }));
+    batch.extend(tasks("sleep", 230, json!({ "ms": 5 })));
+    batch.extend((0..20).map(|_| NewTask {
+        max_retries: Some(0),
+        timeout_ms: Some(100),
+        ..NewTask::new("sleep", json!({ "ms": 5000 }))
+    }));
+    db.bb.submit_many(&batch, "test").await.unwrap();
+    for w in &workers {
+        worker_id(&c, w).await;
+    }
+    wait_all_finished(&c, Duration::from_secs(180)).await;
+
+    let by_status: HashMap<String, i64> = c
+        .query(
+            "select status::text, count(*) from artex.tasks group by 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(by_status.get("succeeded"), Some(&4730), "{by_status:?}");
+    assert_eq!(by_status.get("failed"), Some(&250), "{by_status:?}");
+    assert_eq!(by_status.get("timeout"), Some(&20), "{by_status:?}");
+    assert_no_double_run(&c).await;
+    // echo returns its payload; fail{times:1} succeeded on its second attempt.
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'echo' and result <> payload"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'fail' and status = 'succeeded'
+                   and (retries <> 1 or result->>'succeeded_on_attempt' <> '2')"
+        )
+        .await,
+        0
+    );
+    // Failed for good after 1 + max_retries attempts, each failure recorded.
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'failed'
+                   and (retries <> 2 or error not like 'failing on purpose%')"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'timeout'
+                   and error not like '%past its timeout%'"
+        )
+        .await,
+        0
+    );
+    // Every worker took part.
+    assert_eq!(
+        count(
+            &c,
+            "select count(distinct worker) from artex.task_transitions
+                   where to_status = 'succeeded'"
+        )
+        .await,
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_task_has_its_tasks_finished_by_another() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let a = Proc::worker(
+        "victim",
+        &db.url,
+        &["--concurrency", "4", "--prefetch", "0"],
+    );
+    let a_id = worker_id(&c, &a).await;
+    db.bb
+        .submit_many(&tasks("sleep", 4, json!({ "ms": 1500 })), "test")
+        .await
+        .unwrap();
+    let c2 = &c;
+    let a_id2 = a_id.clone();
+    wait_for("4 tasks running on the victim", Duration::from_secs(20), || {
+        let id = a_id2.clone();
+        async move {
+            let n: i64 = c2
+                .query_one(
+                    "select count(*) from artex.tasks where status = 'running' and assigned_to = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (n == 4).then_some(())
+        }
+    })
+    .await;
+    a.signal(Signal::SIGKILL);
+    let b = Proc::worker("rescuer", &db.url, &[]);
+    let b_id = worker_id(&c, &b).await;
+    // Within the lease (3 s) plus the reaper's interval, another worker finishes them.
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    let rows = c
+        .query(
+            "select status::text, retries,
+                    (select worker from artex.task_transitions x
+                     where x.task_id = t.id and x.to_status = 'succeeded')
+             from artex.tasks t",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert_eq!(r.get::<_, String>(0), "succeeded");
+        assert_eq!(r.get::<_, i32>(1), 1, "the lost attempt counts as a retry");
+        assert_eq!(
+            r.get::<_, Option<String>>(2).as_deref(),
+            Some(b_id.as_str())
+        );
+    }
+    assert_no_double_run(&c).await;
+}
+
+#[tokio::test]
+async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let z = Proc::worker(
+        "zombie",
+        &db.url,
+        &["--concurrency", "1", "--prefetch", "0"],
+    );
+    let z_id = worker_id(&c, &z).await;
+    let id = db
+        .bb
+        .submit(
+            &NewTask::new("checkpoint", json!({ "steps": 6, "ms": 500 })),
+            "test",
+        )
+        .await
+        .unwrap();
+    let zid = z_id.clone();
+    let c2 = &c;
+    wait_for(
+        "the task to run on the zombie-to-be",
+        Duration::from_secs(20),
+        || {
+            let zid = zid.clone();
+            async move {
+                let r = c2
+                    .query_one(
+                        "select status::text, assigned_to from artex.tasks where id = $1",
+                        &[&id],
+                    )
+                    .await
+                    .unwrap();
+                (r.get::<_, String>(0) == "running" && r.get::<_, Option<String>>(1) == Some(zid))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    z.signal(Signal::SIGSTOP);
+    let w = Proc::worker("successor", &db.url, &[]);
+    let w_id = worker_id(&c, &w).await;
+    let wid = w_id.clone();
+    wait_for(
+        "the task to be taken back and run by the successor",
+        Duration::from_secs(30),
+        || {
+            let wid = wid.clone();
+            async move {
+                let r = c2
+                    .query_one("select assigned_to from artex.tasks where id = $1", &[&id])
+                    .await
+                    .unwrap();
+                (r.get::<_, Option<String>>(0) == Some(wid)).then_some(())
+            }
+        },
+    )
+    .await;
+    let zombie_writes_before = count(
+        &c,
+        &format!("select count(*) from artex.task_transitions where actor = '{z_id}'"),
+    )
+    .await;
+    z.signal(Signal::SIGCONT);
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    let t = db.bb.task(id).await.unwrap();
+    assert_eq!(t.status.as_str(), "succeeded");
+    // The zombie wrote no transition after it lost the lease…
+    let zombie_writes_after = count(
+        &c,
+        &format!("select count(*) from artex.task_transitions where actor = '{z_id}'"),
+    )
+    .await;
+    assert_eq!(zombie_writes_before, zombie_writes_after);
+    // …and the successor finished the task, resuming the checkpoint: every step once.
+    let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
+    let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        count(&c, &format!(
+            "select count(*) from artex.task_transitions where to_status = 'succeeded' and worker = '{w_id}'"
+        ))
+        .await,
+        1
+    );
+    assert_no_double_run(&c).await;
+}
+
+#[tokio::test]
+async fn three_planners_never_assign_a_task_twice() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _planners: Vec<Proc> = (0..3)
+        .map(|i| Proc::planner(&format!("planner{i}"), &db.url, &["--batch", "50"]))
+        .collect();
+    let workers: Vec<Proc> = (0..3)
+        .map(|i| Proc::worker(&format!("worker{i}"), &db.url, &["--concurrency", "20"]))
+        .collect();
+    for w in &workers {
+        worker_id(&c, w).await;
+    }
+    // Submitted in waves so every planner is woken many times and they race.
+    for wave in 0..30 {
+        let batch: Vec<NewTask> = (0..100)
+            .map(|i| NewTask::new("echo", json!({ "wave": wave, "i": i })))
+            .collect();
+        db.bb.submit_many(&batch, "test").await.unwrap();
+    }
+    wait_all_finished(&c, Duration::from_secs(120)).await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'"
+        )
+        .await,
+        3000
+    );
+    let assigned_more_than_once = count(
+        &c,
+        "select count(*) from (select task_id from artex.task_transitions
+         where to_status = 'assigned' group by task_id having count(*) > 1) x",
+    )
+    .await;
+    assert_eq!(assigned_more_than_once, 0);
+    assert_no_double_run(&c).await;
+    let planners = count(
+        &c,
+        "select count(distinct actor) from artex.task_transitions where to_status = 'assigned'",
+    )
+    .await;
+    assert!(
+        planners >= 2,
+        "only {planners} planner(s) assigned: the race was not exercised"
+    );
+}
+
+#[tokio::test]
+async fn postgres_restart_mid_run_loses_nothing() {
+    // A private cluster: restarting the shared one would cut every other test off.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = artex::dev_db::Cluster::new(artex::dev_db::ClusterOptions {
+        unsafe_fast: true,
+        ..artex::dev_db::ClusterOptions::new(dir.path().join("c"))
+    })
+    .unwrap();
+    cluster.start().unwrap();
+    struct StopOnDrop(artex::dev_db::Cluster);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.stop();
+        }
+    }
+    let _guard = StopOnDrop(cluster.clone());
+    let url = cluster.url("postgres");
+    let bb = artex_actors::Blackboard::connect(&url, 2).unwrap();
+    bb.migrate().await.unwrap();
+    let c = common::connect(&url).await;
+    let _p = Proc::planner("planner", &url, &[]);
+    let w1 = Proc::worker("worker1", &url, &[]);
+    let _w2 = Proc::worker("worker2", &url, &[]);
+    let http = worker_http(&c, &w1).await;
+    bb.submit_many(&tasks("sleep", 3000, json!({ "ms": 5 })), "test")
+        .await
+        .unwrap();
+    wait_for("300 tasks to succeed", Duration::from_secs(60), || async {
+        (count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'",
+        )
+        .await
+            >= 300)
+            .then_some(())
+    })
+    .await;
+    cluster.restart().unwrap();
+    let c = common::connect(&url).await;
+    wait_all_finished(&c, Duration::from_secs(120)).await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'"
+        )
+        .await,
+        3000
+    );
+    assert_no_double_run(&c).await;
+
+    // /health says why it is not ready while the database is down, and recovers.
+    assert_eq!(http_get(&http, "/health").unwrap().0, 200);
+    cluster.stop().unwrap();
+    let body = wait_for(
+        "/health to report the database down",
+        Duration::from_secs(20),
+        || {
+            let http = http.clone();
+            async move {
+                let (code, body) = http_get(&http, "/health").ok()?;
+                (code == 503).then_some(body)
+            }
+        },
+    )
+    .await;
+    assert!(body.contains("database unreachable"), "{body}");
+    cluster.start().unwrap();
+    wait_for("/health to recover", Duration::from_secs(30), || {
+        let http = http.clone();
+        async move { (http_get(&http, "/health").ok()?.0 == 200).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_a_worker_gracefully() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let mut a = Proc::worker(
+        "draining",
+        &db.url,
+        &["--concurrency", "2", "--prefetch", "4"],
+    );
+    let a_id = worker_id(&c, &a).await;
+    db.bb
+        .submit_many(&tasks("sleep", 6, json!({ "ms": 1000 })), "test")
+        .await
+        .unwrap();
+    let c2 = &c;
+    let aid = a_id.clone();
+    wait_for(
+        "2 running and 4 waiting on the worker",
+        Duration::from_secs(20),
+        || {
+            let aid = aid.clone();
+            async move {
+                let r = c2
+                    .query_one(
+                        "select count(*) filter (where status = 'running'),
+                            count(*) filter (where status = 'assigned')
+                     from artex.tasks where assigned_to = $1",
+                        &[&aid],
+                    )
+                    .await
+                    .unwrap();
+                (r.get::<_, i64>(0) == 2 && r.get::<_, i64>(1) == 4).then_some(())
+            }
+        },
+    )
+    .await;
+    a.signal(Signal::SIGTERM);
+    let status = a
+        .wait_exit(Duration::from_secs(15))
+        .expect("worker exits after draining");
+    assert!(status.success(), "exit status {status:?}");
+    // The two running tasks finished there; the four waiting were given back unstarted.
+    assert_eq!(
+        count(&c, &format!(
+            "select count(*) from artex.task_transitions where to_status = 'succeeded' and worker = '{a_id}'"
+        ))
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'pending' and retries = 0"
+        )
+        .await,
+        4
+    );
+    let state: String = c
+        .query_one(
+            "select state::text from artex.workers where id = $1",
+            &[&a_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "gone");
+    let _b = Proc::worker("next", &db.url, &[]);
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    assert_no_double_run(&c).await;
+}
+
+#[tokio::test]
+async fn a_drain_deadline_gives_long_tasks_back_without_counting_an_attempt() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let mut a = Proc::worker("slow", &db.url, &["--drain-ms", "300"]);
+    worker_id(&c, &a).await;
+    let id = db
+        .bb
+        .submit(&NewTask::new("sleep", json!({ "ms": 60000 })), "test")
+        .await
+        .unwrap();
+    wait_for("the long task to run", Duration::from_secs(20), || async {
+        (db.bb.task(id).await.ok()?.status.as_str() == "running").then_some(())
+    })
+    .await;
+    a.signal(Signal::SIGTERM);
+    let status = a
+        .wait_exit(Duration::from_secs(10))
+        .expect("worker exits at its deadline");
+    assert!(status.success());
+    let t = db.bb.task(id).await.unwrap();
+    assert_eq!(t.status.as_str(), "pending");
+    assert_eq!(t.retries, 0);
+}
+
+#[tokio::test]
+async fn a_stopped_planner_leaves_the_work_to_another() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut p1 = Proc::planner("planner1", &db.url, &[]);
+    let _p2 = Proc::planner("planner2", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    worker_id(&c, &w).await;
+    p1.signal(Signal::SIGTERM);
+    let status = p1
+        .wait_exit(Duration::from_secs(10))
+        .expect("planner exits");
+    assert!(status.success());
+    db.bb
+        .submit_many(&tasks("echo", 50, json!({})), "test")
+        .await
+        .unwrap();
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'"
+        )
+        .await,
+        50
+    );
+}
+
+#[tokio::test]
+async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Polls so slow that only NOTIFY (or the reconnect rescan) can explain a dispatch.
+    let _p = Proc::planner("planner", &db.url, &["--planner-poll-ms", "600000"]);
+    let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
+    worker_id(&c, &w).await;
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({"n": 1})), "test")
+        .await
+        .unwrap();
+    wait_for("dispatch by NOTIFY", Duration::from_secs(10), || async {
+        (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(())
+    })
+    .await;
+    // Cut every LISTEN session: both reconnect, re-LISTEN and rescan.
+    let cut = count(
+        &c,
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity
+         where datname = current_database() and query ilike 'listen%'",
+    )
+    .await;
+    assert!(
+        cut >= 2,
+        "expected the planner's and the worker's LISTEN sessions, cut {cut}"
+    );
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({"n": 2})), "test")
+        .await
+        .unwrap();
+    wait_for(
+        "dispatch after the listeners reconnected",
+        Duration::from_secs(15),
+        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_poll_catches_tasks_that_no_notification_announces() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    worker_id(&c, &w).await;
+    // Delayed: the insert's NOTIFY comes too early, nothing announces it becoming due.
+    let id = db
+        .bb
+        .submit(
+            &NewTask {
+                run_at: Some(chrono::Utc::now() + chrono::Duration::milliseconds(1500)),
+                ..NewTask::new("echo", json!({}))
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        db.bb.task(id).await.unwrap().status.as_str(),
+        "pending",
+        "ran before run_at"
+    );
+    wait_for(
+        "the delayed task to run",
+        Duration::from_secs(15),
+        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
+    )
+    .await;
+    let t = db.bb.task(id).await.unwrap();
+    assert!(t.started_at.unwrap() >= t.run_at);
+}
+
+#[tokio::test]
+async fn a_panicking_actor_is_restarted_counted_and_work_goes_on() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let up = Proc::start(
+        "up",
+        &db.url,
+        &["up", "--http", "127.0.0.1:0", "--reap-ms", "200"],
+        &[("ARTEX_FAILPOINTS", "assigner,reaper")],
+    );
+    let http = worker_http(&c, &up).await;
+    db.bb
+        .submit_many(&tasks("echo", 20, json!({})), "test")
+        .await
+        .unwrap();
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    let (code, metrics) = http_get(&http, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("artex_actor_restarts_total{actor=\"assigner\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("artex_actor_restarts_total{actor=\"reaper\"} 1"),
+        "{metrics}"
+    );
+    assert!(up
+        .log_text()
+        .contains("actor panicked; the supervisor restarts it"));
+}
+
+#[tokio::test]
+async fn worker_http_reports_health_and_status() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    let http = worker_http(&c, &w).await;
+    let (code, body) = http_get(&http, "/health").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["ready"], true);
+
+    let id = db
+        .bb
+        .submit(&NewTask::new("sleep", json!({ "ms": 3000 })), "test")
+        .await
+        .unwrap();
+    let status = wait_for(
+        "/status to list the running task",
+        Duration::from_secs(15),
+        || {
+            let http = http.clone();
+            async move {
+                let (_, body) = http_get(&http, "/status").ok()?;
+                let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+                (v["running"].as_array()?.len() == 1).then_some(v)
+            }
+        },
+    )
+    .await;
+    assert_eq!(status["running"][0]["id"], id.to_string());
+    assert_eq!(status["pid"], w.pid());
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    let bin = std::fs::read(common::artex_bin()).unwrap();
+    use sha2::Digest;
+    assert_eq!(
+        status["binary_sha256"],
+        hex::encode(sha2::Sha256::digest(&bin))
+    );
+    let (code, metrics) = http_get(&http, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("artex_tasks_running 1"), "{metrics}");
+}

@@ -1,0 +1,267 @@
+//! Starting the next generation and, on rollback, stopping it for good.
+//!
+//! The child learns where to connect from `ARTEX_HANDOVER_SOCKET`, shares our stdout and
+//! stderr (so the supervisor's log capture keeps working), and inherits no other
+//! descriptor: everything it should own, it receives over the handover socket.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::error::{Error, Result};
+
+/// Environment variable carrying the handover socket's path to the new process.
+pub const HANDOVER_ENV: &str = "ARTEX_HANDOVER_SOCKET";
+
+/// Linux's `CLOSE_RANGE_CLOEXEC` (include/uapi/linux/close_range.h); libc does not
+/// export it for Linux.
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+/// Upper bound for the descriptor-by-descriptor fallback on kernels without
+/// `close_range` (before 5.11), where RLIMIT_NOFILE can be in the millions.
+const FALLBACK_MAX_FD: libc::c_int = 65_536;
+
+/// Starts `binary` with `args`, `HANDOVER_ENV=handover_socket` and `env` on top of our
+/// own environment.
+///
+/// stdin is /dev/null; stdout and stderr are inherited. Descriptors std and tokio create
+/// are close-on-exec already, but ones inherited from our own parent (a supervisor, a
+/// jobserver, a C library) may not be, so the child marks every descriptor above 2
+/// close-on-exec just before exec. The child is not killed when the handle is dropped:
+/// after a successful handover it is the service.
+pub fn spawn(
+    binary: &Path,
+    handover_socket: &Path,
+    args: &[OsString],
+    env: &[(OsString, OsString)],
+) -> Result<Child> {
+    let mut command = Command::new(binary);
+    command
+        .args(args)
+        .env(HANDOVER_ENV, handover_socket)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(false);
+    // Computed before fork: sysconf is not async-signal-safe.
+    // SAFETY: sysconf only reads a process limit; it has no memory-safety preconditions.
+    let open_max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
+    let fallback_max = libc::c_int::try_from(open_max)
+        .unwrap_or(FALLBACK_MAX_FD)
+        .clamp(3, FALLBACK_MAX_FD);
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed; it makes raw syscalls (close_range, fcntl)
+    // and touches no locks, allocations or shared state.
+    unsafe {
+        command.pre_exec(move || {
+            cloexec_from_3(fallback_max);
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|source| Error::Spawn {
+        binary: binary.to_owned(),
+        source,
+    })
+}
+
+/// Marks every descriptor from 3 up close-on-exec. Runs between fork and exec.
+fn cloexec_from_3(fallback_max: libc::c_int) {
+    // SAFETY: close_range only changes descriptor flags in this (child) process; an error
+    // just means an old kernel, handled below.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    } == 0;
+    if !done {
+        for fd in 3..fallback_max {
+            // SAFETY: F_SETFD on a descriptor number is harmless whether or not it is
+            // open (EBADF is ignored); FD_CLOEXEC is the only descriptor flag.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+}
+
+/// Stops `child` for good: SIGTERM, then SIGKILL if it is still running after `grace`,
+/// and always waits for it, so no zombie is left behind. Returns how it ended; a child
+/// that had already exited is just reaped.
+pub async fn kill_and_reap(child: &mut Child, grace: Duration) -> Result<ExitStatus> {
+    let pid = child.id();
+    let wait_err = |source: io::Error| Error::Reap { pid, source };
+    if let Some(status) = child.try_wait().map_err(wait_err)? {
+        return Ok(status);
+    }
+    // Not yet reaped, so the pid still names our child: it cannot have been reused.
+    if let Some(raw) = pid.and_then(|p| i32::try_from(p).ok()) {
+        match kill(Pid::from_raw(raw), Signal::SIGTERM) {
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(e) => tracing::warn!(pid = raw, error = %e, "cannot SIGTERM child"),
+        }
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status.map_err(wait_err),
+        Err(_) => {
+            tracing::warn!(?pid, ?grace, "child ignored SIGTERM; sending SIGKILL");
+            // Child::kill sends SIGKILL and waits for the exit, reaping it.
+            child.kill().await.map_err(wait_err)?;
+            child.wait().await.map_err(wait_err)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    const SH: &str = "/bin/sh";
+
+    fn sh(script: &str) -> Vec<OsString> {
+        vec!["-c".into(), script.into()]
+    }
+
+    #[tokio::test]
+    async fn the_child_gets_the_socket_path_and_extra_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let socket = dir.path().join("handover.sock");
+        let script = format!(
+            "printf '%s|%s|%s' \"$ARTEX_HANDOVER_SOCKET\" \"$EXTRA\" \"$1\" > '{}'",
+            out.display()
+        );
+        let mut args = sh(&script);
+        args.extend(["argv0".into(), "first-arg".into()]);
+        let env = [(OsString::from("EXTRA"), OsString::from("extra value"))];
+        let mut child = spawn(Path::new(SH), &socket, &args, &env).unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let got = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(got, format!("{}|extra value|first-arg", socket.display()));
+    }
+
+    #[tokio::test]
+    async fn the_child_inherits_only_stdio() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("fds");
+        // dup() makes a descriptor without close-on-exec, like one inherited from a
+        // supervisor: exactly what must not reach the next generation.
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let leaky = nix::unistd::dup(&file).unwrap();
+        let flags = nix::fcntl::fcntl(&leaky, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert_eq!(
+            flags & libc::FD_CLOEXEC,
+            0,
+            "test setup: dup must not set CLOEXEC"
+        );
+
+        // `find` runs as a child of the shell and lists the shell's table, so its own
+        // handles do not show; `; true` keeps the shell from exec'ing it, and -fprint
+        // avoids a shell redirection (dash parks the old stdout on fd 10 for those).
+        let script = format!(
+            "find /proc/$$/fd -mindepth 1 -maxdepth 1 -fprint '{}'; true",
+            out.display()
+        );
+        let mut child = spawn(Path::new(SH), &dir.path().join("s"), &sh(&script), &[]).unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let listed = std::fs::read_to_string(&out).unwrap();
+        let mut fds: Vec<&str> = listed
+            .lines()
+            .filter_map(|path| path.rsplit('/').next())
+            .collect();
+        fds.sort_unstable();
+        assert_eq!(
+            fds,
+            ["0", "1", "2"],
+            "child inherited more than stdio (leaky fd was {})",
+            leaky.as_raw_fd()
+        );
+    }
+
+    /// Starts a shell that runs `setup`, reports "ready" on stdout, then execs a sleep.
+    async fn started(setup: &str) -> Child {
+        let mut child = Command::new(SH)
+            .args(["-c", &format!("{setup}; echo ready; exec sleep 60")])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).await.unwrap();
+        assert_eq!(line, "ready\n");
+        child
+    }
+
+    fn assert_reaped(pid: u32) {
+        let res = nix::sys::wait::waitpid(
+            Pid::from_raw(pid as i32),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        assert_eq!(res, Err(Errno::ECHILD), "child {pid} not reaped");
+    }
+
+    #[tokio::test]
+    async fn a_cooperative_child_stops_on_sigterm() {
+        let mut child = started(":").await;
+        let pid = child.id().unwrap();
+        let status = kill_and_reap(&mut child, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+        assert_reaped(pid);
+    }
+
+    #[tokio::test]
+    async fn a_child_ignoring_sigterm_is_killed_after_the_grace() {
+        // An ignored signal stays ignored across exec, so the sleep ignores it too.
+        let mut child = started("trap '' TERM").await;
+        let pid = child.id().unwrap();
+        let status = kill_and_reap(&mut child, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        assert_reaped(pid);
+    }
+
+    #[tokio::test]
+    async fn an_exited_child_is_reaped_with_its_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn(Path::new(SH), &dir.path().join("s"), &sh("exit 7"), &[]).unwrap();
+        let pid = child.id().unwrap();
+        // Wait for the exit without reaping, so kill_and_reap finds a zombie to collect.
+        let exited = tokio::task::spawn_blocking(move || {
+            nix::sys::wait::waitid(
+                nix::sys::wait::Id::Pid(Pid::from_raw(pid as i32)),
+                nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
+            )
+        })
+        .await
+        .unwrap();
+        assert!(exited.is_ok(), "{exited:?}");
+        let status = kill_and_reap(&mut child, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(status.code(), Some(7));
+        assert_reaped(pid);
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-artex");
+        let err = spawn(&missing, &dir.path().join("s"), &[], &[]).unwrap_err();
+        assert!(matches!(err, Error::Spawn { .. }), "{err:?}");
+        assert!(err.to_string().contains("no-such-artex"), "{err}");
+    }
+}
