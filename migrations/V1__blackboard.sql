@@ -47,7 +47,10 @@ create table artex.tasks (
     started_at   timestamptz,
     finished_at  timestamptz,
     constraint holder_only_while_held check (
-        (status in ('assigned', 'running')) = (assigned_to is not null and lease_until is not null)
+        (status in ('assigned', 'running')) = (assigned_to is not null)
+    ),
+    constraint lease_only_while_held check (
+        (status in ('assigned', 'running')) = (lease_until is not null)
     ),
     constraint retries_within_budget check (retries <= max_retries + 1),
     constraint flow_task_named check ((flow_id is null) = (flow_task is null)),
@@ -170,6 +173,11 @@ begin
         raise exception 'artex: task % cannot change its id', old.id
             using errcode = 'check_violation';
     end if;
+    if new.lease_epoch < old.lease_epoch then
+        raise exception 'artex: the fencing token of task % cannot go back (% -> %)',
+            old.id, old.lease_epoch, new.lease_epoch
+            using errcode = 'check_violation';
+    end if;
     if new.status = old.status then
         -- Not a transition: a lease renewal, a checkpoint, or a handover to another worker
         -- (which must bump the fencing token so the previous holder is fenced off).
@@ -263,7 +271,10 @@ create trigger tasks_after_insert after insert on artex.tasks
     referencing new table as new_rows
     for each statement execute function artex.tasks_after_insert();
 
-create function artex.tasks_after_update() returns trigger language plpgsql as $$
+-- Transition tables carry no statistics: with large statements the planner may join
+-- old and new rows in a nested loop, quadratic in the statement's size. Hash joins only.
+create function artex.tasks_after_update() returns trigger language plpgsql
+set enable_nestloop = off as $$
 begin
     insert into artex.task_transitions
         (task_id, from_status, to_status, reason, actor, worker, lease_epoch)
@@ -273,7 +284,15 @@ begin
                          then n.error end),
            artex.current_actor(), coalesce(n.assigned_to, o.assigned_to), n.lease_epoch
     from new_rows n join old_rows o using (id)
-    where n.status <> o.status;
+    where n.status <> o.status
+    union all
+    -- A handover (hot upgrade) moves a held task to another worker without a status
+    -- change; it is audited all the same.
+    select n.id, o.status, n.status, coalesce(artex.current_reason(), 'handed over'),
+           artex.current_actor(), n.assigned_to, n.lease_epoch
+    from new_rows n join old_rows o using (id)
+    where n.status = o.status and n.assigned_to is distinct from o.assigned_to
+      and n.assigned_to is not null;
     -- Assignment is transient plumbing between planner and worker: not an event.
     insert into artex.task_events (task_id, flow_id, kind, from_status, to_status, reason)
     select n.id, n.flow_id, n.kind, o.status, n.status,

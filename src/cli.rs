@@ -98,6 +98,39 @@ enum Command {
         #[command(subcommand)]
         command: DbCommand,
     },
+    /// Make signing keys and signed upgrade bundles.
+    Bundle {
+        #[command(subcommand)]
+        command: BundleCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BundleCommand {
+    /// Make an ed25519 key pair (hex files; the secret one mode 0600).
+    Keygen {
+        /// Where to write the secret key (refuses to overwrite).
+        #[arg(long)]
+        secret: std::path::PathBuf,
+        /// Where to write the public key (give it to workers: --upgrade-public-key).
+        #[arg(long)]
+        public: std::path::PathBuf,
+    },
+    /// Package a binary with a signed manifest for `curl -T bundle.zip …/upgrade`.
+    Create {
+        /// The new artex binary (or a binary built on the artex crate).
+        #[arg(long)]
+        binary: std::path::PathBuf,
+        /// The secret key from `artex bundle keygen`.
+        #[arg(long)]
+        key: std::path::PathBuf,
+        /// Where to write the bundle.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The version recorded in the manifest (default: this build's).
+        #[arg(long)]
+        manifest_version: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +289,37 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
             Ok(())
         }
         Command::Db { command } => db_command(&db, command).await,
+        Command::Bundle {
+            command: BundleCommand::Keygen { secret, public },
+        } => {
+            artex_upgrade::bundle::keygen(&secret, &public)?;
+            println!(
+                "secret key: {}\npublic key: {}",
+                secret.display(),
+                public.display()
+            );
+            Ok(())
+        }
+        Command::Bundle {
+            command:
+                BundleCommand::Create {
+                    binary,
+                    key,
+                    out,
+                    manifest_version,
+                },
+        } => {
+            let key = artex_upgrade::bundle::load_secret_key(&key)?;
+            let version = manifest_version.unwrap_or_else(|| crate::VERSION.to_string());
+            let manifest = artex_upgrade::bundle::create(&binary, &key, &version, &out)?;
+            println!(
+                "{} (version {}, sha256 {})",
+                out.display(),
+                manifest.version,
+                manifest.binary_sha256
+            );
+            Ok(())
+        }
         Command::Planner { planner } => {
             let bb = crate::connect(&db).await?;
             let stop = stop_future()?;
@@ -263,7 +327,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         }
         Command::Worker { worker } => {
             let bb = crate::connect(&db).await?;
-            let listener = crate::bind_http(&worker.http)?;
+            let listener = crate::bind_http_unless_spawned(&worker.http)?;
             let stop = stop_future()?;
             crate::run_worker(bb, &worker, registry, listener, ActorStats::default(), stop)
                 .await
@@ -271,10 +335,14 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         }
         Command::Up { worker, planner } => {
             let bb = crate::connect(&db).await?;
-            let listener = crate::bind_http(&worker.http)?;
-            let http = listener
-                .local_addr()
-                .map_err(|e| Error::io("reading the HTTP address", e))?;
+            let listener = crate::bind_http_unless_spawned(&worker.http)?;
+            let http = match &listener {
+                Some(l) => l
+                    .local_addr()
+                    .map_err(|e| Error::io("reading the HTTP address", e))?
+                    .to_string(),
+                None => "the inherited socket".to_string(),
+            };
             let (tx, rx) = tokio::sync::watch::channel(false);
             let mut signals = artex_upgrade::StopSignals::install()?;
             actix::spawn(async move {

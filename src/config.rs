@@ -54,9 +54,28 @@ pub struct WorkerArgs {
     /// Longest retry backoff in milliseconds.
     #[arg(long, env = "ARTEX_RETRY_CAP_MS", default_value_t = 300_000)]
     pub retry_cap_ms: u64,
-    /// On SIGTERM/SIGINT, how long running tasks may take to finish, milliseconds.
+    /// On SIGTERM/SIGINT/SIGUSR2, how long running tasks may take to finish, milliseconds.
     #[arg(long, env = "ARTEX_DRAIN_MS", default_value_t = 30_000)]
     pub drain_ms: u64,
+    /// Public key (hex, from `artex bundle keygen`) that upgrade bundles must be signed
+    /// with. Without it (and a token), /upgrade answers 403.
+    #[arg(long, env = "ARTEX_UPGRADE_PUBLIC_KEY")]
+    pub upgrade_public_key: Option<PathBuf>,
+    /// File holding the bearer token /upgrade requires.
+    #[arg(long, env = "ARTEX_UPGRADE_TOKEN_FILE")]
+    pub upgrade_token_file: Option<PathBuf>,
+    /// The bearer token itself (prefer --upgrade-token-file: flags show in `ps`).
+    #[arg(long, env = "ARTEX_UPGRADE_TOKEN", hide_env_values = true)]
+    pub upgrade_token: Option<String>,
+    /// Where bundles are received and new generations unpacked (private, 0700).
+    #[arg(long, env = "ARTEX_UPGRADE_DIR")]
+    pub upgrade_dir: Option<PathBuf>,
+    /// How long a new process has to get ready and take over, milliseconds.
+    #[arg(long, env = "ARTEX_UPGRADE_READY_MS", default_value_t = 30_000)]
+    pub upgrade_ready_ms: u64,
+    /// How long resumable tasks have to reach a checkpoint during a handover, milliseconds.
+    #[arg(long, env = "ARTEX_HANDOVER_SUSPEND_MS", default_value_t = 10_000)]
+    pub handover_suspend_ms: u64,
 }
 
 /// How a planner runs.

@@ -30,7 +30,7 @@ pub fn stock() -> Registry {
             ))),
         }
     });
-    r.register("checkpoint", checkpoint);
+    r.register_resumable("checkpoint", checkpoint);
     r
 }
 

@@ -22,6 +22,7 @@
 //! - [`config`]: flags and `ARTEX_*` variables, with defaults.
 //! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
 //! - [`handlers`]: the stock binary's task kinds.
+//! - [`hot_upgrade`]: both sides of a hot upgrade's handover.
 //! - [`http`]: the worker's HTTP routes.
 //! - [`error`]: the app's error type and exit codes.
 #![forbid(unsafe_code)]
@@ -31,10 +32,13 @@ pub mod config;
 pub mod dev_db;
 pub mod error;
 pub mod handlers;
+pub mod hot_upgrade;
 pub mod http;
 
 use std::future::Future;
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use actix::Supervisor;
 use actix_web::{web, App, HttpServer};
@@ -127,13 +131,15 @@ pub async fn run_planner(
     Ok(())
 }
 
-/// Runs a worker with `registry`'s handlers, serving HTTP on `listener`, until `shutdown`
-/// resolves; then drains (see [`Drain`]) and returns what the drain did.
+/// Runs a worker with `registry`'s handlers until `shutdown` resolves; then drains (see
+/// [`Drain`]) and returns what the drain did. It serves HTTP on `listener`; with `None`
+/// it must have been spawned by a hot upgrade (`ARTEX_HANDOVER_SOCKET`), and receives the
+/// listening socket and its predecessor's tasks through the handover.
 pub async fn run_worker(
     bb: Blackboard,
     args: &WorkerArgs,
     mut registry: Registry,
-    listener: std::net::TcpListener,
+    listener: Option<std::net::TcpListener>,
     stats: ActorStats,
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport> {
@@ -152,15 +158,26 @@ pub async fn run_worker(
     if args.concurrency == 0 {
         return Err(Error::Invalid("--concurrency: must be at least 1".into()));
     }
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::io("reading the HTTP listener's address", e))?;
+    let upgrade = upgrade_settings(args)?;
+    let mut handover = hot_upgrade::successor::connect_if_spawned().await?;
+    let http_addr = match (&mut handover, &listener) {
+        (Some(ch), _) => hot_upgrade::successor::welcome(ch).await?.0,
+        (None, Some(l)) => l
+            .local_addr()
+            .map_err(|e| Error::io("reading the HTTP listener's address", e))?
+            .to_string(),
+        (None, None) => {
+            return Err(Error::Invalid(
+                "no HTTP listener and no handover socket to receive one from".into(),
+            ))
+        }
+    };
     let host = hostname();
     let config = WorkerConfig {
         id: format!("{host}:{}:{:012x}", std::process::id(), fastrand_suffix()),
         host,
         version: VERSION.to_string(),
-        http_addr: Some(addr.to_string()),
+        http_addr: Some(http_addr.clone()),
         concurrency: args.concurrency,
         prefetch: args.prefetch,
         lease: ms(args.lease_ms),
@@ -171,30 +188,97 @@ pub async fn run_worker(
         retry_cap: ms(args.retry_cap_ms),
     };
     Worker::register(&bb, &config, &registry).await?;
-    tracing::info!(worker = %config.id, http = %addr, kinds = ?registry.kinds(),
-        concurrency = config.concurrency, "worker registered; listening");
+    let listener = match (listener, &mut handover) {
+        (Some(l), _) => l,
+        (None, Some(ch)) => hot_upgrade::successor::ready(ch, &config.id).await?,
+        (None, None) => unreachable!("checked above"),
+    };
+    tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
+        concurrency = config.concurrency, successor = handover.is_some(),
+        "worker registered; listening");
     let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
+    let handed_over = Arc::new(AtomicBool::new(false));
+    let binary_sha256 = binary_sha256();
+    let upgrader = Arc::new(hot_upgrade::Upgrader {
+        worker: worker.clone(),
+        bb: bb.clone(),
+        public_key: upgrade.public_key,
+        token: upgrade.token,
+        listener: listener
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the HTTP listener for upgrades", e))?,
+        dir: upgrade.dir,
+        ready_deadline: ms(args.upgrade_ready_ms),
+        suspend_deadline: ms(args.handover_suspend_ms),
+        lease_secs: ms(args.lease_ms).as_secs_f64(),
+        limits: artex_upgrade::Limits::default(),
+        binary_sha256: binary_sha256.clone(),
+        in_progress: AtomicBool::new(false),
+        handed_over: handed_over.clone(),
+    });
     let state = http::AppState {
         worker: worker.clone(),
         stats,
         version: VERSION.to_string(),
-        binary_sha256: binary_sha256(),
+        binary_sha256,
+        handed_over: handed_over.clone(),
     };
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
+            .app_data(web::Data::new(upgrader.clone()))
             .configure(http::routes)
     })
     .workers(1)
     .disable_signals()
-    .shutdown_timeout(5)
+    .shutdown_timeout(10)
     .listen(listener)
-    .map_err(|e| Error::io(format!("serving HTTP on {addr}"), e))?
+    .map_err(|e| Error::io(format!("serving HTTP on {http_addr}"), e))?
     .run();
     let handle = server.handle();
     let serving = actix::spawn(server);
+    if let Some(mut ch) = handover {
+        let report = hot_upgrade::successor::take_over(&mut ch, &worker).await?;
+        tracing::info!(
+            resumed = report.resumed.len(),
+            conflicts = report.conflicts.len(),
+            "took over from the previous generation"
+        );
+        // Under systemd (Type=notify, NotifyAccess=all) this process is the service now.
+        notify(artex_upgrade::notify::mainpid(std::process::id()));
+    }
+    notify(artex_upgrade::notify::ready());
+    notify(artex_upgrade::notify::status(&format!(
+        "serving on {http_addr}"
+    )));
     shutdown.await;
+    let report = if handed_over.load(Ordering::Acquire) {
+        // The successor serves the socket: stop accepting here first (in-flight requests
+        // finish, idle keep-alive connections close), then finish the remaining tasks.
+        notify(artex_upgrade::notify::status(
+            "handed over; finishing the last tasks",
+        ));
+        handle.stop(true).await;
+        let report = drain(&worker, &config, args).await?;
+        let _ = serving.await;
+        report
+    } else {
+        notify(artex_upgrade::notify::stopping());
+        let report = drain(&worker, &config, args).await?;
+        handle.stop(true).await;
+        let _ = serving.await;
+        report
+    };
+    remove_own_generation();
+    Ok(report)
+}
+
+async fn drain(
+    worker: &actix::Addr<Worker>,
+    config: &WorkerConfig,
+    args: &WorkerArgs,
+) -> Result<DrainReport> {
     tracing::info!(worker = %config.id, "draining: no new work; finishing what runs");
     let report = worker
         .send(Drain {
@@ -203,9 +287,70 @@ pub async fn run_worker(
         .await
         .map_err(artex_actors::Error::from)?;
     tracing::info!(worker = %config.id, report = ?report, "drained");
-    handle.stop(true).await;
-    let _ = serving.await;
     Ok(report)
+}
+
+fn notify(r: std::result::Result<bool, artex_upgrade::Error>) {
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+}
+
+struct UpgradeSettings {
+    public_key: Option<artex_upgrade::VerifyingKey>,
+    token: Option<String>,
+    dir: std::path::PathBuf,
+}
+
+fn upgrade_settings(args: &WorkerArgs) -> Result<UpgradeSettings> {
+    let public_key = args
+        .upgrade_public_key
+        .as_deref()
+        .map(artex_upgrade::bundle::load_public_key)
+        .transpose()?;
+    let token = match (&args.upgrade_token_file, &args.upgrade_token) {
+        (Some(f), _) => {
+            let t = std::fs::read_to_string(f).map_err(|e| {
+                Error::io(format!("reading --upgrade-token-file {}", f.display()), e)
+            })?;
+            Some(t.trim().to_string())
+        }
+        (None, Some(t)) => Some(t.trim().to_string()),
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        return Err(Error::Invalid("the upgrade token is empty".into()));
+    }
+    let dir = args.upgrade_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("artex-upgrade-{}", nix::unistd::geteuid()))
+    });
+    Ok(UpgradeSettings {
+        public_key,
+        token,
+        dir,
+    })
+}
+
+/// A generation unpacked by an upgrade runs from its own folder; once it exits, the
+/// folder has no further use (Linux keeps the running binary alive until then).
+fn remove_own_generation() {
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("gen-") && dir.join(".artex-generation").exists() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+/// Binds the worker's HTTP listener, unless this process was spawned by a hot upgrade
+/// (it then receives its predecessor's listening socket through the handover).
+pub fn bind_http_unless_spawned(addr: &str) -> Result<Option<std::net::TcpListener>> {
+    if std::env::var_os(artex_upgrade::HANDOVER_ENV).is_some() {
+        return Ok(None);
+    }
+    bind_http(addr).map(Some)
 }
 
 /// Binds the worker's HTTP listener.

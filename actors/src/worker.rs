@@ -4,10 +4,11 @@
 //! a group commit: outcomes that arrive while one batch is being written form the next.
 //! Every write names the lease epoch, so a worker that lost a task changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,7 @@ where
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn TaskHandler>>,
     timeouts: HashMap<String, Duration>,
+    resumable: HashSet<String>,
 }
 
 impl Registry {
@@ -98,6 +100,20 @@ impl Registry {
         self.register(kind, handler)
     }
 
+    /// Registers a handler that saves its progress with
+    /// [`TaskContext::save_checkpoint`] and resumes from [`TaskContext::checkpoint`]: in a
+    /// hot upgrade its running tasks move to the new process at their next checkpoint
+    /// instead of running to their end in the old one.
+    pub fn register_resumable(
+        &mut self,
+        kind: impl Into<String>,
+        handler: impl TaskHandler,
+    ) -> &mut Self {
+        let kind = kind.into();
+        self.resumable.insert(kind.clone());
+        self.register(kind, handler)
+    }
+
     /// The registered kinds, sorted.
     pub fn kinds(&self) -> Vec<String> {
         let mut k: Vec<String> = self.handlers.keys().cloned().collect();
@@ -108,6 +124,8 @@ impl Registry {
     /// Keeps only the kinds for which `keep` says yes.
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.handlers.retain(|k, _| keep(k));
+        let handlers = &self.handlers;
+        self.resumable.retain(|k| handlers.contains_key(k));
     }
 
     fn get(&self, kind: &str) -> Option<Arc<dyn TaskHandler>> {
@@ -126,6 +144,7 @@ pub struct TaskContext {
     attempt: i32,
     checkpoint: Option<serde_json::Value>,
     bb: Blackboard,
+    suspend: Arc<AtomicBool>,
 }
 
 impl TaskContext {
@@ -161,6 +180,11 @@ impl TaskContext {
         match self.bb.save_checkpoint(self.id, self.epoch, &state).await {
             Ok(true) => {
                 self.checkpoint = Some(state);
+                if self.suspend.load(Ordering::Acquire) {
+                    // A hot upgrade asked this task to move: its progress is saved, so
+                    // stop here; the new process resumes from this checkpoint.
+                    return Err(TaskError::new("suspended for handover"));
+                }
                 Ok(())
             }
             Ok(false) => Err(TaskError::new(
@@ -223,6 +247,8 @@ struct Running {
     max_retries: i32,
     started: Instant,
     abort: AbortHandle,
+    resumable: bool,
+    suspend: Arc<AtomicBool>,
 }
 
 /// A task running in this worker, as `/status` shows it.
@@ -272,6 +298,8 @@ pub struct Worker {
     fetch_again: bool,
     draining: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
+    suspended: Vec<(Uuid, i64)>,
+    suspend_waiters: Vec<oneshot::Sender<()>>,
     db_error: Option<String>,
     finished: u64,
     fenced_off: u64,
@@ -298,6 +326,8 @@ impl Worker {
             fetch_again: false,
             draining: false,
             drain_waiters: Vec::new(),
+            suspended: Vec::new(),
+            suspend_waiters: Vec::new(),
             db_error: None,
             finished: 0,
             fenced_off: 0,
@@ -396,6 +426,7 @@ impl Worker {
             .map(|ms| Duration::from_millis(ms as u64))
             .or_else(|| self.registry.timeouts.get(&task.kind).copied())
             .unwrap_or(self.config.default_timeout);
+        let suspend = Arc::new(AtomicBool::new(false));
         let tctx = TaskContext {
             id,
             kind: task.kind.clone(),
@@ -404,6 +435,7 @@ impl Worker {
             attempt: task.retries + 1,
             checkpoint: task.checkpoint,
             bb: self.bb.clone(),
+            suspend: suspend.clone(),
         };
         tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
         self.running.insert(
@@ -415,6 +447,8 @@ impl Worker {
                 max_retries: task.max_retries,
                 started: Instant::now(),
                 abort,
+                resumable: self.registry.resumable.contains(&task.kind),
+                suspend,
             },
         );
         let kind = task.kind;
@@ -525,6 +559,7 @@ impl Worker {
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot renew leases; retrying"),
             }
+            act.check_suspended();
             act.check_drained();
         })
         .spawn(ctx);
@@ -560,6 +595,19 @@ impl Worker {
             }
         })
         .spawn(ctx);
+    }
+
+    /// Wakes a waiting handover once no resumable task is still on its way to a checkpoint.
+    fn check_suspended(&mut self) {
+        let waiting = self
+            .running
+            .values()
+            .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
+        if !waiting {
+            for w in self.suspend_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
     }
 
     fn check_drained(&mut self) {
@@ -674,6 +722,13 @@ impl Handler<TaskFinished> for Worker {
         if r.epoch != msg.epoch {
             return;
         }
+        if r.suspend.load(Ordering::Acquire) && msg.result.is_err() {
+            // Stopped at a checkpoint for a handover: no outcome, the task moves on.
+            tracing::info!(task = %msg.id, kind = %r.kind, "task suspended for handover");
+            self.suspended.push((msg.id, r.epoch));
+            self.check_suspended();
+            return;
+        }
         let outcome = match msg.result {
             Ok(v) => {
                 tracing::debug!(task = %msg.id, kind = %r.kind, "task succeeded");
@@ -703,6 +758,7 @@ impl Handler<TaskFinished> for Worker {
         });
         self.flush(ctx);
         self.fetch(ctx);
+        self.check_suspended();
     }
 }
 
@@ -814,5 +870,139 @@ impl Handler<GetStatus> for Worker {
     type Result = MessageResult<GetStatus>;
     fn handle(&mut self, _msg: GetStatus, _ctx: &mut Context<Self>) -> Self::Result {
         MessageResult(self.status())
+    }
+}
+
+/// Hot upgrade, old side: stop taking work and bring every resumable running task to a
+/// stop at its next checkpoint (aborting those that do not reach one by `deadline`).
+/// Answers with the tasks to hand over, at the epochs this worker held them.
+#[derive(Message)]
+#[rtype(result = "Vec<(Uuid, i64)>")]
+pub struct SuspendForHandover {
+    /// How long resumable tasks may take to reach a checkpoint.
+    pub deadline: Duration,
+}
+
+impl Handler<SuspendForHandover> for Worker {
+    type Result = ResponseActFuture<Self, Vec<(Uuid, i64)>>;
+
+    fn handle(&mut self, msg: SuspendForHandover, _ctx: &mut Context<Self>) -> Self::Result {
+        self.draining = true;
+        for r in self.running.values() {
+            if r.resumable {
+                r.suspend.store(true, Ordering::Release);
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.suspend_waiters.push(tx);
+        self.check_suspended();
+        Box::pin(
+            async move {
+                let _ = tokio::time::timeout(msg.deadline, rx).await;
+            }
+            .into_actor(self)
+            .map(|_, act, _ctx| {
+                // Past the deadline: stop the stragglers; the blackboard holds their last
+                // checkpoint, which is what the new process resumes from.
+                let late: Vec<Uuid> = act
+                    .running
+                    .iter()
+                    .filter(|(_, r)| r.resumable)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in late {
+                    if let Some(r) = act.running.remove(&id) {
+                        r.abort.abort();
+                        act.suspended.push((id, r.epoch));
+                    }
+                }
+                std::mem::take(&mut act.suspended)
+            }),
+        )
+    }
+}
+
+/// Take over running tasks that worker `from` held at the given epochs (hot upgrade, new
+/// side; or the old side itself after a rollback) and resume each from its checkpoint.
+#[derive(Message)]
+#[rtype(result = "crate::Result<ResumeReport>")]
+pub struct ResumeTasks {
+    /// The worker that held them.
+    pub from: String,
+    /// (task id, epoch held).
+    pub tasks: Vec<(Uuid, i64)>,
+}
+
+/// What a takeover did.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct ResumeReport {
+    /// Tasks taken over and running here now.
+    pub resumed: Vec<Uuid>,
+    /// Tasks the blackboard no longer had at that epoch (taken back, canceled).
+    pub conflicts: Vec<Uuid>,
+}
+
+impl Handler<ResumeTasks> for Worker {
+    type Result = ResponseActFuture<Self, crate::Result<ResumeReport>>;
+
+    fn handle(&mut self, msg: ResumeTasks, _ctx: &mut Context<Self>) -> Self::Result {
+        let bb = self.bb.clone();
+        let me = self.config.id.clone();
+        let lease = self.config.lease.as_secs_f64();
+        Box::pin(
+            async move { bb.take_over(&msg.from, &me, &msg.tasks, lease).await.map(|t| (t, msg.tasks)) }
+                .into_actor(self)
+                .map(|res, act, ctx| {
+                    let (taken, asked) = res?;
+                    let mut report = ResumeReport::default();
+                    for (id, _) in &asked {
+                        if !taken.iter().any(|t| t.id == *id) {
+                            tracing::warn!(task = %id, "handover conflict: the blackboard no longer has this task at that epoch");
+                            report.conflicts.push(*id);
+                        }
+                    }
+                    for t in taken {
+                        tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a handed-over task from its checkpoint");
+                        report.resumed.push(t.id);
+                        act.run(t, ctx);
+                    }
+                    Ok(report)
+                }),
+        )
+    }
+}
+
+/// Hot upgrade rolled back: take work again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResumeWork;
+
+impl Handler<ResumeWork> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: ResumeWork, ctx: &mut Context<Self>) {
+        self.draining = false;
+        for r in self.running.values() {
+            r.suspend.store(false, Ordering::Release);
+        }
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        actix::spawn(async move {
+            if let Err(e) = bb.set_worker_state(&id, "online").await {
+                tracing::warn!(error = %e, "cannot mark the worker online again");
+            }
+        });
+        self.fetch(ctx);
+    }
+}
+
+/// The worker's id.
+#[derive(Message)]
+#[rtype(result = "String")]
+pub struct GetId;
+
+impl Handler<GetId> for Worker {
+    type Result = String;
+    fn handle(&mut self, _msg: GetId, _ctx: &mut Context<Self>) -> String {
+        self.config.id.clone()
     }
 }

@@ -1,6 +1,11 @@
 //! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
-//! process is and what it runs), `/metrics` (Prometheus text). Routes hold no SQL: they
-//! ask the Worker actor.
+//! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade).
+//! Routes hold no SQL: they ask the Worker actor.
+
+pub mod upgrade;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::{web, HttpResponse, ResponseError};
@@ -19,6 +24,8 @@ pub struct AppState {
     pub version: String,
     /// sha256 of the running binary.
     pub binary_sha256: String,
+    /// Set once a successor took over the socket and the tasks.
+    pub handed_over: Arc<AtomicBool>,
 }
 
 /// An HTTP error: a status code and a JSON body saying what was wrong.
@@ -56,7 +63,9 @@ impl ApiError {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
         .route("/status", web::get().to(status))
-        .route("/metrics", web::get().to(metrics));
+        .route("/metrics", web::get().to(metrics))
+        .route("/upgrade", web::put().to(upgrade::upgrade))
+        .route("/upgrade", web::post().to(upgrade::upgrade));
 }
 
 async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -72,7 +81,10 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
             s.database_error.as_deref().unwrap_or("unknown error")
         ));
     }
-    if s.state != "online" {
+    let handed_over = state.handed_over.load(Ordering::Acquire);
+    // After a hot upgrade the service is the successor's, which serves this same socket;
+    // this process only finishes its last requests and tasks, so it stays "ready".
+    if s.state != "online" && !handed_over {
         reasons.push(format!("worker is {}", s.state));
     }
     let body = json!({
@@ -81,6 +93,7 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "worker": s.id,
         "pid": std::process::id(),
         "version": state.version,
+        "handed_over": handed_over,
     });
     Ok(if reasons.is_empty() {
         HttpResponse::Ok().json(body)

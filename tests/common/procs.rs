@@ -38,10 +38,11 @@ pub const FAST_WORKER: &[&str] = &[
     "10000",
 ];
 
-/// Test-friendly planner settings: gone after 1.5 s of silence, reaper every 200 ms.
+/// Test-friendly planner settings: gone after 5 s of silence (a loaded CI machine can
+/// stall a process for a second or two), reaper every 200 ms.
 pub const FAST_PLANNER: &[&str] = &[
     "--worker-timeout-ms",
-    "1500",
+    "5000",
     "--reap-ms",
     "200",
     "--reap-retry-base-ms",

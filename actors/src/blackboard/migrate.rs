@@ -19,11 +19,18 @@ pub struct Migration {
 }
 
 /// Every migration, in order. Append-only: a released file is never edited.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "blackboard",
-    sql: include_str!("../../../migrations/V1__blackboard.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "blackboard",
+        sql: include_str!("../../../migrations/V1__blackboard.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "flows",
+        sql: include_str!("../../../migrations/V2__flows.sql"),
+    },
+];
 
 /// What `migrate` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -244,6 +244,12 @@ impl Blackboard {
     /// One reaper sweep: mark silent workers gone, take back their tasks and every task
     /// whose lease expired, and delete rows of workers gone long ago.
     pub async fn reap(&self, actor: &str, p: &ReapParams) -> Result<ReapReport> {
+        if p.batch < 1 {
+            return Err(crate::Error::Invalid(format!(
+                "reap batch: {}; expected at least 1",
+                p.batch
+            )));
+        }
         let client = self.client().await?;
         let mut report = ReapReport::default();
         let stmt = client.prepare_cached(MARK_GONE).await?;

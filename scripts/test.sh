@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
+# installs PostgreSQL's server binaries and cargo-nextest if missing, runs every test
+# against one throwaway cluster, then stops and removes it. Extra arguments go to
+# `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Where initdb and pg_ctl are: PATH, else the newest /usr/lib/postgresql/*/bin (Debian).
+pg_bin() {
+    if command -v initdb >/dev/null && command -v pg_ctl >/dev/null; then
+        dirname "$(command -v pg_ctl)"
+    else
+        ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true
+    fi
+}
+
+if [ -z "$(pg_bin)" ]; then
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+    cargo install --locked cargo-nextest
+fi
+
+# The postgres user runs the cluster when we are root: it must reach the folder (0755).
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-test.XXXXXX")
+chmod 0755 "$tmp"
+export ARTEX_TEST_PG_DIR="$tmp/cluster"
+stop_cluster() {
+    if [ -f "$ARTEX_TEST_PG_DIR/pg/postmaster.pid" ]; then
+        local stop=("$(pg_bin)/pg_ctl" -D "$ARTEX_TEST_PG_DIR/pg" -m fast -w stop)
+        if [ "$(id -u)" -eq 0 ]; then stop=(runuser -u postgres -- "${stop[@]}"); fi
+        (cd / && "${stop[@]}" >/dev/null) || echo "warning: could not stop the test cluster" >&2
+    fi
+    rm -rf "$tmp"
+}
+trap stop_cluster EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+cargo nextest run --workspace "$@"
+# nextest does not run doc tests; a filtered run skips them.
+if [ $# -eq 0 ]; then
+    cargo test --workspace --doc
+fi
