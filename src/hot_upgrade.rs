@@ -291,6 +291,9 @@ impl Upgrader {
                 (m, _) => return Err(format!("expected serving, got {m:?}")),
             }
             timings.serving = ms(Instant::now());
+            // From here the successor serves this socket too: this process reports ready
+            // while it hands over (a draining 503 would fail callers for no reason).
+            self.handed_over.store(true, Ordering::Release);
             suspended = self
                 .worker
                 .send(SuspendForHandover { deadline: self.suspend_deadline })
@@ -338,6 +341,7 @@ impl Upgrader {
             }
             Err(why) => {
                 tracing::error!(child_pid, %why, "upgrade failed; rolling back");
+                self.handed_over.store(false, Ordering::Release);
                 let _ = spawn::kill_and_reap(&mut child, Duration::from_secs(2)).await;
                 if let Some(cw) = &child_worker {
                     // Whatever reached the dead child comes back here.
@@ -390,7 +394,14 @@ async fn recv(
     deadline: tokio::time::Instant,
 ) -> Result<(Msg, Vec<OwnedFd>), String> {
     tokio::select! {
-        r = ch.recv::<Msg>() => r.map_err(|e| format!("the new process broke the handover: {e}")),
+        r = ch.recv::<Msg>() => match r {
+            Ok(m) => Ok(m),
+            // A broken channel usually means the child died: say how, if it did.
+            Err(e) => match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+                Ok(st) => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
+                Err(_) => Err(format!("the new process broke the handover: {e}")),
+            },
+        },
         st = child.wait() => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
         _ = tokio::time::sleep_until(deadline) => Err("the new process did not get ready in time".into()),
     }

@@ -56,6 +56,10 @@ pub use error::{Error, Result};
 
 use config::{ms, DbConfig, PlannerArgs, WorkerArgs};
 
+/// After a handover, how long accepted connections get to send their request before
+/// the old process stops serving HTTP.
+const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// This build's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -259,6 +263,12 @@ pub async fn run_worker(
         notify(artex_upgrade::notify::status(
             "handed over; finishing the last tasks",
         ));
+        // Stop accepting first: the successor takes every new connection from the shared
+        // queue. Connections this process accepted a moment ago may not have sent their
+        // request yet, and a graceful stop would close them as idle; give them a grace
+        // period to arrive, then stop (in-flight requests finish).
+        handle.pause().await;
+        tokio::time::sleep(HANDOVER_ACCEPT_GRACE).await;
         handle.stop(true).await;
         let report = drain(&worker, &config, args).await?;
         let _ = serving.await;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
-use common::procs::{http_get, wait_for, Proc};
+use common::procs::{http_get, wait_for, worker_http, worker_id, Proc};
 use common::TestDb;
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -50,33 +50,6 @@ async fn assert_no_double_run(c: &Client) {
     )
     .await;
     assert_eq!(same_epoch, 0, "assignments sharing a fencing token");
-}
-
-async fn worker_id(c: &Client, p: &Proc) -> String {
-    let pid = p.pid();
-    wait_for(
-        &format!("{} to register", p.name),
-        Duration::from_secs(30),
-        || async move {
-            c.query_opt(
-                "select id from artex.workers where pid = $1 and state = 'online'",
-                &[&pid],
-            )
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.get::<_, String>(0))
-        },
-    )
-    .await
-}
-
-async fn worker_http(c: &Client, p: &Proc) -> String {
-    let id = worker_id(c, p).await;
-    c.query_one("select http_addr from artex.workers where id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 fn tasks(kind: &str, n: usize, payload: serde_json::Value) -> Vec<NewTask> {

@@ -199,3 +199,54 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// The id of the online worker row that process `p` registered.
+pub async fn worker_id(c: &tokio_postgres::Client, p: &Proc) -> String {
+    worker_id_of_pid(c, p.pid()).await
+}
+
+/// The id of the online worker row that process `pid` registered.
+pub async fn worker_id_of_pid(c: &tokio_postgres::Client, pid: i32) -> String {
+    wait_for(
+        &format!("pid {pid} to register"),
+        Duration::from_secs(30),
+        || async move {
+            c.query_opt(
+                "select id from artex.workers where pid = $1 and state = 'online'",
+                &[&pid],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.get::<_, String>(0))
+        },
+    )
+    .await
+}
+
+/// The HTTP address of the worker that process `p` runs.
+pub async fn worker_http(c: &tokio_postgres::Client, p: &Proc) -> String {
+    let id = worker_id(c, p).await;
+    c.query_one("select http_addr from artex.workers where id = $1", &[&id])
+        .await
+        .expect("worker row")
+        .get(0)
+}
+
+/// Whether process `pid` runs (a zombie counts as exited).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// How many file descriptors process `pid` holds.
+pub fn fd_count(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}

@@ -1,0 +1,757 @@
+//! Hot upgrade with real binaries, real curl and real load: five upgrades in a row under
+//! continuous HTTP and task traffic, rollbacks of broken bundles, hostile bundles,
+//! authentication and the systemd notifications.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use artex_actors::blackboard::NewTask;
+use common::procs::{alive, fd_count, http_get, wait_for, worker_http, Proc, FAST_WORKER};
+use common::TestDb;
+use serde_json::{json, Value};
+use tokio_postgres::Client;
+
+const TOKEN: &str = "s3cret-token-for-tests";
+
+/// A key pair, a token file and a private upgrade folder.
+struct Keys {
+    dir: tempfile::TempDir,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(common::artex_bin())
+            .args(["bundle", "keygen", "--secret"])
+            .arg(dir.path().join("secret"))
+            .arg("--public")
+            .arg(dir.path().join("public"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(dir.path().join("token"), TOKEN).unwrap();
+        Keys { dir }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    /// Worker flags that enable upgrades, with this test's own upgrade folder.
+    fn flags(&self) -> Vec<String> {
+        vec![
+            "--upgrade-public-key".into(),
+            self.path("public").to_string_lossy().into(),
+            "--upgrade-token-file".into(),
+            self.path("token").to_string_lossy().into(),
+            "--upgrade-dir".into(),
+            self.path("upgrades").to_string_lossy().into(),
+        ]
+    }
+    /// A copy of the artex binary that differs by its last bytes (a different build as far
+    /// as sha256 goes), bundled and signed.
+    fn variant_bundle(&self, n: usize) -> PathBuf {
+        let bin = self.path(&format!("artex-{n}"));
+        std::fs::copy(common::artex_bin(), &bin).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
+        writeln!(f, "build variant {n}").unwrap();
+        self.bundle_of(&bin, &format!("0.1.0-v{n}"), &format!("v{n}.zip"))
+    }
+    /// A bundle whose "binary" is a shell script.
+    fn script_bundle(&self, name: &str, script: &str) -> PathBuf {
+        let bin = self.path(name);
+        std::fs::write(&bin, script).unwrap();
+        self.bundle_of(&bin, name, &format!("{name}.zip"))
+    }
+    fn bundle_of(&self, bin: &Path, version: &str, out: &str) -> PathBuf {
+        let zip = self.path(out);
+        let out = Command::new(common::artex_bin())
+            .args(["bundle", "create", "--binary"])
+            .arg(bin)
+            .arg("--key")
+            .arg(self.path("secret"))
+            .arg("--out")
+            .arg(&zip)
+            .args(["--manifest-version", version])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        zip
+    }
+}
+
+/// `curl -T BUNDLE` (or a multipart form) to /upgrade; (HTTP code, JSON body).
+fn curl_upgrade(addr: &str, bundle: &Path, token: Option<&str>, multipart: bool) -> (u16, Value) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.arg("-H").arg(format!("Authorization: Bearer {t}"));
+    }
+    if multipart {
+        cmd.arg("-F").arg(format!("bundle=@{}", bundle.display()));
+    } else {
+        cmd.arg("-T").arg(bundle);
+    }
+    let out = cmd
+        .arg(format!("http://{addr}/upgrade"))
+        .output()
+        .expect("curl must be installed");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let code: u16 = code.trim().parse().unwrap_or(0);
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    (code, body)
+}
+
+/// A worker with upgrades enabled.
+fn upgradable_worker(
+    name: &str,
+    url: &str,
+    keys: &Keys,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut args: Vec<String> = vec!["worker".into()];
+    args.extend(FAST_WORKER.iter().map(|s| s.to_string()));
+    args.extend(keys.flags());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proc::start(name, url, &args, env)
+}
+
+/// HTTP load from separate processes: `n` shell loops, each one curl (one connection) per
+/// request to /health and /status, recording every status code.
+struct Load {
+    loops: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Load {
+    fn start(addr: &str, n: usize) -> Load {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = dir.path().join("stop");
+        let loops = (0..n)
+            .map(|i| {
+                let out = dir.path().join(format!("codes-{i}"));
+                let script = format!(
+                    "while [ ! -e '{stop}' ]; do \
+                       for p in health status; do \
+                         curl -s -o /dev/null --max-time 10 -w '%{{http_code}} %{{errormsg}}\\n' http://{addr}/$p >> '{out}'; \
+                       done; \
+                     done",
+                    stop = stop.display(),
+                    out = out.display()
+                );
+                Command::new("bash")
+                    .arg("-c")
+                    .arg(script)
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        Load { loops, dir }
+    }
+
+    /// Stops the loops; (requests answered 200, every other outcome as code → count).
+    fn stop(mut self) -> (usize, Vec<(String, usize)>) {
+        std::fs::write(self.dir.path().join("stop"), b"").unwrap();
+        for l in &mut self.loops {
+            let _ = l.wait();
+        }
+        let mut ok = 0;
+        let mut bad: std::collections::BTreeMap<String, usize> = Default::default();
+        for i in 0..self.loops.len() {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("codes-{i}")))
+                .unwrap_or_default();
+            for code in text.lines() {
+                if code.trim() == "200" {
+                    ok += 1;
+                } else {
+                    *bad.entry(code.to_string()).or_default() += 1;
+                }
+            }
+        }
+        (ok, bad.into_iter().collect())
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for l in &mut self.loops {
+            let _ = l.kill();
+            let _ = l.wait();
+        }
+    }
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+async fn wait_gone(pid: i32, timeout: Duration) {
+    wait_for(&format!("pid {pid} to exit"), timeout, || async move {
+        (!alive(pid)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let bundles: Vec<PathBuf> = (1..=5).map(|n| keys.variant_bundle(n)).collect();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let mut gen0 = upgradable_worker("gen0", &db.url, &keys, &[], &[]);
+    let http = worker_http(&c, &gen0).await;
+
+    // A long resumable task that must cross all five upgrades, every step once.
+    let long = db
+        .bb
+        .submit(
+            &NewTask::new("checkpoint", json!({ "steps": 100, "ms": 250 })),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the checkpoint task to run",
+        Duration::from_secs(20),
+        || async { (db.bb.task(long).await.ok()?.status.as_str() == "running").then_some(()) },
+    )
+    .await;
+
+    let load = Load::start(&http, 4);
+    // Continuous task traffic while the upgrades run.
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let bb = db.bb.clone();
+    let traffic = tokio::spawn(async move {
+        let mut submitted = 0usize;
+        loop {
+            let batch: Vec<NewTask> = (0..5)
+                .map(|i| NewTask::new("echo", json!({ "i": i })))
+                .collect();
+            bb.submit_many(&batch, "traffic").await.unwrap();
+            submitted += 5;
+            tokio::select! {
+                _ = &mut stop_rx => return submitted,
+                _ = tokio::time::sleep(Duration::from_millis(40)) => {}
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fds_first = fd_count(gen0.pid());
+
+    let mut pids = vec![gen0.pid()];
+    let mut handover_ms = Vec::new();
+    for (i, bundle) in bundles.iter().enumerate() {
+        let old = *pids.last().unwrap();
+        let started = Instant::now();
+        // The third upgrade goes up as a multipart form, the others as a raw PUT.
+        let (code, body) = curl_upgrade(&http, bundle, Some(TOKEN), i == 2);
+        assert_eq!(code, 200, "upgrade {}: {body}", i + 1);
+        assert_eq!(body["status"], "upgraded", "{body}");
+        assert_eq!(body["old_pid"], old);
+        let new = body["new_pid"].as_i64().unwrap() as i32;
+        if i == 0 {
+            let status = gen0.wait_exit(Duration::from_secs(30)).expect("gen0 exits");
+            assert!(status.success(), "gen0 exit status {status:?}");
+        } else {
+            wait_gone(old, Duration::from_secs(30)).await;
+        }
+        handover_ms.push(started.elapsed().as_millis() as u64);
+        let (_, status) = http_get(&http, "/status").unwrap();
+        let status: Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["pid"], new, "the port is served by the new process");
+        assert_eq!(status["binary_sha256"], body["new_binary_sha256"]);
+        pids.push(new);
+    }
+    let last = *pids.last().unwrap();
+    let fds_last = fd_count(last);
+
+    let submitted = {
+        let _ = stop_tx.send(());
+        traffic.await.unwrap()
+    };
+    let (ok, failed) = load.stop();
+    handover_ms.sort();
+    eprintln!(
+        "UPGRADE-METRICS handover_ms={handover_ms:?} median_ms={} requests_ok={ok} failed={failed:?} tasks_submitted={submitted}",
+        handover_ms[2]
+    );
+    assert!(
+        failed.is_empty(),
+        "failed or refused requests: {failed:?} (ok: {ok})"
+    );
+    assert!(ok > 100, "too little load to prove anything: {ok} requests");
+    assert!(
+        fds_last <= fds_first + 3,
+        "file descriptors grew across 5 upgrades: {fds_first} -> {fds_last}"
+    );
+
+    wait_for("every task to finish", Duration::from_secs(60), || async {
+        (count(&c, "select count(*) from artex.tasks where status not in ('succeeded','failed','timeout','canceled')").await == 0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status <> 'succeeded'"
+        )
+        .await,
+        0,
+        "every task succeeds"
+    );
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where kind = 'echo'").await,
+        submitted as i64,
+        "no task lost"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from (select task_id from artex.task_transitions
+                   where to_status = 'succeeded' group by 1 having count(*) > 1) x"
+        )
+        .await,
+        0,
+        "no task succeeded twice"
+    );
+    let t = db.bb.task(long).await.unwrap();
+    let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
+    let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        numbers,
+        (1..=100).collect::<Vec<u64>>(),
+        "every step exactly once"
+    );
+    let step_pids: std::collections::BTreeSet<i64> =
+        steps.iter().map(|s| s["pid"].as_i64().unwrap()).collect();
+    for pid in &pids {
+        assert!(
+            step_pids.contains(&i64::from(*pid)),
+            "generation {pid} ran no step of the resumed task: {step_pids:?} vs {pids:?}"
+        );
+    }
+    // Old generations clean up after themselves: only the running one is unpacked.
+    let left = std::fs::read_dir(keys.path("upgrades")).unwrap().count();
+    assert_eq!(left, 1, "unpacked generations left behind");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(last),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_gone(last, Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let w = upgradable_worker(
+        "worker",
+        &db.url,
+        &keys,
+        &["--upgrade-ready-ms", "3000"],
+        &[],
+    );
+    let http = worker_http(&c, &w).await;
+    let task = db
+        .bb
+        .submit(
+            &NewTask::new("checkpoint", json!({ "steps": 30, "ms": 150 })),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the checkpoint task to run",
+        Duration::from_secs(20),
+        || async { (db.bb.task(task).await.ok()?.status.as_str() == "running").then_some(()) },
+    )
+    .await;
+    let panicking = format!(
+        "#!/bin/sh\nARTEX_FAILPOINTS=handover_after_ready exec {} \"$@\"\n",
+        common::artex_bin()
+    );
+    let cases = [
+        (
+            "exits-at-start",
+            "#!/bin/sh\nexit 3\n".to_string(),
+            "exited",
+        ),
+        (
+            "never-ready",
+            "#!/bin/sh\nexec sleep 60\n".to_string(),
+            "did not",
+        ),
+        (
+            "panics-after-ready",
+            panicking,
+            "exited during the handover",
+        ),
+    ];
+    for (name, script, why) in cases {
+        let bundle = keys.script_bundle(name, &script);
+        let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), false);
+        assert_eq!(code, 500, "{name}: {body}");
+        assert_eq!(body["status"], "rolled_back", "{name}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains(why),
+            "{name}: {body}"
+        );
+        let child = body["new_pid"].as_i64().unwrap() as i32;
+        assert!(
+            !alive(child),
+            "{name}: the failed child {child} was left running"
+        );
+        let (code, health) = http_get(&http, "/health").unwrap();
+        assert_eq!(code, 200, "{name}: {health}");
+        let health: Value = serde_json::from_str(&health).unwrap();
+        assert_eq!(
+            health["pid"],
+            w.pid(),
+            "{name}: the old worker still serves"
+        );
+    }
+    // Its task was never disturbed beyond a suspend-and-resume in the same process.
+    wait_for(
+        "the checkpoint task to finish",
+        Duration::from_secs(30),
+        || async { (db.bb.task(task).await.ok()?.status.as_str() == "succeeded").then_some(()) },
+    )
+    .await;
+    let t = db.bb.task(task).await.unwrap();
+    let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
+    assert_eq!(steps.len(), 30);
+    assert!(
+        steps.iter().all(|s| s["pid"] == w.pid()),
+        "steps ran elsewhere: {steps:?}"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.workers where state = 'online'"
+        )
+        .await,
+        1,
+        "the failed generations left no online worker behind"
+    );
+    // And it still works: a fresh task runs there.
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    wait_for(
+        "a new task to run on the old worker",
+        Duration::from_secs(15),
+        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
+    )
+    .await;
+    assert!(std::fs::read_dir(keys.path("upgrades"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+/// Writes a ZIP with the given (name, data, unix mode) entries, stored (no compression)
+/// unless `deflate`.
+fn write_zip(path: &Path, entries: &[(&str, Vec<u8>, u32)], deflate: bool) {
+    use zip::write::SimpleFileOptions;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    for (name, data, mode) in entries {
+        let method = if deflate {
+            zip::CompressionMethod::Deflated
+        } else {
+            zip::CompressionMethod::Stored
+        };
+        let opts = SimpleFileOptions::default()
+            .compression_method(method)
+            .unix_permissions(*mode);
+        z.start_file(*name, opts).unwrap();
+        z.write_all(data).unwrap();
+    }
+    z.finish().unwrap();
+}
+
+fn read_zip_entry(path: &Path, name: &str) -> Vec<u8> {
+    use std::io::Read;
+    let mut z = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut e = z.by_name(name).unwrap();
+    let mut v = Vec::new();
+    e.read_to_end(&mut v).unwrap();
+    v
+}
+
+#[tokio::test]
+async fn hostile_bundles_and_bad_callers_are_refused_and_change_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let w = upgradable_worker("worker", &db.url, &keys, &[], &[]);
+    let http = worker_http(&c, &w).await;
+    let good = keys.variant_bundle(1);
+    let manifest = read_zip_entry(&good, "manifest.json");
+    let sig = read_zip_entry(&good, "manifest.sig");
+    let binary = std::fs::read(keys.path("artex-1")).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let escape = format!("artex-escape-{}", uuid::Uuid::new_v4().simple());
+
+    // Auth first: nothing is read without the token.
+    assert_eq!(curl_upgrade(&http, &good, None, false).0, 401);
+    assert_eq!(curl_upgrade(&http, &good, Some("wrong"), false).0, 401);
+
+    let mut cases: Vec<(&str, PathBuf)> = Vec::new();
+    let mk = |name: &str| scratch.path().join(format!("{name}.zip"));
+    let p = mk("not-a-zip");
+    std::fs::write(&p, b"this is not a zip file at all").unwrap();
+    cases.push(("not a zip", p));
+    let p = mk("absolute");
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", manifest.clone(), 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            (&format!("/tmp/{escape}"), b"x".to_vec(), 0o755),
+        ],
+        false,
+    );
+    cases.push(("absolute path", p));
+    let p = mk("dotdot");
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", manifest.clone(), 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            (&format!("../../{escape}"), b"x".to_vec(), 0o755),
+        ],
+        false,
+    );
+    cases.push(("parent path", p));
+    let p = mk("symlink");
+    {
+        use zip::write::SimpleFileOptions;
+        let mut z = zip::ZipWriter::new(std::fs::File::create(&p).unwrap());
+        z.start_file("manifest.json", SimpleFileOptions::default())
+            .unwrap();
+        z.write_all(&manifest).unwrap();
+        z.start_file("manifest.sig", SimpleFileOptions::default())
+            .unwrap();
+        z.write_all(&sig).unwrap();
+        z.add_symlink("artex", "/etc/passwd", SimpleFileOptions::default())
+            .unwrap();
+        z.finish().unwrap();
+    }
+    cases.push(("symlink", p));
+    let p = mk("duplicate");
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", manifest.clone(), 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            ("artex", binary.clone(), 0o755),
+            ("artey", b"#!/bin/sh\nexit 0\n".to_vec(), 0o755),
+        ],
+        false,
+    );
+    let mut bytes = std::fs::read(&p).unwrap();
+    // Rename "artey" to "artex" in the local header and the central directory alike.
+    for i in 0..bytes.len().saturating_sub(5) {
+        if &bytes[i..i + 5] == b"artey" {
+            bytes[i + 4] = b'x';
+        }
+    }
+    std::fs::write(&p, bytes).unwrap();
+    cases.push(("duplicate entry", p));
+    let p = mk("many");
+    let many: Vec<(String, Vec<u8>, u32)> = (0..10_000)
+        .map(|i| (format!("f{i}"), Vec::new(), 0o644))
+        .collect();
+    let many_refs: Vec<(&str, Vec<u8>, u32)> = many
+        .iter()
+        .map(|(n, d, m)| (n.as_str(), d.clone(), *m))
+        .collect();
+    write_zip(&p, &many_refs, false);
+    cases.push(("too many entries", p));
+    let p = mk("bomb");
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", manifest.clone(), 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            ("artex", vec![0u8; 40 * 1024 * 1024], 0o755),
+        ],
+        true,
+    );
+    cases.push(("zip bomb", p));
+    let p = mk("tampered");
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", manifest.clone(), 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            ("artex", b"#!/bin/sh\necho evil\n".to_vec(), 0o755),
+        ],
+        false,
+    );
+    cases.push(("binary not the signed one", p));
+    let p = mk("forged");
+    let mut forged = manifest.clone();
+    let text = String::from_utf8(forged.clone())
+        .unwrap()
+        .replace("0.1.0-v1", "9.9.9-forged");
+    forged = text.into_bytes();
+    write_zip(
+        &p,
+        &[
+            ("manifest.json", forged, 0o644),
+            ("manifest.sig", sig.clone(), 0o644),
+            ("artex", binary.clone(), 0o755),
+        ],
+        false,
+    );
+    cases.push(("manifest not the signed one", p));
+    let other = Keys::new();
+    cases.push(("signed by another key", other.variant_bundle(7)));
+
+    for (what, bundle) in &cases {
+        let (code, body) = curl_upgrade(&http, bundle, Some(TOKEN), false);
+        assert_eq!(code, 400, "{what}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("bundle refused"),
+            "{what}: {body}"
+        );
+        // Nothing left in the upgrade folder, nothing escaped it.
+        let left: Vec<_> = std::fs::read_dir(keys.path("upgrades")).unwrap().collect();
+        assert!(left.is_empty(), "{what}: left behind {left:?}");
+        for dir in [
+            PathBuf::from("/tmp"),
+            keys.path(""),
+            keys.path("upgrades/.."),
+        ] {
+            assert!(
+                !dir.join(&escape).exists(),
+                "{what}: wrote {escape} into {}",
+                dir.display()
+            );
+        }
+        let (code, health) = http_get(&http, "/health").unwrap();
+        assert_eq!(code, 200, "{what}: {health}");
+        assert!(
+            health.contains(&format!("\"pid\":{}", w.pid())),
+            "{what}: {health}"
+        );
+    }
+
+    // The same build as the one running: 200, nothing done.
+    let same = keys.bundle_of(Path::new(common::artex_bin()), "same", "same.zip");
+    let (code, body) = curl_upgrade(&http, &same, Some(TOKEN), false);
+    assert_eq!(
+        (code, body["status"].as_str()),
+        (200, Some("unchanged")),
+        "{body}"
+    );
+
+    // A second upgrade while one runs: 409.
+    let slow = keys.script_bundle("slow", "#!/bin/sh\nexec sleep 60\n");
+    let (http2, slow2) = (http.clone(), slow.clone());
+    let first = std::thread::spawn(move || curl_upgrade(&http2, &slow2, Some(TOKEN), false));
+    wait_for(
+        "the first upgrade to be under way",
+        Duration::from_secs(10),
+        || {
+            let dir = keys.path("upgrades");
+            async move { (std::fs::read_dir(dir).ok()?.count() > 0).then_some(()) }
+        },
+    )
+    .await;
+    let (code, body) = curl_upgrade(&http, &good, Some(TOKEN), false);
+    assert_eq!(code, 409, "{body}");
+    let (code, _) = first.join().unwrap();
+    assert_eq!(code, 500, "the never-ready bundle rolls back");
+}
+
+#[tokio::test]
+async fn upgrades_are_refused_when_not_configured() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let w = Proc::worker("plain", &db.url, &[]);
+    let http = worker_http(&c, &w).await;
+    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1), Some(TOKEN), false);
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("upgrades not configured"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn systemd_hears_ready_and_the_new_main_pid() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let sock_path = sock_dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let w = upgradable_worker(
+        "worker",
+        &db.url,
+        &keys,
+        &[],
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+    );
+    let http = worker_http(&c, &w).await;
+    let mut seen = Vec::new();
+    let mut read_until = |want: &str| {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = sock
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("waiting for {want}: {e}; seen {seen:?}"));
+            let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+            seen.push(msg.clone());
+            if msg.lines().any(|l| l == want) {
+                return;
+            }
+        }
+    };
+    read_until("READY=1");
+    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1), Some(TOKEN), false);
+    assert_eq!(code, 200, "{body}");
+    let new = body["new_pid"].as_i64().unwrap();
+    read_until(&format!("MAINPID={new}"));
+    read_until("READY=1");
+    wait_gone(w.pid(), Duration::from_secs(30)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_gone(new as i32, Duration::from_secs(30)).await;
+}
