@@ -67,10 +67,10 @@ enum Command {
         #[arg(long, value_parser = parse_time)]
         run_at: Option<DateTime<Utc>>,
         /// Retries after the first attempt (default 3).
-        #[arg(long, value_parser = clap::value_parser!(i32).range(0..=1000))]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..=1000))]
         max_retries: Option<i32>,
         /// Per-attempt handler timeout in milliseconds.
-        #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
         timeout_ms: Option<i32>,
         /// Business shard key: tasks with one key go to one planner shard.
         #[arg(long)]

@@ -336,7 +336,9 @@ pub fn find_server_binaries() -> Result<PathBuf> {
             Ok(dir)
         } else {
             Err(Error::PostgresMissing(format!(
-                "ARTEX_PG_BIN={} does not hold initdb, pg_ctl and postgres",
+                "ARTEX_PG_BIN={} does not hold initdb, pg_ctl and postgres; install them with: \
+                 sudo apt-get install -y postgresql (Debian puts them in \
+                 /usr/lib/postgresql/<version>/bin)",
                 dir.display()
             )))
         };
