@@ -89,7 +89,7 @@ pub struct Upgrader {
     /// Bundle limits.
     pub limits: Limits,
     /// sha256 of this process's binary.
-    pub binary_sha256: String,
+    pub binary_sha256: crate::BinaryDigest,
     /// Set while an upgrade runs (a second one gets 409).
     pub in_progress: AtomicBool,
     /// Set once a successor took over: this process only finishes what it runs.
@@ -229,7 +229,7 @@ impl Upgrader {
             ..Default::default()
         };
         let old_version = crate::VERSION.to_string();
-        if verified.manifest.binary_sha256 == self.binary_sha256 {
+        if verified.manifest.binary_sha256 == self.binary_sha256.get().await {
             let _ = std::fs::remove_dir_all(&gen_dir);
             return Ok(UpgradeReport {
                 status: "unchanged",

@@ -58,7 +58,7 @@ use config::{ms, DbConfig, PlannerArgs, WorkerArgs};
 
 /// After a handover, how long accepted connections get to send their request before
 /// the old process stops serving HTTP.
-const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(1000);
+const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// This build's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -203,7 +203,7 @@ pub async fn run_worker(
     let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
     let handed_over = Arc::new(AtomicBool::new(false));
-    let binary_sha256 = binary_sha256();
+    let binary_sha256 = BinaryDigest::start();
     let upgrader = Arc::new(hot_upgrade::Upgrader {
         worker: worker.clone(),
         bb: bb.clone(),
@@ -392,6 +392,34 @@ pub fn binary_sha256() -> String {
         Ok(bytes) => hex::encode(sha2::Sha256::digest(&bytes)),
         Err(_) => String::new(),
     }
+/// sha256 of the running binary, computed once on a background thread: hashing a large
+/// binary must not delay serving (nor a successor's readiness).
+#[derive(Clone, Default)]
+pub struct BinaryDigest(Arc<std::sync::OnceLock<String>>);
+
+impl BinaryDigest {
+    /// Starts hashing now.
+    pub fn start() -> Self {
+        let d = BinaryDigest::default();
+        let bg = d.clone();
+        std::thread::spawn(move || {
+            bg.0.get_or_init(binary_sha256);
+        });
+        d
+    }
+
+    /// The digest, waiting for it if it is still being computed.
+    pub async fn get(&self) -> String {
+        if let Some(v) = self.0.get() {
+            return v.clone();
+        }
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || d.0.get_or_init(binary_sha256).clone())
+            .await
+            .unwrap_or_default()
+    }
+}
+
 }
 
 /// Resolves when a stop signal (SIGTERM, SIGINT, SIGUSR2) arrives.

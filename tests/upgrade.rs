@@ -196,6 +196,21 @@ impl Drop for Load {
     }
 }
 
+/// Generations after the first are not the test's children: end them even if the test
+/// fails midway.
+struct KillAll(Vec<i32>);
+
+impl Drop for KillAll {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
@@ -255,6 +270,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
     let fds_first = fd_count(gen0.pid());
 
     let mut pids = vec![gen0.pid()];
+    let mut spawned = KillAll(Vec::new());
     let mut handover_ms = Vec::new();
     for (i, bundle) in bundles.iter().enumerate() {
         let old = *pids.last().unwrap();
@@ -265,6 +281,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         assert_eq!(body["status"], "upgraded", "{body}");
         assert_eq!(body["old_pid"], old);
         let new = body["new_pid"].as_i64().unwrap() as i32;
+        spawned.0.push(new);
         if i == 0 {
             let status = gen0.wait_exit(Duration::from_secs(30)).expect("gen0 exits");
             assert!(status.success(), "gen0 exit status {status:?}");
@@ -745,6 +762,7 @@ async fn systemd_hears_ready_and_the_new_main_pid() {
     let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1), Some(TOKEN), false);
     assert_eq!(code, 200, "{body}");
     let new = body["new_pid"].as_i64().unwrap();
+    let _spawned = KillAll(vec![new as i32]);
     read_until(&format!("MAINPID={new}"));
     read_until("READY=1");
     wait_gone(w.pid(), Duration::from_secs(30)).await;

@@ -23,7 +23,7 @@ pub struct AppState {
     /// Build version.
     pub version: String,
     /// sha256 of the running binary.
-    pub binary_sha256: String,
+    pub binary_sha256: crate::BinaryDigest,
     /// Set once a successor took over the socket and the tasks.
     pub handed_over: Arc<AtomicBool>,
 }
@@ -112,7 +112,7 @@ async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "worker": s.id,
         "pid": std::process::id(),
         "version": state.version,
-        "binary_sha256": state.binary_sha256,
+        "binary_sha256": state.binary_sha256.get().await,
         "state": s.state,
         "database_ok": s.database_ok,
         "running": s.running,

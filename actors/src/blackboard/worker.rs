@@ -117,6 +117,21 @@ impl Completion {
     }
 }
 
+/// A started task from a row of `START`'s or `TAKE_OVER`'s `returning` list.
+fn started_from_row(r: &tokio_postgres::Row) -> Result<StartedTask> {
+    Ok(StartedTask {
+        id: r.try_get(0)?,
+        kind: r.try_get(1)?,
+        payload: r.try_get(2)?,
+        epoch: r.try_get(3)?,
+        retries: r.try_get(4)?,
+        max_retries: r.try_get(5)?,
+        timeout_ms: r.try_get(6)?,
+        checkpoint: r.try_get(7)?,
+        flow_id: r.try_get(8)?,
+    })
+}
+
 // Registering adds capacity: wake the planners.
 const REGISTER: &str = "with r as (insert into artex.workers
         (id, host, pid, version, http_addr, channel, kinds, capacity, state, last_seen)
@@ -238,21 +253,7 @@ impl Blackboard {
         let client = self.client().await?;
         let stmt = client.prepare_cached(START).await?;
         let rows = client.query(&stmt, &[&worker, &limit, &lease_secs]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StartedTask {
-                    id: r.try_get(0)?,
-                    kind: r.try_get(1)?,
-                    payload: r.try_get(2)?,
-                    epoch: r.try_get(3)?,
-                    retries: r.try_get(4)?,
-                    max_retries: r.try_get(5)?,
-                    timeout_ms: r.try_get(6)?,
-                    checkpoint: r.try_get(7)?,
-                    flow_id: r.try_get(8)?,
-                })
-            })
-            .collect()
+        rows.iter().map(started_from_row).collect()
     }
 
     /// Records a batch of outcomes in one statement (one audit insert, one commit).
@@ -382,21 +383,7 @@ impl Blackboard {
         let rows = client
             .query(&stmt, &[&from, &to, &lease_secs, &ids, &epochs])
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StartedTask {
-                    id: r.try_get(0)?,
-                    kind: r.try_get(1)?,
-                    payload: r.try_get(2)?,
-                    epoch: r.try_get(3)?,
-                    retries: r.try_get(4)?,
-                    max_retries: r.try_get(5)?,
-                    timeout_ms: r.try_get(6)?,
-                    checkpoint: r.try_get(7)?,
-                    flow_id: r.try_get(8)?,
-                })
-            })
-            .collect()
+        rows.iter().map(started_from_row).collect()
     }
 
     /// Moves every task assigned (not started) to `from` over to `to`, and wakes `to`.

@@ -1,0 +1,171 @@
+//! The planner's actors driven directly through `run_once()`, asserting on their reports
+//! (no process, no sleeping): the Assigner respects capacity, kinds and priority and
+//! spreads load; the Reaper takes back expired leases and the tasks of silent workers.
+
+mod common;
+
+use artex_actors::assigner::{plan, Assigner, AssignerConfig};
+use artex_actors::blackboard::{Claimed, NewTask, ReapParams, Registration, RosterEntry};
+use artex_actors::reaper::Reaper;
+use common::TestDb;
+use serde_json::json;
+
+fn config() -> AssignerConfig {
+    AssignerConfig {
+        actor: "test-planner".into(),
+        batch: 100,
+        lease_secs: 30.0,
+        worker_timeout_secs: 10.0,
+        shards: (1, Vec::new()),
+    }
+}
+
+fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
+    Registration {
+        id: id.into(),
+        host: "test".into(),
+        pid: 1,
+        version: "test".into(),
+        http_addr: None,
+        channel: format!("artex_w_{id}"),
+        kinds: kinds.iter().map(|k| k.to_string()).collect(),
+        capacity,
+    }
+}
+
+fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
+    ReapParams {
+        now,
+        worker_timeout_secs: 10.0,
+        prune_after_secs: 3600.0,
+        batch: 100,
+        retry_base_ms: 10.0,
+        retry_cap_ms: 100.0,
+    }
+}
+
+#[test]
+fn plan_spreads_tasks_over_workers_that_run_their_kind() {
+    let roster = vec![
+        RosterEntry {
+            id: "a".into(),
+            kinds: vec!["echo".into()],
+            capacity: 2,
+            held: 0,
+        },
+        RosterEntry {
+            id: "b".into(),
+            kinds: vec!["echo".into(), "sleep".into()],
+            capacity: 3,
+            held: 1,
+        },
+    ];
+    let claimed: Vec<Claimed> = ["echo", "sleep", "echo", "echo", "sleep", "fail"]
+        .iter()
+        .map(|k| Claimed {
+            id: uuid::Uuid::new_v4(),
+            kind: k.to_string(),
+        })
+        .collect();
+    let out = plan(&claimed, &roster);
+    // 4 free slots in all (a: 2, b: 2); `fail` has no worker; sleep only on b.
+    assert_eq!(out.len(), 4);
+    let on = |w: &str| out.iter().filter(|a| a.worker == w).count();
+    assert_eq!((on("a"), on("b")), (2, 2));
+    for a in &out {
+        let kind = &claimed.iter().find(|c| c.id == a.task).unwrap().kind;
+        assert_ne!(kind, "fail");
+        if kind == "sleep" {
+            assert_eq!(a.worker, "b");
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_assignment_round_fills_free_capacity_in_priority_order() {
+    let db = TestDb::new().await;
+    db.bb
+        .register_worker(&registration("w1", &["echo"], 3))
+        .await
+        .unwrap();
+    db.bb
+        .register_worker(&registration("w2", &["echo", "sleep"], 2))
+        .await
+        .unwrap();
+    let mut tasks: Vec<NewTask> = (0..6)
+        .map(|i| NewTask {
+            priority: i,
+            ..NewTask::new("echo", json!({}))
+        })
+        .collect();
+    tasks.push(NewTask::new("unknown-kind", json!({})));
+    let ids = db.bb.submit_many(&tasks, "test").await.unwrap();
+
+    let report = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!(report.free_capacity, 5);
+    assert_eq!(report.assigned, 5);
+    assert_eq!(report.workers_notified, 2);
+    // The lowest priority echo task and the task no worker runs stay pending.
+    let low = db.bb.task(ids[0]).await.unwrap();
+    assert_eq!(low.status.as_str(), "pending");
+    assert_eq!(db.bb.task(ids[6]).await.unwrap().status.as_str(), "pending");
+    for id in &ids[1..6] {
+        let t = db.bb.task(*id).await.unwrap();
+        assert_eq!(t.status.as_str(), "assigned");
+        assert_eq!(t.lease_epoch, 1);
+    }
+    // Full: a second round assigns nothing.
+    let again = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!((again.free_capacity, again.assigned), (0, 0));
+}
+
+#[tokio::test]
+async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
+    let db = TestDb::new().await;
+    db.bb
+        .register_worker(&registration("w1", &["echo"], 10))
+        .await
+        .unwrap();
+    let ids = db
+        .bb
+        .submit_many(
+            &(0..3)
+                .map(|_| NewTask {
+                    max_retries: Some(0),
+                    ..NewTask::new("echo", json!({}))
+                })
+                .collect::<Vec<_>>(),
+            "test",
+        )
+        .await
+        .unwrap();
+    Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let started = db.bb.start_assigned("w1", 1, 30.0).await.unwrap();
+    assert_eq!(started.len(), 1);
+
+    // Now: nothing expired, nobody silent.
+    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(None))
+        .await
+        .unwrap();
+    assert_eq!((report.requeued, report.ended), (0, 0));
+    assert!(report.workers_gone.is_empty());
+
+    // A minute later: the worker is silent and every lease expired. The running task
+    // (no retries left) ends as timeout; the two never started go back to pending.
+    let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(Some(later)))
+        .await
+        .unwrap();
+    assert_eq!(report.workers_gone, vec!["w1".to_string()]);
+    assert_eq!((report.requeued, report.ended), (2, 1));
+    let ran = db.bb.task(started[0].id).await.unwrap();
+    assert_eq!(ran.status.as_str(), "timeout");
+    assert!(ran.error.unwrap().contains("lease lost by worker w1"));
+    for id in ids.iter().filter(|id| **id != started[0].id) {
+        let t = db.bb.task(*id).await.unwrap();
+        assert_eq!((t.status.as_str(), t.retries), ("pending", 0));
+    }
+    // A gone worker gets nothing.
+    let round = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!(round.assigned, 0);
+}
