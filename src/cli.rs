@@ -189,7 +189,12 @@ fn parse_status(s: &str) -> std::result::Result<TaskStatus, String> {
 /// worker binary.
 pub fn main_with(registry: Registry) -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The local run shows every task flowing; servers log per-task lines only on demand.
+    let default_log = match cli.command {
+        Command::Up { .. } => "info,artex_actors::worker=debug",
+        _ => "info",
+    };
+    init_logging(default_log);
     let code = match actix::System::new().block_on(dispatch(cli, registry)) {
         Ok(()) => 0,
         Err(e) => {
@@ -200,9 +205,9 @@ pub fn main_with(registry: Registry) -> ExitCode {
     ExitCode::from(code as u8)
 }
 
-fn init_logging() {
+fn init_logging(default: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("ARTEX_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("ARTEX_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
