@@ -51,6 +51,13 @@ enum Command {
         #[command(flatten)]
         worker: WorkerArgs,
     },
+    /// Run a stable parent for supervisord and runit: it holds the HTTP port and runs the
+    /// worker (same flags) beneath it, hot upgrades included, under a PID that never
+    /// changes; it respawns a worker that dies.
+    Master {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
     /// Create or update the blackboard's schema.
     Migrate,
     /// Submit a task; prints its id.
@@ -294,6 +301,10 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
             Ok(())
         }
         Command::Db { command } => db_command(&db, command).await,
+        Command::Master { worker } => {
+            let listener = crate::bind_http(&worker.http)?;
+            crate::master::run(&worker, listener).await
+        }
         Command::Bundle {
             command: BundleCommand::Keygen { secret, public },
         } => {

@@ -16,6 +16,9 @@ pub enum Error {
     /// The PostgreSQL server binaries are not installed.
     #[error("{0}")]
     PostgresMissing(String),
+    /// `artex master` could not bring its worker generation up.
+    #[error("artex master: {0}")]
+    Master(String),
     /// Input that cannot be accepted; the message names what and where.
     #[error("{0}")]
     Invalid(String),

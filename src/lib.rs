@@ -24,6 +24,7 @@
 //! - [`handlers`]: the stock binary's task kinds.
 //! - [`hot_upgrade`]: both sides of a hot upgrade's handover.
 //! - [`http`]: the worker's HTTP routes.
+//! - [`master`]: `artex master`, the stable parent for supervisord and runit.
 //! - [`error`]: the app's error type and exit codes.
 #![forbid(unsafe_code)]
 
@@ -34,6 +35,7 @@ pub mod error;
 pub mod handlers;
 pub mod hot_upgrade;
 pub mod http;
+pub mod master;
 
 use std::future::Future;
 use std::io::Read;
@@ -386,12 +388,6 @@ fn fastrand_suffix() -> u64 {
     (u64::from_le_bytes(seed) ^ u64::from(std::process::id())) & 0xffff_ffff_ffff
 }
 
-/// sha256 of the running binary, as `/status` reports it (empty if unreadable).
-pub fn binary_sha256() -> String {
-    match std::fs::read("/proc/self/exe") {
-        Ok(bytes) => hex::encode(sha2::Sha256::digest(&bytes)),
-        Err(_) => String::new(),
-    }
 /// sha256 of the running binary, computed once on a background thread: hashing a large
 /// binary must not delay serving (nor a successor's readiness).
 #[derive(Clone, Default)]
@@ -420,6 +416,12 @@ impl BinaryDigest {
     }
 }
 
+/// sha256 of the running binary, as `/status` reports it (empty if unreadable).
+pub fn binary_sha256() -> String {
+    match std::fs::read("/proc/self/exe") {
+        Ok(bytes) => hex::encode(sha2::Sha256::digest(&bytes)),
+        Err(_) => String::new(),
+    }
 }
 
 /// Resolves when a stop signal (SIGTERM, SIGINT, SIGUSR2) arrives.

@@ -384,6 +384,14 @@ pub enum Error {
         /// Underlying OS error.
         source: std::io::Error,
     },
+    /// A process-control call (prctl, waitpid, kill) failed.
+    #[error("cannot {action}: {source}")]
+    ProcessControl {
+        /// What was being done, e.g. "send SIGTERM to process group 4242".
+        action: String,
+        /// What the kernel said.
+        source: nix::errno::Errno,
+    },
     /// The bundle's binary was built for another target.
     #[error("bundle is built for {found}, this process runs on {expected}")]
     TargetMismatch {

@@ -14,6 +14,8 @@
 //! - [`handover`]: the Unix socket protocol (JSON frames, SCM_RIGHTS) between generations.
 //! - [`notify`]: systemd's `sd_notify` (`READY=1`, `MAINPID=`) without libsystemd.
 //! - [`spawn`]: starting the next generation; killing and reaping it on rollback.
+//! - [`subreaper`]: a stable parent's tools: child subreaper, reaping any descendant,
+//!   signalling a process group.
 
 pub mod bundle;
 pub mod drain;
@@ -21,6 +23,7 @@ pub mod error;
 pub mod handover;
 pub mod notify;
 pub mod spawn;
+pub mod subreaper;
 
 pub use bundle::{Limits, Manifest, VerifiedBundle};
 pub use drain::{StopSignal, StopSignals};

@@ -41,15 +41,49 @@ pub fn spawn(
     args: &[OsString],
     env: &[(OsString, OsString)],
 ) -> Result<Child> {
+    let options = SpawnOptions {
+        env: env.to_vec(),
+        ..SpawnOptions::default()
+    };
+    spawn_with(binary, handover_socket, args, &options)
+}
+
+/// What [`spawn_with`] can do beyond [`spawn`]'s defaults.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOptions {
+    /// Variables set on top of our own environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// Variables of our own environment the child must not see (e.g. `NOTIFY_SOCKET`, so
+    /// that only a stable parent talks to systemd).
+    pub env_remove: Vec<OsString>,
+    /// Put the child in this process group; `Some(0)` makes it the leader of a new one
+    /// (its pid becomes the group id), so that it and every process it starts can be
+    /// signalled at once. `None` keeps our group.
+    pub process_group: Option<i32>,
+}
+
+/// [`spawn`], with the environment and process group chosen by `options`.
+pub fn spawn_with(
+    binary: &Path,
+    handover_socket: &Path,
+    args: &[OsString],
+    options: &SpawnOptions,
+) -> Result<Child> {
     let mut command = Command::new(binary);
+    command.args(args);
+    for key in &options.env_remove {
+        command.env_remove(key);
+    }
     command
-        .args(args)
         .env(HANDOVER_ENV, handover_socket)
-        .envs(env.iter().map(|(k, v)| (k, v)))
+        .envs(options.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .kill_on_drop(false);
+    if let Some(group) = options.process_group {
+        command.process_group(group);
+    }
     // Computed before fork: sysconf is not async-signal-safe.
     // SAFETY: sysconf only reads a process limit; it has no memory-safety preconditions.
     let open_max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
@@ -254,6 +288,42 @@ mod tests {
             .unwrap();
         assert_eq!(status.code(), Some(7));
         assert_reaped(pid);
+    }
+
+    #[tokio::test]
+    async fn spawn_with_starts_a_new_group_without_the_removed_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        // Field 5 of /proc/PID/stat is the process group; $$ is the shell's own pid. The
+        // removed variable is one this test process is sure to have.
+        let script = format!(
+            "printf '%s|%s|%s' \"$$\" \"$(cut -d' ' -f5 /proc/$$/stat)\" \"${{HOME-unset}}\" > '{}'",
+            out.display()
+        );
+        assert!(
+            std::env::var_os("HOME").is_some(),
+            "test setup: HOME must be set"
+        );
+        let options = SpawnOptions {
+            env_remove: vec!["HOME".into()],
+            process_group: Some(0),
+            ..SpawnOptions::default()
+        };
+        let mut child =
+            spawn_with(Path::new(SH), &dir.path().join("s"), &sh(&script), &options).unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let got = std::fs::read_to_string(&out).unwrap();
+        let fields: Vec<&str> = got.split('|').collect();
+        assert_eq!(
+            fields[0], fields[1],
+            "the child leads a group of its own: {got}"
+        );
+        assert_ne!(
+            fields[1],
+            nix::unistd::getpgid(None).unwrap().to_string(),
+            "the child left our group"
+        );
+        assert_eq!(fields[2], "unset", "HOME was removed: {got}");
     }
 
     #[tokio::test]
