@@ -105,6 +105,23 @@ enum Command {
         #[command(subcommand)]
         command: DbCommand,
     },
+    /// Flows: DAGs of named tasks (submit, show).
+    Flow {
+        #[command(subcommand)]
+        command: crate::cli_flows::FlowCommand,
+    },
+    /// Hold a task, or every pending/blocked task of a flow (running ones finish).
+    Pause(crate::cli_flows::ControlArgs),
+    /// Release a paused task, or the paused tasks of a flow (blocked again while an
+    /// upstream task is unfinished).
+    Resume(crate::cli_flows::ControlArgs),
+    /// End a task, or every unfinished task of a flow; a running one is stopped.
+    Cancel(crate::cli_flows::ControlArgs),
+    /// The change feed: tail task events (outbox or logical decoding), retention.
+    Events {
+        #[command(subcommand)]
+        command: crate::cli_flows::EventsCommand,
+    },
     /// Make signing keys and signed upgrade bundles.
     Bundle {
         #[command(subcommand)]
@@ -301,10 +318,20 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
             Ok(())
         }
         Command::Db { command } => db_command(&db, command).await,
-        Command::Master { worker } => {
-            let listener = crate::bind_http(&worker.http)?;
-            crate::master::run(&worker, listener).await
+        Command::Flow { command } => crate::cli_flows::flow(&db, command, &cli_actor()).await,
+        Command::Pause(args) => {
+            use artex_actors::blackboard::Control;
+            crate::cli_flows::control(&db, Control::Pause, args, &cli_actor()).await
         }
+        Command::Resume(args) => {
+            use artex_actors::blackboard::Control;
+            crate::cli_flows::control(&db, Control::Resume, args, &cli_actor()).await
+        }
+        Command::Cancel(args) => {
+            use artex_actors::blackboard::Control;
+            crate::cli_flows::control(&db, Control::Cancel, args, &cli_actor()).await
+        }
+        Command::Events { command } => crate::cli_flows::events(&db, command).await,
         Command::Bundle {
             command: BundleCommand::Keygen { secret, public },
         } => {
@@ -348,6 +375,10 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
             crate::run_worker(bb, &worker, registry, listener, ActorStats::default(), stop)
                 .await
                 .map(|_| ())
+        }
+        Command::Master { worker } => {
+            let listener = crate::bind_http(&worker.http)?;
+            crate::master::run(&worker, listener).await
         }
         Command::Up { worker, planner } => {
             let bb = crate::connect(&db).await?;

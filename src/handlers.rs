@@ -1,6 +1,7 @@
-//! The stock binary's task kinds, for demos and tests: `echo`, `sleep`, `fail`, `noop`
-//! and `checkpoint` (which saves its progress after every step and resumes from it, in
-//! whatever process runs it next).
+//! The stock binary's task kinds, for demos and tests: `echo`, `sleep`, `fail`, `noop`,
+//! `checkpoint` (which saves its progress after every step and resumes from it, in
+//! whatever process runs it next) and `gather` (a flow task that returns its upstream
+//! tasks' results).
 
 use std::time::Duration;
 
@@ -14,6 +15,11 @@ pub fn stock() -> Registry {
         Ok(ctx.payload().clone())
     });
     r.register("noop", |_ctx: TaskContext| async move { Ok(Value::Null) });
+    r.register("gather", |ctx: TaskContext| async move {
+        // {"payload": …, "upstream": {"<task name>": <its result>, …}}
+        let upstream = ctx.upstream_results().await?;
+        Ok(json!({ "payload": ctx.payload(), "upstream": upstream }))
+    });
     r.register("sleep", |ctx: TaskContext| async move {
         let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(1000);
         tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -19,6 +19,7 @@
 //!
 //! # Layout
 //! - [`cli`]: the `artex` command line and its dispatch.
+//! - `cli_flows`: the flow, operator control and change feed subcommands.
 //! - [`config`]: flags and `ARTEX_*` variables, with defaults.
 //! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
 //! - [`handlers`]: the stock binary's task kinds.
@@ -29,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod cli_flows;
 pub mod config;
 pub mod dev_db;
 pub mod error;
@@ -230,9 +232,11 @@ pub async fn run_worker(
         binary_sha256,
         handed_over: handed_over.clone(),
     };
+    let events = http::events::EventsState::new(bb.clone());
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
+            .app_data(web::Data::new(events.clone()))
             .app_data(web::Data::new(upgrader.clone()))
             .configure(http::routes)
     })

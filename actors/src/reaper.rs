@@ -1,6 +1,7 @@
 //! The Reaper: every few seconds takes back tasks whose lease expired (counting a retry
 //! for those that were running, ending them past their budget), marks workers silent past
-//! the threshold `gone` and takes back their tasks, and prunes long-gone worker rows.
+//! the threshold `gone` and takes back their tasks, prunes long-gone worker rows, and
+//! prunes task events past their retention (never those a live consumer still needs).
 
 use std::time::Duration;
 
@@ -9,6 +10,9 @@ use actix::prelude::*;
 use crate::blackboard::{Blackboard, ReapParams, ReapReport};
 use crate::error::Result;
 use crate::supervisor::{guarded, ActorStats};
+
+/// Task events pruned per statement.
+const PRUNE_BATCH: i64 = 5_000;
 
 /// The Reaper actor.
 pub struct Reaper {
@@ -50,6 +54,19 @@ impl Reaper {
                 ended = report.ended,
                 "reaper took back tasks with lost leases"
             );
+        }
+        // The outbox's retention (a setting kept in the blackboard, so every planner
+        // agrees): a few bounded batches per sweep.
+        let mut pruned = 0;
+        for _ in 0..10 {
+            let n = bb.prune_events(params.now, PRUNE_BATCH).await?;
+            pruned += n;
+            if n < PRUNE_BATCH as u64 {
+                break;
+            }
+        }
+        if pruned > 0 {
+            tracing::info!(pruned, "pruned task events past their retention");
         }
         Ok(report)
     }

@@ -193,6 +193,18 @@ impl TaskContext {
             Err(e) => Err(TaskError::new(format!("saving checkpoint: {e}"))),
         }
     }
+
+    /// The results of this task's upstream tasks in its flow, by task name (empty outside
+    /// a flow). Read from the blackboard when asked, not copied into the payload: see
+    /// [`Blackboard::upstream_results`].
+    pub async fn upstream_results(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, serde_json::Value>, TaskError> {
+        self.bb
+            .upstream_results(self.id)
+            .await
+            .map_err(|e| TaskError::new(format!("reading upstream results: {e}")))
+    }
 }
 
 /// How a worker runs.
@@ -669,6 +681,9 @@ impl Actor for Worker {
                         while listener.recv().await.is_some() {
                             listener.drain_pending();
                             me.do_send(Wake);
+                            if listener.take_cancel() {
+                                me.do_send(CheckLeases);
+                            }
                         }
                         tracing::warn!("worker's LISTEN session dropped; reconnecting");
                     }
@@ -701,6 +716,20 @@ impl Handler<Wake> for Worker {
     type Result = ();
     fn handle(&mut self, _msg: Wake, ctx: &mut Context<Self>) {
         self.fetch(ctx);
+    }
+}
+
+/// A task this worker holds was canceled (its channel got a `cancel` notification):
+/// check the leases now, which stops the handlers of tasks it no longer holds, instead of
+/// at the next renewal.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckLeases;
+
+impl Handler<CheckLeases> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: CheckLeases, ctx: &mut Context<Self>) {
+        self.renew(ctx);
     }
 }
 

@@ -1,7 +1,9 @@
 //! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
-//! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade).
-//! Routes hold no SQL: they ask the Worker actor.
+//! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
+//! `/events` (the change feed as Server-Sent Events). Routes hold no SQL: they ask the
+//! Worker actor, or (`/events`) the blackboard's feed reader.
 
+pub mod events;
 pub mod upgrade;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +66,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
         .route("/status", web::get().to(status))
         .route("/metrics", web::get().to(metrics))
+        .route("/events", web::get().to(events::events))
         .route("/upgrade", web::put().to(upgrade::upgrade))
         .route("/upgrade", web::post().to(upgrade::upgrade));
 }

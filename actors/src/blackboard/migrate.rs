@@ -25,6 +25,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "blackboard",
         sql: include_str!("../../../migrations/V1__blackboard.sql"),
     },
+    Migration {
+        version: 2,
+        name: "flows",
+        sql: include_str!("../../../migrations/V2__flows.sql"),
+    },
 ];
 
 /// What `migrate` did.

@@ -1,17 +1,23 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
-//! module tree (one file per party: tasks, planner, worker), prepared through deadpool's
+//! module tree (one file per party: tasks, planner, worker; flows, the events feed and
+//! its logical decoding variant), prepared through deadpool's
 //! statement cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see SPEC.md §6.
 
 pub mod admin;
+mod events;
+mod flows;
+mod logical;
 mod migrate;
 mod planner;
 mod tasks;
 mod worker;
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -19,6 +25,15 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+pub use events::{
+    ConsumerCursor, EventBatch, EventFeed, EventPosition, FeedStart, Retention, TaskEvent,
+    EVENTS_CHANNEL,
+};
+pub use flows::{
+    Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
+    FlowView,
+};
+pub use logical::{parse_change, DecodedTransaction, RowChange};
 pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
@@ -29,6 +44,10 @@ use crate::error::{Error, Result};
 
 /// The NOTIFY channel on which new runnable tasks are announced (by the table's trigger).
 pub const TASKS_CHANNEL: &str = "artex_tasks";
+
+/// The payload of the notification a worker gets on its channel when a task it holds is
+/// canceled (by the flow trigger): stop that task's handler now.
+pub const CANCEL_PAYLOAD: &str = "cancel";
 
 /// A handle on the blackboard: two small pools (durable writes; relaxed writes for
 /// heartbeats and lease renewals) and what is needed to open LISTEN sessions.
@@ -85,11 +104,17 @@ impl Blackboard {
     pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
         let (client, mut connection) = self.config.connect(NoTls).await?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let saw_cancel = cancel.clone();
         let driver = tokio::spawn(async move {
             let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(message) = stream.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) => {
+                        if n.payload() == CANCEL_PAYLOAD {
+                            // Set before the wake-up is sent, so its receiver sees it.
+                            saw_cancel.store(true, Ordering::Release);
+                        }
                         if tx.send(n.channel().to_string()).is_err() {
                             break;
                         }
@@ -111,6 +136,7 @@ impl Blackboard {
             _client: client,
             rx,
             driver,
+            cancel,
         })
     }
 
@@ -128,6 +154,7 @@ pub struct Listener {
     _client: tokio_postgres::Client,
     rx: mpsc::UnboundedReceiver<String>,
     driver: tokio::task::JoinHandle<()>,
+    cancel: Arc<AtomicBool>,
 }
 
 impl Listener {
@@ -143,6 +170,12 @@ impl Listener {
             n += 1;
         }
         n
+    }
+
+    /// Whether a notification with the payload `cancel` arrived since the last call (a
+    /// task the listening worker holds was canceled; see migrations/V2__flows.sql).
+    pub fn take_cancel(&self) -> bool {
+        self.cancel.swap(false, Ordering::AcqRel)
     }
 }
 

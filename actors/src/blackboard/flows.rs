@@ -1,0 +1,816 @@
+//! Flows and operator controls. A flow is a DAG of named tasks submitted at once:
+//! validated here (names, references, cycles), inserted in one transaction, and driven by
+//! the database itself (migrations/V2__flows.sql): a task is promoted from `blocked` to
+//! `pending` in the transaction that finishes its last upstream task, and canceled with
+//! the upstream task named when one ends failed, timed out or canceled. Operators pause,
+//! resume and cancel a task or a whole flow; every control is audited with actor and
+//! reason like any other transition.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::tasks::NewTask;
+use super::{Blackboard, TaskStatus};
+use crate::error::{Error, Result};
+
+/// A flow as submitted: a name and its tasks, each naming the tasks it depends on.
+///
+/// ```
+/// use artex_actors::blackboard::FlowSpec;
+/// let spec = FlowSpec::from_json(r#"{"name": "nightly-etl", "tasks": [
+///     {"name": "extract", "kind": "echo"},
+///     {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}"#).unwrap();
+/// assert_eq!(spec.tasks[1].depends_on, ["extract"]);
+/// spec.validate().unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowSpec {
+    /// The flow's name (need not be unique; its id is).
+    pub name: String,
+    /// Its tasks, in any order.
+    pub tasks: Vec<FlowTaskSpec>,
+}
+
+/// One task of a [`FlowSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowTaskSpec {
+    /// Unique within the flow; what `depends_on` refers to.
+    pub name: String,
+    /// The handler kind.
+    pub kind: String,
+    /// The handler's input; `{}` by default.
+    #[serde(default = "empty_object")]
+    pub payload: serde_json::Value,
+    /// Names of the tasks that must succeed before this one runs.
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    /// Higher runs first; 0 by default.
+    #[serde(default)]
+    pub priority: i32,
+    /// Retries after the first attempt; 3 by default.
+    #[serde(default)]
+    pub max_retries: Option<i32>,
+    /// Per-attempt handler timeout in milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<i32>,
+    /// Business shard key.
+    #[serde(default)]
+    pub shard_key: Option<String>,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+impl FlowSpec {
+    /// Parses a flow from JSON; a syntax error or an unknown field names line and column.
+    pub fn from_json(text: &str) -> Result<FlowSpec> {
+        serde_json::from_str(text).map_err(|e| Error::Invalid(format!("flow file: {e}")))
+    }
+
+    /// Checks the flow: a name, at least one task, unique task names, valid kinds and
+    /// settings, dependencies that name tasks of this flow, and no cycle. Each error names
+    /// the offending task. Returns, per task, the indices of the tasks it depends on.
+    pub fn validate(&self) -> Result<Vec<Vec<usize>>> {
+        if self.name.trim().is_empty() {
+            return Err(Error::Invalid("flow name: must not be empty".into()));
+        }
+        if self.tasks.is_empty() {
+            return Err(Error::Invalid(format!(
+                "flow '{}' has no tasks; expected at least one",
+                self.name
+            )));
+        }
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(self.tasks.len());
+        for (i, t) in self.tasks.iter().enumerate() {
+            if t.name.trim().is_empty() {
+                return Err(Error::Invalid(format!(
+                    "task #{} (kind '{}'): name must not be empty",
+                    i + 1,
+                    t.kind
+                )));
+            }
+            if let Some(first) = index.insert(&t.name, i) {
+                return Err(Error::Invalid(format!(
+                    "task '{}' is defined twice (tasks #{} and #{}); task names must be unique \
+                     in a flow",
+                    t.name,
+                    first + 1,
+                    i + 1
+                )));
+            }
+            t.as_new_task()
+                .validate()
+                .map_err(|e| Error::Invalid(format!("task '{}': {e}", t.name)))?;
+        }
+        let mut deps = Vec::with_capacity(self.tasks.len());
+        for t in &self.tasks {
+            let mut mine: Vec<usize> = Vec::with_capacity(t.depends_on.len());
+            for d in &t.depends_on {
+                if d == &t.name {
+                    return Err(Error::Invalid(format!(
+                        "task '{}' depends on itself (a cycle)",
+                        t.name
+                    )));
+                }
+                let Some(&j) = index.get(d.as_str()) else {
+                    return Err(Error::Invalid(format!(
+                        "task '{}' depends on '{d}', which is not a task of flow '{}'",
+                        t.name, self.name
+                    )));
+                };
+                if mine.contains(&j) {
+                    return Err(Error::Invalid(format!(
+                        "task '{}' lists '{d}' twice in depends_on",
+                        t.name
+                    )));
+                }
+                mine.push(j);
+            }
+            deps.push(mine);
+        }
+        if let Some(cycle) = find_cycle(&deps) {
+            let names: Vec<&str> = cycle.iter().map(|&i| self.tasks[i].name.as_str()).collect();
+            return Err(Error::Invalid(format!(
+                "task '{}' is part of a dependency cycle: {} (each depends on the next)",
+                names[0],
+                names.join(" -> ")
+            )));
+        }
+        Ok(deps)
+    }
+}
+
+impl FlowTaskSpec {
+    fn as_new_task(&self) -> NewTask {
+        NewTask {
+            kind: self.kind.clone(),
+            payload: self.payload.clone(),
+            priority: self.priority,
+            run_at: None,
+            max_retries: self.max_retries,
+            timeout_ms: self.timeout_ms,
+            shard_key: self.shard_key.clone(),
+        }
+    }
+}
+
+/// A cycle in the dependency graph (`deps[i]` = what task i depends on), as a path that
+/// starts and ends on the same task, or `None` for a DAG. Iterative (a chain of 10,000
+/// tasks must not overflow the stack): depth-first with colours.
+fn find_cycle(deps: &[Vec<usize>]) -> Option<Vec<usize>> {
+    const WHITE: u8 = 0;
+    const GREY: u8 = 1;
+    const BLACK: u8 = 2;
+    let mut colour = vec![WHITE; deps.len()];
+    for start in 0..deps.len() {
+        if colour[start] != WHITE {
+            continue;
+        }
+        // (node, next edge to follow)
+        let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+        colour[start] = GREY;
+        while let Some(&mut (node, ref mut edge)) = stack.last_mut() {
+            if let Some(&next) = deps[node].get(*edge) {
+                *edge += 1;
+                match colour[next] {
+                    WHITE => {
+                        colour[next] = GREY;
+                        stack.push((next, 0));
+                    }
+                    GREY => {
+                        // `next` is on the current path: the cycle is the path from it.
+                        let from = stack.iter().position(|&(n, _)| n == next).unwrap_or(0);
+                        let mut cycle: Vec<usize> = stack[from..].iter().map(|&(n, _)| n).collect();
+                        cycle.push(next);
+                        return Some(cycle);
+                    }
+                    _ => {}
+                }
+            } else {
+                colour[node] = BLACK;
+                stack.pop();
+            }
+        }
+    }
+    None
+}
+
+/// A flow's overall state, derived from its tasks' statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowState {
+    /// Some task has not ended and not all of those are paused.
+    Running,
+    /// Every task that has not ended is paused.
+    Paused,
+    /// Every task succeeded.
+    Succeeded,
+    /// Every task ended, and at least one failed or timed out.
+    Failed,
+    /// Every task ended, none failed, at least one was canceled.
+    Canceled,
+}
+
+impl FlowState {
+    /// The state of a flow whose tasks have these statuses.
+    pub fn of(statuses: impl IntoIterator<Item = TaskStatus>) -> FlowState {
+        let (mut open, mut paused, mut failed, mut canceled) = (0, 0, 0, 0);
+        for s in statuses {
+            match s {
+                TaskStatus::Succeeded => {}
+                TaskStatus::Failed | TaskStatus::Timeout => failed += 1,
+                TaskStatus::Canceled => canceled += 1,
+                TaskStatus::Paused => {
+                    open += 1;
+                    paused += 1;
+                }
+                _ => open += 1,
+            }
+        }
+        if open > 0 {
+            if paused == open {
+                FlowState::Paused
+            } else {
+                FlowState::Running
+            }
+        } else if failed > 0 {
+            FlowState::Failed
+        } else if canceled > 0 {
+            FlowState::Canceled
+        } else {
+            FlowState::Succeeded
+        }
+    }
+
+    /// The name shown to people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowState::Running => "running",
+            FlowState::Paused => "paused",
+            FlowState::Succeeded => "succeeded",
+            FlowState::Failed => "failed",
+            FlowState::Canceled => "canceled",
+        }
+    }
+}
+
+impl std::fmt::Display for FlowState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One task of a flow as stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowTaskView {
+    /// Its name in the flow.
+    pub name: String,
+    /// Its task id.
+    pub id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its status.
+    pub status: TaskStatus,
+    /// The names of its upstream tasks.
+    pub depends_on: Vec<String>,
+    /// Failed attempts so far.
+    pub retries: i32,
+    /// Last started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last error.
+    pub error: Option<String>,
+}
+
+/// A flow with its tasks.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowView {
+    /// Flow id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Submitted.
+    pub created_at: DateTime<Utc>,
+    /// Overall state.
+    pub state: FlowState,
+    /// How many tasks are in each status.
+    pub counts: BTreeMap<String, usize>,
+    /// Its tasks, in submission order.
+    pub tasks: Vec<FlowTaskView>,
+}
+
+/// An operator control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Control {
+    /// Hold pending and blocked tasks (running ones finish).
+    Pause,
+    /// Release paused tasks: pending, or blocked while an upstream task is unfinished.
+    Resume,
+    /// End tasks that have not ended, running ones included (their worker stops them).
+    Cancel,
+}
+
+impl Control {
+    /// The verb.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Control::Pause => "pause",
+            Control::Resume => "resume",
+            Control::Cancel => "cancel",
+        }
+    }
+
+    fn applies_to(self) -> &'static str {
+        match self {
+            Control::Pause => {
+                "pending or blocked tasks (a running task runs to its end; cancel stops it)"
+            }
+            Control::Resume => "paused tasks",
+            Control::Cancel => "tasks that have not ended",
+        }
+    }
+}
+
+/// What a control was applied to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", content = "id", rename_all = "lowercase")]
+pub enum ControlTarget {
+    /// One task.
+    Task(Uuid),
+    /// Every task of a flow.
+    Flow(Uuid),
+}
+
+/// What a control changed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControlReport {
+    /// The control.
+    pub control: Control,
+    /// Its target.
+    pub target: ControlTarget,
+    /// Each task changed, with its new status.
+    pub changed: Vec<(Uuid, TaskStatus)>,
+}
+
+const INSERT_FLOW: &str = "insert into artex.flows (id, name) values ($1, $2)";
+
+const INSERT_FLOW_TASKS: &str = "insert into artex.tasks
+        (id, kind, status, payload, priority, max_retries, timeout_ms, shard_key, flow_id,
+         flow_task)
+    select v.id, v.kind, v.status::artex.task_status, v.payload, v.priority,
+           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key, $3, v.name
+    from artex.set_context($1, $2) ctx,
+         unnest($4::uuid[], $5::text[], $6::text[], $7::jsonb[], $8::int4[], $9::int4[],
+                $10::int4[], $11::text[], $12::text[])
+           as v(id, name, kind, payload, priority, max_retries, timeout_ms, shard_key, status)
+    where ctx";
+
+const INSERT_DEPENDENCIES: &str = "insert into artex.task_dependencies (task_id, depends_on)
+    select * from unnest($1::uuid[], $2::uuid[])";
+
+const INSERT_WAITS: &str = "insert into artex.task_waits (task_id, upstream_left)
+    select * from unnest($1::uuid[], $2::int4[])";
+
+const FLOW: &str = "select name, created_at from artex.flows where id = $1";
+
+const FLOW_TASKS: &str = "select t.id, t.flow_task, t.kind, t.status::text, t.retries,
+        t.started_at, t.finished_at, t.error,
+        coalesce((select array_agg(u.flow_task order by u.flow_task)
+                  from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
+                  where d.task_id = t.id), '{}')
+    from artex.tasks t where t.flow_id = $1
+    order by t.id";
+
+const FLOW_COUNTS: &str = "select t.status::text, count(*) from artex.tasks t
+    where t.flow_id = $1 group by 1 order by 1";
+
+const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
+    from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
+    where d.task_id = $1 and u.status = 'succeeded'";
+
+const TARGET: &str = "select exists (select 1 from artex.tasks where id = $1),
+        exists (select 1 from artex.flows where id = $1)";
+
+// Each control locks its tasks in id order first (as the flow trigger does) so that it
+// cannot deadlock with completions and cascades in the same flow. `{col}` is `id` (one
+// task) or `flow_id` (a flow).
+const PAUSE: &str = "with target as materialized (
+        select id from artex.tasks where {col} = $3 and status in ('pending', 'blocked')
+        order by id for update
+    )
+    update artex.tasks t set status = 'paused'
+    from artex.set_context($1, $2) ctx, target
+    where ctx and t.id = target.id
+    returning t.id, t.status::text";
+
+// Resume takes the upstream counters' locks before the tasks' (the order the promotion
+// trigger takes them in), and reads the counters through those locks: a completion that
+// committed a moment ago is seen, one in flight is waited for. Without this, a task
+// resumed while its last upstream task commits could go back to `blocked` for good.
+const RESUME_LOCK_WAITS: &str = "select w.task_id from artex.task_waits w
+    where w.task_id in (select id from artex.tasks where {col} = $1 and status = 'paused')
+    order by w.task_id for update";
+
+const RESUME: &str = "with target as materialized (
+        select id from artex.tasks where {col} = $3 and status = 'paused'
+        order by id for update
+    )
+    update artex.tasks t
+    set status = case when exists (select 1 from artex.task_waits w
+                                   where w.task_id = t.id and w.upstream_left > 0)
+                      then 'blocked'::artex.task_status else 'pending' end
+    from artex.set_context($1, $2) ctx, target
+    where ctx and t.id = target.id
+    returning t.id, t.status::text";
+
+// Canceling a held task wakes its worker (the flow trigger notifies the worker's
+// channel), which stops the handler; its outcome, if any, is fenced off.
+const CANCEL: &str = "with target as materialized (
+        select id from artex.tasks where {col} = $3
+          and status not in ('succeeded', 'failed', 'timeout', 'canceled')
+        order by id for update
+    )
+    update artex.tasks t set status = 'canceled'
+    from artex.set_context($1, $2) ctx, target
+    where ctx and t.id = target.id
+    returning t.id, t.status::text";
+
+const STATUS_COUNTS: &str = "select status::text, count(*) from artex.tasks
+    where {col} = $1 group by 1 order by 1";
+
+impl Blackboard {
+    /// Validates `spec` and inserts it in one transaction: the flow, its tasks (`pending`
+    /// without upstream tasks, `blocked` otherwise), their dependencies and upstream
+    /// counters. Nothing is inserted if anything is wrong. Returns the flow id.
+    pub async fn submit_flow(&self, spec: &FlowSpec, actor: &str) -> Result<Uuid> {
+        let deps = spec.validate()?;
+        let flow = Uuid::now_v7();
+        let ids: Vec<Uuid> = spec.tasks.iter().map(|_| Uuid::now_v7()).collect();
+        let names: Vec<&str> = spec.tasks.iter().map(|t| t.name.as_str()).collect();
+        let kinds: Vec<&str> = spec.tasks.iter().map(|t| t.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = spec.tasks.iter().map(|t| &t.payload).collect();
+        let priorities: Vec<i32> = spec.tasks.iter().map(|t| t.priority).collect();
+        let max_retries: Vec<Option<i32>> = spec.tasks.iter().map(|t| t.max_retries).collect();
+        let timeouts: Vec<Option<i32>> = spec.tasks.iter().map(|t| t.timeout_ms).collect();
+        let shard_keys: Vec<Option<&str>> =
+            spec.tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+        let statuses: Vec<&str> = deps
+            .iter()
+            .map(|d| if d.is_empty() { "pending" } else { "blocked" })
+            .collect();
+        let (mut dep_task, mut dep_on) = (Vec::new(), Vec::new());
+        let (mut wait_task, mut wait_left) = (Vec::new(), Vec::new());
+        for (i, d) in deps.iter().enumerate() {
+            for &j in d {
+                dep_task.push(ids[i]);
+                dep_on.push(ids[j]);
+            }
+            if !d.is_empty() {
+                wait_task.push(ids[i]);
+                wait_left.push(d.len() as i32);
+            }
+        }
+        let reason = format!("submitted in flow '{}'", spec.name);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx.prepare_cached(INSERT_FLOW).await?;
+        tx.execute(&stmt, &[&flow, &spec.name]).await?;
+        let stmt = tx.prepare_cached(INSERT_FLOW_TASKS).await?;
+        tx.execute(
+            &stmt,
+            &[
+                &actor,
+                &reason,
+                &flow,
+                &ids,
+                &names,
+                &kinds,
+                &payloads,
+                &priorities,
+                &max_retries,
+                &timeouts,
+                &shard_keys,
+                &statuses,
+            ],
+        )
+        .await?;
+        if !dep_task.is_empty() {
+            let stmt = tx.prepare_cached(INSERT_DEPENDENCIES).await?;
+            tx.execute(&stmt, &[&dep_task, &dep_on]).await?;
+            let stmt = tx.prepare_cached(INSERT_WAITS).await?;
+            tx.execute(&stmt, &[&wait_task, &wait_left]).await?;
+        }
+        tx.commit().await?;
+        Ok(flow)
+    }
+
+    /// A flow with each task's name, id and status, and its overall state; or
+    /// `FlowNotFound`.
+    pub async fn flow(&self, id: Uuid) -> Result<FlowView> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FLOW).await?;
+        let Some(row) = client.query_opt(&stmt, &[&id]).await? else {
+            return Err(Error::FlowNotFound(id));
+        };
+        let name: String = row.try_get(0)?;
+        let created_at: DateTime<Utc> = row.try_get(1)?;
+        let stmt = client.prepare_cached(FLOW_TASKS).await?;
+        let tasks = client
+            .query(&stmt, &[&id])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(FlowTaskView {
+                    id: r.try_get(0)?,
+                    name: r.try_get(1)?,
+                    kind: r.try_get(2)?,
+                    status: r.try_get::<_, String>(3)?.parse()?,
+                    retries: r.try_get(4)?,
+                    started_at: r.try_get(5)?,
+                    finished_at: r.try_get(6)?,
+                    error: r.try_get(7)?,
+                    depends_on: r.try_get(8)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut counts = BTreeMap::new();
+        for t in &tasks {
+            *counts.entry(t.status.as_str().to_string()).or_insert(0) += 1;
+        }
+        Ok(FlowView {
+            id,
+            name,
+            created_at,
+            state: FlowState::of(tasks.iter().map(|t| t.status)),
+            counts,
+            tasks,
+        })
+    }
+
+    /// A flow's overall state and how many of its tasks are in each status: cheaper than
+    /// [`Blackboard::flow`] for a big flow (what a poller or a dashboard wants). A flow
+    /// id without tasks is `FlowNotFound`.
+    pub async fn flow_summary(&self, id: Uuid) -> Result<(FlowState, BTreeMap<String, usize>)> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FLOW_COUNTS).await?;
+        let mut counts = BTreeMap::new();
+        let mut statuses = Vec::new();
+        for r in client.query(&stmt, &[&id]).await? {
+            let status: TaskStatus = r.try_get::<_, String>(0)?.parse()?;
+            let n = r.try_get::<_, i64>(1)? as usize;
+            counts.insert(status.as_str().to_string(), n);
+            statuses.push(status);
+        }
+        if counts.is_empty() {
+            return Err(Error::FlowNotFound(id));
+        }
+        Ok((FlowState::of(statuses), counts))
+    }
+
+    /// The results of task `id`'s upstream tasks, by their names in the flow (empty for
+    /// a task without upstream tasks). Read when asked rather than copied into the
+    /// payload at promotion: the payload stays the user's input, a handler that needs no
+    /// upstream results pays nothing, and a wide fan-in does not copy every upstream
+    /// result into one row.
+    pub async fn upstream_results(&self, id: Uuid) -> Result<BTreeMap<String, serde_json::Value>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(UPSTREAM_RESULTS).await?;
+        client
+            .query(&stmt, &[&id])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<_, Option<String>>(0)?.unwrap_or_default(),
+                    r.try_get::<_, Option<serde_json::Value>>(1)?
+                        .unwrap_or(serde_json::Value::Null),
+                ))
+            })
+            .collect()
+    }
+
+    /// Whether `id` names a task or a flow; `Invalid` if neither.
+    pub async fn control_target(&self, id: Uuid) -> Result<ControlTarget> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(TARGET).await?;
+        let row = client.query_one(&stmt, &[&id]).await?;
+        match (row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?) {
+            (true, _) => Ok(ControlTarget::Task(id)),
+            (false, true) => Ok(ControlTarget::Flow(id)),
+            (false, false) => Err(Error::Invalid(format!("no task or flow with id {id}"))),
+        }
+    }
+
+    /// Applies an operator control to a task or to every task of a flow, recording
+    /// `actor` and `reason` in each task's audit trail. A control that changes nothing
+    /// (resume a succeeded task, cancel an ended flow, …) is refused with `Refused`,
+    /// saying what the tasks' statuses are.
+    pub async fn control(
+        &self,
+        control: Control,
+        id: Uuid,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<ControlReport> {
+        let target = self.control_target(id).await?;
+        let col = match target {
+            ControlTarget::Task(_) => "id",
+            ControlTarget::Flow(_) => "flow_id",
+        };
+        let default_reason = format!("{} by operator", past_tense(control));
+        let reason = reason.unwrap_or(&default_reason);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let sql = match control {
+            Control::Pause => PAUSE,
+            Control::Resume => {
+                let lock = tx
+                    .prepare_cached(&RESUME_LOCK_WAITS.replace("{col}", col))
+                    .await?;
+                tx.query(&lock, &[&id]).await?;
+                RESUME
+            }
+            Control::Cancel => CANCEL,
+        };
+        let stmt = tx.prepare_cached(&sql.replace("{col}", col)).await?;
+        let rows = tx.query(&stmt, &[&actor, &reason, &id]).await?;
+        let changed = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get::<_, String>(1)?.parse()?)))
+            .collect::<Result<Vec<(Uuid, TaskStatus)>>>()?;
+        if changed.is_empty() {
+            let stmt = tx
+                .prepare_cached(&STATUS_COUNTS.replace("{col}", col))
+                .await?;
+            let counts: Vec<String> = tx
+                .query(&stmt, &[&id])
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(format!(
+                        "{} {}",
+                        r.try_get::<_, i64>(1)?,
+                        r.try_get::<_, String>(0)?
+                    ))
+                })
+                .collect::<Result<_>>()?;
+            tx.rollback().await?;
+            return Err(Error::Refused(match target {
+                ControlTarget::Task(_) => format!(
+                    "cannot {} task {id}: it is {}; {} applies to {}",
+                    control.as_str(),
+                    counts
+                        .first()
+                        .and_then(|c| c.split_once(' '))
+                        .map(|(_, s)| s)
+                        .unwrap_or("gone"),
+                    control.as_str(),
+                    control.applies_to()
+                ),
+                ControlTarget::Flow(_) => format!(
+                    "cannot {} flow {id}: none of its tasks is affected ({}); {} applies to {}",
+                    control.as_str(),
+                    if counts.is_empty() {
+                        "it has no tasks".to_string()
+                    } else {
+                        counts.join(", ")
+                    },
+                    control.as_str(),
+                    control.applies_to()
+                ),
+            }));
+        }
+        tx.commit().await?;
+        Ok(ControlReport {
+            control,
+            target,
+            changed,
+        })
+    }
+}
+
+fn past_tense(c: Control) -> &'static str {
+    match c {
+        Control::Pause => "paused",
+        Control::Resume => "resumed",
+        Control::Cancel => "canceled",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(tasks: &[(&str, &[&str])]) -> FlowSpec {
+        FlowSpec {
+            name: "f".into(),
+            tasks: tasks
+                .iter()
+                .map(|(n, d)| FlowTaskSpec {
+                    name: n.to_string(),
+                    kind: "echo".into(),
+                    payload: empty_object(),
+                    depends_on: d.iter().map(|s| s.to_string()).collect(),
+                    priority: 0,
+                    max_retries: None,
+                    timeout_ms: None,
+                    shard_key: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn err(s: &FlowSpec) -> String {
+        s.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_dag_is_accepted_with_its_edges() {
+        let s = spec(&[("a", &[]), ("b", &["a"]), ("c", &["a"]), ("d", &["b", "c"])]);
+        assert_eq!(
+            s.validate().unwrap(),
+            vec![vec![], vec![0], vec![0], vec![1, 2]]
+        );
+    }
+
+    #[test]
+    fn cycles_are_named() {
+        let e = err(&spec(&[
+            ("a", &["c"]),
+            ("b", &["a"]),
+            ("c", &["b"]),
+            ("x", &[]),
+        ]));
+        assert!(e.contains("dependency cycle: a -> c -> b -> a"), "{e}");
+        let e = err(&spec(&[("a", &["a"])]));
+        assert!(e.contains("task 'a' depends on itself"), "{e}");
+    }
+
+    #[test]
+    fn bad_references_duplicates_and_empty_flows_are_named() {
+        let e = err(&spec(&[("a", &[]), ("b", &["nope"])]));
+        assert!(
+            e.contains("task 'b' depends on 'nope', which is not a task"),
+            "{e}"
+        );
+        let e = err(&spec(&[("a", &[]), ("a", &[])]));
+        assert!(
+            e.contains("task 'a' is defined twice (tasks #1 and #2)"),
+            "{e}"
+        );
+        let e = err(&spec(&[("a", &[]), ("b", &["a", "a"])]));
+        assert!(e.contains("task 'b' lists 'a' twice"), "{e}");
+        let e = err(&spec(&[]));
+        assert!(e.contains("has no tasks"), "{e}");
+        let mut s = spec(&[("a", &[])]);
+        s.tasks[0].kind = String::new();
+        assert!(err(&s).contains("task 'a': kind"), "{}", err(&s));
+    }
+
+    #[test]
+    fn a_long_chain_is_checked_without_recursion() {
+        let names: Vec<String> = (0..100_000).map(|i| format!("t{i}")).collect();
+        let mut s = spec(&[]);
+        for (i, n) in names.iter().enumerate() {
+            let mut t = spec(&[(n, &[])]).tasks.remove(0);
+            if i > 0 {
+                t.depends_on = vec![names[i - 1].clone()];
+            }
+            s.tasks.push(t);
+        }
+        assert_eq!(s.validate().unwrap().len(), 100_000);
+        s.tasks[0].depends_on = vec!["t99999".into()];
+        assert!(err(&s).contains("dependency cycle"));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_name() {
+        let e = FlowSpec::from_json(
+            r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo", "dependson": []}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown field `dependson`"), "{e}");
+    }
+
+    #[test]
+    fn the_flow_state_follows_its_tasks() {
+        use TaskStatus::*;
+        assert_eq!(FlowState::of([Succeeded, Succeeded]), FlowState::Succeeded);
+        assert_eq!(
+            FlowState::of([Succeeded, Running, Paused]),
+            FlowState::Running
+        );
+        assert_eq!(FlowState::of([Succeeded, Paused]), FlowState::Paused);
+        assert_eq!(FlowState::of([Failed, Canceled]), FlowState::Failed);
+        assert_eq!(FlowState::of([Succeeded, Canceled]), FlowState::Canceled);
+    }
+}

@@ -1,0 +1,523 @@
+//! The command line of flows, operator controls and the change feed: `artex flow
+//! submit|show`, `artex pause|resume|cancel`, `artex events tail|retention|prune|forget|
+//! drop-slot`. Parsing is clap's (usage errors exit 2); what a command does lives in the
+//! blackboard (artex-actors); this file only reads input and prints.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use artex_actors::blackboard::{
+    Control, ControlTarget, DecodedTransaction, EventFeed, EventPosition, FeedStart, FlowSpec,
+    FlowView,
+};
+use artex_actors::Blackboard;
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::config::DbConfig;
+use crate::error::{Error, Result};
+
+/// `artex flow …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum FlowCommand {
+    /// Submit a flow (a JSON file; `-` reads standard input); prints the flow id.
+    ///
+    /// {"name": "nightly-etl", "tasks": [{"name": "extract", "kind": "echo", "payload": {},
+    /// "depends_on": []}, {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}
+    /// Each task may also set priority, max_retries, timeout_ms and shard_key.
+    Submit {
+        /// The flow file.
+        file: PathBuf,
+    },
+    /// Each task's name, id and status, and the flow's overall state.
+    Show {
+        /// The flow id.
+        #[arg(value_parser = parse_id)]
+        id: Uuid,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The arguments of `artex pause|resume|cancel`.
+#[derive(Debug, Args)]
+pub(crate) struct ControlArgs {
+    /// A task id, or a flow id (every task of the flow).
+    #[arg(value_parser = parse_id)]
+    id: Uuid,
+    /// Why; recorded in each task's history with who did it.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Print what changed as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `artex events …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum EventsCommand {
+    /// Print task events as JSON lines, in a final order, from a durable cursor.
+    ///
+    /// With --consumer NAME each batch is acknowledged once written and flushed to
+    /// standard output: a restarted consumer resumes right after the last acknowledged
+    /// event, none skipped, none acknowledged twice. (Events written but not yet
+    /// acknowledged when the process was killed — at most one batch — are written
+    /// again.)
+    Tail(TailArgs),
+    /// Show, or with --set change, how long events are kept.
+    Retention {
+        /// Keep events this long, e.g. 7d, 12h, 90m, 3600s (a consumer silent longer than
+        /// this no longer protects its unread events).
+        #[arg(long, value_parser = parse_duration)]
+        set: Option<Duration>,
+    },
+    /// Prune events past the retention now (planners' Reapers do it every sweep).
+    Prune,
+    /// Delete a consumer's cursor (it starts from the oldest kept event next time).
+    Forget {
+        /// The consumer.
+        #[arg(long)]
+        consumer: String,
+    },
+    /// Drop a logical decoding slot (it stops holding WAL on the server).
+    DropSlot {
+        /// The slot.
+        #[arg(long)]
+        slot: String,
+    },
+}
+
+/// The arguments of `artex events tail`.
+#[derive(Debug, Args)]
+pub(crate) struct TailArgs {
+    /// Durable cursor: resume after this consumer's last acknowledged event. Without it,
+    /// read from the oldest kept event (or --after) and remember nothing.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Start after this position (XID-ID, as printed in each event's "position").
+    #[arg(long, value_parser = parse_position, conflicts_with_all = ["consumer", "logical"])]
+    after: Option<EventPosition>,
+    /// Keep waiting for new events (woken by NOTIFY, polling as a safety net).
+    #[arg(long)]
+    follow: bool,
+    /// Events per read, and per acknowledgment.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    batch: i64,
+    /// Poll interval in milliseconds when no notification comes (the logical feed has
+    /// no notification: it polls at this interval).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    poll_ms: u64,
+    /// If the consumer's cursor fell behind pruned events, go on from the oldest kept
+    /// event instead of refusing.
+    #[arg(long)]
+    accept_gap: bool,
+    /// Read task changes from a logical replication slot (test_decoding) instead of the
+    /// outbox; resumes from the slot's confirmed LSN. Needs wal_level=logical.
+    #[arg(long, requires = "slot")]
+    logical: bool,
+    /// The logical slot's name (created on first use).
+    #[arg(long, requires = "logical")]
+    slot: Option<String>,
+    /// With --logical: every row change of artex.tasks (lease renewals included) instead
+    /// of the task events.
+    #[arg(long, requires = "logical")]
+    raw: bool,
+}
+
+fn parse_id(s: &str) -> std::result::Result<Uuid, String> {
+    Uuid::parse_str(s).map_err(|e| {
+        format!("not an id ({e}); expected a UUID like 0192f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b")
+    })
+}
+
+fn parse_position(s: &str) -> std::result::Result<EventPosition, String> {
+    s.parse().map_err(|e: artex_actors::Error| e.to_string())
+}
+
+/// `90`, `90s`, `1500ms`, `15m`, `12h`, `7d`.
+fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("'{s}': expected a number with a unit, e.g. 7d, 12h, 90m, 30s"))?;
+    let secs = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "'{s}': unknown unit '{unit}'; use ms, s, m, h or d"
+            ))
+        }
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("'{s}': too long"))
+}
+
+fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| Error::io("reading the flow from standard input", e))?;
+        s
+    } else {
+        std::fs::read_to_string(file)
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
+    };
+    let spec = FlowSpec::from_json(&text)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
+    spec.validate()
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
+    Ok(spec)
+}
+
+/// Runs `artex flow …`.
+pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Result {
+    match command {
+        FlowCommand::Submit { file } => {
+            // Refuse bad input before touching (or starting) any database.
+            let spec = read_flow_file(&file)?;
+            let bb = crate::connect(db).await?;
+            let id = bb.submit_flow(&spec, actor).await?;
+            println!("{id}");
+            Ok(())
+        }
+        FlowCommand::Show { id, json } => {
+            let bb = crate::connect(db).await?;
+            let flow = bb.flow(id).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&flow).unwrap_or_default()
+                );
+            } else {
+                print_flow(&flow);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_flow(f: &FlowView) {
+    let time = |d: Option<chrono::DateTime<chrono::Utc>>| {
+        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!("flow:     {} ({})", f.id, f.name);
+    println!("state:    {}", f.state);
+    println!("created:  {}", time(Some(f.created_at)));
+    let counts: Vec<String> = f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    println!("tasks:    {}", counts.join(", "));
+    let width = f
+        .tasks
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!(
+        "  {:<width$}  {:<36}  {:<9}  {:<24}  {:<24}  DEPENDS ON",
+        "NAME", "ID", "STATUS", "STARTED", "FINISHED"
+    );
+    for t in &f.tasks {
+        println!(
+            "  {:<width$}  {}  {:<9}  {:<24}  {:<24}  {}",
+            t.name,
+            t.id,
+            t.status,
+            time(t.started_at),
+            time(t.finished_at),
+            t.depends_on.join(", ")
+        );
+    }
+}
+
+/// Runs `artex pause|resume|cancel`.
+pub(crate) async fn control(
+    db: &DbConfig,
+    control: Control,
+    args: ControlArgs,
+    actor: &str,
+) -> Result {
+    let bb = crate::connect(db).await?;
+    let report = bb
+        .control(control, args.id, actor, args.reason.as_deref())
+        .await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        return Ok(());
+    }
+    let what = match report.target {
+        ControlTarget::Task(id) => format!("task {id}"),
+        ControlTarget::Flow(id) => format!("{} task(s) of flow {id}", report.changed.len()),
+    };
+    let verb = match control {
+        Control::Pause => "paused",
+        Control::Resume => "resumed",
+        Control::Cancel => "canceled",
+    };
+    println!("{verb} {what}");
+    for (id, status) in &report.changed {
+        println!("  {id}  {status}");
+    }
+    Ok(())
+}
+
+/// Runs `artex events …`.
+pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
+    let bb = crate::connect(db).await?;
+    match command {
+        EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
+        EventsCommand::Tail(args) => tail(bb, args).await,
+        EventsCommand::Retention { set } => {
+            if let Some(keep) = set {
+                bb.set_event_retention(keep).await?;
+            }
+            let r = bb.event_retention().await?;
+            println!(
+                "keep events {}s; pruned through {}{}",
+                r.keep_secs,
+                r.pruned_through,
+                r.pruned_at
+                    .map(|t| format!(
+                        " (last pruned {})",
+                        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                    ))
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
+        EventsCommand::Prune => {
+            let mut total = 0;
+            loop {
+                let n = bb.prune_events(None, 10_000).await?;
+                total += n;
+                if n < 10_000 {
+                    break;
+                }
+            }
+            println!("pruned {total} event(s)");
+            Ok(())
+        }
+        EventsCommand::Forget { consumer } => {
+            if bb.forget_consumer(&consumer).await? {
+                println!("forgot consumer '{consumer}'");
+                Ok(())
+            } else {
+                Err(Error::Invalid(format!("no consumer named '{consumer}'")))
+            }
+        }
+        EventsCommand::DropSlot { slot } => {
+            if bb.drop_logical_slot(&slot).await? {
+                println!("dropped slot '{slot}'");
+                Ok(())
+            } else {
+                Err(Error::Invalid(format!(
+                    "no replication slot named '{slot}'"
+                )))
+            }
+        }
+    }
+}
+
+/// How long a following consumer may stay silent before it says it is alive (which
+/// protects its unread events from pruning).
+const ALIVE_EVERY: Duration = Duration::from_secs(30);
+
+/// Without --follow, how long to wait for events held back behind a transaction in flight.
+const HOLD_MAX: Duration = Duration::from_secs(5);
+
+fn write_line(out: &mut impl Write, v: &impl serde::Serialize) -> Result {
+    serde_json::to_writer(&mut *out, v)
+        .map_err(|e| Error::io("writing an event", std::io::Error::other(e)))?;
+    out.write_all(b"\n")
+        .map_err(|e| Error::io("writing an event", e))
+}
+
+async fn tail(bb: Blackboard, args: TailArgs) -> Result {
+    let start = match (&args.consumer, args.after) {
+        (Some(c), _) => FeedStart::Consumer(c.clone()),
+        (None, Some(p)) => FeedStart::After(p),
+        (None, None) => FeedStart::Beginning,
+    };
+    let poll = Duration::from_millis(args.poll_ms);
+    let mut feed = EventFeed::open(bb, start, args.accept_gap, poll).await?;
+    if args.follow {
+        feed.listen().await?;
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut said_alive = Instant::now();
+    let mut unacked = false;
+    let mut held_since: Option<Instant> = None;
+    loop {
+        let batch = match feed.next_batch(args.batch).await {
+            Ok(b) => b,
+            // Following through a database restart: the position only moves on success.
+            Err(e) if args.follow && e.is_connection() => {
+                tracing::warn!(error = %e, "cannot read events; retrying");
+                tokio::time::sleep(poll).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !batch.events.is_empty() {
+            for e in &batch.events {
+                write_line(&mut out, e)?;
+            }
+            // Acknowledged only once handed to the reader of our output.
+            out.flush()
+                .map_err(|e| Error::io("writing events to standard output", e))?;
+            unacked = true;
+            held_since = None;
+        }
+        if unacked || (args.follow && said_alive.elapsed() > ALIVE_EVERY) {
+            match feed.ack().await {
+                Ok(()) => {
+                    unacked = false;
+                    said_alive = Instant::now();
+                }
+                Err(e) if args.follow && e.is_connection() => {
+                    tracing::warn!(error = %e, "cannot acknowledge events; retrying");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !batch.events.is_empty() {
+            continue;
+        }
+        if !args.follow {
+            // Without --follow: what is there now, including events held back for a
+            // moment behind an older transaction still in flight (any transaction of
+            // the cluster), but not waiting on a long one for more than a while.
+            if batch.held_back && held_since.get_or_insert_with(Instant::now).elapsed() < HOLD_MAX {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            return Ok(());
+        }
+        // Events held back behind an older transaction still in flight come free as soon
+        // as it ends, which nothing announces: look again soon.
+        let wait = if batch.held_back || unacked {
+            Duration::from_millis(5).min(poll)
+        } else {
+            poll
+        };
+        feed.wait(wait).await;
+    }
+}
+
+fn logical_line(tx: &DecodedTransaction, raw: bool) -> Vec<Value> {
+    let mut lines = Vec::new();
+    for c in &tx.changes {
+        if raw {
+            if c.table == "artex.tasks" {
+                lines.push(json!({
+                    "lsn": tx.commit_lsn,
+                    "xid": tx.xid,
+                    "committed_at": tx.commit_time,
+                    "op": c.op,
+                    "table": c.table,
+                    "row": c.row,
+                }));
+            }
+        } else if c.table == "artex.task_events" && c.op == "INSERT" {
+            let r = &c.row;
+            lines.push(json!({
+                "lsn": tx.commit_lsn,
+                "xid": tx.xid,
+                "committed_at": tx.commit_time,
+                "id": r.get("id"),
+                "task_id": r.get("task_id"),
+                "flow_id": r.get("flow_id"),
+                "kind": r.get("kind"),
+                "from": r.get("from_status"),
+                "to": r.get("to_status"),
+                "reason": r.get("reason"),
+                "at": r.get("at"),
+            }));
+        }
+    }
+    lines
+}
+
+async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
+    let slot = args
+        .slot
+        .clone()
+        .ok_or_else(|| Error::Invalid("--logical needs --slot NAME".into()))?;
+    if bb.ensure_logical_slot(&slot).await? {
+        tracing::info!(%slot, "created the logical replication slot");
+    }
+    let poll = Duration::from_millis(args.poll_ms);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let max = i32::try_from(args.batch).unwrap_or(i32::MAX);
+    loop {
+        let txs = match bb.peek_logical(&slot, max).await {
+            Ok(t) => t,
+            Err(e) if args.follow && e.is_connection() => {
+                tracing::warn!(error = %e, "cannot read the slot; retrying");
+                tokio::time::sleep(poll).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(last) = txs.last() else {
+            if !args.follow {
+                return Ok(());
+            }
+            tokio::time::sleep(poll).await;
+            continue;
+        };
+        for tx in &txs {
+            for line in logical_line(tx, args.raw) {
+                write_line(&mut out, &line)?;
+            }
+        }
+        out.flush()
+            .map_err(|e| Error::io("writing events to standard output", e))?;
+        // Confirmed only once written out: a consumer killed before this line reads these
+        // transactions again. Retried rather than re-read, which would print them twice.
+        loop {
+            match bb.advance_logical_slot(&slot, &last.commit_lsn).await {
+                Ok(()) => break,
+                Err(e) if args.follow && e.is_connection() => {
+                    tracing::warn!(error = %e, "cannot confirm the slot's position; retrying");
+                    tokio::time::sleep(poll).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            parse_duration("1500ms").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert!(parse_duration("3w")
+            .unwrap_err()
+            .contains("unknown unit 'w'"));
+        assert!(parse_duration("h").is_err());
+    }
+}
