@@ -4,13 +4,13 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
+use common::bundles::{Keys, TOKEN};
 use common::procs::{http_get, wait_for, Proc, FAST_WORKER};
 use common::TestDb;
 use nix::errno::Errno;
@@ -18,93 +18,6 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
-
-const TOKEN: &str = "token-for-supervisor-tests";
-
-/// A key pair, a token file, a private upgrade folder, and bundles made with them.
-struct Keys {
-    dir: tempfile::TempDir,
-}
-
-impl Keys {
-    fn new() -> Keys {
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(common::artex_bin())
-            .args(["bundle", "keygen", "--secret"])
-            .arg(dir.path().join("secret"))
-            .arg("--public")
-            .arg(dir.path().join("public"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(dir.path().join("token"), TOKEN).unwrap();
-        Keys { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// Worker flags enabling upgrades, with an upgrade folder of this test's own.
-    fn flags(&self, upgrade_dir: &str) -> Vec<String> {
-        let p = |n: &str| self.path(n).to_string_lossy().into_owned();
-        vec![
-            "--upgrade-public-key".into(),
-            p("public"),
-            "--upgrade-token-file".into(),
-            p("token"),
-            "--upgrade-dir".into(),
-            p(upgrade_dir),
-        ]
-    }
-
-    /// Bundles of `n` copies of the artex binary, each with different bytes appended (a
-    /// different build as far as sha256 goes), made in parallel: (zip, sha256) each.
-    fn variant_bundles(&self, n: usize) -> Vec<(PathBuf, String)> {
-        std::thread::scope(|s| {
-            let made: Vec<_> = (1..=n)
-                .map(|i| s.spawn(move || self.variant_bundle(i)))
-                .collect();
-            made.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
-    fn variant_bundle(&self, i: usize) -> (PathBuf, String) {
-        let bin = self.path(&format!("artex-v{i}"));
-        std::fs::copy(common::artex_bin(), &bin).unwrap();
-        let mut f = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
-        writeln!(f, "supervisor test variant {i}").unwrap();
-        let zip = self.path(&format!("v{i}.zip"));
-        let out = Command::new(common::artex_bin())
-            .args(["bundle", "create", "--binary"])
-            .arg(&bin)
-            .arg("--key")
-            .arg(self.path("secret"))
-            .arg("--out")
-            .arg(&zip)
-            .args(["--manifest-version", &format!("0.1.0-sup{i}")])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // "<zip> (version …, sha256 <hex>)"
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let sha = stdout
-            .rsplit("sha256 ")
-            .next()
-            .map(|s| s.trim().trim_end_matches(')').to_string())
-            .filter(|s| s.len() == 64)
-            .unwrap_or_else(|| panic!("no sha256 in {stdout:?}"));
-        (zip, sha)
-    }
-}
 
 /// Kills, when the test ends however it ends, the processes it started that the `Proc`
 /// handles do not own: generations (by process group) and adopted successors.

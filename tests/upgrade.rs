@@ -11,85 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use artex_actors::blackboard::NewTask;
+use common::bundles::{Keys, TOKEN};
 use common::procs::{alive, fd_count, http_get, wait_for, worker_http, Proc, FAST_WORKER};
 use common::TestDb;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
-
-const TOKEN: &str = "s3cret-token-for-tests";
-
-/// A key pair, a token file and a private upgrade folder.
-struct Keys {
-    dir: tempfile::TempDir,
-}
-
-impl Keys {
-    fn new() -> Keys {
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(common::artex_bin())
-            .args(["bundle", "keygen", "--secret"])
-            .arg(dir.path().join("secret"))
-            .arg("--public")
-            .arg(dir.path().join("public"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(dir.path().join("token"), TOKEN).unwrap();
-        Keys { dir }
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-    /// Worker flags that enable upgrades, with this test's own upgrade folder.
-    fn flags(&self) -> Vec<String> {
-        vec![
-            "--upgrade-public-key".into(),
-            self.path("public").to_string_lossy().into(),
-            "--upgrade-token-file".into(),
-            self.path("token").to_string_lossy().into(),
-            "--upgrade-dir".into(),
-            self.path("upgrades").to_string_lossy().into(),
-        ]
-    }
-    /// A copy of the artex binary that differs by its last bytes (a different build as far
-    /// as sha256 goes), bundled and signed.
-    fn variant_bundle(&self, n: usize) -> PathBuf {
-        let bin = self.path(&format!("artex-{n}"));
-        std::fs::copy(common::artex_bin(), &bin).unwrap();
-        let mut f = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
-        writeln!(f, "build variant {n}").unwrap();
-        self.bundle_of(&bin, &format!("0.1.0-v{n}"), &format!("v{n}.zip"))
-    }
-    /// A bundle whose "binary" is a shell script.
-    fn script_bundle(&self, name: &str, script: &str) -> PathBuf {
-        let bin = self.path(name);
-        std::fs::write(&bin, script).unwrap();
-        self.bundle_of(&bin, name, &format!("{name}.zip"))
-    }
-    fn bundle_of(&self, bin: &Path, version: &str, out: &str) -> PathBuf {
-        let zip = self.path(out);
-        let out = Command::new(common::artex_bin())
-            .args(["bundle", "create", "--binary"])
-            .arg(bin)
-            .arg("--key")
-            .arg(self.path("secret"))
-            .arg("--out")
-            .arg(&zip)
-            .args(["--manifest-version", version])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        zip
-    }
-}
 
 /// `curl -T BUNDLE` (or a multipart form) to /upgrade; (HTTP code, JSON body).
 fn curl_upgrade(addr: &str, bundle: &Path, token: Option<&str>, multipart: bool) -> (u16, Value) {
@@ -124,7 +50,7 @@ fn upgradable_worker(
 ) -> Proc {
     let mut args: Vec<String> = vec!["worker".into()];
     args.extend(FAST_WORKER.iter().map(|s| s.to_string()));
-    args.extend(keys.flags());
+    args.extend(keys.flags("upgrades"));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Proc::start(name, url, &args, env)
@@ -227,7 +153,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let keys = Keys::new();
-    let bundles: Vec<PathBuf> = (1..=5).map(|n| keys.variant_bundle(n)).collect();
+    let bundles: Vec<PathBuf> = keys.variant_bundles(5).into_iter().map(|b| b.0).collect();
     let _planner = Proc::planner("planner", &db.url, &[]);
     let mut gen0 = upgradable_worker("gen0", &db.url, &keys, &[], &[]);
     let http = worker_http(&c, &gen0).await;
@@ -523,10 +449,10 @@ async fn hostile_bundles_and_bad_callers_are_refused_and_change_nothing() {
     let keys = Keys::new();
     let w = upgradable_worker("worker", &db.url, &keys, &[], &[]);
     let http = worker_http(&c, &w).await;
-    let good = keys.variant_bundle(1);
+    let good = keys.variant_bundle(1).0;
     let manifest = read_zip_entry(&good, "manifest.json");
     let sig = read_zip_entry(&good, "manifest.sig");
-    let binary = std::fs::read(keys.path("artex-1")).unwrap();
+    let binary = std::fs::read(keys.path("artex-v1")).unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let escape = format!("artex-escape-{}", uuid::Uuid::new_v4().simple());
 
@@ -645,7 +571,7 @@ async fn hostile_bundles_and_bad_callers_are_refused_and_change_nothing() {
     );
     cases.push(("manifest not the signed one", p));
     let other = Keys::new();
-    cases.push(("signed by another key", other.variant_bundle(7)));
+    cases.push(("signed by another key", other.variant_bundle(7).0));
 
     for (what, bundle) in &cases {
         let (code, body) = curl_upgrade(&http, bundle, Some(TOKEN), false);
@@ -680,7 +606,9 @@ async fn hostile_bundles_and_bad_callers_are_refused_and_change_nothing() {
     }
 
     // The same build as the one running: 200, nothing done.
-    let same = keys.bundle_of(Path::new(common::artex_bin()), "same", "same.zip");
+    let same = keys
+        .bundle_of(Path::new(common::artex_bin()), "same", "same.zip")
+        .0;
     let (code, body) = curl_upgrade(&http, &same, Some(TOKEN), false);
     assert_eq!(
         (code, body["status"].as_str()),
@@ -714,7 +642,7 @@ async fn upgrades_are_refused_when_not_configured() {
     let keys = Keys::new();
     let w = Proc::worker("plain", &db.url, &[]);
     let http = worker_http(&c, &w).await;
-    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1), Some(TOKEN), false);
+    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1).0, Some(TOKEN), false);
     assert_eq!(code, 403, "{body}");
     assert!(
         body["error"]
@@ -759,7 +687,7 @@ async fn systemd_hears_ready_and_the_new_main_pid() {
         }
     };
     read_until("READY=1");
-    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1), Some(TOKEN), false);
+    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1).0, Some(TOKEN), false);
     assert_eq!(code, 200, "{body}");
     let new = body["new_pid"].as_i64().unwrap();
     let _spawned = KillAll(vec![new as i32]);

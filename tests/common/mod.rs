@@ -7,6 +7,7 @@
 //! The cluster is left running for the next test process; `scripts/test.sh` stops it.
 #![allow(dead_code)]
 
+pub mod bundles;
 pub mod procs;
 
 use std::fs::{File, OpenOptions};
