@@ -55,11 +55,24 @@ create table artex.tasks (
     constraint retries_within_budget check (retries <= max_retries + 1),
     constraint flow_task_named check ((flow_id is null) = (flow_task is null)),
     constraint unique_flow_task unique (flow_id, flow_task)
-) with (fillfactor = 70); -- room for HOT updates: a task row is updated ~4 times in its life
+) with (
+    -- A task row is rewritten at every transition; status changes cannot be HOT (status is
+    -- in the partial indexes' predicates), but free space on the page keeps the new
+    -- version next to the old one. Vacuum early and without throttling: dead versions of
+    -- this hot table are what slows the claim down.
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_analyze_scale_factor = 0.02
+);
 
 -- The scanner's claim query walks this index: runnable rows only, in dispatch order.
 create index tasks_runnable on artex.tasks (priority desc, run_at, id)
     where status = 'pending';
+-- A worker's assigned tasks in start order: the worker's start query walks this.
+create index tasks_assigned_to on artex.tasks (assigned_to, priority desc, run_at, id)
+    where status = 'assigned';
 -- Held tasks by holder: capacity accounting, lease expiry, reclaim of gone workers.
 create index tasks_held on artex.tasks (assigned_to, lease_until)
     where status in ('assigned', 'running');
@@ -303,9 +316,12 @@ begin
     where n.status <> o.status and n.status <> 'assigned';
     -- Wake the planners, once per statement: new runnable work, or freed capacity (a
     -- task left a worker), both mean another assignment round may place more.
+    -- (assigned → running frees nothing: no wake-up for it.)
     if exists (select 1 from new_rows n join old_rows o using (id)
                where n.status <> o.status
-                 and (n.status = 'pending' or o.status in ('assigned', 'running'))) then
+                 and (n.status = 'pending'
+                      or (o.status in ('assigned', 'running')
+                          and n.status not in ('assigned', 'running')))) then
         perform pg_notify('artex_tasks', '');
     end if;
     return null;

@@ -422,8 +422,11 @@ impl BinaryDigest {
 
 /// sha256 of the running binary, as `/status` reports it (empty if unreadable).
 pub fn binary_sha256() -> String {
-    match std::fs::read("/proc/self/exe") {
-        Ok(bytes) => hex::encode(sha2::Sha256::digest(&bytes)),
+    // Streamed: reading the whole binary at once would set the worker's peak memory.
+    let mut hasher = sha2::Sha256::new();
+    match std::fs::File::open("/proc/self/exe").and_then(|mut f| std::io::copy(&mut f, &mut hasher))
+    {
+        Ok(_) => hex::encode(hasher.finalize()),
         Err(_) => String::new(),
     }
 }

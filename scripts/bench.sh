@@ -1,0 +1,385 @@
+#!/usr/bin/env bash
+# The artex benchmark (issue 5). Builds release, starts a private durable PostgreSQL
+# cluster (fsync and synchronous_commit on: the defaults), runs the workloads below and
+# prints one `RESULT name=value unit` line per figure; `# …` lines are context.
+#
+#   Limit  pgbench, a minimal jobs table, claim + done in one transaction: 1 job and 100
+#          jobs per transaction. The ceiling every other figure is divided by.
+#   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10)
+#          drain them; again with 2 workers. Time from process start to the last finish.
+#   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
+#          enqueue → handler start, p50/p95/p99.
+#   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
+#          10,000 pending, 1,000,000 pending, and 10,000 pending over 1,000,000 finished.
+#   W4     ARTEX_BENCH_W4_TASKS tasks (default 1,000,000; ~5 min on an idle 2-core box)
+#          through 1 planner + 2 workers: tasks/s per tenth of the run, table size and
+#          dead tuples at the end, peak RSS of planner and workers.
+#
+# Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
+# that every task succeeded with its audit trail, asserts no speed.)
+# ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
+# the statements that cost the time (it slows PostgreSQL down a little).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=false
+[ "${1:-}" = --quick ] && quick=true
+if $quick; then
+    w1=300 w2_warm=5 w2=40 w3_small=300 w3_big=3000 w4=${ARTEX_BENCH_W4_TASKS:-5000}
+    limit_tx=20
+else
+    w1=20000 w2_warm=20 w2=300 w3_small=10000 w3_big=1000000 w4=${ARTEX_BENCH_W4_TASKS:-1000000}
+    limit_tx=500
+fi
+profile=${ARTEX_BENCH_PROFILE:-0}
+
+db_url() { echo "${url/\/artex\?//$1?}"; }
+sql() { PGOPTIONS='-c client_min_messages=warning' psql "$(db_url "$1")" -XAtq -v ON_ERROR_STOP=1 "${@:2}"; }
+die() { echo "FAIL: $*" >&2; exit 1; }
+result() { echo "RESULT $1=$2 $3"; }
+calc() { awk "BEGIN { printf \"%.${2:-0}f\", $1 }"; }
+
+new_db() { sql postgres -c "drop database if exists $1" -c "create database $1 template artex"; }
+drop_db() { sql postgres -c "drop database $1"; }
+insert_tasks() { # db count kind: in one statement per 100,000
+    local left=$2
+    while [ "$left" -gt 0 ]; do
+        local n=$((left < 100000 ? left : 100000))
+        sql "$1" -c "insert into artex.tasks (id, kind) select bench.uuid7(), '$3' from generate_series(1, $n)"
+        left=$((left - n))
+    done
+    sql "$1" -c "vacuum analyze" -c checkpoint
+}
+
+# 1 planner + N workers (concurrency 10, other settings default) on database $1.
+start_runtime() { # db workers [worker binary]
+    local u; u=$(db_url "$1")
+    ARTEX_DATABASE_URL=$u "$artex" planner >>"$tmp/log/$1.planner" 2>&1 &
+    procs+=($!)
+    for i in $(seq "$2"); do
+        ARTEX_DATABASE_URL=$u "${3:-$artex}" worker --concurrency 10 >>"$tmp/log/$1.worker$i" 2>&1 &
+        procs+=($!)
+    done
+}
+stop_runtime() {
+    [ ${#procs[@]} -eq 0 ] && return 0
+    kill -TERM "${procs[@]}" 2>/dev/null || true
+    wait "${procs[@]}" 2>/dev/null || true
+    procs=()
+}
+# Waits until no session is connected to database $1 (its backends have exited and been
+# reaped, so their CPU time is in the postmaster's and their statistics are flushed).
+wait_idle() {
+    for _ in $(seq 200); do
+        [ "$(sql postgres -c "select count(*) from pg_stat_activity where datname = '$1'")" = 0 ] && return 0
+        sleep 0.05
+    done
+    die "sessions still connected to $1"
+}
+# Peak RSS (kB) and CPU seconds of one process, read before it is stopped.
+hwm_kb() { awk '/^VmHWM/ { print $2 }' "/proc/$1/status"; }
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+# CPU seconds of the whole PostgreSQL cluster so far: the postmaster, its exited children
+# (reaped into its cutime/cstime) and its live ones.
+pg_cpu_s() {
+    local pm; pm=$(head -n 1 "$tmp/db/pg/postmaster.pid")
+    { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+      for c in $(pgrep -P "$pm"); do awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null || true; done
+    } | awk -v hz="$(getconf CLK_TCK)" '{ s += $1 } END { print s / hz }'
+}
+# Transactions committed in database $1, WAL bytes written and WAL flushes so far (read
+# from another database, so that reading them adds nothing to $1).
+counters() {
+    sql postgres -F' ' -c "select xact_commit, pg_current_wal_lsn() - '0/0', (select wal_sync from pg_stat_wal)
+        from pg_stat_database where datname = '$1'"
+}
+# Blocks until the SQL condition holds, polling every 50 ms in one session that commits
+# between polls: a session holding one snapshot keeps every dead index entry of the task
+# table alive, and the runtime's claims slow down a hundredfold within a minute.
+wait_until() { # db condition timeout_s
+    local deadline; deadline=$(calc "$(date +%s) + $3")
+    sql "$1" -c "do \$\$ begin loop
+        exit when $2;
+        if clock_timestamp() > to_timestamp($deadline) then
+            raise exception 'timed out after $3 s waiting for: %', \$c\$$2\$c\$;
+        end if;
+        perform pg_sleep(0.05); commit;
+    end loop; end \$\$" &
+    wait $! # in the background, so that a signal stops the script at once
+}
+unfinished="not exists (select 1 from artex.tasks where status in ('pending', 'assigned', 'running'))"
+# Every task succeeded, with exactly its four audit rows: new → pending → assigned →
+# running → succeeded.
+check_all_succeeded() { # db count
+    local ok; ok=$(sql "$1" -c "select
+        (select count(*) from artex.tasks) = $2
+        and (select count(*) from artex.tasks where status = 'succeeded') = $2
+        and (select count(*) from (select task_id from artex.task_transitions group by 1
+             having string_agg(coalesce(from_status::text, 'new') || '>' || to_status, ','
+                               order by id)
+                    = 'new>pending,pending>assigned,assigned>running,running>succeeded') t) = $2")
+    [ "$ok" = t ] || die "$1: not all $2 tasks succeeded with their audit trail: $(sql "$1" \
+        -c "select string_agg(status || ' ' || n, ', ') from (select status, count(*) n from artex.tasks group by 1) s")"
+}
+
+cargo build --release --bin artex --example artex-bench
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-bench.XXXXXX")
+chmod 0755 "$tmp" # as root, the server runs as postgres and must reach its folder
+mkdir "$tmp/log"
+# Copies, so that a rebuild by someone else during the run changes nothing.
+cp target/release/artex target/release/examples/artex-bench "$tmp/"
+artex="$tmp/artex"
+procs=()
+cleanup() {
+    local rc=$?
+    stop_runtime
+    "$artex" db stop --data-dir "$tmp/db" >/dev/null 2>&1 || true
+    if [ "$rc" -ne 0 ]; then
+        echo "bench failed; last lines of the logs:" >&2
+        tail -n 5 "$tmp"/log/* >&2 2>/dev/null || true
+    fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+url=$("$artex" db start --data-dir "$tmp/db" 2>/dev/null)
+
+if [ "$profile" = 1 ]; then
+    sql postgres -c "alter system set shared_preload_libraries = 'pg_stat_statements'"
+    "$artex" db stop --data-dir "$tmp/db" >/dev/null
+    "$artex" db start --data-dir "$tmp/db" >/dev/null 2>&1
+    sql postgres -c "alter system set pg_stat_statements.track = 'all'" -c "select pg_reload_conf()" >/dev/null
+    sql artex -c "create extension pg_stat_statements"
+fi
+# Every workload runs in its own database cloned from the migrated `artex` one. Task ids
+# are time-ordered (UUIDv7, as artex makes them), so bulk inserts stay on the right edge.
+sql artex <<'SQL'
+create schema bench;
+create function bench.uuid7() returns uuid language sql volatile as $$
+    select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing
+        substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint) from 3)
+        from 1 for 6), 52, 1), 53, 1), 'hex')::uuid
+$$;
+SQL
+echo "# $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(sql postgres -c 'select version()' | cut -d, -f1)"
+$quick && echo "# --quick: tiny sizes; the figures mean nothing"
+
+# ---- Limit: the minimal queue cycle, claim + done in one transaction (pgbench) ----------
+# 8 clients on 2 threads (the best of 1, 4, 8 and 16 here); the 1-client run gives the
+# latency floor: one durable claim + done.
+new_db bench_limit
+limit_run() { # jobs_per_tx clients transactions_per_client → "tps latency_ms"
+    local jobs=$(($1 * $2 * $3 * 11 / 10)) # 10% spare: skip locked may claim short
+    sql bench_limit -c "drop table if exists jobs" \
+        -c "create table jobs (id bigint generated always as identity primary key,
+                status smallint not null default 0, payload jsonb not null default '{}',
+                done_at timestamptz)" \
+        -c "create index jobs_pending on jobs (id) where status = 0" \
+        -c "insert into jobs (payload) select '{}' from generate_series(1, $jobs)" \
+        -c "vacuum analyze jobs" -c checkpoint
+    cat >"$tmp/claim.sql" <<SQL
+begin;
+with c as (select id from jobs where status = 0 order by id limit $1 for update skip locked)
+update jobs j set status = 1, done_at = now() from c where j.id = c.id;
+commit;
+SQL
+    pgbench -n -M prepared -f "$tmp/claim.sql" -c "$2" -j 2 -t "$3" "$(db_url bench_limit)" \
+        >"$tmp/log/pgbench" 2>&1 || die "pgbench: $(cat "$tmp/log/pgbench")"
+    awk '/^tps/ { tps = $3 } /^latency average/ { lat = $4 } END { print tps, lat }' "$tmp/log/pgbench"
+}
+fields=$(limit_run 1 8 $((limit_tx * 10)))
+read -r tps _ <<<"$fields"
+ceiling1=$(calc "$tps")
+result limit_jobs_per_s_1_per_tx "$ceiling1" jobs/s
+fields=$(limit_run 100 8 "$limit_tx")
+read -r tps _ <<<"$fields"
+ceiling100=$(calc "$tps * 100")
+result limit_jobs_per_s_100_per_tx "$ceiling100" jobs/s
+fields=$(limit_run 1 1 $((limit_tx * 4)))
+read -r _ floor_ms <<<"$fields"
+result limit_latency_ms_1_client "$floor_ms" ms
+drop_db bench_limit
+# A throughput figure, and the same as a fraction of both ceilings.
+throughput() { # name tasks/s
+    result "$1" "$2" tasks/s
+    result "${1}_vs_limit_1_per_tx" "$(calc "$2 / $ceiling1" 3)" ratio
+    result "${1}_vs_limit_100_per_tx" "$(calc "$2 / $ceiling100" 3)" ratio
+}
+
+# ---- W1: throughput, 1 and 2 workers --------------------------------------------------
+for workers in 1 2; do
+    db=bench_w1_$workers
+    new_db $db
+    insert_tasks $db $w1 noop
+    if [ "$profile" = 1 ] && [ $workers = 2 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
+    wait_idle $db
+    read -r commits0 wal0 syncs0 <<<"$(counters $db)"
+    pg0=$(pg_cpu_s)
+    t0=$EPOCHREALTIME
+    start_runtime $db $workers
+    wait_until $db "$unfinished" 600
+    artex_cpu=0
+    for p in "${procs[@]}"; do artex_cpu=$(calc "$artex_cpu + $(cpu_s "$p")" 2); done
+    stop_runtime
+    wait_idle $db
+    pg=$(calc "$(pg_cpu_s) - $pg0" 2)
+    read -r commits wal syncs <<<"$(counters $db)"
+    check_all_succeeded $db $w1
+    rate=$(sql $db -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks")
+    throughput w1_tasks_per_s_${workers}worker "$(calc "$rate")"
+    # What one task costs: transactions PostgreSQL ran (including those in which each
+    # LISTENing session reads the NOTIFY queue), WAL written and flushed, CPU spent by
+    # PostgreSQL and by the artex processes (both include start-up; PostgreSQL's includes
+    # autovacuum, the checkpointer and this script's polling).
+    commits=$((commits - commits0)) wal=$((wal - wal0)) syncs=$((syncs - syncs0))
+    result w1_${workers}worker_pg_transactions_per_task "$(calc "$commits / $w1" 2)" transactions
+    result w1_${workers}worker_wal_bytes_per_task "$(calc "$wal / $w1")" bytes
+    result w1_${workers}worker_wal_flushes_per_task "$(calc "$syncs / $w1" 2)" fsyncs
+    result w1_${workers}worker_cpu_us_per_task_postgres "$(calc "$pg * 1e6 / $w1")" us
+    result w1_${workers}worker_cpu_us_per_task_artex "$(calc "$artex_cpu * 1e6 / $w1")" us
+    if [ "$profile" = 1 ] && [ $workers = 2 ]; then
+        echo "# pg_stat_statements, W1 with 2 workers (nested = run by a trigger):"
+        echo "#   calls | per task | total ms | mean ms | WAL bytes per task | statement"
+        sql $db -F' | ' -c "select calls, round(calls::numeric / $w1, 3) per_task,
+                round(total_exec_time::numeric) total_ms, round(mean_exec_time::numeric, 3) mean_ms,
+                round(wal_bytes::numeric / $w1) wal_b_per_task, case when toplevel then '' else 'nested ' end
+                || left(regexp_replace(query, '\s+', ' ', 'g'), 70)
+            from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
+              and query not like '%pg_sleep%' and query not like 'do %'
+            order by total_exec_time desc limit 15" | sed 's/^/#   /'
+    fi
+    drop_db $db
+done
+
+# ---- W2: latency on an idle system ------------------------------------------------------
+db=bench_w2
+new_db $db
+start_runtime $db 1 "$tmp/artex-bench"
+wait_until $db "exists (select 1 from artex.workers where state = 'online')" 60
+sleep 1
+# One session inserts and commits each task on its own, 20 ms apart. created_at is the
+# inserting transaction's start (the server's clock), so a figure includes the insert's
+# own commit, the planner's wake-up and assignment round, the worker's wake-up and its
+# start transaction; the `stamp` kind returns the time its handler began (same clock).
+sql $db -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
+    perform pg_sleep(0.02); commit;
+    insert into artex.tasks (id, kind, payload)
+        values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', i <= $w2_warm));
+    commit;
+end loop; end \$\$"
+wait_until $db "$unfinished" 60
+stop_runtime
+check_all_succeeded $db $((w2_warm + w2))
+fields=$(sql $db -F' ' -c "select
+        round(percentile_cont(0.5) within group (order by handler)::numeric, 2),
+        round(percentile_cont(0.95) within group (order by handler)::numeric, 2),
+        round(percentile_cont(0.99) within group (order by handler)::numeric, 2),
+        round(percentile_cont(0.5) within group (order by db)::numeric, 2),
+        round(percentile_cont(0.99) within group (order by db)::numeric, 2)
+    from (select (result->>'t_us')::float8 / 1000 - extract(epoch from created_at) * 1000 handler,
+                 extract(epoch from started_at - created_at) * 1000 db
+          from artex.tasks where payload->>'warmup' = 'false') t")
+read -r p50 p95 p99 d50 d99 <<<"$fields"
+for p in p50:$p50 p95:$p95 p99:$p99; do
+    result "w2_enqueue_to_handler_ms_${p%%:*}" "${p#*:}" ms
+    result "w2_enqueue_to_handler_ms_${p%%:*}_vs_limit_latency" "$(calc "${p#*:} / $floor_ms" 1)" ratio
+done
+# The same, up to the start of the worker's `running` transaction only (database clock).
+result w2_enqueue_to_running_ms_p50 "$d50" ms
+result w2_enqueue_to_running_ms_p99 "$d99" ms
+drop_db $db
+
+# ---- W3: claim cost against the backlog ---------------------------------------------------
+# The planner's claim query as the runtime sends it (prepared; the 7 runs let PostgreSQL
+# settle on the plan it keeps), for 500 tasks, in a transaction rolled back afterwards.
+claim_sql=$("$tmp/artex-bench" claim-sql)
+claim_ms() { # db → median execution time of 7 runs
+    { echo "begin; prepare claim as $claim_sql;"
+      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim('{noop}', 500, 1, '{}');"; done
+      echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
+}
+# Drain rate on top of the backlog: the first half of $w3_small completions (so a backlog
+# is left in every case), from the first finish to the last (start-up excluded), 1 planner
+# + 2 workers.
+w3_drain=$((w3_small / 2))
+drain_rate() { # db → $rate (not in a subshell: the processes it starts must stay ours)
+    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_events")
+    start_runtime "$1" 2
+    wait_until "$1" "exists (select 1 from artex.task_events where id > $base
+        and to_status = 'succeeded' offset $((w3_drain - 1)))" 600
+    stop_runtime
+    [ "$(sql "$1" -c "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')")" = 0 ] \
+        || die "$1: tasks failed"
+    rate=$(sql "$1" -c "select round(($w3_drain - 1) / extract(epoch from max(at) - min(at))) from (
+        select at from artex.task_events where id > $base and to_status = 'succeeded'
+        order by id limit $w3_drain) t")
+}
+for backlog in small big finished; do
+    db=bench_w3_$backlog
+    new_db $db
+    case $backlog in
+        small) insert_tasks $db $w3_small noop; label=$w3_small ;;
+        big) insert_tasks $db $w3_big noop; label=$w3_big ;;
+        finished)
+            # Finished tasks as the runtime leaves them, written directly (triggers off,
+            # hence no audit rows for these): only the hot table's contents matter here.
+            sql $db -c "set session_replication_role = replica" -c "insert into artex.tasks
+                (id, kind, status, lease_epoch, result, created_at, updated_at, started_at, finished_at)
+                select bench.uuid7(), 'noop', 'succeeded', 1, 'null', now(), now(), now(), now()
+                from generate_series(1, $w3_big)"
+            insert_tasks $db $w3_small noop
+            label=${w3_small}_over_${w3_big}_finished ;;
+    esac
+    ms=$(claim_ms $db)
+    result "w3_claim_ms_${label}_pending" "$ms" ms
+    [ $backlog = small ] && claim_small=$ms
+    [ $backlog = small ] || result "w3_claim_ms_${label}_pending_vs_${w3_small}" "$(calc "$ms / $claim_small" 2)" ratio
+    drain_rate $db
+    throughput "w3_drain_${w3_drain}_tasks_per_s_${label}_pending" "$rate"
+    # The claim again right after the drain, before vacuum has caught up: the index it
+    # walks now starts with the entries of the tasks just taken.
+    ms=$(claim_ms $db)
+    result "w3_claim_ms_${label}_pending_after_drain" "$ms" ms
+    [ $backlog = small ] && drained_small=$ms
+    [ $backlog = small ] || result "w3_claim_ms_${label}_pending_after_drain_vs_${w3_small}" "$(calc "$ms / $drained_small" 2)" ratio
+    drop_db $db
+done
+
+# ---- W4: soak ---------------------------------------------------------------------------
+db=bench_w4
+new_db $db
+insert_tasks $db "$w4" noop
+t0=$EPOCHREALTIME
+start_runtime $db 2
+wait_until $db "$unfinished" $((w4 / 100 + 300))
+planner_kb=$(hwm_kb "${procs[0]}")
+worker_kb=$(for p in "${procs[@]:1}"; do hwm_kb "$p"; done | sort -n | tail -n 1)
+stop_runtime
+sleep 1 # let the last statistics land
+check_all_succeeded $db "$w4"
+echo "# W4: $w4 tasks, 1 planner + 2 workers"
+rate=$(sql $db -c "select round($w4 / (extract(epoch from max(finished_at)) - $t0)) from artex.tasks")
+throughput w4_tasks_per_s "$rate"
+# Tasks/s in each tenth of the run (by completion order), then slowest / fastest tenth.
+sql $db -F' ' -c "select tenth, round(count(*) / greatest(extract(epoch from max(finished_at) - min(finished_at)), 0.001))
+    from (select finished_at, ntile(10) over (order by finished_at) tenth from artex.tasks) t
+    group by 1 order by 1" >"$tmp/tenths"
+while read -r tenth rate; do result "w4_tasks_per_s_tenth_$(printf %02d "$tenth")" "$rate" tasks/s; done <"$tmp/tenths"
+result w4_slowest_tenth_vs_fastest "$(awk 'NR == 1 || $2 < lo { lo = $2 } $2 > hi { hi = $2 } END { printf "%.2f", lo / hi }' "$tmp/tenths")" ratio
+fields=$(sql $db -F' ' -c "select
+        pg_relation_size('artex.tasks'), pg_total_relation_size('artex.tasks'), n_live_tup, n_dead_tup,
+        pg_total_relation_size('artex.task_transitions'), pg_total_relation_size('artex.task_events')
+    from pg_stat_user_tables where relid = 'artex.tasks'::regclass")
+read -r heap total live dead trans events <<<"$fields"
+result w4_tasks_heap_mb "$(calc "$heap / 1048576" 1)" MB
+result w4_tasks_with_indexes_mb "$(calc "$total / 1048576" 1)" MB
+result w4_tasks_live_tuples "$live" rows
+result w4_tasks_dead_tuples "$dead" rows
+result w4_task_transitions_mb "$(calc "$trans / 1048576" 1)" MB
+result w4_task_events_mb "$(calc "$events / 1048576" 1)" MB
+result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
+result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
+drop_db $db
+echo "# done"
