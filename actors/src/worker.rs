@@ -406,6 +406,8 @@ impl Worker {
                 act.fetching = false;
                 act.db_result(&res);
                 match res {
+                    // Tasks whose start committed are running, draining or not: a drain
+                    // waits for this start and then for them, within its deadline.
                     Ok(tasks) => {
                         let full = tasks.len() == free;
                         for t in tasks {
@@ -423,6 +425,7 @@ impl Worker {
                 if act.fetch_again {
                     act.fetch(ctx);
                 }
+                act.check_drained();
             })
             .spawn(ctx);
     }
@@ -623,7 +626,13 @@ impl Worker {
     }
 
     fn check_drained(&mut self) {
-        if self.draining && self.running.is_empty() && self.outbox.is_empty() && !self.flushing {
+        // A start in flight may have committed tasks this worker does not know of yet.
+        if self.draining
+            && self.running.is_empty()
+            && self.outbox.is_empty()
+            && !self.flushing
+            && !self.fetching
+        {
             for w in self.drain_waiters.drain(..) {
                 let _ = w.send(());
             }
