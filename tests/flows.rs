@@ -49,33 +49,6 @@ fn submit_cli(url: &str, flow: &Value) -> Uuid {
     Uuid::parse_str(out.trim()).unwrap_or_else(|e| panic!("flow id '{out}': {e}"))
 }
 
-async fn registered(c: &Client, p: &Proc) -> String {
-    let pid = p.pid();
-    wait_for(
-        &format!("{} to register", p.name),
-        Duration::from_secs(30),
-        || async move {
-            c.query_opt(
-                "select id from artex.workers where pid = $1 and state = 'online'",
-                &[&pid],
-            )
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.get::<_, String>(0))
-        },
-    )
-    .await
-}
-
-async fn http_addr(c: &Client, p: &Proc) -> String {
-    let id = registered(c, p).await;
-    c.query_one("select http_addr from artex.workers where id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 async fn wait_flow(bb: &Blackboard, id: Uuid, state: FlowState, timeout: Duration) -> FlowView {
     // Polls the cheap summary (the full view of a 10,000-task flow is not free).
     wait_for(
@@ -217,7 +190,7 @@ async fn a_flow_survives_killed_workers_and_a_postgres_restart() {
     let _p = Proc::planner("planner", &url, &[]);
     let w1 = Proc::worker("worker1", &url, &["--concurrency", "8"]);
     let _w2 = Proc::worker("worker2", &url, &["--concurrency", "8"]);
-    registered(&c, &w1).await;
+    common::procs::worker_id(&c, &w1).await;
 
     // root → 40 in parallel → join → a chain of 40 → end: 83 tasks.
     let mut tasks = vec![json!({"name": "root", "kind": "sleep", "payload": {"ms": 20}})];
@@ -241,7 +214,7 @@ async fn a_flow_survives_killed_workers_and_a_postgres_restart() {
     let id = bb.submit_flow(&spec, "test").await.unwrap();
 
     // Mid-flow: some of the wide tasks ran, some run on the worker about to die.
-    let w1_id = registered(&c, &w1).await;
+    let w1_id = common::procs::worker_id(&c, &w1).await;
     let c2 = &c;
     // A 1 s task that started on worker1 less than 0.5 s ago is still running when the
     // kill lands.
@@ -553,7 +526,7 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
     // A 60 s lease is renewed every 20 s: only the cancel's notification can stop the
     // handler within the few seconds waited for below.
     let w = Proc::worker("worker", &db.url, &["--lease-ms", "60000"]);
-    let http = http_addr(&c, &w).await;
+    let http = common::procs::worker_http(&c, &w).await;
     let id = submit_cli(
         &db.url,
         &json!({"name": "long", "tasks": [
@@ -832,8 +805,8 @@ async fn bench_ten_thousand_task_flows() {
             &db.url,
             &["--concurrency", "32", "--prefetch", "32"],
         );
-        registered(&c, &w1).await;
-        registered(&c, &w2).await;
+        common::procs::worker_id(&c, &w1).await;
+        common::procs::worker_id(&c, &w2).await;
         let t0 = std::time::Instant::now();
         let id = submit_cli(&db.url, &flow);
         let submitted = t0.elapsed();
