@@ -11,7 +11,12 @@ use clap::Args;
 pub struct DbConfig {
     /// PostgreSQL URL (e.g. postgresql://user:pass@host/db). Without one, artex runs its
     /// own private cluster in --data-dir.
-    #[arg(long, env = "ARTEX_DATABASE_URL", global = true, hide_env_values = true)]
+    #[arg(
+        long,
+        env = "ARTEX_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
     #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
