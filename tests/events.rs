@@ -6,6 +6,9 @@
 
 mod common;
 
+use common::count;
+use common::run_cli as artex;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -23,10 +26,6 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.expect(sql).get(0)
-}
-
 /// Every event's position, in feed order.
 async fn all_positions(c: &Client) -> Vec<String> {
     c.query(
@@ -38,21 +37,6 @@ async fn all_positions(c: &Client) -> Vec<String> {
     .iter()
     .map(|r| r.get(0))
     .collect()
-}
-
-/// Runs the `artex` CLI against `url` to completion; returns (exit code, stdout, stderr).
-fn artex(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(common::artex_bin())
-        .args(args)
-        .env("ARTEX_DATABASE_URL", url)
-        .env("ARTEX_LOG", "warn")
-        .output()
-        .expect("run artex");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// A long-running `artex` whose standard output goes to a file of its own.

@@ -7,8 +7,10 @@
 
 mod common;
 
+use common::count;
+use common::run_cli as artex;
+
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
 use artex_actors::blackboard::{FlowSpec, FlowState, FlowView, TaskStatus};
@@ -19,25 +21,6 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
 use uuid::Uuid;
-
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.expect(sql).get(0)
-}
-
-/// Runs the `artex` CLI against `url`; returns (exit code, stdout, stderr).
-fn artex(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(common::artex_bin())
-        .args(args)
-        .env("ARTEX_DATABASE_URL", url)
-        .env("ARTEX_LOG", "warn")
-        .output()
-        .expect("run artex");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// Writes `flow` to a file and submits it with `artex flow submit`; returns the flow id.
 fn submit_cli(url: &str, flow: &Value) -> Uuid {
@@ -169,23 +152,8 @@ async fn a_diamond_runs_in_order_and_its_join_sees_the_upstream_results() {
 #[tokio::test]
 async fn a_flow_survives_killed_workers_and_a_postgres_restart() {
     // A private cluster: restarting the shared one would cut every other test off.
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = artex::dev_db::Cluster::new(artex::dev_db::ClusterOptions {
-        unsafe_fast: true,
-        ..artex::dev_db::ClusterOptions::new(dir.path().join("c"))
-    })
-    .unwrap();
-    cluster.start().unwrap();
-    struct StopOnDrop(artex::dev_db::Cluster);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.stop();
-        }
-    }
-    let _guard = StopOnDrop(cluster.clone());
-    let url = cluster.url("postgres");
-    let bb = Blackboard::connect(&url, 2).unwrap();
-    bb.migrate().await.unwrap();
+    let private = common::PrivateCluster::start().await;
+    let (cluster, url, bb) = (&private.cluster, private.url.clone(), &private.bb);
     let c = common::connect(&url).await;
     let _p = Proc::planner("planner", &url, &[]);
     let w1 = Proc::worker("worker1", &url, &["--concurrency", "8"]);

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::count;
+
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,6 @@ use common::bundles::{Keys, TOKEN};
 use common::procs::{alive, fd_count, http_get, wait_for, worker_http, Proc, FAST_WORKER};
 use common::TestDb;
 use serde_json::{json, Value};
-use tokio_postgres::Client;
 
 /// `curl -T BUNDLE` (or a multipart form) to /upgrade; (HTTP code, JSON body).
 fn curl_upgrade(addr: &str, bundle: &Path, token: Option<&str>, multipart: bool) -> (u16, Value) {
@@ -137,10 +138,6 @@ impl Drop for KillAll {
     }
 }
 
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.expect(sql).get(0)
-}
-
 async fn wait_gone(pid: i32, timeout: Duration) {
     wait_for(&format!("pid {pid} to exit"), timeout, || async move {
         (!alive(pid)).then_some(())
@@ -192,7 +189,17 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Measure the first generation's descriptors once traffic flows through it.
+    wait_for("task traffic to flow", Duration::from_secs(20), || async {
+        (count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'echo' and status = 'succeeded'",
+        )
+        .await
+            > 0)
+        .then_some(())
+    })
+    .await;
     let fds_first = fd_count(gen0.pid());
 
     let mut pids = vec![gen0.pid()];

@@ -253,3 +253,64 @@ impl Drop for TestDb {
         }
     }
 }
+
+/// A PostgreSQL cluster of one test's own, migrated, for tests that restart or stop the
+/// server (doing that to the shared cluster would cut every other test off). Stopped when
+/// dropped.
+pub struct PrivateCluster {
+    /// The cluster, to restart, stop and start.
+    pub cluster: Cluster,
+    /// URL of its (migrated) `postgres` database.
+    pub url: String,
+    /// A blackboard on it.
+    pub bb: Blackboard,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateCluster {
+    /// Creates, starts and migrates a fresh cluster (fast, non-durable settings).
+    pub async fn start() -> PrivateCluster {
+        let dir = tempfile::tempdir().expect("temp dir for a private cluster");
+        let cluster = Cluster::new(ClusterOptions {
+            unsafe_fast: true,
+            ..ClusterOptions::new(dir.path().join("c"))
+        })
+        .expect("PostgreSQL binaries");
+        cluster.start().expect("starting a private cluster");
+        let url = cluster.url("postgres");
+        let bb = Blackboard::connect(&url, 2).expect("pool");
+        bb.migrate().await.expect("migrating the private cluster");
+        PrivateCluster {
+            cluster,
+            url,
+            bb,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = self.cluster.stop();
+    }
+}
+
+/// The single `bigint` a query returns (a count, mostly).
+pub async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+/// Runs the `artex` CLI against `url` to completion; returns (exit code, stdout, stderr).
+pub fn run_cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(artex_bin())
+        .args(args)
+        .env("ARTEX_DATABASE_URL", url)
+        .env("ARTEX_LOG", "warn")
+        .output()
+        .expect("run artex");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
