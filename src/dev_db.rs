@@ -314,14 +314,6 @@ impl Cluster {
     }
 }
 
-/// The port the URL names: the TCP port when one was asked for, else the socket's.
-impl Cluster {
-    /// The port number in this cluster's URLs.
-    pub fn port(&self) -> u16 {
-        self.opts.tcp_port.unwrap_or(SOCKET_PORT)
-    }
-}
-
 /// Finds `initdb`, `pg_ctl` and `postgres`: `$ARTEX_PG_BIN`, then `PATH`, then the newest
 /// `/usr/lib/postgresql/*/bin` (Debian keeps the server binaries off `PATH`).
 pub fn find_server_binaries() -> Result<PathBuf> {

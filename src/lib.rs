@@ -40,7 +40,6 @@ pub mod http;
 pub mod master;
 
 use std::future::Future;
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -89,6 +88,8 @@ pub async fn database_url(db: &DbConfig) -> Result<String> {
 /// Connects to the blackboard and brings its schema up to date.
 pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
     let url = database_url(db).await?;
+    tracing::info!(database = %artex_actors::blackboard::mask_password(&url),
+        pool_size = db.pool_size, "blackboard");
     let bb = Blackboard::connect(&url, db.pool_size)?;
     let report = bb.migrate().await?;
     if !report.applied.is_empty() {
@@ -182,7 +183,7 @@ pub async fn run_worker(
     };
     let host = hostname();
     let config = WorkerConfig {
-        id: format!("{host}:{}:{:012x}", std::process::id(), fastrand_suffix()),
+        id: format!("{host}:{}:{:012x}", std::process::id(), id_suffix()),
         host,
         version: VERSION.to_string(),
         http_addr: Some(http_addr.clone()),
@@ -202,7 +203,9 @@ pub async fn run_worker(
         (None, None) => unreachable!("checked above"),
     };
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
-        concurrency = config.concurrency, successor = handover.is_some(),
+        concurrency = config.concurrency, prefetch = config.prefetch,
+        lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = handover.is_some(),
+        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(),
         "worker registered; listening");
     let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
@@ -383,13 +386,9 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-fn fastrand_suffix() -> u64 {
+fn id_suffix() -> u64 {
     // 48 random bits: unique among the processes a fleet runs at once.
-    let mut seed = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut seed);
-    }
-    (u64::from_le_bytes(seed) ^ u64::from(std::process::id())) & 0xffff_ffff_ffff
+    uuid::Uuid::new_v4().as_u64_pair().0 & 0xffff_ffff_ffff
 }
 
 /// sha256 of the running binary, computed once on a background thread: hashing a large

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
-use common::procs::{http_get, wait_for, worker_http, worker_id, Proc};
+use common::procs::{http_get, wait_for, wait_status, worker_http, worker_id, Proc};
 use common::TestDb;
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -496,10 +496,7 @@ async fn a_drain_deadline_gives_long_tasks_back_without_counting_an_attempt() {
         .submit(&NewTask::new("sleep", json!({ "ms": 60000 })), "test")
         .await
         .unwrap();
-    wait_for("the long task to run", Duration::from_secs(20), || async {
-        (db.bb.task(id).await.ok()?.status.as_str() == "running").then_some(())
-    })
-    .await;
+    wait_status(&db.bb, id, "running", Duration::from_secs(20)).await;
     a.signal(Signal::SIGTERM);
     let status = a
         .wait_exit(Duration::from_secs(10))
@@ -551,10 +548,7 @@ async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
         .submit(&NewTask::new("echo", json!({"n": 1})), "test")
         .await
         .unwrap();
-    wait_for("dispatch by NOTIFY", Duration::from_secs(10), || async {
-        (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(())
-    })
-    .await;
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(10)).await;
     // Cut every LISTEN session: both reconnect, re-LISTEN and rescan.
     let cut = count(
         &c,
@@ -571,12 +565,7 @@ async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
         .submit(&NewTask::new("echo", json!({"n": 2})), "test")
         .await
         .unwrap();
-    wait_for(
-        "dispatch after the listeners reconnected",
-        Duration::from_secs(15),
-        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
 }
 
 #[tokio::test]
@@ -598,12 +587,7 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
         )
         .await
         .unwrap();
-    wait_for(
-        "the delayed task to run",
-        Duration::from_secs(15),
-        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
     let t = db.bb.task(id).await.unwrap();
     assert!(t.started_at.unwrap() >= t.run_at);
 }

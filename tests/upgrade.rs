@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use artex_actors::blackboard::NewTask;
 use common::bundles::{Keys, TOKEN};
-use common::procs::{alive, fd_count, http_get, wait_for, worker_http, Proc, FAST_WORKER};
+use common::procs::{
+    alive, fd_count, http_get, wait_for, wait_status, worker_http, Proc, FAST_WORKER,
+};
 use common::TestDb;
 use serde_json::{json, Value};
 
@@ -164,12 +166,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         )
         .await
         .unwrap();
-    wait_for(
-        "the checkpoint task to run",
-        Duration::from_secs(20),
-        || async { (db.bb.task(long).await.ok()?.status.as_str() == "running").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, long, "running", Duration::from_secs(20)).await;
 
     let load = Load::start(&http, 4);
     // Continuous task traffic while the upgrades run.
@@ -329,12 +326,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
         )
         .await
         .unwrap();
-    wait_for(
-        "the checkpoint task to run",
-        Duration::from_secs(20),
-        || async { (db.bb.task(task).await.ok()?.status.as_str() == "running").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, task, "running", Duration::from_secs(20)).await;
     let panicking = format!(
         "#!/bin/sh\nARTEX_FAILPOINTS=handover_after_ready exec {} \"$@\"\n",
         common::artex_bin()
@@ -380,12 +372,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
         );
     }
     // Its task was never disturbed beyond a suspend-and-resume in the same process.
-    wait_for(
-        "the checkpoint task to finish",
-        Duration::from_secs(30),
-        || async { (db.bb.task(task).await.ok()?.status.as_str() == "succeeded").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
     let t = db.bb.task(task).await.unwrap();
     let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
     assert_eq!(steps.len(), 30);
@@ -408,12 +395,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
-    wait_for(
-        "a new task to run on the old worker",
-        Duration::from_secs(15),
-        || async { (db.bb.task(id).await.ok()?.status.as_str() == "succeeded").then_some(()) },
-    )
-    .await;
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
     assert!(std::fs::read_dir(keys.path("upgrades"))
         .unwrap()
         .next()

@@ -46,15 +46,6 @@ pub enum Error {
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Whether this is the database refusing the statement (a constraint, the status
-    /// machine's trigger) rather than the connection failing.
-    pub fn is_refusal(&self) -> bool {
-        match self {
-            Error::Db(e) => e.as_db_error().is_some(),
-            _ => false,
-        }
-    }
-
     /// Whether retrying on a fresh connection may succeed (the server restarted, the
     /// connection dropped).
     pub fn is_connection(&self) -> bool {

@@ -42,7 +42,8 @@ impl Scanner {
         }
     }
 
-    /// One scan: one assignment round, awaited. Tests call this through [`ScanNow`].
+    /// Starts an assignment round, or, if one is running, asks for another right after it
+    /// (a burst of wake-ups costs one extra round). [`ScanNow`] runs one and awaits it.
     fn start_round(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight {
             self.again = true;

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
@@ -53,15 +52,7 @@ impl ActorStats {
     pub fn snapshot(&self) -> BTreeMap<&'static str, Counts> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
-
-    /// One actor's counters.
-    pub fn get(&self, actor: &'static str) -> Counts {
-        self.snapshot().get(actor).copied().unwrap_or_default()
-    }
 }
-
-/// Process-wide count of panics caught by [`guarded`].
-pub static PANICS: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `fut`, catching a panic: `Err(message)` then, after logging it. The caller stops
 /// its actor so the supervisor restarts it with fresh state.
@@ -69,7 +60,6 @@ pub async fn guarded<F: Future>(actor: &'static str, fut: F) -> Result<F::Output
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(out) => Ok(out),
         Err(panic) => {
-            PANICS.fetch_add(1, Ordering::Relaxed);
             let msg = panic_message(&*panic);
             tracing::error!(actor, panic = %msg, "actor panicked; the supervisor restarts it");
             Err(msg)

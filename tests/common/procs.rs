@@ -250,3 +250,16 @@ pub fn fd_count(pid: i32) -> usize {
         .map(|d| d.count())
         .unwrap_or(0)
 }
+
+/// Waits until task `id` has status `status`; panics naming both after `timeout`.
+pub async fn wait_status(
+    bb: &artex_actors::Blackboard,
+    id: uuid::Uuid,
+    status: &str,
+    timeout: Duration,
+) {
+    wait_for(&format!("task {id} to be {status}"), timeout, || async {
+        (bb.task(id).await.ok()?.status.as_str() == status).then_some(())
+    })
+    .await;
+}

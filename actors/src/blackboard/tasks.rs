@@ -358,16 +358,4 @@ impl Blackboard {
         let rows = client.query(&stmt, &[&status, &limit]).await?;
         rows.iter().map(task_from_row).collect()
     }
-
-    /// How many tasks are in each status (statuses with none are left out).
-    pub async fn status_counts(&self) -> Result<Vec<(TaskStatus, i64)>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("select status::text, count(*) from artex.tasks group by 1 order by 1")
-            .await?;
-        let rows = client.query(&stmt, &[]).await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<_, String>(0)?.parse()?, r.try_get(1)?)))
-            .collect()
-    }
 }
