@@ -7,7 +7,7 @@
 //! kills the child and puts everything back (rollback). The new process runs the mirror
 //! image in [`successor`].
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -265,38 +265,24 @@ impl Upgrader {
         let mut moved: i64 = 0;
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
         let outcome: Result<ResumeReport, String> = async {
-            let mut ch: Channel = tokio::select! {
-                r = hs.accept(child_pid) => r.map_err(|e| format!("handover connection: {e}"))?,
-                st = child.wait() => return Err(format!("the new process exited before connecting ({})", describe_exit(st))),
-                _ = tokio::time::sleep_until(deadline) => return Err(format!("the new process did not connect within {:?}", self.ready_deadline)),
-            };
-            match recv(&mut ch, &mut child, deadline).await? {
-                (Msg::Hello { protocol, .. }, _) if protocol == handover::PROTOCOL_VERSION => {}
-                (m, _) => return Err(format!("expected hello with protocol {}, got {m:?}", handover::PROTOCOL_VERSION)),
-            }
-            let http_addr = self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-            ch.send(&Msg::Welcome { http_addr, old_worker: old_worker.clone() }, &[])
-                .await
-                .map_err(|e| format!("sending welcome: {e}"))?;
-            match recv(&mut ch, &mut child, deadline).await? {
-                (Msg::Ready { worker_id }, _) => child_worker = Some(worker_id),
-                (m, _) => return Err(format!("expected ready, got {m:?}")),
-            }
+            let mut old = OldSide::accept(&hs, &mut child, child_pid, deadline).await?;
+            let http_addr = self
+                .listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            child_worker = Some(old.ready(&http_addr, &old_worker).await?);
             timings.ready = ms(Instant::now());
-            ch.send(&Msg::Listener, &[self.listener.as_fd()])
-                .await
-                .map_err(|e| format!("passing the listening socket: {e}"))?;
-            match recv(&mut ch, &mut child, deadline).await? {
-                (Msg::Serving, _) => {}
-                (m, _) => return Err(format!("expected serving, got {m:?}")),
-            }
+            old.pass_listener(self.listener.as_fd()).await?;
             timings.serving = ms(Instant::now());
             // From here the successor serves this socket too: this process reports ready
             // while it hands over (a draining 503 would fail callers for no reason).
             self.handed_over.store(true, Ordering::Release);
             suspended = self
                 .worker
-                .send(SuspendForHandover { deadline: self.suspend_deadline })
+                .send(SuspendForHandover {
+                    deadline: self.suspend_deadline,
+                })
                 .await
                 .map_err(|e| format!("suspending tasks: {e}"))?;
             let to = child_worker.clone().unwrap_or_default();
@@ -305,13 +291,7 @@ impl Upgrader {
                 .move_assigned(&old_worker, &to, self.lease_secs)
                 .await
                 .map_err(|e| format!("moving unstarted tasks: {e}"))?;
-            ch.send(&Msg::Transfer { from: old_worker.clone(), tasks: suspended.clone() }, &[])
-                .await
-                .map_err(|e| format!("sending the transfer: {e}"))?;
-            match recv(&mut ch, &mut child, deadline).await? {
-                (Msg::TakenOver { report }, _) => Ok(report),
-                (m, _) => Err(format!("expected taken_over, got {m:?}")),
-            }
+            old.transfer(&old_worker, suspended.clone()).await
         }
         .await;
 
@@ -388,26 +368,111 @@ impl Upgrader {
     }
 }
 
-async fn recv(
-    ch: &mut Channel,
-    child: &mut tokio::process::Child,
+/// The old side of the handover protocol with a spawned child, step by step, each step
+/// bounded by the child's exit and one deadline. Used by hot upgrades and by
+/// `artex master` (which hands over a listener and no tasks).
+pub struct OldSide<'a> {
+    ch: Channel,
+    child: &'a mut tokio::process::Child,
     deadline: tokio::time::Instant,
-) -> Result<(Msg, Vec<OwnedFd>), String> {
-    tokio::select! {
-        r = ch.recv::<Msg>() => match r {
-            Ok(m) => Ok(m),
-            // A broken channel usually means the child died: say how, if it did.
-            Err(e) => match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
-                Ok(st) => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
-                Err(_) => Err(format!("the new process broke the handover: {e}")),
+}
+
+impl<'a> OldSide<'a> {
+    /// Accepts the child's connection (its pid checked) and its `Hello`.
+    pub async fn accept(
+        hs: &HandoverListener,
+        child: &'a mut tokio::process::Child,
+        pid: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<OldSide<'a>, String> {
+        let ch = tokio::select! {
+            r = hs.accept(pid) => r.map_err(|e| format!("handover connection: {e}"))?,
+            st = child.wait() => return Err(format!("the new process exited before connecting ({})", describe_exit(st))),
+            _ = tokio::time::sleep_until(deadline) => return Err("the new process did not connect in time".into()),
+        };
+        let mut old = OldSide {
+            ch,
+            child,
+            deadline,
+        };
+        match old.recv().await? {
+            Msg::Hello { protocol, .. } if protocol == handover::PROTOCOL_VERSION => Ok(old),
+            m => Err(format!(
+                "expected hello with protocol {}, got {m:?}",
+                handover::PROTOCOL_VERSION
+            )),
+        }
+    }
+
+    /// `Welcome` → `Ready`: returns the new worker's id (it is registered).
+    pub async fn ready(&mut self, http_addr: &str, old_worker: &str) -> Result<String, String> {
+        self.send(
+            &Msg::Welcome {
+                http_addr: http_addr.into(),
+                old_worker: old_worker.into(),
             },
-        },
-        st = child.wait() => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
-        _ = tokio::time::sleep_until(deadline) => Err("the new process did not get ready in time".into()),
+            &[],
+        )
+        .await?;
+        match self.recv().await? {
+            Msg::Ready { worker_id } => Ok(worker_id),
+            m => Err(format!("expected ready, got {m:?}")),
+        }
+    }
+
+    /// `Listener` (the socket passed with SCM_RIGHTS) → `Serving`.
+    pub async fn pass_listener(&mut self, listener: BorrowedFd<'_>) -> Result<(), String> {
+        self.send(&Msg::Listener, &[listener]).await?;
+        match self.recv().await? {
+            Msg::Serving => Ok(()),
+            m => Err(format!("expected serving, got {m:?}")),
+        }
+    }
+
+    /// `Transfer` → `TakenOver`: what the child took over.
+    pub async fn transfer(
+        &mut self,
+        from: &str,
+        tasks: Vec<(Uuid, i64)>,
+    ) -> Result<ResumeReport, String> {
+        self.send(
+            &Msg::Transfer {
+                from: from.into(),
+                tasks,
+            },
+            &[],
+        )
+        .await?;
+        match self.recv().await? {
+            Msg::TakenOver { report } => Ok(report),
+            m => Err(format!("expected taken_over, got {m:?}")),
+        }
+    }
+
+    async fn send(&mut self, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+        self.ch
+            .send(msg, fds)
+            .await
+            .map_err(|e| format!("sending {msg:?}: {e}"))
+    }
+
+    async fn recv(&mut self) -> Result<Msg, String> {
+        tokio::select! {
+            r = self.ch.recv::<Msg>() => match r {
+                Ok((m, _)) => Ok(m),
+                // A broken channel usually means the child died: say how, if it did.
+                Err(e) => match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
+                    Ok(st) => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
+                    Err(_) => Err(format!("the new process broke the handover: {e}")),
+                },
+            },
+            st = self.child.wait() => Err(format!("the new process exited during the handover ({})", describe_exit(st))),
+            _ = tokio::time::sleep_until(self.deadline) => Err("the new process did not get ready in time".into()),
+        }
     }
 }
 
-fn describe_exit(st: std::io::Result<std::process::ExitStatus>) -> String {
+pub(crate) fn describe_exit(st: std::io::Result<std::process::ExitStatus>) -> String {
     match st {
         Ok(s) => s.to_string(),
         Err(e) => format!("wait failed: {e}"),

@@ -15,7 +15,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use artex_upgrade::handover::{self, Channel, HandoverListener};
+use artex_upgrade::handover::HandoverListener;
 use artex_upgrade::spawn::{self, SpawnOptions};
 use artex_upgrade::{notify, subreaper, StopSignal, StopSignals};
 use nix::sys::signal::Signal;
@@ -24,7 +24,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{ms, WorkerArgs};
 use crate::error::{Error, Result};
-use crate::hot_upgrade::Msg;
+use crate::hot_upgrade::OldSide;
 
 /// The worker id a generation started by the master is told it takes over from (it has
 /// no tasks to hand over).
@@ -357,54 +357,11 @@ impl Master {
         pid: u32,
     ) -> std::result::Result<String, String> {
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
-        let mut ch: Channel = tokio::select! {
-            r = hs.accept(pid) => r.map_err(|e| format!("handover connection: {e}"))?,
-            st = child.wait() => return Err(format!("it exited before connecting ({})", describe_exit(st))),
-            _ = tokio::time::sleep_until(deadline) => return Err(format!("it did not connect within {:?}", self.ready_deadline)),
-        };
-        match recv(&mut ch, child, deadline).await? {
-            (
-                Msg::Hello {
-                    protocol, version, ..
-                },
-                _,
-            ) if protocol == handover::PROTOCOL_VERSION => {
-                tracing::info!(pid, %version, "generation said hello");
-            }
-            (m, _) => {
-                return Err(format!(
-                    "expected hello with protocol {}, got {m:?}",
-                    handover::PROTOCOL_VERSION
-                ))
-            }
-        }
-        send(
-            &mut ch,
-            &Msg::Welcome {
-                http_addr: self.http_addr.clone(),
-                old_worker: MASTER_WORKER.into(),
-            },
-            &[],
-        )
-        .await?;
-        let worker_id = match recv(&mut ch, child, deadline).await? {
-            (Msg::Ready { worker_id }, _) => worker_id,
-            (m, _) => return Err(format!("expected ready, got {m:?}")),
-        };
-        send(&mut ch, &Msg::Listener, &[self.listener.as_fd()]).await?;
-        match recv(&mut ch, child, deadline).await? {
-            (Msg::Serving, _) => {}
-            (m, _) => return Err(format!("expected serving, got {m:?}")),
-        }
-        let transfer = Msg::Transfer {
-            from: MASTER_WORKER.into(),
-            tasks: Vec::new(),
-        };
-        send(&mut ch, &transfer, &[]).await?;
-        match recv(&mut ch, child, deadline).await? {
-            (Msg::TakenOver { .. }, _) => Ok(worker_id),
-            (m, _) => Err(format!("expected taken_over, got {m:?}")),
-        }
+        let mut old = OldSide::accept(hs, child, pid, deadline).await?;
+        let worker_id = old.ready(&self.http_addr, MASTER_WORKER).await?;
+        old.pass_listener(self.listener.as_fd()).await?;
+        old.transfer(MASTER_WORKER, Vec::new()).await?;
+        Ok(worker_id)
     }
 
     /// SIGTERM to the generation; waits (up to the stop deadline, then SIGKILL) until no
@@ -459,35 +416,6 @@ impl Master {
                 _ = tokio::time::sleep(Duration::from_millis(100).min(deadline - now)) => {}
             }
         }
-    }
-}
-
-async fn send(
-    ch: &mut Channel,
-    msg: &Msg,
-    fds: &[std::os::fd::BorrowedFd<'_>],
-) -> std::result::Result<(), String> {
-    ch.send(msg, fds)
-        .await
-        .map_err(|e| format!("sending {msg:?}: {e}"))
-}
-
-async fn recv(
-    ch: &mut Channel,
-    child: &mut Child,
-    deadline: tokio::time::Instant,
-) -> std::result::Result<(Msg, Vec<std::os::fd::OwnedFd>), String> {
-    tokio::select! {
-        r = ch.recv::<Msg>() => r.map_err(|e| format!("it broke the handover: {e}")),
-        st = child.wait() => Err(format!("it exited during the handover ({})", describe_exit(st))),
-        _ = tokio::time::sleep_until(deadline) => Err("it did not take over in time (--upgrade-ready-ms)".into()),
-    }
-}
-
-fn describe_exit(st: std::io::Result<std::process::ExitStatus>) -> String {
-    match st {
-        Ok(s) => s.to_string(),
-        Err(e) => format!("wait failed: {e}"),
     }
 }
 

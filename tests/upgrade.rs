@@ -197,11 +197,13 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         .then_some(())
     })
     .await;
-    let fds_first = fd_count(gen0.pid());
 
     let mut pids = vec![gen0.pid()];
     let mut spawned = KillAll(Vec::new());
     let mut handover_ms = Vec::new();
+    // Descriptors of each new generation at the same point of its life (its predecessor
+    // just exited, load running): a leak grows with every generation.
+    let mut fds = Vec::new();
     for (i, bundle) in bundles.iter().enumerate() {
         let old = *pids.last().unwrap();
         let started = Instant::now();
@@ -223,10 +225,10 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         let status: Value = serde_json::from_str(&status).unwrap();
         assert_eq!(status["pid"], new, "the port is served by the new process");
         assert_eq!(status["binary_sha256"], body["new_binary_sha256"]);
+        fds.push(fd_count(new));
         pids.push(new);
     }
     let last = *pids.last().unwrap();
-    let fds_last = fd_count(last);
 
     let submitted = {
         let _ = stop_tx.send(());
@@ -235,7 +237,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
     let (ok, failed) = load.stop();
     handover_ms.sort();
     eprintln!(
-        "UPGRADE-METRICS handover_ms={handover_ms:?} median_ms={} requests_ok={ok} failed={failed:?} tasks_submitted={submitted}",
+        "UPGRADE-METRICS handover_ms={handover_ms:?} median_ms={} requests_ok={ok} failed={failed:?} tasks_submitted={submitted} fds={fds:?}",
         handover_ms[2]
     );
     assert!(
@@ -243,9 +245,10 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         "failed or refused requests: {failed:?} (ok: {ok})"
     );
     assert!(ok > 100, "too little load to prove anything: {ok} requests");
+    // The pools open connections lazily (up to 6), so allow that much jitter, not growth.
     assert!(
-        fds_last <= fds_first + 3,
-        "file descriptors grew across 5 upgrades: {fds_first} -> {fds_last}"
+        fds[4] <= fds[0] + 3 && fds.windows(2).any(|w| w[1] <= w[0]),
+        "file descriptors grew generation after generation: {fds:?}"
     );
 
     wait_for("every task to finish", Duration::from_secs(60), || async {
