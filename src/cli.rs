@@ -433,17 +433,7 @@ async fn db_command(db: &DbConfig, command: DbCommand) -> Result {
     };
     match command {
         DbCommand::Start { tcp_port, logical } => {
-            let cluster = Cluster::new(opts(tcp_port, logical))?;
-            let c = cluster.clone();
-            let started = tokio::task::spawn_blocking(move || c.start())
-                .await
-                .map_err(|e| Error::Cluster(e.to_string()))??;
-            artex_actors::blackboard::admin::create_database(
-                &cluster.url("postgres"),
-                crate::dev_db::DATABASE,
-                None,
-            )
-            .await?;
+            let (cluster, started) = crate::start_embedded(opts(tcp_port, logical)).await?;
             let bb = artex_actors::Blackboard::connect(&cluster.url(crate::dev_db::DATABASE), 1)?;
             bb.migrate().await?;
             eprintln!(

@@ -72,17 +72,23 @@ pub async fn database_url(db: &DbConfig) -> Result<String> {
     if let Some(url) = &db.database_url {
         return Ok(url.clone());
     }
-    let cluster = dev_db::Cluster::new(dev_db::ClusterOptions::new(&db.data_dir))?;
-    let dir = db.data_dir.clone();
-    let started = tokio::task::spawn_blocking(move || cluster.start().map(|s| (s, cluster)))
+    let (cluster, _) = start_embedded(dev_db::ClusterOptions::new(&db.data_dir)).await?;
+    Ok(cluster.url(dev_db::DATABASE))
+}
+
+/// Creates (first time) and starts the embedded cluster unless it runs, and creates its
+/// database. Returns the cluster and whether it had to start the server.
+pub async fn start_embedded(opts: dev_db::ClusterOptions) -> Result<(dev_db::Cluster, bool)> {
+    let cluster = dev_db::Cluster::new(opts)?;
+    let c = cluster.clone();
+    let started = tokio::task::spawn_blocking(move || c.start())
         .await
-        .map_err(|e| Error::Cluster(format!("starting the cluster: {e}")))?;
-    let (started, cluster) = started?;
+        .map_err(|e| Error::Cluster(format!("starting the cluster: {e}")))??;
     if started {
-        tracing::info!(data_dir = %dir.display(), "started the embedded PostgreSQL cluster");
+        tracing::info!(data_dir = %cluster.data_dir().display(), "started the embedded PostgreSQL cluster");
     }
     admin::create_database(&cluster.url("postgres"), dev_db::DATABASE, None).await?;
-    Ok(cluster.url(dev_db::DATABASE))
+    Ok((cluster, started))
 }
 
 /// Connects to the blackboard and brings its schema up to date.
