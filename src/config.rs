@@ -35,8 +35,12 @@ pub struct WorkerArgs {
     /// Handlers running at once.
     #[arg(long, env = "ARTEX_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,
-    /// Tasks held beyond --concurrency, waiting for a slot (hides the planner round trip).
-    #[arg(long, env = "ARTEX_PREFETCH", default_value_t = 10)]
+    /// Tasks held beyond --concurrency in a local queue: started in the blackboard in one
+    /// batch with the others, so starts and completions are written in large batches and
+    /// no task waits for a planner round trip. A queued task is `running` (leased, renewed);
+    /// a drain gives it back unstarted, a hot upgrade hands it over. Lower it when tasks
+    /// are long, so one worker does not hoard what others could run.
+    #[arg(long, env = "ARTEX_PREFETCH", default_value_t = 100)]
     pub prefetch: usize,
     /// Only these kinds (comma-separated); all registered kinds by default.
     #[arg(long, env = "ARTEX_KINDS", value_delimiter = ',')]

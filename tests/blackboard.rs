@@ -1048,8 +1048,8 @@ async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
     // The scanner's arguments: every shard, then two shards of four (several planners).
     // A prepared statement runs custom plans first and then the generic plan when it is
     // no dearer: the unsharded query must use the index either way. Sharded, the custom
-    // plan underestimates `shard % n = any(...)` (1 %) and reads `tasks_status_updated`
-    // then sorts; the generic plan, which the statement settles on, uses the index.
+    // plan may underestimate `shard % n = any(...)` (1 %) and prefer another path; the
+    // generic plan, which the statement settles on, uses the index.
     let cases = [
         ("force_custom_plan", "'{echo}', 100, 1, '{}'"),
         ("force_generic_plan", "'{echo}', 100, 1, '{}'"),

@@ -429,22 +429,28 @@ async fn sigterm_drains_a_worker_gracefully() {
         .unwrap();
     let c2 = &c;
     let aid = a_id.clone();
+    let http = worker_http(&c, &a).await;
+    // Two handlers run; the other four wait in the worker's local queue, started in the
+    // blackboard (`running`, leased) with the two.
     wait_for(
-        "2 running and 4 waiting on the worker",
+        "all 6 held by the worker, 2 of them running",
         Duration::from_secs(20),
         || {
             let aid = aid.clone();
+            let http = http.clone();
             async move {
-                let r = c2
+                let held = c2
                     .query_one(
-                        "select count(*) filter (where status = 'running'),
-                            count(*) filter (where status = 'assigned')
-                     from artex.tasks where assigned_to = $1",
+                        "select count(*) from artex.tasks where assigned_to = $1 and status = 'running'",
                         &[&aid],
                     )
                     .await
-                    .unwrap();
-                (r.get::<_, i64>(0) == 2 && r.get::<_, i64>(1) == 4).then_some(())
+                    .unwrap()
+                    .get::<_, i64>(0);
+                let (_, body) = http_get(&http, "/status").ok()?;
+                let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+                let running = status["running"].as_array()?.len();
+                (held == 6 && running == 2 && status["queued"] == 4).then_some(())
             }
         },
     )
@@ -454,7 +460,7 @@ async fn sigterm_drains_a_worker_gracefully() {
         .wait_exit(Duration::from_secs(15))
         .expect("worker exits after draining");
     assert!(status.success(), "exit status {status:?}");
-    // The two running tasks finished there; the four waiting were given back unstarted.
+    // The two running tasks finished there; the four queued were given back unstarted.
     assert_eq!(
         count(&c, &format!(
             "select count(*) from artex.task_transitions where to_status = 'succeeded' and worker = '{a_id}'"
@@ -465,7 +471,7 @@ async fn sigterm_drains_a_worker_gracefully() {
     assert_eq!(
         count(
             &c,
-            "select count(*) from artex.tasks where status = 'pending' and retries = 0"
+            "select count(*) from artex.tasks where status = 'pending' and retries = 0 and started_at is not null"
         )
         .await,
         4

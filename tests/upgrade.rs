@@ -245,9 +245,10 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         "failed or refused requests: {failed:?} (ok: {ok})"
     );
     assert!(ok > 100, "too little load to prove anything: {ok} requests");
-    // The pools open connections lazily (up to 6), so allow that much jitter, not growth.
+    // The pools open connections lazily (up to 4 durable + 2 relaxed), so allow that much
+    // jitter, not growth.
     assert!(
-        fds[4] <= fds[0] + 3 && fds.windows(2).any(|w| w[1] <= w[0]),
+        fds[4] <= fds[0] + 6 && fds.windows(2).any(|w| w[1] <= w[0]),
         "file descriptors grew generation after generation: {fds:?}"
     );
 

@@ -4,7 +4,7 @@
 //! a group commit: outcomes that arrive while one batch is being written form the next.
 //! Every write names the lease epoch, so a worker that lost a task changes nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -220,8 +220,9 @@ pub struct WorkerConfig {
     pub http_addr: Option<String>,
     /// Handlers running at once.
     pub concurrency: usize,
-    /// Tasks held beyond `concurrency`, started as slots free up (a local queue that hides
-    /// the planner's round trip).
+    /// Tasks held beyond `concurrency`: started in the blackboard in one batch with the
+    /// others and queued here until a slot frees up. The local queue hides the planner's
+    /// round trip and makes every start and completion batch larger.
     pub prefetch: usize,
     /// Lease length; renewed every third of it.
     pub lease: Duration,
@@ -289,6 +290,8 @@ pub struct WorkerStatus {
     pub database_error: Option<String>,
     /// Tasks running now.
     pub running: Vec<RunningTask>,
+    /// Tasks started in the blackboard and waiting here for a free slot.
+    pub queued: usize,
     /// Outcomes waiting to be written.
     pub unwritten_outcomes: usize,
     /// Tasks finished by this process.
@@ -304,13 +307,23 @@ pub struct Worker {
     registry: Registry,
     stats: ActorStats,
     running: HashMap<Uuid, Running>,
+    /// Started in the blackboard (`running`, leased to this worker), not yet handed to a
+    /// handler: the local queue, at most `prefetch` beyond the free slots.
+    queue: VecDeque<StartedTask>,
     outbox: Vec<Completion>,
     flushing: bool,
     fetching: bool,
     fetch_again: bool,
     draining: bool,
+    /// Draining for a hot upgrade: queued tasks go to the successor instead of back to
+    /// the planner.
+    handing_over: bool,
+    /// Draining, and the blackboard says so: queued tasks may go back to the planner.
+    release_queue: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
     suspended: Vec<(Uuid, i64)>,
+    /// Queued tasks given back by the current drain.
+    released_queued: usize,
     suspend_waiters: Vec<oneshot::Sender<()>>,
     db_error: Option<String>,
     finished: u64,
@@ -332,13 +345,17 @@ impl Worker {
             registry,
             stats,
             running: HashMap::new(),
+            queue: VecDeque::new(),
             outbox: Vec::new(),
             flushing: false,
             fetching: false,
             fetch_again: false,
             draining: false,
+            handing_over: false,
+            release_queue: false,
             drain_waiters: Vec::new(),
             suspended: Vec::new(),
+            released_queued: 0,
             suspend_waiters: Vec::new(),
             db_error: None,
             finished: 0,
@@ -370,8 +387,53 @@ impl Worker {
             .await
     }
 
+    /// How many more tasks this worker may take: running and queued count against its
+    /// concurrency plus its prefetch.
     fn free_slots(&self) -> usize {
-        self.config.concurrency.saturating_sub(self.running.len())
+        (self.config.concurrency + self.config.prefetch)
+            .max(1)
+            .saturating_sub(self.running.len() + self.queue.len())
+    }
+
+    /// Tasks it holds: running or queued.
+    fn held(&self) -> usize {
+        self.running.len() + self.queue.len()
+    }
+
+    /// Hands queued tasks to handlers while slots are free. When draining, queued tasks
+    /// never start here: a hot upgrade hands them to the successor, a plain drain gives
+    /// them back (`running → pending`, no attempt counted) once the worker's row says
+    /// `draining`.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.draining {
+            if self.handing_over {
+                let queued: Vec<(Uuid, i64)> =
+                    self.queue.drain(..).map(|t| (t.id, t.epoch)).collect();
+                self.suspended.extend(queued);
+            } else if self.release_queue && !self.queue.is_empty() {
+                let released: Vec<Completion> = self
+                    .queue
+                    .drain(..)
+                    .map(|t| Completion {
+                        id: t.id,
+                        epoch: t.epoch,
+                        retries: t.retries,
+                        max_retries: t.max_retries,
+                        outcome: Outcome::Released,
+                    })
+                    .collect();
+                self.released_queued += released.len();
+                self.outbox.extend(released);
+                self.flush(ctx);
+            }
+            return;
+        }
+        while self.running.len() < self.config.concurrency.max(1) {
+            let Some(task) = self.queue.pop_front() else {
+                break;
+            };
+            self.run(task, ctx);
+        }
     }
 
     fn db_result<T>(&mut self, r: &crate::Result<T>) {
@@ -382,7 +444,7 @@ impl Worker {
         }
     }
 
-    /// Starts as many assigned tasks as there are free slots.
+    /// Starts (in the blackboard) as many assigned tasks as it may hold, into the queue.
     fn fetch(&mut self, ctx: &mut Context<Self>) {
         if self.draining {
             return;
@@ -406,13 +468,12 @@ impl Worker {
                 act.fetching = false;
                 act.db_result(&res);
                 match res {
-                    // Tasks whose start committed are running, draining or not: a drain
-                    // waits for this start and then for them, within its deadline.
+                    // Tasks whose start committed are this worker's, draining or not: a
+                    // drain waits for this start, then gives them back or hands them over.
                     Ok(tasks) => {
                         let full = tasks.len() == free;
-                        for t in tasks {
-                            act.run(t, ctx);
-                        }
+                        act.queue.extend(tasks);
+                        act.pump(ctx);
                         if full {
                             act.fetch_again = true;
                         }
@@ -425,6 +486,7 @@ impl Worker {
                 if act.fetch_again {
                     act.fetch(ctx);
                 }
+                act.check_suspended();
                 act.check_drained();
             })
             .spawn(ctx);
@@ -543,10 +605,15 @@ impl Worker {
     }
 
     fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.running.is_empty() {
+        if self.held() == 0 {
             return;
         }
-        let held: Vec<(Uuid, i64)> = self.running.iter().map(|(id, r)| (*id, r.epoch)).collect();
+        let held: Vec<(Uuid, i64)> = self
+            .running
+            .iter()
+            .map(|(id, r)| (*id, r.epoch))
+            .chain(self.queue.iter().map(|t| (t.id, t.epoch)))
+            .collect();
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let lease = self.config.lease.as_secs_f64();
@@ -559,7 +626,19 @@ impl Worker {
             act.db_result(&res);
             match res {
                 Ok(kept) => {
-                    for (id, epoch) in held.iter().filter(|(id, _)| !kept.contains(id)) {
+                    let lost: HashSet<(Uuid, i64)> = held
+                        .iter()
+                        .filter(|(id, _)| !kept.contains(id))
+                        .copied()
+                        .collect();
+                    act.queue.retain(|t| {
+                        let gone = lost.contains(&(t.id, t.epoch));
+                        if gone {
+                            tracing::warn!(task = %t.id, epoch = t.epoch, "lease lost before the task left the queue");
+                        }
+                        !gone
+                    });
+                    for (id, epoch) in &lost {
                         // The task was taken back (reaper) or handed over: stop running it
                         // here; whatever it would write would be fenced off anyway.
                         if let Some(r) = act.running.get(id) {
@@ -584,7 +663,7 @@ impl Worker {
         let bb = self.bb.clone();
         let config = self.config.clone();
         let registry = self.registry.clone();
-        let inflight = self.running.len() as i32;
+        let inflight = self.held() as i32;
         let draining = self.draining;
         async move {
             let state = bb.heartbeat(&config.id, inflight).await?;
@@ -614,10 +693,12 @@ impl Worker {
 
     /// Wakes a waiting handover once no resumable task is still on its way to a checkpoint.
     fn check_suspended(&mut self) {
-        let waiting = self
-            .running
-            .values()
-            .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
+        // A start in flight may bring tasks that must be handed over too.
+        let waiting = self.fetching
+            || self
+                .running
+                .values()
+                .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
         if !waiting {
             for w in self.suspend_waiters.drain(..) {
                 let _ = w.send(());
@@ -629,6 +710,7 @@ impl Worker {
         // A start in flight may have committed tasks this worker does not know of yet.
         if self.draining
             && self.running.is_empty()
+            && self.queue.is_empty()
             && self.outbox.is_empty()
             && !self.flushing
             && !self.fetching
@@ -658,6 +740,7 @@ impl Worker {
             database_ok: self.db_error.is_none(),
             database_error: self.db_error.clone(),
             running,
+            queued: self.queue.len(),
             unwritten_outcomes: self.outbox.len(),
             finished: self.finished,
             fenced_off: self.fenced_off,
@@ -795,6 +878,7 @@ impl Handler<TaskFinished> for Worker {
             outcome,
         });
         self.flush(ctx);
+        self.pump(ctx);
         self.fetch(ctx);
         self.check_suspended();
     }
@@ -824,34 +908,56 @@ pub struct DrainReport {
 impl Handler<Drain> for Worker {
     type Result = ResponseActFuture<Self, DrainReport>;
 
-    fn handle(&mut self, msg: Drain, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
+        self.handing_over = false;
+        self.release_queue = false;
+        self.released_queued = 0;
+        // Tasks stopped for a handover that did not take them: back to the planner.
+        for (id, epoch) in std::mem::take(&mut self.suspended) {
+            self.outbox.push(Completion {
+                id,
+                epoch,
+                retries: 0,
+                max_retries: 0,
+                outcome: Outcome::Released,
+            });
+        }
+        self.flush(ctx);
         let finished_before = self.finished;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
-        let (tx, rx) = oneshot::channel();
-        self.drain_waiters.push(tx);
-        self.check_drained();
         Box::pin(
             async move {
+                // Draining first: a task given back while the roster still shows this
+                // worker online could be assigned to it again.
                 if let Err(e) = bb.set_worker_state(&id, "draining").await {
                     tracing::warn!(error = %e, "cannot mark the worker draining");
                 }
-                let released = bb
-                    .release_assigned(&id, "released by a draining worker")
+                bb.release_assigned(&id, "released by a draining worker")
                     .await
                     .map(|v| v.len())
                     .unwrap_or_else(|e| {
                         tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
                         0
-                    });
-                let finished_in_time = tokio::time::timeout(msg.deadline, rx).await.is_ok();
-                (released, finished_in_time)
+                    })
             }
             .into_actor(self)
+            .then(move |released, act, ctx| {
+                act.release_queue = true;
+                act.pump(ctx);
+                let (tx, rx) = oneshot::channel();
+                act.drain_waiters.push(tx);
+                act.check_drained();
+                async move {
+                    let finished_in_time = tokio::time::timeout(msg.deadline, rx).await.is_ok();
+                    (released, finished_in_time)
+                }
+                .into_actor(act)
+            })
             .then(move |(released, finished_in_time), act, _ctx| {
                 let mut report = DrainReport {
-                    released_unstarted: released,
+                    released_unstarted: released + act.released_queued,
                     ..Default::default()
                 };
                 let mut late = Vec::new();
@@ -924,8 +1030,10 @@ pub struct SuspendForHandover {
 impl Handler<SuspendForHandover> for Worker {
     type Result = ResponseActFuture<Self, Vec<(Uuid, i64)>>;
 
-    fn handle(&mut self, msg: SuspendForHandover, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: SuspendForHandover, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
+        self.handing_over = true;
+        self.pump(ctx);
         for r in self.running.values() {
             if r.resumable {
                 r.suspend.store(true, Ordering::Release);
@@ -1019,6 +1127,8 @@ impl Handler<ResumeWork> for Worker {
     type Result = ();
     fn handle(&mut self, _msg: ResumeWork, ctx: &mut Context<Self>) {
         self.draining = false;
+        self.handing_over = false;
+        self.release_queue = false;
         for r in self.running.values() {
             r.suspend.store(false, Ordering::Release);
         }

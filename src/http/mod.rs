@@ -119,6 +119,7 @@ async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "state": s.state,
         "database_ok": s.database_ok,
         "running": s.running,
+        "queued": s.queued,
         "unwritten_outcomes": s.unwritten_outcomes,
         "finished": s.finished,
         "fenced_off": s.fenced_off,
@@ -143,6 +144,12 @@ async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "Tasks running in this worker.",
         "gauge",
         s.running.len().to_string(),
+    );
+    gauge(
+        "artex_tasks_queued",
+        "Tasks held in this worker's local queue, waiting for a free slot.",
+        "gauge",
+        s.queued.to_string(),
     );
     gauge(
         "artex_tasks_finished_total",

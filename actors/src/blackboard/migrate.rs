@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "flows",
         sql: include_str!("../../../migrations/V2__flows.sql"),
     },
+    Migration {
+        version: 3,
+        name: "wakeups_after_commit",
+        sql: include_str!("../../../migrations/V3__wakeups_after_commit.sql"),
+    },
 ];
 
 /// What `migrate` did.

@@ -147,6 +147,32 @@ impl Blackboard {
     pub(crate) async fn relaxed_client(&self) -> Result<deadpool_postgres::Client> {
         Ok(self.relaxed.get().await?)
     }
+
+    /// Sends the wake-ups of a hot-path write right after its commit (see
+    /// migrations/V3__wakeups_after_commit.sql), in a transaction that does not wait for
+    /// the WAL flush, on a task of its own: the writer goes on without waiting. A wake-up
+    /// is a hint and its readers poll as well, so a failure is logged, not returned: the
+    /// write it follows has committed.
+    pub(crate) fn wake(&self, channels: &[&str]) {
+        if channels.is_empty() {
+            return;
+        }
+        let channels: Vec<String> = channels.iter().map(|c| c.to_string()).collect();
+        let bb = self.clone();
+        tokio::spawn(async move {
+            let sent = async {
+                let client = bb.relaxed_client().await?;
+                let stmt = client
+                    .prepare_cached("select count(pg_notify(c, '')) from unnest($1::text[]) c")
+                    .await?;
+                client.execute(&stmt, &[&channels]).await?;
+                Ok::<_, Error>(())
+            };
+            if let Err(e) = sent.await {
+                tracing::warn!(error = %e, ?channels, "cannot send wake-ups; readers will find the change at their next poll");
+            }
+        });
+    }
 }
 
 /// A LISTEN session; see [`Blackboard::listen`].

@@ -1,6 +1,6 @@
 //! The planner's SQL: the roster of workers with spare capacity, the batched claim and
-//! assignment (one transaction: `for update skip locked`, then one compare-and-set update
-//! that also wakes the chosen workers), and the reaper's sweeps.
+//! assignment (one transaction: `for update skip locked`, then one compare-and-set update;
+//! the chosen workers are woken right after the commit), and the reaper's sweeps.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -95,14 +95,10 @@ const ASSIGN: &str = "with a as (
             lease_until = now() + make_interval(secs => $4::float8)
         from artex.set_context($1, 'assigned') ctx,
              unnest($2::uuid[], $3::text[]) as v(id, worker)
-        where ctx and t.id = v.id and t.status = 'pending'
+        where ctx and t.id = v.id and t.status::text = 'pending' -- by primary key: see COMPLETE
         returning t.id, t.assigned_to
-    ),
-    woken as (
-        select count(pg_notify(w.channel, '')) as n
-        from artex.workers w where w.id in (select distinct assigned_to from a)
     )
-    select a.id, (select n from woken) from a";
+    select a.id, w.channel from a left join artex.workers w on w.id = a.assigned_to";
 
 // Takes back held tasks whose lease ran out or whose worker is gone. Running tasks count
 // a failed attempt (and end as `timeout` past their budget); assigned tasks never
@@ -232,12 +228,15 @@ impl Blackboard {
             .await?;
         tx.commit().await?;
         report.assigned = rows.len();
-        report.workers_notified = rows
-            .first()
-            .map(|r| r.try_get::<_, Option<i64>>(1))
-            .transpose()?
-            .flatten()
-            .unwrap_or(0) as usize;
+        let mut channels = rows
+            .iter()
+            .map(|r| r.try_get::<_, Option<String>>(1))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        channels.sort();
+        channels.dedup();
+        let channels: Vec<&str> = channels.iter().flatten().map(String::as_str).collect();
+        report.workers_notified = channels.len();
+        self.wake(&channels);
         Ok(report)
     }
 
