@@ -5,8 +5,9 @@
 #
 #   Limit  pgbench, a minimal jobs table, claim + done in one transaction: 1 job and 100
 #          jobs per transaction. The ceiling every other figure is divided by.
-#   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10)
-#          drain them; again with 2 workers. Time from process start to the last finish.
+#   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10,
+#          local queue 500) drain them; again with 2 workers. Time from process start to
+#          the last finish.
 #   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
 #          enqueue → handler start, p50/p95/p99.
 #   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
@@ -17,6 +18,9 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4; ratios to the
+# ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers' default
+# `--concurrency 10 --prefetch 500` (e.g. to compare prefetch depths).
 # ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
 # the statements that cost the time (it slows PostgreSQL down a little).
 set -euo pipefail
@@ -32,6 +36,9 @@ else
     limit_tx=500
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w2,w3,w4},"
+want() { [[ $only == *",$1,"* ]]; }
+read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 500}"
 
 db_url() { echo "${url/\/artex\?//$1?}"; }
 sql() { PGOPTIONS='-c client_min_messages=warning' psql "$(db_url "$1")" -XAtq -v ON_ERROR_STOP=1 "${@:2}"; }
@@ -51,13 +58,14 @@ insert_tasks() { # db count kind: in one statement per 100,000
     sql "$1" -c "vacuum analyze" -c checkpoint
 }
 
-# 1 planner + N workers (concurrency 10, other settings default) on database $1.
+# 1 planner + N workers (concurrency 10, a local queue of 500, other settings default,
+# unless ARTEX_BENCH_WORKER_ARGS says otherwise) on database $1.
 start_runtime() { # db workers [worker binary]
     local u; u=$(db_url "$1")
     ARTEX_DATABASE_URL=$u "$artex" planner >>"$tmp/log/$1.planner" 2>&1 &
     procs+=($!)
     for i in $(seq "$2"); do
-        ARTEX_DATABASE_URL=$u "${3:-$artex}" worker --concurrency 10 >>"$tmp/log/$1.worker$i" 2>&1 &
+        ARTEX_DATABASE_URL=$u "${3:-$artex}" worker "${worker_args[@]}" >>"$tmp/log/$1.worker$i" 2>&1 &
         procs+=($!)
     done
 }
@@ -164,12 +172,13 @@ create function bench.uuid7() returns uuid language sql volatile as $$
 $$;
 SQL
 echo "# $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(sql postgres -c 'select version()' | cut -d, -f1)"
+echo "# workers: ${worker_args[*]}"
 $quick && echo "# --quick: tiny sizes; the figures mean nothing"
 
 # ---- Limit: the minimal queue cycle, claim + done in one transaction (pgbench) ----------
 # 8 clients on 2 threads (the best of 1, 4, 8 and 16 here); the 1-client run gives the
 # latency floor: one durable claim + done.
-new_db bench_limit
+ceiling1='' ceiling100='' floor_ms=''
 limit_run() { # jobs_per_tx clients transactions_per_client → "tps latency_ms"
     local jobs=$(($1 * $2 * $3 * 11 / 10)) # 10% spare: skip locked may claim short
     sql bench_limit -c "drop table if exists jobs" \
@@ -189,6 +198,8 @@ SQL
         >"$tmp/log/pgbench" 2>&1 || die "pgbench: $(cat "$tmp/log/pgbench")"
     awk '/^tps/ { tps = $3 } /^latency average/ { lat = $4 } END { print tps, lat }' "$tmp/log/pgbench"
 }
+if want limit; then
+new_db bench_limit
 fields=$(limit_run 1 8 $((limit_tx * 10)))
 read -r tps _ <<<"$fields"
 ceiling1=$(calc "$tps")
@@ -201,15 +212,18 @@ fields=$(limit_run 1 1 $((limit_tx * 4)))
 read -r _ floor_ms <<<"$fields"
 result limit_latency_ms_1_client "$floor_ms" ms
 drop_db bench_limit
+fi
 # A throughput figure, and the same as a fraction of both ceilings.
 throughput() { # name tasks/s
     result "$1" "$2" tasks/s
+    [ -n "$ceiling1" ] || return 0
     result "${1}_vs_limit_1_per_tx" "$(calc "$2 / $ceiling1" 3)" ratio
     result "${1}_vs_limit_100_per_tx" "$(calc "$2 / $ceiling100" 3)" ratio
 }
 
 # ---- W1: throughput, 1 and 2 workers --------------------------------------------------
 for workers in 1 2; do
+    want w1 || break
     db=bench_w1_$workers
     new_db $db
     insert_tasks $db $w1 noop
@@ -254,6 +268,7 @@ for workers in 1 2; do
 done
 
 # ---- W2: latency on an idle system ------------------------------------------------------
+if want w2; then
 db=bench_w2
 new_db $db
 start_runtime $db 1 "$tmp/artex-bench"
@@ -284,12 +299,32 @@ fields=$(sql $db -F' ' -c "select
 read -r p50 p95 p99 d50 d99 <<<"$fields"
 for p in p50:$p50 p95:$p95 p99:$p99; do
     result "w2_enqueue_to_handler_ms_${p%%:*}" "${p#*:}" ms
-    result "w2_enqueue_to_handler_ms_${p%%:*}_vs_limit_latency" "$(calc "${p#*:} / $floor_ms" 1)" ratio
+    if [ -n "$floor_ms" ]; then
+        result "w2_enqueue_to_handler_ms_${p%%:*}_vs_limit_latency" "$(calc "${p#*:} / $floor_ms" 1)" ratio
+    fi
 done
 # The same, up to the start of the worker's `running` transaction only (database clock).
 result w2_enqueue_to_running_ms_p50 "$d50" ms
 result w2_enqueue_to_running_ms_p99 "$d99" ms
+# Where the median goes: each step from the start of one transaction to the start of the
+# next (audit rows carry their transaction's start time).
+sql $db -F' ' -c "select round(percentile_cont(0.5) within group (order by a)::numeric, 2),
+        round(percentile_cont(0.5) within group (order by r)::numeric, 2),
+        round(percentile_cont(0.5) within group (order by h)::numeric, 2)
+    from (select extract(epoch from asg.at - t.created_at) * 1000 a,
+                 extract(epoch from run.at - asg.at) * 1000 r,
+                 (t.result->>'t_us')::float8 / 1000 - extract(epoch from run.at) * 1000 h
+          from artex.tasks t
+          join artex.task_transitions asg on asg.task_id = t.id and asg.to_status = 'assigned'
+          join artex.task_transitions run on run.task_id = t.id and run.to_status = 'running'
+          where t.payload->>'warmup' = 'false') s" | {
+    read -r a r h
+    result w2_p50_insert_to_assignment_ms "$a" ms
+    result w2_p50_assignment_to_start_ms "$r" ms
+    result w2_p50_start_to_handler_ms "$h" ms
+}
 drop_db $db
+fi
 
 # ---- W3: claim cost against the backlog ---------------------------------------------------
 # The planner's claim query as the runtime sends it (prepared; the 7 runs let PostgreSQL
@@ -317,6 +352,7 @@ drain_rate() { # db → $rate (not in a subshell: the processes it starts must s
         order by id limit $w3_drain) t")
 }
 for backlog in small big finished; do
+    want w3 || break
     db=bench_w3_$backlog
     new_db $db
     case $backlog in
@@ -348,6 +384,7 @@ for backlog in small big finished; do
 done
 
 # ---- W4: soak ---------------------------------------------------------------------------
+if want w4; then
 db=bench_w4
 new_db $db
 insert_tasks $db "$w4" noop
@@ -382,4 +419,5 @@ result w4_task_events_mb "$(calc "$events / 1048576" 1)" MB
 result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
 result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
+fi
 echo "# done"
