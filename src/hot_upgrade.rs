@@ -278,17 +278,22 @@ impl Upgrader {
             // From here the successor serves this socket too: this process reports ready
             // while it hands over (a draining 503 would fail callers for no reason).
             self.handed_over.store(true, Ordering::Release);
-            suspended = self
+            let handover = self
                 .worker
                 .send(SuspendForHandover {
                     deadline: self.suspend_deadline,
                 })
                 .await
                 .map_err(|e| format!("suspending tasks: {e}"))?;
+            suspended = handover.suspended;
+            // Everything else assigned here moves; what runs on here and what is handed
+            // over below stays put.
+            let mut keep = handover.staying;
+            keep.extend(suspended.iter().map(|(id, _)| *id));
             let to = child_worker.clone().unwrap_or_default();
             moved = self
                 .bb
-                .move_assigned(&old_worker, &to, self.lease_secs)
+                .move_assigned(&old_worker, &to, self.lease_secs, &keep)
                 .await
                 .map_err(|e| format!("moving unstarted tasks: {e}"))?;
             old.transfer(&old_worker, suspended.clone()).await
@@ -327,7 +332,7 @@ impl Upgrader {
                     // Whatever reached the dead child comes back here.
                     if let Err(e) = self
                         .bb
-                        .move_assigned(cw, &old_worker, self.lease_secs)
+                        .move_assigned(cw, &old_worker, self.lease_secs, &[])
                         .await
                     {
                         tracing::warn!(error = %e, "rollback: cannot take back unstarted tasks; the reaper will");

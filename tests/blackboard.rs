@@ -207,6 +207,7 @@ fn completion(t: &StartedTask, epoch: i64, outcome: Outcome) -> Completion {
         retries: t.retries,
         max_retries: t.max_retries,
         outcome,
+        started_ago_ms: None,
     }
 }
 
@@ -638,6 +639,136 @@ async fn lease_epoch_never_moves_backwards() {
 }
 
 #[tokio::test]
+async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let bb = &db.bb;
+    let ran = insert_task(&c).await;
+    let long = insert_task(&c).await;
+    let idle = insert_task(&c).await;
+    for id in [ran, long, idle] {
+        assign(&c, id, "w1").await;
+    }
+    // Reading assignments writes nothing.
+    let held = bb.fetch_assigned("w1", 10).await.unwrap();
+    assert_eq!(held.len(), 3);
+    for id in [ran, long, idle] {
+        assert_eq!(status_of(&c, id).await, "assigned");
+    }
+    let task = |id| held.iter().find(|t| t.id == id).unwrap();
+    let started = |t: &StartedTask, outcome, ago| Completion {
+        started_ago_ms: ago,
+        ..completion(t, t.epoch, outcome)
+    };
+
+    // `ran` finished before its start was written; `long` runs on (its start alone);
+    // `idle` never ran, so it cannot have an outcome (only be given back).
+    let written = bb
+        .record(
+            "w1",
+            &[
+                started(task(ran), Outcome::Succeeded(json!(1)), Some(250.0)),
+                started(task(long), Outcome::Started, Some(40.0)),
+                started(task(idle), Outcome::Succeeded(json!(1)), None),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.len(), 2, "{written:?}");
+    assert!(!written.contains(&idle));
+    assert_eq!(status_of(&c, ran).await, "succeeded");
+    assert_eq!(status_of(&c, long).await, "running");
+    assert_eq!(status_of(&c, idle).await, "assigned");
+    // The start time is the handler's, not the write's.
+    let ms: f64 = c
+        .query_one(
+            "select (extract(epoch from finished_at - started_at) * 1000)::float8 from artex.tasks
+             where id = $1",
+            &[&ran],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (200.0..5000.0).contains(&ms),
+        "{ms} ms between start and finish"
+    );
+
+    let trail = |id: Uuid| {
+        let c = &c;
+        async move {
+            c.query(
+                "select coalesce(from_status::text, 'new') || '>' || to_status
+                     || coalesce(' ' || reason, '')
+                 from artex.task_transitions where task_id = $1 order by id",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        trail(ran).await,
+        [
+            "new>pending submitted",
+            "pending>assigned",
+            "assigned>running started",
+            "running>succeeded"
+        ]
+    );
+    let events: Vec<String> = c
+        .query(
+            "select coalesce(from_status::text, 'new') || '>' || to_status
+             from artex.task_events where task_id = $1 order by id",
+            &[&ran],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        events,
+        ["new>pending", "assigned>running", "running>succeeded"]
+    );
+
+    // Then `long` ends: one step, from `running`.
+    let written = bb
+        .record(
+            "w1",
+            &[started(
+                task(long),
+                Outcome::Succeeded(json!(2)),
+                Some(90.0),
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!(written, [long]);
+    assert_eq!(
+        trail(long).await[2..],
+        ["assigned>running started", "running>succeeded"]
+    );
+
+    // Plain SQL cannot jump from `assigned` to an outcome without saying when it started.
+    let e = c
+        .execute(
+            "update artex.tasks set status = 'succeeded' where id = $1",
+            &[&idle],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        msg(&e).contains("illegal task transition assigned -> succeeded"),
+        "{}",
+        msg(&e)
+    );
+}
+
+#[tokio::test]
 async fn writes_with_a_stale_epoch_change_nothing() {
     let db = TestDb::new().await;
     let c = db.client().await;
@@ -654,7 +785,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     let before = snapshot(&c, id).await;
     for (worker, epoch) in [("w1", e - 1), ("w1", e + 1), ("w2", e)] {
         let done = bb
-            .complete(
+            .record(
                 worker,
                 &[completion(t1, epoch, Outcome::Succeeded(json!(1)))],
             )
@@ -685,12 +816,12 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 
     let before = snapshot(&c, id).await;
     let done = bb
-        .complete("w1", &[completion(t1, e, Outcome::Succeeded(json!("old")))])
+        .record("w1", &[completion(t1, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
     assert!(done.is_empty(), "the old holder completed {done:?}");
     let done = bb
-        .complete("w2", &[completion(t2, e, Outcome::Succeeded(json!("old")))])
+        .record("w2", &[completion(t2, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
     assert!(
@@ -729,7 +860,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
         [id]
     );
     let done = bb
-        .complete(
+        .record(
             "w2",
             &[completion(t2, t2.epoch, Outcome::Succeeded(json!("new")))],
         )
@@ -772,7 +903,7 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     };
     let done = db
         .bb
-        .complete("w1", &[completion(&t, t.epoch, failed)])
+        .record("w1", &[completion(&t, t.epoch, failed)])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -817,7 +948,7 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     };
     let done = db
         .bb
-        .complete("w1", &[completion(&t, t.epoch, failed)])
+        .record("w1", &[completion(&t, t.epoch, failed)])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -847,7 +978,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let id = insert_task_with_budget(&c, 1).await;
     let t = start(&db, &c, id, "w1").await;
     db.bb
-        .complete("w1", &[completion(&t, t.epoch, timed_out())])
+        .record("w1", &[completion(&t, t.epoch, timed_out())])
         .await
         .unwrap();
     assert_eq!(
@@ -858,7 +989,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let t = start(&db, &c, id, "w1").await;
     let done = db
         .bb
-        .complete("w1", &[completion(&t, t.epoch, timed_out())])
+        .record("w1", &[completion(&t, t.epoch, timed_out())])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -868,7 +999,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let id = insert_task_with_budget(&c, 0).await;
     let t = start(&db, &c, id, "w1").await;
     db.bb
-        .complete("w1", &[completion(&t, t.epoch, Outcome::Released)])
+        .record("w1", &[completion(&t, t.epoch, Outcome::Released)])
         .await
         .unwrap();
     let r = c
@@ -956,7 +1087,7 @@ async fn the_outbox_holds_meaningful_changes_only() {
     );
 
     let done = bb
-        .complete(
+        .record(
             "w1",
             &[completion(&t, t.epoch, Outcome::Succeeded(json!({})))],
         )

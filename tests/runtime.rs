@@ -430,27 +430,32 @@ async fn sigterm_drains_a_worker_gracefully() {
     let c2 = &c;
     let aid = a_id.clone();
     let http = worker_http(&c, &a).await;
-    // Two handlers run; the other four wait in the worker's local queue, started in the
-    // blackboard (`running`, leased) with the two.
+    // Two handlers run; the other four wait in the worker's local queue, still `assigned`
+    // in the blackboard.
     wait_for(
-        "all 6 held by the worker, 2 of them running",
+        "2 running and 4 queued on the worker",
         Duration::from_secs(20),
         || {
             let aid = aid.clone();
             let http = http.clone();
             async move {
-                let held = c2
+                let r = c2
                     .query_one(
-                        "select count(*) from artex.tasks where assigned_to = $1 and status = 'running'",
+                        "select count(*) filter (where status = 'running'),
+                            count(*) filter (where status = 'assigned')
+                     from artex.tasks where assigned_to = $1",
                         &[&aid],
                     )
                     .await
-                    .unwrap()
-                    .get::<_, i64>(0);
+                    .unwrap();
                 let (_, body) = http_get(&http, "/status").ok()?;
                 let status: serde_json::Value = serde_json::from_str(&body).ok()?;
                 let running = status["running"].as_array()?.len();
-                (held == 6 && running == 2 && status["queued"] == 4).then_some(())
+                (r.get::<_, i64>(0) == 2
+                    && r.get::<_, i64>(1) == 4
+                    && running == 2
+                    && status["queued"] == 4)
+                    .then_some(())
             }
         },
     )
@@ -471,7 +476,7 @@ async fn sigterm_drains_a_worker_gracefully() {
     assert_eq!(
         count(
             &c,
-            "select count(*) from artex.tasks where status = 'pending' and retries = 0 and started_at is not null"
+            "select count(*) from artex.tasks where status = 'pending' and retries = 0 and started_at is null"
         )
         .await,
         4

@@ -1,8 +1,10 @@
 //! The Worker: one per worker process. It registers and heartbeats, listens for its
-//! assignments, starts them up to its concurrency, runs each handler (with a timeout,
-//! catching panics), renews the leases of long tasks, and records outcomes in batches —
-//! a group commit: outcomes that arrive while one batch is being written form the next.
-//! Every write names the lease epoch, so a worker that lost a task changes nothing.
+//! assignments, reads them (up to its concurrency plus its prefetch, the rest waiting in
+//! a local queue), runs each handler at once (with a timeout, catching panics), renews
+//! the leases of long tasks, and records starts and outcomes in batches — a group commit:
+//! what arrives while one batch is being written forms the next. A start is recorded
+//! after the handler began, or with the outcome when the task finished first. Every
+//! write names the lease epoch, so a worker that lost a task changes nothing.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -220,9 +222,9 @@ pub struct WorkerConfig {
     pub http_addr: Option<String>,
     /// Handlers running at once.
     pub concurrency: usize,
-    /// Tasks held beyond `concurrency`: started in the blackboard in one batch with the
-    /// others and queued here until a slot frees up. The local queue hides the planner's
-    /// round trip and makes every start and completion batch larger.
+    /// Tasks held beyond `concurrency`: read in one batch with the others and queued here
+    /// until a slot frees up. The local queue hides the planner's round trip and makes
+    /// every batch of starts and outcomes larger.
     pub prefetch: usize,
     /// Lease length; renewed every third of it.
     pub lease: Duration,
@@ -259,6 +261,8 @@ struct Running {
     retries: i32,
     max_retries: i32,
     started: Instant,
+    /// Its start is in a batch written or being written.
+    start_sent: bool,
     abort: AbortHandle,
     resumable: bool,
     suspend: Arc<AtomicBool>,
@@ -290,7 +294,7 @@ pub struct WorkerStatus {
     pub database_error: Option<String>,
     /// Tasks running now.
     pub running: Vec<RunningTask>,
-    /// Tasks started in the blackboard and waiting here for a free slot.
+    /// Tasks read from the blackboard and waiting here for a free slot.
     pub queued: usize,
     /// Outcomes waiting to be written.
     pub unwritten_outcomes: usize,
@@ -307,23 +311,25 @@ pub struct Worker {
     registry: Registry,
     stats: ActorStats,
     running: HashMap<Uuid, Running>,
-    /// Started in the blackboard (`running`, leased to this worker), not yet handed to a
-    /// handler: the local queue, at most `prefetch` beyond the free slots.
+    /// Assigned to this worker (leased) and read, not yet handed to a handler: the local
+    /// queue, at most `prefetch` beyond the free slots.
     queue: VecDeque<StartedTask>,
+    /// Every (task, epoch) this worker took, so that a read never takes one twice: a task
+    /// it ran stays `assigned` in the blackboard until its outcome is written. `None`
+    /// while the outcome is not written; then the number of reads started by then: a read
+    /// started later sees the write, and the entry goes.
+    taken: HashMap<(Uuid, i64), Option<u64>>,
+    /// Reads started so far.
+    fetches: u64,
+    /// The last read returned as many tasks as it asked for: there may be more.
+    maybe_more: bool,
     outbox: Vec<Completion>,
     flushing: bool,
     fetching: bool,
     fetch_again: bool,
     draining: bool,
-    /// Draining for a hot upgrade: queued tasks go to the successor instead of back to
-    /// the planner.
-    handing_over: bool,
-    /// Draining, and the blackboard says so: queued tasks may go back to the planner.
-    release_queue: bool,
     drain_waiters: Vec<oneshot::Sender<()>>,
     suspended: Vec<(Uuid, i64)>,
-    /// Queued tasks given back by the current drain.
-    released_queued: usize,
     suspend_waiters: Vec<oneshot::Sender<()>>,
     db_error: Option<String>,
     finished: u64,
@@ -346,16 +352,16 @@ impl Worker {
             stats,
             running: HashMap::new(),
             queue: VecDeque::new(),
+            taken: HashMap::new(),
+            fetches: 0,
+            maybe_more: false,
             outbox: Vec::new(),
             flushing: false,
             fetching: false,
             fetch_again: false,
             draining: false,
-            handing_over: false,
-            release_queue: false,
             drain_waiters: Vec::new(),
             suspended: Vec::new(),
-            released_queued: 0,
             suspend_waiters: Vec::new(),
             db_error: None,
             finished: 0,
@@ -387,12 +393,9 @@ impl Worker {
             .await
     }
 
-    /// How many more tasks this worker may take: running and queued count against its
-    /// concurrency plus its prefetch.
-    fn free_slots(&self) -> usize {
-        (self.config.concurrency + self.config.prefetch)
-            .max(1)
-            .saturating_sub(self.running.len() + self.queue.len())
+    /// How many tasks it may hold: running and queued.
+    fn capacity(&self) -> usize {
+        (self.config.concurrency + self.config.prefetch).max(1)
     }
 
     /// Tasks it holds: running or queued.
@@ -400,39 +403,26 @@ impl Worker {
         self.running.len() + self.queue.len()
     }
 
-    /// Hands queued tasks to handlers while slots are free. When draining, queued tasks
-    /// never start here: a hot upgrade hands them to the successor, a plain drain gives
-    /// them back (`running → pending`, no attempt counted) once the worker's row says
-    /// `draining`.
+    /// Hands queued tasks to handlers while slots are free, then has their starts
+    /// recorded. When draining, the queue is dropped: its tasks are still `assigned` in
+    /// the blackboard, where a drain gives them back and a hot upgrade hands them over.
     fn pump(&mut self, ctx: &mut Context<Self>) {
         if self.draining {
-            if self.handing_over {
-                let queued: Vec<(Uuid, i64)> =
-                    self.queue.drain(..).map(|t| (t.id, t.epoch)).collect();
-                self.suspended.extend(queued);
-            } else if self.release_queue && !self.queue.is_empty() {
-                let released: Vec<Completion> = self
-                    .queue
-                    .drain(..)
-                    .map(|t| Completion {
-                        id: t.id,
-                        epoch: t.epoch,
-                        retries: t.retries,
-                        max_retries: t.max_retries,
-                        outcome: Outcome::Released,
-                    })
-                    .collect();
-                self.released_queued += released.len();
-                self.outbox.extend(released);
-                self.flush(ctx);
+            for t in self.queue.drain(..) {
+                self.taken.remove(&(t.id, t.epoch));
             }
             return;
         }
+        let mut started = false;
         while self.running.len() < self.config.concurrency.max(1) {
             let Some(task) = self.queue.pop_front() else {
                 break;
             };
             self.run(task, ctx);
+            started = true;
+        }
+        if started {
+            self.flush(ctx);
         }
     }
 
@@ -444,7 +434,8 @@ impl Worker {
         }
     }
 
-    /// Starts (in the blackboard) as many assigned tasks as it may hold, into the queue.
+    /// Reads the tasks assigned to it (up to its capacity) into the queue and starts
+    /// what fits.
     fn fetch(&mut self, ctx: &mut Context<Self>) {
         if self.draining {
             return;
@@ -453,40 +444,43 @@ impl Worker {
             self.fetch_again = true;
             return;
         }
-        let free = self.free_slots();
-        if free == 0 {
+        if self.held() >= self.capacity() {
             return;
         }
         self.fetching = true;
         self.fetch_again = false;
+        self.fetches += 1;
+        let this_fetch = self.fetches;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
-        let lease = self.config.lease.as_secs_f64();
-        async move { bb.start_assigned(&id, free as i64, lease).await }
+        let limit = self.capacity();
+        async move { bb.fetch_assigned(&id, limit as i64).await }
             .into_actor(self)
             .map(move |res, act, ctx| {
                 act.fetching = false;
                 act.db_result(&res);
                 match res {
-                    // Tasks whose start committed are this worker's, draining or not: a
-                    // drain waits for this start, then gives them back or hands them over.
                     Ok(tasks) => {
-                        let full = tasks.len() == free;
-                        act.queue.extend(tasks);
-                        act.pump(ctx);
-                        if full {
-                            act.fetch_again = true;
+                        act.maybe_more = tasks.len() == limit;
+                        for t in tasks {
+                            if let std::collections::hash_map::Entry::Vacant(e) =
+                                act.taken.entry((t.id, t.epoch))
+                            {
+                                e.insert(None);
+                                act.queue.push_back(t);
+                            }
                         }
+                        act.taken.retain(|_, written| written.is_none_or(|at| at >= this_fetch));
+                        act.pump(ctx);
                     }
                     Err(e) => {
                         act.stats.failed("worker");
-                        tracing::warn!(error = %e, "cannot start assigned tasks; retrying on the next poll");
+                        tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
                     }
                 }
                 if act.fetch_again {
                     act.fetch(ctx);
                 }
-                act.check_suspended();
                 act.check_drained();
             })
             .spawn(ctx);
@@ -523,6 +517,7 @@ impl Worker {
                 retries: task.retries,
                 max_retries: task.max_retries,
                 started: Instant::now(),
+                start_sent: false,
                 abort,
                 resumable: self.registry.resumable.contains(&task.kind),
                 suspend,
@@ -558,40 +553,83 @@ impl Worker {
         });
     }
 
+    /// Writes the waiting outcomes and the starts not written yet, in one statement.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.flushing || self.outbox.is_empty() {
+        if self.flushing {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.outbox);
+        let mut starts = Vec::new();
+        for (id, r) in self.running.iter_mut().filter(|(_, r)| !r.start_sent) {
+            r.start_sent = true;
+            starts.push((*id, r.epoch));
+            batch.push(Completion {
+                id: *id,
+                epoch: r.epoch,
+                retries: r.retries,
+                max_retries: r.max_retries,
+                outcome: Outcome::Started,
+                started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
+            });
+        }
+        if batch.is_empty() {
             return;
         }
         self.flushing = true;
-        let batch = std::mem::take(&mut self.outbox);
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         async move {
-            let res = bb.complete(&id, &batch).await;
+            let res = bb.record(&id, &batch).await;
             (res, batch)
         }
         .into_actor(self)
-        .map(|(res, batch), act, ctx| {
+        .map(move |(res, batch), act, ctx| {
             act.flushing = false;
             act.db_result(&res);
             match res {
                 Ok(written) => {
-                    act.finished += written.len() as u64;
-                    if written.len() < batch.len() {
-                        for c in batch.iter().filter(|c| !written.contains(&c.id)) {
-                            act.fenced_off += 1;
+                    let written: HashSet<Uuid> = written.into_iter().collect();
+                    for c in &batch {
+                        if c.outcome != Outcome::Started || !written.contains(&c.id) {
+                            act.taken.insert((c.id, c.epoch), Some(act.fetches));
+                        }
+                    }
+                    for c in batch.iter().filter(|c| !written.contains(&c.id)) {
+                        act.fenced_off += 1;
+                        if c.outcome == Outcome::Started {
+                            // Taken back or handed over before its start was written:
+                            // stop the handler; whatever it would write is fenced off.
+                            if let Some(r) = act.running.get(&c.id).filter(|r| r.epoch == c.epoch) {
+                                tracing::warn!(task = %c.id, epoch = c.epoch, "lease lost before the start was written; stopping the handler");
+                                r.abort.abort();
+                                act.running.remove(&c.id);
+                            }
+                        } else {
                             tracing::warn!(task = %c.id, epoch = c.epoch,
                                 "outcome discarded: the lease was lost before it was written");
                         }
                     }
+                    act.finished += batch
+                        .iter()
+                        .filter(|c| c.outcome != Outcome::Started && written.contains(&c.id))
+                        .count() as u64;
                     act.stats.ran("worker");
                 }
                 Err(e) => {
-                    // Outcomes are never dropped while the process lives: put them back
-                    // and try again shortly (the database may be restarting).
+                    // Nothing is dropped while the process lives: outcomes go back to the
+                    // outbox, starts are sent again with the next batch (the database may
+                    // be restarting).
                     act.stats.failed("worker");
-                    tracing::warn!(error = %e, count = batch.len(), "cannot record outcomes; retrying");
-                    let mut again = batch;
+                    tracing::warn!(error = %e, count = batch.len(), "cannot record starts and outcomes; retrying");
+                    for (id, epoch) in &starts {
+                        if let Some(r) = act.running.get_mut(id).filter(|r| r.epoch == *epoch) {
+                            r.start_sent = false;
+                        }
+                    }
+                    let mut again: Vec<Completion> = batch
+                        .into_iter()
+                        .filter(|c| c.outcome != Outcome::Started)
+                        .collect();
                     again.append(&mut act.outbox);
                     act.outbox = again;
                     ctx.run_later(Duration::from_millis(100), |act, ctx| act.flush(ctx));
@@ -599,6 +637,7 @@ impl Worker {
                 }
             }
             act.flush(ctx);
+            act.check_suspended();
             act.check_drained();
         })
         .spawn(ctx);
@@ -631,6 +670,9 @@ impl Worker {
                         .filter(|(id, _)| !kept.contains(id))
                         .copied()
                         .collect();
+                    for key in &lost {
+                        act.taken.insert(*key, Some(act.fetches));
+                    }
                     act.queue.retain(|t| {
                         let gone = lost.contains(&(t.id, t.epoch));
                         if gone {
@@ -693,12 +735,10 @@ impl Worker {
 
     /// Wakes a waiting handover once no resumable task is still on its way to a checkpoint.
     fn check_suspended(&mut self) {
-        // A start in flight may bring tasks that must be handed over too.
-        let waiting = self.fetching
-            || self
-                .running
-                .values()
-                .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
+        let waiting = self
+            .running
+            .values()
+            .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
         if !waiting {
             for w in self.suspend_waiters.drain(..) {
                 let _ = w.send(());
@@ -876,10 +916,14 @@ impl Handler<TaskFinished> for Worker {
             retries: r.retries,
             max_retries: r.max_retries,
             outcome,
+            started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
         });
-        self.flush(ctx);
+        // Handlers started now have their starts written with this outcome.
         self.pump(ctx);
-        self.fetch(ctx);
+        self.flush(ctx);
+        if self.queue.is_empty() && self.maybe_more {
+            self.fetch(ctx);
+        }
         self.check_suspended();
     }
 }
@@ -910,9 +954,6 @@ impl Handler<Drain> for Worker {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
-        self.handing_over = false;
-        self.release_queue = false;
-        self.released_queued = 0;
         // Tasks stopped for a handover that did not take them: back to the planner.
         for (id, epoch) in std::mem::take(&mut self.suspended) {
             self.outbox.push(Completion {
@@ -921,12 +962,15 @@ impl Handler<Drain> for Worker {
                 retries: 0,
                 max_retries: 0,
                 outcome: Outcome::Released,
+                started_ago_ms: None,
             });
         }
+        self.pump(ctx);
         self.flush(ctx);
         let finished_before = self.finished;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
+        let running: Vec<Uuid> = self.running.keys().copied().collect();
         Box::pin(
             async move {
                 // Draining first: a task given back while the roster still shows this
@@ -934,7 +978,8 @@ impl Handler<Drain> for Worker {
                 if let Err(e) = bb.set_worker_state(&id, "draining").await {
                     tracing::warn!(error = %e, "cannot mark the worker draining");
                 }
-                bb.release_assigned(&id, "released by a draining worker")
+                // Queued and unread tasks go back; running ones finish here.
+                bb.release_assigned(&id, "released by a draining worker", &running)
                     .await
                     .map(|v| v.len())
                     .unwrap_or_else(|e| {
@@ -943,9 +988,7 @@ impl Handler<Drain> for Worker {
                     })
             }
             .into_actor(self)
-            .then(move |released, act, ctx| {
-                act.release_queue = true;
-                act.pump(ctx);
+            .then(move |released, act, _ctx| {
                 let (tx, rx) = oneshot::channel();
                 act.drain_waiters.push(tx);
                 act.check_drained();
@@ -957,7 +1000,7 @@ impl Handler<Drain> for Worker {
             })
             .then(move |(released, finished_in_time), act, _ctx| {
                 let mut report = DrainReport {
-                    released_unstarted: released + act.released_queued,
+                    released_unstarted: released,
                     ..Default::default()
                 };
                 let mut late = Vec::new();
@@ -970,6 +1013,7 @@ impl Handler<Drain> for Worker {
                             retries: r.retries,
                             max_retries: r.max_retries,
                             outcome: Outcome::Released,
+                            started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
                         });
                     }
                 }
@@ -982,7 +1026,7 @@ impl Handler<Drain> for Worker {
                     // The last writes of this process: retry for a while if the database
                     // is restarting, then leave what is left to the reaper.
                     for attempt in 0..50 {
-                        match bb.complete(&id, &outcomes).await {
+                        match bb.record(&id, &outcomes).await {
                             Ok(_) => break,
                             Err(e) => {
                                 tracing::warn!(error = %e, attempt, "cannot record final outcomes");
@@ -1019,20 +1063,30 @@ impl Handler<GetStatus> for Worker {
 
 /// Hot upgrade, old side: stop taking work and bring every resumable running task to a
 /// stop at its next checkpoint (aborting those that do not reach one by `deadline`).
-/// Answers with the tasks to hand over, at the epochs this worker held them.
+/// Answers with the tasks to hand over and the ones that keep running here.
 #[derive(Message)]
-#[rtype(result = "Vec<(Uuid, i64)>")]
+#[rtype(result = "Handover")]
 pub struct SuspendForHandover {
     /// How long resumable tasks may take to reach a checkpoint.
     pub deadline: Duration,
 }
 
+/// What a worker suspending for a hot upgrade answers.
+#[derive(Debug, Clone, Default)]
+pub struct Handover {
+    /// Stopped at a checkpoint (or at the deadline), to resume in the new process: (task
+    /// id, epoch held).
+    pub suspended: Vec<(Uuid, i64)>,
+    /// Tasks whose handlers run on here to their end (not resumable). Every other task
+    /// assigned to this worker (its queue, what it had not read) moves to the new process.
+    pub staying: Vec<Uuid>,
+}
+
 impl Handler<SuspendForHandover> for Worker {
-    type Result = ResponseActFuture<Self, Vec<(Uuid, i64)>>;
+    type Result = ResponseActFuture<Self, Handover>;
 
     fn handle(&mut self, msg: SuspendForHandover, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
-        self.handing_over = true;
         self.pump(ctx);
         for r in self.running.values() {
             if r.resumable {
@@ -1062,7 +1116,10 @@ impl Handler<SuspendForHandover> for Worker {
                         act.suspended.push((id, r.epoch));
                     }
                 }
-                std::mem::take(&mut act.suspended)
+                Handover {
+                    suspended: std::mem::take(&mut act.suspended),
+                    staying: act.running.keys().copied().collect(),
+                }
             }),
         )
     }
@@ -1110,8 +1167,10 @@ impl Handler<ResumeTasks> for Worker {
                     for t in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a handed-over task from its checkpoint");
                         report.resumed.push(t.id);
+                        act.taken.insert((t.id, t.epoch), None);
                         act.run(t, ctx);
                     }
+                    act.flush(ctx);
                     Ok(report)
                 }),
         )
@@ -1127,8 +1186,6 @@ impl Handler<ResumeWork> for Worker {
     type Result = ();
     fn handle(&mut self, _msg: ResumeWork, ctx: &mut Context<Self>) {
         self.draining = false;
-        self.handing_over = false;
-        self.release_queue = false;
         for r in self.running.values() {
             r.suspend.store(false, Ordering::Release);
         }

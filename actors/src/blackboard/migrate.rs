@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "wakeups_after_commit",
         sql: include_str!("../../../migrations/V3__wakeups_after_commit.sql"),
     },
+    Migration {
+        version: 4,
+        name: "start_recorded_with_outcome",
+        sql: include_str!("../../../migrations/V4__start_recorded_with_outcome.sql"),
+    },
 ];
 
 /// What `migrate` did.

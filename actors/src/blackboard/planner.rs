@@ -95,7 +95,7 @@ const ASSIGN: &str = "with a as (
             lease_until = now() + make_interval(secs => $4::float8)
         from artex.set_context($1, 'assigned') ctx,
              unnest($2::uuid[], $3::text[]) as v(id, worker)
-        where ctx and t.id = v.id and t.status::text = 'pending' -- by primary key: see COMPLETE
+        where ctx and t.id = v.id and t.status::text = 'pending' -- by primary key: see RECORD
         returning t.id, t.assigned_to
     )
     select a.id, w.channel from a left join artex.workers w on w.id = a.assigned_to";

@@ -1,7 +1,8 @@
-//! A worker's SQL: register and heartbeat, start what was assigned to it, renew leases,
-//! save checkpoints, record outcomes in batches, release what it will not run. Every
-//! write to a task names the lease epoch the worker holds: a worker that lost its lease
-//! changes nothing.
+//! A worker's SQL: register and heartbeat, read what was assigned to it, record starts
+//! and outcomes in batches (a start after the fact, or together with the outcome: see
+//! migrations/V4__start_recorded_with_outcome.sql), renew leases, save checkpoints,
+//! release what it will not run. Every write to a task names the lease epoch the worker
+//! holds: a worker that lost its lease changes nothing.
 
 use uuid::Uuid;
 
@@ -29,7 +30,7 @@ pub struct Registration {
     pub capacity: i32,
 }
 
-/// A task a worker just started.
+/// A task held by a worker (assigned to it, or started), with what its handler needs.
 #[derive(Debug, Clone)]
 pub struct StartedTask {
     /// Task id.
@@ -52,9 +53,11 @@ pub struct StartedTask {
     pub flow_id: Option<Uuid>,
 }
 
-/// How an attempt ended.
+/// What happened to a task a worker holds: its handler started, or how it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
+    /// The handler started (`assigned → running`), recorded after the fact.
+    Started,
     /// Done, with a result.
     Succeeded(serde_json::Value),
     /// Failed; retried after `retry_in_ms` if the budget allows, else failed for good.
@@ -75,7 +78,7 @@ pub enum Outcome {
     Released,
 }
 
-/// One outcome to record, fenced by the epoch the worker held.
+/// One start or outcome to record, fenced by the epoch the worker held.
 #[derive(Debug, Clone)]
 pub struct Completion {
     /// Task id.
@@ -88,6 +91,10 @@ pub struct Completion {
     pub max_retries: i32,
     /// What happened.
     pub outcome: Outcome,
+    /// How long ago its handler started here (milliseconds), if it did: a task whose
+    /// start is not recorded yet goes from `assigned` straight to its outcome, with this
+    /// start time.
+    pub started_ago_ms: Option<f64>,
 }
 
 impl Completion {
@@ -103,6 +110,7 @@ impl Completion {
     ) {
         let exhausted = self.retries + 1 > self.max_retries;
         match &self.outcome {
+            Outcome::Started => ("running", None, None, false, 0),
             Outcome::Succeeded(v) => ("succeeded", Some(v), None, false, 0),
             Outcome::Failed { error, retry_in_ms } => {
                 let status = if exhausted { "failed" } else { "pending" };
@@ -149,11 +157,11 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
         last_seen = now()
     where id = $1";
 
-// No row lock before the update: only this worker starts its assigned tasks (one start
-// at a time), and the update's own re-check of `status` and `assigned_to` skips a row a
-// reaper, a cancel or a handover changed meanwhile. (A `for update` here would write
-// every row twice.) MATERIALIZED: as a subquery in FROM, PostgreSQL may rescan it once
-// per outer row.
+// Starts tasks now, in one durable write (tools and tests; a worker reads its tasks with
+// FETCH and records their starts with RECORD). No row lock before the update: the
+// update's own re-check of `status` and `assigned_to` skips a row a reaper, a cancel or
+// a handover changed meanwhile (a `for update` would write every row twice).
+// MATERIALIZED: as a subquery in FROM, PostgreSQL may rescan it once per outer row.
 const START: &str = "with s as materialized (
         select id from artex.tasks
         where assigned_to = $1 and status = 'assigned'
@@ -167,23 +175,43 @@ const START: &str = "with s as materialized (
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
               t.checkpoint, t.flow_id";
 
+// What the worker holds and has not read yet is what it reads: no write, no lock (the
+// tasks are its own, fenced by their epoch). It reads up to its capacity in start order
+// and skips the ones it already has.
+const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
+        checkpoint, flow_id
+    from artex.tasks
+    where assigned_to = $1 and status = 'assigned'
+    order by priority desc, run_at, id
+    limit $2";
+
 // Statements that name their rows by id find each through the primary key. Their
 // `status` test is written `status::text = …` on purpose: as a plain enum test it lets
 // PostgreSQL drive the join from a partial index (`tasks_held`) that statistics show
 // nearly empty, and with hundreds of tasks held it compares every held row with every
 // listed one (seen: 250,000 comparisons for one batch of 500).
-const COMPLETE: &str = "update artex.tasks t
+//
+// Starts and outcomes, one statement per batch. A task still `assigned` whose handler
+// ran (`started_ago_ms` given) gets its start time with its outcome (or with `running`);
+// one that did not run can only be given back (`pending`).
+const RECORD: &str = "update artex.tasks t
     set status = v.status::artex.task_status,
         result = v.result,
         error = coalesce(v.error, t.error),
         retries = t.retries + v.failed::int,
         run_at = case when v.status = 'pending'
-                      then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end
+                      then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end,
+        started_at = case when t.status = 'assigned' and v.started_ago_ms is not null
+                          then now() - make_interval(secs => v.started_ago_ms / 1000.0)
+                          else t.started_at end
     from artex.set_context($1, null) ctx, artex.defer_wakeups() deferred,
          unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::bool[],
-                $8::float8[]) as v(id, epoch, status, result, error, failed, delay_ms)
+                $8::float8[], $9::float8[])
+             as v(id, epoch, status, result, error, failed, delay_ms, started_ago_ms)
     where ctx and deferred and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and t.status::text = 'running'
+      and (t.status::text = 'running'
+           or (t.status::text = 'assigned'
+               and (v.started_ago_ms is not null or v.status = 'pending')))
     returning t.id";
 
 const RENEW: &str = "update artex.tasks t
@@ -193,13 +221,18 @@ const RENEW: &str = "update artex.tasks t
       and t.status::text in ('assigned', 'running')
     returning t.id";
 
-const CHECKPOINT: &str = "update artex.tasks set checkpoint = $3
-    where id = $1 and lease_epoch = $2 and status = 'running'
-    returning id";
+// A checkpoint is progress, so the task has started: it records the start if that was
+// not written yet.
+const CHECKPOINT: &str = "update artex.tasks t set checkpoint = $3, status = 'running'
+    from (select artex.set_context(assigned_to, 'started') from artex.tasks where id = $1) ctx(ok)
+    where ctx.ok and t.id = $1 and t.lease_epoch = $2 and t.status in ('assigned', 'running')
+    returning t.id";
 
+// Gives back what is assigned to the worker, except the tasks it is running (their start
+// may not be written yet).
 const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
     from artex.set_context($1, $2) ctx
-    where ctx and t.assigned_to = $1 and t.status = 'assigned'
+    where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($3::uuid[])
     returning t.id";
 
 impl Blackboard {
@@ -246,8 +279,9 @@ impl Blackboard {
         Ok(())
     }
 
-    /// Moves up to `limit` of the tasks assigned to `worker` to `running`, with a fresh
-    /// lease, and returns what the handlers need.
+    /// Moves up to `limit` of the tasks assigned to `worker` to `running` now, durably,
+    /// with a fresh lease, and returns what the handlers need. (The worker itself reads
+    /// with [`Blackboard::fetch_assigned`] and records starts with [`Blackboard::record`].)
     pub async fn start_assigned(
         &self,
         worker: &str,
@@ -266,10 +300,23 @@ impl Blackboard {
         rows.iter().map(started_from_row).collect()
     }
 
-    /// Records a batch of outcomes in one statement (one audit insert, one commit), then
-    /// wakes the planners (capacity freed, retries pending) and the feed's readers.
-    /// Returns the ids actually written: a missing id was fenced off (its lease was lost).
-    pub async fn complete(&self, worker: &str, batch: &[Completion]) -> Result<Vec<Uuid>> {
+    /// Up to `limit` tasks assigned to `worker` and not started, in start order. A read:
+    /// the handler may start at once, its start is recorded with [`Blackboard::record`].
+    pub async fn fetch_assigned(&self, worker: &str, limit: i64) -> Result<Vec<StartedTask>> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FETCH).await?;
+        let rows = client.query(&stmt, &[&worker, &limit]).await?;
+        rows.iter().map(started_from_row).collect()
+    }
+
+    /// Records a batch of starts and outcomes in one statement (one audit insert, one
+    /// commit), then wakes the planners (capacity freed, retries pending) and the feed's
+    /// readers. Returns the ids actually written: a missing id was fenced off (its lease
+    /// was lost).
+    pub async fn record(&self, worker: &str, batch: &[Completion]) -> Result<Vec<Uuid>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -280,6 +327,7 @@ impl Blackboard {
         let mut errors = Vec::with_capacity(batch.len());
         let mut failed = Vec::with_capacity(batch.len());
         let mut delays = Vec::with_capacity(batch.len());
+        let mut started_ago = Vec::with_capacity(batch.len());
         for c in batch {
             let (status, result, error, counted, delay) = c.row();
             ids.push(c.id);
@@ -289,14 +337,23 @@ impl Blackboard {
             errors.push(error);
             failed.push(counted);
             delays.push(delay as f64);
+            started_ago.push(c.started_ago_ms);
         }
         let client = self.client().await?;
-        let stmt = client.prepare_cached(COMPLETE).await?;
+        let stmt = client.prepare_cached(RECORD).await?;
         let rows = client
             .query(
                 &stmt,
                 &[
-                    &worker, &ids, &epochs, &statuses, &results, &errors, &failed, &delays,
+                    &worker,
+                    &ids,
+                    &epochs,
+                    &statuses,
+                    &results,
+                    &errors,
+                    &failed,
+                    &delays,
+                    &started_ago,
                 ],
             )
             .await?;
@@ -342,11 +399,17 @@ impl Blackboard {
             .is_some())
     }
 
-    /// Gives back every task assigned to `worker` that it has not started.
-    pub async fn release_assigned(&self, worker: &str, reason: &str) -> Result<Vec<Uuid>> {
+    /// Gives back every task assigned to `worker` except the ones in `running` (whose
+    /// handlers run, their start perhaps not written yet).
+    pub async fn release_assigned(
+        &self,
+        worker: &str,
+        reason: &str,
+        running: &[Uuid],
+    ) -> Result<Vec<Uuid>> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(RELEASE_ASSIGNED).await?;
-        let rows = client.query(&stmt, &[&worker, &reason]).await?;
+        let rows = client.query(&stmt, &[&worker, &reason, &running]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 }
@@ -361,7 +424,7 @@ const TAKE_OVER: &str = "update artex.tasks t
     from artex.set_context($2, 'handed over by ' || $1) ctx,
          unnest($4::uuid[], $5::int8[]) as v(id, epoch)
     where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and t.status::text = 'running'
+      and t.status::text in ('assigned', 'running')
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
               t.checkpoint, t.flow_id";
 
@@ -370,7 +433,7 @@ const MOVE_ASSIGNED: &str = "with moved as (
         set assigned_to = $2, lease_epoch = t.lease_epoch + 1,
             lease_until = now() + make_interval(secs => $3::float8)
         from artex.set_context($1, 'handed over to ' || $2) ctx
-        where ctx and t.assigned_to = $1 and t.status = 'assigned'
+        where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($4::uuid[])
         returning t.id
     )
     select count(*), (select count(pg_notify(w.channel, '')) from artex.workers w
@@ -400,12 +463,21 @@ impl Blackboard {
         rows.iter().map(started_from_row).collect()
     }
 
-    /// Moves every task assigned (not started) to `from` over to `to`, and wakes `to`.
-    /// Returns how many moved.
-    pub async fn move_assigned(&self, from: &str, to: &str, lease_secs: f64) -> Result<i64> {
+    /// Moves every task assigned to `from` over to `to`, except the ones in `running`
+    /// (whose handlers run in `from`, their start perhaps not written yet), and wakes
+    /// `to`. Returns how many moved.
+    pub async fn move_assigned(
+        &self,
+        from: &str,
+        to: &str,
+        lease_secs: f64,
+        running: &[Uuid],
+    ) -> Result<i64> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(MOVE_ASSIGNED).await?;
-        let row = client.query_one(&stmt, &[&from, &to, &lease_secs]).await?;
+        let row = client
+            .query_one(&stmt, &[&from, &to, &lease_secs, &running])
+            .await?;
         Ok(row.try_get(0)?)
     }
 }
