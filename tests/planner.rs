@@ -81,6 +81,30 @@ fn plan_spreads_tasks_over_workers_that_run_their_kind() {
     }
 }
 
+#[test]
+fn plan_gives_each_worker_one_run_of_neighbouring_tasks() {
+    let worker = |id: &str, free: i32| RosterEntry {
+        id: id.into(),
+        kinds: vec!["echo".into()],
+        capacity: free,
+        held: 0,
+    };
+    let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
+    let claimed: Vec<Claimed> = (0..10)
+        .map(|_| Claimed {
+            id: uuid::Uuid::new_v4(),
+            kind: "echo".into(),
+        })
+        .collect();
+    let out: Vec<String> = plan(&claimed, &roster)
+        .into_iter()
+        .map(|a| a.worker)
+        .collect();
+    // Shares 4 / 4 / 2 of the 10 (proportional to free slots, rounded up), each as one
+    // run in claim order: interleaved rows would have two workers write the same pages.
+    assert_eq!(out, ["a", "a", "a", "a", "b", "b", "b", "b", "c", "c"]);
+}
+
 #[tokio::test]
 async fn one_assignment_round_fills_free_capacity_in_priority_order() {
     let db = TestDb::new().await;

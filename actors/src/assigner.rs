@@ -26,30 +26,58 @@ pub struct AssignerConfig {
     pub shards: (i32, Vec<i32>),
 }
 
-/// Matches claimed tasks to workers: each task goes to the eligible worker with the most
-/// free slots (ties by id), so load spreads evenly. Pure, so it is tested directly.
+/// Matches claimed tasks to workers so that load spreads evenly: each worker's share of
+/// the round is proportional to its free slots, and it gets its share as one run of
+/// consecutive tasks (claimed in dispatch order, so mostly neighbours in the table):
+/// two workers writing interleaved rows would contend for the same pages. A task whose
+/// kind the current worker does not run goes to the eligible worker with the most free
+/// slots (ties by id). Pure, so it is tested directly.
 pub fn plan(claimed: &[Claimed], roster: &[RosterEntry]) -> Vec<Assignment> {
     let mut free: HashMap<&str, i32> = roster.iter().map(|w| (w.id.as_str(), w.free())).collect();
+    let total: i64 = free.values().map(|&f| i64::from(f)).sum();
+    let n = claimed.len() as i64;
+    // This round's share of each worker (at least one task when it has a free slot).
+    let mut share: HashMap<&str, i64> = free
+        .iter()
+        .map(|(&w, &f)| {
+            let s = if total == 0 {
+                0
+            } else {
+                (n * i64::from(f) + total - 1) / total
+            };
+            (w, s.min(i64::from(f)))
+        })
+        .collect();
     let mut out = Vec::with_capacity(claimed.len());
+    let mut current: Option<&RosterEntry> = None;
     for task in claimed {
-        let best = roster
-            .iter()
-            .filter(|w| w.kinds.iter().any(|k| k == &task.kind))
-            .filter(|w| free[w.id.as_str()] > 0)
-            .max_by(|a, b| {
-                free[a.id.as_str()]
-                    .cmp(&free[b.id.as_str()])
-                    .then_with(|| b.id.cmp(&a.id))
-            });
-        if let Some(w) = best {
-            if let Some(slots) = free.get_mut(w.id.as_str()) {
-                *slots -= 1;
-            }
-            out.push(Assignment {
-                task: task.id,
-                worker: w.id.clone(),
-            });
+        let runs = |w: &RosterEntry| w.kinds.iter().any(|k| k == &task.kind);
+        let keep =
+            current.filter(|w| runs(w) && free[w.id.as_str()] > 0 && share[w.id.as_str()] > 0);
+        let chosen = keep.or_else(|| {
+            roster
+                .iter()
+                .filter(|w| runs(w) && free[w.id.as_str()] > 0)
+                .max_by(|a, b| {
+                    (share[a.id.as_str()] > 0, free[a.id.as_str()])
+                        .cmp(&(share[b.id.as_str()] > 0, free[b.id.as_str()]))
+                        .then_with(|| b.id.cmp(&a.id))
+                })
+        });
+        let Some(w) = chosen else {
+            continue;
+        };
+        current = Some(w);
+        if let Some(slots) = free.get_mut(w.id.as_str()) {
+            *slots -= 1;
         }
+        if let Some(s) = share.get_mut(w.id.as_str()) {
+            *s -= 1;
+        }
+        out.push(Assignment {
+            task: task.id,
+            worker: w.id.clone(),
+        });
     }
     out
 }
