@@ -6,7 +6,7 @@
 #   Limit  pgbench, a minimal jobs table, claim + done in one transaction: 1 job and 100
 #          jobs per transaction. The ceiling every other figure is divided by.
 #   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10,
-#          local queue 500) drain them; again with 2 workers. Time from process start to
+#          local queue 2,000) drain them; again with 2 workers. Time from process start to
 #          the last finish.
 #   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
 #          enqueue → handler start, p50/p95/p99.
@@ -20,7 +20,7 @@
 # that every task succeeded with its audit trail, asserts no speed.)
 # ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4; ratios to the
 # ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers' default
-# `--concurrency 10 --prefetch 500` (e.g. to compare prefetch depths).
+# `--concurrency 10 --prefetch 2000` (e.g. to compare prefetch depths).
 # ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
 # the statements that cost the time (it slows PostgreSQL down a little).
 set -euo pipefail
@@ -38,7 +38,7 @@ fi
 profile=${ARTEX_BENCH_PROFILE:-0}
 only=",${ARTEX_BENCH_ONLY:-limit,w1,w2,w3,w4},"
 want() { [[ $only == *",$1,"* ]]; }
-read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 500}"
+read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 
 db_url() { echo "${url/\/artex\?//$1?}"; }
 sql() { PGOPTIONS='-c client_min_messages=warning' psql "$(db_url "$1")" -XAtq -v ON_ERROR_STOP=1 "${@:2}"; }
@@ -58,7 +58,7 @@ insert_tasks() { # db count kind: in one statement per 100,000
     sql "$1" -c "vacuum analyze" -c checkpoint
 }
 
-# 1 planner + N workers (concurrency 10, a local queue of 500, other settings default,
+# 1 planner + N workers (concurrency 10, a local queue of 2,000, other settings default,
 # unless ARTEX_BENCH_WORKER_ARGS says otherwise) on database $1.
 start_runtime() { # db workers [worker binary]
     local u; u=$(db_url "$1")
