@@ -21,6 +21,7 @@
 # ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4; ratios to the
 # ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers' default
 # `--concurrency 10 --prefetch 2000` (e.g. to compare prefetch depths).
+# ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB" tries server settings.
 # ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
 # the statements that cost the time (it slows PostgreSQL down a little).
 set -euo pipefail
@@ -154,6 +155,13 @@ trap 'exit 143' TERM
 
 url=$("$artex" db start --data-dir "$tmp/db" 2>/dev/null)
 
+# ARTEX_BENCH_PG_SETTINGS="name=value …": server settings to try (alter system + restart).
+if [ -n "${ARTEX_BENCH_PG_SETTINGS:-}" ]; then
+    for kv in $ARTEX_BENCH_PG_SETTINGS; do sql postgres -c "alter system set ${kv%%=*} = '${kv#*=}'"; done
+    "$artex" db stop --data-dir "$tmp/db" >/dev/null
+    "$artex" db start --data-dir "$tmp/db" >/dev/null 2>&1
+    echo "# server settings: $ARTEX_BENCH_PG_SETTINGS"
+fi
 if [ "$profile" = 1 ]; then
     sql postgres -c "alter system set shared_preload_libraries = 'pg_stat_statements'"
     "$artex" db stop --data-dir "$tmp/db" >/dev/null

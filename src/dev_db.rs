@@ -269,6 +269,11 @@ impl Cluster {
             ("port".into(), SOCKET_PORT.to_string()),
             ("max_connections".into(), "300".into()),
             ("shared_buffers".into(), "'256MB'".into()),
+            // The task table turns over its rows at thousands per second: with the default
+            // 60 s between autovacuum checks, dead versions pile up for a minute and every
+            // index walk over held and runnable tasks slows down (scripts/bench.sh W4: a
+            // 30% decline over 400,000 tasks; flat at 2 s).
+            ("autovacuum_naptime".into(), "'2s'".into()),
         ];
         match self.opts.tcp_port {
             Some(port) => {
