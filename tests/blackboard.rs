@@ -10,7 +10,7 @@ use artex_actors::blackboard::{
     Completion, Outcome, ReapParams, StartedTask, TaskStatus, CLAIM_SQL, TASKS_CHANNEL,
 };
 use chrono::{DateTime, Utc};
-use common::TestDb;
+use common::{lines_of, TestDb};
 use serde_json::{json, Value};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -694,21 +694,14 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
         "{ms} ms between start and finish"
     );
 
-    let trail = |id: Uuid| {
-        let c = &c;
-        async move {
-            c.query(
-                "select coalesce(from_status::text, 'new') || '>' || to_status
-                     || coalesce(' ' || reason, '')
-                 from artex.task_transitions where task_id = $1 order by id",
-                &[&id],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect::<Vec<_>>()
-        }
+    let trail = |id| {
+        lines_of(
+            &c,
+            "select coalesce(from_status::text, 'new') || '>' || to_status
+                 || coalesce(' ' || reason, '')
+             from artex.task_transitions where task_id = $1 order by id",
+            id,
+        )
     };
     assert_eq!(
         trail(ran).await,
@@ -719,17 +712,13 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
             "running>succeeded"
         ]
     );
-    let events: Vec<String> = c
-        .query(
-            "select coalesce(from_status::text, 'new') || '>' || to_status
-             from artex.task_events where task_id = $1 order by id",
-            &[&ran],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let events = lines_of(
+        &c,
+        "select coalesce(from_status::text, 'new') || '>' || to_status
+         from artex.task_events where task_id = $1 order by id",
+        ran,
+    )
+    .await;
     assert_eq!(
         events,
         ["new>pending", "assigned>running", "running>succeeded"]

@@ -7,6 +7,7 @@
 mod common;
 
 use common::count;
+use common::lines_of;
 use common::run_cli as artex;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -331,17 +332,13 @@ async fn the_outbox_holds_meaningful_changes_only() {
         (db.bb.task(id).await.ok()?.status == TaskStatus::Succeeded).then_some(())
     })
     .await;
-    let lines: Vec<String> = c
-        .query(
-            "select coalesce(from_status::text, '(new)') || '>' || to_status::text
-             from artex.task_events where task_id = $1 order by xid, id",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let lines = lines_of(
+        &c,
+        "select coalesce(from_status::text, '(new)') || '>' || to_status::text
+         from artex.task_events where task_id = $1 order by xid, id",
+        id,
+    )
+    .await;
     assert_eq!(
         lines,
         ["(new)>pending", "assigned>running", "running>succeeded"]

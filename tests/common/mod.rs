@@ -300,6 +300,16 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// The first column of every row of `sql` about one task (`$1`), as text.
+pub async fn lines_of(c: &Client, sql: &str, task: uuid::Uuid) -> Vec<String> {
+    c.query(sql, &[&task])
+        .await
+        .expect(sql)
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Runs the `artex` CLI against `url` to completion; returns (exit code, stdout, stderr).
 pub fn run_cli(url: &str, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(artex_bin())
