@@ -403,6 +403,17 @@ impl Worker {
         self.running.len() + self.queue.len()
     }
 
+    /// Tasks this process ran or is running whose outcome is not written yet (with the
+    /// queue emptied, that is what a drain must not give back and a handover must not
+    /// move: their start may not be written, so they may still read `assigned`).
+    fn ran_here(&self) -> Vec<Uuid> {
+        self.taken
+            .iter()
+            .filter(|(_, written)| written.is_none())
+            .map(|((id, _), _)| *id)
+            .collect()
+    }
+
     /// Hands queued tasks to handlers while slots are free, then has their starts
     /// recorded. When draining, the queue is dropped: its tasks are still `assigned` in
     /// the blackboard, where a drain gives them back and a hot upgrade hands them over.
@@ -970,7 +981,7 @@ impl Handler<Drain> for Worker {
         let finished_before = self.finished;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
-        let running: Vec<Uuid> = self.running.keys().copied().collect();
+        let running = self.ran_here();
         Box::pin(
             async move {
                 // Draining first: a task given back while the roster still shows this
@@ -978,7 +989,8 @@ impl Handler<Drain> for Worker {
                 if let Err(e) = bb.set_worker_state(&id, "draining").await {
                     tracing::warn!(error = %e, "cannot mark the worker draining");
                 }
-                // Queued and unread tasks go back; running ones finish here.
+                // Queued and unread tasks go back; running ones finish here, and finished
+                // ones whose outcome is on its way stay for it.
                 bb.release_assigned(&id, "released by a draining worker", &running)
                     .await
                     .map(|v| v.len())
@@ -1077,8 +1089,9 @@ pub struct Handover {
     /// Stopped at a checkpoint (or at the deadline), to resume in the new process: (task
     /// id, epoch held).
     pub suspended: Vec<(Uuid, i64)>,
-    /// Tasks whose handlers run on here to their end (not resumable). Every other task
-    /// assigned to this worker (its queue, what it had not read) moves to the new process.
+    /// Tasks whose handlers run on here to their end (not resumable), or whose outcome
+    /// is still being written here. Every other task assigned to this worker (its queue,
+    /// what it had not read) moves to the new process.
     pub staying: Vec<Uuid>,
 }
 
@@ -1118,7 +1131,7 @@ impl Handler<SuspendForHandover> for Worker {
                 }
                 Handover {
                     suspended: std::mem::take(&mut act.suspended),
-                    staying: act.running.keys().copied().collect(),
+                    staying: act.ran_here(),
                 }
             }),
         )
