@@ -251,6 +251,8 @@ for workers in 1 2; do
     check_all_succeeded $db $w1
     rate=$(sql $db -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks")
     throughput w1_tasks_per_s_${workers}worker "$(calc "$rate")"
+    # Of that time, start-up: from the processes' start to the first task finished.
+    result w1_${workers}worker_first_finish_ms "$(sql $db -c "select round(((extract(epoch from min(finished_at)) - $t0) * 1000)::numeric) from artex.tasks")" ms
     # What one task costs: transactions PostgreSQL ran (including those in which each
     # LISTENing session reads the NOTIFY queue), WAL written and flushed, CPU spent by
     # PostgreSQL and by the artex processes (both include start-up; PostgreSQL's includes
@@ -344,8 +346,8 @@ claim_ms() { # db → median execution time of 7 runs
       echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
 }
 # Drain rate on top of the backlog: the first half of $w3_small completions (so a backlog
-# is left in every case), from the first finish to the last (start-up excluded), 1 planner
-# + 2 workers.
+# is left in every case), from the first batch of finishes to the last (start-up
+# excluded), 1 planner + 2 workers.
 w3_drain=$((w3_small / 2))
 drain_rate() { # db → $rate (not in a subshell: the processes it starts must stay ours)
     local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_events")
@@ -355,9 +357,13 @@ drain_rate() { # db → $rate (not in a subshell: the processes it starts must s
     stop_runtime
     [ "$(sql "$1" -c "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')")" = 0 ] \
         || die "$1: tasks failed"
-    rate=$(sql "$1" -c "select round(($w3_drain - 1) / extract(epoch from max(at) - min(at))) from (
-        select at from artex.task_events where id > $base and to_status = 'succeeded'
-        order by id limit $w3_drain) t")
+    # Completions after the first batch over the time since it (a batch shares one
+    # timestamp); 0 when a single batch did it all (--quick).
+    rate=$(sql "$1" -c "select coalesce(round(count(*) filter (where at > first)
+            / nullif(extract(epoch from max(at) - min(first)), 0)), 0)
+        from (select at, min(at) over () as first from (
+            select at from artex.task_events where id > $base and to_status = 'succeeded'
+            order by id limit $w3_drain) e) t")
 }
 for backlog in small big finished; do
     want w3 || break

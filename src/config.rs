@@ -93,8 +93,9 @@ pub struct PlannerArgs {
     /// Safety-net poll for runnable tasks, milliseconds (NOTIFY wakes it sooner).
     #[arg(long, env = "ARTEX_PLANNER_POLL_MS", default_value_t = 200)]
     pub planner_poll_ms: u64,
-    /// Tasks assigned per transaction at most.
-    #[arg(long, env = "ARTEX_BATCH", default_value_t = 500)]
+    /// Tasks assigned per transaction at most (a round never assigns more than the
+    /// workers' free slots, so this only matters with deep worker queues).
+    #[arg(long, env = "ARTEX_BATCH", default_value_t = 2000)]
     pub batch: i64,
     /// Lease given with an assignment, milliseconds.
     #[arg(long, env = "ARTEX_ASSIGN_LEASE_MS", default_value_t = 30_000)]
