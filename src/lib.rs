@@ -128,8 +128,8 @@ pub async fn run_planner(
     let (b, s) = (bb.clone(), stats.clone());
     let assigner = Supervisor::start(move |_| Assigner::new(b, assigner_cfg, s));
     let (b, s, a) = (bb.clone(), stats.clone(), assigner.clone());
-    let (poll, batch) = (ms(args.planner_poll_ms), args.batch);
-    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, batch, s));
+    let poll = ms(args.planner_poll_ms);
+    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s));
     let params = ReapParams {
         now: None,
         worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),

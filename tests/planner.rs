@@ -193,3 +193,50 @@ async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
     let round = Assigner::run_once(&db.bb, &config()).await.unwrap();
     assert_eq!(round.assigned, 0);
 }
+
+/// After idle, the Assigner's first round is small (its workers start within
+/// milliseconds instead of waiting for a 2,000-row write), and each round that fills its
+/// batch lets the next one be four times larger, up to `--batch`.
+#[test]
+fn rounds_start_small_after_idle_and_grow() {
+    actix::System::new().block_on(async {
+        use actix::Actor;
+        let db = TestDb::new().await;
+        db.bb
+            .register_worker(&registration("w1", &["echo"], 100_000))
+            .await
+            .unwrap();
+        let submit = |n: usize| {
+            let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new("echo", json!({}))).collect();
+            let bb = db.bb.clone();
+            async move { bb.submit_many(&tasks, "test").await.unwrap() }
+        };
+        submit(1000).await;
+        let config = AssignerConfig {
+            batch: 2000,
+            ..config()
+        };
+        let assigner = Assigner::new(db.bb.clone(), config, Default::default()).start();
+        let rounds = |n: usize| {
+            let assigner = assigner.clone();
+            async move {
+                let mut reports = Vec::new();
+                for _ in 0..n {
+                    let send = assigner.send(artex_actors::assigner::AssignNow);
+                    reports.push(send.await.unwrap().unwrap());
+                }
+                reports
+            }
+        };
+        let reports = rounds(4).await;
+        let sizes: Vec<usize> = reports.iter().map(|r| r.assigned).collect();
+        // 128, then 512, then the 360 left; a round that finds nothing resets the ramp.
+        assert_eq!(sizes, [128, 512, 360, 0]);
+        // The scanner runs the next round at once only while a round filled its batch.
+        let again: Vec<bool> = reports.iter().map(|r| r.more_may_fit()).collect();
+        assert_eq!(again, [true, true, false, false]);
+        submit(3000).await;
+        let sizes: Vec<usize> = rounds(3).await.iter().map(|r| r.assigned).collect();
+        assert_eq!(sizes, [128, 512, 2000]);
+    });
+}

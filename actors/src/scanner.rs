@@ -16,26 +16,24 @@ pub struct Scanner {
     bb: Blackboard,
     assigner: Addr<Assigner>,
     poll: Duration,
-    batch: i64,
     stats: ActorStats,
     in_flight: bool,
     again: bool,
 }
 
 impl Scanner {
-    /// A scanner that polls every `poll` and asks `assigner` for rounds of up to `batch`.
+    /// A scanner that polls every `poll` and asks `assigner` for rounds (another at once
+    /// when one filled its batch while workers had room left).
     pub fn new(
         bb: Blackboard,
         assigner: Addr<Assigner>,
         poll: Duration,
-        batch: i64,
         stats: ActorStats,
     ) -> Self {
         Scanner {
             bb,
             assigner,
             poll,
-            batch,
             stats,
             in_flight: false,
             again: false,
@@ -59,8 +57,7 @@ impl Scanner {
                 match res {
                     Ok(Ok(report)) => {
                         act.stats.ran("scanner");
-                        // A full batch means more may be runnable right now.
-                        if report.assigned > 0 && report.assigned as i64 >= act.batch {
+                        if report.more_may_fit() {
                             act.again = true;
                         }
                         if report.assigned > 0 {

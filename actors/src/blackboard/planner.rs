@@ -58,6 +58,16 @@ pub struct AssignReport {
     pub workers_notified: usize,
     /// Free capacity the roster showed before the cycle.
     pub free_capacity: i64,
+    /// The most this cycle could assign (free capacity, batch size).
+    pub limit: i64,
+}
+
+impl AssignReport {
+    /// The cycle assigned all it could while workers still had free slots: more may be
+    /// runnable right now.
+    pub fn more_may_fit(&self) -> bool {
+        self.assigned > 0 && self.assigned as i64 >= self.limit && self.limit < self.free_capacity
+    }
 }
 
 /// What one reaper sweep did.
