@@ -758,7 +758,8 @@ impl Worker {
     }
 
     fn check_drained(&mut self) {
-        // A start in flight may have committed tasks this worker does not know of yet.
+        // Drained: nothing runs, every outcome is written, and no read is in flight (what
+        // it brings is dropped, but only once it has come back).
         if self.draining
             && self.running.is_empty()
             && self.queue.is_empty()
