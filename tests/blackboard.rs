@@ -10,7 +10,7 @@ use artex_actors::blackboard::{
     Completion, Outcome, ReapParams, StartedTask, TaskStatus, CLAIM_SQL, TASKS_CHANNEL,
 };
 use chrono::{DateTime, Utc};
-use common::{lines_of, TestDb};
+use common::{lines_of, start_assigned, TestDb};
 use serde_json::{json, Value};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -765,7 +765,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     let id = insert_task(&c).await;
     assign(&c, id, "w1").await;
     let e = epoch_of(&c, id).await;
-    let started = bb.start_assigned("w1", 10, 30.0).await.unwrap();
+    let started = start_assigned(bb, "w1", 10).await;
     assert_eq!(started.len(), 1);
     let t1 = &started[0];
     assert_eq!((t1.id, t1.epoch), (id, e));
@@ -798,7 +798,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     assert_eq!((report.requeued, report.ended), (1, 0), "{report:?}");
     assert_eq!(status_of(&c, id).await, "pending");
     assign(&c, id, "w2").await;
-    let started = bb.start_assigned("w2", 10, 30.0).await.unwrap();
+    let started = start_assigned(bb, "w2", 10).await;
     assert_eq!(started.len(), 1);
     let t2 = &started[0];
     assert_eq!(t2.epoch, e + 1);
@@ -871,7 +871,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 /// Assigns `id` to `worker` and starts it through the API.
 async fn start(db: &TestDb, c: &Client, id: Uuid, worker: &str) -> StartedTask {
     assign(c, id, worker).await;
-    let mut started = db.bb.start_assigned(worker, 10, 30.0).await.unwrap();
+    let mut started = start_assigned(&db.bb, worker, 10).await;
     assert_eq!(started.len(), 1);
     let t = started.pop().unwrap();
     assert_eq!(t.id, id);

@@ -164,7 +164,7 @@ async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
         .await
         .unwrap();
     Assigner::run_once(&db.bb, &config()).await.unwrap();
-    let started = db.bb.start_assigned("w1", 1, 30.0).await.unwrap();
+    let started = common::start_assigned(&db.bb, "w1", 1).await;
     assert_eq!(started.len(), 1);
 
     // Now: nothing expired, nobody silent.

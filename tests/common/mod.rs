@@ -300,6 +300,35 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// Starts up to `limit` of the tasks assigned to `worker` the way a worker does: reads
+/// them, then records their starts. Returns the ones started.
+pub async fn start_assigned(
+    bb: &Blackboard,
+    worker: &str,
+    limit: i64,
+) -> Vec<artex_actors::blackboard::StartedTask> {
+    use artex_actors::blackboard::{Completion, Outcome};
+    let held = bb
+        .fetch_assigned(worker, limit)
+        .await
+        .expect("reading assignments");
+    let starts: Vec<Completion> = held
+        .iter()
+        .map(|t| Completion {
+            id: t.id,
+            epoch: t.epoch,
+            retries: t.retries,
+            max_retries: t.max_retries,
+            outcome: Outcome::Started,
+            started_ago_ms: Some(0.0),
+        })
+        .collect();
+    let written = bb.record(worker, &starts).await.expect("recording starts");
+    held.into_iter()
+        .filter(|t| written.contains(&t.id))
+        .collect()
+}
+
 /// The first column of every row of `sql` about one task (`$1`), as text.
 pub async fn lines_of(c: &Client, sql: &str, task: uuid::Uuid) -> Vec<String> {
     c.query(sql, &[&task])

@@ -125,7 +125,7 @@ impl Completion {
     }
 }
 
-/// A started task from a row of `START`'s or `TAKE_OVER`'s `returning` list.
+/// A held task from a row of `FETCH`'s or `TAKE_OVER`'s result.
 fn started_from_row(r: &tokio_postgres::Row) -> Result<StartedTask> {
     Ok(StartedTask {
         id: r.try_get(0)?,
@@ -156,24 +156,6 @@ const HEARTBEAT: &str = "update artex.workers set last_seen = now(), inflight = 
 const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
         last_seen = now()
     where id = $1";
-
-// Starts tasks now, in one durable write (tools and tests; a worker reads its tasks with
-// FETCH and records their starts with RECORD). No row lock before the update: the
-// update's own re-check of `status` and `assigned_to` skips a row a reaper, a cancel or
-// a handover changed meanwhile (a `for update` would write every row twice).
-// MATERIALIZED: as a subquery in FROM, PostgreSQL may rescan it once per outer row.
-const START: &str = "with s as materialized (
-        select id from artex.tasks
-        where assigned_to = $1 and status = 'assigned'
-        order by priority desc, run_at, id
-        limit $2
-    )
-    update artex.tasks t
-    set status = 'running', lease_until = now() + make_interval(secs => $3::float8)
-    from artex.set_context($1, 'started') ctx, artex.defer_wakeups() deferred, s
-    where ctx and deferred and t.id = s.id and t.status::text = 'assigned' and t.assigned_to = $1
-    returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
-              t.checkpoint, t.flow_id";
 
 // What the worker holds and has not read yet is what it reads: no write, no lock (the
 // tasks are its own, fenced by their epoch). It reads up to its capacity in start order
@@ -277,27 +259,6 @@ impl Blackboard {
         let stmt = client.prepare_cached(SET_STATE).await?;
         client.execute(&stmt, &[&worker, &state]).await?;
         Ok(())
-    }
-
-    /// Moves up to `limit` of the tasks assigned to `worker` to `running` now, durably,
-    /// with a fresh lease, and returns what the handlers need. (The worker itself reads
-    /// with [`Blackboard::fetch_assigned`] and records starts with [`Blackboard::record`].)
-    pub async fn start_assigned(
-        &self,
-        worker: &str,
-        limit: i64,
-        lease_secs: f64,
-    ) -> Result<Vec<StartedTask>> {
-        if limit <= 0 {
-            return Ok(Vec::new());
-        }
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(START).await?;
-        let rows = client.query(&stmt, &[&worker, &limit, &lease_secs]).await?;
-        if !rows.is_empty() {
-            self.wake(&[EVENTS_CHANNEL]);
-        }
-        rows.iter().map(started_from_row).collect()
     }
 
     /// Up to `limit` tasks assigned to `worker` and not started, in start order. A read:
