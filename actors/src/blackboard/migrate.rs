@@ -32,13 +32,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "wakeups_after_commit",
-        sql: include_str!("../../../migrations/V3__wakeups_after_commit.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "start_recorded_with_outcome",
-        sql: include_str!("../../../migrations/V4__start_recorded_with_outcome.sql"),
+        name: "batched_hot_path",
+        sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
     },
 ];
 

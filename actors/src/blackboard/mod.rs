@@ -149,7 +149,7 @@ impl Blackboard {
     }
 
     /// Sends the wake-ups of a hot-path write right after its commit (see
-    /// migrations/V3__wakeups_after_commit.sql), in a transaction that does not wait for
+    /// migrations/V3__batched_hot_path.sql), in a transaction that does not wait for
     /// the WAL flush, on a task of its own: the writer goes on without waiting. A wake-up
     /// is a hint and its readers poll as well, so a failure is logged, not returned: the
     /// write it follows has committed.

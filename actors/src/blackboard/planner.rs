@@ -252,7 +252,7 @@ impl Blackboard {
         chosen.dedup();
         // One round trip: the assignment, its commit (a failed assignment makes it a
         // rollback), then the chosen workers' wake-ups in a transaction of their own that
-        // does not wait for the WAL flush (see migrations/V3__wakeups_after_commit.sql).
+        // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
         let (rows, committed, _, woken, _) = futures_util::future::join5(
             client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
             client.batch_execute("commit"),

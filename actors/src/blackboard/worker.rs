@@ -1,6 +1,6 @@
 //! A worker's SQL: register and heartbeat, read what was assigned to it, record starts
 //! and outcomes in batches (a start after the fact, or together with the outcome: see
-//! migrations/V4__start_recorded_with_outcome.sql), renew leases, save checkpoints,
+//! migrations/V3__batched_hot_path.sql), renew leases, save checkpoints,
 //! release what it will not run. Every write to a task names the lease epoch the worker
 //! holds: a worker that lost its lease changes nothing.
 

@@ -1,15 +1,47 @@
--- V4: a worker runs a task as soon as it reads the assignment, and records the start
--- afterwards: in its next batch of writes, or together with the outcome when the task
--- finished first. One row update instead of two for a short task, and no durable commit
--- between the assignment and the handler.
+-- V3: the batched hot path. Append-only from here: add V4__… for the next change.
 --
--- The combined write moves a task from `assigned` straight to its outcome and says that
--- it ran by setting `started_at` (to when its handler started). The status machine treats
--- it as `assigned → running → outcome`: both steps must be legal, and the audit trail and
--- the change feed get both rows, in order, the first one at `started_at`. Without a new
--- `started_at` an `assigned → pending | failed | timeout` write stays what it was: a task
--- given back or reclaimed before it ran.
+-- 1. Wake-ups after the commit instead of inside it. PostgreSQL holds one cluster-wide
+--    lock from the moment a transaction that sent a NOTIFY starts to commit until its
+--    commit record is flushed to disk: notifying commits queue behind each other's flush.
+--    artex's hot-path statements (a worker's starts and outcomes, a planner's
+--    assignments) mark their transaction with artex.defer_wakeups() and send the wake-ups
+--    themselves right after the commit, from a session that does not wait for the flush.
+--    Every other writer (psql, other tools, artex's rarer writes) still gets its wake-ups
+--    from the triggers.
+-- 2. A worker runs a task as soon as it reads the assignment and records the start
+--    afterwards: in its next batch of writes, or together with the outcome when the task
+--    finished first. One row update instead of two for a short task, and no durable
+--    commit between the assignment and the handler. The combined write moves a task from
+--    `assigned` straight to its outcome and says that it ran by setting `started_at` (to
+--    when its handler started). The status machine treats it as
+--    `assigned → running → outcome`: both steps must be legal, and the audit trail and
+--    the change feed get both rows, in order, the first one at `started_at`. Without a
+--    new `started_at` an `assigned → pending | failed | timeout` write stays what it was:
+--    a task given back or reclaimed before it ran.
+-- 3. One index fewer on the hot table (below).
 
+create function artex.defer_wakeups() returns boolean language sql volatile as $$
+    select set_config('artex.wakeups', 'deferred', true) is not null
+$$;
+create function artex.wakeups_deferred() returns boolean language sql stable as $$
+    select coalesce(current_setting('artex.wakeups', true) = 'deferred', false)
+$$;
+
+-- V2's function, with its wake-up skipped when the writer sends it itself.
+create or replace function artex.task_events_after_insert() returns trigger language plpgsql as $$
+begin
+    if not artex.wakeups_deferred() and exists (select 1 from new_events) then
+        perform pg_notify('artex_events', '');
+    end if;
+    return null;
+end
+$$;
+
+-- Nothing reads by it (listings order by creation), and a status change, never a HOT
+-- update, added an entry to it every time.
+drop index artex.tasks_status_updated;
+
+-- V1's function, accepting the combined write of 2.
 create or replace function artex.tasks_before_update() returns trigger language plpgsql as $$
 declare
     -- The write records that the task ran: it started and finished since it was assigned.
@@ -82,8 +114,8 @@ begin
 end
 $$;
 
--- V3's function, with the combined write audited as its two steps. The transition tables
--- are joined once (one statement: the audit and outbox inserts are its CTEs). No JIT:
+-- V1's function, with the combined write audited as its two steps and its wake-up
+-- skipped when the writer sends it itself. The transition tables are joined once (one statement: the audit and outbox inserts are its CTEs). No JIT:
 -- these statements take milliseconds, and compiling them took hundreds.
 create or replace function artex.tasks_after_update() returns trigger language plpgsql
 set enable_nestloop = off set jit = off as $$
