@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::{FlowSpec, FlowState, FlowView, TaskStatus};
 use artex_actors::Blackboard;
-use common::procs::{http_get, wait_for, Proc};
+use common::procs::{http_get, wait_for, wait_status, Proc};
 use common::TestDb;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
@@ -43,13 +43,17 @@ async fn wait_flow(bb: &Blackboard, id: Uuid, state: FlowState, timeout: Duratio
     bb.flow(id).await.unwrap()
 }
 
-async fn wait_status(bb: &Blackboard, id: Uuid, status: TaskStatus, timeout: Duration) {
-    wait_for(
-        &format!("task {id} to be {status}"),
-        timeout,
-        || async move { (bb.task(id).await.ok()?.status == status).then_some(()) },
-    )
-    .await
+/// Submits an `echo` task and waits for it to succeed: the runtime dispatches new work.
+async fn probe_runs(db: &TestDb, timeout: Duration) {
+    let probe = db
+        .bb
+        .submit(
+            &artex_actors::blackboard::NewTask::new("echo", json!({})),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_status(&db.bb, probe, TaskStatus::Succeeded, timeout).await;
 }
 
 fn task<'a>(f: &'a FlowView, name: &str) -> &'a artex_actors::blackboard::FlowTaskView {
@@ -423,21 +427,7 @@ async fn pause_holds_and_resume_releases_tasks_and_flows() {
     // The runtime dispatches (a task submitted now runs) but the paused flow waits.
     let _p = Proc::planner("planner", &db.url, &[]);
     let _w = Proc::worker("worker", &db.url, &[]);
-    let probe = db
-        .bb
-        .submit(
-            &artex_actors::blackboard::NewTask::new("echo", json!({})),
-            "test",
-        )
-        .await
-        .unwrap();
-    wait_status(
-        &db.bb,
-        probe,
-        TaskStatus::Succeeded,
-        Duration::from_secs(20),
-    )
-    .await;
+    probe_runs(&db, Duration::from_secs(20)).await;
     assert_eq!(db.bb.task(a).await.unwrap().status, TaskStatus::Paused);
     assert_eq!(db.bb.task(b).await.unwrap().status, TaskStatus::Paused);
 
@@ -570,21 +560,7 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
     })
     .await;
     // The worker is free for new work, and the canceled handlers never wrote an outcome.
-    let probe = db
-        .bb
-        .submit(
-            &artex_actors::blackboard::NewTask::new("echo", json!({})),
-            "test",
-        )
-        .await
-        .unwrap();
-    wait_status(
-        &db.bb,
-        probe,
-        TaskStatus::Succeeded,
-        Duration::from_secs(10),
-    )
-    .await;
+    probe_runs(&db, Duration::from_secs(10)).await;
     assert_eq!(
         count(
             &c,

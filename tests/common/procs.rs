@@ -255,9 +255,10 @@ pub fn fd_count(pid: i32) -> usize {
 pub async fn wait_status(
     bb: &artex_actors::Blackboard,
     id: uuid::Uuid,
-    status: &str,
+    status: impl std::fmt::Display,
     timeout: Duration,
 ) {
+    let status = status.to_string();
     wait_for(&format!("task {id} to be {status}"), timeout, || async {
         (bb.task(id).await.ok()?.status.as_str() == status).then_some(())
     })
