@@ -268,6 +268,21 @@ struct Running {
     suspend: Arc<AtomicBool>,
 }
 
+impl Running {
+    /// What to write for this attempt: its start or its outcome, fenced by its epoch and
+    /// carrying when its handler started here.
+    fn record(&self, id: Uuid, outcome: Outcome) -> Completion {
+        Completion {
+            id,
+            epoch: self.epoch,
+            retries: self.retries,
+            max_retries: self.max_retries,
+            outcome,
+            started_ago_ms: Some(self.started.elapsed().as_secs_f64() * 1000.0),
+        }
+    }
+}
+
 /// A task running in this worker, as `/status` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunningTask {
@@ -570,18 +585,9 @@ impl Worker {
             return;
         }
         let mut batch = std::mem::take(&mut self.outbox);
-        let mut starts = Vec::new();
         for (id, r) in self.running.iter_mut().filter(|(_, r)| !r.start_sent) {
             r.start_sent = true;
-            starts.push((*id, r.epoch));
-            batch.push(Completion {
-                id: *id,
-                epoch: r.epoch,
-                retries: r.retries,
-                max_retries: r.max_retries,
-                outcome: Outcome::Started,
-                started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
-            });
+            batch.push(r.record(*id, Outcome::Started));
         }
         if batch.is_empty() {
             return;
@@ -632,8 +638,8 @@ impl Worker {
                     // be restarting).
                     act.stats.failed("worker");
                     tracing::warn!(error = %e, count = batch.len(), "cannot record starts and outcomes; retrying");
-                    for (id, epoch) in &starts {
-                        if let Some(r) = act.running.get_mut(id).filter(|r| r.epoch == *epoch) {
+                    for c in batch.iter().filter(|c| c.outcome == Outcome::Started) {
+                        if let Some(r) = act.running.get_mut(&c.id).filter(|r| r.epoch == c.epoch) {
                             r.start_sent = false;
                         }
                     }
@@ -922,14 +928,7 @@ impl Handler<TaskFinished> for Worker {
                 }
             }
         };
-        self.outbox.push(Completion {
-            id: msg.id,
-            epoch: r.epoch,
-            retries: r.retries,
-            max_retries: r.max_retries,
-            outcome,
-            started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
-        });
+        self.outbox.push(r.record(msg.id, outcome));
         // Handlers started now have their starts written with this outcome.
         self.pump(ctx);
         self.flush(ctx);
@@ -966,7 +965,8 @@ impl Handler<Drain> for Worker {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
-        // Tasks stopped for a handover that did not take them: back to the planner.
+        // Tasks stopped for a handover that did not take them: back to the planner (a
+        // release counts no attempt, so the retry figures play no part).
         for (id, epoch) in std::mem::take(&mut self.suspended) {
             self.outbox.push(Completion {
                 id,
@@ -1020,14 +1020,7 @@ impl Handler<Drain> for Worker {
                 if !finished_in_time {
                     for (id, r) in act.running.drain() {
                         r.abort.abort();
-                        late.push(Completion {
-                            id,
-                            epoch: r.epoch,
-                            retries: r.retries,
-                            max_retries: r.max_retries,
-                            outcome: Outcome::Released,
-                            started_ago_ms: Some(r.started.elapsed().as_secs_f64() * 1000.0),
-                        });
+                        late.push(r.record(id, Outcome::Released));
                     }
                 }
                 report.released_running = late.len();
