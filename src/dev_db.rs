@@ -319,6 +319,22 @@ impl Cluster {
     }
 }
 
+/// Creates (first time) and starts the embedded cluster unless it runs, and creates its
+/// database. Returns the cluster and whether it had to start the server.
+pub async fn start_embedded(opts: ClusterOptions) -> Result<(Cluster, bool)> {
+    let cluster = Cluster::new(opts)?;
+    let c = cluster.clone();
+    let started = tokio::task::spawn_blocking(move || c.start())
+        .await
+        .map_err(|e| Error::Cluster(format!("starting the cluster: {e}")))??;
+    if started {
+        tracing::info!(data_dir = %cluster.data_dir().display(), "started the embedded PostgreSQL cluster");
+    }
+    artex_actors::blackboard::admin::create_database(&cluster.url("postgres"), DATABASE, None)
+        .await?;
+    Ok((cluster, started))
+}
+
 /// Finds `initdb`, `pg_ctl` and `postgres`: `$ARTEX_PG_BIN`, then `PATH`, then the newest
 /// `/usr/lib/postgresql/*/bin` (Debian keeps the server binaries off `PATH`).
 pub fn find_server_binaries() -> Result<PathBuf> {

@@ -16,6 +16,9 @@ pub enum Error {
     /// The PostgreSQL server binaries are not installed.
     #[error("{0}")]
     PostgresMissing(String),
+    /// A hot upgrade's handover failed on this (the new) side: a failure, not bad input.
+    #[error(transparent)]
+    Handover(#[from] crate::hot_upgrade::HandoverError),
     /// `artex master` could not bring its worker generation up.
     #[error("artex master: {0}")]
     Master(String),
@@ -36,7 +39,8 @@ pub enum Error {
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The process exit code for this error: 2 for bad input, 1 otherwise.
+    /// The process exit code for this error: 2 for bad input (the message names the
+    /// option or value), 1 for every failure (database, network, handover, files).
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,

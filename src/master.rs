@@ -22,9 +22,9 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::{ms, WorkerArgs};
 use crate::error::{Error, Result};
-use crate::hot_upgrade::OldSide;
+use crate::hot_upgrade::{HandoverError, OldSide};
+use crate::process::notify_service;
 
 /// The worker id a generation started by the master is told it takes over from (it has
 /// no tasks to hand over).
@@ -43,11 +43,28 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 /// Safety net for a missed SIGCHLD (they coalesce).
 const REAP_TICK: Duration = Duration::from_millis(500);
 
-/// Runs the master until SIGTERM or SIGINT: serves `listener` through worker generations
-/// started with this process's own command line (`master` replaced by `worker`).
-/// Fails only if the first generation cannot be brought up; later deaths are respawned.
-pub async fn run(args: &WorkerArgs, listener: std::net::TcpListener) -> Result {
-    let master = Master::new(args, listener, &std::env::args_os().collect::<Vec<_>>())?;
+/// What the master runs, and how long it waits.
+pub struct MasterConfig {
+    /// The binary generations start from (our own path on disk: a package upgrade of it
+    /// is what the next respawn runs).
+    pub exe: PathBuf,
+    /// The generations' arguments: `worker` and the flags it runs with.
+    pub generation_args: Vec<OsString>,
+    /// The HTTP listener the generations serve.
+    pub listener: std::net::TcpListener,
+    /// Private folder for the handover sockets (the upgrade folder).
+    pub dir: PathBuf,
+    /// How long a generation has to get ready (`--upgrade-ready-ms`).
+    pub ready_deadline: Duration,
+    /// How long a generation has to drain (`--drain-ms`).
+    pub drain_deadline: Duration,
+}
+
+/// Runs the master until SIGTERM or SIGINT: serves the listener through worker
+/// generations started with `config.generation_args`. Fails only if the first generation
+/// cannot be brought up; later deaths are respawned.
+pub async fn run(config: MasterConfig) -> Result {
+    let master = Master::new(config)?;
     subreaper::become_subreaper()?;
     let mut signals = StopSignals::install()?;
     let mut children = signal(SignalKind::child())
@@ -74,8 +91,8 @@ pub async fn run(args: &WorkerArgs, listener: std::net::TcpListener) -> Result {
         }
     };
     // Under systemd the master is the service (generations have no NOTIFY_SOCKET).
-    crate::notify(notify::ready());
-    crate::notify(notify::status(&generation.describe(&master.http_addr)));
+    notify_service(notify::ready());
+    notify_service(notify::status(&generation.describe(&master.http_addr)));
 
     let mut failures: u32 = 0;
     let mut drain_requested = false;
@@ -120,7 +137,7 @@ pub async fn run(args: &WorkerArgs, listener: std::net::TcpListener) -> Result {
                 "the worker generation died (no process left in its group); respawning"
             );
         }
-        crate::notify(notify::status("worker generation gone; respawning"));
+        notify_service(notify::status("worker generation gone; respawning"));
         let Some(next) = master
             .respawn(&mut number, &mut failures, &mut signals)
             .await
@@ -130,7 +147,7 @@ pub async fn run(args: &WorkerArgs, listener: std::net::TcpListener) -> Result {
         };
         generation = next;
         drain_requested = false;
-        crate::notify(notify::status(&generation.describe(&master.http_addr)));
+        notify_service(notify::status(&generation.describe(&master.http_addr)));
     }
 }
 
@@ -200,23 +217,20 @@ enum Start {
 }
 
 impl Master {
-    fn new(args: &WorkerArgs, listener: std::net::TcpListener, argv: &[OsString]) -> Result<Self> {
-        let http_addr = listener
+    fn new(config: MasterConfig) -> Result<Self> {
+        let http_addr = config
+            .listener
             .local_addr()
             .map_err(|e| Error::io("reading the HTTP listener's address", e))?
             .to_string();
-        // Also checks the upgrade key and token now, before any generation exists.
-        let upgrade = crate::upgrade_settings(args)?;
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::io("finding this executable (for the generations)", e))?;
         Ok(Master {
-            exe,
-            gen_args: generation_args(argv)?,
-            listener,
+            exe: config.exe,
+            gen_args: config.generation_args,
+            listener: config.listener,
             http_addr,
-            dir: upgrade.dir,
-            ready_deadline: ms(args.upgrade_ready_ms),
-            stop_deadline: ms(args.drain_ms) + STOP_MARGIN,
+            dir: config.dir,
+            ready_deadline: config.ready_deadline,
+            stop_deadline: config.drain_deadline + STOP_MARGIN,
         })
     }
 
@@ -311,7 +325,7 @@ impl Master {
             tokio::pin!(handover);
             loop {
                 tokio::select! {
-                    r = &mut handover => break r.map_err(Start::Failed),
+                    r = &mut handover => break r.map_err(|e| Start::Failed(e.to_string())),
                     sig = signals.next() => match sig {
                         StopSignal::Drain => tracing::info!("SIGUSR2 ignored: a generation is starting"),
                         stop => break Err(Start::Stopped(stop)),
@@ -355,7 +369,7 @@ impl Master {
         hs: &HandoverListener,
         child: &mut Child,
         pid: u32,
-    ) -> std::result::Result<String, String> {
+    ) -> std::result::Result<String, HandoverError> {
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
         let mut old = OldSide::accept(hs, child, pid, deadline).await?;
         let worker_id = old.ready(&self.http_addr, MASTER_WORKER).await?;
@@ -372,7 +386,7 @@ impl Master {
         children: &mut tokio::signal::unix::Signal,
     ) -> Result {
         let pgid = generation.pgid;
-        crate::notify(notify::stopping());
+        notify_service(notify::stopping());
         forward(pgid, Signal::SIGTERM);
         if self
             .wait_gone(generation, Instant::now() + self.stop_deadline, children)
@@ -468,38 +482,6 @@ fn backoff(failures: u32) -> Duration {
     }
 }
 
-/// The generations' command line: ours, with the subcommand (`master`) replaced by
-/// `worker`. Before the subcommand only the global options may appear; those that take
-/// a value in the next argument are skipped with it, so a value spelled `master` is
-/// never mistaken for the subcommand.
-fn generation_args(argv: &[OsString]) -> Result<Vec<OsString>> {
-    let cli = <crate::cli::Cli as clap::CommandFactory>::command();
-    let takes_value = |long: &str| {
-        cli.get_arguments()
-            .any(|a| a.get_long() == Some(long) && a.get_action().takes_values())
-    };
-    let mut i = 1;
-    while i < argv.len() {
-        let arg = argv[i].to_string_lossy();
-        if let Some(long) = arg.strip_prefix("--") {
-            if !long.contains('=') && takes_value(long) {
-                i += 1;
-            }
-        } else if !arg.starts_with('-') {
-            if arg != "master" {
-                break;
-            }
-            let mut out = argv[1..].to_vec();
-            out[i - 1] = "worker".into();
-            return Ok(out);
-        }
-        i += 1;
-    }
-    Err(Error::Invalid(
-        "artex master: cannot find the `master` subcommand in the command line".into(),
-    ))
-}
-
 /// `args` for a log line, with the values of secret-bearing options hidden.
 fn masked(args: &[OsString]) -> String {
     const SECRET: [&str; 2] = ["--upgrade-token", "--database-url"];
@@ -526,36 +508,6 @@ mod tests {
 
     fn argv(s: &[&str]) -> Vec<OsString> {
         s.iter().map(OsString::from).collect()
-    }
-
-    #[test]
-    fn the_generation_runs_worker_with_the_same_flags() {
-        let got = generation_args(&argv(&["artex", "master", "--http", "0.0.0.0:8080"])).unwrap();
-        assert_eq!(got, argv(&["worker", "--http", "0.0.0.0:8080"]));
-        // A global option's value may be spelled like the subcommand.
-        let got = generation_args(&argv(&[
-            "/usr/bin/artex",
-            "--data-dir",
-            "master",
-            "--database-url=postgres://x/master",
-            "master",
-            "--concurrency",
-            "master",
-        ]))
-        .unwrap();
-        assert_eq!(
-            got,
-            argv(&[
-                "--data-dir",
-                "master",
-                "--database-url=postgres://x/master",
-                "worker",
-                "--concurrency",
-                "master",
-            ])
-        );
-        let err = generation_args(&argv(&["artex", "worker"])).unwrap_err();
-        assert!(err.to_string().contains("master"), "{err}");
     }
 
     #[test]

@@ -218,6 +218,7 @@ async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
         &["--concurrency", "1", "--prefetch", "0"],
     );
     let z_id = worker_id(&c, &z).await;
+    let z_http = worker_http(&c, &z).await;
     let id = db
         .bb
         .submit(
@@ -272,6 +273,22 @@ async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
     )
     .await;
     z.signal(Signal::SIGCONT);
+    // Woken up, the zombie goes on with the task it had (its next checkpoint, its lease
+    // renewal or its outcome): the blackboard refuses that write, and it says so.
+    wait_for(
+        "the zombie to try to write and be fenced off",
+        Duration::from_secs(30),
+        || {
+            let z_http = z_http.clone();
+            async move {
+                let (code, body) = http_get(&z_http, "/status").ok()?;
+                let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+                let fenced = status["fenced_off"].as_u64()?;
+                (code == 200 && fenced >= 1).then_some(())
+            }
+        },
+    )
+    .await;
     wait_all_finished(&c, Duration::from_secs(30)).await;
     let t = db.bb.task(id).await.unwrap();
     assert_eq!(t.status.as_str(), "succeeded");

@@ -122,9 +122,10 @@ pub async fn events(
 
 /// The next piece of the stream: a batch of events, a keep-alive comment, or (when the
 /// database fails) an error event that ends the stream; the client reconnects with its
-/// `Last-Event-ID` and loses nothing.
+/// `Last-Event-ID` and loses nothing. Whether this process is leaving is looked at
+/// every poll, so an open stream never holds a drain or a handover back for longer.
 async fn next_chunk(feed: &mut EventFeed, app: &AppState) -> (Bytes, Phase) {
-    let deadline = Instant::now() + KEEPALIVE;
+    let keepalive = Instant::now() + KEEPALIVE;
     loop {
         if leaving(app).await {
             return (
@@ -132,7 +133,10 @@ async fn next_chunk(feed: &mut EventFeed, app: &AppState) -> (Bytes, Phase) {
                 Phase::Done,
             );
         }
-        match feed.next_batch(BATCH).await {
+        match feed
+            .follow(BATCH, keepalive.min(Instant::now() + POLL))
+            .await
+        {
             Ok(batch) if !batch.events.is_empty() => {
                 let mut out = String::new();
                 for e in &batch.events {
@@ -144,18 +148,10 @@ async fn next_chunk(feed: &mut EventFeed, app: &AppState) -> (Bytes, Phase) {
                 }
                 return (Bytes::from(out), Phase::Live);
             }
-            Ok(batch) => {
-                let now = Instant::now();
-                if now >= deadline {
-                    return (Bytes::from_static(b": keep-alive\n\n"), Phase::Live);
-                }
-                let wait = if batch.held_back {
-                    Duration::from_millis(5)
-                } else {
-                    feed.poll().min(deadline - now)
-                };
-                feed.wait(wait).await;
+            Ok(_) if Instant::now() >= keepalive => {
+                return (Bytes::from_static(b": keep-alive\n\n"), Phase::Live);
             }
+            Ok(_) => {}
             Err(e) => {
                 let data = serde_json::json!({ "error": e.to_string() });
                 return (

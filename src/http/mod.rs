@@ -25,7 +25,7 @@ pub struct AppState {
     /// Build version.
     pub version: String,
     /// sha256 of the running binary.
-    pub binary_sha256: crate::BinaryDigest,
+    pub binary_sha256: crate::process::BinaryDigest,
     /// Set once a successor took over the socket and the tasks.
     pub handed_over: Arc<AtomicBool>,
 }

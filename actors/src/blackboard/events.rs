@@ -10,7 +10,7 @@
 //! `id` alone would: ids are drawn at insert, rows appear at commit, in another order.)
 //! See migrations/V2__flows.sql.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -21,6 +21,10 @@ use crate::error::{Error, Result};
 
 /// The NOTIFY channel on which new events are announced (a wake-up hint only).
 pub const EVENTS_CHANNEL: &str = "artex_events";
+
+/// While events are held back behind an older transaction still in flight, how soon a
+/// follower reads again: they come free the moment it ends, which nothing announces.
+const HELD_BACK_RETRY: Duration = Duration::from_millis(5);
 
 /// Where an event sits in the feed: its transaction id and its event id. Written
 /// `XID-ID` (e.g. `7431-12`); `0-0` is before the first event.
@@ -321,6 +325,30 @@ impl Blackboard {
     }
 }
 
+/// What a follower does after a read.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterRead {
+    /// Return the batch: it has events, or the deadline passed.
+    Deliver,
+    /// Wait this long (or until a wake-up), then read again.
+    Wait(Duration),
+}
+
+/// The follower's rule: deliver events as soon as there are any; with none, wait for a
+/// wake-up or the poll — only a few milliseconds while events are held back, since the
+/// transaction holding them back ends unannounced — and never past `until`.
+fn after_read(batch: &EventBatch, now: Instant, until: Instant, poll: Duration) -> AfterRead {
+    if !batch.events.is_empty() || now >= until {
+        return AfterRead::Deliver;
+    }
+    let pause = if batch.held_back {
+        HELD_BACK_RETRY.min(poll)
+    } else {
+        poll
+    };
+    AfterRead::Wait(pause.min(until - now))
+}
+
 /// Where a feed reader starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FeedStart {
@@ -422,7 +450,7 @@ impl EventFeed {
 
     /// Waits until new events may be there: a notification, or `timeout` (the poll;
     /// also when the listening session dropped, which is reopened on the next call).
-    pub async fn wait(&mut self, timeout: Duration) {
+    async fn wait(&mut self, timeout: Duration) {
         if self.listener.is_none() {
             if let Err(e) = self.listen().await {
                 tracing::debug!(error = %e, "cannot LISTEN for events; polling");
@@ -444,9 +472,25 @@ impl EventFeed {
         }
     }
 
-    /// The poll interval given at open.
-    pub fn poll(&self) -> Duration {
-        self.poll
+    /// The next events after the reader's position, waiting for them until `until`:
+    /// reads, and while nothing is there waits for a wake-up (NOTIFY), the safety poll,
+    /// or — while events are held back behind a transaction in flight — a short backoff,
+    /// then reads again. An empty batch means `until` passed. Listens before its first
+    /// read, so nothing committed between a read and a wait goes unnoticed. Errors are
+    /// the reads': the position only moves on success, so a caller may retry.
+    pub async fn follow(&mut self, limit: i64, until: Instant) -> Result<EventBatch> {
+        if self.listener.is_none() {
+            if let Err(e) = self.listen().await {
+                tracing::debug!(error = %e, "cannot LISTEN for events; polling");
+            }
+        }
+        loop {
+            let batch = self.next_batch(limit).await?;
+            match after_read(&batch, Instant::now(), until, self.poll) {
+                AfterRead::Deliver => return Ok(batch),
+                AfterRead::Wait(pause) => self.wait(pause).await,
+            }
+        }
     }
 
     /// Durably acknowledges everything up to the reader's position (no-op without a
@@ -457,5 +501,88 @@ impl EventFeed {
             Some(c) => self.bb.ack_events(c, self.position).await,
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(events: usize, held_back: bool) -> EventBatch {
+        let event = |i: usize| TaskEvent {
+            position: EventPosition {
+                xid: 7,
+                id: i as i64,
+            },
+            id: i as i64,
+            task_id: Uuid::nil(),
+            flow_id: None,
+            kind: "echo".into(),
+            from: None,
+            to: TaskStatus::Pending,
+            reason: None,
+            at: DateTime::<Utc>::UNIX_EPOCH,
+        };
+        EventBatch {
+            events: (0..events).map(event).collect(),
+            held_back,
+        }
+    }
+
+    const POLL: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn a_follower_delivers_events_at_once() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(10);
+        assert_eq!(
+            after_read(&batch(3, false), now, until, POLL),
+            AfterRead::Deliver
+        );
+        // Even when more are held back behind a transaction in flight.
+        assert_eq!(
+            after_read(&batch(1, true), now, until, POLL),
+            AfterRead::Deliver
+        );
+    }
+
+    #[test]
+    fn a_follower_with_nothing_waits_for_the_poll_and_never_past_its_deadline() {
+        let now = Instant::now();
+        let far = now + Duration::from_secs(10);
+        assert_eq!(
+            after_read(&batch(0, false), now, far, POLL),
+            AfterRead::Wait(POLL)
+        );
+        let near = now + Duration::from_millis(30);
+        assert_eq!(
+            after_read(&batch(0, false), now, near, POLL),
+            AfterRead::Wait(Duration::from_millis(30))
+        );
+        // At or past the deadline: an empty batch goes back to the caller.
+        assert_eq!(
+            after_read(&batch(0, false), near, near, POLL),
+            AfterRead::Deliver
+        );
+        assert_eq!(
+            after_read(&batch(0, true), far, near, POLL),
+            AfterRead::Deliver
+        );
+    }
+
+    #[test]
+    fn a_follower_looks_again_soon_while_events_are_held_back() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(10);
+        assert_eq!(
+            after_read(&batch(0, true), now, until, POLL),
+            AfterRead::Wait(HELD_BACK_RETRY)
+        );
+        // A poll shorter than the backoff wins.
+        let fast = Duration::from_millis(1);
+        assert_eq!(
+            after_read(&batch(0, true), now, until, fast),
+            AfterRead::Wait(fast)
+        );
     }
 }

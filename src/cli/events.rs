@@ -1,60 +1,17 @@
-//! The command line of flows, operator controls and the change feed: `artex flow
-//! submit|show`, `artex pause|resume|cancel`, `artex events tail|retention|prune|forget|
-//! drop-slot`. Parsing is clap's (usage errors exit 2); what a command does lives in the
-//! blackboard (artex-actors); this file only reads input and prints.
+//! `artex events tail|retention|prune|forget|drop-slot`: the change feed from a durable
+//! cursor (or a logical replication slot) as JSON lines, and its retention.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{
-    Control, ControlTarget, DecodedTransaction, EventFeed, EventPosition, FeedStart, FlowSpec,
-    FlowView,
-};
+use artex_actors::blackboard::{DecodedTransaction, EventFeed, EventPosition, FeedStart};
 use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
-
-/// `artex flow …`
-#[derive(Debug, Subcommand)]
-pub(crate) enum FlowCommand {
-    /// Submit a flow (a JSON file; `-` reads standard input); prints the flow id.
-    ///
-    /// {"name": "nightly-etl", "tasks": [{"name": "extract", "kind": "echo", "payload": {},
-    /// "depends_on": []}, {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}
-    /// Each task may also set priority, max_retries, timeout_ms and shard_key.
-    Submit {
-        /// The flow file.
-        file: PathBuf,
-    },
-    /// Each task's name, id and status, and the flow's overall state.
-    Show {
-        /// The flow id.
-        #[arg(value_parser = parse_id)]
-        id: Uuid,
-        /// As JSON.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// The arguments of `artex pause|resume|cancel`.
-#[derive(Debug, Args)]
-pub(crate) struct ControlArgs {
-    /// A task id, or a flow id (every task of the flow).
-    #[arg(value_parser = parse_id)]
-    id: Uuid,
-    /// Why; recorded in each task's history with who did it.
-    #[arg(long)]
-    reason: Option<String>,
-    /// Print what changed as JSON.
-    #[arg(long)]
-    json: bool,
-}
+use crate::runtime::connect;
 
 /// `artex events …`
 #[derive(Debug, Subcommand)]
@@ -127,12 +84,6 @@ pub(crate) struct TailArgs {
     raw: bool,
 }
 
-fn parse_id(s: &str) -> std::result::Result<Uuid, String> {
-    Uuid::parse_str(s).map_err(|e| {
-        format!("not an id ({e}); expected a UUID like 0192f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b")
-    })
-}
-
 fn parse_position(s: &str) -> std::result::Result<EventPosition, String> {
     s.parse().map_err(|e: artex_actors::Error| e.to_string())
 }
@@ -162,118 +113,9 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         .ok_or_else(|| format!("'{s}': too long"))
 }
 
-fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
-    let text = if file.as_os_str() == "-" {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .map_err(|e| Error::io("reading the flow from standard input", e))?;
-        s
-    } else {
-        std::fs::read_to_string(file)
-            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
-    };
-    let spec = FlowSpec::from_json(&text)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
-    spec.validate()
-        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
-    Ok(spec)
-}
-
-/// Runs `artex flow …`.
-pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Result {
-    match command {
-        FlowCommand::Submit { file } => {
-            // Refuse bad input before touching (or starting) any database.
-            let spec = read_flow_file(&file)?;
-            let bb = crate::connect(db).await?;
-            let id = bb.submit_flow(&spec, actor).await?;
-            println!("{id}");
-            Ok(())
-        }
-        FlowCommand::Show { id, json } => {
-            let bb = crate::connect(db).await?;
-            let flow = bb.flow(id).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&flow).unwrap_or_default()
-                );
-            } else {
-                print_flow(&flow);
-            }
-            Ok(())
-        }
-    }
-}
-
-fn print_flow(f: &FlowView) {
-    let time = |d: Option<chrono::DateTime<chrono::Utc>>| {
-        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_else(|| "-".into())
-    };
-    println!("flow:     {} ({})", f.id, f.name);
-    println!("state:    {}", f.state);
-    println!("created:  {}", time(Some(f.created_at)));
-    let counts: Vec<String> = f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    println!("tasks:    {}", counts.join(", "));
-    let width = f
-        .tasks
-        .iter()
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    println!(
-        "  {:<width$}  {:<36}  {:<9}  {:<24}  {:<24}  DEPENDS ON",
-        "NAME", "ID", "STATUS", "STARTED", "FINISHED"
-    );
-    for t in &f.tasks {
-        println!(
-            "  {:<width$}  {}  {:<9}  {:<24}  {:<24}  {}",
-            t.name,
-            t.id,
-            t.status,
-            time(t.started_at),
-            time(t.finished_at),
-            t.depends_on.join(", ")
-        );
-    }
-}
-
-/// Runs `artex pause|resume|cancel`.
-pub(crate) async fn control(
-    db: &DbConfig,
-    control: Control,
-    args: ControlArgs,
-    actor: &str,
-) -> Result {
-    let bb = crate::connect(db).await?;
-    let report = bb
-        .control(control, args.id, actor, args.reason.as_deref())
-        .await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
-        return Ok(());
-    }
-    let what = match report.target {
-        ControlTarget::Task(id) => format!("task {id}"),
-        ControlTarget::Flow(id) => format!("{} task(s) of flow {id}", report.changed.len()),
-    };
-    let verb = match control {
-        Control::Pause => "paused",
-        Control::Resume => "resumed",
-        Control::Cancel => "canceled",
-    };
-    println!("{verb} {what}");
-    for (id, status) in &report.changed {
-        println!("  {id}  {status}");
-    }
-    Ok(())
-}
-
 /// Runs `artex events …`.
 pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
-    let bb = crate::connect(db).await?;
+    let bb = connect(db).await?;
     match command {
         EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
         EventsCommand::Tail(args) => tail(bb, args).await,
@@ -332,6 +174,9 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
 /// protects its unread events from pruning).
 const ALIVE_EVERY: Duration = Duration::from_secs(30);
 
+/// How soon a follower retries an acknowledgment that failed.
+const ACK_RETRY: Duration = Duration::from_millis(5);
+
 /// Without --follow, how long to wait for events held back behind a transaction in flight.
 const HOLD_MAX: Duration = Duration::from_secs(5);
 
@@ -359,7 +204,19 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
     let mut unacked = false;
     let mut held_since: Option<Instant> = None;
     loop {
-        let batch = match feed.next_batch(args.batch).await {
+        let read = if args.follow {
+            // Back soon to retry an acknowledgment that failed; otherwise in time to say
+            // the consumer is alive (and not sooner than a poll when that failed too).
+            let until = if unacked {
+                Instant::now() + ACK_RETRY.min(poll)
+            } else {
+                (said_alive + ALIVE_EVERY).max(Instant::now() + poll)
+            };
+            feed.follow(args.batch, until).await
+        } else {
+            feed.next_batch(args.batch).await
+        };
+        let batch = match read {
             Ok(b) => b,
             // Following through a database restart: the position only moves on success.
             Err(e) if args.follow && e.is_connection() => {
@@ -379,7 +236,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
             unacked = true;
             held_since = None;
         }
-        if unacked || (args.follow && said_alive.elapsed() > ALIVE_EVERY) {
+        if unacked || (args.follow && said_alive.elapsed() >= ALIVE_EVERY) {
             match feed.ack().await {
                 Ok(()) => {
                     unacked = false;
@@ -391,27 +248,17 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
                 Err(e) => return Err(e.into()),
             }
         }
-        if !batch.events.is_empty() {
+        if args.follow || !batch.events.is_empty() {
             continue;
         }
-        if !args.follow {
-            // Without --follow: what is there now, including events held back for a
-            // moment behind an older transaction still in flight (any transaction of
-            // the cluster), but not waiting on a long one for more than a while.
-            if batch.held_back && held_since.get_or_insert_with(Instant::now).elapsed() < HOLD_MAX {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                continue;
-            }
-            return Ok(());
+        // Without --follow: what is there now, including events held back for a moment
+        // behind an older transaction still in flight (any transaction of the cluster),
+        // but not waiting on a long one for more than a while.
+        if batch.held_back && held_since.get_or_insert_with(Instant::now).elapsed() < HOLD_MAX {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
         }
-        // Events held back behind an older transaction still in flight come free as soon
-        // as it ends, which nothing announces: look again soon.
-        let wait = if batch.held_back || unacked {
-            Duration::from_millis(5).min(poll)
-        } else {
-            poll
-        };
-        feed.wait(wait).await;
+        return Ok(());
     }
 }
 

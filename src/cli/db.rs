@@ -1,0 +1,98 @@
+//! `artex migrate` and `artex db start|stop|status|url`: the blackboard's schema and the
+//! embedded PostgreSQL cluster in `--data-dir`.
+
+use clap::Subcommand;
+
+use crate::config::DbConfig;
+use crate::dev_db::{start_embedded, Cluster, ClusterOptions, ClusterState, DATABASE};
+use crate::error::{Error, Result};
+use crate::runtime::connect;
+
+/// Runs `artex migrate`.
+pub(crate) async fn migrate(db: &DbConfig) -> Result {
+    let bb = connect(db).await?;
+    let report = bb.migrate().await?;
+    println!(
+        "schema up to date (applied now: {:?}, already: {:?})",
+        report.applied, report.already
+    );
+    Ok(())
+}
+
+/// `artex db …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum DbCommand {
+    /// Create (first time) and start the cluster; prints its URL.
+    Start {
+        /// Also listen on this loopback TCP port.
+        #[arg(long)]
+        tcp_port: Option<u16>,
+        /// Start with wal_level=logical (for the logical decoding feed).
+        #[arg(long)]
+        logical: bool,
+    },
+    /// Stop the cluster.
+    Stop,
+    /// Whether the cluster exists and runs.
+    Status,
+    /// Print a connection URL (for psql and ARTEX_DATABASE_URL).
+    Url,
+}
+
+/// Runs `artex db …`.
+pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
+    let opts = |tcp_port, logical| ClusterOptions {
+        tcp_port,
+        logical,
+        ..ClusterOptions::new(&db.data_dir)
+    };
+    match command {
+        DbCommand::Start { tcp_port, logical } => {
+            let (cluster, started) = start_embedded(opts(tcp_port, logical)).await?;
+            let bb = artex_actors::Blackboard::connect(&cluster.url(DATABASE), 1)?;
+            bb.migrate().await?;
+            eprintln!(
+                "{} PostgreSQL in {}",
+                if started {
+                    "started"
+                } else {
+                    "already running:"
+                },
+                cluster.data_dir().display()
+            );
+            println!("{}", cluster.url(DATABASE));
+            Ok(())
+        }
+        DbCommand::Stop => {
+            let cluster = Cluster::new(opts(None, false))?;
+            if cluster.stop()? {
+                println!("stopped");
+            } else {
+                println!("not running");
+            }
+            Ok(())
+        }
+        DbCommand::Status => {
+            let cluster = Cluster::new(opts(None, false))?;
+            match cluster.status()? {
+                ClusterState::Absent => println!("absent: no cluster in {}", db.data_dir.display()),
+                ClusterState::Stopped => println!("stopped: {}", cluster.data_dir().display()),
+                ClusterState::Running(pid) => {
+                    println!("running: pid {pid}, {}", cluster.url(DATABASE))
+                }
+            }
+            Ok(())
+        }
+        DbCommand::Url => {
+            let cluster = Cluster::new(opts(None, false))?;
+            if cluster.status()? == ClusterState::Absent {
+                return Err(Error::Cluster(format!(
+                    "no cluster in {}; create it with: artex db start",
+                    db.data_dir.display()
+                )));
+            }
+            println!("{}", cluster.url(DATABASE));
+            Ok(())
+        }
+    }
+}

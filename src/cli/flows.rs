@@ -1,0 +1,114 @@
+//! `artex flow submit|show`: flows are DAGs of named tasks; what a flow does lives in the
+//! blackboard (`artex_actors::blackboard::flows`), this file reads the file and prints.
+
+use std::path::PathBuf;
+
+use artex_actors::blackboard::{FlowSpec, FlowView};
+use clap::Subcommand;
+use uuid::Uuid;
+
+use super::parse_id;
+use crate::config::DbConfig;
+use crate::error::{Error, Result};
+use crate::runtime::connect;
+
+/// `artex flow …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum FlowCommand {
+    /// Submit a flow (a JSON file; `-` reads standard input); prints the flow id.
+    ///
+    /// {"name": "nightly-etl", "tasks": [{"name": "extract", "kind": "echo", "payload": {},
+    /// "depends_on": []}, {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}
+    /// Each task may also set priority, max_retries, timeout_ms and shard_key.
+    Submit {
+        /// The flow file.
+        file: PathBuf,
+    },
+    /// Each task's name, id and status, and the flow's overall state.
+    Show {
+        /// The flow id.
+        #[arg(value_parser = parse_id)]
+        id: Uuid,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| Error::io("reading the flow from standard input", e))?;
+        s
+    } else {
+        std::fs::read_to_string(file)
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
+    };
+    let spec = FlowSpec::from_json(&text)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
+    spec.validate()
+        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
+    Ok(spec)
+}
+
+/// Runs `artex flow …`.
+pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Result {
+    match command {
+        FlowCommand::Submit { file } => {
+            // Refuse bad input before touching (or starting) any database.
+            let spec = read_flow_file(&file)?;
+            let bb = connect(db).await?;
+            let id = bb.submit_flow(&spec, actor).await?;
+            println!("{id}");
+            Ok(())
+        }
+        FlowCommand::Show { id, json } => {
+            let bb = connect(db).await?;
+            let flow = bb.flow(id).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&flow).unwrap_or_default()
+                );
+            } else {
+                print_flow(&flow);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_flow(f: &FlowView) {
+    let time = |d: Option<chrono::DateTime<chrono::Utc>>| {
+        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!("flow:     {} ({})", f.id, f.name);
+    println!("state:    {}", f.state);
+    println!("created:  {}", time(Some(f.created_at)));
+    let counts: Vec<String> = f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    println!("tasks:    {}", counts.join(", "));
+    let width = f
+        .tasks
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!(
+        "  {:<width$}  {:<36}  {:<9}  {:<24}  {:<24}  DEPENDS ON",
+        "NAME", "ID", "STATUS", "STARTED", "FINISHED"
+    );
+    for t in &f.tasks {
+        println!(
+            "  {:<width$}  {}  {:<9}  {:<24}  {:<24}  {}",
+            t.name,
+            t.id,
+            t.status,
+            time(t.started_at),
+            time(t.finished_at),
+            t.depends_on.join(", ")
+        );
+    }
+}

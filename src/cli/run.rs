@@ -1,0 +1,65 @@
+//! `artex up`, `artex planner`, `artex worker`: the long-running commands. Each binds
+//! what it serves, installs the stop signals (one [`Shutdown`] for the whole process)
+//! and hands over to [`crate::runtime`].
+
+use artex_actors::supervisor::ActorStats;
+use artex_actors::worker::Registry;
+
+use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
+use crate::error::{Error, Result};
+use crate::process::Shutdown;
+use crate::runtime::{bind_http_unless_spawned, connect, run_planner, run_worker};
+
+/// Runs `artex planner`.
+pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
+    let bb = connect(db).await?;
+    let shutdown = Shutdown::on_signals()?;
+    run_planner(bb, &planner, ActorStats::default(), shutdown.wait()).await
+}
+
+/// Runs `artex worker`.
+pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry) -> Result {
+    let bb = connect(db).await?;
+    let listener = bind_http_unless_spawned(&worker.http)?;
+    let shutdown = Shutdown::on_signals()?;
+    run_worker(
+        bb,
+        &worker,
+        registry,
+        listener,
+        ActorStats::default(),
+        shutdown.wait(),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Runs `artex up`: a planner and a worker in this process, stopping together.
+pub(crate) async fn up(
+    db: &DbConfig,
+    worker: WorkerArgs,
+    planner: PlannerArgs,
+    registry: Registry,
+) -> Result {
+    let bb = connect(db).await?;
+    let listener = bind_http_unless_spawned(&worker.http)?;
+    let http = match &listener {
+        Some(l) => l
+            .local_addr()
+            .map_err(|e| Error::io("reading the HTTP address", e))?
+            .to_string(),
+        None => "the inherited socket".to_string(),
+    };
+    let shutdown = Shutdown::on_signals()?;
+    let stats = ActorStats::default();
+    let (b, s, stop) = (bb.clone(), stats.clone(), shutdown.wait());
+    let planner_task = actix::spawn(async move { run_planner(b, &planner, s, stop).await });
+    eprintln!(
+        "artex is up: worker HTTP on http://{http} (/health, /status, /metrics).\n\
+         Submit a task from another shell:  artex submit echo --payload '{{\"hello\":\"world\"}}'\n\
+         Stop with Ctrl-C."
+    );
+    run_worker(bb, &worker, registry, listener, stats, shutdown.wait()).await?;
+    let _ = planner_task.await;
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! `artex submit`, `artex task show`, `artex tasks`, and the operator controls `artex
+//! pause|resume|cancel` (of a task or of a whole flow): read the input, ask the
+//! blackboard, print.
+
+use artex_actors::blackboard::{
+    Control, ControlTarget, NewTask, TaskRow, TaskStatus, TransitionRow,
+};
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{cli_actor, parse_id, parse_json, parse_task_id, parse_time};
+use crate::config::DbConfig;
+use crate::error::Result;
+use crate::runtime::connect;
+
+/// The arguments of `artex submit`.
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// The handler kind, e.g. echo.
+    kind: String,
+    /// The handler's input, as JSON.
+    #[arg(long, default_value = "{}", value_parser = parse_json)]
+    payload: Value,
+    /// Higher runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Not before this time (RFC 3339, e.g. 2026-12-01T08:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    run_at: Option<DateTime<Utc>>,
+    /// Retries after the first attempt (default 3).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..=1000))]
+    max_retries: Option<i32>,
+    /// Per-attempt handler timeout in milliseconds.
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+    timeout_ms: Option<i32>,
+    /// Business shard key: tasks with one key go to one planner shard.
+    #[arg(long)]
+    shard_key: Option<String>,
+}
+
+/// The arguments of `artex tasks`.
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    /// Only tasks in this status.
+    #[arg(long, value_parser = parse_status)]
+    status: Option<TaskStatus>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    limit: i64,
+    /// JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `artex task …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum TaskCommand {
+    /// Status, attempts, worker, timestamps and the full transition history.
+    Show {
+        /// The task id (a UUID).
+        #[arg(value_parser = parse_task_id)]
+        id: Uuid,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The arguments of `artex pause|resume|cancel`.
+#[derive(Debug, Args)]
+pub(crate) struct ControlArgs {
+    /// A task id, or a flow id (every task of the flow).
+    #[arg(value_parser = parse_id)]
+    id: Uuid,
+    /// Why; recorded in each task's history with who did it.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Print what changed as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_status(s: &str) -> std::result::Result<TaskStatus, String> {
+    s.parse().map_err(|e: artex_actors::Error| e.to_string())
+}
+
+/// Runs `artex submit`.
+pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
+    let task = NewTask {
+        kind: args.kind,
+        payload: args.payload,
+        priority: args.priority,
+        run_at: args.run_at,
+        max_retries: args.max_retries,
+        timeout_ms: args.timeout_ms,
+        shard_key: args.shard_key,
+    };
+    // Refuse bad input before touching (or starting) any database.
+    task.validate()?;
+    let bb = connect(db).await?;
+    let id = bb.submit(&task, &cli_actor()).await?;
+    println!("{id}");
+    Ok(())
+}
+
+/// Runs `artex task …`.
+pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
+    match command {
+        TaskCommand::Show { id, json } => {
+            let bb = connect(db).await?;
+            let task = bb.task(id).await?;
+            let history = bb.transitions(id).await?;
+            if json {
+                let out = serde_json::json!({ "task": task, "transitions": history });
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            } else {
+                print_task(&task, &history);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs `artex tasks`.
+pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
+    let bb = connect(db).await?;
+    let tasks = bb.tasks(args.status, args.limit).await?;
+    for t in &tasks {
+        if args.json {
+            println!("{}", serde_json::to_string(t).unwrap_or_default());
+        } else {
+            println!(
+                "{}  {:<9}  {:<12}  attempts {:<3}  {}",
+                t.id,
+                t.status,
+                t.kind,
+                attempts(t),
+                t.updated_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            );
+        }
+    }
+    if !args.json && tasks.is_empty() {
+        eprintln!("no tasks");
+    }
+    Ok(())
+}
+
+/// Runs `artex pause|resume|cancel`.
+pub(crate) async fn control(
+    db: &DbConfig,
+    control: Control,
+    args: ControlArgs,
+    actor: &str,
+) -> Result {
+    let bb = connect(db).await?;
+    let report = bb
+        .control(control, args.id, actor, args.reason.as_deref())
+        .await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        return Ok(());
+    }
+    let what = match report.target {
+        ControlTarget::Task(id) => format!("task {id}"),
+        ControlTarget::Flow(id) => format!("{} task(s) of flow {id}", report.changed.len()),
+    };
+    let verb = match control {
+        Control::Pause => "paused",
+        Control::Resume => "resumed",
+        Control::Cancel => "canceled",
+    };
+    println!("{verb} {what}");
+    for (id, status) in &report.changed {
+        println!("  {id}  {status}");
+    }
+    Ok(())
+}
+
+fn attempts(t: &TaskRow) -> i32 {
+    // Attempts that ran: counted failures, plus the one running or the one that ended it.
+    let current = matches!(t.status, TaskStatus::Running | TaskStatus::Succeeded)
+        || (t.status == TaskStatus::Canceled && t.started_at.is_some());
+    t.retries.min(t.max_retries + 1) + i32::from(current)
+}
+
+fn print_task(t: &TaskRow, history: &[TransitionRow]) {
+    let time = |d: Option<DateTime<Utc>>| {
+        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!("id:          {}", t.id);
+    println!("kind:        {}", t.kind);
+    println!("status:      {}", t.status);
+    println!(
+        "attempts:    {} (failed {}, retries allowed {})",
+        attempts(t),
+        t.retries,
+        t.max_retries
+    );
+    println!("worker:      {}", t.assigned_to.as_deref().unwrap_or("-"));
+    println!(
+        "lease:       epoch {}, until {}",
+        t.lease_epoch,
+        time(t.lease_until)
+    );
+    println!("priority:    {}", t.priority);
+    println!("run_at:      {}", time(Some(t.run_at)));
+    println!("created:     {}", time(Some(t.created_at)));
+    println!("updated:     {}", time(Some(t.updated_at)));
+    println!("started:     {}", time(t.started_at));
+    println!("finished:    {}", time(t.finished_at));
+    println!("payload:     {}", t.payload);
+    if let Some(r) = &t.result {
+        println!("result:      {r}");
+    }
+    if let Some(e) = &t.error {
+        println!("error:       {e}");
+    }
+    if let Some(c) = &t.checkpoint {
+        println!("checkpoint:  {c}");
+    }
+    if let Some(f) = t.flow_id {
+        println!(
+            "flow:        {f} ({})",
+            t.flow_task.as_deref().unwrap_or("-")
+        );
+    }
+    println!("history:");
+    for h in history {
+        println!(
+            "  {}  {:>9} -> {:<9}  by {}{}{}",
+            time(Some(h.at)),
+            h.from_status.map(|s| s.as_str()).unwrap_or("(new)"),
+            h.to_status,
+            h.actor,
+            h.worker
+                .as_deref()
+                .map(|w| format!(" on {w}"))
+                .unwrap_or_default(),
+            h.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! The old side of the handover protocol with a spawned child, step by step, each step
+//! bounded by the child's exit and one deadline. Used by hot upgrades ([`super::Upgrader`])
+//! and by `artex master` (which hands over a listener and no tasks).
+
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use artex_actors::worker::ResumeReport;
+use artex_upgrade::handover::{self, Channel, HandoverListener};
+use uuid::Uuid;
+
+use super::protocol::{describe_exit, HandoverError, Msg};
+
+/// A handover in progress, seen from the process that hands over.
+pub struct OldSide<'a> {
+    ch: Channel,
+    child: &'a mut tokio::process::Child,
+    deadline: tokio::time::Instant,
+}
+
+impl<'a> OldSide<'a> {
+    /// Accepts the child's connection (its pid checked) and its `Hello`.
+    pub async fn accept(
+        hs: &HandoverListener,
+        child: &'a mut tokio::process::Child,
+        pid: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<OldSide<'a>, HandoverError> {
+        let ch = tokio::select! {
+            r = hs.accept(pid) => r?,
+            st = child.wait() => return Err(HandoverError::ChildExited {
+                step: "before connecting",
+                status: describe_exit(st),
+            }),
+            _ = tokio::time::sleep_until(deadline) => return Err(HandoverError::Timeout { step: "connect" }),
+        };
+        let mut old = OldSide {
+            ch,
+            child,
+            deadline,
+        };
+        match old.recv().await? {
+            Msg::Hello { protocol, .. } if protocol == handover::PROTOCOL_VERSION => Ok(old),
+            m => Err(HandoverError::unexpected(
+                format!("hello with protocol {}", handover::PROTOCOL_VERSION),
+                &m,
+            )),
+        }
+    }
+
+    /// `Welcome` → `Ready`: returns the new worker's id (it is registered).
+    pub async fn ready(
+        &mut self,
+        http_addr: &str,
+        old_worker: &str,
+    ) -> Result<String, HandoverError> {
+        self.send(
+            &Msg::Welcome {
+                http_addr: http_addr.into(),
+                old_worker: old_worker.into(),
+            },
+            &[],
+        )
+        .await?;
+        match self.recv().await? {
+            Msg::Ready { worker_id } => Ok(worker_id),
+            m => Err(HandoverError::unexpected("ready", &m)),
+        }
+    }
+
+    /// `Listener` (the socket passed with SCM_RIGHTS) → `Serving`.
+    pub async fn pass_listener(&mut self, listener: BorrowedFd<'_>) -> Result<(), HandoverError> {
+        self.send(&Msg::Listener, &[listener]).await?;
+        match self.recv().await? {
+            Msg::Serving => Ok(()),
+            m => Err(HandoverError::unexpected("serving", &m)),
+        }
+    }
+
+    /// `Transfer` → `TakenOver`: what the child took over.
+    pub async fn transfer(
+        &mut self,
+        from: &str,
+        tasks: Vec<(Uuid, i64)>,
+    ) -> Result<ResumeReport, HandoverError> {
+        self.send(
+            &Msg::Transfer {
+                from: from.into(),
+                tasks,
+            },
+            &[],
+        )
+        .await?;
+        match self.recv().await? {
+            Msg::TakenOver { report } => Ok(report),
+            m => Err(HandoverError::unexpected("taken_over", &m)),
+        }
+    }
+
+    async fn send(&mut self, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), HandoverError> {
+        Ok(self.ch.send(msg, fds).await?)
+    }
+
+    async fn recv(&mut self) -> Result<Msg, HandoverError> {
+        let exited = |st| HandoverError::ChildExited {
+            step: "during the handover",
+            status: describe_exit(st),
+        };
+        tokio::select! {
+            r = self.ch.recv::<Msg>() => match r {
+                Ok((m, _)) => Ok(m),
+                // A broken channel usually means the child died: say how, if it did.
+                Err(e) => match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
+                    Ok(st) => Err(exited(st)),
+                    Err(_) => Err(HandoverError::Broken(e)),
+                },
+            },
+            st = self.child.wait() => Err(exited(st)),
+            _ = tokio::time::sleep_until(self.deadline) => Err(HandoverError::Timeout { step: "get ready" }),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The messages the old and the new process exchange over the handover socket, in the
+//! order they are sent, and what can go wrong between them.
+
+use artex_actors::worker::ResumeReport;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One message of the handover protocol (both directions).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Msg {
+    /// Child → parent, first: who it is.
+    Hello {
+        /// Child pid.
+        pid: u32,
+        /// Child build version.
+        version: String,
+        /// Handover protocol it speaks.
+        protocol: u32,
+    },
+    /// Parent → child: where it will serve, and whose tasks it will take.
+    Welcome {
+        /// The HTTP address of the listening socket it will receive.
+        http_addr: String,
+        /// The old worker's id.
+        old_worker: String,
+    },
+    /// Child → parent: connected to the blackboard and registered.
+    Ready {
+        /// The new worker's id.
+        worker_id: String,
+    },
+    /// Parent → child: the listening socket (attached as a file descriptor).
+    Listener,
+    /// Child → parent: accepting on the socket.
+    Serving,
+    /// Parent → child: take over these running tasks (held by `from` at these epochs).
+    Transfer {
+        /// Old worker id.
+        from: String,
+        /// (task, epoch).
+        tasks: Vec<(Uuid, i64)>,
+    },
+    /// Child → parent: what it took over.
+    TakenOver {
+        /// The takeover's report.
+        report: ResumeReport,
+    },
+}
+
+/// Why a handover failed, on either side. On the old side every one of them rolls the
+/// upgrade back; on the new side the process exits with a failure (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// The new process ended before the handover was done.
+    #[error("the new process exited {step} ({status})")]
+    ChildExited {
+        /// Where the handover was: "before connecting", "during the handover".
+        step: &'static str,
+        /// Its exit status, as the OS reports it.
+        status: String,
+    },
+    /// The new process did not reach the next step before the deadline.
+    #[error("the new process did not {step} in time")]
+    Timeout {
+        /// What it did not do: "connect", "get ready".
+        step: &'static str,
+    },
+    /// The peer sent a message out of order: a bug or a different protocol.
+    #[error("handover: expected {expected}, got {got}")]
+    Unexpected {
+        /// The message the protocol calls for.
+        expected: String,
+        /// What came instead.
+        got: String,
+    },
+    /// The socket failed (connect, send, receive, peer check).
+    #[error("handover channel: {0}")]
+    Channel(#[from] artex_upgrade::Error),
+    /// The new process broke the channel without exiting.
+    #[error("the new process broke the handover: {0}")]
+    Broken(artex_upgrade::Error),
+    /// The local worker actor could not be reached.
+    #[error("{step}: worker actor: {source}")]
+    Actor {
+        /// What was being done.
+        step: &'static str,
+        /// The mailbox error.
+        source: actix::MailboxError,
+    },
+    /// The blackboard refused or failed a step.
+    #[error("{step}: {source}")]
+    Blackboard {
+        /// What was being done.
+        step: &'static str,
+        /// The blackboard's error.
+        source: artex_actors::Error,
+    },
+}
+
+impl HandoverError {
+    /// `expected` came as something else.
+    pub(super) fn unexpected(expected: impl Into<String>, got: &Msg) -> Self {
+        HandoverError::Unexpected {
+            expected: expected.into(),
+            got: format!("{got:?}"),
+        }
+    }
+}
+
+/// How a process ended, for a message.
+pub(crate) fn describe_exit(st: std::io::Result<std::process::ExitStatus>) -> String {
+    match st {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    }
+}

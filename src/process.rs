@@ -1,0 +1,122 @@
+//! What a process needs to know about itself and its surroundings: its host name and
+//! identity, the digest of its own binary, stop signals as one shutdown that every part
+//! can wait on, messages to the service manager, and its generation folder.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use artex_upgrade::StopSignal;
+use sha2::Digest;
+
+use crate::error::Result;
+
+/// This host's name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// A worker id: `host:pid:suffix`, where 48 random bits keep it unique among the
+/// processes a fleet runs at once (pids are reused, hosts share names).
+pub fn worker_id(host: &str) -> String {
+    let suffix = uuid::Uuid::new_v4().as_u64_pair().0 & 0xffff_ffff_ffff;
+    format!("{host}:{}:{suffix:012x}", std::process::id())
+}
+
+/// sha256 of the running binary, computed once on a background thread: hashing a large
+/// binary must not delay serving (nor a successor's readiness).
+#[derive(Clone, Default)]
+pub struct BinaryDigest(Arc<std::sync::OnceLock<String>>);
+
+impl BinaryDigest {
+    /// Starts hashing now.
+    pub fn start() -> Self {
+        let d = BinaryDigest::default();
+        let bg = d.clone();
+        std::thread::spawn(move || {
+            bg.0.get_or_init(binary_sha256);
+        });
+        d
+    }
+
+    /// The digest, waiting for it if it is still being computed.
+    pub async fn get(&self) -> String {
+        if let Some(v) = self.0.get() {
+            return v.clone();
+        }
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || d.0.get_or_init(binary_sha256).clone())
+            .await
+            .unwrap_or_default()
+    }
+}
+
+/// sha256 of the running binary, as `/status` reports it (empty if unreadable).
+fn binary_sha256() -> String {
+    // Streamed: reading the whole binary at once would set the worker's peak memory.
+    let mut hasher = sha2::Sha256::new();
+    match std::fs::File::open("/proc/self/exe").and_then(|mut f| std::io::copy(&mut f, &mut hasher))
+    {
+        Ok(_) => hex::encode(hasher.finalize()),
+        Err(_) => String::new(),
+    }
+}
+
+/// The process's stop: resolves once SIGTERM, SIGINT or SIGUSR2 arrived, for every
+/// clone (a planner and a worker in one `artex up` stop together). The signal handlers
+/// are installed when it is made, so a signal that comes early is not lost.
+#[derive(Clone)]
+pub struct Shutdown(tokio::sync::watch::Receiver<Option<StopSignal>>);
+
+impl Shutdown {
+    /// Installs the stop-signal handlers (on the current actix/tokio runtime).
+    pub fn on_signals() -> Result<Shutdown> {
+        let mut signals = artex_upgrade::StopSignals::install()?;
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        actix::spawn(async move {
+            let sig = signals.next().await;
+            tracing::info!(signal = ?sig, "stopping");
+            let _ = tx.send(Some(sig));
+        });
+        Ok(Shutdown(rx))
+    }
+
+    /// Resolves when the process is to stop.
+    pub fn wait(&self) -> impl Future<Output = ()> + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            // A dropped sender without a signal means nobody can stop us any more; the
+            // caller waits for ever, as it would without a signal.
+            if rx.wait_for(Option::is_some).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Tells the service manager (systemd `Type=notify`) something; a failure is logged,
+/// never fatal: the process serves whether or not anybody listens.
+pub fn notify_service(r: std::result::Result<bool, artex_upgrade::Error>) {
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+}
+
+/// The marker file that makes an upgrade's folder a generation folder.
+pub const GENERATION_MARKER: &str = ".artex-generation";
+
+/// A generation unpacked by an upgrade runs from its own folder; once it exits, the
+/// folder has no further use (Linux keeps the running binary alive until then).
+pub fn remove_own_generation() {
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("gen-") && dir.join(GENERATION_MARKER).exists() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The long-running parts, each `run(…, shutdown)` like mini-redis's `server::run`: the
+//! caller passes the blackboard, the settings, the listener and a shutdown future, so a
+//! test (or a user's binary) can run a planner or a worker in-process and stop it.
+//! [`run_planner`] starts the Scanner, Assigner and Reaper; [`run_worker`] starts the
+//! Worker actor and its HTTP server, takes over from a predecessor when spawned by a hot
+//! upgrade, and drains on shutdown.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use actix::Supervisor;
+use actix_web::{web, App, HttpServer};
+use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::blackboard::ReapParams;
+use artex_actors::reaper::Reaper;
+use artex_actors::scanner::Scanner;
+use artex_actors::supervisor::ActorStats;
+use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
+use artex_actors::Blackboard;
+
+use crate::config::{ms, DbConfig, PlannerArgs, WorkerArgs};
+use crate::error::{Error, Result};
+use crate::hot_upgrade::{Successor, UpgradeSettings, Upgrader};
+use crate::process::{hostname, notify_service, remove_own_generation, worker_id, BinaryDigest};
+use crate::{dev_db, http, VERSION};
+
+/// After a handover, how long accepted connections get to send their request before
+/// the old process stops serving HTTP.
+const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The database URL to use: the one configured, or the embedded cluster's (created and
+/// started on first use, reused afterwards).
+pub async fn database_url(db: &DbConfig) -> Result<String> {
+    if let Some(url) = &db.database_url {
+        return Ok(url.clone());
+    }
+    let (cluster, _) = dev_db::start_embedded(dev_db::ClusterOptions::new(&db.data_dir)).await?;
+    Ok(cluster.url(dev_db::DATABASE))
+}
+
+/// Connects to the blackboard and brings its schema up to date.
+pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
+    let url = database_url(db).await?;
+    tracing::info!(database = %artex_actors::blackboard::mask_password(&url),
+        pool_size = db.pool_size, "blackboard");
+    let bb = Blackboard::connect(&url, db.pool_size)?;
+    let report = bb.migrate().await?;
+    if !report.applied.is_empty() {
+        tracing::info!(applied = ?report.applied, "migrated the blackboard");
+    }
+    Ok(bb)
+}
+
+/// Runs the planner's actors (Scanner, Assigner, Reaper, each supervised) until
+/// `shutdown` resolves.
+pub async fn run_planner(
+    bb: Blackboard,
+    args: &PlannerArgs,
+    stats: ActorStats,
+    shutdown: impl Future<Output = ()>,
+) -> Result {
+    let name = format!("planner:{}:{}", hostname(), std::process::id());
+    let shards = match args.shard {
+        Some((i, n)) => (n, vec![i]),
+        None => (1, Vec::new()),
+    };
+    let assigner_cfg = AssignerConfig {
+        actor: name.clone(),
+        batch: args.batch,
+        lease_secs: ms(args.assign_lease_ms).as_secs_f64(),
+        worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
+        shards,
+    };
+    tracing::info!(planner = %name, config = ?args, "planner starting");
+    let (b, s) = (bb.clone(), stats.clone());
+    let assigner = Supervisor::start(move |_| Assigner::new(b, assigner_cfg, s));
+    let (b, s, a) = (bb.clone(), stats.clone(), assigner.clone());
+    let poll = ms(args.planner_poll_ms);
+    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s));
+    let params = ReapParams {
+        now: None,
+        worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
+        prune_after_secs: 3600.0,
+        batch: 1000,
+        retry_base_ms: args.reap_retry_base_ms as f64,
+        retry_cap_ms: 300_000.0,
+    };
+    let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
+    let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
+    shutdown.await;
+    tracing::info!(planner = %name, "planner stopping");
+    drop((scanner, assigner, reaper));
+    Ok(())
+}
+
+/// Runs a worker with `registry`'s handlers until `shutdown` resolves; then drains (see
+/// [`Drain`]) and returns what the drain did. It serves HTTP on `listener`; with `None`
+/// it must have been spawned by a hot upgrade (`ARTEX_HANDOVER_SOCKET`), and receives the
+/// listening socket and its predecessor's tasks through the handover.
+pub async fn run_worker(
+    bb: Blackboard,
+    args: &WorkerArgs,
+    registry: Registry,
+    listener: Option<std::net::TcpListener>,
+    stats: ActorStats,
+    shutdown: impl Future<Output = ()>,
+) -> Result<DrainReport> {
+    let registry = kinds_to_run(registry, args)?;
+    if args.concurrency == 0 {
+        return Err(Error::Invalid("--concurrency: must be at least 1".into()));
+    }
+    let upgrade = UpgradeSettings::from_args(args)?;
+    let mut successor = Successor::connect_if_spawned().await?;
+    let http_addr = match (&mut successor, &listener) {
+        (Some(s), _) => s.welcome().await?.0,
+        (None, Some(l)) => l
+            .local_addr()
+            .map_err(|e| Error::io("reading the HTTP listener's address", e))?
+            .to_string(),
+        (None, None) => {
+            return Err(Error::Invalid(
+                "no HTTP listener and no handover socket to receive one from".into(),
+            ))
+        }
+    };
+    let config = worker_config(args, &http_addr);
+    Worker::register(&bb, &config, &registry).await?;
+    // A successor receives the socket only now, registered: one that cannot reach the
+    // blackboard never accepts a connection.
+    let listener = match (listener, &mut successor) {
+        (Some(l), _) => l,
+        (None, Some(s)) => s.ready(&config.id).await?,
+        (None, None) => unreachable!("checked above"),
+    };
+    tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
+        concurrency = config.concurrency, prefetch = config.prefetch,
+        lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = successor.is_some(),
+        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(),
+        "worker registered; listening");
+    let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
+    let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
+    let handed_over = Arc::new(AtomicBool::new(false));
+    let binary_sha256 = BinaryDigest::start();
+    let upgrader = Arc::new(Upgrader {
+        worker: worker.clone(),
+        bb: bb.clone(),
+        public_key: upgrade.public_key,
+        token: upgrade.token,
+        listener: listener
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the HTTP listener for upgrades", e))?,
+        dir: upgrade.dir,
+        ready_deadline: ms(args.upgrade_ready_ms),
+        suspend_deadline: ms(args.handover_suspend_ms),
+        lease_secs: ms(args.lease_ms).as_secs_f64(),
+        limits: artex_upgrade::Limits::default(),
+        binary_sha256: binary_sha256.clone(),
+        in_progress: AtomicBool::new(false),
+        handed_over: handed_over.clone(),
+    });
+    let state = http::AppState {
+        worker: worker.clone(),
+        stats,
+        version: VERSION.to_string(),
+        binary_sha256,
+        handed_over: handed_over.clone(),
+    };
+    let events = http::events::EventsState::new(bb.clone());
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .app_data(web::Data::new(events.clone()))
+            .app_data(web::Data::new(upgrader.clone()))
+            .configure(http::routes)
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(10)
+    .listen(listener)
+    .map_err(|e| Error::io(format!("serving HTTP on {http_addr}"), e))?
+    .run();
+    let handle = server.handle();
+    let serving = actix::spawn(server);
+    if let Some(mut s) = successor {
+        let report = s.take_over(&worker).await?;
+        tracing::info!(
+            resumed = report.resumed.len(),
+            conflicts = report.conflicts.len(),
+            "took over from the previous generation"
+        );
+        // Under systemd (Type=notify, NotifyAccess=all) this process is the service now.
+        notify_service(artex_upgrade::notify::mainpid(std::process::id()));
+    }
+    notify_service(artex_upgrade::notify::ready());
+    notify_service(artex_upgrade::notify::status(&format!(
+        "serving on {http_addr}"
+    )));
+    shutdown.await;
+    let report = if handed_over.load(Ordering::Acquire) {
+        // The successor serves the socket: stop accepting here first (in-flight requests
+        // finish, idle keep-alive connections close), then finish the remaining tasks.
+        notify_service(artex_upgrade::notify::status(
+            "handed over; finishing the last tasks",
+        ));
+        // Stop accepting first: the successor takes every new connection from the shared
+        // queue. Connections this process accepted a moment ago may not have sent their
+        // request yet, and a graceful stop would close them as idle; give them a grace
+        // period to arrive, then stop (in-flight requests finish).
+        handle.pause().await;
+        tokio::time::sleep(HANDOVER_ACCEPT_GRACE).await;
+        handle.stop(true).await;
+        let report = drain(&worker, &config, args).await?;
+        let _ = serving.await;
+        report
+    } else {
+        notify_service(artex_upgrade::notify::stopping());
+        let report = drain(&worker, &config, args).await?;
+        handle.stop(true).await;
+        let _ = serving.await;
+        report
+    };
+    remove_own_generation();
+    Ok(report)
+}
+
+/// `registry` narrowed to `--kinds`, each of which must have a handler.
+fn kinds_to_run(mut registry: Registry, args: &WorkerArgs) -> Result<Registry> {
+    if args.kinds.is_empty() {
+        return Ok(registry);
+    }
+    let known = registry.kinds();
+    if let Some(k) = args.kinds.iter().find(|k| !known.contains(k)) {
+        return Err(Error::Invalid(format!(
+            "--kinds: '{k}' has no handler in this binary; it has: {}",
+            known.join(", ")
+        )));
+    }
+    registry.retain(|k| args.kinds.iter().any(|x| x == k));
+    Ok(registry)
+}
+
+fn worker_config(args: &WorkerArgs, http_addr: &str) -> WorkerConfig {
+    let host = hostname();
+    WorkerConfig {
+        id: worker_id(&host),
+        host,
+        version: VERSION.to_string(),
+        http_addr: Some(http_addr.to_string()),
+        concurrency: args.concurrency,
+        prefetch: args.prefetch,
+        lease: ms(args.lease_ms),
+        heartbeat: ms(args.heartbeat_ms),
+        poll: ms(args.worker_poll_ms),
+        default_timeout: ms(args.task_timeout_ms),
+        retry_base: ms(args.retry_base_ms),
+        retry_cap: ms(args.retry_cap_ms),
+    }
+}
+
+async fn drain(
+    worker: &actix::Addr<Worker>,
+    config: &WorkerConfig,
+    args: &WorkerArgs,
+) -> Result<DrainReport> {
+    tracing::info!(worker = %config.id, "draining: no new work; finishing what runs");
+    let report = worker
+        .send(Drain {
+            deadline: ms(args.drain_ms),
+        })
+        .await
+        .map_err(artex_actors::Error::from)?;
+    tracing::info!(worker = %config.id, report = ?report, "drained");
+    Ok(report)
+}
+
+/// Binds the worker's HTTP listener, unless this process was spawned by a hot upgrade
+/// (it then receives its predecessor's listening socket through the handover).
+pub fn bind_http_unless_spawned(addr: &str) -> Result<Option<std::net::TcpListener>> {
+    if std::env::var_os(artex_upgrade::HANDOVER_ENV).is_some() {
+        return Ok(None);
+    }
+    bind_http(addr).map(Some)
+}
+
+/// Binds the worker's HTTP listener.
+pub fn bind_http(addr: &str) -> Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr).map_err(|e| Error::io(format!("binding HTTP on {addr}"), e))
+}
