@@ -35,7 +35,7 @@ done
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 addr="127.0.0.1:$port"
 "$A" planner >"$work/planner.log" 2>&1 & pids+=($!)
-"$A" worker --http "$addr" --upgrade-public-key "$work/key.pub" --upgrade-token-file "$work/token" \
+"$A" worker --http "$addr" --public-read --upgrade-public-key "$work/key.pub" --upgrade-token-file "$work/token" \
   --upgrade-dir "$work/up" >"$work/worker.log" 2>&1 & last=$!
 until curl -fs "http://$addr/health" >/dev/null; do sleep 0.05; done
 for i in 1 2 3 4; do

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Rolling hot upgrade of a fleet, one worker at a time, stopping at the first failure.
 #
-#   scripts/rolling-upgrade.sh [--token-file FILE] [--timeout SECS] BUNDLE HOST:PORT...
+#   scripts/rolling-upgrade.sh [--token-file FILE] [--read-token-file FILE] [--timeout SECS]
+#                              BUNDLE HOST:PORT...
 #
 # For each host, in the order given: PUT the bundle to http://HOST:PORT/upgrade (bearer
 # token from --token-file, else $ARTEX_UPGRADE_TOKEN; it is passed to curl on a file
 # descriptor, never on its command line), then wait until /health answers 200 and
-# /status reports the new binary's sha256 (taken from the upgrade's JSON answer). A
+# /status reports the new binary's sha256 (taken from the upgrade's JSON answer; /status
+# needs the read token, from --read-token-file, else $ARTEX_READ_TOKEN, unless the
+# workers run with --public-read). A
 # refused upload, a rollback, or a host not healthy on the new build within --timeout
 # seconds of the upgrade's answer (default 60) ends the run with a message naming the host and exit status 1; the
 # hosts after it are not touched. Needs bash and curl only: the JSON fields read are
@@ -14,11 +17,12 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 [--token-file FILE] [--timeout SECS] BUNDLE HOST:PORT..." >&2
+    echo "usage: $0 [--token-file FILE] [--read-token-file FILE] [--timeout SECS] BUNDLE HOST:PORT..." >&2
     exit 2
 }
 
 token=${ARTEX_UPGRADE_TOKEN:-}
+read_token=${ARTEX_READ_TOKEN:-}
 timeout=60
 while [ $# -gt 0 ]; do
     case $1 in
@@ -26,6 +30,11 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] || usage
             [ -r "$2" ] || { echo "rolling-upgrade: cannot read the token file $2" >&2; exit 2; }
             token=$(tr -d '[:space:]' <"$2")
+            shift 2 ;;
+        --read-token-file)
+            [ $# -ge 2 ] || usage
+            [ -r "$2" ] || { echo "rolling-upgrade: cannot read the read-token file $2" >&2; exit 2; }
+            read_token=$(tr -d '[:space:]' <"$2")
             shift 2 ;;
         --timeout) [ $# -ge 2 ] || usage; timeout=$2; shift 2 ;;
         -h | --help) usage ;;
@@ -70,7 +79,8 @@ for host in "$@"; do
         [ "$(date +%s)" -lt "$deadline" ] || fail "/health not 200 within ${timeout}s"
         sleep 0.2
     done
-    until [ "$(curl -fsS --max-time 5 "http://$host/status" 2>/dev/null | field binary_sha256)" = "$sha" ]; do
+    until [ "$(curl -fsS --max-time 5 -H @<(printf 'Authorization: Bearer %s\n' "$read_token") \
+        "http://$host/status" 2>/dev/null | field binary_sha256)" = "$sha" ]; do
         [ "$(date +%s)" -lt "$deadline" ] || fail "/status does not report sha256 $sha within ${timeout}s"
         sleep 0.2
     done

@@ -17,4 +17,5 @@ if ! have_pg; then
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (>= 1.89) with rustup first" >&2; exit 1; }
 cargo build --release --quiet
-exec target/release/artex up "$@"
+# Reads (/status, /metrics, /events) open on this local run; a fleet uses tokens.
+exec target/release/artex up --public-read "$@"

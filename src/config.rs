@@ -21,9 +21,55 @@ pub struct DbConfig {
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
     #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
     pub data_dir: PathBuf,
-    /// Connections in each process's pool.
-    #[arg(long, env = "ARTEX_POOL_SIZE", default_value_t = 4, global = true)]
-    pub pool_size: usize,
+    /// Connections in each process's pool (the budget per process is this, plus two
+    /// for heartbeats and renewals, plus one LISTEN session per listener: see README).
+    #[arg(long, env = "ARTEX_POOL_SIZE", default_value_t = 4, global = true,
+        value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub pool_size: u16,
+    /// How long to reach PostgreSQL and log in, milliseconds.
+    #[arg(long, env = "ARTEX_DB_CONNECT_TIMEOUT_MS", default_value_t = 5_000, global = true,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub db_connect_timeout_ms: u64,
+    /// How long a caller waits for a free pooled connection, milliseconds.
+    #[arg(long, env = "ARTEX_DB_POOL_WAIT_MS", default_value_t = 5_000, global = true,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub db_pool_wait_ms: u64,
+    /// The server cancels a statement of artex's that runs longer, milliseconds
+    /// (`statement_timeout`; migrations are exempt).
+    #[arg(long, env = "ARTEX_DB_STATEMENT_TIMEOUT_MS", default_value_t = 30_000, global = true,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub db_statement_timeout_ms: u64,
+}
+
+impl DbConfig {
+    /// The deadlines and pool size toward PostgreSQL these flags ask for.
+    pub fn limits(&self) -> artex_actors::blackboard::DbLimits {
+        artex_actors::blackboard::DbLimits {
+            pool_size: usize::from(self.pool_size),
+            connect_timeout: ms(self.db_connect_timeout_ms),
+            pool_wait: ms(self.db_pool_wait_ms),
+            statement_timeout: ms(self.db_statement_timeout_ms),
+        }
+    }
+}
+
+/// Who may read and write what a process serves over HTTP (`/health` is always open).
+#[derive(Debug, Clone, Args)]
+pub struct AccessArgs {
+    /// File holding the bearer token of the read scope (`/status`, `/metrics`, `/events`).
+    #[arg(long, env = "ARTEX_READ_TOKEN_FILE")]
+    pub read_token_file: Option<PathBuf>,
+    /// File holding the bearer token of the write scope (which can read too).
+    #[arg(long, env = "ARTEX_WRITE_TOKEN_FILE")]
+    pub write_token_file: Option<PathBuf>,
+    /// Serve reads without a token (on a trusted network or loopback only).
+    #[arg(long, env = "ARTEX_PUBLIC_READ")]
+    pub public_read: bool,
+    /// Open `/events` streams at most; more get 503 (each costs a socket and one batch
+    /// of buffer, never a database connection).
+    #[arg(long, env = "ARTEX_MAX_EVENT_STREAMS", default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_event_streams: u32,
 }
 
 /// How a worker runs.
@@ -32,6 +78,8 @@ pub struct WorkerArgs {
     /// HTTP address (/health, /status, /metrics); port 0 picks a free port.
     #[arg(long = "http", env = "ARTEX_HTTP", default_value = "127.0.0.1:0")]
     pub http: String,
+    #[command(flatten)]
+    pub access: AccessArgs,
     /// Handlers running at once.
     #[arg(long, env = "ARTEX_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,

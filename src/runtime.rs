@@ -22,6 +22,7 @@ use artex_actors::Blackboard;
 use crate::config::{ms, DbConfig, PlannerArgs, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::hot_upgrade::{Successor, UpgradeSettings, Upgrader};
+use crate::http::auth::Access;
 use crate::process::{hostname, notify_service, remove_own_generation, worker_id, BinaryDigest};
 use crate::{dev_db, http, VERSION};
 
@@ -42,9 +43,10 @@ pub async fn database_url(db: &DbConfig) -> Result<String> {
 /// Connects to the blackboard and brings its schema up to date.
 pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
     let url = database_url(db).await?;
+    let limits = db.limits();
     tracing::info!(database = %artex_actors::blackboard::mask_password(&url),
-        pool_size = db.pool_size, "blackboard");
-    let bb = Blackboard::connect(&url, db.pool_size)?;
+        limits = ?limits, "blackboard");
+    let bb = Blackboard::connect_with(&url, limits)?;
     let report = bb.migrate().await?;
     if !report.applied.is_empty() {
         tracing::info!(applied = ?report.applied, "migrated the blackboard");
@@ -111,6 +113,7 @@ pub async fn run_worker(
         return Err(Error::Invalid("--concurrency: must be at least 1".into()));
     }
     let upgrade = UpgradeSettings::from_args(args)?;
+    let access = Access::from_args(&args.access)?;
     let mut successor = Successor::connect_if_spawned().await?;
     let http_addr = match (&mut successor, &listener) {
         (Some(s), _) => s.welcome().await?.0,
@@ -136,7 +139,7 @@ pub async fn run_worker(
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
         concurrency = config.concurrency, prefetch = config.prefetch,
         lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = successor.is_some(),
-        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(),
+        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
         "worker registered; listening");
     let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
@@ -165,11 +168,14 @@ pub async fn run_worker(
         version: VERSION.to_string(),
         binary_sha256,
         handed_over: handed_over.clone(),
+        db: http::probe::DbProbe::start(bb.clone()),
     };
-    let events = http::events::EventsState::new(bb.clone());
+    let events =
+        http::events::EventsState::start(bb.clone(), args.access.max_event_streams as usize);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
+            .app_data(web::Data::new(access.clone()))
             .app_data(web::Data::new(events.clone()))
             .app_data(web::Data::new(upgrader.clone()))
             .configure(http::routes)

@@ -366,7 +366,8 @@ impl Sse {
             .unwrap_or_default();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nConnection: close\r\n{extra}\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nConnection: close\r\nAuthorization: Bearer {}\r\n{extra}\r\n",
+            common::READ_TOKEN
         )
         .unwrap();
         let mut reader = BufReader::new(s);

@@ -368,6 +368,8 @@ async fn rolling_upgrade_walks_the_fleet_and_stops_at_the_first_failure() {
     let out = Command::new("bash")
         .arg(&script)
         .args(["--timeout", "20"])
+        .arg("--read-token-file")
+        .arg(common::read_token_file())
         .arg(zip1)
         .args([&a1, &a2])
         .env("ARTEX_UPGRADE_TOKEN", TOKEN)

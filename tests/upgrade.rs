@@ -76,11 +76,12 @@ impl Load {
                 let script = format!(
                     "while [ ! -e '{stop}' ]; do \
                        for p in health status; do \
-                         curl -s -o /dev/null --max-time 10 -w '%{{http_code}} %{{errormsg}}\\n' http://{addr}/$p >> '{out}'; \
+                         curl -s -o /dev/null --max-time 10 -H 'Authorization: Bearer {token}' -w '%{{http_code}} %{{errormsg}}\\n' http://{addr}/$p >> '{out}'; \
                        done; \
                      done",
                     stop = stop.display(),
-                    out = out.display()
+                    out = out.display(),
+                    token = common::READ_TOKEN
                 );
                 Command::new("bash")
                     .arg("-c")

@@ -10,8 +10,16 @@ pub enum Error {
     #[error("{}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
     /// No connection could be had from the pool.
-    #[error("database connection pool: {0}")]
+    #[error("{}", pool_message(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// PostgreSQL did not answer in time.
+    #[error("{what}: PostgreSQL did not answer within {after:?}")]
+    Timeout {
+        /// What was being done.
+        what: &'static str,
+        /// The deadline that passed.
+        after: std::time::Duration,
+    },
     /// The database URL could not be used.
     #[error("database URL: {0}")]
     Url(String),
@@ -51,7 +59,7 @@ impl Error {
     pub fn is_connection(&self) -> bool {
         match self {
             Error::Db(e) => e.is_closed() || e.as_db_error().is_none(),
-            Error::Pool(_) => true,
+            Error::Pool(_) | Error::Timeout { .. } => true,
             _ => false,
         }
     }
@@ -70,5 +78,26 @@ fn db_message(e: &tokio_postgres::Error) -> String {
             Some(src) => format!("database: {e}: {src}"),
             None => format!("database: {e}"),
         },
+    }
+}
+
+fn pool_message(e: &deadpool_postgres::PoolError) -> String {
+    use deadpool_postgres::{PoolError, TimeoutType};
+    match e {
+        PoolError::Timeout(TimeoutType::Wait) => {
+            "database: no free connection in this process's pool within the pool wait \
+             timeout (every connection is busy)"
+                .into()
+        }
+        PoolError::Timeout(TimeoutType::Create) => {
+            "database: PostgreSQL did not answer within the connect timeout (is the \
+             server up and reachable, and the URL's host and port right?)"
+                .into()
+        }
+        PoolError::Timeout(TimeoutType::Recycle) => {
+            "database: a pooled connection did not answer within the connect timeout".into()
+        }
+        PoolError::Backend(e) => db_message(e),
+        e => format!("database connection pool: {e}"),
     }
 }

@@ -7,9 +7,13 @@
 //! answered 410 Gone rather than with a silent gap. When the worker drains or hands its
 //! socket to a successor (hot upgrade), the stream ends and the client's reconnection
 //! lands on whoever serves the port then: an open stream never holds a shutdown back.
-//! Each open stream holds one LISTEN session (a database connection of its own) and is
-//! woken by the feed's NOTIFY, polling every 500 ms as a safety net. Routes hold no SQL:
-//! the feed reader lives in the blackboard.
+//!
+//! Bounded whatever clients do: it needs the read scope; at most `--max-event-streams`
+//! streams are open (503 beyond); every stream is woken by the process's one LISTEN
+//! session (a connection for all of them, see [`EventsState::start`]) and reads through
+//! the pool, so streams add no database connection; a stream buffers at most one batch,
+//! and a client that takes longer than [`SLOW_CLIENT`] to take a chunk is dropped. Routes
+//! hold no SQL: the feed reader lives in the blackboard.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,23 +22,74 @@ use actix_web::http::header::{HeaderValue, CACHE_CONTROL};
 use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
-use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart};
+use std::sync::Arc;
+
+use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, EVENTS_CHANNEL};
 use artex_actors::worker::GetStatus;
 use artex_actors::Blackboard;
 use serde::Deserialize;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use super::auth::CanRead;
 use super::{ApiError, AppState};
 
-/// What `/events` needs: the blackboard to read the feed from.
+/// What `/events` needs: the blackboard to read the feed from, the process's shared
+/// wake-ups, and the open-stream budget.
 #[derive(Clone)]
 pub struct EventsState {
     bb: Blackboard,
+    wakeups: watch::Receiver<u64>,
+    streams: Arc<Semaphore>,
+    max_streams: usize,
 }
 
 impl EventsState {
-    /// Serves the feed of `bb`.
-    pub fn new(bb: Blackboard) -> Self {
-        EventsState { bb }
+    /// Serves the feed of `bb` to at most `max_streams` streams at once, and starts the
+    /// process's one LISTEN session for them: it bumps a counter at every notification,
+    /// at every (re)connection (notifications are lost while disconnected) and every
+    /// [`SAFETY_POLL`]; it ends when every `EventsState` is gone.
+    pub fn start(bb: Blackboard, max_streams: usize) -> Self {
+        let (tx, wakeups) = watch::channel(0u64);
+        let listening = bb.clone();
+        actix::spawn(async move {
+            let bump = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
+            let mut backoff = Duration::from_millis(100);
+            while !tx.is_closed() {
+                match listening.listen(&[EVENTS_CHANNEL.to_string()]).await {
+                    Ok(mut session) => {
+                        backoff = Duration::from_millis(100);
+                        bump(&tx);
+                        loop {
+                            tokio::select! {
+                                got = session.recv() => match got {
+                                    Some(_) => {
+                                        session.drain_pending();
+                                        bump(&tx);
+                                    }
+                                    None => break,
+                                },
+                                _ = tokio::time::sleep(SAFETY_POLL) => bump(&tx),
+                                _ = tx.closed() => return,
+                            }
+                        }
+                        tracing::warn!("the event feed's LISTEN session dropped; reconnecting");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the event feed cannot LISTEN; retrying");
+                        // Streams still poll meanwhile.
+                        bump(&tx);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+        EventsState {
+            bb,
+            wakeups,
+            streams: Arc::new(Semaphore::new(max_streams)),
+            max_streams,
+        }
     }
 }
 
@@ -45,12 +100,17 @@ pub struct EventsQuery {
     after: Option<String>,
 }
 
-/// Safety-net poll when no notification comes.
+/// How often a stream looks whether this process is leaving (and reads, with no wake-up).
 const POLL: Duration = Duration::from_millis(500);
+/// How often the shared session wakes every stream with no notification: the safety
+/// net for events that were held back behind a transaction in flight when announced.
+pub const SAFETY_POLL: Duration = Duration::from_secs(2);
+/// A client that takes longer than this to take one chunk is dropped, not buffered for.
+pub const SLOW_CLIENT: Duration = Duration::from_secs(30);
 /// A comment line at least this often, so proxies and clients see the stream is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
-/// Events per read.
-const BATCH: i64 = 500;
+/// Events per read: at most this many are buffered for one stream.
+const BATCH: i64 = 100;
 
 enum Phase {
     Start,
@@ -60,6 +120,7 @@ enum Phase {
 
 /// The SSE stream of task events.
 pub async fn events(
+    _: CanRead,
     req: HttpRequest,
     state: web::Data<EventsState>,
     app: web::Data<AppState>,
@@ -73,6 +134,13 @@ pub async fn events(
         .filter(|s| !s.is_empty())
         .map(|s| ("Last-Event-ID", s))
         .or_else(|| query.after.as_deref().map(|s| ("after", s)));
+    let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(format!(
+            "too many event streams: {} are open, the most this process serves \
+             (--max-event-streams); retry later",
+            state.max_streams
+        ))
+    })?;
     let start = match resume {
         Some((field, value)) => {
             FeedStart::After(value.parse::<EventPosition>().map_err(|e| ApiError {
@@ -91,25 +159,37 @@ pub async fn events(
             },
             e => ApiError::unavailable(format!("reading the event feed: {e}")),
         })?;
-    // Listening before the first read: nothing committed in between goes unnoticed.
-    feed.listen()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("listening for events: {e}")))?;
+    // Subscribed before the first read: nothing committed in between goes unnoticed.
+    feed.share_wakeups(state.wakeups.clone());
     let stream = futures_util::stream::unfold(
-        (feed, Phase::Start, app),
-        |(mut feed, phase, app)| async move {
-            match phase {
-                Phase::Done => None,
-                // Reconnect after a second if the stream breaks.
-                Phase::Start => Some((
-                    Ok(Bytes::from_static(b"retry: 1000\n\n")),
-                    (feed, Phase::Live, app),
-                )),
-                Phase::Live => {
-                    let (chunk, next) = next_chunk(&mut feed, &app).await;
-                    Some((Ok::<_, std::convert::Infallible>(chunk), (feed, next, app)))
-                }
+        Stream {
+            feed,
+            phase: Phase::Start,
+            app,
+            yielded: Instant::now(),
+            _permit: permit,
+        },
+        |mut s| async move {
+            // The body is polled again only once the client took the last chunk.
+            if s.yielded.elapsed() > SLOW_CLIENT {
+                tracing::info!("dropping an event stream whose client does not keep up");
+                return None;
             }
+            let chunk = match s.phase {
+                Phase::Done => return None,
+                // Reconnect after a second if the stream breaks.
+                Phase::Start => {
+                    s.phase = Phase::Live;
+                    Bytes::from_static(b"retry: 1000\n\n")
+                }
+                Phase::Live => {
+                    let (chunk, next) = next_chunk(&mut s.feed, &s.app).await;
+                    s.phase = next;
+                    chunk
+                }
+            };
+            s.yielded = Instant::now();
+            Some((Ok::<_, std::convert::Infallible>(chunk), s))
         },
     );
     Ok(HttpResponse::Ok()
@@ -118,6 +198,17 @@ pub async fn events(
         // nginx and friends: do not buffer the stream.
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(stream))
+}
+
+/// One open stream: its reader, where it is, and its place in the stream budget
+/// (given back when the stream is dropped).
+struct Stream {
+    feed: EventFeed,
+    phase: Phase,
+    app: web::Data<AppState>,
+    /// When the last chunk was handed to the HTTP layer.
+    yielded: Instant,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// The next piece of the stream: a batch of events, a keep-alive comment, or (when the

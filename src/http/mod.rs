@@ -3,7 +3,9 @@
 //! `/events` (the change feed as Server-Sent Events). Routes hold no SQL: they ask the
 //! Worker actor, or (`/events`) the blackboard's feed reader.
 
+pub mod auth;
 pub mod events;
+pub mod probe;
 pub mod upgrade;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,8 @@ pub struct AppState {
     pub binary_sha256: crate::process::BinaryDigest,
     /// Set once a successor took over the socket and the tasks.
     pub handed_over: Arc<AtomicBool>,
+    /// The database's health, from a recent real round trip.
+    pub db: probe::DbProbe,
 }
 
 /// An HTTP error: a status code and a JSON body saying what was wrong.
@@ -78,7 +82,9 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         .await
         .map_err(|e| ApiError::unavailable(format!("worker actor unavailable: {e}")))?;
     let mut reasons = Vec::new();
-    if !s.database_ok {
+    if let Err(why) = state.db.verdict() {
+        reasons.push(why);
+    } else if !s.database_ok {
         reasons.push(format!(
             "database unreachable: {}",
             s.database_error.as_deref().unwrap_or("unknown error")
@@ -105,7 +111,7 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     })
 }
 
-async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let s = state
         .worker
         .send(GetStatus)
@@ -127,7 +133,7 @@ async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     })))
 }
 
-async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn metrics(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let s = state
         .worker
         .send(GetStatus)

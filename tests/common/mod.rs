@@ -29,6 +29,29 @@ pub fn artex_bin() -> &'static str {
     env!("CARGO_BIN_EXE_artex")
 }
 
+/// The read-scope bearer token of every process the tests start (they read it from
+/// [`read_token_file`] through `ARTEX_READ_TOKEN_FILE`); test clients send it.
+pub const READ_TOKEN: &str = "test-read-token";
+
+/// The file holding [`READ_TOKEN`], beside the run's cluster (written on first use).
+pub fn read_token_file() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = cluster_dir()
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&dir).expect("token folder");
+        let file = dir.join("read-token");
+        // Written aside and renamed: tests of one run start at once and share the file.
+        let aside = dir.join(format!("read-token.{}", std::process::id()));
+        std::fs::write(&aside, READ_TOKEN).expect("write the read token");
+        std::fs::rename(&aside, &file).expect("place the read token");
+        file
+    })
+    .clone()
+}
+
 /// The cluster's folder: `$ARTEX_TEST_PG_DIR`, else `<target>/tmp/artex-test-pg`.
 pub fn cluster_dir() -> PathBuf {
     match std::env::var_os("ARTEX_TEST_PG_DIR") {

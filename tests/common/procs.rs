@@ -59,12 +59,18 @@ impl Proc {
         let mut cmd = Command::new(super::artex_bin());
         cmd.args(args)
             .env("ARTEX_DATABASE_URL", url)
+            .env("ARTEX_READ_TOKEN_FILE", super::read_token_file())
             .env("ARTEX_LOG", "info,actix_server=warn")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        // An empty value removes the variable (e.g. the tests' read token).
         for (k, v) in env {
-            cmd.env(k, v);
+            if v.is_empty() {
+                cmd.env_remove(k);
+            } else {
+                cmd.env(k, v);
+            }
         }
         let child = cmd.spawn().expect("spawn artex");
         Proc {
@@ -159,13 +165,21 @@ where
     }
 }
 
-/// A plain HTTP/1.1 GET; returns (status, body).
+/// A plain HTTP/1.1 GET with the tests' read token; returns (status, body).
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_as(addr, path, Some(super::READ_TOKEN))
+}
+
+/// A plain HTTP/1.1 GET with `token` as the bearer token, if any; returns (status, body).
+pub fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;

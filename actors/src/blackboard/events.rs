@@ -366,8 +366,19 @@ pub struct EventFeed {
     bb: Blackboard,
     consumer: Option<String>,
     position: EventPosition,
-    listener: Option<Listener>,
+    wakeups: Wakeups,
     poll: Duration,
+}
+
+/// What wakes a feed reader when new events are announced.
+enum Wakeups {
+    /// Nothing yet: a LISTEN session of its own is opened when it first waits.
+    Unset,
+    /// A LISTEN session of its own (a connection: fine for one CLI consumer).
+    Own(Listener),
+    /// A counter bumped by one LISTEN session the whole process shares (see
+    /// [`EventFeed::share_wakeups`]): any number of readers, one connection.
+    Shared(tokio::sync::watch::Receiver<u64>),
 }
 
 impl EventFeed {
@@ -414,7 +425,7 @@ impl EventFeed {
             bb,
             consumer,
             position,
-            listener: None,
+            wakeups: Wakeups::Unset,
             poll,
         })
     }
@@ -432,10 +443,18 @@ impl EventFeed {
     /// Starts listening for new events (do it before the first read when following,
     /// so that nothing committed between a read and the wait goes unnoticed).
     pub async fn listen(&mut self) -> Result {
-        if self.listener.is_none() {
-            self.listener = Some(self.bb.listen(&[EVENTS_CHANNEL.to_string()]).await?);
+        if matches!(self.wakeups, Wakeups::Unset) {
+            self.wakeups = Wakeups::Own(self.bb.listen(&[EVENTS_CHANNEL.to_string()]).await?);
         }
         Ok(())
+    }
+
+    /// Wakes this reader from a counter that the process's one LISTEN session on
+    /// [`EVENTS_CHANNEL`] bumps at every notification (and whenever that session was
+    /// lost, since notifications may have been missed meanwhile), instead of a session of
+    /// its own: a server with many readers then holds one connection for all of them.
+    pub fn share_wakeups(&mut self, wakeups: tokio::sync::watch::Receiver<u64>) {
+        self.wakeups = Wakeups::Shared(wakeups);
     }
 
     /// The next deliverable events (up to `limit`) after the reader's position, which
@@ -451,24 +470,38 @@ impl EventFeed {
     /// Waits until new events may be there: a notification, or `timeout` (the poll;
     /// also when the listening session dropped, which is reopened on the next call).
     async fn wait(&mut self, timeout: Duration) {
-        if self.listener.is_none() {
+        if matches!(self.wakeups, Wakeups::Unset) {
             if let Err(e) = self.listen().await {
                 tracing::debug!(error = %e, "cannot LISTEN for events; polling");
                 tokio::time::sleep(timeout.min(self.poll)).await;
                 return;
             }
         }
-        if let Some(l) = self.listener.as_mut() {
-            tokio::select! {
-                got = l.recv() => {
-                    if got.is_none() {
-                        self.listener = None;
-                    } else {
-                        l.drain_pending();
+        match &mut self.wakeups {
+            Wakeups::Own(l) => {
+                tokio::select! {
+                    got = l.recv() => {
+                        if got.is_none() {
+                            self.wakeups = Wakeups::Unset;
+                        } else {
+                            l.drain_pending();
+                        }
                     }
+                    _ = tokio::time::sleep(timeout) => {}
                 }
-                _ = tokio::time::sleep(timeout) => {}
             }
+            Wakeups::Shared(rx) => {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        // The sharing session is gone for good: polling is all that is left.
+                        if changed.is_err() {
+                            tokio::time::sleep(timeout).await;
+                        }
+                    }
+                    _ = tokio::time::sleep(timeout) => {}
+                }
+            }
+            Wakeups::Unset => tokio::time::sleep(timeout).await,
         }
     }
 
@@ -479,7 +512,7 @@ impl EventFeed {
     /// read, so nothing committed between a read and a wait goes unnoticed. Errors are
     /// the reads': the position only moves on success, so a caller may retry.
     pub async fn follow(&mut self, limit: i64, until: Instant) -> Result<EventBatch> {
-        if self.listener.is_none() {
+        if matches!(self.wakeups, Wakeups::Unset) {
             if let Err(e) = self.listen().await {
                 tracing::debug!(error = %e, "cannot LISTEN for events; polling");
             }

@@ -60,10 +60,14 @@ const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
 impl Blackboard {
     /// Applies every migration not yet applied. Safe to call from several processes at once.
     pub async fn migrate(&self) -> Result<MigrationReport> {
-        let mut client = self.pool.get().await?;
+        // A connection of its own, closed afterwards: a migration (or the wait for another
+        // process's) may outlast the statement timeout, which is lifted for this session
+        // only and never handed back to the pool.
+        let mut client = deadpool_postgres::Object::take(self.pool.get().await?);
         client
             .batch_execute(
-                "create schema if not exists artex;
+                "set statement_timeout = 0;
+                 create schema if not exists artex;
                  create table if not exists artex.schema_migrations (
                      version integer primary key,
                      name text not null,
@@ -93,7 +97,7 @@ impl Blackboard {
     }
 }
 
-async fn apply_all(client: &mut deadpool_postgres::Client) -> Result<MigrationReport> {
+async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationReport> {
     client
         .batch_execute(
             "create table if not exists artex.schema_migrations (

@@ -49,6 +49,43 @@ pub const TASKS_CHANNEL: &str = "artex_tasks";
 /// canceled (by the flow trigger): stop that task's handler now.
 pub const CANCEL_PAYLOAD: &str = "cancel";
 
+/// Deadlines and sizes toward PostgreSQL: whatever the server or the network does, no
+/// call of artex waits for ever, and no process opens more connections than its budget.
+#[derive(Debug, Clone, Copy)]
+pub struct DbLimits {
+    /// Connections in the durable pool (the relaxed pool has two more).
+    pub pool_size: usize,
+    /// How long to reach the server and log in: TCP connect plus the start-up exchange.
+    pub connect_timeout: Duration,
+    /// How long a caller waits for a free connection of the pool.
+    pub pool_wait: Duration,
+    /// The server cancels any statement of artex that runs longer (`statement_timeout`;
+    /// migrations lift it for their own transaction).
+    pub statement_timeout: Duration,
+}
+
+impl Default for DbLimits {
+    fn default() -> Self {
+        DbLimits {
+            pool_size: 4,
+            connect_timeout: Duration::from_secs(5),
+            pool_wait: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A dead peer (a host gone, a cable cut) shows as silence, not as an error: the kernel
+/// probes an idle connection after this long…
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// …every this long, this many times, and gives up on data left unacknowledged this long.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A session left idle inside a transaction (a bug, a hung process) is ended by the
+/// server after this long, so its row locks do not stall the fleet.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A handle on the blackboard: two small pools (durable writes; relaxed writes for
 /// heartbeats and lease renewals) and what is needed to open LISTEN sessions.
 #[derive(Clone)]
@@ -56,6 +93,7 @@ pub struct Blackboard {
     pool: Pool,
     relaxed: Pool,
     config: tokio_postgres::Config,
+    limits: DbLimits,
 }
 
 impl std::fmt::Debug for Blackboard {
@@ -67,27 +105,57 @@ impl std::fmt::Debug for Blackboard {
 }
 
 impl Blackboard {
-    /// Prepares pools for `url` (no connection is made until first use). `pool_size` is
-    /// the durable pool's size; the relaxed pool has two connections.
+    /// Prepares pools for `url` (no connection is made until first use) with the default
+    /// [`DbLimits`] and `pool_size` connections in the durable pool.
     pub fn connect(url: &str, pool_size: usize) -> Result<Self> {
+        Blackboard::connect_with(
+            url,
+            DbLimits {
+                pool_size,
+                ..DbLimits::default()
+            },
+        )
+    }
+
+    /// Prepares pools for `url` within `limits` (no connection is made until first use).
+    pub fn connect_with(url: &str, limits: DbLimits) -> Result<Self> {
         let mut config = tokio_postgres::Config::from_str(url)
             .map_err(|e| Error::Url(format!("{e} (in {})", mask_password(url))))?;
         if config.get_application_name().is_none() {
             config.application_name("artex");
         }
-        config.connect_timeout(Duration::from_secs(10));
-        let pool = build_pool(config.clone(), pool_size)?;
+        config
+            .connect_timeout(limits.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES)
+            .tcp_user_timeout(TCP_USER_TIMEOUT);
+        let options = format!(
+            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            config.get_options().unwrap_or(""),
+            limits.statement_timeout.as_millis(),
+            IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+        );
+        config.options(options.trim());
+        let pool = build_pool(config.clone(), limits.pool_size, &limits)?;
         let mut relaxed_cfg = config.clone();
         // Heartbeats and lease renewals are rewritten every few seconds; losing the last
         // one in a crash costs nothing, so they do not wait for the WAL flush. Task
         // results never go through this pool.
-        relaxed_cfg.options("-c synchronous_commit=off");
-        let relaxed = build_pool(relaxed_cfg, 2)?;
+        relaxed_cfg.options(format!("{options} -c synchronous_commit=off"));
+        let relaxed = build_pool(relaxed_cfg, 2, &limits)?;
         Ok(Blackboard {
             pool,
             relaxed,
             config,
+            limits,
         })
+    }
+
+    /// The limits it was made with.
+    pub fn limits(&self) -> DbLimits {
+        self.limits
     }
 
     /// Checks the database answers.
@@ -102,7 +170,15 @@ impl Blackboard {
     /// never the record: when the session drops, `Listener::recv` returns `None` and the
     /// owner reconnects and rescans the tables.
     pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
-        let (client, mut connection) = self.config.connect(NoTls).await?;
+        // The connect timeout covers the TCP connect only; a server that accepts and
+        // never answers must not hang the session's owner either.
+        let (client, mut connection) =
+            tokio::time::timeout(self.limits.connect_timeout, self.config.connect(NoTls))
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: "opening a LISTEN session",
+                    after: self.limits.connect_timeout,
+                })??;
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let saw_cancel = cancel.clone();
@@ -211,7 +287,7 @@ impl Drop for Listener {
     }
 }
 
-fn build_pool(config: tokio_postgres::Config, size: usize) -> Result<Pool> {
+fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) -> Result<Pool> {
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -221,8 +297,51 @@ fn build_pool(config: tokio_postgres::Config, size: usize) -> Result<Pool> {
     );
     Pool::builder(manager)
         .max_size(size.max(1))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(limits.pool_wait))
+        // Creating covers the whole log-in, which the connect timeout does not.
+        .create_timeout(Some(limits.connect_timeout))
+        .recycle_timeout(Some(limits.connect_timeout))
         .build()
         .map_err(|e| Error::Url(e.to_string()))
+}
+
+/// A pooled connection inside a transaction begun by hand (a pipelined `begin`). Unless
+/// [`InTransaction::ended`] is called after the commit or rollback, dropping it — an
+/// error path, a panic in a caller's closure, a future dropped mid-way — closes the
+/// connection instead of handing it back to the pool inside the transaction (the server
+/// then rolls the transaction back and frees its locks).
+pub(crate) struct InTransaction(Option<deadpool_postgres::Client>);
+
+impl InTransaction {
+    /// `client`, about to begin a transaction.
+    pub(crate) fn new(client: deadpool_postgres::Client) -> Self {
+        InTransaction(Some(client))
+    }
+
+    /// The transaction ended: the connection may go back to the pool.
+    pub(crate) fn ended(mut self) {
+        self.0.take();
+    }
+}
+
+impl std::ops::Deref for InTransaction {
+    type Target = deadpool_postgres::Client;
+
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("only `ended` takes the client, and it consumes self")
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            tracing::warn!("a transaction was abandoned; closing its connection");
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.

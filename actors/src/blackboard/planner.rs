@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::Blackboard;
+use super::{Blackboard, InTransaction};
 use crate::error::Result;
 
 /// An online, live worker as the planner sees it.
@@ -210,6 +210,9 @@ impl Blackboard {
         let claim = client.prepare_cached(CLAIM).await?;
         let assign = client.prepare_cached(ASSIGN).await?;
         let wake = client.prepare_cached(WAKE).await?;
+        // From `begin` on, a drop (an error, a panic in `plan`, this future dropped)
+        // closes the connection rather than pooling it inside the transaction.
+        let client = InTransaction::new(client);
         // Pipelined: `begin` goes with the claim and `commit` with the assignment, two
         // round trips for the transaction instead of four (this is the dispatch latency).
         let (begun, claimed) = futures_util::future::join(
@@ -230,8 +233,9 @@ impl Blackboard {
         let claimed = match claimed {
             Ok(c) => c,
             Err(e) => {
-                // Never hand the connection back inside a transaction.
-                let _ = client.batch_execute("rollback").await;
+                if client.batch_execute("rollback").await.is_ok() {
+                    client.ended();
+                }
                 return Err(e.into());
             }
         };
@@ -243,6 +247,7 @@ impl Blackboard {
         };
         if plan.is_empty() {
             client.batch_execute("commit").await?;
+            client.ended();
             return Ok(report);
         }
         let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
@@ -253,7 +258,7 @@ impl Blackboard {
         // One round trip: the assignment, its commit (a failed assignment makes it a
         // rollback), then the chosen workers' wake-ups in a transaction of their own that
         // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
-        let (rows, committed, _, woken, _) = futures_util::future::join5(
+        let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
             client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
             client.batch_execute("commit"),
             client.batch_execute("begin; set local synchronous_commit = off"),
@@ -261,6 +266,9 @@ impl Blackboard {
             client.batch_execute("commit"),
         )
         .await;
+        if committed.is_ok() && wake_committed.is_ok() {
+            client.ended();
+        }
         let rows = rows?;
         committed?;
         report.assigned = rows.len();

@@ -1,0 +1,74 @@
+//! What `/health` says about the database: the result of a real round trip made every
+//! [`PROBE_EVERY`] through the process's own pool, each bounded by [`PROBE_DEADLINE`].
+//! A server that hangs (SIGSTOP, a dead network) or has no connection left for us turns
+//! `/health` 503 within [`STALE_AFTER`], and back to 200 at the first answer after.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use artex_actors::Blackboard;
+
+/// How often the database is asked.
+pub const PROBE_EVERY: Duration = Duration::from_millis(1_000);
+/// How long one question may take before it counts as no answer.
+pub const PROBE_DEADLINE: Duration = Duration::from_millis(2_000);
+/// With no answer for this long, the process is not ready.
+pub const STALE_AFTER: Duration = Duration::from_millis(3_000);
+
+#[derive(Debug)]
+struct Last {
+    answered: Instant,
+    error: Option<String>,
+}
+
+/// The database's health as this process sees it; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DbProbe(Arc<Mutex<Last>>);
+
+impl DbProbe {
+    /// Starts probing `bb` (on the current actix/tokio runtime) until every clone is
+    /// dropped. It counts as answered at start: the caller has just used the database.
+    pub fn start(bb: Blackboard) -> DbProbe {
+        let probe = DbProbe(Arc::new(Mutex::new(Last {
+            answered: Instant::now(),
+            error: None,
+        })));
+        let weak: Weak<Mutex<Last>> = Arc::downgrade(&probe.0);
+        actix::spawn(async move {
+            let mut tick = tokio::time::interval(PROBE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let answer = match tokio::time::timeout(PROBE_DEADLINE, bb.ping()).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {PROBE_DEADLINE:?}")),
+                };
+                let Some(last) = weak.upgrade() else { return };
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                match answer {
+                    Ok(()) => {
+                        last.answered = Instant::now();
+                        last.error = None;
+                    }
+                    Err(e) => last.error = Some(e),
+                }
+            }
+        });
+        probe
+    }
+
+    /// `Ok` if the database answered recently; otherwise why not.
+    pub fn verdict(&self) -> Result<(), String> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let silent = last.answered.elapsed();
+        if silent <= STALE_AFTER {
+            return Ok(());
+        }
+        Err(format!(
+            "database: no answer for {:.1} s ({})",
+            silent.as_secs_f64(),
+            last.error.as_deref().unwrap_or("still waiting")
+        ))
+    }
+}
