@@ -337,7 +337,11 @@ impl Upgrader {
                     {
                         tracing::warn!(error = %e, "rollback: cannot take back unstarted tasks; the reaper will");
                     }
-                    if let Err(e) = self.bb.set_worker_state(cw, "gone").await {
+                    if let Err(e) = self
+                        .bb
+                        .set_worker_state(cw, artex_actors::blackboard::WorkerState::Gone)
+                        .await
+                    {
                         tracing::warn!(error = %e, "rollback: cannot mark the failed worker gone");
                     }
                 }

@@ -173,7 +173,7 @@ async fn leaving(app: &AppState) -> bool {
         return true;
     }
     match app.worker.send(GetStatus).await {
-        Ok(s) => s.state != "online",
+        Ok(s) => s.state != artex_actors::worker::WorkerState::Online,
         Err(_) => true,
     }
 }
