@@ -1218,18 +1218,30 @@ async fn a_held_task_cannot_be_deleted() {
     }
 }
 
+/// A sweep that may take back nothing per statement would loop forever: a batch below 1
+/// is refused at once, saying what was wrong, before the sweep changes anything.
 #[tokio::test]
-async fn a_reap_with_an_empty_batch_returns() {
+async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
     let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = insert_task(&c).await;
+    assign(&c, id, "w1").await;
+    let before = snapshot(&c, id).await;
+    // An hour on, the lease has expired: a real sweep would take the task back.
     let params = ReapParams {
         batch: 0,
-        ..reap_params(Utc::now())
+        ..reap_params(Utc::now() + chrono::Duration::hours(1))
     };
-    let reaped = tokio::time::timeout(Duration::from_secs(5), db.bb.reap("reaper", &params)).await;
-    assert!(
-        reaped.is_ok(),
-        "reap with batch 0 did not return within 5 s"
-    );
+    let reaped = tokio::time::timeout(Duration::from_secs(5), db.bb.reap("reaper", &params))
+        .await
+        .expect("reap with batch 0 did not return within 5 s");
+    match reaped {
+        Err(artex_actors::Error::Invalid(m)) => {
+            assert_eq!(m, "reap batch: 0; expected at least 1")
+        }
+        other => panic!("reap with batch 0: expected it refused as invalid, got {other:?}"),
+    }
+    assert_eq!(snapshot(&c, id).await, before);
 }
 
 /// Plans (EXPLAIN JSON) of `node` and below that join two transition tables in a nested
