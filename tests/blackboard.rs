@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use artex_actors::blackboard::{
-    Completion, Outcome, ReapParams, StartedTask, TaskStatus, CLAIM_SQL, TASKS_CHANNEL,
+    AssignedTask, AttemptRecord, Outcome, ReapParams, Step, TaskStatus, CLAIM_SQL, TASKS_CHANNEL,
 };
 use chrono::{DateTime, Utc};
 use common::{lines_of, start_assigned, TestDb};
@@ -200,15 +200,19 @@ fn msg(e: &tokio_postgres::Error) -> String {
         .unwrap_or_else(|| e.to_string())
 }
 
-fn completion(t: &StartedTask, epoch: i64, outcome: Outcome) -> Completion {
-    Completion {
+fn attempt_record(t: &AssignedTask, epoch: i64, step: Step) -> AttemptRecord {
+    AttemptRecord {
         id: t.id,
         epoch,
         retries: t.retries,
         max_retries: t.max_retries,
-        outcome,
+        step,
         started_ago_ms: None,
     }
+}
+
+fn finish(t: &AssignedTask, epoch: i64, outcome: Outcome) -> AttemptRecord {
+    attempt_record(t, epoch, Step::Finish(outcome))
 }
 
 fn reap_params(now: DateTime<Utc>) -> ReapParams {
@@ -656,9 +660,9 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
         assert_eq!(status_of(&c, id).await, "assigned");
     }
     let task = |id| held.iter().find(|t| t.id == id).unwrap();
-    let started = |t: &StartedTask, outcome, ago| Completion {
+    let started = |t: &AssignedTask, step, ago| AttemptRecord {
         started_ago_ms: ago,
-        ..completion(t, t.epoch, outcome)
+        ..attempt_record(t, t.epoch, step)
     };
 
     // `ran` finished before its start was written; `long` runs on (its start alone);
@@ -667,9 +671,13 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
         .record(
             "w1",
             &[
-                started(task(ran), Outcome::Succeeded(json!(1)), Some(250.0)),
-                started(task(long), Outcome::Started, Some(40.0)),
-                started(task(idle), Outcome::Succeeded(json!(1)), None),
+                started(
+                    task(ran),
+                    Step::Finish(Outcome::Succeeded(json!(1))),
+                    Some(250.0),
+                ),
+                started(task(long), Step::Start, Some(40.0)),
+                started(task(idle), Step::Finish(Outcome::Succeeded(json!(1))), None),
             ],
         )
         .await
@@ -730,7 +738,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
             "w1",
             &[started(
                 task(long),
-                Outcome::Succeeded(json!(2)),
+                Step::Finish(Outcome::Succeeded(json!(2))),
                 Some(90.0),
             )],
         )
@@ -774,10 +782,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     let before = snapshot(&c, id).await;
     for (worker, epoch) in [("w1", e - 1), ("w1", e + 1), ("w2", e)] {
         let done = bb
-            .record(
-                worker,
-                &[completion(t1, epoch, Outcome::Succeeded(json!(1)))],
-            )
+            .record(worker, &[finish(t1, epoch, Outcome::Succeeded(json!(1)))])
             .await
             .unwrap();
         assert!(
@@ -805,12 +810,12 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 
     let before = snapshot(&c, id).await;
     let done = bb
-        .record("w1", &[completion(t1, e, Outcome::Succeeded(json!("old")))])
+        .record("w1", &[finish(t1, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
     assert!(done.is_empty(), "the old holder completed {done:?}");
     let done = bb
-        .record("w2", &[completion(t2, e, Outcome::Succeeded(json!("old")))])
+        .record("w2", &[finish(t2, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
     assert!(
@@ -851,7 +856,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     let done = bb
         .record(
             "w2",
-            &[completion(t2, t2.epoch, Outcome::Succeeded(json!("new")))],
+            &[finish(t2, t2.epoch, Outcome::Succeeded(json!("new")))],
         )
         .await
         .unwrap();
@@ -869,7 +874,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 }
 
 /// Assigns `id` to `worker` and starts it through the API.
-async fn start(db: &TestDb, c: &Client, id: Uuid, worker: &str) -> StartedTask {
+async fn start(db: &TestDb, c: &Client, id: Uuid, worker: &str) -> AssignedTask {
     assign(c, id, worker).await;
     let mut started = start_assigned(&db.bb, worker, 10).await;
     assert_eq!(started.len(), 1);
@@ -892,7 +897,7 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     };
     let done = db
         .bb
-        .record("w1", &[completion(&t, t.epoch, failed)])
+        .record("w1", &[finish(&t, t.epoch, failed)])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -937,7 +942,7 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     };
     let done = db
         .bb
-        .record("w1", &[completion(&t, t.epoch, failed)])
+        .record("w1", &[finish(&t, t.epoch, failed)])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -967,7 +972,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let id = insert_task_with_budget(&c, 1).await;
     let t = start(&db, &c, id, "w1").await;
     db.bb
-        .record("w1", &[completion(&t, t.epoch, timed_out())])
+        .record("w1", &[finish(&t, t.epoch, timed_out())])
         .await
         .unwrap();
     assert_eq!(
@@ -978,7 +983,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let t = start(&db, &c, id, "w1").await;
     let done = db
         .bb
-        .record("w1", &[completion(&t, t.epoch, timed_out())])
+        .record("w1", &[finish(&t, t.epoch, timed_out())])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -988,7 +993,7 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     let id = insert_task_with_budget(&c, 0).await;
     let t = start(&db, &c, id, "w1").await;
     db.bb
-        .record("w1", &[completion(&t, t.epoch, Outcome::Released)])
+        .record("w1", &[finish(&t, t.epoch, Outcome::Released)])
         .await
         .unwrap();
     let r = c
@@ -1076,10 +1081,7 @@ async fn the_outbox_holds_meaningful_changes_only() {
     );
 
     let done = bb
-        .record(
-            "w1",
-            &[completion(&t, t.epoch, Outcome::Succeeded(json!({})))],
-        )
+        .record("w1", &[finish(&t, t.epoch, Outcome::Succeeded(json!({})))])
         .await
         .unwrap();
     assert_eq!(done, [id]);
@@ -1112,7 +1114,7 @@ async fn a_plain_insert_of_a_pending_task_notifies_listeners() {
     let got = tokio::time::timeout(Duration::from_secs(10), listener.recv())
         .await
         .expect("no notification within 10 s");
-    assert_eq!(got.as_deref(), Some("artex_tasks"));
+    assert_eq!(got.map(|n| n.channel).as_deref(), Some("artex_tasks"));
 }
 
 /// Whether a plan (EXPLAIN's JSON) walks the index `name` anywhere.
@@ -1216,18 +1218,30 @@ async fn a_held_task_cannot_be_deleted() {
     }
 }
 
+/// A sweep that may take back nothing per statement would loop forever: a batch below 1
+/// is refused at once, saying what was wrong, before the sweep changes anything.
 #[tokio::test]
-async fn a_reap_with_an_empty_batch_returns() {
+async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
     let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = insert_task(&c).await;
+    assign(&c, id, "w1").await;
+    let before = snapshot(&c, id).await;
+    // An hour on, the lease has expired: a real sweep would take the task back.
     let params = ReapParams {
         batch: 0,
-        ..reap_params(Utc::now())
+        ..reap_params(Utc::now() + chrono::Duration::hours(1))
     };
-    let reaped = tokio::time::timeout(Duration::from_secs(5), db.bb.reap("reaper", &params)).await;
-    assert!(
-        reaped.is_ok(),
-        "reap with batch 0 did not return within 5 s"
-    );
+    let reaped = tokio::time::timeout(Duration::from_secs(5), db.bb.reap("reaper", &params))
+        .await
+        .expect("reap with batch 0 did not return within 5 s");
+    match reaped {
+        Err(artex_actors::Error::Invalid(m)) => {
+            assert_eq!(m, "reap batch: 0; expected at least 1")
+        }
+        other => panic!("reap with batch 0: expected it refused as invalid, got {other:?}"),
+    }
+    assert_eq!(snapshot(&c, id).await, before);
 }
 
 /// Plans (EXPLAIN JSON) of `node` and below that join two transition tables in a nested

@@ -1,11 +1,12 @@
 //! The planner's actors driven directly through `run_once()`, asserting on their reports
-//! (no process, no sleeping): the Assigner respects capacity, kinds and priority and
-//! spreads load; the Reaper takes back expired leases and the tasks of silent workers.
+//! (no process, no sleeping): the Assigner respects capacity, kinds and priority; the
+//! Reaper takes back expired leases and the tasks of silent workers. How a round spreads
+//! load (`assigner::plan`, pure) is unit-tested in actors/src/assigner.rs.
 
 mod common;
 
-use artex_actors::assigner::{plan, Assigner, AssignerConfig};
-use artex_actors::blackboard::{Claimed, NewTask, ReapParams, Registration, RosterEntry};
+use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::blackboard::{NewTask, ReapParams, Registration};
 use artex_actors::reaper::Reaper;
 use common::TestDb;
 use serde_json::json;
@@ -42,67 +43,6 @@ fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
         retry_base_ms: 10.0,
         retry_cap_ms: 100.0,
     }
-}
-
-#[test]
-fn plan_spreads_tasks_over_workers_that_run_their_kind() {
-    let roster = vec![
-        RosterEntry {
-            id: "a".into(),
-            kinds: vec!["echo".into()],
-            capacity: 2,
-            held: 0,
-        },
-        RosterEntry {
-            id: "b".into(),
-            kinds: vec!["echo".into(), "sleep".into()],
-            capacity: 3,
-            held: 1,
-        },
-    ];
-    let claimed: Vec<Claimed> = ["echo", "sleep", "echo", "echo", "sleep", "fail"]
-        .iter()
-        .map(|k| Claimed {
-            id: uuid::Uuid::new_v4(),
-            kind: k.to_string(),
-        })
-        .collect();
-    let out = plan(&claimed, &roster);
-    // 4 free slots in all (a: 2, b: 2); `fail` has no worker; sleep only on b.
-    assert_eq!(out.len(), 4);
-    let on = |w: &str| out.iter().filter(|a| a.worker == w).count();
-    assert_eq!((on("a"), on("b")), (2, 2));
-    for a in &out {
-        let kind = &claimed.iter().find(|c| c.id == a.task).unwrap().kind;
-        assert_ne!(kind, "fail");
-        if kind == "sleep" {
-            assert_eq!(a.worker, "b");
-        }
-    }
-}
-
-#[test]
-fn plan_gives_each_worker_one_run_of_neighbouring_tasks() {
-    let worker = |id: &str, free: i32| RosterEntry {
-        id: id.into(),
-        kinds: vec!["echo".into()],
-        capacity: free,
-        held: 0,
-    };
-    let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
-    let claimed: Vec<Claimed> = (0..10)
-        .map(|_| Claimed {
-            id: uuid::Uuid::new_v4(),
-            kind: "echo".into(),
-        })
-        .collect();
-    let out: Vec<String> = plan(&claimed, &roster)
-        .into_iter()
-        .map(|a| a.worker)
-        .collect();
-    // Shares 4 / 4 / 2 of the 10 (proportional to free slots, rounded up), each as one
-    // run in claim order: interleaved rows would have two workers write the same pages.
-    assert_eq!(out, ["a", "a", "a", "a", "b", "b", "b", "b", "c", "c"]);
 }
 
 #[tokio::test]

@@ -186,3 +186,72 @@ impl Handler<AssignNow> for Assigner {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::plan;
+    use crate::blackboard::{Claimed, RosterEntry};
+
+    #[test]
+    fn plan_spreads_tasks_over_workers_that_run_their_kind() {
+        let roster = vec![
+            RosterEntry {
+                id: "a".into(),
+                kinds: vec!["echo".into()],
+                capacity: 2,
+                held: 0,
+            },
+            RosterEntry {
+                id: "b".into(),
+                kinds: vec!["echo".into(), "sleep".into()],
+                capacity: 3,
+                held: 1,
+            },
+        ];
+        let claimed: Vec<Claimed> = ["echo", "sleep", "echo", "echo", "sleep", "fail"]
+            .iter()
+            .map(|k| Claimed {
+                id: Uuid::new_v4(),
+                kind: k.to_string(),
+            })
+            .collect();
+        let out = plan(&claimed, &roster);
+        // 4 free slots in all (a: 2, b: 2); `fail` has no worker; sleep only on b.
+        assert_eq!(out.len(), 4);
+        let on = |w: &str| out.iter().filter(|a| a.worker == w).count();
+        assert_eq!((on("a"), on("b")), (2, 2));
+        for a in &out {
+            let kind = &claimed.iter().find(|c| c.id == a.task).unwrap().kind;
+            assert_ne!(kind, "fail");
+            if kind == "sleep" {
+                assert_eq!(a.worker, "b");
+            }
+        }
+    }
+
+    #[test]
+    fn plan_gives_each_worker_one_run_of_neighbouring_tasks() {
+        let worker = |id: &str, free: i32| RosterEntry {
+            id: id.into(),
+            kinds: vec!["echo".into()],
+            capacity: free,
+            held: 0,
+        };
+        let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
+        let claimed: Vec<Claimed> = (0..10)
+            .map(|_| Claimed {
+                id: Uuid::new_v4(),
+                kind: "echo".into(),
+            })
+            .collect();
+        let out: Vec<String> = plan(&claimed, &roster)
+            .into_iter()
+            .map(|a| a.worker)
+            .collect();
+        // Shares 4 / 4 / 2 of the 10 (proportional to free slots, rounded up), each as one
+        // run in claim order: interleaved rows would have two workers write the same pages.
+        assert_eq!(out, ["a", "a", "a", "a", "b", "b", "b", "b", "c", "c"]);
+    }
+}

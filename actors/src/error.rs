@@ -45,6 +45,9 @@ pub enum Error {
     /// A control that the task's state does not allow (e.g. resume a succeeded task).
     #[error("{0}")]
     Refused(String),
+    /// A LISTEN session's connection closed without an error from the server.
+    #[error("the LISTEN session's connection closed")]
+    ListenClosed,
     /// An actor is gone (stopped or restarting) and did not take the message.
     #[error("actor unavailable: {0}")]
     Mailbox(#[from] actix::MailboxError),

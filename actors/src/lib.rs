@@ -2,9 +2,14 @@
 //! PostgreSQL blackboard that is their only shared state.
 //!
 //! # Layout
-//! - [`blackboard`]: every SQL statement of artex, the migrations runner, LISTEN sessions.
+//! - [`blackboard`]: every SQL statement of artex, the migrations runner, and LISTEN
+//!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
 //! - [`scanner`], [`assigner`], [`reaper`]: the planner's actors.
-//! - [`worker`]: the worker runtime: handler registry, execution, leases, completions.
+//! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
+//!   (read, run, record, renew, heartbeat); [`worker::handlers`] the handler registry and
+//!   what a handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is
+//!   taken twice; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful
+//!   stop; [`worker::handover`] the worker's side of a hot upgrade.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`error`]: this crate's error type.
 #![forbid(unsafe_code)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
-use crate::blackboard::{AssignReport, Blackboard, TASKS_CHANNEL};
+use crate::blackboard::{AssignReport, Blackboard, ListenEvent, TASKS_CHANNEL};
 use crate::supervisor::ActorStats;
 
 /// The Scanner actor.
@@ -86,27 +86,16 @@ impl Actor for Scanner {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.run_interval(self.poll, |act, ctx| act.start_round(ctx));
-        let bb = self.bb.clone();
-        let me = ctx.address();
         // The LISTEN session: reconnects forever; after each (re)connect, a round catches
         // whatever was notified while it was away.
+        let mut session = self.bb.listen_session("planner", &[TASKS_CHANNEL]);
+        let me = ctx.address();
         async move {
-            let mut backoff = Duration::from_millis(100);
             loop {
-                match bb.listen(&[TASKS_CHANNEL.to_string()]).await {
-                    Ok(mut listener) => {
-                        backoff = Duration::from_millis(100);
-                        me.do_send(Wake);
-                        while listener.recv().await.is_some() {
-                            listener.drain_pending();
-                            me.do_send(Wake);
-                        }
-                        tracing::warn!("planner's LISTEN session dropped; reconnecting");
-                    }
-                    Err(e) => tracing::warn!(error = %e, "planner cannot LISTEN; retrying"),
+                match session.next().await {
+                    ListenEvent::Connected | ListenEvent::Notified(_) => me.do_send(Wake),
+                    ListenEvent::Lost(_) => {}
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
         .into_actor(self)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
+use artex_actors::blackboard::WorkerState;
 use artex_actors::worker::{
     GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover, Worker,
 };
@@ -387,7 +388,7 @@ impl Upgrader {
             {
                 tracing::warn!(error = %e, "rollback: cannot take back unstarted tasks; the reaper will");
             }
-            if let Err(e) = self.bb.set_worker_state(cw, "gone").await {
+            if let Err(e) = self.bb.set_worker_state(cw, WorkerState::Gone).await {
                 tracing::warn!(error = %e, "rollback: cannot mark the failed worker gone");
             }
         }

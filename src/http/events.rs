@@ -50,37 +50,16 @@ impl EventsState {
     /// [`SAFETY_POLL`]; it ends when every `EventsState` is gone.
     pub fn start(bb: Blackboard, max_streams: usize) -> Self {
         let (tx, wakeups) = watch::channel(0u64);
-        let listening = bb.clone();
+        let mut session = bb.listen_session("event feed", &[EVENTS_CHANNEL]);
         actix::spawn(async move {
             let bump = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
-            let mut backoff = Duration::from_millis(100);
-            while !tx.is_closed() {
-                match listening.listen(&[EVENTS_CHANNEL.to_string()]).await {
-                    Ok(mut session) => {
-                        backoff = Duration::from_millis(100);
-                        bump(&tx);
-                        loop {
-                            tokio::select! {
-                                got = session.recv() => match got {
-                                    Some(_) => {
-                                        session.drain_pending();
-                                        bump(&tx);
-                                    }
-                                    None => break,
-                                },
-                                _ = tokio::time::sleep(SAFETY_POLL) => bump(&tx),
-                                _ = tx.closed() => return,
-                            }
-                        }
-                        tracing::warn!("the event feed's LISTEN session dropped; reconnecting");
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the event feed cannot LISTEN; retrying");
-                        // Streams still poll meanwhile.
-                        bump(&tx);
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
+            loop {
+                tokio::select! {
+                    // Connected: notifications may have been missed. Lost: streams poll
+                    // until it is back. Either way, everyone looks now.
+                    _ = session.next() => bump(&tx),
+                    _ = tokio::time::sleep(SAFETY_POLL) => bump(&tx),
+                    _ = tx.closed() => return,
                 }
             }
         });
@@ -260,7 +239,7 @@ async fn leaving(app: &AppState) -> bool {
         return true;
     }
     match app.worker.send(GetStatus).await {
-        Ok(s) => s.state != "online",
+        Ok(s) => s.state != artex_actors::worker::WorkerState::Online,
         Err(_) => true,
     }
 }

@@ -93,7 +93,7 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let handed_over = state.handed_over.load(Ordering::Acquire);
     // After a hot upgrade the service is the successor's, which serves this same socket;
     // this process only finishes its last requests and tasks, so it stays "ready".
-    if s.state != "online" && !handed_over {
+    if s.state != artex_actors::worker::WorkerState::Online && !handed_over {
         reasons.push(format!("worker is {}", s.state));
     }
     let body = json!({

@@ -329,20 +329,20 @@ pub async fn start_assigned(
     bb: &Blackboard,
     worker: &str,
     limit: i64,
-) -> Vec<artex_actors::blackboard::StartedTask> {
-    use artex_actors::blackboard::{Completion, Outcome};
+) -> Vec<artex_actors::blackboard::AssignedTask> {
+    use artex_actors::blackboard::{AttemptRecord, Step};
     let held = bb
         .fetch_assigned(worker, limit)
         .await
         .expect("reading assignments");
-    let starts: Vec<Completion> = held
+    let starts: Vec<AttemptRecord> = held
         .iter()
-        .map(|t| Completion {
+        .map(|t| AttemptRecord {
             id: t.id,
             epoch: t.epoch,
             retries: t.retries,
             max_retries: t.max_retries,
-            outcome: Outcome::Started,
+            step: Step::Start,
             started_ago_ms: Some(0.0),
         })
         .collect();

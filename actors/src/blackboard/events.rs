@@ -375,7 +375,7 @@ enum Wakeups {
     /// Nothing yet: a LISTEN session of its own is opened when it first waits.
     Unset,
     /// A LISTEN session of its own (a connection: fine for one CLI consumer).
-    Own(Listener),
+    Own(Box<Listener>),
     /// A counter bumped by one LISTEN session the whole process shares (see
     /// [`EventFeed::share_wakeups`]): any number of readers, one connection.
     Shared(tokio::sync::watch::Receiver<u64>),
@@ -444,7 +444,9 @@ impl EventFeed {
     /// so that nothing committed between a read and the wait goes unnoticed).
     pub async fn listen(&mut self) -> Result {
         if matches!(self.wakeups, Wakeups::Unset) {
-            self.wakeups = Wakeups::Own(self.bb.listen(&[EVENTS_CHANNEL.to_string()]).await?);
+            self.wakeups = Wakeups::Own(Box::new(
+                self.bb.listen(&[EVENTS_CHANNEL.to_string()]).await?,
+            ));
         }
         Ok(())
     }

@@ -2,8 +2,6 @@
 //! transaction, under an advisory lock so that concurrent processes migrate once, and
 //! refuses to run against a database whose applied migrations were edited since.
 
-use sha2_free::checksum;
-
 use super::Blackboard;
 use crate::error::{Error, Result};
 
@@ -52,7 +50,7 @@ pub fn fingerprint() -> String {
     for m in MIGRATIONS {
         all.push_str(m.sql);
     }
-    format!("{:016x}", checksum(&all))
+    format!("{:016x}", fnv1a(&all))
 }
 
 const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
@@ -115,7 +113,7 @@ async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationRepor
         .await?;
     let mut report = MigrationReport::default();
     for m in MIGRATIONS {
-        let sum = format!("{:016x}", checksum(m.sql));
+        let sum = format!("{:016x}", fnv1a(m.sql));
         if let Some(row) = rows.iter().find(|r| r.get::<_, i32>(0) == m.version) {
             let applied: String = row.get(2);
             if applied != sum {
@@ -163,14 +161,13 @@ async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationRepor
     Ok(report)
 }
 
-/// FNV-1a: a checksum to notice edited migrations, not a security boundary.
-mod sha2_free {
-    pub fn checksum(s: &str) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in s.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
+/// The 64-bit FNV-1a hash of `s`: a checksum to notice edited migrations, not a security
+/// boundary (so no cryptographic hash, and no dependency for one).
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
+    h
 }

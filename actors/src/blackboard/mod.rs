@@ -1,14 +1,16 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; flows, the events feed and
-//! its logical decoding variant), prepared through deadpool's
-//! statement cache; nothing else in the runtime writes SQL.
+//! its logical decoding variant; LISTEN/NOTIFY), prepared through deadpool's statement
+//! cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
-//! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see SPEC.md §6.
+//! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
+//! section 6 ("Where the seeds are folklore — do better, and prove it").
 
 pub mod admin;
 mod events;
 mod flows;
+mod listen;
 mod logical;
 mod migrate;
 mod planner;
@@ -16,14 +18,10 @@ mod tasks;
 mod worker;
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use futures_util::StreamExt;
-use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::NoTls;
 
 pub use events::{
     ConsumerCursor, EventBatch, EventFeed, EventPosition, FeedStart, Retention, TaskEvent,
@@ -33,12 +31,13 @@ pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
 };
+pub use listen::{ListenEvent, ListenSession, Listener, Notification};
 pub use logical::{parse_change, DecodedTransaction, RowChange};
 pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
 pub use tasks::{NewTask, TaskRow, TaskStatus, TransitionRow};
-pub use worker::{Completion, Outcome, Registration, StartedTask};
+pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
 use crate::error::{Error, Result};
 
@@ -165,125 +164,12 @@ impl Blackboard {
         Ok(())
     }
 
-    /// Opens a dedicated session that LISTENs on `channels`. LISTEN needs a session of its
-    /// own (so pgbouncer must run in session mode for it); notifications are wake-up hints,
-    /// never the record: when the session drops, `Listener::recv` returns `None` and the
-    /// owner reconnects and rescans the tables.
-    pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
-        // The connect timeout covers the TCP connect only; a server that accepts and
-        // never answers must not hang the session's owner either.
-        let (client, mut connection) =
-            tokio::time::timeout(self.limits.connect_timeout, self.config.connect(NoTls))
-                .await
-                .map_err(|_| Error::Timeout {
-                    what: "opening a LISTEN session",
-                    after: self.limits.connect_timeout,
-                })??;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = Arc::new(AtomicBool::new(false));
-        let saw_cancel = cancel.clone();
-        let driver = tokio::spawn(async move {
-            let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = stream.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        if n.payload() == CANCEL_PAYLOAD {
-                            // Set before the wake-up is sent, so its receiver sees it.
-                            saw_cancel.store(true, Ordering::Release);
-                        }
-                        if tx.send(n.channel().to_string()).is_err() {
-                            break;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(error = %e, "listening session ended");
-                        break;
-                    }
-                }
-            }
-        });
-        let mut sql = String::new();
-        for c in channels {
-            sql.push_str(&format!("listen \"{}\";", c.replace('"', "\"\"")));
-        }
-        client.batch_execute(&sql).await?;
-        Ok(Listener {
-            _client: client,
-            rx,
-            driver,
-            cancel,
-        })
-    }
-
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client> {
         Ok(self.pool.get().await?)
     }
 
     pub(crate) async fn relaxed_client(&self) -> Result<deadpool_postgres::Client> {
         Ok(self.relaxed.get().await?)
-    }
-
-    /// Sends the wake-ups of a hot-path write right after its commit (see
-    /// migrations/V3__batched_hot_path.sql), in a transaction that does not wait for
-    /// the WAL flush, on a task of its own: the writer goes on without waiting. A wake-up
-    /// is a hint and its readers poll as well, so a failure is logged, not returned: the
-    /// write it follows has committed.
-    pub(crate) fn wake(&self, channels: &[&str]) {
-        if channels.is_empty() {
-            return;
-        }
-        let channels: Vec<String> = channels.iter().map(|c| c.to_string()).collect();
-        let bb = self.clone();
-        tokio::spawn(async move {
-            let sent = async {
-                let client = bb.relaxed_client().await?;
-                let stmt = client
-                    .prepare_cached("select count(pg_notify(c, '')) from unnest($1::text[]) c")
-                    .await?;
-                client.execute(&stmt, &[&channels]).await?;
-                Ok::<_, Error>(())
-            };
-            if let Err(e) = sent.await {
-                tracing::warn!(error = %e, ?channels, "cannot send wake-ups; readers will find the change at their next poll");
-            }
-        });
-    }
-}
-
-/// A LISTEN session; see [`Blackboard::listen`].
-pub struct Listener {
-    _client: tokio_postgres::Client,
-    rx: mpsc::UnboundedReceiver<String>,
-    driver: tokio::task::JoinHandle<()>,
-    cancel: Arc<AtomicBool>,
-}
-
-impl Listener {
-    /// The next notification's channel, or `None` once the session is gone.
-    pub async fn recv(&mut self) -> Option<String> {
-        self.rx.recv().await
-    }
-
-    /// Drops every notification already received (they all mean "look again").
-    pub fn drain_pending(&mut self) -> usize {
-        let mut n = 0;
-        while self.rx.try_recv().is_ok() {
-            n += 1;
-        }
-        n
-    }
-
-    /// Whether a notification with the payload `cancel` arrived since the last call (a
-    /// task the listening worker holds was canceled; see migrations/V2__flows.sql).
-    pub fn take_cancel(&self) -> bool {
-        self.cancel.swap(false, Ordering::AcqRel)
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.driver.abort();
     }
 }
 

@@ -1,13 +1,69 @@
-//! A worker's SQL: register and heartbeat, read what was assigned to it, record starts
-//! and outcomes in batches (a start after the fact, or together with the outcome: see
+//! A worker's SQL: register and heartbeat (its [`WorkerState`]), read what was assigned
+//! to it, record starts and outcomes in batches (a start after the fact, or together with the outcome: see
 //! migrations/V3__batched_hot_path.sql), renew leases, save checkpoints,
 //! release what it will not run. Every write to a task names the lease epoch the worker
 //! holds: a worker that lost its lease changes nothing.
 
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Blackboard, EVENTS_CHANNEL, TASKS_CHANNEL};
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// A worker's state in the roster, mirroring the `artex.worker_state` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    /// Takes work: the planner assigns to it.
+    Online,
+    /// Finishing what it runs and taking nothing new (graceful stop).
+    Draining,
+    /// Handing its work over to a new process (hot upgrade).
+    Upgrading,
+    /// Stopped, or declared gone by the reaper (its tasks were taken back).
+    Gone,
+}
+
+impl WorkerState {
+    /// Every state, in the order of the enum.
+    pub const ALL: [WorkerState; 4] = [
+        WorkerState::Online,
+        WorkerState::Draining,
+        WorkerState::Upgrading,
+        WorkerState::Gone,
+    ];
+
+    /// The name used in the database and in `/status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Online => "online",
+            WorkerState::Draining => "draining",
+            WorkerState::Upgrading => "upgrading",
+            WorkerState::Gone => "gone",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkerState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        WorkerState::ALL
+            .into_iter()
+            .find(|w| w.as_str() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown worker state '{s}'; expected one of: {}",
+                    WorkerState::ALL.map(|w| w.as_str()).join(", ")
+                ))
+            })
+    }
+}
 
 /// How a worker introduces itself.
 #[derive(Debug, Clone)]
@@ -30,9 +86,10 @@ pub struct Registration {
     pub capacity: i32,
 }
 
-/// A task held by a worker (assigned to it, or started), with what its handler needs.
+/// A task assigned to a worker, as the worker reads it (or takes it over in a hot
+/// upgrade): with what its handler needs, and the epoch to name in every write.
 #[derive(Debug, Clone)]
-pub struct StartedTask {
+pub struct AssignedTask {
     /// Task id.
     pub id: Uuid,
     /// Its kind.
@@ -53,11 +110,9 @@ pub struct StartedTask {
     pub flow_id: Option<Uuid>,
 }
 
-/// What happened to a task a worker holds: its handler started, or how it ended.
+/// How an attempt ended: what its finish writes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The handler started (`assigned → running`), recorded after the fact.
-    Started,
     /// Done, with a result.
     Succeeded(serde_json::Value),
     /// Failed; retried after `retry_in_ms` if the budget allows, else failed for good.
@@ -78,9 +133,25 @@ pub enum Outcome {
     Released,
 }
 
-/// One start or outcome to record, fenced by the epoch the worker held.
+/// Which step of an attempt a record writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// The handler started (`assigned → running`), recorded after the fact.
+    Start,
+    /// The attempt ended so (from `running`, or from `assigned` with its start).
+    Finish(Outcome),
+}
+
+impl Step {
+    /// Whether this is the start of the attempt, not its end.
+    pub fn is_start(&self) -> bool {
+        matches!(self, Step::Start)
+    }
+}
+
+/// One start or finish of an attempt to record, fenced by the epoch the worker held.
 #[derive(Debug, Clone)]
-pub struct Completion {
+pub struct AttemptRecord {
     /// Task id.
     pub id: Uuid,
     /// The fencing token the worker held.
@@ -89,15 +160,15 @@ pub struct Completion {
     pub retries: i32,
     /// Retry budget (as read when the task started).
     pub max_retries: i32,
-    /// What happened.
-    pub outcome: Outcome,
+    /// What to record.
+    pub step: Step,
     /// How long ago its handler started here (milliseconds), if it did: a task whose
     /// start is not recorded yet goes from `assigned` straight to its outcome, with this
     /// start time.
     pub started_ago_ms: Option<f64>,
 }
 
-impl Completion {
+impl AttemptRecord {
     /// (status, result, error, counted failure, delay) as written.
     fn row(
         &self,
@@ -109,8 +180,11 @@ impl Completion {
         i64,
     ) {
         let exhausted = self.retries + 1 > self.max_retries;
-        match &self.outcome {
-            Outcome::Started => ("running", None, None, false, 0),
+        let outcome = match &self.step {
+            Step::Start => return ("running", None, None, false, 0),
+            Step::Finish(outcome) => outcome,
+        };
+        match outcome {
             Outcome::Succeeded(v) => ("succeeded", Some(v), None, false, 0),
             Outcome::Failed { error, retry_in_ms } => {
                 let status = if exhausted { "failed" } else { "pending" };
@@ -125,9 +199,9 @@ impl Completion {
     }
 }
 
-/// A held task from a row of `FETCH`'s or `TAKE_OVER`'s result.
-fn started_from_row(r: &tokio_postgres::Row) -> Result<StartedTask> {
-    Ok(StartedTask {
+/// An assigned task from a row of `FETCH`'s or `TAKE_OVER`'s result.
+fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
+    Ok(AssignedTask {
         id: r.try_get(0)?,
         kind: r.try_get(1)?,
         payload: r.try_get(2)?,
@@ -218,7 +292,7 @@ const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
     returning t.id";
 
 impl Blackboard {
-    /// Inserts or revives the worker's row as `online`.
+    /// Inserts or revives the worker's row as [`WorkerState::Online`].
     pub async fn register_worker(&self, r: &Registration) -> Result {
         let client = self.client().await?;
         let stmt = client.prepare_cached(REGISTER).await?;
@@ -241,43 +315,43 @@ impl Blackboard {
     }
 
     /// Refreshes `last_seen` (without waiting for the WAL flush); returns the state the
-    /// row holds — `gone` means the reaper gave this worker up and took its tasks back —
-    /// or `None` if the row was deleted.
-    pub async fn heartbeat(&self, worker: &str, inflight: i32) -> Result<Option<String>> {
+    /// row holds — [`WorkerState::Gone`] means the reaper gave this worker up and took its
+    /// tasks back — or `None` if the row was deleted.
+    pub async fn heartbeat(&self, worker: &str, inflight: i32) -> Result<Option<WorkerState>> {
         let client = self.relaxed_client().await?;
         let stmt = client.prepare_cached(HEARTBEAT).await?;
-        Ok(client
+        client
             .query_opt(&stmt, &[&worker, &inflight])
             .await?
-            .map(|r| r.try_get(0))
-            .transpose()?)
+            .map(|r| r.try_get::<_, &str>(0)?.parse())
+            .transpose()
     }
 
-    /// Sets the worker's state (`online`, `draining`, `upgrading`, `gone`).
-    pub async fn set_worker_state(&self, worker: &str, state: &str) -> Result {
+    /// Sets the worker's state.
+    pub async fn set_worker_state(&self, worker: &str, state: WorkerState) -> Result {
         let client = self.client().await?;
         let stmt = client.prepare_cached(SET_STATE).await?;
-        client.execute(&stmt, &[&worker, &state]).await?;
+        client.execute(&stmt, &[&worker, &state.as_str()]).await?;
         Ok(())
     }
 
     /// Up to `limit` tasks assigned to `worker` and not started, in start order. A read:
     /// the handler may start at once, its start is recorded with [`Blackboard::record`].
-    pub async fn fetch_assigned(&self, worker: &str, limit: i64) -> Result<Vec<StartedTask>> {
+    pub async fn fetch_assigned(&self, worker: &str, limit: i64) -> Result<Vec<AssignedTask>> {
         if limit <= 0 {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
         let stmt = client.prepare_cached(FETCH).await?;
         let rows = client.query(&stmt, &[&worker, &limit]).await?;
-        rows.iter().map(started_from_row).collect()
+        rows.iter().map(assigned_from_row).collect()
     }
 
     /// Records a batch of starts and outcomes in one statement (one audit insert, one
     /// commit), then wakes the planners (capacity freed, retries pending) and the feed's
     /// readers. Returns the ids actually written: a missing id was fenced off (its lease
     /// was lost).
-    pub async fn record(&self, worker: &str, batch: &[Completion]) -> Result<Vec<Uuid>> {
+    pub async fn record(&self, worker: &str, batch: &[AttemptRecord]) -> Result<Vec<Uuid>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -410,7 +484,7 @@ impl Blackboard {
         to: &str,
         tasks: &[(Uuid, i64)],
         lease_secs: f64,
-    ) -> Result<Vec<StartedTask>> {
+    ) -> Result<Vec<AssignedTask>> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
@@ -421,7 +495,7 @@ impl Blackboard {
         let rows = client
             .query(&stmt, &[&from, &to, &lease_secs, &ids, &epochs])
             .await?;
-        rows.iter().map(started_from_row).collect()
+        rows.iter().map(assigned_from_row).collect()
     }
 
     /// Moves every task assigned to `from` over to `to`, except the ones in `running`
@@ -440,5 +514,31 @@ impl Blackboard {
             .query_one(&stmt, &[&from, &to, &lease_secs, &running])
             .await?;
         Ok(row.try_get(0)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerState;
+
+    #[test]
+    fn a_worker_state_reads_back_what_it_writes() {
+        for state in WorkerState::ALL {
+            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
+            assert_eq!(state.to_string(), state.as_str());
+            assert_eq!(
+                serde_json::to_value(state).unwrap(),
+                serde_json::Value::from(state.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_worker_state_is_refused_with_the_ones_expected() {
+        let e = "Online".parse::<WorkerState>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown worker state 'Online'; expected one of: online, draining, upgrading, gone"
+        );
     }
 }

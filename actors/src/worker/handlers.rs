@@ -1,0 +1,267 @@
+//! What a worker binary supplies and its handlers see: the [`Registry`] of handlers by
+//! kind, the [`TaskHandler`] trait, the [`TaskContext`] an attempt gets, and how one
+//! attempt runs (timeout, caught panics) to a result the Worker records.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use uuid::Uuid;
+
+use crate::blackboard::{AssignedTask, Blackboard};
+use crate::supervisor::panic_message;
+
+/// A failed attempt, as a handler reports it. It is retried with backoff while the task's
+/// retry budget lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskError(pub String);
+
+impl TaskError {
+    /// A failure with this message.
+    pub fn new(msg: impl Into<String>) -> Self {
+        TaskError(msg.into())
+    }
+}
+
+impl std::fmt::Display for TaskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for TaskError {
+    fn from(e: E) -> Self {
+        TaskError(e.to_string())
+    }
+}
+
+/// What a handler returns.
+pub type HandlerResult = Result<serde_json::Value, TaskError>;
+/// The future a handler returns. It runs on the worker's thread, so it need not be `Send`;
+/// CPU-heavy work belongs in `tokio::task::spawn_blocking`.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult>>>;
+
+/// Code that runs tasks of one kind.
+pub trait TaskHandler: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn call(&self, ctx: TaskContext) -> HandlerFuture;
+}
+
+impl<F, Fut> TaskHandler for F
+where
+    F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + 'static,
+{
+    fn call(&self, ctx: TaskContext) -> HandlerFuture {
+        Box::pin(self(ctx))
+    }
+}
+
+/// Handlers by kind: what a worker binary runs.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn TaskHandler>>,
+    timeouts: HashMap<String, Duration>,
+    resumable: HashSet<String>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers `handler` for `kind` (replacing any earlier one).
+    pub fn register(&mut self, kind: impl Into<String>, handler: impl TaskHandler) -> &mut Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers `handler` for `kind` with its own default timeout per attempt.
+    pub fn register_with_timeout(
+        &mut self,
+        kind: impl Into<String>,
+        timeout: Duration,
+        handler: impl TaskHandler,
+    ) -> &mut Self {
+        let kind = kind.into();
+        self.timeouts.insert(kind.clone(), timeout);
+        self.register(kind, handler)
+    }
+
+    /// Registers a handler that saves its progress with
+    /// [`TaskContext::save_checkpoint`] and resumes from [`TaskContext::checkpoint`]: in a
+    /// hot upgrade its running tasks move to the new process at their next checkpoint
+    /// instead of running to their end in the old one.
+    pub fn register_resumable(
+        &mut self,
+        kind: impl Into<String>,
+        handler: impl TaskHandler,
+    ) -> &mut Self {
+        let kind = kind.into();
+        self.resumable.insert(kind.clone());
+        self.register(kind, handler)
+    }
+
+    /// The registered kinds, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.handlers.keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// Keeps only the kinds for which `keep` says yes.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.handlers.retain(|k, _| keep(k));
+        let handlers = &self.handlers;
+        self.resumable.retain(|k| handlers.contains_key(k));
+    }
+
+    fn get(&self, kind: &str) -> Option<Arc<dyn TaskHandler>> {
+        self.handlers.get(kind).cloned()
+    }
+
+    /// Whether `kind` was registered with [`Registry::register_resumable`].
+    pub(super) fn is_resumable(&self, kind: &str) -> bool {
+        self.resumable.contains(kind)
+    }
+
+    /// The timeout of an attempt at `task`: the task's own, else its handler's, else
+    /// `default`.
+    fn timeout(&self, task: &AssignedTask, default: Duration) -> Duration {
+        task.timeout_ms
+            .map(|ms| Duration::from_millis(ms as u64))
+            .or_else(|| self.timeouts.get(&task.kind).copied())
+            .unwrap_or(default)
+    }
+
+    /// One attempt at `task`, ready to run: its handler called with its context, under
+    /// its timeout, with panics caught. `suspend` is the flag a hot upgrade raises to stop
+    /// the attempt at its next checkpoint.
+    pub(super) fn attempt(
+        &self,
+        task: AssignedTask,
+        bb: Blackboard,
+        suspend: Arc<AtomicBool>,
+        default_timeout: Duration,
+    ) -> impl Future<Output = Result<serde_json::Value, Attempt>> + 'static {
+        let handler = self.get(&task.kind);
+        let timeout = self.timeout(&task, default_timeout);
+        let kind = task.kind.clone();
+        let ctx = TaskContext {
+            id: task.id,
+            kind: task.kind,
+            payload: task.payload,
+            epoch: task.epoch,
+            attempt: task.retries + 1,
+            checkpoint: task.checkpoint,
+            bb,
+            suspend,
+        };
+        async move {
+            let Some(handler) = handler else {
+                return Err(Attempt::Failed(format!(
+                    "no handler for kind '{kind}' in this worker"
+                )));
+            };
+            let call = AssertUnwindSafe(handler.call(ctx)).catch_unwind();
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(Ok(value))) => Ok(value),
+                Ok(Ok(Err(e))) => Err(Attempt::Failed(e.0)),
+                Ok(Err(panic)) => Err(Attempt::Failed(format!(
+                    "handler panicked: {}",
+                    panic_message(&*panic)
+                ))),
+                Err(_) => Err(Attempt::TimedOut(format!(
+                    "handler ran past its timeout of {} ms",
+                    timeout.as_millis()
+                ))),
+            }
+        }
+    }
+}
+
+/// How an attempt went wrong (its success is its result).
+pub(super) enum Attempt {
+    /// The handler returned an error, panicked, or there is none for the kind.
+    Failed(String),
+    /// The handler ran past its timeout.
+    TimedOut(String),
+}
+
+/// What a handler gets: the task's input, its saved progress, and a fenced way to save
+/// more.
+#[derive(Clone)]
+pub struct TaskContext {
+    id: Uuid,
+    kind: String,
+    payload: serde_json::Value,
+    epoch: i64,
+    attempt: i32,
+    checkpoint: Option<serde_json::Value>,
+    bb: Blackboard,
+    suspend: Arc<AtomicBool>,
+}
+
+impl TaskContext {
+    /// The task id.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+    /// The task's kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+    /// The task's input.
+    pub fn payload(&self) -> &serde_json::Value {
+        &self.payload
+    }
+    /// 1 for the first attempt, 2 for the first retry, …
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+    /// The fencing token of this attempt.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+    /// Progress saved by an earlier attempt (here or in another process), if any.
+    pub fn checkpoint(&self) -> Option<&serde_json::Value> {
+        self.checkpoint.as_ref()
+    }
+
+    /// Saves progress durably, fenced by this attempt's lease: an error means the lease was
+    /// lost (the task belongs to someone else now) or the database is unreachable, and the
+    /// handler should stop.
+    pub async fn save_checkpoint(&mut self, state: serde_json::Value) -> Result<(), TaskError> {
+        match self.bb.save_checkpoint(self.id, self.epoch, &state).await {
+            Ok(true) => {
+                self.checkpoint = Some(state);
+                if self.suspend.load(Ordering::Acquire) {
+                    // A hot upgrade asked this task to move: its progress is saved, so
+                    // stop here; the new process resumes from this checkpoint.
+                    return Err(TaskError::new("suspended for handover"));
+                }
+                Ok(())
+            }
+            Ok(false) => Err(TaskError::new(
+                "lease lost: the task was taken back or handed over",
+            )),
+            Err(e) => Err(TaskError::new(format!("saving checkpoint: {e}"))),
+        }
+    }
+
+    /// The results of this task's upstream tasks in its flow, by task name (empty outside
+    /// a flow). Read from the blackboard when asked, not copied into the payload: see
+    /// [`Blackboard::upstream_results`].
+    pub async fn upstream_results(&self) -> Result<BTreeMap<String, serde_json::Value>, TaskError> {
+        self.bb
+            .upstream_results(self.id)
+            .await
+            .map_err(|e| TaskError::new(format!("reading upstream results: {e}")))
+    }
+}

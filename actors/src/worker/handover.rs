@@ -1,0 +1,182 @@
+//! Hot upgrade, worker side: the old process suspends resumable tasks at a checkpoint
+//! and tells what stays ([`SuspendForHandover`] → [`Handover`]); the new one takes them
+//! over and resumes them ([`ResumeTasks`] → [`ResumeReport`]); a rollback has the old one
+//! take work again ([`ResumeWork`]).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use actix::prelude::*;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::Worker;
+use crate::blackboard::WorkerState;
+
+/// Hot upgrade, old side: stop taking work and bring every resumable running task to a
+/// stop at its next checkpoint (aborting those that do not reach one by `deadline`).
+/// Answers with the tasks to hand over and the ones that keep running here.
+#[derive(Message)]
+#[rtype(result = "Handover")]
+pub struct SuspendForHandover {
+    /// How long resumable tasks may take to reach a checkpoint.
+    pub deadline: Duration,
+}
+
+/// What a worker suspending for a hot upgrade answers.
+#[derive(Debug, Clone, Default)]
+pub struct Handover {
+    /// Stopped at a checkpoint (or at the deadline), to resume in the new process: (task
+    /// id, epoch held).
+    pub suspended: Vec<(Uuid, i64)>,
+    /// Tasks whose handlers run on here to their end (not resumable), or whose outcome
+    /// is still being written here. Every other task assigned to this worker (its queue,
+    /// what it had not read) moves to the new process.
+    pub staying: Vec<Uuid>,
+}
+
+impl Handler<SuspendForHandover> for Worker {
+    type Result = ResponseActFuture<Self, Handover>;
+
+    fn handle(&mut self, msg: SuspendForHandover, ctx: &mut Context<Self>) -> Self::Result {
+        self.draining = true;
+        self.pump(ctx);
+        for r in self.running.values() {
+            if r.resumable {
+                r.suspend.store(true, Ordering::Release);
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.suspend_waiters.push(tx);
+        self.check_suspended();
+        Box::pin(
+            async move {
+                let _ = tokio::time::timeout(msg.deadline, rx).await;
+            }
+            .into_actor(self)
+            .map(|_, act, _ctx| {
+                // Past the deadline: stop the stragglers; the blackboard holds their last
+                // checkpoint, which is what the new process resumes from.
+                let late: Vec<Uuid> = act
+                    .running
+                    .iter()
+                    .filter(|(_, r)| r.resumable)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in late {
+                    if let Some(r) = act.running.remove(&id) {
+                        r.abort.abort();
+                        act.suspended.push((id, r.epoch));
+                    }
+                }
+                Handover {
+                    suspended: std::mem::take(&mut act.suspended),
+                    staying: act.ledger.outcome_unwritten(),
+                }
+            }),
+        )
+    }
+}
+
+/// Take over running tasks that worker `from` held at the given epochs (hot upgrade, new
+/// side; or the old side itself after a rollback) and resume each from its checkpoint.
+#[derive(Message)]
+#[rtype(result = "crate::Result<ResumeReport>")]
+pub struct ResumeTasks {
+    /// The worker that held them.
+    pub from: String,
+    /// (task id, epoch held).
+    pub tasks: Vec<(Uuid, i64)>,
+}
+
+/// What a takeover did.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct ResumeReport {
+    /// Tasks taken over and running here now.
+    pub resumed: Vec<Uuid>,
+    /// Tasks the blackboard no longer had at that epoch (taken back, canceled).
+    pub conflicts: Vec<Uuid>,
+}
+
+impl Handler<ResumeTasks> for Worker {
+    type Result = ResponseActFuture<Self, crate::Result<ResumeReport>>;
+
+    fn handle(&mut self, msg: ResumeTasks, _ctx: &mut Context<Self>) -> Self::Result {
+        let bb = self.bb.clone();
+        let me = self.config.id.clone();
+        let lease = self.config.lease.as_secs_f64();
+        Box::pin(
+            async move { bb.take_over(&msg.from, &me, &msg.tasks, lease).await.map(|t| (t, msg.tasks)) }
+                .into_actor(self)
+                .map(|res, act, ctx| {
+                    let (taken, asked) = res?;
+                    let mut report = ResumeReport::default();
+                    for (id, _) in &asked {
+                        if !taken.iter().any(|t| t.id == *id) {
+                            tracing::warn!(task = %id, "handover conflict: the blackboard no longer has this task at that epoch");
+                            report.conflicts.push(*id);
+                        }
+                    }
+                    for t in taken {
+                        tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a handed-over task from its checkpoint");
+                        report.resumed.push(t.id);
+                        act.ledger.took_over((t.id, t.epoch));
+                        act.run(t, ctx);
+                    }
+                    act.flush(ctx);
+                    Ok(report)
+                }),
+        )
+    }
+}
+
+/// Hot upgrade rolled back: take work again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResumeWork;
+
+impl Handler<ResumeWork> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: ResumeWork, ctx: &mut Context<Self>) {
+        self.draining = false;
+        for r in self.running.values() {
+            r.suspend.store(false, Ordering::Release);
+        }
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        actix::spawn(async move {
+            if let Err(e) = bb.set_worker_state(&id, WorkerState::Online).await {
+                tracing::warn!(error = %e, "cannot mark the worker online again");
+            }
+        });
+        self.fetch(ctx);
+    }
+}
+
+/// The worker's id.
+#[derive(Message)]
+#[rtype(result = "String")]
+pub struct GetId;
+
+impl Handler<GetId> for Worker {
+    type Result = String;
+    fn handle(&mut self, _msg: GetId, _ctx: &mut Context<Self>) -> String {
+        self.config.id.clone()
+    }
+}
+
+impl Worker {
+    /// Wakes a waiting handover once no resumable task is still on its way to a checkpoint.
+    pub(super) fn check_suspended(&mut self) {
+        let waiting = self
+            .running
+            .values()
+            .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
+        if !waiting {
+            for w in self.suspend_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    }
+}

@@ -1,0 +1,613 @@
+//! The Worker: one per worker process. It registers and heartbeats, listens for its
+//! assignments, reads them (up to its concurrency plus its prefetch, the rest waiting in
+//! a local queue), runs each handler at once (with a timeout, catching panics), renews
+//! the leases of long tasks, and records starts and outcomes in batches — a group commit:
+//! what arrives while one batch is being written forms the next. A start is recorded
+//! after the handler began, or with the outcome when the task finished first. Every
+//! write names the lease epoch, so a worker that lost a task changes nothing.
+//!
+//! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
+//! keeps it from taking a task twice, [`status`] is what it shows, and [`drain`] and
+//! [`handover`] are how it stops.
+
+pub mod drain;
+pub mod handlers;
+pub mod handover;
+mod ledger;
+pub mod status;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures_util::future::{AbortHandle, Abortable};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+pub use crate::blackboard::WorkerState;
+use crate::blackboard::{
+    AssignedTask, AttemptRecord, Blackboard, ListenEvent, Outcome, Registration, Step,
+    CANCEL_PAYLOAD,
+};
+use crate::supervisor::ActorStats;
+pub use drain::{Drain, DrainReport};
+use handlers::Attempt;
+pub use handlers::{HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler};
+pub use handover::{GetId, Handover, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover};
+use ledger::Ledger;
+pub use status::{GetStatus, RunningTask, WorkerStatus};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Unique per process: `host:pid:suffix`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Build version reported in the roster.
+    pub version: String,
+    /// Where its HTTP server listens.
+    pub http_addr: Option<String>,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Tasks held beyond `concurrency`: read in one batch with the others and queued here
+    /// until a slot frees up. The local queue hides the planner's round trip and makes
+    /// every batch of starts and outcomes larger.
+    pub prefetch: usize,
+    /// Lease length; renewed every third of it.
+    pub lease: Duration,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// Safety-net poll for assignments whose NOTIFY was missed.
+    pub poll: Duration,
+    /// Timeout of an attempt when neither the task nor its handler sets one.
+    pub default_timeout: Duration,
+    /// Retry backoff: base·2^retries, capped, with jitter.
+    pub retry_base: Duration,
+    /// Cap of the retry backoff.
+    pub retry_cap: Duration,
+}
+
+impl WorkerConfig {
+    /// The NOTIFY channel the planner wakes this worker on.
+    pub fn channel(&self) -> String {
+        let suffix = self.id.rsplit(':').next().unwrap_or(&self.id);
+        format!("artex_w_{suffix}")
+    }
+
+    fn backoff_ms(&self, retries: i32) -> i64 {
+        let base = self.retry_base.as_millis() as f64;
+        let cap = self.retry_cap.as_millis() as f64;
+        let d = (base * 2f64.powi(retries.clamp(0, 30))).min(cap);
+        (d * (0.5 + fastrand::f64() * 0.5)) as i64
+    }
+}
+
+struct Running {
+    kind: String,
+    epoch: i64,
+    retries: i32,
+    max_retries: i32,
+    started: Instant,
+    /// Its start is in a batch written or being written.
+    start_sent: bool,
+    abort: AbortHandle,
+    resumable: bool,
+    suspend: Arc<AtomicBool>,
+}
+
+impl Running {
+    /// What to write for this attempt: its start or its outcome, fenced by its epoch and
+    /// carrying when its handler started here.
+    fn record(&self, id: Uuid, step: Step) -> AttemptRecord {
+        AttemptRecord {
+            id,
+            epoch: self.epoch,
+            retries: self.retries,
+            max_retries: self.max_retries,
+            step,
+            started_ago_ms: Some(self.started.elapsed().as_secs_f64() * 1000.0),
+        }
+    }
+}
+
+/// The Worker actor.
+pub struct Worker {
+    bb: Blackboard,
+    config: WorkerConfig,
+    registry: Registry,
+    stats: ActorStats,
+    running: HashMap<Uuid, Running>,
+    /// Assigned to this worker (leased) and read, not yet handed to a handler: the local
+    /// queue, at most `prefetch` beyond the free slots.
+    queue: VecDeque<AssignedTask>,
+    /// Every (task, epoch) this worker took, so that a read never takes one twice: a task
+    /// it ran stays `assigned` in the blackboard until its outcome is written.
+    ledger: Ledger,
+    /// The last read returned as many tasks as it asked for: there may be more.
+    maybe_more: bool,
+    outbox: Vec<AttemptRecord>,
+    flushing: bool,
+    fetching: bool,
+    fetch_again: bool,
+    draining: bool,
+    drain_waiters: Vec<oneshot::Sender<()>>,
+    suspended: Vec<(Uuid, i64)>,
+    suspend_waiters: Vec<oneshot::Sender<()>>,
+    db_error: Option<String>,
+    finished: u64,
+    fenced_off: u64,
+}
+
+impl Worker {
+    /// A worker running `registry`'s kinds with `config`. Call [`Worker::register`] first,
+    /// so a missing database fails the start instead of the first heartbeat.
+    pub fn new(
+        bb: Blackboard,
+        config: WorkerConfig,
+        registry: Registry,
+        stats: ActorStats,
+    ) -> Self {
+        Worker {
+            bb,
+            config,
+            registry,
+            stats,
+            running: HashMap::new(),
+            queue: VecDeque::new(),
+            ledger: Ledger::new(),
+            maybe_more: false,
+            outbox: Vec::new(),
+            flushing: false,
+            fetching: false,
+            fetch_again: false,
+            draining: false,
+            drain_waiters: Vec::new(),
+            suspended: Vec::new(),
+            suspend_waiters: Vec::new(),
+            db_error: None,
+            finished: 0,
+            fenced_off: 0,
+        }
+    }
+
+    /// The row this worker writes into `artex.workers`.
+    pub fn registration(config: &WorkerConfig, registry: &Registry) -> Registration {
+        Registration {
+            id: config.id.clone(),
+            host: config.host.clone(),
+            pid: std::process::id() as i32,
+            version: config.version.clone(),
+            http_addr: config.http_addr.clone(),
+            channel: config.channel(),
+            kinds: registry.kinds(),
+            capacity: (config.concurrency + config.prefetch).max(1) as i32,
+        }
+    }
+
+    /// Registers (or re-registers) the worker as online.
+    pub async fn register(
+        bb: &Blackboard,
+        config: &WorkerConfig,
+        registry: &Registry,
+    ) -> crate::Result {
+        bb.register_worker(&Worker::registration(config, registry))
+            .await
+    }
+
+    /// How many tasks it may hold: running and queued.
+    fn capacity(&self) -> usize {
+        (self.config.concurrency + self.config.prefetch).max(1)
+    }
+
+    /// Tasks it holds: running or queued.
+    fn held(&self) -> usize {
+        self.running.len() + self.queue.len()
+    }
+
+    /// Hands queued tasks to handlers while slots are free, then has their starts
+    /// recorded. When draining, the queue is dropped: its tasks are still `assigned` in
+    /// the blackboard, where a drain gives them back and a hot upgrade hands them over.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.draining {
+            for t in self.queue.drain(..) {
+                self.ledger.dropped_unrun((t.id, t.epoch));
+            }
+            return;
+        }
+        let mut started = false;
+        while self.running.len() < self.config.concurrency.max(1) {
+            let Some(task) = self.queue.pop_front() else {
+                break;
+            };
+            self.run(task, ctx);
+            started = true;
+        }
+        if started {
+            self.flush(ctx);
+        }
+    }
+
+    fn db_result<T>(&mut self, r: &crate::Result<T>) {
+        match r {
+            Ok(_) => self.db_error = None,
+            Err(e) if e.is_connection() => self.db_error = Some(e.to_string()),
+            Err(_) => {}
+        }
+    }
+
+    /// Reads the tasks assigned to it (up to its capacity) into the queue and starts
+    /// what fits.
+    fn fetch(&mut self, ctx: &mut Context<Self>) {
+        if self.draining {
+            return;
+        }
+        if self.fetching {
+            self.fetch_again = true;
+            return;
+        }
+        if self.held() >= self.capacity() {
+            return;
+        }
+        self.fetching = true;
+        self.fetch_again = false;
+        let read = self.ledger.start_read();
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        let limit = self.capacity();
+        async move { bb.fetch_assigned(&id, limit as i64).await }
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                act.fetching = false;
+                act.db_result(&res);
+                match res {
+                    Ok(tasks) => {
+                        act.maybe_more = tasks.len() == limit;
+                        let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
+                        act.queue.extend(new);
+                        act.pump(ctx);
+                    }
+                    Err(e) => {
+                        act.stats.failed("worker");
+                        tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
+                    }
+                }
+                if act.fetch_again {
+                    act.fetch(ctx);
+                }
+                act.check_drained();
+            })
+            .spawn(ctx);
+    }
+
+    /// Starts `task`'s handler now; its start is written with the next batch.
+    fn run(&mut self, task: AssignedTask, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        let (abort, reg) = AbortHandle::new_pair();
+        let id = task.id;
+        let epoch = task.epoch;
+        let suspend = Arc::new(AtomicBool::new(false));
+        tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
+        self.running.insert(
+            id,
+            Running {
+                kind: task.kind.clone(),
+                epoch,
+                retries: task.retries,
+                max_retries: task.max_retries,
+                started: Instant::now(),
+                start_sent: false,
+                abort,
+                resumable: self.registry.is_resumable(&task.kind),
+                suspend: suspend.clone(),
+            },
+        );
+        let attempt =
+            self.registry
+                .attempt(task, self.bb.clone(), suspend, self.config.default_timeout);
+        actix::spawn(async move {
+            // Aborted means the lease was lost or the worker gave the task back: the
+            // outcome is decided elsewhere, so nothing is reported.
+            if let Ok(result) = Abortable::new(attempt, reg).await {
+                me.do_send(TaskFinished { id, epoch, result });
+            }
+        });
+    }
+
+    /// Writes the waiting outcomes and the starts not written yet, in one statement.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flushing {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.outbox);
+        for (id, r) in self.running.iter_mut().filter(|(_, r)| !r.start_sent) {
+            r.start_sent = true;
+            batch.push(r.record(*id, Step::Start));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        self.flushing = true;
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move {
+            let res = bb.record(&id, &batch).await;
+            (res, batch)
+        }
+        .into_actor(self)
+        .map(move |(res, batch), act, ctx| {
+            act.flushing = false;
+            act.db_result(&res);
+            match res {
+                Ok(written) => {
+                    let written: HashSet<Uuid> = written.into_iter().collect();
+                    for c in &batch {
+                        // A written start leaves the task held; anything else (an
+                        // outcome, or a record fenced off) lets it go.
+                        if !c.step.is_start() || !written.contains(&c.id) {
+                            act.ledger.let_go((c.id, c.epoch));
+                        }
+                    }
+                    for c in batch.iter().filter(|c| !written.contains(&c.id)) {
+                        act.fenced_off += 1;
+                        if c.step.is_start() {
+                            // Taken back or handed over before its start was written:
+                            // stop the handler; whatever it would write is fenced off.
+                            if let Some(r) = act.running.get(&c.id).filter(|r| r.epoch == c.epoch) {
+                                tracing::warn!(task = %c.id, epoch = c.epoch, "lease lost before the start was written; stopping the handler");
+                                r.abort.abort();
+                                act.running.remove(&c.id);
+                            }
+                        } else {
+                            tracing::warn!(task = %c.id, epoch = c.epoch,
+                                "outcome discarded: the lease was lost before it was written");
+                        }
+                    }
+                    act.finished += batch
+                        .iter()
+                        .filter(|c| !c.step.is_start() && written.contains(&c.id))
+                        .count() as u64;
+                    act.stats.ran("worker");
+                }
+                Err(e) => {
+                    // Nothing is dropped while the process lives: outcomes go back to the
+                    // outbox, starts are sent again with the next batch (the database may
+                    // be restarting).
+                    act.stats.failed("worker");
+                    tracing::warn!(error = %e, count = batch.len(), "cannot record starts and outcomes; retrying");
+                    for c in batch.iter().filter(|c| c.step.is_start()) {
+                        if let Some(r) = act.running.get_mut(&c.id).filter(|r| r.epoch == c.epoch) {
+                            r.start_sent = false;
+                        }
+                    }
+                    let mut again: Vec<AttemptRecord> = batch
+                        .into_iter()
+                        .filter(|c| !c.step.is_start())
+                        .collect();
+                    again.append(&mut act.outbox);
+                    act.outbox = again;
+                    ctx.run_later(Duration::from_millis(100), |act, ctx| act.flush(ctx));
+                    return;
+                }
+            }
+            act.flush(ctx);
+            act.check_suspended();
+            act.check_drained();
+        })
+        .spawn(ctx);
+    }
+
+    fn renew(&mut self, ctx: &mut Context<Self>) {
+        if self.held() == 0 {
+            return;
+        }
+        let held: Vec<(Uuid, i64)> = self
+            .running
+            .iter()
+            .map(|(id, r)| (*id, r.epoch))
+            .chain(self.queue.iter().map(|t| (t.id, t.epoch)))
+            .collect();
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        let lease = self.config.lease.as_secs_f64();
+        async move {
+            let res = bb.renew_leases(&id, &held, lease).await;
+            (res, held)
+        }
+        .into_actor(self)
+        .map(|(res, held), act, _ctx| {
+            act.db_result(&res);
+            match res {
+                Ok(kept) => {
+                    let lost: HashSet<(Uuid, i64)> = held
+                        .iter()
+                        .filter(|(id, _)| !kept.contains(id))
+                        .copied()
+                        .collect();
+                    for key in &lost {
+                        act.ledger.let_go(*key);
+                    }
+                    act.queue.retain(|t| {
+                        let gone = lost.contains(&(t.id, t.epoch));
+                        if gone {
+                            tracing::warn!(task = %t.id, epoch = t.epoch, "lease lost before the task left the queue");
+                        }
+                        !gone
+                    });
+                    for (id, epoch) in &lost {
+                        // The task was taken back (reaper) or handed over: stop running it
+                        // here; whatever it would write would be fenced off anyway.
+                        if let Some(r) = act.running.get(id) {
+                            if r.epoch == *epoch {
+                                tracing::warn!(task = %id, epoch, "lease lost; stopping the handler");
+                                r.abort.abort();
+                                act.running.remove(id);
+                                act.fenced_off += 1;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot renew leases; retrying"),
+            }
+            act.check_suspended();
+            act.check_drained();
+        })
+        .spawn(ctx);
+    }
+
+    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
+        let bb = self.bb.clone();
+        let config = self.config.clone();
+        let registry = self.registry.clone();
+        let inflight = self.held() as i32;
+        let draining = self.draining;
+        async move {
+            let state = bb.heartbeat(&config.id, inflight).await?;
+            match state {
+                Some(WorkerState::Online | WorkerState::Draining | WorkerState::Upgrading) => {
+                    Ok(false)
+                }
+                _ if draining => Ok(false),
+                // Declared gone (e.g. this process was stopped past the threshold) or
+                // deleted: come back as a new registration; the tasks it held were taken
+                // back and its stale writes are fenced off.
+                _ => Worker::register(&bb, &config, &registry).await.map(|_| true),
+            }
+        }
+        .into_actor(self)
+        .map(|res: crate::Result<bool>, act, ctx| {
+            act.db_result(&res);
+            match res {
+                Ok(true) => {
+                    tracing::warn!(worker = %act.config.id, "this worker had been declared gone; registered again");
+                    act.fetch(ctx);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        })
+        .spawn(ctx);
+    }
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.config.poll, |act, ctx| act.fetch(ctx));
+        ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
+        ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
+        // After each (re)connect, a read catches whatever was assigned while it was away.
+        let mut session = self.bb.listen_session("worker", &[self.config.channel()]);
+        let me = ctx.address();
+        async move {
+            loop {
+                match session.next().await {
+                    ListenEvent::Connected => me.do_send(Wake),
+                    ListenEvent::Notified(batch) => {
+                        me.do_send(Wake);
+                        if batch.iter().any(|n| n.payload == CANCEL_PAYLOAD) {
+                            me.do_send(CheckLeases);
+                        }
+                    }
+                    ListenEvent::Lost(_) => {}
+                }
+            }
+        }
+        .into_actor(self)
+        .spawn(ctx);
+        self.fetch(ctx);
+    }
+}
+
+impl Supervised for Worker {
+    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.stats.restarted("worker");
+        self.fetching = false;
+        self.flushing = false;
+    }
+}
+
+/// There may be assignments: start what fits.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+impl Handler<Wake> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: Wake, ctx: &mut Context<Self>) {
+        self.fetch(ctx);
+    }
+}
+
+/// A task this worker holds was canceled (its channel got a `cancel` notification):
+/// check the leases now, which stops the handlers of tasks it no longer holds, instead of
+/// at the next renewal.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckLeases;
+
+impl Handler<CheckLeases> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: CheckLeases, ctx: &mut Context<Self>) {
+        self.renew(ctx);
+    }
+}
+
+/// A handler finished an attempt.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct TaskFinished {
+    id: Uuid,
+    epoch: i64,
+    result: Result<serde_json::Value, Attempt>,
+}
+
+impl Handler<TaskFinished> for Worker {
+    type Result = ();
+    fn handle(&mut self, msg: TaskFinished, ctx: &mut Context<Self>) {
+        let Some(r) = self.running.remove(&msg.id) else {
+            return;
+        };
+        if r.epoch != msg.epoch {
+            return;
+        }
+        if r.suspend.load(Ordering::Acquire) && msg.result.is_err() {
+            // Stopped at a checkpoint for a handover: no outcome, the task moves on.
+            tracing::info!(task = %msg.id, kind = %r.kind, "task suspended for handover");
+            self.suspended.push((msg.id, r.epoch));
+            self.check_suspended();
+            return;
+        }
+        let outcome = match msg.result {
+            Ok(v) => {
+                tracing::debug!(task = %msg.id, kind = %r.kind, "task succeeded");
+                Outcome::Succeeded(v)
+            }
+            Err(Attempt::Failed(error)) => {
+                tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task failed");
+                Outcome::Failed {
+                    error,
+                    retry_in_ms: self.config.backoff_ms(r.retries),
+                }
+            }
+            Err(Attempt::TimedOut(error)) => {
+                tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task timed out");
+                Outcome::TimedOut {
+                    error,
+                    retry_in_ms: self.config.backoff_ms(r.retries),
+                }
+            }
+        };
+        self.outbox.push(r.record(msg.id, Step::Finish(outcome)));
+        // Handlers started now have their starts written with this outcome.
+        self.pump(ctx);
+        self.flush(ctx);
+        if self.queue.is_empty() && self.maybe_more {
+            self.fetch(ctx);
+        }
+        self.check_suspended();
+    }
+}

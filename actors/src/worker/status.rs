@@ -1,0 +1,89 @@
+//! What the worker shows of itself: the [`WorkerStatus`] snapshot that `/status` and
+//! `/health` serve, answered to [`GetStatus`].
+
+use actix::prelude::*;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Worker;
+use crate::blackboard::WorkerState;
+
+/// A task running in this worker, as `/status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunningTask {
+    /// Task id.
+    pub id: Uuid,
+    /// Kind.
+    pub kind: String,
+    /// Fencing token.
+    pub epoch: i64,
+    /// Milliseconds since it started here.
+    pub running_ms: u64,
+}
+
+/// A snapshot of the worker for `/status` and `/health`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStatus {
+    /// Worker id.
+    pub id: String,
+    /// [`WorkerState::Online`] or [`WorkerState::Draining`].
+    pub state: WorkerState,
+    /// Whether the last database call succeeded.
+    pub database_ok: bool,
+    /// The last database error, if the last call failed.
+    pub database_error: Option<String>,
+    /// Tasks running now.
+    pub running: Vec<RunningTask>,
+    /// Tasks read from the blackboard and waiting here for a free slot.
+    pub queued: usize,
+    /// Outcomes waiting to be written.
+    pub unwritten_outcomes: usize,
+    /// Tasks finished by this process.
+    pub finished: u64,
+    /// Outcomes discarded because the lease had been lost.
+    pub fenced_off: u64,
+}
+
+/// Ask for a status snapshot.
+#[derive(Message)]
+#[rtype(result = "WorkerStatus")]
+pub struct GetStatus;
+
+impl Handler<GetStatus> for Worker {
+    type Result = MessageResult<GetStatus>;
+    fn handle(&mut self, _msg: GetStatus, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status())
+    }
+}
+
+impl Worker {
+    /// A snapshot for `/status`.
+    pub(super) fn status(&self) -> WorkerStatus {
+        let mut running: Vec<RunningTask> = self
+            .running
+            .iter()
+            .map(|(id, r)| RunningTask {
+                id: *id,
+                kind: r.kind.clone(),
+                epoch: r.epoch,
+                running_ms: r.started.elapsed().as_millis() as u64,
+            })
+            .collect();
+        running.sort_by_key(|r| std::cmp::Reverse(r.running_ms));
+        WorkerStatus {
+            id: self.config.id.clone(),
+            state: if self.draining {
+                WorkerState::Draining
+            } else {
+                WorkerState::Online
+            },
+            database_ok: self.db_error.is_none(),
+            database_error: self.db_error.clone(),
+            running,
+            queued: self.queue.len(),
+            unwritten_outcomes: self.outbox.len(),
+            finished: self.finished,
+            fenced_off: self.fenced_off,
+        }
+    }
+}
