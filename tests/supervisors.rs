@@ -396,6 +396,7 @@ async fn rolling_upgrade_walks_the_fleet_and_stops_at_the_first_failure() {
         .arg(&script)
         .args(["--timeout", "20", "--token-file"])
         .arg(keys.path("token"))
+        .env("ARTEX_READ_TOKEN", common::READ_TOKEN)
         .arg(zip2)
         .args([&a1, &dead_addr, &a2])
         .env_remove("ARTEX_UPGRADE_TOKEN")

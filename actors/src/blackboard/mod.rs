@@ -9,6 +9,7 @@
 
 pub mod admin;
 mod events;
+mod feed;
 mod flows;
 mod listen;
 mod logical;
@@ -23,10 +24,8 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-pub use events::{
-    ConsumerCursor, EventBatch, EventFeed, EventPosition, FeedStart, Retention, TaskEvent,
-    EVENTS_CHANNEL,
-};
+pub use events::{ConsumerCursor, EventBatch, EventPosition, Retention, TaskEvent, EVENTS_CHANNEL};
+pub use feed::{EventFeed, FeedStart};
 pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
