@@ -90,6 +90,11 @@ pub struct WorkerArgs {
     /// are long, so one worker does not hoard what others could run.
     #[arg(long, env = "ARTEX_PREFETCH", default_value_t = 100)]
     pub prefetch: usize,
+    /// Payload bytes (as JSON text) a worker holds at most, running and queued, so a
+    /// burst of big payloads is read a few at a time; a task larger than this runs alone.
+    #[arg(long, env = "ARTEX_QUEUE_MAX_BYTES", default_value_t = 64 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub queue_max_bytes: u64,
     /// Only these kinds (comma-separated); all registered kinds by default.
     #[arg(long, env = "ARTEX_KINDS", value_delimiter = ',')]
     pub kinds: Vec<String>,

@@ -255,6 +255,7 @@ fn worker_config(args: &WorkerArgs, http_addr: &str) -> WorkerConfig {
         http_addr: Some(http_addr.to_string()),
         concurrency: args.concurrency,
         prefetch: args.prefetch,
+        queue_max_bytes: usize::try_from(args.queue_max_bytes).unwrap_or(usize::MAX),
         lease: ms(args.lease_ms),
         heartbeat: ms(args.heartbeat_ms),
         poll: ms(args.worker_poll_ms),

@@ -126,6 +126,7 @@ async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResp
         "database_ok": s.database_ok,
         "running": s.running,
         "queued": s.queued,
+        "payload_bytes": s.payload_bytes,
         "unwritten_outcomes": s.unwritten_outcomes,
         "finished": s.finished,
         "fenced_off": s.fenced_off,

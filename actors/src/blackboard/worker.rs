@@ -108,6 +108,9 @@ pub struct AssignedTask {
     pub checkpoint: Option<serde_json::Value>,
     /// Its flow, if any.
     pub flow_id: Option<Uuid>,
+    /// Its payload's size as JSON text, bytes: what holding it costs, roughly, counted
+    /// against the worker's queue memory budget.
+    pub payload_bytes: i64,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -211,6 +214,7 @@ fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
         timeout_ms: r.try_get(6)?,
         checkpoint: r.try_get(7)?,
         flow_id: r.try_get(8)?,
+        payload_bytes: r.try_get(9)?,
     })
 }
 
@@ -234,12 +238,23 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
 // What the worker holds and has not read yet is what it reads: no write, no lock (the
 // tasks are its own, fenced by their epoch). It reads up to its capacity in start order
 // and skips the ones it already has.
+// The worker reads what it may hold in memory: in order, while the payloads read so far
+// ($3: bytes it may still take) fit, and always the first when it holds nothing ($4), so
+// a task larger than the whole budget still runs, alone. The sizes are summed over at
+// most `limit` rows ($2).
 const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-        checkpoint, flow_id
-    from artex.tasks
-    where assigned_to = $1 and status = 'assigned'
-    order by priority desc, run_at, id
-    limit $2";
+        checkpoint, flow_id, payload_bytes
+    from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
+                 checkpoint, flow_id, octet_length(payload::text)::bigint as payload_bytes,
+                 sum(octet_length(payload::text)) over
+                     (order by priority desc, run_at, id rows unbounded preceding) as upto,
+                 row_number() over (order by priority desc, run_at, id) as n
+          from artex.tasks
+          where assigned_to = $1 and status = 'assigned'
+          order by priority desc, run_at, id
+          limit $2) t
+    where upto <= $3 or (n = 1 and $4)
+    order by n";
 
 // Statements that name their rows by id find each through the primary key. Their
 // `status` test is written `status::text = …` on purpose: as a plain enum test it lets
@@ -338,12 +353,28 @@ impl Blackboard {
     /// Up to `limit` tasks assigned to `worker` and not started, in start order. A read:
     /// the handler may start at once, its start is recorded with [`Blackboard::record`].
     pub async fn fetch_assigned(&self, worker: &str, limit: i64) -> Result<Vec<AssignedTask>> {
-        if limit <= 0 {
+        self.fetch_assigned_within(worker, limit, i64::MAX, true)
+            .await
+    }
+
+    /// Like [`Blackboard::fetch_assigned`], reading only as many as fit in `max_bytes` of
+    /// payload (JSON text), in order; with `holds_nothing`, the first one comes even if
+    /// it alone is larger.
+    pub async fn fetch_assigned_within(
+        &self,
+        worker: &str,
+        limit: i64,
+        max_bytes: i64,
+        holds_nothing: bool,
+    ) -> Result<Vec<AssignedTask>> {
+        if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
             return Ok(Vec::new());
         }
         let client = self.client().await?;
         let stmt = client.prepare_cached(FETCH).await?;
-        let rows = client.query(&stmt, &[&worker, &limit]).await?;
+        let rows = client
+            .query(&stmt, &[&worker, &limit, &max_bytes, &holds_nothing])
+            .await?;
         rows.iter().map(assigned_from_row).collect()
     }
 
@@ -461,7 +492,7 @@ const TAKE_OVER: &str = "update artex.tasks t
     where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
       and t.status::text in ('assigned', 'running')
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
-              t.checkpoint, t.flow_id";
+              t.checkpoint, t.flow_id, octet_length(t.payload::text)::bigint";
 
 const MOVE_ASSIGNED: &str = "with moved as (
         update artex.tasks t

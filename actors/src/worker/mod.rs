@@ -56,6 +56,9 @@ pub struct WorkerConfig {
     /// until a slot frees up. The local queue hides the planner's round trip and makes
     /// every batch of starts and outcomes larger.
     pub prefetch: usize,
+    /// Payload bytes (as JSON text) it holds at most, running and queued: big payloads
+    /// are read a few at a time. A task larger than this runs alone.
+    pub queue_max_bytes: usize,
     /// Lease length; renewed every third of it.
     pub lease: Duration,
     /// Heartbeat interval.
@@ -96,6 +99,8 @@ struct Running {
     abort: AbortHandle,
     resumable: bool,
     suspend: Arc<AtomicBool>,
+    /// Its payload's size, counted against the queue memory budget while it runs.
+    payload_bytes: i64,
 }
 
 impl Running {
@@ -126,7 +131,8 @@ pub struct Worker {
     /// Every (task, epoch) this worker took, so that a read never takes one twice: a task
     /// it ran stays `assigned` in the blackboard until its outcome is written.
     ledger: Ledger,
-    /// The last read returned as many tasks as it asked for: there may be more.
+    /// The last read returned as many tasks as it asked for, or stopped at the memory
+    /// budget: there may be more.
     maybe_more: bool,
     outbox: Vec<AttemptRecord>,
     flushing: bool,
@@ -207,6 +213,13 @@ impl Worker {
         self.running.len() + self.queue.len()
     }
 
+    /// Payload bytes of the tasks it holds, running or queued.
+    fn held_bytes(&self) -> i64 {
+        let running: i64 = self.running.values().map(|r| r.payload_bytes).sum();
+        let queued: i64 = self.queue.iter().map(|t| t.payload_bytes).sum();
+        running + queued
+    }
+
     /// Hands queued tasks to handlers while slots are free, then has their starts
     /// recorded. When draining, the queue is dropped: its tasks are still `assigned` in
     /// the blackboard, where a drain gives them back and a hot upgrade hands them over.
@@ -257,14 +270,24 @@ impl Worker {
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let limit = self.capacity();
-        async move { bb.fetch_assigned(&id, limit as i64).await }
+        // Payloads are held in memory from the read until the handler ends: read only
+        // what fits in the budget (one task at least, when nothing is held).
+        let room = self.config.queue_max_bytes as i64 - self.held_bytes();
+        let holds_nothing = self.held() == 0;
+        let budget = room.max(0);
+        async move {
+            bb.fetch_assigned_within(&id, limit as i64, room, holds_nothing)
+                .await
+        }
             .into_actor(self)
             .map(move |res, act, ctx| {
                 act.fetching = false;
                 act.db_result(&res);
                 match res {
                     Ok(tasks) => {
-                        act.maybe_more = tasks.len() == limit;
+                        let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
+                        // Near the budget, the next task may not have fitted.
+                        act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
                         let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
                         act.queue.extend(new);
                         act.pump(ctx);
@@ -302,6 +325,7 @@ impl Worker {
                 abort,
                 resumable: self.registry.is_resumable(&task.kind),
                 suspend: suspend.clone(),
+                payload_bytes: task.payload_bytes,
             },
         );
         let attempt =

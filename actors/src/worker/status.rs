@@ -36,6 +36,9 @@ pub struct WorkerStatus {
     pub running: Vec<RunningTask>,
     /// Tasks read from the blackboard and waiting here for a free slot.
     pub queued: usize,
+    /// Payload bytes of the tasks it holds, running and queued (its memory budget is
+    /// `queue_max_bytes`).
+    pub payload_bytes: i64,
     /// Outcomes waiting to be written.
     pub unwritten_outcomes: usize,
     /// Tasks finished by this process.
@@ -81,6 +84,7 @@ impl Worker {
             database_error: self.db_error.clone(),
             running,
             queued: self.queue.len(),
+            payload_bytes: self.held_bytes(),
             unwritten_outcomes: self.outbox.len(),
             finished: self.finished,
             fenced_off: self.fenced_off,
