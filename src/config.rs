@@ -156,6 +156,10 @@ pub struct PlannerArgs {
     /// A worker silent this long is gone and its tasks are taken back, milliseconds.
     #[arg(long, env = "ARTEX_WORKER_TIMEOUT_MS", default_value_t = 10_000)]
     pub worker_timeout_ms: u64,
+    /// A worker silent this long is suspect: given no new work (not yet gone),
+    /// milliseconds; at most --worker-timeout-ms.
+    #[arg(long, env = "ARTEX_WORKER_SUSPECT_MS", default_value_t = 5_000)]
+    pub worker_suspect_ms: u64,
     /// Reaper sweep interval, milliseconds.
     #[arg(long, env = "ARTEX_REAP_MS", default_value_t = 2_000)]
     pub reap_ms: u64,

@@ -71,7 +71,8 @@ pub async fn run_planner(
         actor: name.clone(),
         batch: args.batch,
         lease_secs: ms(args.assign_lease_ms).as_secs_f64(),
-        worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
+        // The roster leaves out suspects: silent for a while, not yet gone.
+        suspect_after_secs: ms(args.worker_suspect_ms.min(args.worker_timeout_ms)).as_secs_f64(),
         shards,
     };
     tracing::info!(planner = %name, config = ?args, "planner starting");
@@ -87,6 +88,7 @@ pub async fn run_planner(
         batch: 1000,
         retry_base_ms: args.reap_retry_base_ms as f64,
         retry_cap_ms: 300_000.0,
+        judge_liveness: true,
     };
     let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
     let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));

@@ -223,6 +223,7 @@ fn reap_params(now: DateTime<Utc>) -> ReapParams {
         batch: 100,
         retry_base_ms: 1000.0,
         retry_cap_ms: 60_000.0,
+        judge_liveness: true,
     }
 }
 
@@ -851,7 +852,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
         bb.renew_leases("w2", &[(id, t2.epoch)], 60.0)
             .await
             .unwrap(),
-        [id]
+        [(id, true)]
     );
     let done = bb
         .record(
@@ -1062,7 +1063,7 @@ async fn the_outbox_holds_meaningful_changes_only() {
     let before = (transitions(&c, id).await, events(&c, id).await);
     assert_eq!(
         bb.renew_leases("w1", &[(id, t.epoch)], 60.0).await.unwrap(),
-        [id]
+        [(id, true)]
     );
     c.execute(
         "update artex.tasks set lease_until = lease_until + interval '1 minute' where id = $1",

@@ -261,6 +261,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         channel: "artex_w_w".into(),
         kinds: vec!["echo".into()],
         capacity: 10,
+        session: None,
     })
     .await
     .unwrap();

@@ -16,7 +16,7 @@ fn config() -> AssignerConfig {
         actor: "test-planner".into(),
         batch: 100,
         lease_secs: 30.0,
-        worker_timeout_secs: 10.0,
+        suspect_after_secs: 10.0,
         shards: (1, Vec::new()),
     }
 }
@@ -31,6 +31,7 @@ fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
         channel: format!("artex_w_{id}"),
         kinds: kinds.iter().map(|k| k.to_string()).collect(),
         capacity,
+        session: None,
     }
 }
 
@@ -42,6 +43,7 @@ fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
         batch: 100,
         retry_base_ms: 10.0,
         retry_cap_ms: 100.0,
+        judge_liveness: true,
     }
 }
 

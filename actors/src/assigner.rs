@@ -20,8 +20,9 @@ pub struct AssignerConfig {
     pub batch: i64,
     /// Lease given with an assignment, seconds.
     pub lease_secs: f64,
-    /// A worker not heard from for this long gets nothing.
-    pub worker_timeout_secs: f64,
+    /// A worker not heard from for this long is suspect and gets nothing (it is gone,
+    /// and its tasks taken back, only after the reaper's longer timeout).
+    pub suspect_after_secs: f64,
     /// `(count, mine)`: which planner shards this planner serves; `(1, [])` for all.
     pub shards: (i32, Vec<i32>),
 }
@@ -111,7 +112,7 @@ impl Assigner {
     /// One assignment round; see the module doc.
     pub async fn run_once(bb: &Blackboard, config: &AssignerConfig) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
-        let roster = bb.roster(None, config.worker_timeout_secs).await?;
+        let roster = bb.roster(None, config.suspect_after_secs).await?;
         let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
         let kinds: Vec<String> = roster
             .iter()

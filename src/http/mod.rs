@@ -130,6 +130,7 @@ async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResp
         "unwritten_outcomes": s.unwritten_outcomes,
         "finished": s.finished,
         "fenced_off": s.fenced_off,
+        "self_fenced": s.self_fenced,
         "actors": state.stats.snapshot(),
     })))
 }
@@ -169,6 +170,12 @@ async fn metrics(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpRes
         "Outcomes discarded after a lost lease.",
         "counter",
         s.fenced_off.to_string(),
+    );
+    gauge(
+        "artex_tasks_self_fenced_total",
+        "Tasks this worker stopped itself, unable to renew their lease in time.",
+        "counter",
+        s.self_fenced.to_string(),
     );
     gauge(
         "artex_outcomes_unwritten",

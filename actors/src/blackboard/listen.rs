@@ -35,10 +35,21 @@ impl Blackboard {
     /// owner reconnects and rescans the tables. [`Blackboard::listen_session`] does that
     /// reconnecting.
     pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
+        self.listen_as(channels, None).await
+    }
+
+    /// [`Blackboard::listen`] with the session's `application_name` set to `name`, so
+    /// that others can tell from `pg_stat_activity` whether it is there (a worker's
+    /// session: see [`Registration::session`](super::Registration::session)).
+    pub async fn listen_as(&self, channels: &[String], name: Option<&str>) -> Result<Listener> {
+        let mut config = self.config.clone();
+        if let Some(name) = name {
+            config.application_name(name);
+        }
         // The connect timeout covers the TCP connect only; a server that accepts and
         // never answers must not hang the session's owner either.
         let (client, mut connection) =
-            tokio::time::timeout(self.limits.connect_timeout, self.config.connect(NoTls))
+            tokio::time::timeout(self.limits.connect_timeout, config.connect(NoTls))
                 .await
                 .map_err(|_| Error::Timeout {
                     what: "opening a LISTEN session",
@@ -89,6 +100,7 @@ impl Blackboard {
     ) -> ListenSession {
         ListenSession {
             bb: self.clone(),
+            name: None,
             owner: owner.into(),
             channels: channels.iter().map(|c| c.as_ref().to_string()).collect(),
             listener: None,
@@ -206,6 +218,8 @@ pub enum ListenEvent {
 /// ```
 pub struct ListenSession {
     bb: Blackboard,
+    /// The session's `application_name`, when it must be recognizable.
+    name: Option<String>,
     owner: String,
     channels: Vec<String>,
     listener: Option<Listener>,
@@ -253,7 +267,11 @@ impl ListenSession {
         if let Some(at) = self.retry_at {
             tokio::time::sleep_until(at).await;
         }
-        match self.bb.listen(&self.channels).await {
+        match self
+            .bb
+            .listen_as(&self.channels, self.name.as_deref())
+            .await
+        {
             Ok(listener) => {
                 self.listener = Some(listener);
                 self.backoff = Self::MIN_BACKOFF;
@@ -265,6 +283,13 @@ impl ListenSession {
                 self.lost(e)
             }
         }
+    }
+
+    /// The same session, opened with `application_name` = `name` (see
+    /// [`Blackboard::listen_as`]).
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// Whether the session is connected now.

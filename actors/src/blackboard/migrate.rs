@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "batched_hot_path",
         sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
     },
+    Migration {
+        version: 5,
+        name: "fleet_capacity_and_liveness",
+        sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),
+    },
 ];
 
 /// What `migrate` did.

@@ -129,11 +129,18 @@ impl Blackboard {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES)
             .tcp_user_timeout(TCP_USER_TIMEOUT);
+        // The server probes its side too: a backend whose client vanished without a word
+        // (a host cut off) ends, and with it what the client held (a worker's LISTEN
+        // session, by which planners see it is there).
         let options = format!(
-            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={} \
+             -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={}",
             config.get_options().unwrap_or(""),
             limits.statement_timeout.as_millis(),
-            IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+            IDLE_IN_TRANSACTION_TIMEOUT.as_millis(),
+            KEEPALIVE_IDLE.as_secs(),
+            KEEPALIVE_INTERVAL.as_secs(),
+            KEEPALIVE_RETRIES
         );
         config.options(options.trim());
         let pool = build_pool(config.clone(), limits.pool_size, &limits)?;

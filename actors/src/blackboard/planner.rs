@@ -83,12 +83,17 @@ pub struct ReapReport {
     pub workers_pruned: u64,
 }
 
-const ROSTER: &str = "select w.id, w.kinds, w.capacity,
-        (select count(*) from artex.tasks t
-          where t.assigned_to = w.id and t.status in ('assigned', 'running'))::int4
+// The roster is a read of the workers table: `held` is kept by the database (see
+// migrations/V5__fleet_capacity_and_liveness.sql). A worker is offered work while it is
+// online, heard from within $2 seconds (past that it is suspect: not yet gone, but given
+// nothing), and its LISTEN session's backend exists: a killed worker, or one cut off,
+// loses that backend long before it misses its heartbeats.
+const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held
     from artex.workers w
     where w.state = 'online'
       and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+      and (w.session is null
+           or w.session in (select application_name from pg_stat_activity))
     order by w.id";
 
 /// The scanner's claim query (public so a test can prove with EXPLAIN that it uses
@@ -100,12 +105,27 @@ pub const CLAIM: &str = "select id, kind from artex.tasks
     limit $2
     for update skip locked";
 
-const ASSIGN: &str = "update artex.tasks t
-    set status = 'assigned', assigned_to = v.worker,
+// The assignment takes each worker's slots under its row lock (workers locked in id
+// order: two planners wait for each other, never deadlock): a planner whose roster was
+// stale assigns only what still fits, and the rest of its plan stays pending. The
+// tasks' trigger then adds them to `held` in the same statement.
+const ASSIGN: &str = "with room as materialized (
+        select w.id, greatest(w.capacity - w.held, 0) as free
+        from artex.workers w
+        where w.id = any($3::text[]) and w.state = 'online'
+        order by w.id
+        for update of w
+    ),
+    wanted as (
+        select v.id, v.worker, row_number() over (partition by v.worker order by v.n) as k
+        from unnest($2::uuid[], $3::text[]) with ordinality as v(id, worker, n)
+    )
+    update artex.tasks t
+    set status = 'assigned', assigned_to = wanted.worker,
         lease_until = now() + make_interval(secs => $4::float8)
-    from artex.set_context($1, 'assigned') ctx,
-         unnest($2::uuid[], $3::text[]) as v(id, worker)
-    where ctx and t.id = v.id and t.status::text = 'pending' -- by primary key: see RECORD
+    from artex.set_context($1, 'assigned') ctx, wanted, room
+    where ctx and wanted.worker = room.id and wanted.k <= room.free
+      and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
     returning t.id";
 
 const WAKE: &str =
@@ -136,10 +156,17 @@ const RECLAIM: &str = "with stale as materialized (
     where ctx and t.id = stale.id
     returning t.status::text";
 
-const MARK_GONE: &str = "update artex.workers set state = 'gone'
-    where state <> 'gone'
-      and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
-    returning id";
+// Worker rows are locked in id order, as assignments lock them.
+const MARK_GONE: &str = "with silent as materialized (
+        select id from artex.workers
+        where state <> 'gone'
+          and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
+        order by id
+        for update
+    )
+    update artex.workers w set state = 'gone'
+    from silent where w.id = silent.id
+    returning w.id";
 
 const PRUNE_WORKERS: &str = "delete from artex.workers
     where state = 'gone'
@@ -162,6 +189,11 @@ pub struct ReapParams {
     pub retry_base_ms: f64,
     /// Cap of the backoff.
     pub retry_cap_ms: f64,
+    /// Whether to judge liveness in this sweep: mark silent workers gone and take back
+    /// expired leases. A reaper that could not see the database lately must not count
+    /// its own blindness as the workers' silence (see `reaper::Sight`): it passes `false`
+    /// until it has seen them long enough again.
+    pub judge_liveness: bool,
 }
 
 impl Blackboard {
@@ -293,6 +325,13 @@ impl Blackboard {
         }
         let client = self.client().await?;
         let mut report = ReapReport::default();
+        let stmt = client.prepare_cached(PRUNE_WORKERS).await?;
+        report.workers_pruned = client
+            .execute(&stmt, &[&p.now, &p.prune_after_secs])
+            .await?;
+        if !p.judge_liveness {
+            return Ok(report);
+        }
         let stmt = client.prepare_cached(MARK_GONE).await?;
         for row in client
             .query(&stmt, &[&p.now, &p.worker_timeout_secs])
@@ -326,10 +365,6 @@ impl Blackboard {
                 break;
             }
         }
-        let stmt = client.prepare_cached(PRUNE_WORKERS).await?;
-        report.workers_pruned = client
-            .execute(&stmt, &[&p.now, &p.prune_after_secs])
-            .await?;
         Ok(report)
     }
 }

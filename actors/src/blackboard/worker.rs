@@ -84,6 +84,10 @@ pub struct Registration {
     pub kinds: Vec<String>,
     /// How many tasks it runs at once.
     pub capacity: i32,
+    /// The `application_name` of its LISTEN session: while no backend with that name
+    /// exists (the process died, its host is cut off) planners give it nothing. `None`
+    /// for a worker without a session (a tool, a simulation).
+    pub session: Option<String>,
 }
 
 /// A task assigned to a worker, as the worker reads it (or takes it over in a hot
@@ -111,6 +115,9 @@ pub struct AssignedTask {
     /// Its payload's size as JSON text, bytes: what holding it costs, roughly, counted
     /// against the worker's queue memory budget.
     pub payload_bytes: i64,
+    /// How long its lease had left when it was read, milliseconds (by the database's
+    /// clock): the worker stops the task before that runs out unless it renews it.
+    pub lease_left_ms: f64,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -215,16 +222,18 @@ fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
         checkpoint: r.try_get(7)?,
         flow_id: r.try_get(8)?,
         payload_bytes: r.try_get(9)?,
+        lease_left_ms: r.try_get(10)?,
     })
 }
 
 // Registering adds capacity: wake the planners.
 const REGISTER: &str = "with r as (insert into artex.workers
-        (id, host, pid, version, http_addr, channel, kinds, capacity, state, last_seen)
-    values ($1, $2, $3, $4, $5, $6, $7, $8, 'online', now())
+        (id, host, pid, version, http_addr, channel, kinds, capacity, session, state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'online', now())
     on conflict (id) do update set
         version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
-        kinds = excluded.kinds, capacity = excluded.capacity, state = 'online', last_seen = now()
+        kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
+        state = 'online', last_seen = now()
     returning 1)
     select pg_notify('artex_tasks', '') from r";
 
@@ -243,9 +252,11 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
 // a task larger than the whole budget still runs, alone. The sizes are summed over at
 // most `limit` rows ($2).
 const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-        checkpoint, flow_id, payload_bytes
+        checkpoint, flow_id, payload_bytes,
+        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, octet_length(payload::text)::bigint as payload_bytes,
+                 checkpoint, flow_id, lease_until,
+                 octet_length(payload::text)::bigint as payload_bytes,
                  sum(octet_length(payload::text)) over
                      (order by priority desc, run_at, id rows unbounded preceding) as upto,
                  row_number() over (order by priority desc, run_at, id) as n
@@ -285,12 +296,25 @@ const RECORD: &str = "update artex.tasks t
                and (v.started_ago_ms is not null or v.status = 'pending')))
     returning t.id";
 
-const RENEW: &str = "update artex.tasks t
-    set lease_until = now() + make_interval(secs => $2::float8)
-    from unnest($3::uuid[], $4::int8[]) as v(id, epoch)
-    where t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and t.status::text in ('assigned', 'running')
-    returning t.id";
+// Renewals skip the rows locked by the worker's own batch of outcomes in flight (which
+// locks them in another order: waiting here deadlocked the two). Such a row is still the
+// worker's (reported `false`: held, not renewed); the batch finishes it. The others are
+// renewed under their lock, their holder and epoch checked on the latest version.
+const RENEW: &str = "with lockable as materialized (
+        select id from artex.tasks where id = any($3::uuid[]) for update skip locked
+    ),
+    renewed as (
+        update artex.tasks t
+        set lease_until = now() + make_interval(secs => $2::float8)
+        from lockable l, unnest($3::uuid[], $4::int8[]) as v(id, epoch)
+        where t.id = l.id and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+          and t.status::text in ('assigned', 'running')
+        returning t.id
+    )
+    select id, true from renewed
+    union all
+    select v.id, false from unnest($3::uuid[]) as v(id)
+    where v.id not in (select id from lockable)";
 
 // A checkpoint is progress, so the task has started: it records the start if that was
 // not written yet.
@@ -323,6 +347,7 @@ impl Blackboard {
                     &r.channel,
                     &r.kinds,
                     &r.capacity,
+                    &r.session,
                 ],
             )
             .await?;
@@ -430,13 +455,15 @@ impl Blackboard {
     }
 
     /// Extends the leases of the tasks the worker holds (without waiting for the WAL
-    /// flush). Returns the ids still held: a missing one was taken away.
+    /// flush). Returns the ids still held, each with whether its lease was extended:
+    /// `false` when the row was locked by a write in flight (the worker's own batch of
+    /// outcomes), which is not waited for. A missing id was taken away.
     pub async fn renew_leases(
         &self,
         worker: &str,
         held: &[(Uuid, i64)],
         lease_secs: f64,
-    ) -> Result<Vec<Uuid>> {
+    ) -> Result<Vec<(Uuid, bool)>> {
         if held.is_empty() {
             return Ok(Vec::new());
         }
@@ -447,7 +474,9 @@ impl Blackboard {
         let rows = client
             .query(&stmt, &[&worker, &lease_secs, &ids, &epochs])
             .await?;
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
     }
 
     /// Saves a running task's progress, durably. False if the lease was lost.
@@ -492,7 +521,8 @@ const TAKE_OVER: &str = "update artex.tasks t
     where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
       and t.status::text in ('assigned', 'running')
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
-              t.checkpoint, t.flow_id, octet_length(t.payload::text)::bigint";
+              t.checkpoint, t.flow_id, octet_length(t.payload::text)::bigint,
+              (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8";
 
 const MOVE_ASSIGNED: &str = "with moved as (
         update artex.tasks t

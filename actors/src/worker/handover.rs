@@ -106,10 +106,11 @@ impl Handler<ResumeTasks> for Worker {
         let bb = self.bb.clone();
         let me = self.config.id.clone();
         let lease = self.config.lease.as_secs_f64();
+        let sent = std::time::Instant::now();
         Box::pin(
             async move { bb.take_over(&msg.from, &me, &msg.tasks, lease).await.map(|t| (t, msg.tasks)) }
                 .into_actor(self)
-                .map(|res, act, ctx| {
+                .map(move |res, act, ctx| {
                     let (taken, asked) = res?;
                     let mut report = ResumeReport::default();
                     for (id, _) in &asked {
@@ -122,6 +123,7 @@ impl Handler<ResumeTasks> for Worker {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a handed-over task from its checkpoint");
                         report.resumed.push(t.id);
                         act.ledger.took_over((t.id, t.epoch));
+                        act.hold_until(&t, sent);
                         act.run(t, ctx);
                     }
                     act.flush(ctx);

@@ -11,6 +11,7 @@
 //! [`handover`] are how it stops.
 
 pub mod drain;
+mod fence;
 pub mod handlers;
 pub mod handover;
 mod ledger;
@@ -33,6 +34,7 @@ use crate::blackboard::{
 };
 use crate::supervisor::ActorStats;
 pub use drain::{Drain, DrainReport};
+use fence::LeaseClock;
 use handlers::Attempt;
 pub use handlers::{HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler};
 pub use handover::{GetId, Handover, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover};
@@ -74,6 +76,11 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The `application_name` of its LISTEN session, by which planners see it is there.
+    pub fn session_name(&self) -> String {
+        format!("artex-listen:{}", self.channel())
+    }
+
     /// The NOTIFY channel the planner wakes this worker on.
     pub fn channel(&self) -> String {
         let suffix = self.id.rsplit(':').next().unwrap_or(&self.id);
@@ -145,6 +152,12 @@ pub struct Worker {
     db_error: Option<String>,
     finished: u64,
     fenced_off: u64,
+    /// When the leases of what it holds end at the latest (see [`fence`]).
+    leases: LeaseClock,
+    /// Tasks it stopped itself because it could not renew their lease in time.
+    self_fenced: u64,
+    renewing: bool,
+    heartbeating: bool,
 }
 
 impl Worker {
@@ -176,7 +189,17 @@ impl Worker {
             db_error: None,
             finished: 0,
             fenced_off: 0,
+            leases: LeaseClock::default(),
+            self_fenced: 0,
+            renewing: false,
+            heartbeating: false,
         }
+    }
+
+    /// Remembers when the lease of `task`, read by a request sent at `sent`, ends.
+    fn hold_until(&mut self, task: &AssignedTask, sent: Instant) {
+        let left = Duration::from_secs_f64(task.lease_left_ms.max(0.0) / 1000.0);
+        self.leases.read((task.id, task.epoch), sent, left);
     }
 
     /// The row this worker writes into `artex.workers`.
@@ -190,6 +213,7 @@ impl Worker {
             channel: config.channel(),
             kinds: registry.kinds(),
             capacity: (config.concurrency + config.prefetch).max(1) as i32,
+            session: Some(config.session_name()),
         }
     }
 
@@ -275,6 +299,7 @@ impl Worker {
         let room = self.config.queue_max_bytes as i64 - self.held_bytes();
         let holds_nothing = self.held() == 0;
         let budget = room.max(0);
+        let sent = Instant::now();
         async move {
             bb.fetch_assigned_within(&id, limit as i64, room, holds_nothing)
                 .await
@@ -289,6 +314,9 @@ impl Worker {
                         // Near the budget, the next task may not have fitted.
                         act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
                         let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
+                        for t in &new {
+                            act.hold_until(t, sent);
+                        }
                         act.queue.extend(new);
                         act.pump(ctx);
                     }
@@ -424,9 +452,10 @@ impl Worker {
     }
 
     fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.held() == 0 {
+        if self.held() == 0 || self.renewing {
             return;
         }
+        self.renewing = true;
         let held: Vec<(Uuid, i64)> = self
             .running
             .iter()
@@ -435,16 +464,35 @@ impl Worker {
             .collect();
         let bb = self.bb.clone();
         let id = self.config.id.clone();
-        let lease = self.config.lease.as_secs_f64();
+        let lease = self.config.lease;
+        let sent = Instant::now();
+        // A renewal that does not come back within a third of the lease is as good as
+        // failed (the host may be cut off: the call can hang until TCP gives up).
         async move {
-            let res = bb.renew_leases(&id, &held, lease).await;
+            let res = tokio::time::timeout(
+                lease / 3,
+                bb.renew_leases(&id, &held, lease.as_secs_f64()),
+            )
+            .await
+            .unwrap_or(Err(crate::Error::Timeout {
+                what: "renewing leases",
+                after: lease / 3,
+            }));
             (res, held)
         }
         .into_actor(self)
-        .map(|(res, held), act, _ctx| {
+        .map(move |(res, held), act, ctx| {
+            act.renewing = false;
             act.db_result(&res);
             match res {
                 Ok(kept) => {
+                    let epochs: HashMap<Uuid, i64> = held.iter().copied().collect();
+                    for (id, renewed) in &kept {
+                        if let (true, Some(epoch)) = (*renewed, epochs.get(id)) {
+                            act.leases.renewed((*id, *epoch), sent, lease);
+                        }
+                    }
+                    let kept: HashSet<Uuid> = kept.into_iter().map(|(id, _)| id).collect();
                     let lost: HashSet<(Uuid, i64)> = held
                         .iter()
                         .filter(|(id, _)| !kept.contains(id))
@@ -473,7 +521,12 @@ impl Worker {
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot renew leases; retrying"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew leases; retrying");
+                    // Soon, not a third of the lease later: the database may be back in
+                    // a moment, and the tasks are stopped if it is not (see `fence`).
+                    ctx.run_later(fence::RENEW_RETRY, |act, ctx| act.renew(ctx));
+                }
             }
             act.check_suspended();
             act.check_drained();
@@ -482,6 +535,12 @@ impl Worker {
     }
 
     fn heartbeat(&mut self, ctx: &mut Context<Self>) {
+        // One at a time: after a stop (SIGSTOP, a stall) the timer's missed ticks come
+        // at once, and each would register again.
+        if self.heartbeating {
+            return;
+        }
+        self.heartbeating = true;
         let bb = self.bb.clone();
         let config = self.config.clone();
         let registry = self.registry.clone();
@@ -502,6 +561,7 @@ impl Worker {
         }
         .into_actor(self)
         .map(|res: crate::Result<bool>, act, ctx| {
+            act.heartbeating = false;
             act.db_result(&res);
             match res {
                 Ok(true) => {
@@ -523,8 +583,12 @@ impl Actor for Worker {
         ctx.run_interval(self.config.poll, |act, ctx| act.fetch(ctx));
         ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
         ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
+        ctx.run_interval(fence::FENCE_TICK, |act, ctx| act.fence(ctx));
         // After each (re)connect, a read catches whatever was assigned while it was away.
-        let mut session = self.bb.listen_session("worker", &[self.config.channel()]);
+        let mut session = self
+            .bb
+            .listen_session("worker", &[self.config.channel()])
+            .named(self.config.session_name());
         let me = ctx.address();
         async move {
             loop {

@@ -45,6 +45,8 @@ pub struct WorkerStatus {
     pub finished: u64,
     /// Outcomes discarded because the lease had been lost.
     pub fenced_off: u64,
+    /// Tasks it stopped itself, unable to renew their lease before it ran out.
+    pub self_fenced: u64,
 }
 
 /// Ask for a status snapshot.
@@ -88,6 +90,7 @@ impl Worker {
             unwritten_outcomes: self.outbox.len(),
             finished: self.finished,
             fenced_off: self.fenced_off,
+            self_fenced: self.self_fenced,
         }
     }
 }

@@ -1,0 +1,172 @@
+//! Self-fencing: a worker that cannot renew a lease stops the task before the lease can
+//! expire, so that no task runs in two places at once, even when this host is cut off
+//! from PostgreSQL and the reaper gives the task to another worker. Fencing tokens stop
+//! a stale write; only this stops a stale handler's side effects.
+//!
+//! The worker knows, for every task it holds, the latest moment its lease surely still
+//! runs: the time the read or renewal was *sent* plus the lease the database gave (the
+//! database's clock started later, so the estimate errs on the early side). A task whose
+//! moment comes within [`margin`] is stopped: its handler is aborted and its attempt
+//! recorded as failed (written when the database is back, if the lease is still its own);
+//! a queued task is dropped unrun.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use uuid::Uuid;
+
+use super::Worker;
+use crate::blackboard::{Outcome, Step};
+
+/// How often the worker looks at its leases' deadlines.
+pub(super) const FENCE_TICK: Duration = Duration::from_millis(100);
+
+/// After a failed renewal, how soon the next attempt goes.
+pub(super) const RENEW_RETRY: Duration = Duration::from_millis(500);
+
+/// How long before a lease's end the task is stopped: a fifth of the lease, at most 2 s
+/// (a process that is late by more than that, is late by a scheduling stall).
+pub fn margin(lease: Duration) -> Duration {
+    (lease / 5).min(Duration::from_secs(2))
+}
+
+/// When each held (task, epoch)'s lease ends at the latest, as far as this process knows.
+#[derive(Debug, Default)]
+pub struct LeaseClock {
+    ends: HashMap<(Uuid, i64), Instant>,
+}
+
+impl LeaseClock {
+    /// A task read (or taken over) by a request sent at `sent`, its lease then `left`.
+    pub fn read(&mut self, key: (Uuid, i64), sent: Instant, left: Duration) {
+        self.ends.insert(key, sent + left);
+    }
+
+    /// A renewal sent at `sent` extended the lease by `lease`.
+    pub fn renewed(&mut self, key: (Uuid, i64), sent: Instant, lease: Duration) {
+        let end = sent + lease;
+        let e = self.ends.entry(key).or_insert(end);
+        *e = (*e).max(end);
+    }
+
+    /// Whether `key`'s lease ends within `margin` of `now` (or its end is unknown: a
+    /// task the worker never read it has no business running).
+    pub fn due(&self, key: (Uuid, i64), now: Instant, margin: Duration) -> bool {
+        self.ends.get(&key).is_none_or(|end| now + margin >= *end)
+    }
+
+    /// Forgets every key but `held`.
+    pub fn keep_only(&mut self, held: &HashSet<(Uuid, i64)>) {
+        self.ends.retain(|k, _| held.contains(k));
+    }
+}
+
+impl Worker {
+    /// Stops what it holds whose lease it could not renew in time; see the module doc.
+    pub(super) fn fence(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let margin = margin(self.config.lease);
+        let due_running: Vec<Uuid> = self
+            .running
+            .iter()
+            .filter(|(id, r)| self.leases.due((**id, r.epoch), now, margin))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &due_running {
+            let Some(r) = self.running.remove(id) else {
+                continue;
+            };
+            r.abort.abort();
+            self.self_fenced += 1;
+            tracing::warn!(task = %id, epoch = r.epoch, kind = %r.kind,
+                "lease not renewed in time: handler stopped before the lease could expire");
+            let outcome = Outcome::Failed {
+                error: "stopped by its worker: the lease could not be renewed in time \
+                        (database unreachable)"
+                    .into(),
+                retry_in_ms: self.config.backoff_ms(r.retries),
+            };
+            self.outbox.push(r.record(*id, Step::Finish(outcome)));
+        }
+        let mut dropped = Vec::new();
+        self.queue.retain(|t| {
+            let due = self.leases.due((t.id, t.epoch), now, margin);
+            if due {
+                dropped.push((t.id, t.epoch));
+            }
+            !due
+        });
+        for key in &dropped {
+            tracing::warn!(task = %key.0, epoch = key.1, "lease not renewed in time: queued task dropped unrun");
+            self.ledger.dropped_unrun(*key);
+        }
+        let held: HashSet<(Uuid, i64)> = self
+            .running
+            .iter()
+            .map(|(id, r)| (*id, r.epoch))
+            .chain(self.queue.iter().map(|t| (t.id, t.epoch)))
+            .collect();
+        self.leases.keep_only(&held);
+        if !due_running.is_empty() {
+            self.flush(ctx);
+        }
+        if !due_running.is_empty() || !dropped.is_empty() {
+            self.check_suspended();
+            self.check_drained();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u128) -> (Uuid, i64) {
+        (Uuid::from_u128(n), 1)
+    }
+
+    #[test]
+    fn a_lease_is_due_a_margin_before_it_ends() {
+        let t0 = Instant::now();
+        let mut clock = LeaseClock::default();
+        clock.read(key(1), t0, Duration::from_secs(10));
+        let m = margin(Duration::from_secs(10));
+        assert_eq!(m, Duration::from_secs(2));
+        assert!(!clock.due(key(1), t0 + Duration::from_secs(7), m));
+        assert!(clock.due(key(1), t0 + Duration::from_secs(8), m));
+    }
+
+    #[test]
+    fn a_renewal_moves_the_end_and_never_back() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(5);
+        let mut clock = LeaseClock::default();
+        clock.read(key(1), t0, lease);
+        clock.renewed(key(1), t0 + Duration::from_secs(3), lease);
+        let m = margin(lease);
+        assert!(!clock.due(key(1), t0 + Duration::from_secs(6), m));
+        assert!(clock.due(key(1), t0 + Duration::from_secs(7), m));
+        // A late answer to an older renewal does not shorten it.
+        clock.renewed(key(1), t0 + Duration::from_secs(1), lease);
+        assert!(!clock.due(key(1), t0 + Duration::from_secs(6), m));
+    }
+
+    #[test]
+    fn an_unknown_lease_is_due_and_forgotten_keys_go() {
+        let t0 = Instant::now();
+        let mut clock = LeaseClock::default();
+        assert!(clock.due(key(9), t0, Duration::ZERO));
+        clock.read(key(1), t0, Duration::from_secs(30));
+        clock.read(key(2), t0, Duration::from_secs(30));
+        clock.keep_only(&[key(2)].into_iter().collect());
+        assert!(clock.due(key(1), t0, Duration::ZERO));
+        assert!(!clock.due(key(2), t0, Duration::ZERO));
+    }
+
+    #[test]
+    fn the_margin_is_a_fifth_of_the_lease_at_most_two_seconds() {
+        assert_eq!(margin(Duration::from_secs(5)), Duration::from_secs(1));
+        assert_eq!(margin(Duration::from_secs(60)), Duration::from_secs(2));
+    }
+}
