@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "batched_hot_path",
         sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
     },
+    Migration {
+        version: 4,
+        name: "input_limits",
+        sql: include_str!("../../../migrations/V4__input_limits.sql"),
+    },
 ];
 
 /// What `migrate` did.

@@ -1,7 +1,7 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; flows, the events feed and
-//! its logical decoding variant), prepared through deadpool's
-//! statement cache; nothing else in the runtime writes SQL.
+//! its logical decoding variant; inputs, what submitters may send), prepared through
+//! deadpool's statement cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see SPEC.md §6.
@@ -9,6 +9,7 @@
 pub mod admin;
 mod events;
 mod flows;
+mod inputs;
 mod logical;
 mod migrate;
 mod planner;
@@ -33,11 +34,15 @@ pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
 };
+pub use inputs::{
+    check_kind, check_payload, payload_text_len, KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES,
+    KIND_CHARSET, MAX_KIND_BYTES,
+};
 pub use logical::{parse_change, DecodedTransaction, RowChange};
 pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
-pub use tasks::{NewTask, TaskRow, TaskStatus, TransitionRow};
+pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use worker::{Completion, Outcome, Registration, StartedTask};
 
 use crate::error::{Error, Result};
