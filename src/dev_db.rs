@@ -46,6 +46,18 @@ impl ClusterOptions {
             settings: Vec::new(),
         }
     }
+
+    /// `PGDATA` (relative when `dir` is).
+    fn pgdata(&self) -> PathBuf {
+        self.dir.join("pg")
+    }
+
+    /// Whether a cluster was ever created in `dir` (else [`Cluster::status`] says
+    /// `Absent`). Needs no PostgreSQL binaries, so a command that only wants to know can
+    /// say so before looking for them.
+    pub fn cluster_exists(&self) -> bool {
+        self.pgdata().join("PG_VERSION").exists()
+    }
 }
 
 /// What `status` found.
@@ -80,7 +92,7 @@ impl Cluster {
 
     /// `PGDATA`.
     pub fn data_dir(&self) -> PathBuf {
-        self.opts.dir.join("pg")
+        self.opts.pgdata()
     }
 
     /// The folder holding the Unix socket (`PGDATA` itself: private to the server's user).
@@ -99,7 +111,7 @@ impl Cluster {
 
     /// Whether the cluster exists and runs.
     pub fn status(&self) -> Result<ClusterState> {
-        if !self.data_dir().join("PG_VERSION").exists() {
+        if !self.opts.cluster_exists() {
             return Ok(ClusterState::Absent);
         }
         let out = self

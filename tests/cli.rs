@@ -45,6 +45,7 @@ async fn task_count(db: &TestDb) -> i64 {
 async fn bad_input_is_refused_with_exit_2_and_nothing_written() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
+    let long_kind = "k".repeat(101);
     let cases: &[(&[&str], &str)] = &[
         (&["submit", "echo", "--payload", "{not json"], "--payload"),
         (
@@ -57,6 +58,31 @@ async fn bad_input_is_refused_with_exit_2_and_nothing_written() {
         (&["submit", "echo", "--timeout-ms", "0"], "--timeout-ms"),
         (&["submit", ""], "kind: must not be empty"),
         (&["submit", "echo", "--bogus"], "--bogus"),
+        (
+            &["submit", "echo", "--payload", "{}", "--payload", "[]"],
+            "'--payload <PAYLOAD>' cannot be used multiple times",
+        ),
+        (
+            &["submit", "echo", "--payload", r#"{"a": "x\u0000y"}"#],
+            "--payload: contains the character \\u0000",
+        ),
+        (&["submit", "a\nb"], r#"kind: "a\nb" is not a kind name"#),
+        (&["submit", "a'b"], r#"kind: "a'b" is not a kind name"#),
+        (&["submit", "a\"b"], r#"kind: "a\"b" is not a kind name"#),
+        (
+            &["submit", "../etc"],
+            r#"kind: "../etc" is not a kind name"#,
+        ),
+        (
+            &["submit", long_kind.as_str()],
+            "kind: 101 bytes long, at most 100",
+        ),
+        // No worker ever declared `echo` in this database.
+        (
+            &["submit", "echo"],
+            r#"kind: "echo" has never been declared by a worker"#,
+        ),
+        (&["submit", "ech0"], "--allow-unregistered-kind"),
         (&["task", "show", "not-a-uuid"], "not a task id"),
         (
             &["tasks", "--status", "sleeping"],
@@ -67,13 +93,22 @@ async fn bad_input_is_refused_with_exit_2_and_nothing_written() {
     ];
     for (args, expect) in cases {
         let out = artex(url, None, args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains(expect),
-            "{args:?}: expected {expect:?} in {}",
-            stderr(&out)
-        );
-        assert!(stdout(&out).is_empty(), "{args:?} printed {}", stdout(&out));
+        assert_refused(&out, &format!("{args:?}"), expect);
+    }
+    // Not a PostgreSQL URL: refused before anything runs, naming the option.
+    for (bad, expect) in [
+        (
+            "mysql://root@localhost/artex",
+            "--database-url: 'mysql://' is not PostgreSQL",
+        ),
+        (
+            "postgresql://host:notaport/artex",
+            "--database-url: invalid connection string",
+        ),
+        ("not a url", "--database-url: invalid connection string"),
+    ] {
+        let out = artex(Some(bad), None, &["submit", "echo"]);
+        assert_refused(&out, bad, expect);
     }
     // Our own errors are one line (clap's usage errors add a usage hint, also exit 2).
     let out = artex(url, None, &["submit", ""]);
@@ -91,6 +126,282 @@ async fn bad_input_is_refused_with_exit_2_and_nothing_written() {
         0,
         "a refused command wrote something"
     );
+}
+
+/// Exit 2, `expect` in a message on one line (clap's own usage errors add a usage hint
+/// after it), nothing on stdout.
+fn assert_refused(out: &Output, what: &str, expect: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(expect),
+        "{what}: expected {expect:?} in the first line of {err}"
+    );
+    if !first.starts_with("error:") {
+        assert_eq!(err.trim().lines().count(), 1, "{what}: one line: {err}");
+    }
+    assert!(stdout(out).is_empty(), "{what} printed {}", stdout(out));
+}
+
+/// Registers a worker row declaring `kinds`, as a worker's start-up does.
+async fn register_worker(db: &TestDb, kinds: &[&str]) {
+    let kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+    db.client()
+        .await
+        .execute(
+            "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+             values ('w1', 'test', 1, 'test', 'artex_w1', $1, 1)",
+            &[&kinds],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn kinds_a_worker_declared_are_accepted_and_others_only_when_allowed() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    register_worker(&db, &["echo", "resize.v2"]).await;
+    let out = artex(url, None, &["kinds"]);
+    assert!(stdout(&out).contains("resize.v2"), "{}", stdout(&out));
+    let out = artex(url, None, &["submit", "resize.v2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A typo is refused, and the message lists what workers declared.
+    let out = artex(url, None, &["submit", "ech0"]);
+    assert_refused(
+        &out,
+        "ech0",
+        r#"kind: "ech0" has never been declared by a worker"#,
+    );
+    assert!(
+        stderr(&out).contains("known kinds: echo, resize.v2"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(task_count(&db).await, 1);
+    let out = artex(url, None, &["submit", "ech0", "--allow-unregistered-kind"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(task_count(&db).await, 2);
+
+    // Flows: every task's kind, named with its file and task.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flow.json");
+    let flow = r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
+        {"name": "b", "kind": "ech0", "depends_on": ["a"]}]}"#;
+    std::fs::write(&file, flow).unwrap();
+    let path = file.to_str().unwrap();
+    let out = artex(url, None, &["flow", "submit", path]);
+    assert_refused(&out, "flow", &format!("{path}: task 'b': kind: \"ech0\""));
+    assert_eq!(task_count(&db).await, 2);
+    let out = artex(
+        url,
+        None,
+        &["flow", "submit", path, "--allow-unregistered-kind"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(task_count(&db).await, 4);
+}
+
+#[tokio::test]
+async fn a_real_worker_registers_its_kinds() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let w = common::procs::Proc::worker("worker", &db.url, &[]);
+    common::procs::worker_id(&c, &w).await;
+    let out = artex(Some(&db.url), None, &["submit", "echo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn the_payload_limit_is_the_databases_and_refused_payloads_write_nothing() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    register_worker(&db, &["echo"]).await;
+    let out = artex(url, None, &["limits"]);
+    assert_eq!(stdout(&out).trim(), "max_payload_bytes: 1048576");
+    let out = artex(url, None, &["limits", "--max-payload-bytes", "100"]);
+    assert_eq!(
+        stdout(&out).trim(),
+        "max_payload_bytes: 100",
+        "{}",
+        stderr(&out)
+    );
+    let out = artex(url, None, &["limits", "--max-payload-bytes", "0"]);
+    assert_refused(&out, "limit 0", "--max-payload-bytes");
+
+    // {"s": "xxx…"} as PostgreSQL prints it: 9 bytes around the string.
+    let big = format!(r#"{{"s":"{}"}}"#, "x".repeat(192));
+    let out = artex(url, None, &["submit", "echo", "--payload", &big]);
+    assert_refused(
+        &out,
+        "big payload",
+        "--payload: 201 bytes, more than the limit of 100 bytes",
+    );
+    // The database refuses it too, whoever writes.
+    let c = db.client().await;
+    let err = c
+        .execute(
+            "insert into artex.tasks (kind, payload) values ('echo', $1::text::jsonb)",
+            &[&big],
+        )
+        .await
+        .unwrap_err();
+    let err = err.as_db_error().unwrap().message().to_string();
+    assert!(
+        err.contains("is 201 bytes, more than the limit of 100 bytes"),
+        "{err}"
+    );
+    let err = c
+        .execute("insert into artex.tasks (kind) values ('../x')", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{:?}", err.as_db_error()).contains("not a kind name"),
+        "{err:?}"
+    );
+    assert_eq!(task_count(&db).await, 0, "a refused payload was written");
+    let fits = format!(r#"{{"s":"{}"}}"#, "x".repeat(91));
+    let out = artex(url, None, &["submit", "echo", "--payload", &fits]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(task_count(&db).await, 1);
+}
+
+#[tokio::test]
+async fn payload_from_a_file_or_standard_input() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    register_worker(&db, &["echo"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payload.json");
+    std::fs::write(&file, r#"{"from": "file"}"#).unwrap();
+    let at = format!("@{}", file.display());
+    let out = artex(url, None, &["submit", "echo", "--payload", &at]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let show = artex(url, None, &["task", "show", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(v["task"]["payload"]["from"], "file");
+
+    let mut child = Command::new(common::artex_bin())
+        .args(["submit", "echo", "--payload", "-"])
+        .env("ARTEX_DATABASE_URL", &db.url)
+        .env("ARTEX_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(br#"{"from": "stdin"}"#).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let show = artex(url, None, &["task", "show", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(v["task"]["payload"]["from"], "stdin");
+
+    // A file that is not JSON is bad input; one that cannot be read, a failure.
+    std::fs::write(&file, "{not json").unwrap();
+    let out = artex(url, None, &["submit", "echo", "--payload", &at]);
+    let expect = format!("--payload (file {}): not valid JSON", file.display());
+    assert_refused(&out, "bad file", &expect);
+    let missing = format!("@{}", dir.path().join("missing.json").display());
+    let out = artex(url, None, &["submit", "echo", "--payload", &missing]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("--payload: reading {}", &missing[1..])),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stderr(&out).trim().lines().count(), 1);
+    assert_eq!(task_count(&db).await, 2);
+}
+
+#[tokio::test]
+async fn show_and_list_cut_large_values_unless_full() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    let big = format!(r#"{{"s":"{}"}}"#, "y".repeat(5000));
+    let out = artex(
+        url,
+        None,
+        &[
+            "submit",
+            "echo",
+            "--payload",
+            &big,
+            "--allow-unregistered-kind",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let whole = 5000 + r#"{"s": ""}"#.len();
+
+    let text = stdout(&artex(url, None, &["task", "show", &id]));
+    let line = text.lines().find(|l| l.starts_with("payload:")).unwrap();
+    assert!(
+        line.ends_with(&format!("… ({whole} bytes; --full to see all)")),
+        "{line}"
+    );
+    assert!(line.len() < 1200, "{} bytes shown", line.len());
+    let text = stdout(&artex(url, None, &["task", "show", &id, "--full"]));
+    assert!(text.contains(&"y".repeat(5000)), "--full shows all");
+
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&artex(url, None, &["task", "show", &id, "--json"]))).unwrap();
+    assert_eq!(v["task"]["cut"][0]["field"], "payload");
+    assert_eq!(v["task"]["cut"][0]["bytes"], whole);
+    assert_eq!(v["task"]["payload"].as_str().unwrap().len(), 1024);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&artex(
+        url,
+        None,
+        &["task", "show", &id, "--json", "--full"],
+    )))
+    .unwrap();
+    assert_eq!(v["task"]["payload"]["s"].as_str().unwrap().len(), 5000);
+    assert!(v["task"].get("cut").is_none());
+
+    let line = stdout(&artex(url, None, &["tasks", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["cut"][0]["bytes"], whole);
+    let line = stdout(&artex(url, None, &["tasks", "--json", "--full"]));
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["payload"]["s"].as_str().unwrap().len(), 5000);
+    let text = stdout(&artex(url, None, &["tasks"]));
+    assert!(text.contains(&id), "{text}");
+}
+
+#[test]
+fn one_shot_commands_in_an_empty_folder_create_no_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = Some(data.as_path());
+    let id = uuid::Uuid::new_v4().to_string();
+    for args in [
+        &["submit", "echo", "--allow-unregistered-kind"][..],
+        &["tasks"],
+        &["task", "show", &id],
+        &["cancel", &id],
+        &["events", "tail"],
+        &["migrate"],
+        &["limits"],
+    ] {
+        let out = artex(None, d, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("no --database-url and no cluster in")
+                && err.contains("artex db start")
+                && err.contains("artex up"),
+            "{args:?}: {err}"
+        );
+        assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+        assert!(!data.exists(), "{args:?} created {}", data.display());
+    }
 }
 
 #[tokio::test]
@@ -111,6 +422,8 @@ async fn submit_show_and_list_a_task() {
             "1",
             "--run-at",
             "2030-01-01T00:00:00Z",
+            // No worker runs in this test.
+            "--allow-unregistered-kind",
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -169,7 +482,7 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
     assert_eq!(stdout(&again).trim(), url);
 
     // No URL: commands use the embedded cluster.
-    let out = artex(None, d, &["submit", "noop"]);
+    let out = artex(None, d, &["submit", "noop", "--allow-unregistered-kind"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
     // The URL works for clients too.

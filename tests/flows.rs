@@ -27,7 +27,16 @@ fn submit_cli(url: &str, flow: &Value) -> Uuid {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("flow.json");
     std::fs::write(&file, flow.to_string()).unwrap();
-    let (code, out, err) = artex(url, &["flow", "submit", file.to_str().unwrap()]);
+    // Some tests submit before their workers start (or register).
+    let (code, out, err) = artex(
+        url,
+        &[
+            "flow",
+            "submit",
+            file.to_str().unwrap(),
+            "--allow-unregistered-kind",
+        ],
+    );
     assert_eq!(code, 0, "flow submit failed: {err}");
     Uuid::parse_str(out.trim()).unwrap_or_else(|e| panic!("flow id '{out}': {e}"))
 }

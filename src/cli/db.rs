@@ -3,14 +3,14 @@
 
 use clap::Subcommand;
 
+use super::connect_one_shot;
 use crate::config::DbConfig;
 use crate::dev_db::{start_embedded, Cluster, ClusterOptions, ClusterState, DATABASE};
 use crate::error::{Error, Result};
-use crate::runtime::connect;
 
 /// Runs `artex migrate`.
 pub(crate) async fn migrate(db: &DbConfig) -> Result {
-    let bb = connect(db).await?;
+    let bb = connect_one_shot(db).await?;
     let report = bb.migrate().await?;
     println!(
         "schema up to date (applied now: {:?}, already: {:?})",

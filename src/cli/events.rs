@@ -9,9 +9,9 @@ use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
+use super::connect_one_shot;
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
-use crate::runtime::connect;
 
 /// `artex events …`
 #[derive(Debug, Subcommand)]
@@ -115,7 +115,7 @@ fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 /// Runs `artex events …`.
 pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
-    let bb = connect(db).await?;
+    let bb = connect_one_shot(db).await?;
     match command {
         EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
         EventsCommand::Tail(args) => tail(bb, args).await,

@@ -3,14 +3,14 @@
 
 use std::path::PathBuf;
 
-use artex_actors::blackboard::{FlowSpec, FlowView};
+use artex_actors::blackboard::{FlowSpec, FlowTaskSpec, FlowView};
 use clap::Subcommand;
 use uuid::Uuid;
 
-use super::parse_id;
+use super::inputs::{check_submission, Submitted};
+use super::{connect_one_shot, parse_id};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
-use crate::runtime::connect;
 
 /// `artex flow …`
 #[derive(Debug, Subcommand)]
@@ -23,6 +23,10 @@ pub(crate) enum FlowCommand {
     Submit {
         /// The flow file.
         file: PathBuf,
+        /// Submit even if no worker has ever declared some task's kind (e.g. before the
+        /// workers start).
+        #[arg(long)]
+        allow_unregistered_kind: bool,
     },
     /// Each task's name, id and status, and the flow's overall state.
     Show {
@@ -55,16 +59,33 @@ fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
 /// Runs `artex flow …`.
 pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Result {
     match command {
-        FlowCommand::Submit { file } => {
+        FlowCommand::Submit {
+            file,
+            allow_unregistered_kind,
+        } => {
             // Refuse bad input before touching (or starting) any database.
             let spec = read_flow_file(&file)?;
-            let bb = connect(db).await?;
+            let bb = connect_one_shot(db).await?;
+            let name = |t: &FlowTaskSpec, what: &str| {
+                format!("{}: task '{}': {what}", file.display(), t.name)
+            };
+            let checked: Vec<Submitted> = spec
+                .tasks
+                .iter()
+                .map(|t| Submitted {
+                    payload_name: name(t, "payload"),
+                    kind_name: name(t, "kind"),
+                    kind: &t.kind,
+                    payload: &t.payload,
+                })
+                .collect();
+            check_submission(&bb, &checked, allow_unregistered_kind).await?;
             let id = bb.submit_flow(&spec, actor).await?;
             println!("{id}");
             Ok(())
         }
         FlowCommand::Show { id, json } => {
-            let bb = connect(db).await?;
+            let bb = connect_one_shot(db).await?;
             let flow = bb.flow(id).await?;
             if json {
                 println!(

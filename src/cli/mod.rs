@@ -8,6 +8,8 @@
 //! - `flows`: `flow submit|show`.
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
 //! - `db`: `migrate`, `db start|stop|status|url`.
+//! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
+//!   `flow submit` share.
 //! - `bundle`: `bundle keygen|create`.
 //! - `run`: `up`, `planner`, `worker`.
 //! - `master`: `master`.
@@ -16,6 +18,7 @@ mod bundle;
 mod db;
 mod events;
 mod flows;
+mod inputs;
 mod master;
 mod run;
 mod tasks;
@@ -24,23 +27,21 @@ use std::process::ExitCode;
 
 use artex_actors::blackboard::Control;
 use artex_actors::worker::Registry;
+use artex_actors::Blackboard;
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
-use crate::error::Result;
+use crate::dev_db::ClusterOptions;
+use crate::error::{Error, Result};
+use crate::runtime::connect;
 
 /// artex: an actor-model task runtime with PostgreSQL as the blackboard.
 #[derive(Debug, Parser)]
-#[command(
-    name = "artex",
-    version,
-    about,
-    propagate_version = true,
-    args_override_self = true
-)]
+// No `args_override_self`: an option given twice (`--payload a --payload b`) is an
+// error, not a silent choice of the last one.
+#[command(name = "artex", version, about, propagate_version = true)]
 pub struct Cli {
     #[command(flatten)]
     db: DbConfig,
@@ -108,6 +109,15 @@ enum Command {
         #[command(subcommand)]
         command: events::EventsCommand,
     },
+    /// Show or set what the blackboard accepts (the payload size limit).
+    Limits(inputs::LimitsArgs),
+    /// Every task kind a worker has declared (what `submit` accepts without
+    /// --allow-unregistered-kind).
+    Kinds {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make signing keys and signed upgrade bundles.
     Bundle {
         #[command(subcommand)]
@@ -147,6 +157,7 @@ fn init_logging(default: &str) {
 
 async fn dispatch(cli: Cli, registry: Registry) -> Result {
     let db = &cli.db;
+    check_database_url(db)?;
     match cli.command {
         Command::Up { worker, planner } => run::up(db, worker, planner, registry).await,
         Command::Planner { planner } => run::planner(db, planner).await,
@@ -162,18 +173,68 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Db { command } => db::db(db, command).await,
         Command::Flow { command } => flows::flow(db, command, &cli_actor()).await,
         Command::Events { command } => events::events(db, command).await,
+        Command::Limits(args) => inputs::limits(db, args).await,
+        Command::Kinds { json } => inputs::kinds(db, json).await,
         Command::Bundle { command } => bundle::bundle(command),
     }
+}
+
+/// Refuses a `--database-url` that is no PostgreSQL URL before anything runs: bad input
+/// (exit 2) naming the option, not a connection failure later. Accepts `postgres://`,
+/// `postgresql://` and libpq's `key=value` form.
+fn check_database_url(db: &DbConfig) -> Result {
+    let Some(url) = &db.database_url else {
+        return Ok(());
+    };
+    if let Some((scheme, _)) = url.split_once("://") {
+        if !matches!(scheme, "postgres" | "postgresql") {
+            // Only a plain scheme is echoed: whatever else precedes "://" may be a secret.
+            let plain = !scheme.is_empty()
+                && scheme.len() <= 20
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+            let shown = if plain {
+                format!("'{scheme}://'")
+            } else {
+                "its scheme".into()
+            };
+            return Err(Error::Invalid(format!(
+                "--database-url: {shown} is not PostgreSQL; expected \
+                 postgresql://user:password@host:port/database"
+            )));
+        }
+    }
+    // Parsing builds the pools' settings and connects nothing.
+    match Blackboard::connect(url, 1) {
+        Err(artex_actors::Error::Url(e)) => Err(Error::Invalid(format!(
+            "--database-url: {e}; expected postgresql://user:password@host:port/database \
+             or key=value pairs"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Connects a one-shot command (submit, task, tasks, flow, pause|resume|cancel, events,
+/// migrate, limits, kinds): to --database-url, or else to the embedded cluster in
+/// --data-dir only when one was created there (started if it is stopped). Creating a
+/// cluster is left to `artex up` and `artex db start`: a command run in the wrong folder
+/// must not leave a new PostgreSQL server running behind it.
+pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
+    if db.database_url.is_none() && !ClusterOptions::new(&db.data_dir).cluster_exists() {
+        return Err(Error::Cluster(format!(
+            "no --database-url and no cluster in {}; start one with `artex up` or \
+             `artex db start`, or give --database-url (or ARTEX_DATABASE_URL)",
+            db.data_dir.display()
+        )));
+    }
+    connect(db).await
 }
 
 /// Who the history records for changes made from the command line.
 fn cli_actor() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("cli:{user}@{}", crate::process::hostname())
-}
-
-fn parse_json(s: &str) -> std::result::Result<Value, String> {
-    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
 }
 
 fn parse_time(s: &str) -> std::result::Result<DateTime<Utc>, String> {

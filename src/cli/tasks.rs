@@ -3,26 +3,34 @@
 //! blackboard, print.
 
 use artex_actors::blackboard::{
-    Control, ControlTarget, NewTask, TaskRow, TaskStatus, TransitionRow,
+    Control, ControlTarget, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow,
 };
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use serde_json::Value;
 use uuid::Uuid;
 
-use super::{cli_actor, parse_id, parse_json, parse_task_id, parse_time};
+use super::inputs::{check_submission, read_payload, Submitted};
+use super::{cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time};
 use crate::config::DbConfig;
 use crate::error::Result;
-use crate::runtime::connect;
+
+/// Without `--full`, values longer than this many characters are cut when shown.
+const CUT_CHARS: i32 = 1024;
 
 /// The arguments of `artex submit`.
 #[derive(Debug, Args)]
 pub(crate) struct SubmitArgs {
-    /// The handler kind, e.g. echo.
+    /// The handler kind, e.g. echo: letters, digits and . _ : - (starting with a letter
+    /// or digit), at most 100 bytes, and declared by some worker (see `artex kinds`).
     kind: String,
-    /// The handler's input, as JSON.
-    #[arg(long, default_value = "{}", value_parser = parse_json)]
-    payload: Value,
+    /// The handler's input, as JSON (default {}); @FILE reads it from a file, - from
+    /// standard input.
+    #[arg(long)]
+    payload: Option<String>,
+    /// Submit even if no worker has ever declared this kind (e.g. before the workers
+    /// start).
+    #[arg(long)]
+    allow_unregistered_kind: bool,
     /// Higher runs first.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
@@ -52,6 +60,9 @@ pub(crate) struct ListArgs {
     /// JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+    /// Whole payloads, results, errors and checkpoints in --json (cut to 1 KiB otherwise).
+    #[arg(long)]
+    full: bool,
 }
 
 /// `artex task …`
@@ -65,6 +76,9 @@ pub(crate) enum TaskCommand {
         /// As JSON.
         #[arg(long)]
         json: bool,
+        /// Whole payload, result, error, checkpoint and reasons (cut to 1 KiB otherwise).
+        #[arg(long)]
+        full: bool,
     },
 }
 
@@ -90,7 +104,7 @@ fn parse_status(s: &str) -> std::result::Result<TaskStatus, String> {
 pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     let task = NewTask {
         kind: args.kind,
-        payload: args.payload,
+        payload: read_payload(args.payload.as_deref())?,
         priority: args.priority,
         run_at: args.run_at,
         max_retries: args.max_retries,
@@ -99,7 +113,14 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     };
     // Refuse bad input before touching (or starting) any database.
     task.validate()?;
-    let bb = connect(db).await?;
+    let bb = connect_one_shot(db).await?;
+    let checked = Submitted {
+        payload_name: "--payload".into(),
+        kind_name: "kind".into(),
+        kind: &task.kind,
+        payload: &task.payload,
+    };
+    check_submission(&bb, &[checked], args.allow_unregistered_kind).await?;
     let id = bb.submit(&task, &cli_actor()).await?;
     println!("{id}");
     Ok(())
@@ -108,10 +129,25 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
 /// Runs `artex task …`.
 pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
     match command {
-        TaskCommand::Show { id, json } => {
-            let bb = connect(db).await?;
-            let task = bb.task(id).await?;
-            let history = bb.transitions(id).await?;
+        TaskCommand::Show { id, json, full } => {
+            let bb = connect_one_shot(db).await?;
+            let task = if full {
+                TaskPreview {
+                    task: bb.task(id).await?,
+                    cut: Vec::new(),
+                }
+            } else {
+                bb.task_preview(id, CUT_CHARS).await?
+            };
+            let mut history = bb.transitions(id).await?;
+            if !full {
+                // A failure's reason is its error: as large as the error can be.
+                for h in &mut history {
+                    if let Some(r) = &h.reason {
+                        h.reason = Some(cut_text(r));
+                    }
+                }
+            }
             if json {
                 let out = serde_json::json!({ "task": task, "transitions": history });
                 println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
@@ -125,11 +161,26 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
 
 /// Runs `artex tasks`.
 pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
-    let bb = connect(db).await?;
-    let tasks = bb.tasks(args.status, args.limit).await?;
-    for t in &tasks {
+    let bb = connect_one_shot(db).await?;
+    let tasks = if args.full {
+        let tasks = bb.tasks(args.status, args.limit).await?;
+        tasks
+            .into_iter()
+            .map(|task| TaskPreview {
+                task,
+                cut: Vec::new(),
+            })
+            .collect()
+    } else {
+        // The database sends 1 KiB of each value, however large it is; the table shows
+        // no value, so it reads none (turning a large one into text is what costs).
+        let cut = if args.json { CUT_CHARS } else { 0 };
+        bb.tasks_preview(args.status, args.limit, cut).await?
+    };
+    for preview in &tasks {
+        let t = &preview.task;
         if args.json {
-            println!("{}", serde_json::to_string(t).unwrap_or_default());
+            println!("{}", serde_json::to_string(preview).unwrap_or_default());
         } else {
             println!(
                 "{}  {:<9}  {:<12}  attempts {:<3}  {}",
@@ -155,7 +206,7 @@ pub(crate) async fn control(
     args: ControlArgs,
     actor: &str,
 ) -> Result {
-    let bb = connect(db).await?;
+    let bb = connect_one_shot(db).await?;
     let report = bb
         .control(control, args.id, actor, args.reason.as_deref())
         .await?;
@@ -186,7 +237,28 @@ fn attempts(t: &TaskRow) -> i32 {
     t.retries.min(t.max_retries + 1) + i32::from(current)
 }
 
-fn print_task(t: &TaskRow, history: &[TransitionRow]) {
+/// `s`, or its first [`CUT_CHARS`] characters and how long it was.
+fn cut_text(s: &str) -> String {
+    match s.char_indices().nth(CUT_CHARS as usize) {
+        Some((end, _)) => format!("{}{}", &s[..end], cut_note(Some(s.len() as i64))),
+        None => s.to_string(),
+    }
+}
+
+fn cut_note(bytes: Option<i64>) -> String {
+    match bytes {
+        Some(bytes) => format!("… ({bytes} bytes; --full to see all)"),
+        None => "… (--full to see all)".into(),
+    }
+}
+
+fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
+    let t = &preview.task;
+    // A cut value is its first characters (a JSON string standing in for it).
+    let shown = |field: &str, v: &serde_json::Value| match (preview.cut_of(field), v) {
+        (Some(cut), serde_json::Value::String(head)) => format!("{head}{}", cut_note(cut.bytes)),
+        _ => v.to_string(),
+    };
     let time = |d: Option<DateTime<Utc>>| {
         d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
             .unwrap_or_else(|| "-".into())
@@ -212,15 +284,18 @@ fn print_task(t: &TaskRow, history: &[TransitionRow]) {
     println!("updated:     {}", time(Some(t.updated_at)));
     println!("started:     {}", time(t.started_at));
     println!("finished:    {}", time(t.finished_at));
-    println!("payload:     {}", t.payload);
+    println!("payload:     {}", shown("payload", &t.payload));
     if let Some(r) = &t.result {
-        println!("result:      {r}");
+        println!("result:      {}", shown("result", r));
     }
     if let Some(e) = &t.error {
-        println!("error:       {e}");
+        match preview.cut_of("error") {
+            Some(cut) => println!("error:       {e}{}", cut_note(cut.bytes)),
+            None => println!("error:       {e}"),
+        }
     }
     if let Some(c) = &t.checkpoint {
-        println!("checkpoint:  {c}");
+        println!("checkpoint:  {}", shown("checkpoint", c));
     }
     if let Some(f) = t.flow_id {
         println!(

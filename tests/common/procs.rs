@@ -82,20 +82,19 @@ impl Proc {
         }
     }
 
-    /// `artex worker` with [`FAST_WORKER`] settings plus `extra`.
+    /// `artex worker` with [`FAST_WORKER`] settings, those `extra` names replaced.
     pub fn worker(name: &str, url: &str, extra: &[&str]) -> Proc {
-        let mut args = vec!["worker"];
-        args.extend_from_slice(FAST_WORKER);
-        args.extend_from_slice(extra);
-        Proc::start(name, url, &args, &[])
+        Proc::start(name, url, &with_defaults("worker", FAST_WORKER, extra), &[])
     }
 
-    /// `artex planner` with [`FAST_PLANNER`] settings plus `extra`.
+    /// `artex planner` with [`FAST_PLANNER`] settings, those `extra` names replaced.
     pub fn planner(name: &str, url: &str, extra: &[&str]) -> Proc {
-        let mut args = vec!["planner"];
-        args.extend_from_slice(FAST_PLANNER);
-        args.extend_from_slice(extra);
-        Proc::start(name, url, &args, &[])
+        Proc::start(
+            name,
+            url,
+            &with_defaults("planner", FAST_PLANNER, extra),
+            &[],
+        )
     }
 
     /// Its pid.
@@ -145,6 +144,19 @@ impl Drop for Proc {
             }
         }
     }
+}
+
+/// `command`, the `--flag value` pairs of `defaults` whose flag `extra` does not name,
+/// then `extra`: artex refuses an option given twice.
+fn with_defaults<'a>(command: &'a str, defaults: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![command];
+    for pair in defaults.chunks(2) {
+        if !extra.contains(&pair[0]) {
+            args.extend_from_slice(pair);
+        }
+    }
+    args.extend_from_slice(extra);
+    args
 }
 
 /// Polls `check` every 25 ms until it yields a value; panics naming `what` after `timeout`.

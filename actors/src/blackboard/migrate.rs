@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
     },
     Migration {
+        version: 4,
+        name: "input_limits",
+        sql: include_str!("../../../migrations/V4__input_limits.sql"),
+    },
+    Migration {
         version: 5,
         name: "fleet_capacity_and_liveness",
         sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),

@@ -1,7 +1,7 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; flows, the events feed and
-//! its logical decoding variant; LISTEN/NOTIFY), prepared through deadpool's statement
-//! cache; nothing else in the runtime writes SQL.
+//! its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters may send),
+//! prepared through deadpool's statement cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -11,6 +11,7 @@ pub mod admin;
 mod events;
 mod feed;
 mod flows;
+mod inputs;
 mod listen;
 mod logical;
 mod migrate;
@@ -30,12 +31,16 @@ pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
 };
+pub use inputs::{
+    check_kind, check_payload, payload_text_len, KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES,
+    KIND_CHARSET, MAX_KIND_BYTES,
+};
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
 pub use logical::{parse_change, DecodedTransaction, RowChange};
 pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
-pub use tasks::{NewTask, TaskRow, TaskStatus, TransitionRow};
+pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
 use crate::error::{Error, Result};
@@ -159,7 +164,7 @@ impl Blackboard {
     }
 
     /// The limits it was made with.
-    pub fn limits(&self) -> DbLimits {
+    pub fn db_limits(&self) -> DbLimits {
         self.limits
     }
 

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::inputs::{check_kind, check_payload};
 use super::Blackboard;
 use crate::error::{Error, Result};
 
@@ -122,17 +123,12 @@ impl NewTask {
         }
     }
 
-    /// Checks what the database would refuse, with a message naming the field.
+    /// Checks what the database would refuse, with a message naming the field: the kind
+    /// is a name ([`check_kind`]), the payload holds no `\u0000` ([`check_payload`]). The
+    /// payload size limit is configured in the database, which enforces it.
     pub fn validate(&self) -> Result {
-        if self.kind.trim().is_empty() {
-            return Err(Error::Invalid("kind: must not be empty".into()));
-        }
-        if self.kind.len() > 200 {
-            return Err(Error::Invalid(format!(
-                "kind: {} bytes long, at most 200 allowed",
-                self.kind.len()
-            )));
-        }
+        check_kind(&self.kind).map_err(|e| Error::Invalid(format!("kind: {e}")))?;
+        check_payload(&self.payload).map_err(|e| Error::Invalid(format!("payload: {e}")))?;
         if let Some(n) = self.max_retries {
             if n < 0 {
                 return Err(Error::Invalid(format!(
@@ -147,8 +143,16 @@ impl NewTask {
                 )));
             }
         }
-        if self.shard_key.as_deref() == Some("") {
-            return Err(Error::Invalid("shard_key: must not be empty".into()));
+        match self.shard_key.as_deref() {
+            Some("") => return Err(Error::Invalid("shard_key: must not be empty".into())),
+            // PostgreSQL text cannot hold U+0000 either.
+            Some(k) if k.contains('\0') => {
+                return Err(Error::Invalid(
+                    "shard_key: contains the character \\u0000, which PostgreSQL cannot store"
+                        .into(),
+                ))
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -251,6 +255,139 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         started_at: r.try_get(20)?,
         finished_at: r.try_get(21)?,
     })
+}
+
+/// A task as shown or listed without `--full`: each large value (payload, result, error,
+/// checkpoint) longer than the cut stands in `task` as a JSON string of its first
+/// characters, and is named in `cut` with its whole size.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskPreview {
+    /// The task, large values cut.
+    #[serde(flatten)]
+    pub task: TaskRow,
+    /// The values that were cut; empty when the task is whole.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<CutValue>,
+}
+
+/// A value of a [`TaskPreview`] that was cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CutValue {
+    /// Which: `payload`, `result`, `error` or `checkpoint`.
+    pub field: &'static str,
+    /// Its whole size in bytes (of its JSON text for the JSON values); `None` when a cut
+    /// of 0 left the JSON value unread.
+    pub bytes: Option<i64>,
+}
+
+impl TaskPreview {
+    /// Whether `field` was cut, and its whole size if it was measured.
+    pub fn cut_of(&self, field: &str) -> Option<&CutValue> {
+        self.cut.iter().find(|c| c.field == field)
+    }
+}
+
+/// The columns of a preview: the task's columns with payload, result, error and
+/// checkpoint as their first `$1` characters and their size in bytes. Each JSON value is
+/// turned into text once, in the lateral subquery (`offset 0` keeps the planner from
+/// inlining it into both uses); that conversion is what a large value costs (~0.4 s per
+/// 100 MB), so with `$1 = 0` it is skipped and only whether each value is there is read.
+/// `left` and `octet_length` of a text column read only what they need.
+macro_rules! preview_select {
+    ($from:literal) => {
+        concat!(
+            "select t.id, t.kind, t.status::text,
+                    left(v.payload, $1), octet_length(v.payload), true,
+                    left(v.result, $1), octet_length(v.result), t.result is not null,
+                    left(t.error, $1), octet_length(t.error), t.error is not null,
+                    t.assigned_to, t.lease_until, t.lease_epoch, t.retries, t.max_retries,
+                    t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
+                    left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
+                    t.created_at, t.updated_at, t.started_at, t.finished_at
+             from ",
+            $from,
+            " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
+                                        case when $1 > 0 then t.result::text end as result,
+                                        case when $1 > 0 then t.checkpoint::text end
+                                            as checkpoint
+                                 offset 0) v"
+        )
+    };
+}
+
+/// One task, large values cut to `$1` characters.
+const TASK_PREVIEW: &str = concat!(preview_select!("artex.tasks t"), " where t.id = $2");
+
+/// The newest tasks, large values cut to `$1` characters. The page is chosen first, in
+/// a subquery, so only its rows' values are read and turned into text: a listing of 5
+/// tasks costs 5 payloads, however many tasks match.
+const TASKS_PREVIEW: &str = concat!(
+    preview_select!(
+        "(select * from artex.tasks
+          where ($2::text is null or status = $2::text::artex.task_status)
+          order by created_at desc, id desc limit $3) t"
+    ),
+    " order by t.created_at desc, t.id desc"
+);
+
+fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
+    let id: Uuid = r.try_get(0)?;
+    let mut cut = Vec::new();
+    // A value is whole when its first characters are all of its bytes; a value that is
+    // there but was not read (a cut of 0) is cut entirely.
+    let mut text = |field: &'static str, at: usize| -> Result<Option<(String, bool)>> {
+        let head: Option<String> = r.try_get(at)?;
+        let bytes: Option<i32> = r.try_get(at + 1)?;
+        let present: bool = r.try_get(at + 2)?;
+        if !present {
+            return Ok(None);
+        }
+        let head = head.unwrap_or_default();
+        let bytes = bytes.map(i64::from);
+        let whole = bytes.is_some_and(|b| head.len() as i64 >= b);
+        if !whole {
+            cut.push(CutValue { field, bytes });
+        }
+        Ok(Some((head, whole)))
+    };
+    let json = |v: Option<(String, bool)>| -> Result<Option<serde_json::Value>> {
+        match v {
+            Some((head, true)) => serde_json::from_str(&head).map(Some).map_err(|e| {
+                Error::Invalid(format!("task {id}: a stored JSON value did not parse: {e}"))
+            }),
+            Some((head, false)) => Ok(Some(serde_json::Value::String(head))),
+            None => Ok(None),
+        }
+    };
+    let payload = json(text("payload", 3)?)?.unwrap_or(serde_json::Value::Null);
+    let result = json(text("result", 6)?)?;
+    let error = text("error", 9)?.map(|(head, _)| head);
+    let checkpoint = json(text("checkpoint", 23)?)?;
+    let task = TaskRow {
+        id,
+        kind: r.try_get(1)?,
+        status: r.try_get::<_, String>(2)?.parse()?,
+        payload,
+        result,
+        error,
+        assigned_to: r.try_get(12)?,
+        lease_until: r.try_get(13)?,
+        lease_epoch: r.try_get(14)?,
+        retries: r.try_get(15)?,
+        max_retries: r.try_get(16)?,
+        priority: r.try_get(17)?,
+        run_at: r.try_get(18)?,
+        timeout_ms: r.try_get(19)?,
+        shard_key: r.try_get(20)?,
+        flow_id: r.try_get(21)?,
+        flow_task: r.try_get(22)?,
+        checkpoint,
+        created_at: r.try_get(26)?,
+        updated_at: r.try_get(27)?,
+        started_at: r.try_get(28)?,
+        finished_at: r.try_get(29)?,
+    };
+    Ok(TaskPreview { task, cut })
 }
 
 const SUBMIT: &str = "insert into artex.tasks
@@ -359,5 +496,32 @@ impl Blackboard {
         let status = status.map(|s| s.as_str());
         let rows = client.query(&stmt, &[&status, &limit]).await?;
         rows.iter().map(task_from_row).collect()
+    }
+
+    /// One task with values longer than `cut` characters cut (see [`TaskPreview`]), or
+    /// `TaskNotFound`. A cut of 0 reads none of its JSON values.
+    pub async fn task_preview(&self, id: Uuid, cut: i32) -> Result<TaskPreview> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(TASK_PREVIEW).await?;
+        match client.query_opt(&stmt, &[&cut, &id]).await? {
+            Some(row) => preview_from_row(&row),
+            None => Err(Error::TaskNotFound(id)),
+        }
+    }
+
+    /// As [`Blackboard::tasks`], with values longer than `cut` characters cut: the
+    /// database sends only their first characters. A cut of 0 reads no JSON value at all
+    /// (for a listing that shows none): each is then cut entirely, its size unmeasured.
+    pub async fn tasks_preview(
+        &self,
+        status: Option<TaskStatus>,
+        limit: i64,
+        cut: i32,
+    ) -> Result<Vec<TaskPreview>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(TASKS_PREVIEW).await?;
+        let status = status.map(|s| s.as_str());
+        let rows = client.query(&stmt, &[&cut, &status, &limit]).await?;
+        rows.iter().map(preview_from_row).collect()
     }
 }
