@@ -374,7 +374,8 @@ impl Master {
         let mut old = OldSide::accept(hs, child, pid, deadline).await?;
         let worker_id = old.ready(&self.http_addr, MASTER_WORKER).await?;
         old.pass_listener(self.listener.as_fd()).await?;
-        old.transfer(MASTER_WORKER, Vec::new()).await?;
+        // The generation stays the leader of its own group: that group is the lineage.
+        old.transfer(MASTER_WORKER, Vec::new(), None).await?;
         Ok(worker_id)
     }
 
