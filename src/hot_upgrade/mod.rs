@@ -23,4 +23,6 @@ mod upgrader;
 pub use new_side::Successor;
 pub use old_side::OldSide;
 pub use protocol::{HandoverError, Msg};
-pub use upgrader::{Timings, UpgradeError, UpgradeReport, UpgradeSettings, Upgrader};
+pub use upgrader::{
+    Timings, UpgradeError, UpgradeReport, UpgradeSettings, Upgrader, UPGRADE_FOLDER,
+};

@@ -17,6 +17,7 @@ use artex_actors::worker::{
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
 use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::{bundle, spawn, Limits, VerifyingKey};
 use serde::Serialize;
 use uuid::Uuid;
@@ -26,6 +27,9 @@ use super::protocol::HandoverError;
 use crate::config::WorkerArgs;
 use crate::error::{Error, Result};
 use crate::process::{BinaryDigest, GENERATION_MARKER};
+
+/// How the upgrade folder is named in errors.
+pub const UPGRADE_FOLDER: &str = "upgrade folder (--upgrade-dir)";
 
 /// What a worker's upgrade flags say: the key bundles must be signed with, the token
 /// callers must present, and where bundles are received and unpacked.
@@ -62,6 +66,14 @@ impl UpgradeSettings {
         let dir = args.upgrade_dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("artex-upgrade-{}", nix::unistd::geteuid()))
         });
+        // Refused rather than replaced by a private folder of our own: the folder is
+        // where this and the next generations meet, a mistake in it (or somebody else's
+        // folder at its path) should show at start-up, not at the first upgrade, and a
+        // fallback would hide it. Checked only when upgrades are on, so a worker that never
+        // upgrades never cares.
+        if public_key.is_some() && token.is_some() {
+            ensure_private_dir(&dir, UPGRADE_FOLDER)?;
+        }
         Ok(UpgradeSettings {
             public_key,
             token,
@@ -197,17 +209,19 @@ impl Upgrader {
         Ok(())
     }
 
-    /// A fresh private folder (0700) under the upgrade folder.
-    pub fn fresh_dir(&self, prefix: &str) -> std::io::Result<PathBuf> {
+    /// A fresh private folder (0700) under the upgrade folder, which is checked again
+    /// first: a temp cleaner may have removed it since start-up, and anyone may have
+    /// created the path since.
+    pub fn fresh_dir(&self, prefix: &str) -> Result<PathBuf, String> {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
+        ensure_private_dir(&self.dir, UPGRADE_FOLDER).map_err(|e| e.to_string())?;
         let dir = self
             .dir
             .join(format!("{prefix}-{}", Uuid::new_v4().simple()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         Ok(dir)
     }
 
