@@ -695,6 +695,120 @@ async fn systemd_hears_ready_and_the_new_main_pid() {
     wait_gone(new as i32, Duration::from_secs(30)).await;
 }
 
+/// A raw PUT /upgrade that declares `declared` bytes and sends only `sent`, then waits
+/// for the answer (up to `wait`): (status code, JSON body, the socket, still open).
+fn stalled_upload(
+    addr: &str,
+    declared: usize,
+    sent: usize,
+    wait: Duration,
+) -> (u16, Value, std::net::TcpStream) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT /upgrade HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/zip\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(&vec![b'P'; sent]).unwrap();
+    s.flush().unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the server closes (it must: the rest of the body will never come) or `wait`.
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!(
+                "no answer to the stalled upload within {wait:?}: {e}; got {:?}",
+                String::from_utf8_lossy(&raw)
+            ),
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    let body = serde_json::from_str(body).unwrap_or(Value::String(text.clone()));
+    (code, body, s)
+}
+
+#[tokio::test]
+async fn a_stalled_upload_is_cut_frees_the_slot_and_a_form_upload_follows() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let mut w = upgradable_worker(
+        "worker",
+        &db.url,
+        &keys,
+        &["--upgrade-body-timeout-ms", "1000"],
+        &[],
+    );
+    let http = worker_http(&c, &w).await;
+
+    // Declares 1 MB, sends 100 bytes, stalls: cut by the 1 s body timeout. (Before, the
+    // connection hung for a minute, holding the upgrade slot.) 30 s is only how long the
+    // test waits for any answer at all.
+    let (code, body, _socket) = stalled_upload(&http, 1_000_000, 100, Duration::from_secs(30));
+    assert_eq!(code, 408, "{body}");
+    let error = body["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("stalled") && error.contains("after 100 bytes"),
+        "{body}"
+    );
+    // Its folder is gone with it.
+    let left: Vec<_> = std::fs::read_dir(keys.path("upgrades")).unwrap().collect();
+    assert!(left.is_empty(), "the cut upload left {left:?}");
+
+    // A form without a file part is refused, and changes nothing either.
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .args(["-F", "note=no file here"])
+        .arg(format!("http://{http}/upgrade"))
+        .current_dir(scratch.path())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+
+    // The slot is free: a real upgrade, sent as a multipart form, goes through.
+    let bundle = keys.variant_bundle(1).0;
+    let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), true);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "upgraded", "{body}");
+    let new = body["new_pid"].as_i64().unwrap() as i32;
+    let _spawned = KillAll(vec![new]);
+    let status = w
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old worker drains");
+    assert!(status.success(), "{status:?}");
+    let (_, status) = http_get(&http, "/status").unwrap();
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["pid"], new, "{status}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_gone(new, Duration::from_secs(30)).await;
+}
+
 /// Pids of the processes whose environment holds `marker` (zombies have none).
 fn marked_processes(marker: &str) -> Vec<i32> {
     let needle = marker.as_bytes();

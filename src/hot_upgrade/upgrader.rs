@@ -98,6 +98,8 @@ pub struct Upgrader {
     pub dir: PathBuf,
     /// How long the new process has to get ready and take over.
     pub ready_deadline: Duration,
+    /// How long an upload may send nothing (`--upgrade-body-timeout-ms`).
+    pub body_timeout: Duration,
     /// How long resumable tasks have to reach a checkpoint.
     pub suspend_deadline: Duration,
     /// Lease given to moved tasks, seconds.
@@ -123,6 +125,8 @@ pub enum UpgradeError {
     InProgress,
     /// 413: bundle larger than allowed.
     TooLarge(u64),
+    /// 408: the upload stalled or took too long (what and how far is said).
+    Timeout(String),
     /// 400: the bundle was refused (what was wrong is said).
     BadBundle(String),
     /// 500: the new process failed; everything was rolled back.
