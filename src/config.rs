@@ -135,6 +135,11 @@ pub struct WorkerArgs {
     /// How long a new process has to get ready and take over, milliseconds.
     #[arg(long, env = "ARTEX_UPGRADE_READY_MS", default_value_t = 30_000)]
     pub upgrade_ready_ms: u64,
+    /// An /upgrade upload that sends nothing for this long is cut (408), milliseconds;
+    /// the whole upload must arrive within 60 times this.
+    #[arg(long, env = "ARTEX_UPGRADE_BODY_TIMEOUT_MS", default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upgrade_body_timeout_ms: u64,
     /// How long resumable tasks have to reach a checkpoint during a handover, milliseconds.
     #[arg(long, env = "ARTEX_HANDOVER_SUSPEND_MS", default_value_t = 10_000)]
     pub handover_suspend_ms: u64,

@@ -11,11 +11,11 @@
 
 use std::ffi::OsString;
 use std::os::fd::AsFd;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::spawn::{self, SpawnOptions};
 use artex_upgrade::{notify, subreaper, StopSignal, StopSignals};
 use nix::sys::signal::Signal;
@@ -23,7 +23,7 @@ use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::error::{Error, Result};
-use crate::hot_upgrade::{HandoverError, OldSide};
+use crate::hot_upgrade::{HandoverError, OldSide, UPGRADE_FOLDER};
 use crate::process::notify_service;
 
 /// The worker id a generation started by the master is told it takes over from (it has
@@ -218,6 +218,8 @@ enum Start {
 
 impl Master {
     fn new(config: MasterConfig) -> Result<Self> {
+        // The master always hands over through this folder: check it before anything.
+        ensure_private_dir(&config.dir, UPGRADE_FOLDER)?;
         let http_addr = config
             .listener
             .local_addr()
@@ -286,11 +288,8 @@ impl Master {
         let socket_dir = self
             .dir
             .join(format!("master-{}-{number}", std::process::id()));
-        let hs = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(|e| format!("creating {}: {e}", self.dir.display()))
+        let hs = ensure_private_dir(&self.dir, UPGRADE_FOLDER)
+            .map_err(|e| e.to_string())
             .and_then(|()| {
                 HandoverListener::bind(&socket_dir).map_err(|e| format!("handover socket: {e}"))
             })
@@ -374,7 +373,8 @@ impl Master {
         let mut old = OldSide::accept(hs, child, pid, deadline).await?;
         let worker_id = old.ready(&self.http_addr, MASTER_WORKER).await?;
         old.pass_listener(self.listener.as_fd()).await?;
-        old.transfer(MASTER_WORKER, Vec::new()).await?;
+        // The generation stays the leader of its own group: that group is the lineage.
+        old.transfer(MASTER_WORKER, Vec::new(), None).await?;
         Ok(worker_id)
     }
 

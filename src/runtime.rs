@@ -157,6 +157,7 @@ pub async fn run_worker(
             .map_err(|e| Error::io("duplicating the HTTP listener for upgrades", e))?,
         dir: upgrade.dir,
         ready_deadline: ms(args.upgrade_ready_ms),
+        body_timeout: ms(args.upgrade_body_timeout_ms),
         suspend_deadline: ms(args.handover_suspend_ms),
         lease_secs: ms(args.lease_ms).as_secs_f64(),
         limits: artex_upgrade::Limits::default(),

@@ -695,3 +695,379 @@ async fn systemd_hears_ready_and_the_new_main_pid() {
     .unwrap();
     wait_gone(new as i32, Duration::from_secs(30)).await;
 }
+
+/// A raw PUT /upgrade that declares `declared` bytes and sends only `sent`, then waits
+/// for the answer (up to `wait`): (status code, JSON body, the socket, still open).
+fn stalled_upload(
+    addr: &str,
+    declared: usize,
+    sent: usize,
+    wait: Duration,
+) -> (u16, Value, std::net::TcpStream) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT /upgrade HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/zip\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(&vec![b'P'; sent]).unwrap();
+    s.flush().unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the server closes (it must: the rest of the body will never come) or `wait`.
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!(
+                "no answer to the stalled upload within {wait:?}: {e}; got {:?}",
+                String::from_utf8_lossy(&raw)
+            ),
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    let body = serde_json::from_str(body).unwrap_or(Value::String(text.clone()));
+    (code, body, s)
+}
+
+#[tokio::test]
+async fn a_stalled_upload_is_cut_frees_the_slot_and_a_form_upload_follows() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let mut w = upgradable_worker(
+        "worker",
+        &db.url,
+        &keys,
+        &["--upgrade-body-timeout-ms", "1000"],
+        &[],
+    );
+    let http = worker_http(&c, &w).await;
+
+    // Declares 1 MB, sends 100 bytes, stalls: cut by the 1 s body timeout. (Before, the
+    // connection hung for a minute, holding the upgrade slot.) 30 s is only how long the
+    // test waits for any answer at all.
+    let (code, body, _socket) = stalled_upload(&http, 1_000_000, 100, Duration::from_secs(30));
+    assert_eq!(code, 408, "{body}");
+    let error = body["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("stalled") && error.contains("after 100 bytes"),
+        "{body}"
+    );
+    // Its folder is gone with it.
+    let left: Vec<_> = std::fs::read_dir(keys.path("upgrades")).unwrap().collect();
+    assert!(left.is_empty(), "the cut upload left {left:?}");
+
+    // A form without a file part is refused, and changes nothing either.
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .args(["-F", "note=no file here"])
+        .arg(format!("http://{http}/upgrade"))
+        .current_dir(scratch.path())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+
+    // The slot is free: a real upgrade, sent as a multipart form, goes through.
+    let bundle = keys.variant_bundle(1).0;
+    let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), true);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "upgraded", "{body}");
+    let new = body["new_pid"].as_i64().unwrap() as i32;
+    let _spawned = KillAll(vec![new]);
+    let status = w
+        .wait_exit(Duration::from_secs(30))
+        .expect("the old worker drains");
+    assert!(status.success(), "{status:?}");
+    let (_, status) = http_get(&http, "/status").unwrap();
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["pid"], new, "{status}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_gone(new, Duration::from_secs(30)).await;
+}
+
+/// Pids of the processes whose environment holds `marker` (zombies have none).
+fn marked_processes(marker: &str) -> Vec<i32> {
+    let needle = marker.as_bytes();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A bundle whose "binary" starts a background `sleep 600`, writes its pid to `bg_pid`,
+/// then `ends` (`exec sleep 60`: never ready; `exit 3`: dies at once). Both carry
+/// `marker` in their environment.
+fn leaky_bundle(keys: &Keys, name: &str, marker: &str, bg_pid: &Path, ends: &str) -> PathBuf {
+    let script = format!(
+        "#!/bin/sh\nexport ARTEX_TEST_MARKER={marker}\nsleep 600 &\necho $! > '{}'\n{ends}\n",
+        bg_pid.display()
+    );
+    keys.script_bundle(name, &script)
+}
+
+/// Uploads bundles that leave a background process behind, expects each to be rolled
+/// back, and checks that nothing of them is left: not the child, not its background
+/// process, nothing with their marker.
+async fn rollbacks_leave_nothing(http: &str, keys: &Keys, serving: i32) {
+    for (name, ends, why) in [
+        ("leaky-never-ready", "exec sleep 60", "did not"),
+        ("leaky-exits", "exit 3", "exited"),
+    ] {
+        let marker = uuid::Uuid::new_v4().simple().to_string();
+        let bg_file = keys.path(&format!("{name}.pid"));
+        let bundle = leaky_bundle(keys, name, &marker, &bg_file, ends);
+        let (code, body) = curl_upgrade(http, &bundle, Some(TOKEN), false);
+        assert_eq!(code, 500, "{name}: {body}");
+        assert_eq!(body["status"], "rolled_back", "{name}: {body}");
+        assert!(
+            body["error"].as_str().unwrap_or("").contains(why),
+            "{name}: {body}"
+        );
+        let child = body["new_pid"].as_i64().unwrap() as i32;
+        let bg: i32 = std::fs::read_to_string(&bg_file)
+            .unwrap_or_else(|e| panic!("{name}: the script never ran: {e}"))
+            .trim()
+            .parse()
+            .unwrap();
+        let _leftovers = KillAll(vec![child, bg]);
+        // SIGKILL is sent before the answer; the kernel may take a moment to finish them.
+        wait_for(
+            &format!("{name}: child {child} and its background {bg} to be gone"),
+            Duration::from_secs(10),
+            || async { (!alive(child) && !alive(bg)).then_some(()) },
+        )
+        .await;
+        wait_for(
+            &format!("{name}: no process with marker {marker} left"),
+            Duration::from_secs(10),
+            || async { marked_processes(&marker).is_empty().then_some(()) },
+        )
+        .await;
+        let (code, health) = http_get(http, "/health").unwrap();
+        assert_eq!(code, 200, "{name}: {health}");
+        let health: Value = serde_json::from_str(&health).unwrap();
+        assert_eq!(
+            health["pid"], serving,
+            "{name}: the old worker still serves"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_rolled_back_successor_leaves_no_process_behind() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let w = upgradable_worker(
+        "worker",
+        &db.url,
+        &keys,
+        &["--upgrade-ready-ms", "3000"],
+        &[],
+    );
+    let http = worker_http(&c, &w).await;
+    rollbacks_leave_nothing(&http, &keys, w.pid()).await;
+}
+
+/// (ppid, pgid) of process `pid`.
+fn parent_and_group(pid: i32) -> (i32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    (fields[1].parse().unwrap(), fields[2].parse().unwrap())
+}
+
+#[tokio::test]
+async fn under_master_a_rollback_leaves_nothing_and_a_successor_joins_the_lineage() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    let mut args: Vec<String> = vec!["master".into()];
+    args.extend(FAST_WORKER.iter().map(|s| s.to_string()));
+    args.extend(keys.flags("upgrades"));
+    args.extend(["--upgrade-ready-ms".into(), "3000".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut master = Proc::start("master", &db.url, &args, &[]);
+    let http: String = wait_for(
+        "the generation to register",
+        Duration::from_secs(30),
+        || {
+            let c = &c;
+            async move {
+                c.query_opt(
+                    "select http_addr from artex.workers where state = 'online' limit 1",
+                    &[],
+                )
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.get::<_, Option<String>>(0))
+            }
+        },
+    )
+    .await;
+    let (_, health) = http_get(&http, "/health").unwrap();
+    let first = serde_json::from_str::<Value>(&health).unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    // Whatever happens, the lineage's group goes with the test.
+    struct KillGroup(i32);
+    impl Drop for KillGroup {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let _lineage = KillGroup(first);
+    assert_eq!(parent_and_group(first), (master.pid(), first));
+
+    rollbacks_leave_nothing(&http, &keys, first).await;
+    assert_eq!(
+        parent_and_group(first),
+        (master.pid(), first),
+        "the generation and its group are untouched"
+    );
+
+    // A successful successor ends up in the lineage's group, not in the one it was
+    // spawned in, so the master keeps tracking (and stopping) it.
+    let (code, body) = curl_upgrade(&http, &keys.variant_bundle(1).0, Some(TOKEN), false);
+    assert_eq!(code, 200, "{body}");
+    let new = body["new_pid"].as_i64().unwrap() as i32;
+    let _spawned = KillAll(vec![new]);
+    wait_gone(first, Duration::from_secs(30)).await;
+    assert_eq!(parent_and_group(new), (master.pid(), first));
+    assert!(
+        master.wait_exit(Duration::from_millis(50)).is_none(),
+        "the master keeps running: {}",
+        master.log_text()
+    );
+    assert!(
+        !master.log_text().contains("died"),
+        "the master saw no generation die"
+    );
+    master.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = master
+        .wait_exit(Duration::from_secs(30))
+        .expect("the master stops");
+    assert!(status.success(), "{status:?}");
+    assert!(!alive(new), "the successor stopped with the master");
+}
+
+#[tokio::test]
+async fn an_upgrade_folder_not_ours_alone_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = TestDb::new().await;
+    let keys = Keys::new();
+    let root = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(&str, PathBuf, &str)> = Vec::new();
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    cases.push(("mode 0777", open, "mode 0777"));
+    let private = root.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    cases.push(("symlink", link, "symlink"));
+    if nix::unistd::geteuid().is_root() {
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        cases.push(("another owner", theirs, "owned by uid 65534"));
+    } else {
+        eprintln!("the wrong-owner case needs root to make a folder someone else's");
+    }
+    let key_flags = |dir: &Path| {
+        let mut f = keys.flags("unused");
+        let at = f.iter().position(|a| a == "--upgrade-dir").unwrap();
+        f[at + 1] = dir.to_string_lossy().into_owned();
+        f
+    };
+    let refused = |what: &str, p: &mut Proc, folder: &Path, why: &str| {
+        let status = p
+            .wait_exit(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{what}: {} started anyway", p.name));
+        assert!(!status.success(), "{what}: {status:?}");
+        let log = p.log_text();
+        assert!(
+            log.contains("upgrade folder")
+                && log.contains(&folder.display().to_string())
+                && log.contains(why),
+            "{what}: the message names the folder and what is wrong: {log}"
+        );
+    };
+    for (what, folder, why) in &cases {
+        let args: Vec<String> = ["worker".to_string()]
+            .into_iter()
+            .chain(FAST_WORKER.iter().map(|s| s.to_string()))
+            .chain(key_flags(folder))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut p = Proc::start("worker", &db.url, &args, &[]);
+        refused(what, &mut p, folder, why);
+    }
+    // The default folder, in the temp folder, is held to the same rule; `artex master`
+    // checks it too.
+    let tmp = root.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let default = tmp.join(format!("artex-upgrade-{}", nix::unistd::geteuid()));
+    std::fs::create_dir(&default).unwrap();
+    std::fs::set_permissions(&default, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut flags = keys.flags("unused");
+    flags.truncate(4); // key and token, no --upgrade-dir
+    for command in ["worker", "master"] {
+        let args: Vec<String> = [command.to_string()]
+            .into_iter()
+            .chain(FAST_WORKER.iter().map(|s| s.to_string()))
+            .chain(flags.iter().cloned())
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let tmpdir = tmp.to_str().unwrap();
+        let mut p = Proc::start(command, &db.url, &args, &[("TMPDIR", tmpdir)]);
+        refused(
+            &format!("default folder, {command}"),
+            &mut p,
+            &default,
+            "mode 0777",
+        );
+    }
+}

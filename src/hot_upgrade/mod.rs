@@ -2,16 +2,18 @@
 //! where each lives:
 //! 1. `PUT /upgrade` receives the bundle (`crate::http::upgrade`);
 //! 2. [`Upgrader`] authenticates the caller, verifies and unpacks the bundle
-//!    (`artex_upgrade::bundle`) and spawns the new binary (`artex_upgrade::spawn`);
+//!    (`artex_upgrade::bundle`) and spawns the new binary in a process group of its own
+//!    (`artex_upgrade::spawn`);
 //! 3. over the handover socket (`artex_upgrade::handover`, SCM_RIGHTS) the two processes
 //!    exchange the [`Msg`]s of [`protocol`]: the old side in [`OldSide`], the new side in
 //!    [`Successor`] (called by [`crate::runtime::run_worker`]); the listening socket goes
 //!    over only once the new process is registered, so a child that never gets ready
 //!    never accepts a connection;
 //! 4. the old worker suspends its resumable tasks and moves its unstarted ones
-//!    (`artex_actors::worker::handover`), the new one resumes them;
-//! 5. any failure before `TakenOver` rolls back ([`Upgrader`]); after it, the old process
-//!    drains on SIGUSR2 (`crate::runtime::run_worker`).
+//!    (`artex_actors::worker::handover`), the new one resumes them and moves into the old
+//!    one's process group;
+//! 5. any failure before `TakenOver` rolls back ([`Upgrader`]), killing the new process's
+//!    group; after it, the old process drains on SIGUSR2 (`crate::runtime::run_worker`).
 
 mod new_side;
 mod old_side;
@@ -21,4 +23,6 @@ mod upgrader;
 pub use new_side::Successor;
 pub use old_side::OldSide;
 pub use protocol::{HandoverError, Msg};
-pub use upgrader::{Timings, UpgradeError, UpgradeReport, UpgradeSettings, Upgrader};
+pub use upgrader::{
+    Timings, UpgradeError, UpgradeReport, UpgradeSettings, Upgrader, UPGRADE_FOLDER,
+};

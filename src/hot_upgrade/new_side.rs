@@ -1,7 +1,8 @@
 //! The new process's side of the handover: it says `Hello`, learns where it will serve,
 //! registers, says `Ready`, receives the listening socket, serves, takes the transferred
-//! tasks over and says `TakenOver`. [`crate::runtime::run_worker`] calls these steps in
-//! that order, between its own (registering, starting the HTTP server).
+//! tasks over, moves into the process group it is told to, and says `TakenOver`.
+//! [`crate::runtime::run_worker`] calls these steps in that order, between its own
+//! (registering, starting the HTTP server).
 
 use std::path::Path;
 
@@ -80,8 +81,15 @@ impl Successor {
     ) -> Result<ResumeReport, HandoverError> {
         self.ch.send(&Msg::Serving, &[]).await?;
         artex_actors::supervisor::failpoint("handover_after_ready");
-        let (from, tasks) = match self.ch.recv::<Msg>().await? {
-            (Msg::Transfer { from, tasks }, _) => (from, tasks),
+        let (from, tasks, join_group) = match self.ch.recv::<Msg>().await? {
+            (
+                Msg::Transfer {
+                    from,
+                    tasks,
+                    join_group,
+                },
+                _,
+            ) => (from, tasks, join_group),
             (m, _) => return Err(HandoverError::unexpected("transfer", &m)),
         };
         let report = if tasks.is_empty() {
@@ -99,6 +107,13 @@ impl Successor {
                     source,
                 })?
         };
+        // Before `TakenOver`, so the predecessor cannot have drained and left the group
+        // by then; failing here fails the handover, which rolls back: better than living
+        // on in a group no supervisor looks at.
+        if let Some(pgid) = join_group {
+            spawn::join_group(pgid).map_err(HandoverError::ProcessGroup)?;
+            tracing::info!(pgid, "joined the previous generation's process group");
+        }
         self.ch
             .send(
                 &Msg::TakenOver {

@@ -77,16 +77,19 @@ impl<'a> OldSide<'a> {
         }
     }
 
-    /// `Transfer` → `TakenOver`: what the child took over.
+    /// `Transfer` → `TakenOver`: what the child took over. With `join_group`, the child
+    /// moves into that process group before it answers.
     pub async fn transfer(
         &mut self,
         from: &str,
         tasks: Vec<(Uuid, i64)>,
+        join_group: Option<u32>,
     ) -> Result<ResumeReport, HandoverError> {
         self.send(
             &Msg::Transfer {
                 from: from.into(),
                 tasks,
+                join_group,
             },
             &[],
         )

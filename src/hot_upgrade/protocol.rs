@@ -40,6 +40,11 @@ pub enum Msg {
         from: String,
         /// (task, epoch).
         tasks: Vec<(Uuid, i64)>,
+        /// The process group to move into before saying `TakenOver`: the parent's, when
+        /// it spawned the child in a group of its own for the rollback window. Absent
+        /// from older parents (and from `artex master`, whose generations lead a group).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        join_group: Option<u32>,
     },
     /// Child → parent: what it took over.
     TakenOver {
@@ -80,6 +85,9 @@ pub enum HandoverError {
     /// The new process broke the channel without exiting.
     #[error("the new process broke the handover: {0}")]
     Broken(artex_upgrade::Error),
+    /// The new process could not move into its predecessor's process group.
+    #[error("{0}")]
+    ProcessGroup(artex_upgrade::Error),
     /// The local worker actor could not be reached.
     #[error("{step}: worker actor: {source}")]
     Actor {

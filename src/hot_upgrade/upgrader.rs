@@ -1,7 +1,8 @@
 //! The engine behind `/upgrade`: checks the caller, verifies and unpacks the bundle,
 //! spawns the new binary, runs the old side of the handover with it (socket, then
-//! tasks), and on any failure before `TakenOver` rolls everything back: the child is
-//! killed, its tasks come back, the suspended ones resume here.
+//! tasks), and on any failure before `TakenOver` rolls everything back: the child and
+//! whatever it started (its own process group) are killed, its tasks come back, the
+//! suspended ones resume here.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use artex_actors::worker::{
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
 use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::{bundle, spawn, Limits, VerifyingKey};
 use serde::Serialize;
 use uuid::Uuid;
@@ -26,6 +28,9 @@ use super::protocol::HandoverError;
 use crate::config::WorkerArgs;
 use crate::error::{Error, Result};
 use crate::process::{BinaryDigest, GENERATION_MARKER};
+
+/// How the upgrade folder is named in errors.
+pub const UPGRADE_FOLDER: &str = "upgrade folder (--upgrade-dir)";
 
 /// What a worker's upgrade flags say: the key bundles must be signed with, the token
 /// callers must present, and where bundles are received and unpacked.
@@ -62,6 +67,14 @@ impl UpgradeSettings {
         let dir = args.upgrade_dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("artex-upgrade-{}", nix::unistd::geteuid()))
         });
+        // Refused rather than replaced by a private folder of our own: the folder is
+        // where this and the next generations meet, a mistake in it (or somebody else's
+        // folder at its path) should show at start-up, not at the first upgrade, and a
+        // fallback would hide it. Checked only when upgrades are on, so a worker that never
+        // upgrades never cares.
+        if public_key.is_some() && token.is_some() {
+            ensure_private_dir(&dir, UPGRADE_FOLDER)?;
+        }
         Ok(UpgradeSettings {
             public_key,
             token,
@@ -86,6 +99,8 @@ pub struct Upgrader {
     pub dir: PathBuf,
     /// How long the new process has to get ready and take over.
     pub ready_deadline: Duration,
+    /// How long an upload may send nothing (`--upgrade-body-timeout-ms`).
+    pub body_timeout: Duration,
     /// How long resumable tasks have to reach a checkpoint.
     pub suspend_deadline: Duration,
     /// Lease given to moved tasks, seconds.
@@ -111,6 +126,8 @@ pub enum UpgradeError {
     InProgress,
     /// 413: bundle larger than allowed.
     TooLarge(u64),
+    /// 408: the upload stalled or took too long (what and how far is said).
+    Timeout(String),
     /// 400: the bundle was refused (what was wrong is said).
     BadBundle(String),
     /// 500: the new process failed; everything was rolled back.
@@ -197,17 +214,19 @@ impl Upgrader {
         Ok(())
     }
 
-    /// A fresh private folder (0700) under the upgrade folder.
-    pub fn fresh_dir(&self, prefix: &str) -> std::io::Result<PathBuf> {
+    /// A fresh private folder (0700) under the upgrade folder, which is checked again
+    /// first: a temp cleaner may have removed it since start-up, and anyone may have
+    /// created the path since.
+    pub fn fresh_dir(&self, prefix: &str) -> Result<PathBuf, String> {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
+        ensure_private_dir(&self.dir, UPGRADE_FOLDER).map_err(|e| e.to_string())?;
         let dir = self
             .dir
             .join(format!("{prefix}-{}", Uuid::new_v4().simple()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         Ok(dir)
     }
 
@@ -250,7 +269,26 @@ impl Upgrader {
         let hs = HandoverListener::bind(&gen_dir.join("handover"))
             .map_err(|e| UpgradeError::Internal(format!("handover socket: {e}")))?;
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        let mut child = spawn::spawn(&verified.binary, hs.path(), &args, &[])
+        // Process groups, and why the child gets one of its own only for a while: a
+        // rollback must end the child *and everything it started* (a script's background
+        // job, a handler's subprocess), which a kill by pid misses: its orphans would live
+        // on under init. So the child leads a new group, and a rollback signals the whole
+        // group (`kill_group_and_reap`). It cannot stay there once it took over, though:
+        // the process group we live in is what supervisors track (`artex master` sees the
+        // generation of a lineage gone when its group is empty; a terminal signals its
+        // foreground group), and nothing must ever kill our own group on a rollback. So
+        // `Transfer` tells the child to move into our group before it says `TakenOver`;
+        // from then on it lives exactly where a successor always lived, and a rollback
+        // (which can only come before `TakenOver`) still reaches what it started meanwhile,
+        // left behind in the group it led. Why not track descendants by /proc instead: an
+        // orphan's parent link is lost the moment its parent exits, and under a subreaper
+        // it is adopted by someone else; a group survives both.
+        let our_group = nix::unistd::getpgrp().as_raw() as u32;
+        let options = spawn::SpawnOptions {
+            process_group: Some(0),
+            ..spawn::SpawnOptions::default()
+        };
+        let mut child = spawn::spawn_with(&verified.binary, hs.path(), &args, &options)
             .map_err(|e| UpgradeError::Internal(format!("spawning the new binary: {e}")))?;
         let child_pid = child.id().unwrap_or(0);
         tracing::info!(child_pid, version = %verified.manifest.version, "upgrade: new process spawned");
@@ -260,14 +298,22 @@ impl Upgrader {
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
         let handed = async {
             let mut old = OldSide::accept(&hs, &mut child, child_pid, deadline).await?;
-            self.hand_over(&mut old, &old_worker, &mut progress, &mut timings, &ms)
-                .await
+            self.hand_over(
+                &mut old,
+                &old_worker,
+                our_group,
+                &mut progress,
+                &mut timings,
+                &ms,
+            )
+            .await
         }
         .await;
         match handed {
             Ok(taken) => {
                 timings.taken_over = ms(Instant::now());
                 self.handed_over.store(true, Ordering::Release);
+                warn_if_not_in_group(child_pid, our_group);
                 tracing::info!(
                     child_pid,
                     resumed = taken.resumed.len(),
@@ -286,7 +332,16 @@ impl Upgrader {
             Err(why) => {
                 tracing::error!(child_pid, %why, "upgrade failed; rolling back");
                 self.handed_over.store(false, Ordering::Release);
-                let _ = spawn::kill_and_reap(&mut child, Duration::from_secs(2)).await;
+                // The group is the child's own (see above), never ours.
+                let grace = Duration::from_secs(2);
+                let stopped = if child_pid > 1 {
+                    spawn::kill_group_and_reap(&mut child, child_pid, grace).await
+                } else {
+                    spawn::kill_and_reap(&mut child, grace).await
+                };
+                if let Err(e) = stopped {
+                    tracing::warn!(child_pid, error = %e, "rollback: cannot stop the new process");
+                }
                 self.roll_back(&old_worker, progress).await;
                 let _ = std::fs::remove_dir_all(&gen_dir);
                 Err(UpgradeError::RolledBack {
@@ -332,6 +387,7 @@ impl Upgrader {
         &self,
         old: &mut OldSide<'_>,
         old_worker: &str,
+        our_group: u32,
         progress: &mut Progress,
         timings: &mut Timings,
         ms: &impl Fn(Instant) -> u64,
@@ -372,7 +428,8 @@ impl Upgrader {
                 step: "moving unstarted tasks",
                 source,
             })?;
-        old.transfer(old_worker, progress.suspended.clone()).await
+        old.transfer(old_worker, progress.suspended.clone(), Some(our_group))
+            .await
     }
 
     /// Puts back what a failed handover had changed (the child is dead by now): the
@@ -412,6 +469,26 @@ impl Upgrader {
             }
         }
         self.worker.do_send(ResumeWork);
+    }
+}
+
+/// A successor built before process groups were handed back ignores `join_group` and
+/// stays in the group it was spawned in: it works, but a supervisor tracking our group
+/// (`artex master`) no longer sees it. The handover is complete by now, so say so.
+fn warn_if_not_in_group(child_pid: u32, group: u32) {
+    let Ok(pid) = i32::try_from(child_pid) else {
+        return;
+    };
+    match nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) {
+        Ok(g) if g.as_raw() as u32 == group => {}
+        Ok(g) => tracing::warn!(
+            child_pid,
+            child_group = g.as_raw(),
+            group,
+            "the new process did not move into this process group (a build older than \
+             the group hand-back?); a supervisor tracking the group will not see it"
+        ),
+        Err(e) => tracing::warn!(child_pid, error = %e, "cannot read the new process's group"),
     }
 }
 

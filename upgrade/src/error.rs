@@ -291,10 +291,13 @@ pub enum Error {
         /// The manifest's.
         found: u32,
     },
-    /// The handover directory exists but is not private to this user.
-    #[error("handover directory {path} refused: {reason}")]
-    HandoverDirInvalid {
-        /// The directory.
+    /// A folder that must be private to this user (the upgrade folder, a handover
+    /// directory) cannot be made so, or exists and is not.
+    #[error("{what} {path} refused: {reason}")]
+    DirInvalid {
+        /// Which folder: "upgrade folder", "handover directory".
+        what: &'static str,
+        /// The folder.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,

@@ -10,7 +10,7 @@
 use std::fs;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -20,6 +20,7 @@ use tokio::io::Interest;
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{Error, Result};
+use crate::private_dir::ensure_private_dir;
 
 /// Version of the handover protocol; a bundle's manifest must declare the same.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -48,7 +49,7 @@ impl HandoverListener {
     /// nobody listens on (from a crashed generation) is replaced. Must be called inside a
     /// tokio runtime.
     pub fn bind(dir: &Path) -> Result<Self> {
-        ensure_private_dir(dir)?;
+        ensure_private_dir(dir, "handover directory")?;
         let path = dir.join(SOCKET_NAME);
         remove_stale_socket(&path)?;
         let listener = UnixListener::bind(&path)
@@ -97,37 +98,6 @@ impl Drop for HandoverListener {
     fn drop(&mut self) {
         // Leave nothing that the next generation's bind would mistake for a live socket.
         let _ = fs::remove_file(&self.path);
-    }
-}
-
-fn ensure_private_dir(dir: &Path) -> Result {
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(source) => return Err(Error::io("creating handover directory", dir, source)),
-    }
-    let meta = dir
-        .symlink_metadata()
-        .map_err(|source| Error::io("inspecting handover directory", dir, source))?;
-    let euid = nix::unistd::geteuid().as_raw();
-    let reason = if !meta.is_dir() {
-        Some("not a directory (symlinks are refused)".to_owned())
-    } else if meta.uid() != euid {
-        Some(format!("owned by uid {}, expected {euid}", meta.uid()))
-    } else if meta.mode() & 0o077 != 0 {
-        Some(format!(
-            "mode {:o} gives group or others access; expected 0700",
-            meta.mode() & 0o777
-        ))
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(Error::HandoverDirInvalid {
-            path: dir.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
     }
 }
 

@@ -13,7 +13,9 @@
 //! - [`error`]: the crate's one [`Error`] type and [`Result`] alias.
 //! - [`handover`]: the Unix socket protocol (JSON frames, SCM_RIGHTS) between generations.
 //! - [`notify`]: systemd's `sd_notify` (`READY=1`, `MAINPID=`) without libsystemd.
-//! - [`spawn`]: starting the next generation; killing and reaping it on rollback.
+//! - [`private_dir`]: folders only this user can enter (upgrade folder, handover sockets).
+//! - [`spawn`]: starting the next generation in a process group of its own; killing it
+//!   and everything it started on rollback; joining the old group once it took over.
 //! - [`subreaper`]: a stable parent's tools: child subreaper, reaping any descendant,
 //!   signalling a process group.
 
@@ -22,6 +24,7 @@ pub mod drain;
 pub mod error;
 pub mod handover;
 pub mod notify;
+pub mod private_dir;
 pub mod spawn;
 pub mod subreaper;
 

@@ -1,4 +1,5 @@
-//! Starting the next generation and, on rollback, stopping it for good.
+//! Starting the next generation and, on rollback, stopping it and everything it started
+//! for good; once it took over, moving it into its predecessor's process group.
 //!
 //! The child learns where to connect from `ARTEX_HANDOVER_SOCKET`, shares our stdout and
 //! stderr (so the supervisor's log capture keeps working), and inherits no other
@@ -151,6 +152,75 @@ pub async fn kill_and_reap(child: &mut Child, grace: Duration) -> Result<ExitSta
             child.wait().await.map_err(wait_err)
         }
     }
+}
+
+/// Stops `child` and everything it started: SIGTERM to its process group `pgid`, up to
+/// `grace` for the child to exit, then SIGKILL to the group, and the child is reaped.
+/// `pgid` must be a group made for the child (spawned with `process_group: Some(0)`, so
+/// `pgid` is its pid): never a group this process or a supervisor's lineage lives in.
+///
+/// The group is signalled while the child is not yet reaped, when it can be: until then
+/// its pid, hence the group id, cannot be reused. If the child was already reaped (it
+/// exited by itself), the group is signalled anyway, to end what it left behind: a group
+/// id stays reserved while any member lives, so it can only name someone else's group if
+/// it emptied and the pid space wrapped around in between. What left the group (setsid,
+/// setpgid: a daemon that detaches on purpose) is beyond a process group's reach.
+pub async fn kill_group_and_reap(
+    child: &mut Child,
+    pgid: u32,
+    grace: Duration,
+) -> Result<ExitStatus> {
+    let signal = |sig: Signal| match crate::subreaper::signal_group(pgid, sig) {
+        Ok(_) => {}
+        Err(e) => tracing::warn!(pgid, error = %e, "cannot signal the new process's group"),
+    };
+    signal(Signal::SIGTERM);
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let end = tokio::time::Instant::now() + grace;
+        while !exited_unreaped(pid) && tokio::time::Instant::now() < end {
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+    }
+    signal(Signal::SIGKILL);
+    kill_and_reap(child, grace).await
+}
+
+/// How often [`kill_group_and_reap`] looks whether the child has exited.
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// Whether our child `pid` has exited, leaving it a zombie (WNOWAIT: it stays
+/// waitable, so its pid and group id stay reserved). A child no longer ours counts as
+/// exited.
+fn exited_unreaped(pid: i32) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+    !matches!(
+        waitid(Id::Pid(Pid::from_raw(pid)), flags),
+        Ok(WaitStatus::StillAlive) | Err(Errno::EINTR)
+    )
+}
+
+/// Moves this process into process group `pgid` of its session. A successor spawned in a
+/// group of its own (so that a rollback can end everything it started) calls this once it
+/// has taken over, to live on in its predecessor's group, where supervisors look for it
+/// (`artex master` tracks a lineage of generations by group). Processes it started before
+/// stay in the old group.
+pub fn join_group(pgid: u32) -> Result {
+    let action = || format!("join process group {pgid} (setpgid)");
+    let group =
+        i32::try_from(pgid)
+            .ok()
+            .filter(|g| *g > 1)
+            .ok_or_else(|| Error::ProcessControl {
+                action: action(),
+                source: Errno::EINVAL,
+            })?;
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(group)).map_err(|source| {
+        Error::ProcessControl {
+            action: action(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -324,6 +394,59 @@ mod tests {
             "the child left our group"
         );
         assert_eq!(fields[2], "unset", "HOME was removed: {got}");
+    }
+
+    /// Whether `pid` runs (a zombie counts as gone).
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                let state = s.rsplit(')').next().unwrap_or("").trim_start();
+                !state.starts_with('Z') && !state.starts_with('X')
+            })
+            .unwrap_or(false)
+    }
+
+    #[tokio::test]
+    async fn a_group_kill_ends_what_the_child_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let bg = dir.path().join("bg.pid");
+        // A background process that ignores SIGTERM, then the shell becomes a sleep.
+        let script = format!(
+            "(trap '' TERM; exec sleep 600) & echo $! > '{}'; exec sleep 60",
+            bg.display()
+        );
+        let options = SpawnOptions {
+            process_group: Some(0),
+            ..SpawnOptions::default()
+        };
+        let mut child =
+            spawn_with(Path::new(SH), &dir.path().join("s"), &sh(&script), &options).unwrap();
+        let pid = child.id().unwrap();
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        let bg_pid: i32 = loop {
+            if let Some(p) = std::fs::read_to_string(&bg)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                break p;
+            }
+            assert!(std::time::Instant::now() < end, "no background pid");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(running(bg_pid));
+        kill_group_and_reap(&mut child, pid, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_reaped(pid);
+        // The orphan is someone else's to reap; SIGKILL is final, so it only has to die.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while running(bg_pid) {
+            assert!(
+                std::time::Instant::now() < end,
+                "background {bg_pid} survived"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

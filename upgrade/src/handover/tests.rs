@@ -6,6 +6,7 @@ use serde::Deserialize;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -187,7 +188,7 @@ async fn bind_insists_on_a_private_directory_and_replaces_stale_sockets() {
     fs::create_dir(&open).unwrap();
     fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let err = HandoverListener::bind(&open).unwrap_err();
-    assert!(matches!(err, Error::HandoverDirInvalid { .. }), "{err:?}");
+    assert!(matches!(err, Error::DirInvalid { .. }), "{err:?}");
 
     let fresh = root.path().join("fresh");
     let listener = HandoverListener::bind(&fresh).unwrap();
