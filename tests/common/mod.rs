@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod bundles;
+pub mod fleet;
 pub mod procs;
 
 use std::fs::{File, OpenOptions};

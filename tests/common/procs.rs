@@ -52,11 +52,30 @@ pub const FAST_PLANNER: &[&str] = &[
 impl Proc {
     /// Starts `artex ARGS…` with `ARTEX_DATABASE_URL=url`.
     pub fn start(name: &str, url: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Proc::start_via(&[], name, url, args, env)
+    }
+
+    /// As [`Proc::start`], with `launcher` put before `artex` (e.g. `ip netns exec NS`).
+    /// The launcher must exec artex, not fork it, so that the pid is artex's.
+    pub fn start_via(
+        launcher: &[&str],
+        name: &str,
+        url: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let dir = tempfile::tempdir().expect("temp dir for a process log");
         let log = dir.path().join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let mut cmd = Command::new(super::artex_bin());
+        let mut cmd = match launcher.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(super::artex_bin());
+                cmd
+            }
+            None => Command::new(super::artex_bin()),
+        };
         cmd.args(args)
             .env("ARTEX_DATABASE_URL", url)
             .env("ARTEX_READ_TOKEN_FILE", super::read_token_file())
