@@ -28,6 +28,7 @@
 //! - [`process`]: host name, worker id, the binary's digest, stop signals, the service
 //!   manager, generation folders.
 //! - [`config`]: flags and `ARTEX_*` variables, with defaults.
+//! - [`tokens`]: bearer tokens: from files, from headers, compared in constant time.
 //! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
 //! - [`handlers`]: the stock binary's task kinds.
 //! - [`error`]: the app's error type and exit codes.
@@ -43,6 +44,7 @@ pub mod http;
 pub mod master;
 pub mod process;
 pub mod runtime;
+pub mod tokens;
 
 pub use artex_actors::worker::{Registry, TaskContext, TaskError};
 pub use artex_actors::Blackboard;

@@ -82,24 +82,35 @@ async fn a_fleet_runs_tasks_over_its_network_and_a_partitioned_worker_comes_back
         .get(0);
     assert_eq!(registered, w2_http);
 
-    // Everything reached PostgreSQL over TCP from the three hosts, none by its socket.
-    let peers: Vec<String> = c
-        .query(
-            "select distinct host(client_addr) from pg_stat_activity \
-             where backend_type = 'client backend' and client_addr is not null order by 1",
-            &[],
-        )
-        .await
-        .expect("reading pg_stat_activity")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    // Everything reaches PostgreSQL over TCP from the three hosts, none by its socket
+    // (the planner may still be opening its sessions: wait for them).
     let mut hosts: Vec<String> = ["p1", "w1", "w2"]
         .iter()
         .map(|h| fleet.addr(h).to_string())
         .collect();
     hosts.sort();
-    assert_eq!(peers, hosts);
+    let c2 = &c;
+    let hosts2 = &hosts;
+    wait_for(
+        "the planner and both workers to reach PostgreSQL over the fleet's network",
+        Duration::from_secs(20),
+        || async move {
+            let peers: Vec<String> = c2
+                .query(
+                    "select distinct host(client_addr) from pg_stat_activity \
+                     where backend_type = 'client backend' and client_addr is not null \
+                     order by 1",
+                    &[],
+                )
+                .await
+                .ok()?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            (&peers == hosts2).then_some(())
+        },
+    )
+    .await;
 
     submit(&c, 1, 200).await;
     wait_done(&c, 1, 200, Duration::from_secs(30)).await;

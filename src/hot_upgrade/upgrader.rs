@@ -28,6 +28,7 @@ use super::protocol::HandoverError;
 use crate::config::WorkerArgs;
 use crate::error::{Error, Result};
 use crate::process::{BinaryDigest, GENERATION_MARKER};
+use crate::tokens;
 
 /// How the upgrade folder is named in errors.
 pub const UPGRADE_FOLDER: &str = "upgrade folder (--upgrade-dir)";
@@ -51,15 +52,12 @@ impl UpgradeSettings {
             .as_deref()
             .map(bundle::load_public_key)
             .transpose()?;
-        let token = match (&args.upgrade_token_file, &args.upgrade_token) {
-            (Some(f), _) => {
-                let t = std::fs::read_to_string(f).map_err(|e| {
-                    Error::io(format!("reading --upgrade-token-file {}", f.display()), e)
-                })?;
-                Some(t.trim().to_string())
+        let token = match &args.upgrade_token {
+            _ if args.upgrade_token_file.is_some() => {
+                tokens::from_file(args.upgrade_token_file.as_deref(), "--upgrade-token-file")?
             }
-            (None, Some(t)) => Some(t.trim().to_string()),
-            (None, None) => None,
+            Some(t) => Some(t.trim().to_string()),
+            None => None,
         };
         if token.as_deref() == Some("") {
             return Err(Error::Invalid("the upgrade token is empty".into()));
@@ -204,11 +202,7 @@ impl Upgrader {
                     .into(),
             ));
         };
-        let given = header
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .unwrap_or("")
-            .trim();
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        if !tokens::matches(tokens::bearer(header).unwrap_or(""), token) {
             return Err(UpgradeError::Unauthorized);
         }
         Ok(())
@@ -490,13 +484,4 @@ fn warn_if_not_in_group(child_pid: u32, group: u32) {
         ),
         Err(e) => tracing::warn!(child_pid, error = %e, "cannot read the new process's group"),
     }
-}
-
-/// Equality that takes as long whatever the first differing byte: a token compared
-/// byte by byte with an early exit tells an attacker, by timing, how much they got right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() || a.is_empty() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

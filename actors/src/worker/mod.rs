@@ -30,7 +30,7 @@ use uuid::Uuid;
 pub use crate::blackboard::WorkerState;
 use crate::blackboard::{
     AssignedTask, AttemptRecord, Blackboard, ListenEvent, Outcome, Registration, Step,
-    CANCEL_PAYLOAD,
+    CANCEL_PAYLOAD, TASKS_CHANNEL,
 };
 use crate::supervisor::ActorStats;
 pub use drain::{Drain, DrainReport};
@@ -590,10 +590,16 @@ impl Actor for Worker {
             .listen_session("worker", &[self.config.channel()])
             .named(self.config.session_name());
         let me = ctx.address();
+        let bb = self.bb.clone();
         async move {
             loop {
                 match session.next().await {
-                    ListenEvent::Connected => me.do_send(Wake),
+                    // Planners offer work only to workers whose session is there (see
+                    // `RosterEntry`): it is now, so a round may place more.
+                    ListenEvent::Connected => {
+                        bb.wake(&[TASKS_CHANNEL]);
+                        me.do_send(Wake)
+                    }
                     ListenEvent::Notified(batch) => {
                         me.do_send(Wake);
                         if batch.iter().any(|n| n.payload == CANCEL_PAYLOAD) {
