@@ -9,6 +9,10 @@
 -- under the worker row's lock: several planners never give a worker more than its
 -- capacity, and the roster is a read of the workers table.
 --
+-- Leases. An assignment gets the lease its worker renews (`workers.lease_ms`), not
+-- the planner's: a task assigned with a long lease to a worker that dies before its
+-- first renewal would wait that long to be taken back.
+--
 -- Liveness. A worker's LISTEN session carries an application name of its own, recorded
 -- in `workers.session`; while that session's backend is gone (the process was killed, its
 -- host is cut off) the planner sees it missing from pg_stat_activity and assigns it
@@ -16,12 +20,15 @@
 
 alter table artex.workers
     add column held integer not null default 0,
-    add column session text check (session <> '' and length(session) < 64);
+    add column session text check (session <> '' and length(session) < 64),
+    add column lease_ms integer check (lease_ms > 0);
 
 comment on column artex.workers.held is
     'Tasks the worker holds (assigned or running), kept by the tasks triggers.';
 comment on column artex.workers.session is
     'application_name of the worker''s LISTEN session; NULL for a worker without one.';
+comment on column artex.workers.lease_ms is
+    'The lease the worker renews; assignments to it get the same (the planner''s own when NULL).';
 
 update artex.workers w
 set held = (select count(*) from artex.tasks t

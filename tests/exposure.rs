@@ -262,6 +262,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         kinds: vec!["echo".into()],
         capacity: 10,
         session: None,
+        lease_ms: None,
     })
     .await
     .unwrap();

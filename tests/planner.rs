@@ -32,6 +32,7 @@ fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
         kinds: kinds.iter().map(|k| k.to_string()).collect(),
         capacity,
         session: None,
+        lease_ms: None,
     }
 }
 
@@ -181,4 +182,36 @@ fn rounds_start_small_after_idle_and_grow() {
         let sizes: Vec<usize> = rounds(3).await.iter().map(|r| r.assigned).collect();
         assert_eq!(sizes, [128, 512, 2000]);
     });
+}
+
+/// A worker declared gone keeps its tasks until their leases run out: gone may mean cut
+/// off, and a cut-off worker stops its handlers only just before its leases end.
+#[tokio::test]
+async fn a_gone_workers_tasks_wait_for_their_leases_to_run_out() {
+    let db = TestDb::new().await;
+    db.bb
+        .register_worker(&registration("w1", &["echo"], 10))
+        .await
+        .unwrap();
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    // Leases of 30 s; the worker is gone after 10 s of silence.
+    Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!(common::start_assigned(&db.bb, "w1", 1).await.len(), 1);
+    let at = |secs| Some(chrono::Utc::now() + chrono::Duration::seconds(secs));
+    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(at(20)))
+        .await
+        .unwrap();
+    assert_eq!(report.workers_gone, vec!["w1".to_string()]);
+    assert_eq!((report.requeued, report.ended), (0, 0));
+    assert_eq!(db.bb.task(id).await.unwrap().status.as_str(), "running");
+    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(at(40)))
+        .await
+        .unwrap();
+    assert_eq!(report.requeued, 1);
+    let t = db.bb.task(id).await.unwrap();
+    assert_eq!((t.status.as_str(), t.retries), ("pending", 1));
 }

@@ -47,9 +47,14 @@ impl Sight {
         }
     }
 
-    /// Whether a sweep starting at `now` may mark workers gone and take back leases.
+    /// Whether a sweep starting at `now` may mark workers gone and take back leases: not
+    /// while blind (the sweep that gets through first must not judge what it could not
+    /// see), not after a gap, and only once the grace since it saw again has passed.
     pub fn may_judge(&self, now: Instant) -> bool {
-        matches!(self.judge_from, Some(t) if now >= t)
+        let recent = self
+            .last_seen
+            .is_some_and(|t| now.saturating_duration_since(t) <= self.gap);
+        !self.blind && recent && matches!(self.judge_from, Some(t) if now >= t)
     }
 
     /// A sweep reached the database at `now`. After blindness (a failed sweep, a gap, the
@@ -217,10 +222,12 @@ mod tests {
         assert!(sight.may_judge(t1));
         // An outage: the sweeps fail…
         sight.lost();
+        assert!(!sight.may_judge(t1 + EVERY));
         sight.lost();
         // …and the first one that gets through does not judge, nor the next ones for a
         // grace: live workers need that long to heartbeat and renew.
         let back = t1 + Duration::from_secs(4);
+        assert!(!sight.may_judge(back));
         sight.saw(back);
         assert!(!sight.may_judge(back));
         let t = sweeps(&mut sight, back, back + GRACE - Duration::from_millis(1));
@@ -234,8 +241,10 @@ mod tests {
         let mut sight = Sight::new(GRACE, GAP);
         let t1 = sweeps(&mut sight, t0, t0 + GRACE);
         assert!(sight.may_judge(t1));
-        // The process was frozen (or a call hung) for longer than the gap.
+        // The process was frozen (or a call hung) for longer than the gap: the sweep that
+        // runs then does not judge…
         let resumed = t1 + GAP + Duration::from_secs(1);
+        assert!(!sight.may_judge(resumed));
         sight.saw(resumed);
         assert!(!sight.may_judge(resumed));
         // Regular sweeps give the right to judge back, a grace later.

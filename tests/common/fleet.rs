@@ -11,7 +11,7 @@
 
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -21,7 +21,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio_postgres::Client;
 
-use super::procs::{alive, Proc, FAST_PLANNER, FAST_WORKER};
+use super::procs::{alive, with_defaults, Proc, FAST_PLANNER, FAST_WORKER};
 
 /// Where `ip netns` keeps its named namespaces.
 const NETNS_DIR: &str = "/run/netns";
@@ -168,19 +168,19 @@ impl Fleet {
     /// `<host's address>:8080` with reads open (`--public-read`), plus `extra`.
     pub fn worker(&self, host: &str, name: &str, url: &str, extra: &[&str]) -> Proc {
         let http = self.http_addr(host);
-        let mut args = vec!["worker", "--http", &http, "--public-read"];
+        let mut defaults = vec!["--http", http.as_str()];
         // FAST_WORKER starts with its own `--http 127.0.0.1:0`.
         assert_eq!(FAST_WORKER[0], "--http");
-        args.extend_from_slice(&FAST_WORKER[2..]);
-        args.extend_from_slice(extra);
+        defaults.extend_from_slice(&FAST_WORKER[2..]);
+        let mut args = with_defaults("worker", &defaults, extra);
+        args.push("--public-read");
         self.spawn(host, name, url, &args, &[])
     }
 
-    /// `artex planner` on `host` with [`FAST_PLANNER`] settings plus `extra`.
+    /// `artex planner` on `host` with [`FAST_PLANNER`] settings, those `extra` names
+    /// replaced.
     pub fn planner(&self, host: &str, name: &str, url: &str, extra: &[&str]) -> Proc {
-        let mut args = vec!["planner"];
-        args.extend_from_slice(FAST_PLANNER);
-        args.extend_from_slice(extra);
+        let args = with_defaults("planner", FAST_PLANNER, extra);
         self.spawn(host, name, url, &args, &[])
     }
 
@@ -284,35 +284,15 @@ impl Fleet {
         cluster.stop().expect("stopping the fleet cluster");
         let data = cluster.data_dir();
         allow_fleet_in_hba(&data);
-        let bin = find_server_binaries().expect("PostgreSQL binaries");
         let log = dir.path().join("c").join("postgres.log");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &netns])
-            // PostgreSQL refuses root; `runuser` keeps the namespace `ip netns exec` set.
-            .args(["runuser", "-u", "postgres", "--"])
-            .arg(bin.join("pg_ctl"))
-            .args(["start", "-w", "-t", "60", "-D"])
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .arg("-o")
-            .arg(format!("-c listen_addresses={addr} -c port={PG_PORT}"))
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .output()
-            .expect("running pg_ctl start in the host's namespace");
-        assert!(
-            out.status.success(),
-            "PostgreSQL did not start on {host}: {}\n{}",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
         let db = FleetDb {
             cluster,
             addr,
             netns,
+            log,
             _dir: dir,
         };
+        db.start_in_host();
         let bb = Blackboard::connect(&db.local_url(), 2).expect("fleet cluster pool");
         bb.migrate().await.expect("migrating the fleet cluster");
         db
@@ -337,10 +317,51 @@ pub struct FleetDb {
     /// The address it listens on, inside the fleet.
     pub addr: Ipv4Addr,
     netns: String,
+    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl FleetDb {
+    /// Starts the (stopped) server inside its host, listening on the host's address.
+    pub fn start_in_host(&self) {
+        let bin = find_server_binaries().expect("PostgreSQL binaries");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            // PostgreSQL refuses root; `runuser` keeps the namespace `ip netns exec` set.
+            .args(["runuser", "-u", "postgres", "--"])
+            .arg(bin.join("pg_ctl"))
+            .args(["start", "-w", "-t", "60", "-D"])
+            .arg(self.cluster.data_dir())
+            .arg("-l")
+            .arg(&self.log)
+            .arg("-o")
+            .arg(format!(
+                "-c listen_addresses={} -c port={PG_PORT}",
+                self.addr
+            ))
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running pg_ctl start in the host's namespace");
+        assert!(
+            out.status.success(),
+            "PostgreSQL did not start on {}: {}\n{}",
+            self.netns,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            self.server_log()
+        );
+    }
+
+    /// Stops the server (fast shutdown): an outage, until [`FleetDb::start_in_host`].
+    pub fn stop(&self) {
+        self.cluster.stop().expect("stopping the fleet cluster");
+    }
+
+    /// Everything the server logged so far.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The URL of its `postgres` database for processes on fleet hosts (TCP).
     pub fn url_from_fleet(&self) -> String {
         format!("postgresql://postgres@{}:{PG_PORT}/postgres", self.addr)

@@ -167,7 +167,11 @@ impl Drop for Proc {
 
 /// `command`, the `--flag value` pairs of `defaults` whose flag `extra` does not name,
 /// then `extra`: artex refuses an option given twice.
-fn with_defaults<'a>(command: &'a str, defaults: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+pub fn with_defaults<'a>(
+    command: &'a str,
+    defaults: &[&'a str],
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![command];
     for pair in defaults.chunks(2) {
         if !extra.contains(&pair[0]) {

@@ -108,9 +108,10 @@ pub const CLAIM: &str = "select id, kind from artex.tasks
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
 // stale assigns only what still fits, and the rest of its plan stays pending. The
-// tasks' trigger then adds them to `held` in the same statement.
+// tasks' trigger then adds them to `held` in the same statement. The lease is the one
+// the worker renews ($4, the planner's, for a worker that states none).
 const ASSIGN: &str = "with room as materialized (
-        select w.id, greatest(w.capacity - w.held, 0) as free
+        select w.id, greatest(w.capacity - w.held, 0) as free, w.lease_ms
         from artex.workers w
         where w.id = any($3::text[]) and w.state = 'online'
         order by w.id
@@ -122,7 +123,8 @@ const ASSIGN: &str = "with room as materialized (
     )
     update artex.tasks t
     set status = 'assigned', assigned_to = wanted.worker,
-        lease_until = now() + make_interval(secs => $4::float8)
+        lease_until = now() + coalesce(make_interval(secs => room.lease_ms / 1000.0),
+                                       make_interval(secs => $4::float8))
     from artex.set_context($1, 'assigned') ctx, wanted, room
     where ctx and wanted.worker = room.id and wanted.k <= room.free
       and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
@@ -131,13 +133,16 @@ const ASSIGN: &str = "with room as materialized (
 const WAKE: &str =
     "select count(pg_notify(channel, '')) from artex.workers where id = any($1::text[])";
 
-// Takes back held tasks whose lease ran out or whose worker is gone. Running tasks count
-// a failed attempt (and end as `timeout` past their budget); assigned tasks never
-// started, so they go back without one.
+// Takes back held tasks whose lease ran out. Running tasks count a failed attempt (and
+// end as `timeout` past their budget); assigned tasks never started, so they go back
+// without one. A worker declared gone keeps its tasks until their leases run out all
+// the same: gone may mean cut off, not dead, and a cut-off worker stops its handlers
+// only just before its leases end (it fences itself); taking a task back earlier would
+// run it in two places at once.
 const RECLAIM: &str = "with stale as materialized (
         select id from artex.tasks
         where status in ('assigned', 'running')
-          and (lease_until < coalesce($1::timestamptz, now()) or assigned_to = any($2::text[]))
+          and lease_until < coalesce($1::timestamptz, now())
         order by lease_until
         limit $3
         for update skip locked

@@ -88,6 +88,9 @@ pub struct Registration {
     /// exists (the process died, its host is cut off) planners give it nothing. `None`
     /// for a worker without a session (a tool, a simulation).
     pub session: Option<String>,
+    /// The lease it renews, milliseconds: assignments to it get the same. `None`: the
+    /// planner's `--assign-lease-ms`.
+    pub lease_ms: Option<i32>,
 }
 
 /// A task assigned to a worker, as the worker reads it (or takes it over in a hot
@@ -228,11 +231,13 @@ fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
 
 // Registering adds capacity: wake the planners.
 const REGISTER: &str = "with r as (insert into artex.workers
-        (id, host, pid, version, http_addr, channel, kinds, capacity, session, state, last_seen)
-    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'online', now())
+        (id, host, pid, version, http_addr, channel, kinds, capacity, session, lease_ms,
+         state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'online', now())
     on conflict (id) do update set
         version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
         kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
+        lease_ms = excluded.lease_ms,
         state = 'online', last_seen = now()
     returning 1)
     select pg_notify('artex_tasks', '') from r";
@@ -348,6 +353,7 @@ impl Blackboard {
                     &r.kinds,
                     &r.capacity,
                     &r.session,
+                    &r.lease_ms,
                 ],
             )
             .await?;

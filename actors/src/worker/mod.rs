@@ -214,6 +214,7 @@ impl Worker {
             kinds: registry.kinds(),
             capacity: (config.concurrency + config.prefetch).max(1) as i32,
             session: Some(config.session_name()),
+            lease_ms: i32::try_from(config.lease.as_millis()).ok(),
         }
     }
 
