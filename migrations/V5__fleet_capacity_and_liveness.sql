@@ -110,3 +110,20 @@ $$;
 create trigger tasks_held_after_insert after insert on artex.tasks
     referencing new table as new_rows
     for each statement execute function artex.tasks_held_after_insert();
+
+-- A worker reads big payloads a few at a time, within a memory budget: it needs their
+-- sizes before it reads them. Kept per row when the payload is written (a row trigger
+-- that fires only when `payload` is set), so the read sums integers instead of turning
+-- every held payload into text. Rows written before this migration have none; the read
+-- measures those itself.
+alter table artex.tasks add column payload_bytes integer;
+
+create function artex.tasks_measure_payload() returns trigger language plpgsql as $$
+begin
+    new.payload_bytes := octet_length(new.payload::text);
+    return new;
+end
+$$;
+
+create trigger tasks_measure_payload before insert or update of payload on artex.tasks
+    for each row execute function artex.tasks_measure_payload();

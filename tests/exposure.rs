@@ -354,3 +354,66 @@ mod dev_db_state {
         pids
     }
 }
+
+/// Peak resident memory of process `pid`, bytes (`VmHWM`).
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .expect("VmHWM")
+}
+
+/// The worker's memory budget for what it holds (`--queue-max-bytes`, 64 MiB): eight
+/// 50 MB payloads at concurrency 2 are read one at a time, not eight at once (2.19 GB).
+#[tokio::test]
+async fn eight_fifty_megabyte_payloads_keep_the_worker_within_its_memory_bound() {
+    const MB: i64 = 1024 * 1024;
+    /// The bound README states for one 50 MB payload held at a time.
+    const BOUND: u64 = 450 * 1024 * 1024;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "update artex.limits set max_payload_bytes = $1",
+        &[&(64 * MB as i32)],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "insert into artex.tasks (kind, payload) \
+         select 'sleep', jsonb_build_object('ms', 10, 'blob', repeat('x', $1::int)) \
+         from generate_series(1, 8)",
+        &[&(50 * MB as i32)],
+    )
+    .await
+    .unwrap();
+    let w = Proc::worker("big", &db.url, &["--concurrency", "2"]);
+    worker_id(&c, &w).await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    wait_for(
+        "the eight tasks to succeed",
+        Duration::from_secs(120),
+        || {
+            let c = &c;
+            async move {
+                let done = count(
+                    c,
+                    "select count(*) from artex.tasks where status = 'succeeded'",
+                )
+                .await;
+                (done == 8).then_some(())
+            }
+        },
+    )
+    .await;
+    let peak = peak_rss(w.pid());
+    println!("FIGURE worker_peak_rss_8x50MB_bytes={peak}");
+    assert!(
+        peak < BOUND,
+        "worker peak RSS {} MB over the bound {} MB",
+        peak / 1024 / 1024,
+        BOUND / 1024 / 1024
+    );
+}

@@ -254,15 +254,16 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
 // and skips the ones it already has.
 // The worker reads what it may hold in memory: in order, while the payloads read so far
 // ($3: bytes it may still take) fit, and always the first when it holds nothing ($4), so
-// a task larger than the whole budget still runs, alone. The sizes are summed over at
-// most `limit` rows ($2).
+// a task larger than the whole budget still runs, alone. The sizes (kept per row, see
+// migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
+// ($2); only the rows that fit are read whole.
 const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
         checkpoint, flow_id, payload_bytes,
         (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
                  checkpoint, flow_id, lease_until,
-                 octet_length(payload::text)::bigint as payload_bytes,
-                 sum(octet_length(payload::text)) over
+                 coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
+                 sum(coalesce(payload_bytes, octet_length(payload::text))) over
                      (order by priority desc, run_at, id rows unbounded preceding) as upto,
                  row_number() over (order by priority desc, run_at, id) as n
           from artex.tasks
@@ -527,7 +528,8 @@ const TAKE_OVER: &str = "update artex.tasks t
     where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
       and t.status::text in ('assigned', 'running')
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
-              t.checkpoint, t.flow_id, octet_length(t.payload::text)::bigint,
+              t.checkpoint, t.flow_id,
+              coalesce(t.payload_bytes, octet_length(t.payload::text))::bigint,
               (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8";
 
 const MOVE_ASSIGNED: &str = "with moved as (
