@@ -234,8 +234,7 @@ impl SchemaMismatch {
                 .to_string(),
             SchemaMismatch::Missing { migration } => format!(
                 "{build} needs migration {migration}, which the database does not have: run \
-                 `artex migrate` with {build} first (expansions only; builds already running \
-                 keep running), or run the build the database was migrated with"
+                 `artex migrate` with {build} first"
             ),
             SchemaMismatch::Differs { migration, why } => format!(
                 "migration {migration} of {build} is not the one the database applied ({why}); \
