@@ -14,6 +14,10 @@
 # seconds of the upgrade's answer (default 60) ends the run with a message naming the host and exit status 1; the
 # hosts after it are not touched. Needs bash and curl only: the JSON fields read are
 # flat strings and numbers, matched with sed.
+#
+# Migrate first, with the new build (`NEW/artex migrate`): a worker refuses a bundle whose
+# build needs a migration the database lacks (409, naming it) and the run stops there,
+# no host changed. See migrations/README.md.
 set -euo pipefail
 
 usage() {

@@ -24,7 +24,8 @@
 //!   resolves (testable in-process), and the connection to the blackboard.
 //! - [`http`]: the worker's HTTP routes (no SQL).
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
-//! - [`hot_upgrade`]: the app side of a hot upgrade: old side, new side, their protocol.
+//! - [`hot_upgrade`]: the app side of a hot upgrade: old side, new side, their protocol,
+//!   and the schema a bundle's build needs, checked before it is spawned.
 //! - [`process`]: host name, worker id, the binary's digest, stop signals, the service
 //!   manager, generation folders.
 //! - [`config`]: flags and `ARTEX_*` variables, with defaults.

@@ -40,18 +40,29 @@ pub async fn database_url(db: &DbConfig) -> Result<String> {
     Ok(cluster.url(dev_db::DATABASE))
 }
 
-/// Connects to the blackboard and brings its schema up to date.
+/// Connects to the blackboard and checks that its schema lies within this build's range
+/// (every migration it knows applied, nothing contracted beyond it); refuses otherwise,
+/// having written nothing. It never migrates: a process that migrated at start would
+/// change the schema under the whole fleet whenever it was upgraded, and a rollback would
+/// not undo it. Only `artex migrate`, `artex up` and `artex db start` migrate.
 pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
+    let bb = connect_unchecked(db).await?;
+    let schema = bb.check_schema().await?;
+    if !schema.unknown.is_empty() {
+        tracing::info!(newer = ?schema.unknown,
+            "the database has expansions by a newer build; this build runs on");
+    }
+    Ok(bb)
+}
+
+/// Connects to the blackboard without looking at its schema: for the commands that
+/// migrate it first.
+pub async fn connect_unchecked(db: &DbConfig) -> Result<Blackboard> {
     let url = database_url(db).await?;
     let limits = db.limits();
     tracing::info!(database = %artex_actors::blackboard::mask_password(&url),
         limits = ?limits, "blackboard");
-    let bb = Blackboard::connect_with(&url, limits)?;
-    let report = bb.migrate().await?;
-    if !report.applied.is_empty() {
-        tracing::info!(applied = ?report.applied, "migrated the blackboard");
-    }
-    Ok(bb)
+    Ok(Blackboard::connect_with(&url, limits)?)
 }
 
 /// Runs the planner's actors (Scanner, Assigner, Reaper, each supervised) until

@@ -33,6 +33,10 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// The database's schema is outside what this build supports: missing a migration it
+    /// needs, or contracted beyond it (the message says which, and what to run).
+    #[error("{0}")]
+    Schema(#[from] crate::blackboard::SchemaMismatch),
     /// No task has this id.
     #[error("no task with id {0}")]
     TaskNotFound(Uuid),

@@ -1,9 +1,20 @@
 //! `artex bundle keygen|create`: signing keys and signed upgrade bundles, made with
 //! `artex_upgrade::bundle` (which also verifies them on the worker's side).
 
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use artex_upgrade::Schema;
 use clap::Subcommand;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// How long the packaged binary gets to print its schema.
+const SCHEMA_DEADLINE: Duration = Duration::from_secs(10);
+/// More than any schema a binary could honestly print.
+const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
 
 /// `artex bundle …`
 #[derive(Debug, Subcommand)]
@@ -31,6 +42,14 @@ pub(crate) enum BundleCommand {
         /// The version recorded in the manifest (default: this build's).
         #[arg(long)]
         manifest_version: Option<String>,
+        /// Record this build's schema instead of asking the binary (`BINARY schema
+        /// --json`): for a binary that cannot be run here or cannot answer.
+        #[arg(long, conflicts_with = "no_schema")]
+        schema_of_this_build: bool,
+        /// Record no schema: workers then skip the check before spawning, and the new
+        /// process's own check at start is all that guards the database.
+        #[arg(long)]
+        no_schema: bool,
     },
 }
 
@@ -51,12 +70,25 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             key,
             out,
             manifest_version,
+            schema_of_this_build,
+            no_schema,
         } => {
             let key = artex_upgrade::bundle::load_secret_key(&key)?;
             let version = manifest_version.unwrap_or_else(|| crate::VERSION.to_string());
-            let manifest = artex_upgrade::bundle::create(&binary, &key, &version, &out)?;
+            let schema = if no_schema {
+                None
+            } else if schema_of_this_build {
+                Some(crate::hot_upgrade::schema::this_build())
+            } else {
+                Some(ask_schema(&binary)?)
+            };
+            let manifest = artex_upgrade::bundle::create(&binary, &key, &version, schema, &out)?;
+            let needs = match manifest.schema.as_ref().and_then(|s| s.needs.last()) {
+                Some(m) => format!("needs migrations up to V{}__{}", m.version, m.name),
+                None => "schema not recorded".to_string(),
+            };
             println!(
-                "{} (version {}, sha256 {})",
+                "{} (version {}, {needs}, sha256 {})",
                 out.display(),
                 manifest.version,
                 manifest.binary_sha256
@@ -64,4 +96,66 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             Ok(())
         }
     }
+}
+
+/// Asks `binary` which schema it needs: `BINARY schema --json`, run with no input, no
+/// database URL and a deadline. Asked rather than assumed, because the binary packaged is
+/// usually another build than the one running this command (a release's binary, a
+/// user's worker binary built on the artex crate), and only it knows its migrations; the
+/// manifest signs what it said.
+fn ask_schema(binary: &Path) -> Result<Schema> {
+    let refuse = |what: String| {
+        Error::Invalid(format!(
+            "--binary {}: cannot tell which database schema it needs (`schema --json` \
+             {what}); a build older than schema checks, or not artex? Give \
+             --schema-of-this-build to record this build's, or --no-schema to leave the \
+             check to the new process's start",
+            binary.display()
+        ))
+    };
+    let mut child = Command::new(binary)
+        .args(["schema", "--json"])
+        .env_remove("ARTEX_DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| refuse(format!("could not run: {e}")))?;
+    let pid = child.id();
+    let mut stdout = child.stdout.take();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The read and the wait block; a thread does them while this one keeps the deadline.
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        if let Some(out) = stdout.as_mut() {
+            let _ = out.take(MAX_SCHEMA_BYTES).read_to_end(&mut text);
+        }
+        let _ = tx.send((child.wait(), text));
+    });
+    let (status, text) = match rx.recv_timeout(SCHEMA_DEADLINE) {
+        Ok(done) => done,
+        Err(_) => {
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            return Err(refuse(format!(
+                "did not answer within {}s",
+                SCHEMA_DEADLINE.as_secs()
+            )));
+        }
+    };
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(refuse(format!("failed: {s}"))),
+        Err(e) => return Err(refuse(format!("could not be waited for: {e}"))),
+    }
+    let schema: Schema =
+        serde_json::from_slice(&text).map_err(|e| refuse(format!("printed no schema: {e}")))?;
+    if schema.needs.is_empty() {
+        return Err(refuse("named no migration".into()));
+    }
+    Ok(schema)
 }

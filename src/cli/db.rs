@@ -1,21 +1,55 @@
-//! `artex migrate` and `artex db start|stop|status|url`: the blackboard's schema and the
-//! embedded PostgreSQL cluster in `--data-dir`.
+//! `artex migrate`, `artex schema` and `artex db start|stop|status|url`: the blackboard's
+//! schema and the embedded PostgreSQL cluster in `--data-dir`.
 
+use artex_actors::blackboard::{Change, MIGRATIONS};
 use clap::Subcommand;
 
-use super::connect_one_shot;
+use super::connect_to_migrate;
 use crate::config::DbConfig;
 use crate::dev_db::{start_embedded, Cluster, ClusterOptions, ClusterState, DATABASE};
 use crate::error::{Error, Result};
 
 /// Runs `artex migrate`.
 pub(crate) async fn migrate(db: &DbConfig) -> Result {
-    let bb = connect_one_shot(db).await?;
+    let bb = connect_to_migrate(db).await?;
     let report = bb.migrate().await?;
     println!(
         "schema up to date (applied now: {:?}, already: {:?})",
         report.applied, report.already
     );
+    if !report.newer.is_empty() {
+        println!(
+            "newer than this build, expansions it runs against: {}",
+            report.newer.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs `artex schema`: what this build needs of the database, without connecting. With
+/// `--json`, the form a bundle's manifest carries (`artex bundle create` asks the binary
+/// it packages for it).
+pub(crate) fn schema(json: bool) -> Result {
+    if json {
+        let text = serde_json::to_string(&crate::hot_upgrade::schema::this_build())
+            .map_err(|e| Error::Invalid(format!("encoding the schema: {e}")))?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "artex {} needs every migration below applied (`artex migrate` with this build) and \
+         runs against newer ones that only expand the schema:",
+        crate::VERSION
+    );
+    for m in MIGRATIONS {
+        let change = match m.change {
+            Change::Expand => "expand".to_string(),
+            Change::Contract { compatible_from } => {
+                format!("contract: builds that know V{compatible_from} or newer")
+            }
+        };
+        println!("  {}  {change}", m.label());
+    }
     Ok(())
 }
 

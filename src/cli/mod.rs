@@ -7,7 +7,7 @@
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
 //! - `flows`: `flow submit|show`.
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
-//! - `db`: `migrate`, `db start|stop|status|url`.
+//! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
 //! - `bundle`: `bundle keygen|create`.
@@ -35,7 +35,7 @@ use uuid::Uuid;
 use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
 use crate::dev_db::ClusterOptions;
 use crate::error::{Error, Result};
-use crate::runtime::connect;
+use crate::runtime::{connect, connect_unchecked};
 
 /// artex: an actor-model task runtime with PostgreSQL as the blackboard.
 #[derive(Debug, Parser)]
@@ -76,8 +76,16 @@ enum Command {
         #[command(flatten)]
         worker: WorkerArgs,
     },
-    /// Create or update the blackboard's schema.
+    /// Create or update the blackboard's schema (the only command besides `up` and
+    /// `db start` that changes it; see migrations/README.md for rolling upgrades).
     Migrate,
+    /// Print the migrations this build needs and whether each expands or contracts the
+    /// schema; connects to nothing.
+    Schema {
+        /// One JSON object, as an upgrade bundle's manifest records it.
+        #[arg(long)]
+        json: bool,
+    },
     /// Submit a task; prints its id.
     Submit(tasks::SubmitArgs),
     /// One task.
@@ -164,6 +172,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Worker { worker } => run::worker(db, worker, registry).await,
         Command::Master { worker } => master::master(&worker).await,
         Command::Migrate => db::migrate(db).await,
+        Command::Schema { json } => db::schema(json),
         Command::Submit(args) => tasks::submit(db, args).await,
         Command::Task { command } => tasks::task(db, command).await,
         Command::Tasks(args) => tasks::list(db, args).await,
@@ -220,7 +229,20 @@ fn check_database_url(db: &DbConfig) -> Result {
 /// --data-dir only when one was created there (started if it is stopped). Creating a
 /// cluster is left to `artex up` and `artex db start`: a command run in the wrong folder
 /// must not leave a new PostgreSQL server running behind it.
+/// Like every process but the migrating ones, it checks the schema first (see
+/// [`connect`]).
 pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
+    existing_database(db)?;
+    connect(db).await
+}
+
+/// As [`connect_one_shot`], without the schema check: for `artex migrate`.
+pub(crate) async fn connect_to_migrate(db: &DbConfig) -> Result<Blackboard> {
+    existing_database(db)?;
+    connect_unchecked(db).await
+}
+
+fn existing_database(db: &DbConfig) -> Result {
     if db.database_url.is_none() && !ClusterOptions::new(&db.data_dir).cluster_exists() {
         return Err(Error::Cluster(format!(
             "no --database-url and no cluster in {}; start one with `artex up` or \
@@ -228,7 +250,7 @@ pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
             db.data_dir.display()
         )));
     }
-    connect(db).await
+    Ok(())
 }
 
 /// Who the history records for changes made from the command line.

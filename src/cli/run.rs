@@ -8,7 +8,9 @@ use artex_actors::worker::Registry;
 use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::process::Shutdown;
-use crate::runtime::{bind_http_unless_spawned, connect, run_planner, run_worker};
+use crate::runtime::{
+    bind_http_unless_spawned, connect, connect_unchecked, run_planner, run_worker,
+};
 
 /// Runs `artex planner`.
 pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
@@ -34,14 +36,20 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
     .map(|_| ())
 }
 
-/// Runs `artex up`: a planner and a worker in this process, stopping together.
+/// Runs `artex up`: a planner and a worker in this process, stopping together. The one
+/// long-running command that migrates: it is the local, single-process run, where nothing
+/// else shares the schema.
 pub(crate) async fn up(
     db: &DbConfig,
     worker: WorkerArgs,
     planner: PlannerArgs,
     registry: Registry,
 ) -> Result {
-    let bb = connect(db).await?;
+    let bb = connect_unchecked(db).await?;
+    let report = bb.migrate().await?;
+    if !report.applied.is_empty() {
+        tracing::info!(applied = ?report.applied, "migrated the blackboard");
+    }
     let listener = bind_http_unless_spawned(&worker.http)?;
     let http = match &listener {
         Some(l) => l

@@ -2,8 +2,9 @@
 //! where each lives:
 //! 1. `PUT /upgrade` receives the bundle (`crate::http::upgrade`);
 //! 2. [`Upgrader`] authenticates the caller, verifies and unpacks the bundle
-//!    (`artex_upgrade::bundle`) and spawns the new binary in a process group of its own
-//!    (`artex_upgrade::spawn`);
+//!    (`artex_upgrade::bundle`), refuses a new build the database's schema cannot run
+//!    ([`schema`]: 409, nothing spawned) and spawns the new binary in a process group of
+//!    its own (`artex_upgrade::spawn`);
 //! 3. over the handover socket (`artex_upgrade::handover`, SCM_RIGHTS) the two processes
 //!    exchange the [`Msg`]s of [`protocol`]: the old side in [`OldSide`], the new side in
 //!    [`Successor`] (called by [`crate::runtime::run_worker`]); the listening socket goes
@@ -18,6 +19,7 @@
 mod new_side;
 mod old_side;
 pub mod protocol;
+pub mod schema;
 mod upgrader;
 
 pub use new_side::Successor;

@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use super::old_side::OldSide;
 use super::protocol::HandoverError;
+use super::schema;
 use crate::config::WorkerArgs;
 use crate::error::{Error, Result};
 use crate::process::{BinaryDigest, GENERATION_MARKER};
@@ -122,6 +123,9 @@ pub enum UpgradeError {
     Unauthorized,
     /// 409: another upgrade is running.
     InProgress,
+    /// 409: the new build cannot run against the database's schema (the message names
+    /// the migration and what to run); nothing was spawned.
+    Schema(String),
     /// 413: bundle larger than allowed.
     TooLarge(u64),
     /// 408: the upload stalled or took too long (what and how far is said).
@@ -254,6 +258,16 @@ impl Upgrader {
             let _ = std::fs::remove_dir_all(&gen_dir);
             report.timings_ms = timings;
             return Ok(report);
+        }
+        // Before anything is spawned: a new build that needs a migration the database does
+        // not have would only fail its own start (a rollback at best); one that predates
+        // a contraction would break on the first statement that touches it.
+        if let Err(e) = schema::check_new_build(&self.bb, verified.manifest.schema.as_ref()).await {
+            let _ = std::fs::remove_dir_all(&gen_dir);
+            if let UpgradeError::Schema(why) = &e {
+                tracing::warn!(version = %verified.manifest.version, %why, "upgrade refused");
+            }
+            return Err(e);
         }
         let old_worker = self
             .worker

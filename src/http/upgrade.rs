@@ -292,6 +292,10 @@ fn error_response(e: UpgradeError) -> HttpResponse {
             StatusCode::CONFLICT,
             json!({ "error": "another upgrade is in progress on this worker" }),
         ),
+        UpgradeError::Schema(m) => (
+            StatusCode::CONFLICT,
+            json!({ "error": m, "status": "refused" }),
+        ),
         UpgradeError::TooLarge(max) => (
             StatusCode::PAYLOAD_TOO_LARGE,
             json!({ "error": format!("bundle larger than {max} bytes") }),

@@ -59,6 +59,9 @@ impl Keys {
         std::fs::copy(super::artex_bin(), &bin).unwrap();
         let mut f = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
         writeln!(f, "test build variant {variant}").unwrap();
+        // Closed before `bundle create` runs it to ask for its schema: a file open for
+        // writing cannot be executed (ETXTBSY).
+        drop(f);
         self.bundle_of(
             &bin,
             &format!("0.1.0-v{variant}"),
@@ -76,15 +79,29 @@ impl Keys {
         })
     }
 
-    /// A signed bundle whose "binary" is this shell script.
+    /// A signed bundle whose "binary" is this shell script, recording no schema (a
+    /// script cannot be asked for one; running it to ask could leave its background
+    /// processes behind).
     pub fn script_bundle(&self, name: &str, script: &str) -> PathBuf {
         let bin = self.path(name);
         std::fs::write(&bin, script).unwrap();
-        self.bundle_of(&bin, name, &format!("{name}.zip")).0
+        self.bundle_with(&bin, name, &format!("{name}.zip"), &["--no-schema"])
+            .0
     }
 
     /// `artex bundle create` of `bin`: (zip, sha256 of the binary).
     pub fn bundle_of(&self, bin: &Path, version: &str, out: &str) -> (PathBuf, String) {
+        self.bundle_with(bin, version, out, &[])
+    }
+
+    /// `artex bundle create` of `bin` with `extra` flags: (zip, sha256 of the binary).
+    pub fn bundle_with(
+        &self,
+        bin: &Path,
+        version: &str,
+        out: &str,
+        extra: &[&str],
+    ) -> (PathBuf, String) {
         let zip = self.path(out);
         let out = Command::new(super::artex_bin())
             .args(["bundle", "create", "--binary"])
@@ -94,6 +111,7 @@ impl Keys {
             .arg("--out")
             .arg(&zip)
             .args(["--manifest-version", version])
+            .args(extra)
             .output()
             .unwrap();
         assert!(

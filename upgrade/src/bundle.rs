@@ -52,6 +52,32 @@ pub struct Manifest {
     /// When the bundle was made, RFC 3339 in UTC; informational only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
+    /// The database schema the binary needs. Absent from bundles made before it was
+    /// recorded (they still verify) and from bundles of binaries that could not say; the
+    /// receiving worker then leaves the check to the new binary's own start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Schema>,
+}
+
+/// The database schema a binary needs: every migration it knows, oldest first, each of
+/// which the database must have applied (artex's `migrations/README.md` says why all of
+/// them). What the numbers mean is the caller's business; this crate only carries them,
+/// signed with the rest of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schema {
+    /// The migrations, oldest first.
+    pub needs: Vec<SchemaMigration>,
+}
+
+/// One migration in a [`Schema`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaMigration {
+    /// The number in `V<n>__`.
+    pub version: i32,
+    /// The name after `__`.
+    pub name: String,
+    /// The checksum of its text, as the migrations runner records it.
+    pub checksum: String,
 }
 
 /// Bounds [`unpack`] enforces before and while decompressing.
@@ -181,7 +207,8 @@ fn read_key_hex(path: &Path) -> Result<[u8; 32]> {
     result.map(|()| key)
 }
 
-/// Packs `binary` into a signed bundle at `out` and returns the manifest it signed.
+/// Packs `binary` into a signed bundle at `out` and returns the manifest it signed, with
+/// `schema` as what the binary needs of the database.
 ///
 /// The archive is written next to `out` and renamed into place, so a reader never sees a
 /// half-written bundle. The binary is hashed while it is copied, so the manifest describes
@@ -190,6 +217,7 @@ pub fn create(
     binary: &Path,
     secret: &SigningKey,
     manifest_version: &str,
+    schema: Option<Schema>,
     out: &Path,
 ) -> Result<Manifest> {
     let meta =
@@ -204,11 +232,12 @@ pub fn create(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "bundle.zip".to_owned());
     let tmp = out.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = write_bundle(binary, secret, manifest_version, &tmp).and_then(|manifest| {
-        fs::rename(&tmp, out)
-            .map(|()| manifest)
-            .map_err(|source| Error::io("renaming bundle into place", out, source))
-    });
+    let result =
+        write_bundle(binary, secret, manifest_version, schema, &tmp).and_then(|manifest| {
+            fs::rename(&tmp, out)
+                .map(|()| manifest)
+                .map_err(|source| Error::io("renaming bundle into place", out, source))
+        });
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -219,6 +248,7 @@ fn write_bundle(
     binary: &Path,
     secret: &SigningKey,
     manifest_version: &str,
+    schema: Option<Schema>,
     tmp: &Path,
 ) -> Result<Manifest> {
     let zip_err = |source| Error::ZipWrite {
@@ -256,6 +286,7 @@ fn write_bundle(
             .duration_since(UNIX_EPOCH)
             .ok()
             .map(|d| rfc3339_utc(d.as_secs())),
+        schema,
     };
     let manifest_bytes = serde_json::to_vec_pretty(&manifest).map_err(Error::ManifestEncode)?;
     let signature = hex::encode(secret.sign(&manifest_bytes).to_bytes());

@@ -28,7 +28,7 @@ pub mod private_dir;
 pub mod spawn;
 pub mod subreaper;
 
-pub use bundle::{Limits, Manifest, VerifiedBundle};
+pub use bundle::{Limits, Manifest, Schema, SchemaMigration, VerifiedBundle};
 pub use drain::{StopSignal, StopSignals};
 /// Key types used by [`bundle`], re-exported so callers need no ed25519 dependency.
 pub use ed25519_dalek::{SigningKey, VerifyingKey};

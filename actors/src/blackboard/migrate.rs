@@ -1,6 +1,20 @@
-//! The migrations runner: applies `migrations/V<n>__<name>.sql` in order, each in its own
-//! transaction, under an advisory lock so that concurrent processes migrate once, and
-//! refuses to run against a database whose applied migrations were edited since.
+//! The migrations runner and the schema range check. [`Blackboard::migrate`] applies
+//! `migrations/V<n>__<name>.sql` in order, each in its own transaction, under an advisory
+//! lock so that concurrent processes migrate once; only `artex migrate`, `artex up` and
+//! `artex db start` call it. Every other process calls [`Blackboard::check_schema`]: it
+//! runs only if the database's schema lies within what its build supports.
+//!
+//! # Compatibility, and how it is recorded
+//! A build needs every migration it knows (its code uses all of them), and it can run
+//! against migrations it does not know as long as they only *expand* the schema. Each
+//! migration says which it is ([`Change`]), and the runner records that in
+//! `artex.schema_migrations.compatible_from`: the oldest build, named by the newest
+//! migration it knows, that still runs against a database with this migration applied
+//! (0 for an expansion). The database's *floor* is the highest such value among its
+//! applied migrations, so a build reads "the database needs builds that know at least
+//! V<floor>" without knowing any migration newer than itself. A build knowing up to V<k>
+//! runs when every migration it knows is applied (with the same text) and floor ≤ k.
+//! See migrations/README.md for the expand → deploy → contract procedure.
 
 use super::Blackboard;
 use crate::error::{Error, Result};
@@ -14,34 +28,85 @@ pub struct Migration {
     pub name: &'static str,
     /// The SQL.
     pub sql: &'static str,
+    /// What it does to builds that do not know it.
+    pub change: Change,
+}
+
+/// What a migration does to the builds that predate it: whether they keep running against
+/// a database that has it. Decided when the migration is written (migrations/README.md)
+/// and recorded in the database, where builds that never heard of it read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Only adds (tables, columns that are nullable or have a default, functions,
+    /// indexes, values older builds never see): builds that predate it run on unchanged.
+    Expand,
+    /// Drops, renames or redefines something older builds use, or makes them write what
+    /// is now refused: only builds that know at least `V<compatible_from>` run against a
+    /// database that has it. Released only once every host runs such a build.
+    Contract {
+        /// The newest migration the oldest compatible build knows.
+        compatible_from: i32,
+    },
+}
+
+impl Change {
+    /// The value recorded in `schema_migrations.compatible_from`: 0 for an expansion
+    /// (it never raises the floor).
+    pub fn compatible_from(self) -> i32 {
+        match self {
+            Change::Expand => 0,
+            Change::Contract { compatible_from } => compatible_from,
+        }
+    }
+}
+
+impl Migration {
+    /// `V<n>__<name>`, as the file is named and as messages show it.
+    pub fn label(&self) -> String {
+        format!("V{}__{}", self.version, self.name)
+    }
+
+    /// Its checksum, as recorded in `schema_migrations.checksum`.
+    pub fn checksum(&self) -> String {
+        format!("{:016x}", fnv1a(self.sql))
+    }
 }
 
 /// Every migration, in order. Append-only: a released file is never edited.
+///
+/// V1–V5 count as contractions of their own version: the builds that predate them
+/// migrated at start and refused any schema newer than they knew, so no build older than
+/// a migration ever ran against it, and nothing vouches that one could.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "blackboard",
         sql: include_str!("../../../migrations/V1__blackboard.sql"),
+        change: Change::Contract { compatible_from: 1 },
     },
     Migration {
         version: 2,
         name: "flows",
         sql: include_str!("../../../migrations/V2__flows.sql"),
+        change: Change::Contract { compatible_from: 2 },
     },
     Migration {
         version: 3,
         name: "batched_hot_path",
         sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
+        change: Change::Contract { compatible_from: 3 },
     },
     Migration {
         version: 4,
         name: "input_limits",
         sql: include_str!("../../../migrations/V4__input_limits.sql"),
+        change: Change::Contract { compatible_from: 4 },
     },
     Migration {
         version: 5,
         name: "fleet_capacity_and_liveness",
         sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),
+        change: Change::Contract { compatible_from: 5 },
     },
 ];
 
@@ -52,6 +117,9 @@ pub struct MigrationReport {
     pub applied: Vec<i32>,
     /// Versions that were already there.
     pub already: Vec<i32>,
+    /// Applied migrations this build does not know (`V<n>__<name>`): expansions made by
+    /// a newer build's `artex migrate`.
+    pub newer: Vec<String>,
 }
 
 /// An identifier for the set of migrations compiled in (tests name template databases by it).
@@ -59,29 +127,241 @@ pub fn fingerprint() -> String {
     let mut all = String::new();
     for m in MIGRATIONS {
         all.push_str(m.sql);
+        all.push_str(&format!("{:?}", m.change));
     }
     format!("{:016x}", fnv1a(&all))
 }
 
+/// A migration a build needs applied, as that build describes it: this build's own
+/// ([`needed`]), or another's as a bundle's manifest carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Needed {
+    /// The number in `V<n>__`.
+    pub version: i32,
+    /// The name after `__`.
+    pub name: String,
+    /// Its checksum (see [`Migration::checksum`]).
+    pub checksum: String,
+}
+
+impl Needed {
+    fn label(&self) -> String {
+        format!("V{}__{}", self.version, self.name)
+    }
+}
+
+/// What this build needs: every migration it knows. (A build's code may use anything its
+/// migrations made, so it needs them all; that is also what makes "run `artex migrate`
+/// with the new build, then roll it out" the whole procedure.)
+pub fn needed() -> Vec<Needed> {
+    MIGRATIONS
+        .iter()
+        .map(|m| Needed {
+            version: m.version,
+            name: m.name.to_string(),
+            checksum: m.checksum(),
+        })
+        .collect()
+}
+
+/// One row of `artex.schema_migrations`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The number in `V<n>__`.
+    pub version: i32,
+    /// The name after `__`.
+    pub name: String,
+    /// The checksum of the text that was applied.
+    pub checksum: String,
+    /// The oldest build (by the newest migration it knows) that runs against it; rows
+    /// recorded before the column existed count as their own version.
+    pub compatible_from: i32,
+}
+
+impl Applied {
+    fn label(&self) -> String {
+        format!("V{}__{}", self.version, self.name)
+    }
+}
+
+/// How a database's schema looks to a build that can run against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaStatus {
+    /// The newest migration applied.
+    pub newest: i32,
+    /// Builds must know at least `V<floor>` to run here.
+    pub floor: i32,
+    /// Applied migrations the build does not know (`V<n>__<name>`): expansions.
+    pub unknown: Vec<String>,
+}
+
+/// Why a build cannot run against a database's schema. [`SchemaMismatch::describe`]
+/// says it for any build; `Display` says it for this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaMismatch {
+    /// The database has no `artex.schema_migrations`: never migrated.
+    NoSchema,
+    /// A migration the build needs is not applied (`V<n>__<name>`).
+    Missing {
+        /// The first one missing.
+        migration: String,
+    },
+    /// The database applied another text under a number the build knows.
+    Differs {
+        /// The build's migration (`V<n>__<name>`).
+        migration: String,
+        /// What the database has instead.
+        why: String,
+    },
+    /// A contraction the build predates.
+    Contracted {
+        /// The migration that raised the floor (`V<n>__<name>`).
+        migration: String,
+        /// Builds must know at least this one.
+        compatible_from: i32,
+        /// The newest migration the build knows.
+        knows: i32,
+    },
+}
+
+impl SchemaMismatch {
+    /// The one-line explanation, with `build` ("this build", "the new build") as the
+    /// subject, and what to do.
+    pub fn describe(&self, build: &str) -> String {
+        match self {
+            SchemaMismatch::NoSchema => "the database has no artex schema \
+                (no artex.schema_migrations): run `artex migrate` first"
+                .to_string(),
+            SchemaMismatch::Missing { migration } => format!(
+                "{build} needs migration {migration}, which the database does not have: run \
+                 `artex migrate` with {build} first"
+            ),
+            SchemaMismatch::Differs { migration, why } => format!(
+                "migration {migration} of {build} is not the one the database applied ({why}); \
+                 released migrations are append-only"
+            ),
+            SchemaMismatch::Contracted {
+                migration,
+                compatible_from,
+                knows,
+            } => format!(
+                "the database has migration {migration}, which only builds that know \
+                 V{compatible_from} or newer run against; {build} knows up to V{knows}: run a \
+                 newer build"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for SchemaMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe("this build"))
+    }
+}
+
+impl std::error::Error for SchemaMismatch {}
+
+/// Whether a build that needs `needs` (in order, oldest first) runs against a database
+/// that applied `applied`: every needed migration applied with the same text, and no
+/// applied contraction newer than the build. Applied migrations the build does not know
+/// are fine when they are expansions. Differences come first, then contractions, then a
+/// missing migration (the one `artex migrate` can fix).
+pub fn check_range(applied: &[Applied], needs: &[Needed]) -> Result<SchemaStatus, SchemaMismatch> {
+    for n in needs {
+        let Some(a) = applied.iter().find(|a| a.version == n.version) else {
+            continue;
+        };
+        if a.name != n.name || a.checksum != n.checksum {
+            return Err(SchemaMismatch::Differs {
+                migration: n.label(),
+                why: format!(
+                    "it has {} with checksum {}, {} has checksum {}",
+                    a.label(),
+                    a.checksum,
+                    n.label(),
+                    n.checksum
+                ),
+            });
+        }
+    }
+    let knows = needs.iter().map(|n| n.version).max().unwrap_or(0);
+    // The highest floor; among equal ones the oldest migration, which raised it first.
+    let floor = applied
+        .iter()
+        .max_by_key(|a| (a.compatible_from, std::cmp::Reverse(a.version)));
+    if let Some(top) = floor.filter(|a| a.compatible_from > knows) {
+        return Err(SchemaMismatch::Contracted {
+            migration: top.label(),
+            compatible_from: top.compatible_from,
+            knows,
+        });
+    }
+    if let Some(n) = needs
+        .iter()
+        .find(|n| !applied.iter().any(|a| a.version == n.version))
+    {
+        return Err(SchemaMismatch::Missing {
+            migration: n.label(),
+        });
+    }
+    Ok(SchemaStatus {
+        newest: applied.iter().map(|a| a.version).max().unwrap_or(0),
+        floor: floor.map(|a| a.compatible_from).unwrap_or(0),
+        unknown: applied
+            .iter()
+            .filter(|a| !needs.iter().any(|n| n.version == a.version))
+            .map(Applied::label)
+            .collect(),
+    })
+}
+
 const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
+
+/// The runner's own table. `compatible_from` came after the first releases: added by the
+/// runner when missing, and read so that a database without it still works (see
+/// [`READ_APPLIED`]).
+const CREATE_TABLE: &str = "create table if not exists artex.schema_migrations (
+         version integer primary key,
+         name text not null,
+         checksum text not null,
+         applied_at timestamptz not null default now(),
+         compatible_from integer)";
+
+/// Every applied migration. Through `to_jsonb` of the row, a database migrated before
+/// `compatible_from` existed reads as null (its column is missing), so a build can check
+/// it without altering it; null counts as the row's own version (older runners refused any
+/// schema newer than they knew: nothing older ever ran against those migrations).
+const READ_APPLIED: &str = "select version, name, checksum,
+         coalesce((to_jsonb(m) ->> 'compatible_from')::integer, version)
+     from artex.schema_migrations m
+     order by version";
+
+fn applied_from(rows: &[tokio_postgres::Row]) -> Vec<Applied> {
+    rows.iter()
+        .map(|r| Applied {
+            version: r.get(0),
+            name: r.get(1),
+            checksum: r.get(2),
+            compatible_from: r.get(3),
+        })
+        .collect()
+}
 
 impl Blackboard {
     /// Applies every migration not yet applied. Safe to call from several processes at once.
+    /// Refuses a database contracted beyond this build (and so applies nothing there), and
+    /// one whose applied migrations were edited.
     pub async fn migrate(&self) -> Result<MigrationReport> {
         // A connection of its own, closed afterwards: a migration (or the wait for another
         // process's) may outlast the statement timeout, which is lifted for this session
         // only and never handed back to the pool.
         let mut client = deadpool_postgres::Object::take(self.pool.get().await?);
         client
-            .batch_execute(
+            .batch_execute(&format!(
                 "set statement_timeout = 0;
                  create schema if not exists artex;
-                 create table if not exists artex.schema_migrations (
-                     version integer primary key,
-                     name text not null,
-                     checksum text not null,
-                     applied_at timestamptz not null default now())",
-            )
+                 {CREATE_TABLE}"
+            ))
             .await
             .or_else(|e| {
                 // Two processes racing on "create ... if not exists" can collide on the
@@ -103,39 +383,49 @@ impl Blackboard {
         unlock?;
         Ok(report)
     }
+
+    /// The migrations the database applied, oldest first; `None` when it was never
+    /// migrated. Reads only.
+    pub async fn applied_migrations(&self) -> Result<Option<Vec<Applied>>> {
+        let client = self.client().await?;
+        match client.query(READ_APPLIED, &[]).await {
+            Ok(rows) => Ok(Some(applied_from(&rows))),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Checks that this build runs against the database's schema (see [`check_range`]);
+    /// planners, workers and one-shot commands call it at start instead of migrating.
+    /// Reads only: a refused process leaves the database as it found it.
+    pub async fn check_schema(&self) -> Result<SchemaStatus> {
+        let applied = self
+            .applied_migrations()
+            .await?
+            .ok_or(SchemaMismatch::NoSchema)?;
+        Ok(check_range(&applied, &needed())?)
+    }
 }
 
 async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationReport> {
     client
-        .batch_execute(
-            "create table if not exists artex.schema_migrations (
-                 version integer primary key,
-                 name text not null,
-                 checksum text not null,
-                 applied_at timestamptz not null default now())",
-        )
+        .batch_execute(&format!(
+            "{CREATE_TABLE};
+             alter table artex.schema_migrations
+                 add column if not exists compatible_from integer"
+        ))
         .await?;
-    let rows = client
-        .query(
-            "select version, name, checksum from artex.schema_migrations",
-            &[],
-        )
-        .await?;
+    let applied = applied_from(&client.query(READ_APPLIED, &[]).await?);
+    let needs = needed();
+    match check_range(&applied, &needs) {
+        Ok(_) | Err(SchemaMismatch::Missing { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
     let mut report = MigrationReport::default();
     for m in MIGRATIONS {
-        let sum = format!("{:016x}", fnv1a(m.sql));
-        if let Some(row) = rows.iter().find(|r| r.get::<_, i32>(0) == m.version) {
-            let applied: String = row.get(2);
-            if applied != sum {
-                return Err(Error::Migration {
-                    version: m.version,
-                    name: m.name.into(),
-                    why: format!(
-                        "the database applied a different text (checksum {applied}, this \
-                         binary has {sum}); released migrations are append-only"
-                    ),
-                });
-            }
+        if applied.iter().any(|a| a.version == m.version) {
             report.already.push(m.version);
             continue;
         }
@@ -148,26 +438,31 @@ async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationRepor
                 why: Error::from(e).to_string(),
             })?;
         tx.execute(
-            "insert into artex.schema_migrations (version, name, checksum) values ($1, $2, $3)",
-            &[&m.version, &m.name, &sum],
+            "insert into artex.schema_migrations (version, name, checksum, compatible_from)
+             values ($1, $2, $3, $4)",
+            &[
+                &m.version,
+                &m.name,
+                &m.checksum(),
+                &m.change.compatible_from(),
+            ],
         )
         .await?;
         tx.commit().await?;
         report.applied.push(m.version);
     }
-    if let Some(newest) = rows.iter().map(|r| r.get::<_, i32>(0)).max() {
-        let known = MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0);
-        if newest > known {
-            return Err(Error::Migration {
-                version: newest,
-                name: "unknown".into(),
-                why: format!(
-                    "the database is at V{newest}, newer than this binary knows (V{known}); \
-                     upgrade artex"
-                ),
-            });
-        }
+    // Rows recorded before the column existed say what this build knows of them.
+    for m in MIGRATIONS {
+        client
+            .execute(
+                "update artex.schema_migrations set compatible_from = $2
+                 where version = $1 and compatible_from is null",
+                &[&m.version, &m.change.compatible_from()],
+            )
+            .await?;
     }
+    let applied = applied_from(&client.query(READ_APPLIED, &[]).await?);
+    report.newer = check_range(&applied, &needs)?.unknown;
     Ok(report)
 }
 
@@ -180,4 +475,129 @@ fn fnv1a(s: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn applied_of(needs: &[Needed]) -> Vec<Applied> {
+        needs
+            .iter()
+            .map(|n| Applied {
+                version: n.version,
+                name: n.name.clone(),
+                checksum: n.checksum.clone(),
+                compatible_from: n.version,
+            })
+            .collect()
+    }
+
+    fn newer(version: i32, compatible_from: i32) -> Applied {
+        Applied {
+            version,
+            name: format!("future_{version}"),
+            checksum: "0".repeat(16),
+            compatible_from,
+        }
+    }
+
+    #[test]
+    fn a_build_runs_on_exactly_its_migrations() {
+        let needs = needed();
+        let status = check_range(&applied_of(&needs), &needs).unwrap();
+        let knows = MIGRATIONS.last().unwrap().version;
+        assert_eq!((status.newest, status.floor), (knows, knows));
+        assert!(status.unknown.is_empty());
+    }
+
+    #[test]
+    fn an_older_build_runs_on_expansions_it_does_not_know() {
+        let needs = needed();
+        let knows = MIGRATIONS.last().unwrap().version;
+        let mut applied = applied_of(&needs);
+        applied.push(newer(knows + 1, 0));
+        applied.push(newer(knows + 2, knows));
+        let status = check_range(&applied, &needs).unwrap();
+        assert_eq!(status.newest, knows + 2);
+        assert_eq!(
+            status.unknown,
+            vec![
+                format!("V{}__future_{}", knows + 1, knows + 1),
+                format!("V{}__future_{}", knows + 2, knows + 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_contraction_beyond_the_build_is_refused_naming_it() {
+        let needs = needed();
+        let knows = MIGRATIONS.last().unwrap().version;
+        let mut applied = applied_of(&needs);
+        applied.push(newer(knows + 1, 0));
+        applied.push(newer(knows + 2, knows + 1));
+        let err = check_range(&applied, &needs).unwrap_err();
+        assert_eq!(
+            err,
+            SchemaMismatch::Contracted {
+                migration: format!("V{}__future_{}", knows + 2, knows + 2),
+                compatible_from: knows + 1,
+                knows,
+            }
+        );
+        assert!(err.to_string().contains("this build knows up to"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_migration_is_named_with_what_to_run() {
+        let needs = needed();
+        let applied = applied_of(&needs[..needs.len() - 1]);
+        let err = check_range(&applied, &needs).unwrap_err();
+        let last = MIGRATIONS.last().unwrap();
+        assert_eq!(
+            err,
+            SchemaMismatch::Missing {
+                migration: last.label()
+            }
+        );
+        assert!(err.to_string().contains("run `artex migrate`"), "{err}");
+    }
+
+    #[test]
+    fn an_edited_migration_is_refused_before_anything_else() {
+        let needs = needed();
+        let mut applied = applied_of(&needs[..2]);
+        applied[1].checksum = "f".repeat(16);
+        let err = check_range(&applied, &needs).unwrap_err();
+        assert!(
+            matches!(&err, SchemaMismatch::Differs { migration, .. } if *migration == MIGRATIONS[1].label()),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn released_migrations_keep_their_marks() {
+        // Changing a released migration's mark changes what older builds may do against
+        // databases that already have it: it is as append-only as the SQL.
+        for m in &MIGRATIONS[..5] {
+            assert_eq!(
+                m.change,
+                Change::Contract {
+                    compatible_from: m.version
+                },
+                "{}",
+                m.label()
+            );
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1, "numbered without gaps");
+            if let Change::Contract { compatible_from } = m.change {
+                assert!(
+                    (1..=m.version).contains(&compatible_from),
+                    "{}: a contraction names a build that knows it",
+                    m.label()
+                );
+            }
+        }
+    }
 }

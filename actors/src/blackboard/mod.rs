@@ -37,7 +37,10 @@ pub use inputs::{
 };
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
 pub use logical::{parse_change, DecodedTransaction, RowChange};
-pub use migrate::{fingerprint, Migration, MigrationReport, MIGRATIONS};
+pub use migrate::{
+    check_range, fingerprint, needed, Applied, Change, Migration, MigrationReport, Needed,
+    SchemaMismatch, SchemaStatus, MIGRATIONS,
+};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
 pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};

@@ -65,6 +65,7 @@ fn manifest_for(binary: &[u8]) -> Manifest {
         handover_protocol: PROTOCOL_VERSION,
         binary_sha256: hex::encode(Sha256::digest(binary)),
         created_at: None,
+        schema: None,
     }
 }
 
@@ -138,9 +139,17 @@ fn a_created_bundle_round_trips_and_runs() {
     let scene = Scene::new();
     let src = scene.root.path().join("src-bin");
     fs::write(&src, BINARY).unwrap();
-    let manifest = create(&src, &scene.key, "9.9.9", &scene.zip).unwrap();
+    let schema = Schema {
+        needs: vec![SchemaMigration {
+            version: 1,
+            name: "blackboard".into(),
+            checksum: "0123456789abcdef".into(),
+        }],
+    };
+    let manifest = create(&src, &scene.key, "9.9.9", Some(schema.clone()), &scene.zip).unwrap();
     fs::remove_file(&src).unwrap();
     assert_eq!(manifest.version, "9.9.9");
+    assert_eq!(manifest.schema, Some(schema));
     assert_eq!(manifest.target, TARGET);
     assert_eq!(manifest.handover_protocol, PROTOCOL_VERSION);
     assert_eq!(manifest.binary_sha256, hex::encode(Sha256::digest(BINARY)));
@@ -617,6 +626,21 @@ fn malformed_signature_is_refused() {
         "{err:?}"
     );
     scene.assert_untouched();
+}
+
+#[test]
+fn a_manifest_from_before_the_schema_field_still_verifies() {
+    let scene = Scene::new();
+    // The exact shape older `artex bundle create` signed: no "schema" key.
+    let manifest = format!(
+        r#"{{"version": "0.1.0", "target": "{TARGET}", "handover_protocol": {PROTOCOL_VERSION},
+            "binary_sha256": "{}"}}"#,
+        hex::encode(Sha256::digest(BINARY))
+    );
+    let sig = sign(&scene.key, manifest.as_bytes());
+    scene.write(&bundle_of(BINARY, manifest.as_bytes(), &sig));
+    let bundle = scene.unpack().unwrap();
+    assert_eq!(bundle.manifest.schema, None);
 }
 
 #[test]

@@ -1,0 +1,285 @@
+//! Schema ranges: only `artex migrate` (and `up`, `db start`) changes the schema; planners,
+//! workers and one-shot commands refuse a database outside their build's range with one
+//! clear line and exit 1, writing nothing; a build runs against a schema a newer build
+//! expanded, and refuses one a newer build contracted beyond it.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use artex_actors::blackboard::MIGRATIONS;
+use common::procs::{wait_status, Proc};
+use common::{count, run_cli, TestDb};
+use tokio_postgres::Client;
+
+/// The newest migration this build knows.
+fn knows() -> i32 {
+    MIGRATIONS.last().map(|m| m.version).unwrap_or(0)
+}
+
+/// Empties the test database and migrates it to `V<upto>` the way a build that knew only
+/// that much would have, with the runner's table as the first releases made it (no
+/// `compatible_from` column).
+async fn migrated_up_to(c: &Client, upto: i32) {
+    c.batch_execute(
+        "drop schema artex cascade;
+         create schema artex;
+         create table artex.schema_migrations (
+             version integer primary key,
+             name text not null,
+             checksum text not null,
+             applied_at timestamptz not null default now())",
+    )
+    .await
+    .unwrap();
+    for m in MIGRATIONS.iter().filter(|m| m.version <= upto) {
+        c.batch_execute(m.sql).await.unwrap();
+        c.execute(
+            "insert into artex.schema_migrations (version, name, checksum) values ($1, $2, $3)",
+            &[&m.version, &m.name, &m.checksum()],
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// The versions recorded as applied.
+async fn applied(c: &Client) -> Vec<i32> {
+    c.query(
+        "select version from artex.schema_migrations order by 1",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// The `artex: error:` lines a process printed (one is expected).
+fn error_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("artex: error:"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Starts `p`, expects it to exit 1 with exactly one error line containing every one of
+/// `needles`; returns that line.
+fn refused(mut p: Proc, needles: &[&str]) -> String {
+    let status = p
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("{} kept running on a database outside its range", p.name));
+    let log = p.log_text();
+    assert_eq!(status.code(), Some(1), "{}: {log}", p.name);
+    let lines = error_lines(&log);
+    assert_eq!(lines.len(), 1, "{}: one error line expected: {log}", p.name);
+    for n in needles {
+        assert!(
+            lines[0].contains(n),
+            "{}: {:?} lacks {n:?}",
+            p.name,
+            lines[0]
+        );
+    }
+    lines[0].clone()
+}
+
+#[tokio::test]
+async fn processes_refuse_a_database_missing_a_migration_write_nothing_and_migrate_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    migrated_up_to(&c, 3).await;
+    let missing = MIGRATIONS[3].label();
+    let needles = [missing.as_str(), "run `artex migrate`"];
+
+    let line = refused(Proc::worker("worker", &db.url, &[]), &needles);
+    refused(Proc::planner("planner", &db.url, &[]), &needles);
+    let (code, _, err) = run_cli(&db.url, &["submit", "echo"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(error_lines(&err), vec![line.clone()], "{err}");
+
+    // Nothing was written, and nothing migrated: the database is as V3 left it, its
+    // runner table not even given the new column.
+    assert_eq!(applied(&c).await, vec![1, 2, 3]);
+    assert_eq!(count(&c, "select count(*) from artex.workers").await, 0);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
+    let v4_table = c
+        .query_one("select to_regclass('artex.limits') is not null", &[])
+        .await
+        .unwrap()
+        .get::<_, bool>(0);
+    assert!(!v4_table, "V4's table appeared: something migrated");
+    let column = count(
+        &c,
+        "select count(*) from information_schema.columns
+         where table_schema = 'artex' and table_name = 'schema_migrations'
+           and column_name = 'compatible_from'",
+    )
+    .await;
+    assert_eq!(column, 0);
+
+    // What the message says to run is what fixes it.
+    let (code, out, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(applied(&c).await, (1..=knows()).collect::<Vec<_>>());
+    let marks = count(
+        &c,
+        "select count(*) from artex.schema_migrations where compatible_from is null",
+    )
+    .await;
+    assert_eq!(marks, 0, "rows of the first releases get their marks");
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _worker = Proc::worker("worker", &db.url, &[]);
+    let (code, out, err) = run_cli(
+        &db.url,
+        &[
+            "submit",
+            "echo",
+            "--payload",
+            "{}",
+            "--allow-unregistered-kind",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().parse().unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn a_build_runs_on_a_schema_a_newer_build_expanded_and_refuses_one_it_contracted() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (expand, contract) = (knows() + 1, knows() + 2);
+    // What a newer build's `artex migrate` would leave: an expansion of a hot table (a
+    // column with a default) and a new table, recorded as an expansion (floor 0).
+    c.batch_execute(&format!(
+        "alter table artex.tasks add column future_note text not null default '';
+         create table artex.future_things (id bigint primary key);
+         insert into artex.schema_migrations (version, name, checksum, compatible_from)
+         values ({expand}, 'future_things', 'ffffffffffffffff', 0)"
+    ))
+    .await
+    .unwrap();
+
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let mut worker = Proc::worker("worker", &db.url, &[]);
+    let (code, out, err) = run_cli(
+        &db.url,
+        &[
+            "submit",
+            "echo",
+            "--payload",
+            "{}",
+            "--allow-unregistered-kind",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().parse().unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+    // This build's `artex migrate` has nothing to do there, says so, and refuses nothing.
+    let (code, out, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("V{expand}__future_things")),
+        "migrate names the newer expansion: {out}"
+    );
+    assert!(
+        worker.wait_exit(Duration::ZERO).is_none(),
+        "the worker runs on"
+    );
+
+    // A contraction that only builds knowing V<expand> survive: this build is too old.
+    c.batch_execute(&format!(
+        "insert into artex.schema_migrations (version, name, checksum, compatible_from)
+         values ({contract}, 'drop_old_things', 'eeeeeeeeeeeeeeee', {expand})"
+    ))
+    .await
+    .unwrap();
+    let needles = [
+        &*format!("V{contract}__drop_old_things"),
+        &*format!("V{expand} or newer"),
+        &*format!("knows up to V{}", knows()),
+    ];
+    refused(Proc::worker("late worker", &db.url, &[]), &needles);
+    refused(Proc::planner("late planner", &db.url, &[]), &needles);
+    let (code, _, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("V{contract}__drop_old_things")),
+        "{err}"
+    );
+    assert_eq!(
+        applied(&c).await,
+        (1..=contract).collect::<Vec<_>>(),
+        "the refused migrate changed nothing"
+    );
+}
+
+#[test]
+fn bundle_create_asks_the_binary_for_its_schema_and_refuses_one_that_cannot_say() {
+    let keys = common::bundles::Keys::new();
+    // A real build answers: the manifest records what it needs.
+    let (zip, _) = keys.bundle_of(
+        std::path::Path::new(common::artex_bin()),
+        "real",
+        "real.zip",
+    );
+    let last = MIGRATIONS.last().unwrap().label();
+    let manifest = read_manifest(&zip);
+    let needs = manifest["schema"]["needs"].as_array().unwrap();
+    assert_eq!(needs.len(), MIGRATIONS.len(), "{manifest}");
+    assert_eq!(
+        format!(
+            "V{}__{}",
+            needs[needs.len() - 1]["version"],
+            needs[needs.len() - 1]["name"].as_str().unwrap()
+        ),
+        last
+    );
+
+    // A binary that cannot say is refused, naming the ways out; each of them works.
+    let script = keys.path("mute");
+    std::fs::write(&script, "#!/bin/sh\nexit 3\n").unwrap();
+    let create = |extra: &[&str]| {
+        Command::new(common::artex_bin())
+            .args(["bundle", "create", "--binary"])
+            .arg(&script)
+            .arg("--key")
+            .arg(keys.path("secret"))
+            .arg("--out")
+            .arg(keys.path("mute.zip"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = create(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--schema-of-this-build") && err.contains("--no-schema"),
+        "{err}"
+    );
+    assert!(!keys.path("mute.zip").exists());
+    let out = create(&["--schema-of-this-build"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        read_manifest(&keys.path("mute.zip"))["schema"]["needs"]
+            .as_array()
+            .map(Vec::len),
+        Some(MIGRATIONS.len())
+    );
+    std::fs::remove_file(keys.path("mute.zip")).unwrap();
+    let out = create(&["--no-schema"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(read_manifest(&keys.path("mute.zip"))
+        .get("schema")
+        .is_none());
+}
+
+fn read_manifest(zip: &std::path::Path) -> serde_json::Value {
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(zip).unwrap()).unwrap();
+    let entry = archive.by_name("manifest.json").unwrap();
+    serde_json::from_reader(entry).unwrap()
+}
