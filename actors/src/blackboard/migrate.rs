@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fleet_capacity_and_liveness",
         sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),
     },
+    Migration {
+        version: 6,
+        name: "planner_shards",
+        sql: include_str!("../../../migrations/V6__planner_shards.sql"),
+    },
 ];
 
 /// What `migrate` did.
