@@ -2,7 +2,8 @@
 //! `run_once()` with the database's clock in the test's hands, asserting on its reports
 //! and on `artex.planner_shards`. Two keepers split the shards; one that stops renewing
 //! loses its shards a lease later and gets its share back when it returns; a stale epoch
-//! changes nothing; a planner wishing another shard count is refused. The rules alone
+//! changes nothing; a planner wishing another shard count is refused (a process too),
+//! and a planner stopping gives its shards back at once. The rules alone
 //! (`shard_keeper::plan`, the view's self-fencing) are unit-tested in
 //! actors/src/shard_keeper.rs; the partition of a real planner in tests/fleet_shards.rs.
 
@@ -16,7 +17,9 @@ use artex_actors::blackboard::{NewTask, Registration};
 use artex_actors::shard_keeper::{KeeperConfig, KeeperReport, ShardKeeper, ShardView};
 use artex_actors::{Blackboard, Error};
 use chrono::{DateTime, Utc};
+use common::procs::{wait_for, Proc};
 use common::TestDb;
+use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio_postgres::Client;
 
@@ -318,4 +321,64 @@ async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
     );
     let report = Assigner::run_once(&db.bb, &config(&b.view)).await.unwrap();
     assert_eq!(report.assigned as i64, 40 - in_a);
+}
+
+/// The live owners and how many shards each holds.
+async fn live_owner_counts(c: &Client) -> Vec<(String, i64)> {
+    c.query(
+        "select owner, shards from artex.planner_shard_owners \
+         where owner is not null and first_lease_end > now()",
+        &[],
+    )
+    .await
+    .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn planner_processes_refuse_another_count_and_give_their_shards_back_on_stop() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let args = ["--shards", "auto:4", "--shard-lease-ms", "6000"];
+    let mut p1 = Proc::planner("p1", &db.url, &args);
+    let _p2 = Proc::planner("p2", &db.url, &args);
+    let c2 = &c;
+    wait_for(
+        "the two planners to own two shards each",
+        Duration::from_secs(30),
+        || async move {
+            let owners = live_owner_counts(c2).await;
+            (owners.len() == 2 && owners.iter().all(|(_, n)| *n == 2)).then_some(())
+        },
+    )
+    .await;
+
+    let mut other = Proc::planner("p3", &db.url, &["--shards", "auto:8"]);
+    let status = other
+        .wait_exit(Duration::from_secs(15))
+        .expect("a planner wishing another shard count exits");
+    assert_eq!(status.code(), Some(2), "{}", other.log_text());
+    let log = other.log_text();
+    assert!(
+        log.contains("--shards auto:8") && log.contains("use 4 planner shards"),
+        "{log}"
+    );
+
+    // p1 stops: its shards are given back at once and p2 takes them, a long lease early.
+    p1.signal(Signal::SIGTERM);
+    p1.wait_exit(Duration::from_secs(15)).expect("p1 stops");
+    assert!(
+        p1.log_text().contains("planner shards: given back"),
+        "{}",
+        p1.log_text()
+    );
+    wait_for(
+        "the remaining planner to own every shard",
+        Duration::from_secs(15),
+        || async move {
+            let owners = live_owner_counts(c2).await;
+            (owners.len() == 1 && owners[0].1 == 4).then_some(())
+        },
+    )
+    .await;
 }
