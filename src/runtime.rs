@@ -2,9 +2,8 @@
 //! caller passes the blackboard, the settings, the listener and a shutdown future, so a
 //! test (or a user's binary) can run a planner or a worker in-process and stop it.
 //! [`run_planner`] starts the Scanner, Assigner and Reaper (and with `--shards auto` the
-//! ShardKeeper); [`run_worker`] starts the
-//! Worker actor and its HTTP server, takes over from a predecessor when spawned by a hot
-//! upgrade, and drains on shutdown.
+//! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, takes over
+//! from a predecessor when spawned by a hot upgrade, and drains on shutdown.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
