@@ -171,6 +171,15 @@ pub struct PlannerArgs {
     /// This planner's shard as I/N (serves tasks whose shard % N = I); all by default.
     #[arg(long, env = "ARTEX_SHARD", value_parser = parse_shard)]
     pub shard: Option<(i32, i32)>,
+    /// Planner shards owned through leases in the blackboard, spread over the live
+    /// planners: `auto` (the count the planners use, 16 for the first) or `auto:N`.
+    #[arg(long, env = "ARTEX_SHARDS", value_parser = parse_shards, conflicts_with = "shard")]
+    pub shards: Option<AutoShards>,
+    /// Lease of an owned planner shard (`--shards auto`), milliseconds: a dead planner's
+    /// shards move to the others within about this long. Renewed every third of it.
+    #[arg(long, env = "ARTEX_SHARD_LEASE_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(300..))]
+    pub shard_lease_ms: u64,
     /// Backoff base for retries the reaper schedules, milliseconds.
     #[arg(long, env = "ARTEX_REAP_RETRY_BASE_MS", default_value_t = 1_000)]
     pub reap_retry_base_ms: u64,
@@ -192,7 +201,48 @@ fn parse_shard(s: &str) -> Result<(i32, i32), String> {
     Ok((i, n))
 }
 
+/// `--shards auto[:N]`: planner shards owned through leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoShards {
+    /// `auto:N`: the count wished; `None` takes the one the planners agreed.
+    pub count: Option<i32>,
+}
+
+fn parse_shards(s: &str) -> Result<AutoShards, String> {
+    let count = match s.strip_prefix("auto") {
+        Some("") => None,
+        Some(rest) => {
+            let n = rest
+                .strip_prefix(':')
+                .ok_or_else(|| format!("'{s}': expected auto or auto:N, e.g. auto:16"))?;
+            let n: i32 = n
+                .parse()
+                .map_err(|_| format!("'{s}': shard count '{n}' is not a number"))?;
+            if !(1..=1024).contains(&n) {
+                return Err(format!("'{s}': expected 1 <= N <= 1024"));
+            }
+            Some(n)
+        }
+        None => return Err(format!("'{s}': expected auto or auto:N, e.g. auto:16")),
+    };
+    Ok(AutoShards { count })
+}
+
 /// Milliseconds as a `Duration`.
 pub fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_auto_takes_an_optional_count() {
+        assert_eq!(parse_shards("auto"), Ok(AutoShards { count: None }));
+        assert_eq!(parse_shards("auto:8"), Ok(AutoShards { count: Some(8) }));
+        for bad in ["", "8", "auto:", "auto:0", "auto:1025", "auto8", "auto:x"] {
+            assert!(parse_shards(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

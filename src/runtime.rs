@@ -1,9 +1,9 @@
 //! The long-running parts, each `run(…, shutdown)` like mini-redis's `server::run`: the
 //! caller passes the blackboard, the settings, the listener and a shutdown future, so a
 //! test (or a user's binary) can run a planner or a worker in-process and stop it.
-//! [`run_planner`] starts the Scanner, Assigner and Reaper; [`run_worker`] starts the
-//! Worker actor and its HTTP server, takes over from a predecessor when spawned by a hot
-//! upgrade, and drains on shutdown.
+//! [`run_planner`] starts the Scanner, Assigner and Reaper (and with `--shards auto` the
+//! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, takes over
+//! from a predecessor when spawned by a hot upgrade, and drains on shutdown.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +15,7 @@ use artex_actors::assigner::{Assigner, AssignerConfig};
 use artex_actors::blackboard::ReapParams;
 use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
+use artex_actors::shard_keeper::{KeeperConfig, Resign, ShardKeeper, ShardView};
 use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
 use artex_actors::Blackboard;
@@ -29,6 +30,9 @@ use crate::{dev_db, http, VERSION};
 /// After a handover, how long accepted connections get to send their request before
 /// the old process stops serving HTTP.
 const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a stopping planner tries to give its shards back (`--shards auto`).
+const RESIGN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The database URL to use: the one configured, or the embedded cluster's (created and
 /// started on first use, reused afterwards).
@@ -73,7 +77,9 @@ pub async fn run_planner(
     stats: ActorStats,
     shutdown: impl Future<Output = ()>,
 ) -> Result {
-    let name = format!("planner:{}:{}", hostname(), std::process::id());
+    // Unique like a worker's id (`host:pid:suffix`): with `--shards auto` it owns shard
+    // leases, and two planners sharing a name would each take the other's for its own.
+    let name = format!("planner:{}", worker_id(&hostname()));
     let shards = match args.shard {
         Some((i, n)) => (n, vec![i]),
         None => (1, Vec::new()),
@@ -87,8 +93,33 @@ pub async fn run_planner(
         shards,
     };
     tracing::info!(planner = %name, config = ?args, "planner starting");
+    // `--shards auto`: the first round runs before anything is served, so a refused
+    // shard count stops the start, saying why.
+    let keeper = match args.shards {
+        None => None,
+        Some(auto) => {
+            let config = KeeperConfig {
+                planner: name.clone(),
+                count: auto.count,
+                lease: ms(args.shard_lease_ms),
+                now: None,
+            };
+            let view = ShardView::new();
+            ShardKeeper::run_once(&bb, &config, &view).await?;
+            let (b, s, v) = (bb.clone(), stats.clone(), view.clone());
+            let actor = Supervisor::start(move |_| ShardKeeper::new(b, config, v, s));
+            Some((actor, view))
+        }
+    };
     let (b, s) = (bb.clone(), stats.clone());
-    let assigner = Supervisor::start(move |_| Assigner::new(b, assigner_cfg, s));
+    let view = keeper.as_ref().map(|(_, v)| v.clone());
+    let assigner = Supervisor::start(move |_| {
+        let assigner = Assigner::new(b, assigner_cfg, s);
+        match view.clone() {
+            Some(v) => assigner.with_leased_shards(v),
+            None => assigner,
+        }
+    });
     let (b, s, a) = (bb.clone(), stats.clone(), assigner.clone());
     let poll = ms(args.planner_poll_ms);
     let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s));
@@ -105,6 +136,19 @@ pub async fn run_planner(
     let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
+    if let Some((keeper, _)) = keeper {
+        // Given back at once, the shards move to the others now, not a lease later.
+        let resign = tokio::time::timeout(RESIGN_DEADLINE, keeper.send(Resign)).await;
+        match resign {
+            Ok(Ok(Ok(n))) => {
+                tracing::info!(planner = %name, shards = n, "planner shards: given back")
+            }
+            Ok(Ok(Err(e))) => tracing::warn!(planner = %name, error = %e,
+                "planner shards: could not give them back; they lapse with their leases"),
+            Ok(Err(_)) | Err(_) => tracing::warn!(planner = %name,
+                "planner shards: not given back in time; they lapse with their leases"),
+        }
+    }
     drop((scanner, assigner, reaper));
     Ok(())
 }

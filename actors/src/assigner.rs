@@ -1,7 +1,10 @@
 //! The Assigner: gives runnable tasks to online workers that run their kind and have
 //! spare capacity. One `run_once` is one transaction: read the roster, lock a batch of
 //! runnable tasks (`for update skip locked`), match them, write the assignments with a
-//! compare-and-set, and wake each chosen worker with one NOTIFY.
+//! compare-and-set, and wake each chosen worker with one NOTIFY. With leased planner
+//! shards (`--shards auto`) the shards it claims are re-read from the
+//! [`ShardView`] each round; owning none (or no longer sure of its leases) it claims
+//! nothing.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -9,6 +12,7 @@ use actix::prelude::*;
 
 use crate::blackboard::{AssignReport, Assignment, Blackboard, Claimed, RosterEntry};
 use crate::error::Result;
+use crate::shard_keeper::ShardView;
 use crate::supervisor::{guarded, ActorStats};
 
 /// How the planner assigns.
@@ -23,7 +27,8 @@ pub struct AssignerConfig {
     /// A worker not heard from for this long is suspect and gets nothing (it is gone,
     /// and its tasks taken back, only after the reaper's longer timeout).
     pub suspect_after_secs: f64,
-    /// `(count, mine)`: which planner shards this planner serves; `(1, [])` for all.
+    /// `(count, mine)`: which planner shards this planner serves; `(1, [])` for all. An
+    /// Assigner given a [`ShardView`] takes it from there each round instead.
     pub shards: (i32, Vec<i32>),
 }
 
@@ -92,6 +97,8 @@ pub struct Assigner {
     /// `config.batch`. A first round of 2,000 rows takes ~90 ms to write, during which
     /// the workers wait; a first round of 128 lets them start within a few.
     ramp: i64,
+    /// Leased shards (`--shards auto`), kept by the ShardKeeper; `None`: `config.shards`.
+    leased: Option<ShardView>,
 }
 
 /// The first round's batch after idle.
@@ -106,7 +113,14 @@ impl Assigner {
             config,
             stats,
             ramp,
+            leased: None,
         }
+    }
+
+    /// Serves the shards `view` holds at the start of each round, not `config.shards`.
+    pub fn with_leased_shards(mut self, view: ShardView) -> Self {
+        self.leased = Some(view);
+        self
     }
 
     /// One assignment round; see the module doc.
@@ -158,8 +172,18 @@ impl Handler<AssignNow> for Assigner {
 
     fn handle(&mut self, _msg: AssignNow, _ctx: &mut Context<Self>) -> Self::Result {
         let bb = self.bb.clone();
+        let shards = match &self.leased {
+            None => self.config.shards.clone(),
+            Some(view) => match view.scope() {
+                Some(scope) => scope,
+                // No shard, or its leases may be running out: not a claim (nor a
+                // roster read) until the keeper renews or takes some.
+                None => return Box::pin(actix::fut::ready(Ok(AssignReport::default()))),
+            },
+        };
         let config = AssignerConfig {
             batch: self.ramp,
+            shards,
             ..self.config.clone()
         };
         Box::pin(

@@ -10,6 +10,8 @@
 //!   what a handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is
 //!   taken twice; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful
 //!   stop; [`worker::handover`] the worker's side of a hot upgrade.
+//! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
+//!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`error`]: this crate's error type.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@ pub mod blackboard;
 pub mod error;
 pub mod reaper;
 pub mod scanner;
+pub mod shard_keeper;
 pub mod supervisor;
 pub mod worker;
 

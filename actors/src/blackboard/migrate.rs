@@ -108,6 +108,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),
         change: Change::Contract { compatible_from: 5 },
     },
+    Migration {
+        version: 6,
+        name: "planner_shards",
+        sql: include_str!("../../../migrations/V6__planner_shards.sql"),
+    },
 ];
 
 /// What `migrate` did.

@@ -1,7 +1,8 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
-//! module tree (one file per party: tasks, planner, worker; flows, the events feed and
-//! its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters may send),
-//! prepared through deadpool's statement cache; nothing else in the runtime writes SQL.
+//! module tree (one file per party: tasks, planner, worker; planner shards; flows, the
+//! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
+//! may send), prepared through deadpool's statement cache; nothing else in the runtime
+//! writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -16,6 +17,7 @@ mod listen;
 mod logical;
 mod migrate;
 mod planner;
+mod shards;
 mod tasks;
 mod worker;
 
@@ -43,6 +45,9 @@ pub use migrate::{
 };
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
+pub use shards::{
+    agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
+};
 pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
