@@ -263,6 +263,7 @@ fn registration(id: &str) -> Registration {
         kinds: vec!["echo".into()],
         capacity: 1000,
         session: None,
+        lease_ms: None,
     }
 }
 

@@ -1,6 +1,7 @@
-//! `artex up`, `artex planner`, `artex worker`: the long-running commands. Each binds
-//! what it serves, installs the stop signals (one [`Shutdown`] for the whole process)
-//! and hands over to [`crate::runtime`].
+//! `artex up`, `artex planner`, `artex worker`: the long-running commands. Each installs
+//! the stop signals first (one [`Shutdown`] for the whole process: a SIGTERM during
+//! start-up is a clean stop, not a kill), binds what it serves and hands over to
+//! [`crate::runtime`].
 
 use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::Registry;
@@ -14,16 +15,16 @@ use crate::runtime::{
 
 /// Runs `artex planner`.
 pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
-    let bb = connect(db).await?;
     let shutdown = Shutdown::on_signals()?;
+    let bb = connect(db).await?;
     run_planner(bb, &planner, ActorStats::default(), shutdown.wait()).await
 }
 
 /// Runs `artex worker`.
 pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry) -> Result {
+    let shutdown = Shutdown::on_signals()?;
     let bb = connect(db).await?;
     let listener = bind_http_unless_spawned(&worker.http)?;
-    let shutdown = Shutdown::on_signals()?;
     run_worker(
         bb,
         &worker,
@@ -45,6 +46,7 @@ pub(crate) async fn up(
     planner: PlannerArgs,
     registry: Registry,
 ) -> Result {
+    let shutdown = Shutdown::on_signals()?;
     let bb = connect_unchecked(db).await?;
     let report = bb.migrate().await?;
     if !report.applied.is_empty() {
@@ -58,7 +60,6 @@ pub(crate) async fn up(
             .to_string(),
         None => "the inherited socket".to_string(),
     };
-    let shutdown = Shutdown::on_signals()?;
     let stats = ActorStats::default();
     let (b, s, stop) = (bb.clone(), stats.clone(), shutdown.wait());
     let planner_task = actix::spawn(async move { run_planner(b, &planner, s, stop).await });

@@ -112,6 +112,8 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 6,
         name: "planner_shards",
         sql: include_str!("../../../migrations/V6__planner_shards.sql"),
+        // New tables only: a build that knows V5 runs on, serving every shard as before.
+        change: Change::Expand,
     },
 ];
 
