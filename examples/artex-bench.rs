@@ -2,8 +2,9 @@
 //! user builds their own worker: the stock kinds plus one,
 //! `stamp`, whose result is the wall-clock time its handler started (`{"t_us": …}`, Unix
 //! microseconds), so enqueue → handler start is measured where the handler runs, not
-//! where the database thinks the task started. `artex-bench claim-sql` prints the
-//! planner's claim query, for `EXPLAIN ANALYZE` against a backlog.
+//! where the database thinks the task started. `artex-bench claim-sql` and
+//! `artex-bench roster-sql` print the planner's claim and roster queries, for
+//! `EXPLAIN ANALYZE` against a backlog or a large fleet.
 
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -12,9 +13,16 @@ use artex::TaskContext;
 use serde_json::json;
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("claim-sql") {
-        println!("{}", artex_actors::blackboard::CLAIM_SQL);
-        return ExitCode::SUCCESS;
+    match std::env::args().nth(1).as_deref() {
+        Some("claim-sql") => {
+            println!("{}", artex_actors::blackboard::CLAIM_SQL);
+            return ExitCode::SUCCESS;
+        }
+        Some("roster-sql") => {
+            println!("{}", artex_actors::blackboard::ROSTER_SQL);
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
     }
     let mut handlers = artex::handlers::stock();
     handlers.register("stamp", |_ctx: TaskContext| async move {

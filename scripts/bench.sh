@@ -15,10 +15,15 @@
 #   W4     ARTEX_BENCH_W4_TASKS tasks (default 1,000,000; ~5 min on an idle 2-core box)
 #          through 1 planner + 2 workers: tasks/s per tenth of the run, table size and
 #          dead tuples at the end, peak RSS of planner and workers.
+#   W6     the planner against a fleet: 20,000 pending no-op tasks assigned by one planner
+#          to 10 simulated workers of 2,000 slots, then to 2,000 of 10 slots (rows without
+#          a process or LISTEN session, which the roster accepts): assignment throughput,
+#          rounds, and the roster and claim queries' cost. Target: 2,000 workers at least
+#          half the rate of 10.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4; ratios to the
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4, w6; ratios to the
 # ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers' default
 # `--concurrency 10 --prefetch 2000` (e.g. to compare prefetch depths).
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB" tries server settings.
@@ -37,7 +42,7 @@ else
     limit_tx=500
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w2,w3,w4},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w2,w3,w4,w6},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 
@@ -433,5 +438,48 @@ result w4_task_events_mb "$(calc "$events / 1048576" 1)" MB
 result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
 result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
+fi
+# ---- W6: the planner against a fleet of 2,000 workers -------------------------------------
+roster_sql=$("$tmp/artex-bench" roster-sql)
+query_ms() { # db "prepare …" "execute …" → median execution time of 7 runs
+    { echo "begin; $2;"
+      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) $3;"; done
+      echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
+}
+w6_rates=()
+for fleet in 10 2000; do
+    want w6 || break
+    db=bench_w6_$fleet
+    new_db $db
+    slots=$((w1 / fleet))
+    # Simulated workers: no session (the roster's liveness check is for real ones), seen
+    # now, suspect only after the run.
+    sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+        select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $slots
+        from generate_series(1, $fleet) g" -c "analyze artex.workers"
+    insert_tasks $db "$w1" noop
+    roster_ms=$(query_ms $db "prepare roster as $roster_sql" "execute roster(null, 600)")
+    claim_ms=$(query_ms $db "prepare claim as $claim_sql" "execute claim('{noop}', 2000, 1, '{}')")
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" planner --worker-suspect-ms 600000 \
+        --worker-timeout-ms 600000 >>"$tmp/log/$db.planner" 2>&1 &
+    procs+=($!)
+    wait_until $db "not exists (select 1 from artex.tasks where status = 'pending')" 600
+    stop_runtime
+    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(at) - min(at)), 0.001)),
+            count(distinct at)
+        from artex.task_transitions where to_status = 'assigned'")
+    read -r rate rounds <<<"$fields"
+    over=$(sql $db -c "select count(*) from artex.workers where held > capacity")
+    [ "$over" = 0 ] || die "$db: $over workers hold more than their capacity"
+    echo "# W6: $w1 tasks to $fleet simulated workers of $slots slots, 1 planner"
+    throughput "w6_assign_per_s_${fleet}_workers" "$rate"
+    result "w6_rounds_${fleet}_workers" "$rounds" rounds
+    result "w6_roster_ms_${fleet}_workers" "$roster_ms" ms
+    result "w6_claim_2000_ms_${fleet}_workers" "$claim_ms" ms
+    w6_rates+=("$rate")
+    drop_db $db
+done
+if [ ${#w6_rates[@]} = 2 ]; then
+    result w6_2000_vs_10_workers "$(calc "${w6_rates[1]} / ${w6_rates[0]}" 2)" ratio
 fi
 echo "# done"

@@ -44,6 +44,7 @@ pub use migrate::{
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
 pub use planner::CLAIM as CLAIM_SQL;
+pub use planner::ROSTER as ROSTER_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,

@@ -88,7 +88,8 @@ pub struct ReapReport {
 // online, heard from within $2 seconds (past that it is suspect: not yet gone, but given
 // nothing), and its LISTEN session's backend exists: a killed worker, or one cut off,
 // loses that backend long before it misses its heartbeats.
-const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held
+/// The roster query (public so the benchmark can time it against a large fleet).
+pub const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held
     from artex.workers w
     where w.state = 'online'
       and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
