@@ -220,7 +220,7 @@ async fn a_cli_command_against_a_server_that_never_answers_fails_within_seconds(
     let url = format!("postgresql://artex@127.0.0.1:{port}/artex");
     let started = Instant::now();
     let mut child = std::process::Command::new(common::artex_bin())
-        .args(["tasks"])
+        .args(["submit", "echo", "--payload", "{}"])
         .env("ARTEX_DATABASE_URL", &url)
         .env("ARTEX_LOG", "warn")
         .stdout(std::process::Stdio::piped())
@@ -233,7 +233,7 @@ async fn a_cli_command_against_a_server_that_never_answers_fails_within_seconds(
         }
         if started.elapsed() > Duration::from_secs(15) {
             let _ = child.kill();
-            panic!("artex tasks still waits on a silent server after 15 s");
+            panic!("artex submit still waits on a silent server after 15 s");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
