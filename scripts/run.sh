@@ -16,6 +16,7 @@ if ! have_pg; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (>= 1.89) with rustup first" >&2; exit 1; }
-cargo build --release --quiet
+# The first build takes minutes on a small machine: cargo shows its progress.
+cargo build --release
 # Reads (/status, /metrics, /events) open on this local run; a fleet uses tokens.
 exec target/release/artex up --public-read "$@"

@@ -4,13 +4,18 @@
 //!
 //! PostgreSQL refuses to run as root; when artex runs as root, the server runs as the
 //! unprivileged `postgres` system user (the one Debian's package creates), which owns the
-//! cluster's folder.
+//! cluster's folder. That user must reach the folder: when the data dir lies below a
+//! folder it cannot enter (root's home, mode 0700, is the usual place to clone), the
+//! cluster lives in a folder of its own under [`RELOCATED_ROOT`], keyed by the data dir,
+//! and the data dir holds a note saying where.
 
 use std::fs;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use sha2::Digest;
 
 use crate::error::{Error, Result};
 
@@ -19,6 +24,12 @@ pub const DATABASE: &str = "artex";
 /// The superuser of a cluster artex created.
 pub const SUPERUSER: &str = "postgres";
 const SOCKET_PORT: u16 = 5432;
+
+/// Where clusters live whose data dir the server's user cannot reach (see the module doc).
+pub const RELOCATED_ROOT: &str = "/var/lib/artex";
+
+/// The note left in a data dir whose cluster lives elsewhere.
+const LOCATION_NOTE: &str = "CLUSTER-LOCATION";
 
 /// How to lay out and tune an embedded cluster.
 #[derive(Debug, Clone)]
@@ -47,9 +58,23 @@ impl ClusterOptions {
         }
     }
 
-    /// `PGDATA` (relative when `dir` is).
+    /// The folder holding `PGDATA`, the server's log and socket: `dir`, or, as root with
+    /// `dir` below a folder the server's user cannot enter, a folder of its own under
+    /// [`RELOCATED_ROOT`] named after `dir`'s absolute path.
+    pub fn base(&self) -> PathBuf {
+        let dir = std::path::absolute(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        // Once relocated, always: the note says so even if the folders' modes change.
+        let relocated = dir.join(LOCATION_NOTE).exists();
+        if !relocated && (!nix::unistd::geteuid().is_root() || reachable_by_others(&dir)) {
+            return dir;
+        }
+        let key = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
+        Path::new(RELOCATED_ROOT).join(&hex::encode(key)[..16])
+    }
+
+    /// `PGDATA`.
     fn pgdata(&self) -> PathBuf {
-        self.dir.join("pg")
+        self.base().join("pg")
     }
 
     /// Whether a cluster was ever created in `dir` (else [`Cluster::status`] says
@@ -152,7 +177,7 @@ impl Cluster {
             ClusterState::Absent => self.init()?,
             ClusterState::Stopped => {}
         }
-        let log = self.opts.dir.join("postgres.log");
+        let log = self.opts.base().join("postgres.log");
         if !log.exists() {
             fs::write(&log, b"").map_err(|e| io_error("creating", &log, e))?;
             self.give_to_server(&log)?;
@@ -195,7 +220,7 @@ impl Cluster {
     pub fn restart(&self) -> Result {
         // Without -l the new server would inherit our stdout/stderr pipes, and waiting
         // for pg_ctl's output would wait for the server to exit.
-        let log = self.opts.dir.join("postgres.log");
+        let log = self.opts.base().join("postgres.log");
         let log = log.to_string_lossy();
         self.pg_ctl(&["restart", "-w", "-m", "fast", "-l", &log])
     }
@@ -223,7 +248,28 @@ impl Cluster {
     }
 
     fn init(&self) -> Result {
-        let dir = &self.opts.dir;
+        let base = self.opts.base();
+        let dir = &base;
+        if base != self.opts.dir {
+            // The data dir keeps a note of where its cluster lives.
+            let note = self.opts.dir.join(LOCATION_NOTE);
+            fs::create_dir_all(&self.opts.dir)
+                .map_err(|e| io_error("creating", &self.opts.dir, e))?;
+            fs::write(
+                &note,
+                format!(
+                    "The PostgreSQL cluster of this data dir lives in {}: the server runs as \
+                     the postgres user, which cannot enter a folder above this one.\n",
+                    base.display()
+                ),
+            )
+            .map_err(|e| io_error("writing", &note, e))?;
+            for d in [Path::new(RELOCATED_ROOT), dir.as_path()] {
+                fs::create_dir_all(d).map_err(|e| io_error("creating", d, e))?;
+                fs::set_permissions(d, fs::Permissions::from_mode(0o711))
+                    .map_err(|e| io_error("opening", d, e))?;
+            }
+        }
         fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
         let data = self.data_dir();
         fs::create_dir_all(&data).map_err(|e| io_error("creating", &data, e))?;
@@ -411,6 +457,15 @@ fn unprivileged_identity() -> Result<Option<(u32, u32)>> {
         )),
         Err(e) => Err(Error::Cluster(format!("looking up the postgres user: {e}"))),
     }
+}
+
+/// Whether every folder from `/` down to `dir` (those that exist) lets others through
+/// (`o+x`): what the server's user needs to reach a cluster there.
+fn reachable_by_others(dir: &Path) -> bool {
+    dir.ancestors().all(|d| match fs::metadata(d) {
+        Ok(m) => m.permissions().mode() & 0o001 != 0,
+        Err(_) => true,
+    })
 }
 
 fn percent_encode_path(path: &Path) -> String {

@@ -520,3 +520,48 @@ fn missing_postgres_binaries_name_the_package_to_install() {
     assert!(err.contains("apt-get install -y postgresql"), "{err}");
     assert!(!dir.path().join("pg").exists(), "nothing created");
 }
+
+/// As root in a clone under `/root` (mode 0700, the usual place), the server's user cannot
+/// reach the data dir: the cluster lives under /var/lib/artex instead, keyed by the data
+/// dir, which keeps a note saying where; every command finds it there.
+#[tokio::test]
+async fn as_root_a_data_dir_the_server_cannot_reach_gets_its_cluster_elsewhere() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (CI runs as root): it shows the embedded default under a \
+         0700 home"
+    );
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        home.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let d = home.path().join("clone").join(".artex");
+    let start = artex(None, Some(&d), &["db", "start"]);
+    assert_eq!(start.status.code(), Some(0), "{}", stderr(&start));
+    let note = std::fs::read_to_string(d.join("CLUSTER-LOCATION")).expect("the note");
+    let base = note
+        .split_whitespace()
+        .find(|w| w.starts_with("/var/lib/artex/"))
+        .map(|w| w.trim_end_matches(':').to_string())
+        .unwrap_or_else(|| panic!("no location in the note: {note}"));
+    struct Remove(String);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _remove = Remove(base.clone());
+    assert!(Path::new(&base).join("pg").join("PG_VERSION").exists());
+    assert!(stdout(&start).contains(&base), "{}", stdout(&start));
+    assert!(stdout(&artex(None, Some(&d), &["db", "status"])).starts_with("running"));
+    let submit = artex(
+        None,
+        Some(&d),
+        &["submit", "echo", "--allow-unregistered-kind"],
+    );
+    assert_eq!(submit.status.code(), Some(0), "{}", stderr(&submit));
+    let stop = artex(None, Some(&d), &["db", "stop"]);
+    assert_eq!(stop.status.code(), Some(0), "{}", stderr(&stop));
+}

@@ -63,9 +63,13 @@ pub(crate) async fn up(
     let stats = ActorStats::default();
     let (b, s, stop) = (bb.clone(), stats.clone(), shutdown.wait());
     let planner_task = actix::spawn(async move { run_planner(b, &planner, s, stop).await });
+    // The binary's own path: `artex` is not on PATH after a build.
+    let me = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "artex".into());
     eprintln!(
         "artex is up: worker HTTP on http://{http} (/health, /status, /metrics).\n\
-         Submit a task from another shell:  artex submit echo --payload '{{\"hello\":\"world\"}}'\n\
+         Submit a task from another shell:  {me} submit echo --payload '{{\"hello\":\"world\"}}'\n\
          Stop with Ctrl-C."
     );
     run_worker(bb, &worker, registry, listener, stats, shutdown.wait()).await?;
