@@ -22,6 +22,10 @@ pub enum Error {
     /// `artex master` could not bring its worker generation up.
     #[error("artex master: {0}")]
     Master(String),
+    /// `artex db status`: the cluster is stopped or absent (exit 3, as `pg_ctl status`
+    /// and LSB init scripts say "not running").
+    #[error("{0}")]
+    NotRunning(String),
     /// Input that cannot be accepted; the message names what and where.
     #[error("{0}")]
     Invalid(String),
@@ -44,6 +48,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,
+            Error::NotRunning(_) => 3,
             Error::Actors(artex_actors::Error::Invalid(_)) => 2,
             Error::Actors(artex_actors::Error::TaskNotFound(_)) => 2,
             Error::Actors(artex_actors::Error::FlowNotFound(_)) => 2,

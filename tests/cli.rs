@@ -455,6 +455,7 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
     let d = Some(data.as_path());
     let out = artex(None, d, &["db", "status"]);
     assert!(stdout(&out).starts_with("absent"), "{}", stdout(&out));
+    assert_eq!(out.status.code(), Some(3), "not running: exit 3");
     let out = artex(None, d, &["db", "url"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("artex db start"), "{}", stderr(&out));
@@ -472,7 +473,9 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
         }
     }
     let _stop = Stop(data.clone());
-    assert!(stdout(&artex(None, d, &["db", "status"])).starts_with("running"));
+    let out = artex(None, d, &["db", "status"]);
+    assert!(stdout(&out).starts_with("running"));
+    assert_eq!(out.status.code(), Some(0));
     let again = artex(None, d, &["db", "start"]);
     assert!(
         stderr(&again).contains("already running"),
@@ -497,7 +500,9 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
 
     // Second start after a stop reuses the cluster: the task is still there.
     assert_eq!(stdout(&artex(None, d, &["db", "stop"])).trim(), "stopped");
-    assert!(stdout(&artex(None, d, &["db", "status"])).starts_with("stopped"));
+    let out = artex(None, d, &["db", "status"]);
+    assert!(stdout(&out).starts_with("stopped"));
+    assert_eq!(out.status.code(), Some(3), "not running: exit 3");
     let out = artex(None, d, &["task", "show", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("kind:        noop"));

@@ -108,14 +108,25 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
         }
         DbCommand::Status => {
             let cluster = Cluster::new(opts(None, false))?;
+            // Exit 0 only when it runs: scripts ask `artex db status && …`.
             match cluster.status()? {
-                ClusterState::Absent => println!("absent: no cluster in {}", db.data_dir.display()),
-                ClusterState::Stopped => println!("stopped: {}", cluster.data_dir().display()),
+                ClusterState::Absent => {
+                    println!("absent: no cluster in {}", db.data_dir.display());
+                    Err(Error::NotRunning(
+                        "no cluster yet; create it with: artex db start".into(),
+                    ))
+                }
+                ClusterState::Stopped => {
+                    println!("stopped: {}", cluster.data_dir().display());
+                    Err(Error::NotRunning(
+                        "the cluster is stopped; start it with: artex db start".into(),
+                    ))
+                }
                 ClusterState::Running(pid) => {
-                    println!("running: pid {pid}, {}", cluster.url(DATABASE))
+                    println!("running: pid {pid}, {}", cluster.url(DATABASE));
+                    Ok(())
                 }
             }
-            Ok(())
         }
         DbCommand::Url => {
             let cluster = Cluster::new(opts(None, false))?;
