@@ -570,3 +570,46 @@ async fn as_root_a_data_dir_the_server_cannot_reach_gets_its_cluster_elsewhere()
     let stop = artex(None, Some(&d), &["db", "stop"]);
     assert_eq!(stop.status.code(), Some(0), "{}", stderr(&stop));
 }
+
+/// What a newcomer reads: one-shot commands print their result and nothing else, a task
+/// that failed once and then succeeded shows its error as history and the worker that
+/// finished it, `tasks` has a header, and a missing flow file is bad input.
+#[tokio::test]
+async fn one_shot_output_says_what_happened_and_only_that() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    let c = db.client().await;
+    let w = common::procs::Proc::worker("w", &db.url, &[]);
+    let worker = common::procs::worker_id(&c, &w).await;
+    let _p = common::procs::Proc::planner("p", &db.url, &[]);
+    let out = artex(
+        url,
+        None,
+        &["submit", "fail", "--payload", r#"{"times": 1}"#],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "a one-shot command logged");
+    let id = stdout(&out).trim().to_string();
+    let task: uuid::Uuid = id.parse().unwrap();
+    common::procs::wait_status(
+        &db.bb,
+        task,
+        "succeeded",
+        std::time::Duration::from_secs(20),
+    )
+    .await;
+    let text = stdout(&artex(url, None, &["task", "show", &id]));
+    assert!(text.contains("status:      succeeded"), "{text}");
+    assert!(text.contains("last error:  "), "{text}");
+    assert!(!text.contains("\nerror:"), "{text}");
+    assert!(text.contains(&format!("worker:      {worker}")), "{text}");
+    let list = stdout(&artex(url, None, &["tasks"]));
+    assert!(list.starts_with("ID "), "{list}");
+    let out = artex(url, None, &["flow", "submit", "/nonexistent/flow.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no such flow file"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -46,8 +46,13 @@ fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
             .map_err(|e| Error::io("reading the flow from standard input", e))?;
         s
     } else {
-        std::fs::read_to_string(file)
-            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
+        // A flow file that is not there is bad input (exit 2), like a bad flow.
+        std::fs::read_to_string(file).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Error::Invalid(format!("{}: no such flow file", file.display()))
+            }
+            _ => Error::io(format!("reading {}", file.display()), e),
+        })?
     };
     let spec = FlowSpec::from_json(&text)
         .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;

@@ -45,6 +45,10 @@ use crate::runtime::{connect, connect_unchecked};
 pub struct Cli {
     #[command(flatten)]
     db: DbConfig,
+    /// Log what one-shot commands do (they print only their result and errors by
+    /// default; `ARTEX_LOG` sets the filter outright).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -140,7 +144,10 @@ pub fn main_with(registry: Registry) -> ExitCode {
     // The local run shows every task flowing; servers log per-task lines only on demand.
     let default_log = match cli.command {
         Command::Up { .. } => "info,artex_actors::worker=debug",
-        _ => "info",
+        Command::Planner { .. } | Command::Worker { .. } | Command::Master { .. } => "info",
+        // One-shot commands are quiet: their output is their result.
+        _ if cli.verbose => "info",
+        _ => "warn",
     };
     init_logging(default_log);
     let code = match actix::System::new().block_on(dispatch(cli, registry)) {

@@ -177,13 +177,19 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         let cut = if args.json { CUT_CHARS } else { 0 };
         bb.tasks_preview(args.status, args.limit, cut).await?
     };
+    if !args.json && !tasks.is_empty() {
+        println!(
+            "{:<36}  {:<9}  {:<12}  {:<12}  UPDATED",
+            "ID", "STATUS", "KIND", "ATTEMPTS"
+        );
+    }
     for preview in &tasks {
         let t = &preview.task;
         if args.json {
             println!("{}", serde_json::to_string(preview).unwrap_or_default());
         } else {
             println!(
-                "{}  {:<9}  {:<12}  attempts {:<3}  {}",
+                "{}  {:<9}  {:<12}  {:<12}  {}",
                 t.id,
                 t.status,
                 t.kind,
@@ -272,7 +278,15 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
         t.retries,
         t.max_retries
     );
-    println!("worker:      {}", t.assigned_to.as_deref().unwrap_or("-"));
+    // Held: the worker holding it; finished: the one whose transition finished it.
+    let worker = t.assigned_to.as_deref().or_else(|| {
+        history
+            .iter()
+            .rev()
+            .find(|h| h.to_status == t.status)
+            .and_then(|h| h.worker.as_deref())
+    });
+    println!("worker:      {}", worker.unwrap_or("-"));
     println!(
         "lease:       epoch {}, until {}",
         t.lease_epoch,
@@ -289,9 +303,15 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
         println!("result:      {}", shown("result", r));
     }
     if let Some(e) = &t.error {
+        // A task that succeeded after failing keeps its last error: say it is history.
+        let label = if t.status == TaskStatus::Succeeded {
+            "last error:  "
+        } else {
+            "error:       "
+        };
         match preview.cut_of("error") {
-            Some(cut) => println!("error:       {e}{}", cut_note(cut.bytes)),
-            None => println!("error:       {e}"),
+            Some(cut) => println!("{label}{e}{}", cut_note(cut.bytes)),
+            None => println!("{label}{e}"),
         }
     }
     if let Some(c) = &t.checkpoint {
