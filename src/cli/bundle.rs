@@ -113,7 +113,9 @@ fn ask_schema(binary: &Path) -> Result<Schema> {
             binary.display()
         ))
     };
-    let mut child = Command::new(binary)
+    // A bare name (`artex-next`) is a file here, not a program to look up on PATH.
+    let program = std::path::absolute(binary).unwrap_or_else(|_| binary.to_path_buf());
+    let mut child = Command::new(&program)
         .args(["schema", "--json"])
         .env_remove("ARTEX_DATABASE_URL")
         .stdin(Stdio::null())
