@@ -394,7 +394,7 @@ async fn eight_fifty_megabyte_payloads_keep_the_worker_within_its_memory_bound()
     let _p = Proc::planner("planner", &db.url, &[]);
     wait_for(
         "the eight tasks to succeed",
-        Duration::from_secs(120),
+        Duration::from_secs(280),
         || {
             let c = &c;
             async move {
