@@ -228,6 +228,26 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         assert_eq!(status["binary_sha256"], body["new_binary_sha256"]);
         fds.push(fd_count(new));
         pids.push(new);
+        // The resumed task runs a step in this generation before the next upgrade (on a
+        // loaded machine the next upgrade could otherwise come first).
+        wait_for(
+            &format!("generation {new} to run a step of the resumed task"),
+            Duration::from_secs(30),
+            || async {
+                let c = &c;
+                let ran: bool = c
+                    .query_one(
+                        "select coalesce(checkpoint->'steps', '[]') @> jsonb_build_array(jsonb_build_object('pid', $2::int)) \
+                         from artex.tasks where id = $1",
+                        &[&long, &new],
+                    )
+                    .await
+                    .ok()?
+                    .get(0);
+                ran.then_some(())
+            },
+        )
+        .await;
     }
     let last = *pids.last().unwrap();
 
