@@ -383,8 +383,9 @@ async fn cycles_bad_references_and_duplicates_are_refused_with_nothing_inserted(
             assert!(e.to_string().contains(message), "{e}");
         }
     }
+    // A flow file that is not there is bad input, like a bad flow (exit 2).
     let (code, _, err) = artex(&db.url, &["flow", "submit", "/nonexistent/flow.json"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/flow.json"), "{err}");
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
     assert_eq!(count(&c, "select count(*) from artex.flows").await, 0);
