@@ -235,6 +235,9 @@ pub async fn run_worker(
         bb: bb.clone(),
         max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
     });
+    if api.is_some() {
+        tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
+    }
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))

@@ -74,7 +74,7 @@ pub(crate) async fn up(
     let (b, s, stop) = (bb.clone(), stats.clone(), shutdown.wait());
     let planner_task = actix::spawn(async move { run_planner(b, &planner, s, stop).await });
     eprintln!(
-        "artex is up: worker HTTP on http://{http} (/health, /status, /metrics, /api/v1/…).\n\
+        "artex is up: worker HTTP on http://{http} (/health, /status, /metrics).\n\
          Submit a task from another shell:  artex submit echo --payload '{{\"hello\":\"world\"}}'\n\
          Stop with Ctrl-C."
     );
