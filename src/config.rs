@@ -143,6 +143,26 @@ pub struct WorkerArgs {
     /// How long resumable tasks have to reach a checkpoint during a handover, milliseconds.
     #[arg(long, env = "ARTEX_HANDOVER_SUSPEND_MS", default_value_t = 10_000)]
     pub handover_suspend_ms: u64,
+    /// Also serve the HTTP API (`/api/v1/…`, as `artex serve`) on this worker's port,
+    /// through the worker's own pool; `artex up` always does.
+    #[arg(long, env = "ARTEX_API")]
+    pub api: bool,
+}
+
+/// How `artex serve` runs: the HTTP API, `/health` and `/events`, and nothing else.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// HTTP address; port 0 picks a free port (logged).
+    #[arg(long = "http", env = "ARTEX_HTTP", default_value = "127.0.0.1:8080")]
+    pub http: String,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// The largest request body accepted, bytes (413 beyond); task payloads are limited
+    /// by the blackboard (`artex limits`).
+    #[arg(long, env = "ARTEX_MAX_BODY_BYTES",
+        default_value_t = crate::http::api::DEFAULT_MAX_BODY_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    pub max_body_bytes: u64,
 }
 
 /// How a planner runs.

@@ -20,7 +20,7 @@ use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
 use artex_actors::Blackboard;
 
-use crate::config::{ms, DbConfig, PlannerArgs, WorkerArgs};
+use crate::config::{ms, DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::hot_upgrade::{Successor, UpgradeSettings, Upgrader};
 use crate::http::auth::Access;
@@ -202,6 +202,7 @@ pub async fn run_worker(
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
     let handed_over = Arc::new(AtomicBool::new(false));
     let binary_sha256 = BinaryDigest::start();
+    record_binary(&bb, &config.id, &binary_sha256);
     let upgrader = Arc::new(Upgrader {
         worker: worker.clone(),
         bb: bb.clone(),
@@ -230,6 +231,13 @@ pub async fn run_worker(
     };
     let events =
         http::events::EventsState::start(bb.clone(), args.access.max_event_streams as usize);
+    let api = args.api.then(|| http::api::ApiState {
+        bb: bb.clone(),
+        max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
+    });
+    if api.is_some() {
+        tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
+    }
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
@@ -237,6 +245,12 @@ pub async fn run_worker(
             .app_data(web::Data::new(events.clone()))
             .app_data(web::Data::new(upgrader.clone()))
             .configure(http::routes)
+            .configure(|cfg| {
+                if let Some(api) = &api {
+                    cfg.app_data(web::Data::new(api.clone()));
+                    http::api::api_routes(cfg);
+                }
+            })
     })
     .workers(1)
     .disable_signals()
@@ -351,4 +365,70 @@ pub fn bind_http_unless_spawned(addr: &str) -> Result<Option<std::net::TcpListen
 /// Binds the worker's HTTP listener.
 pub fn bind_http(addr: &str) -> Result<std::net::TcpListener> {
     std::net::TcpListener::bind(addr).map_err(|e| Error::io(format!("binding HTTP on {addr}"), e))
+}
+
+/// Writes the running binary's sha256 into worker `id`'s row once it is computed (for
+/// `/api/v1/workers`); a failure is logged, never fatal.
+fn record_binary(bb: &Blackboard, id: &str, digest: &BinaryDigest) {
+    let (bb, id, digest) = (bb.clone(), id.to_string(), digest.clone());
+    actix::spawn(async move {
+        let sha256 = digest.get().await;
+        if sha256.is_empty() {
+            return;
+        }
+        if let Err(e) = bb.set_worker_binary(&id, &sha256).await {
+            tracing::warn!(worker = %id, error = %e, "could not record the binary's sha256");
+        }
+    });
+}
+
+/// Serves the HTTP API (`artex serve`: `/api/v1/…`, `/health`, `/events`) on `listener`
+/// until `shutdown` resolves; then ends the open event streams and finishes the requests
+/// in flight. Stateless: everything it answers is read from or written to `bb`.
+pub async fn run_api(
+    bb: Blackboard,
+    args: &ServeArgs,
+    listener: std::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result {
+    let access = Access::from_args(&args.access)?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the HTTP listener's address", e))?;
+    let api = http::api::ApiState {
+        bb: bb.clone(),
+        max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
+    };
+    let probe = http::probe::DbProbe::start(bb.clone());
+    let events =
+        http::events::EventsState::start(bb.clone(), args.access.max_event_streams as usize);
+    let streams = events.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(access.clone()))
+            .app_data(web::Data::new(events.clone()))
+            .app_data(web::Data::new(probe.clone()))
+            .app_data(web::Data::new(api.clone()))
+            .configure(http::api::serve_routes)
+            .default_service(web::to(http::api::no_route))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(10)
+    .listen(listener)
+    .map_err(|e| Error::io(format!("serving HTTP on {addr}"), e))?
+    .run();
+    let handle = server.handle();
+    let serving = actix::spawn(server);
+    tracing::info!(http = %addr, max_body_bytes = args.max_body_bytes,
+        max_event_streams = args.access.max_event_streams, "serving the HTTP API");
+    eprintln!("artex serve: the HTTP API on http://{addr}/api/v1 (/health, /events)");
+    notify_service(artex_upgrade::notify::ready());
+    shutdown.await;
+    notify_service(artex_upgrade::notify::stopping());
+    tracing::info!(http = %addr, "HTTP API stopping");
+    streams.stop();
+    handle.stop(true).await;
+    let _ = serving.await;
+    Ok(())
 }

@@ -11,7 +11,7 @@
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
 //! - `bundle`: `bundle keygen|create`.
-//! - `run`: `up`, `planner`, `worker`.
+//! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
 
 mod bundle;
@@ -32,7 +32,7 @@ use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 use uuid::Uuid;
 
-use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
+use crate::config::{DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::dev_db::ClusterOptions;
 use crate::error::{Error, Result};
 use crate::runtime::{connect, connect_unchecked};
@@ -72,6 +72,12 @@ enum Command {
     Worker {
         #[command(flatten)]
         worker: WorkerArgs,
+    },
+    /// Serve the HTTP API (`/api/v1/…`), `/health` and `/events`: stateless, any number
+    /// per cluster; reads and writes only the blackboard.
+    Serve {
+        #[command(flatten)]
+        serve: ServeArgs,
     },
     /// Run a stable parent for supervisord and runit: it holds the HTTP port and runs the
     /// worker (same flags) beneath it, hot upgrades included, under a PID that never
@@ -177,6 +183,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Up { worker, planner } => run::up(db, worker, planner, registry).await,
         Command::Planner { planner } => run::planner(db, planner).await,
         Command::Worker { worker } => run::worker(db, worker, registry).await,
+        Command::Serve { serve } => run::serve(db, serve).await,
         Command::Master { worker } => master::master(&worker).await,
         Command::Migrate => db::migrate(db).await,
         Command::Schema { json } => db::schema(json),

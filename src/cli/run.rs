@@ -1,4 +1,4 @@
-//! `artex up`, `artex planner`, `artex worker`: the long-running commands. Each installs
+//! `artex up`, `artex planner`, `artex worker`, `artex serve`: the long-running commands. Each installs
 //! the stop signals first (one [`Shutdown`] for the whole process: a SIGTERM during
 //! start-up is a clean stop, not a kill), binds what it serves and hands over to
 //! [`crate::runtime`].
@@ -6,11 +6,12 @@
 use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::Registry;
 
-use crate::config::{DbConfig, PlannerArgs, WorkerArgs};
+use crate::config::{DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::process::Shutdown;
 use crate::runtime::{
-    bind_http_unless_spawned, connect, connect_unchecked, run_planner, run_worker,
+    bind_http, bind_http_unless_spawned, connect, connect_unchecked, run_api, run_planner,
+    run_worker,
 };
 
 /// Runs `artex planner`.
@@ -37,16 +38,25 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
     .map(|_| ())
 }
 
-/// Runs `artex up`: a planner and a worker in this process, stopping together. The one
-/// long-running command that migrates: it is the local, single-process run, where nothing
-/// else shares the schema.
+/// Runs `artex serve`.
+pub(crate) async fn serve(db: &DbConfig, serve: ServeArgs) -> Result {
+    let shutdown = Shutdown::on_signals()?;
+    let bb = connect(db).await?;
+    let listener = bind_http(&serve.http)?;
+    run_api(bb, &serve, listener, shutdown.wait()).await
+}
+
+/// Runs `artex up`: a planner and a worker (serving the HTTP API too) in this process,
+/// stopping together. The one long-running command that migrates: it is the local,
+/// single-process run, where nothing else shares the schema.
 pub(crate) async fn up(
     db: &DbConfig,
-    worker: WorkerArgs,
+    mut worker: WorkerArgs,
     planner: PlannerArgs,
     registry: Registry,
 ) -> Result {
     let shutdown = Shutdown::on_signals()?;
+    worker.api = true;
     let bb = connect_unchecked(db).await?;
     let report = bb.migrate().await?;
     if !report.applied.is_empty() {

@@ -15,7 +15,7 @@
 //! and a client that takes longer than [`SLOW_CLIENT`] to take a chunk is dropped. Routes
 //! hold no SQL: the feed reader lives in the blackboard.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use actix_web::http::header::{HeaderValue, CACHE_CONTROL};
@@ -41,6 +41,8 @@ pub struct EventsState {
     wakeups: watch::Receiver<u64>,
     streams: Arc<Semaphore>,
     max_streams: usize,
+    /// Set when the process stops serving (`artex serve`'s shutdown): streams end.
+    stopping: Arc<AtomicBool>,
 }
 
 impl EventsState {
@@ -68,7 +70,14 @@ impl EventsState {
             wakeups,
             streams: Arc::new(Semaphore::new(max_streams)),
             max_streams,
+            stopping: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Ends every open stream at its next poll (within [`POLL`]), telling the client to
+    /// reconnect: for a process without a worker that would say it is leaving.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
     }
 }
 
@@ -97,12 +106,14 @@ enum Phase {
     Done,
 }
 
-/// The SSE stream of task events.
+/// The SSE stream of task events. Served by workers (`app`: it ends when the worker
+/// drains or hands over) and by `artex serve` (no worker: it ends at
+/// [`EventsState::stop`]).
 pub async fn events(
     _: CanRead,
     req: HttpRequest,
     state: web::Data<EventsState>,
-    app: web::Data<AppState>,
+    app: Option<web::Data<AppState>>,
     query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let resume = req
@@ -145,6 +156,7 @@ pub async fn events(
             feed,
             phase: Phase::Start,
             app,
+            stopping: state.stopping.clone(),
             yielded: Instant::now(),
             _permit: permit,
         },
@@ -162,7 +174,12 @@ pub async fn events(
                     Bytes::from_static(b"retry: 1000\n\n")
                 }
                 Phase::Live => {
-                    let (chunk, next) = next_chunk(&mut s.feed, &s.app).await;
+                    let (chunk, next) = next_chunk(
+                        &mut s.feed,
+                        s.app.as_ref().map(|a| a.get_ref()),
+                        &s.stopping,
+                    )
+                    .await;
                     s.phase = next;
                     chunk
                 }
@@ -184,7 +201,8 @@ pub async fn events(
 struct Stream {
     feed: EventFeed,
     phase: Phase,
-    app: web::Data<AppState>,
+    app: Option<web::Data<AppState>>,
+    stopping: Arc<AtomicBool>,
     /// When the last chunk was handed to the HTTP layer.
     yielded: Instant,
     _permit: OwnedSemaphorePermit,
@@ -194,10 +212,14 @@ struct Stream {
 /// database fails) an error event that ends the stream; the client reconnects with its
 /// `Last-Event-ID` and loses nothing. Whether this process is leaving is looked at
 /// every poll, so an open stream never holds a drain or a handover back for longer.
-async fn next_chunk(feed: &mut EventFeed, app: &AppState) -> (Bytes, Phase) {
+async fn next_chunk(
+    feed: &mut EventFeed,
+    app: Option<&AppState>,
+    stopping: &AtomicBool,
+) -> (Bytes, Phase) {
     let keepalive = Instant::now() + KEEPALIVE;
     loop {
-        if leaving(app).await {
+        if stopping.load(Ordering::Acquire) || leaving(app).await {
             return (
                 Bytes::from_static(b": this process is stopping; reconnect\n\n"),
                 Phase::Done,
@@ -233,8 +255,11 @@ async fn next_chunk(feed: &mut EventFeed, app: &AppState) -> (Bytes, Phase) {
     }
 }
 
-/// Whether this process stops serving: draining, or handed over to a successor.
-async fn leaving(app: &AppState) -> bool {
+/// Whether this worker stops serving: draining, or handed over to a successor.
+async fn leaving(app: Option<&AppState>) -> bool {
+    let Some(app) = app else {
+        return false;
+    };
     if app.handed_over.load(Ordering::Acquire) {
         return true;
     }

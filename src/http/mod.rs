@@ -1,8 +1,10 @@
 //! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
 //! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
-//! `/events` (the change feed as Server-Sent Events). Routes hold no SQL: they ask the
-//! Worker actor, or (`/events`) the blackboard's feed reader.
+//! `/events` (the change feed as Server-Sent Events), and with `--api` the HTTP API
+//! ([`api`], which `artex serve` serves on its own). Routes hold no SQL: they ask the
+//! Worker actor, or the blackboard.
 
+pub mod api;
 pub mod auth;
 pub mod events;
 pub mod probe;

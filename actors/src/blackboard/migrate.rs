@@ -115,6 +115,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // New tables only: a build that knows V5 runs on, serving every shard as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 8,
+        name: "api_indexes",
+        sql: include_str!("../../../migrations/V8__api_indexes.sql"),
+        // Indexes and a nullable column: older builds run on.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

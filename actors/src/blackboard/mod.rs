@@ -1,8 +1,8 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; planner shards; flows, the
 //! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
-//! may send), prepared through deadpool's statement cache; nothing else in the runtime
-//! writes SQL.
+//! may send; overview, the roster and statistics the HTTP API shows), prepared through
+//! deadpool's statement cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -16,6 +16,7 @@ mod inputs;
 mod listen;
 mod logical;
 mod migrate;
+mod overview;
 mod planner;
 mod shards;
 mod tasks;
@@ -43,13 +44,16 @@ pub use migrate::{
     check_range, fingerprint, needed, Applied, Change, Migration, MigrationReport, Needed,
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
+pub use overview::{
+    MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
+};
 pub use planner::CLAIM as CLAIM_SQL;
 pub use planner::ROSTER as ROSTER_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
 use crate::error::{Error, Result};

@@ -390,6 +390,11 @@ fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
     Ok(TaskPreview { task, cut })
 }
 
+/// A task's audit trail, oldest first (`task_transitions_task`).
+pub(crate) const TRANSITIONS: &str = "select from_status::text, to_status::text, reason, actor,
+        worker, lease_epoch, at
+    from artex.task_transitions where task_id = $1 order by id";
+
 const SUBMIT: &str = "insert into artex.tasks
         (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
     select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
@@ -459,12 +464,7 @@ impl Blackboard {
     /// A task's audit trail, oldest first.
     pub async fn transitions(&self, id: Uuid) -> Result<Vec<TransitionRow>> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "select from_status::text, to_status::text, reason, actor, worker, lease_epoch, at
-                 from artex.task_transitions where task_id = $1 order by id",
-            )
-            .await?;
+        let stmt = client.prepare_cached(TRANSITIONS).await?;
         let rows = client.query(&stmt, &[&id]).await?;
         rows.iter()
             .map(|r| {
@@ -523,5 +523,179 @@ impl Blackboard {
         let status = status.map(|s| s.as_str());
         let rows = client.query(&stmt, &[&cut, &status, &limit]).await?;
         rows.iter().map(preview_from_row).collect()
+    }
+}
+
+/// Which tasks a page lists (`GET /api/v1/tasks`): every filter given must hold. Pages
+/// are newest first by id (ids artex creates are time-ordered UUIDv7s) and continue
+/// after the last id of the previous page: keyset pagination, one index walk per page
+/// however deep (migrations/V8__api_indexes.sql).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// In this status.
+    pub status: Option<TaskStatus>,
+    /// Of this kind.
+    pub kind: Option<String>,
+    /// Of this flow.
+    pub flow: Option<Uuid>,
+    /// Held (assigned or running) by this worker now.
+    pub worker: Option<String>,
+    /// With an id below this one: the last id of the previous page.
+    pub after: Option<Uuid>,
+    /// At most this many.
+    pub limit: i64,
+}
+
+impl TaskFilter {
+    /// The page's statement: the filters given (each an index's leading column), newest
+    /// first by id; `$1` is the cut (see [`TaskPreview`]). Only the page's rows are read
+    /// whole, after the page is chosen. One statement per set of filters given, so each
+    /// is planned for what it filters on (a `$n is null or …` test would let a generic
+    /// plan fall back to a scan of the whole table).
+    fn page_sql(&self) -> String {
+        let mut conds = Vec::new();
+        let mut n = 1;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        if self.status.is_some() {
+            conds.push(format!("status = ${}::text::artex.task_status", next()));
+        }
+        if self.kind.is_some() {
+            conds.push(format!("kind = ${}", next()));
+        }
+        if self.flow.is_some() {
+            conds.push(format!("flow_id = ${}", next()));
+        }
+        if self.worker.is_some() {
+            // Only held tasks have a holder: said outright, the partial index `tasks_held`
+            // serves.
+            conds.push(format!(
+                "assigned_to = ${} and status in ('assigned', 'running')",
+                next()
+            ));
+        }
+        if self.after.is_some() {
+            conds.push(format!("id < ${}", next()));
+        }
+        let limit = next();
+        let filter = if conds.is_empty() {
+            String::new()
+        } else {
+            format!(" where {}", conds.join(" and "))
+        };
+        let page = format!("(select * from artex.tasks{filter} order by id desc limit ${limit}) t");
+        format!(
+            "{} order by t.id desc",
+            preview_select!("{page}").replace("{page}", &page)
+        )
+    }
+
+    /// The page's parameters after the cut, in [`TaskFilter::page_sql`]'s order.
+    fn page_params<'a>(
+        &'a self,
+        status: &'a Option<&'static str>,
+    ) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        if let Some(s) = status {
+            params.push(s);
+        }
+        if let Some(k) = &self.kind {
+            params.push(k);
+        }
+        if let Some(f) = &self.flow {
+            params.push(f);
+        }
+        if let Some(w) = &self.worker {
+            params.push(w);
+        }
+        if let Some(a) = &self.after {
+            params.push(a);
+        }
+        params.push(&self.limit);
+        params
+    }
+}
+
+// A retry is a new task: `failed`, `timeout` and `canceled` are terminal in the status
+// machine (`artex.transition_allowed`), so a finished task's history, finish time and
+// the flow cascades that followed it stay true. The copy carries the original's kind,
+// payload and settings, and its creation row in the audit trail names the original.
+const RETRY: &str = "insert into artex.tasks
+        (id, kind, payload, priority, max_retries, timeout_ms, shard_key)
+    select $3, o.kind, o.payload, o.priority, o.max_retries, o.timeout_ms, o.shard_key
+    from artex.set_context($1, $2) ctx, artex.tasks o
+    where ctx and o.id = $4 and o.status in ('failed', 'timeout', 'canceled')
+      and o.flow_id is null
+    returning id";
+
+const RETRY_REFUSED: &str = "select status::text, flow_id from artex.tasks where id = $1";
+
+impl Blackboard {
+    /// A page of tasks (see [`TaskFilter`]), values longer than `cut` characters cut
+    /// (see [`Blackboard::tasks_preview`]).
+    pub async fn tasks_page(&self, filter: &TaskFilter, cut: i32) -> Result<Vec<TaskPreview>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(&filter.page_sql()).await?;
+        let status = filter.status.map(TaskStatus::as_str);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        params.extend(filter.page_params(&status));
+        let rows = client.query(&stmt, &params).await?;
+        rows.iter().map(preview_from_row).collect()
+    }
+
+    /// PostgreSQL's plan for [`Blackboard::tasks_page`] with `filter`, one line per
+    /// node: how a listing finds its rows (the tests show each walks an index).
+    pub async fn explain_tasks_page(&self, filter: &TaskFilter) -> Result<Vec<String>> {
+        let client = self.client().await?;
+        let sql = format!("explain {}", filter.page_sql());
+        let status = filter.status.map(TaskStatus::as_str);
+        let cut = 0i32;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        params.extend(filter.page_params(&status));
+        let rows = client.query(&sql, &params).await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<_, String>(0)?))
+            .collect()
+    }
+
+    /// Retries a task that ended without success (`failed`, `timeout`, `canceled`) as a
+    /// new task with its kind, payload, priority, retries and timeout, recording
+    /// `reason` and the original's id in the new task's history; returns the new id.
+    /// `TaskNotFound` for an unknown id; `Refused` for any other status, and for a
+    /// task of a flow (its downstream tasks were canceled with it: resubmit the flow).
+    pub async fn retry(&self, id: Uuid, actor: &str, reason: Option<&str>) -> Result<Uuid> {
+        let new_id = Uuid::now_v7();
+        let reason = match reason {
+            Some(r) => format!("retry of task {id}: {r}"),
+            None => format!("retry of task {id}"),
+        };
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(RETRY).await?;
+        if let Some(row) = client
+            .query_opt(&stmt, &[&actor, &reason, &new_id, &id])
+            .await?
+        {
+            return Ok(row.try_get(0)?);
+        }
+        let stmt = client.prepare_cached(RETRY_REFUSED).await?;
+        let Some(row) = client.query_opt(&stmt, &[&id]).await? else {
+            return Err(Error::TaskNotFound(id));
+        };
+        let status: String = row.try_get(0)?;
+        let flow: Option<Uuid> = row.try_get(1)?;
+        Err(Error::Refused(match flow {
+            Some(flow) if matches!(status.as_str(), "failed" | "timeout" | "canceled") => {
+                format!(
+                    "cannot retry task {id}: it belongs to flow {flow}, whose downstream tasks \
+                     ended with it; submit the flow again"
+                )
+            }
+            _ => format!(
+                "cannot retry task {id}: it is {status}; retry applies to failed, timeout or \
+                 canceled tasks"
+            ),
+        }))
     }
 }

@@ -134,9 +134,9 @@ const INSERT_DEPENDENCIES: &str = "insert into artex.task_dependencies (task_id,
 const INSERT_WAITS: &str = "insert into artex.task_waits (task_id, upstream_left)
     select * from unnest($1::uuid[], $2::int4[])";
 
-const FLOW: &str = "select name, created_at from artex.flows where id = $1";
+pub(crate) const FLOW: &str = "select name, created_at from artex.flows where id = $1";
 
-const FLOW_TASKS: &str = "select t.id, t.flow_task, t.kind, t.status::text, t.retries,
+pub(crate) const FLOW_TASKS: &str = "select t.id, t.flow_task, t.kind, t.status::text, t.retries,
         t.started_at, t.finished_at, t.error,
         coalesce((select array_agg(u.flow_task order by u.flow_task)
                   from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on

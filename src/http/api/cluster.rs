@@ -1,0 +1,42 @@
+//! `/api/v1/workers` (the roster as the blackboard has it), `/api/v1/stats` (tasks by
+//! status, recent throughput and latency) and `artex serve`'s `/health`.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::json;
+
+use super::{param, parse_int, query, ApiError, ApiState};
+use crate::http::auth::CanRead;
+use crate::http::probe::DbProbe;
+
+/// `GET /api/v1/workers?limit=`: every worker row (gone ones too, until pruned), by id.
+pub(super) async fn workers(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query(&req, &["limit"])?;
+    let limit = param(&q, "limit", |s| parse_int(s, 1, 10_000))?.unwrap_or(1000);
+    // One more than asked says whether there are more.
+    let mut workers = state.bb.workers(limit + 1).await?;
+    let more = workers.len() as i64 > limit;
+    workers.truncate(limit as usize);
+    Ok(HttpResponse::Ok().json(json!({ "workers": workers, "more": more })))
+}
+
+/// `GET /api/v1/stats?window_minutes=`: see `Blackboard::stats` (bounded reads only).
+pub(super) async fn stats(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query(&req, &["window_minutes"])?;
+    let window = param(&q, "window_minutes", |s| parse_int(s, 1, 60))?.unwrap_or(15);
+    let stats = state.bb.stats(window as u32, None).await?;
+    Ok(HttpResponse::Ok().json(stats))
+}
+
+/// `GET /health` of `artex serve` (open): 200 when the database answered a real round
+/// trip recently, 503 with the reason otherwise.
+pub(super) async fn health(probe: web::Data<DbProbe>) -> HttpResponse {
+    super::health_body(&probe)
+}

@@ -1,0 +1,234 @@
+//! `/api/v1/flows…`: submit a flow (the `artex flow submit` format), show one with its
+//! DAG (each task with the names it depends on), and pause, resume or cancel all of it.
+
+use actix_web::http::header::LOCATION;
+use actix_web::{web, HttpRequest, HttpResponse};
+use artex_actors::blackboard::{Control, ControlTarget, FlowSpec};
+use serde_json::{json, Value};
+
+use super::tasks::read_reason;
+use super::{
+    actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_json, path_id,
+    query, read_body, ApiError, ApiState, Submitted,
+};
+use crate::http::auth::{CanRead, CanWrite};
+
+const FLOW_FIELDS: &[&str] = &["name", "tasks", "allow_unregistered_kind"];
+
+const FLOW_TASK_FIELDS: &[&str] = &[
+    "name",
+    "kind",
+    "payload",
+    "depends_on",
+    "priority",
+    "max_retries",
+    "timeout_ms",
+    "shard_key",
+];
+
+/// Checks the shape of a flow (fields and their types), so that a wrong one is named;
+/// what they mean is `FlowSpec::validate`'s.
+fn check_shape(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    only_fields(obj, "", FLOW_FIELDS)?;
+    field::<String>(obj, "", "name", "a string")?
+        .ok_or_else(|| ApiError::bad("name", "name: missing; a flow needs a name"))?;
+    let tasks = match obj.get("tasks") {
+        Some(Value::Array(tasks)) => tasks,
+        Some(other) => {
+            return Err(ApiError::bad(
+                "tasks",
+                format!(
+                    "tasks: expected an array of tasks, got {}",
+                    super::shown(other)
+                ),
+            ))
+        }
+        None => {
+            return Err(ApiError::bad(
+                "tasks",
+                "tasks: missing; expected an array of tasks",
+            ))
+        }
+    };
+    for (i, t) in tasks.iter().enumerate() {
+        let prefix = format!("tasks[{i}].");
+        let Some(t) = t.as_object() else {
+            return Err(ApiError::bad(
+                format!("tasks[{i}]"),
+                format!(
+                    "tasks[{i}]: expected a task like {{\"name\": \"extract\", \"kind\": \
+                     \"echo\"}}, got {}",
+                    super::shown(t)
+                ),
+            ));
+        };
+        only_fields(t, &prefix, FLOW_TASK_FIELDS)?;
+        for required in ["name", "kind"] {
+            field::<String>(t, &prefix, required, "a string")?.ok_or_else(|| {
+                ApiError::bad(
+                    format!("{prefix}{required}"),
+                    format!("{prefix}{required}: missing"),
+                )
+            })?;
+        }
+        field::<Vec<String>>(t, &prefix, "depends_on", "an array of task names")?;
+        field::<i32>(t, &prefix, "priority", "a 32-bit integer")?;
+        field::<i32>(t, &prefix, "max_retries", "a 32-bit integer")?;
+        field::<i32>(t, &prefix, "timeout_ms", "a positive 32-bit integer")?;
+        field::<String>(t, &prefix, "shard_key", "a string")?;
+    }
+    Ok(())
+}
+
+/// `POST /api/v1/flows`: 201 `{"id"}`; nothing is written unless all of it is valid.
+pub(super) async fn submit(
+    _: CanWrite,
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query(&req, &["allow_unregistered_kind"])?;
+    let allow_query = param(&q, "allow_unregistered_kind", parse_bool)?.unwrap_or(false);
+    let body = read_body(&req, body, state.max_body_bytes).await?;
+    let Some(mut value) = parse_json(&body)? else {
+        return Err(ApiError::bad(
+            "body",
+            "empty body; expected a flow: {\"name\": …, \"tasks\": [...]}",
+        ));
+    };
+    let Some(obj) = value.as_object_mut() else {
+        return Err(ApiError::bad(
+            "body",
+            format!(
+                "expected a flow, a JSON object like {{\"name\": \"etl\", \"tasks\": [...]}}, \
+                 got {}",
+                super::shown(&value)
+            ),
+        ));
+    };
+    check_shape(obj)?;
+    let allow_body = field(obj, "", "allow_unregistered_kind", "true or false")?.unwrap_or(false);
+    obj.remove("allow_unregistered_kind");
+    let spec: FlowSpec = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad("body", format!("not a flow: {e}")))?;
+    spec.validate().map_err(|e| {
+        let message = e.to_string();
+        // Messages about one task start `task 'NAME': …`: name it by its place.
+        let at = spec
+            .tasks
+            .iter()
+            .position(|t| message.starts_with(&format!("task '{}'", t.name)));
+        let field = match at {
+            Some(i) => {
+                let rest = message
+                    .split_once("': ")
+                    .map(|(_, rest)| rest)
+                    .unwrap_or_default();
+                Some(
+                    match field_of(
+                        rest,
+                        &["kind", "payload", "max_retries", "timeout_ms", "shard_key"],
+                    ) {
+                        Some(f) => format!("tasks[{i}].{f}"),
+                        None => format!("tasks[{i}]"),
+                    },
+                )
+            }
+            None if message.starts_with("flow name") => Some("name".into()),
+            None => Some("tasks".into()),
+        };
+        ApiError::Unprocessable { field, message }
+    })?;
+    let checked: Vec<Submitted> = spec
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Submitted {
+            prefix: format!("tasks[{i}]."),
+            kind: &t.kind,
+            payload: &t.payload,
+            allow_unregistered: allow_query || allow_body,
+        })
+        .collect();
+    check_submission(&state.bb, &checked).await?;
+    let id = state.bb.submit_flow(&spec, &actor(&req)).await?;
+    Ok(HttpResponse::Created()
+        .insert_header((LOCATION, format!("/api/v1/flows/{id}")))
+        .json(json!({ "id": id })))
+}
+
+/// `GET /api/v1/flows/{id}`: the flow, its state and counts, and each task with the
+/// names of the tasks it depends on (the DAG).
+pub(super) async fn show(
+    _: CanRead,
+    req: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(&id)?;
+    query(&req, &[])?;
+    let flow = state.bb.flow(id).await?;
+    Ok(HttpResponse::Ok().json(flow))
+}
+
+async fn control_flow(
+    control: Control,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(&id)?;
+    let reason = read_reason(&req, body, &state).await?;
+    match state.bb.control_target(id).await {
+        Ok(ControlTarget::Flow(_)) => {}
+        Ok(ControlTarget::Task(_)) => {
+            return Err(ApiError::NotFound(format!(
+                "no flow with id {id}: it is a task (POST /api/v1/tasks/{id}/{})",
+                control.as_str()
+            )))
+        }
+        Err(artex_actors::Error::Invalid(_)) => {
+            return Err(ApiError::NotFound(format!("no flow with id {id}")))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let report = state
+        .bb
+        .control(control, id, &actor(&req), reason.as_deref())
+        .await?;
+    Ok(HttpResponse::Ok().json(report))
+}
+
+/// `POST /api/v1/flows/{id}/pause`: hold its pending and blocked tasks.
+pub(super) async fn pause(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_flow(Control::Pause, req, id, body, state).await
+}
+
+/// `POST /api/v1/flows/{id}/resume`: release its paused tasks.
+pub(super) async fn resume(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_flow(Control::Resume, req, id, body, state).await
+}
+
+/// `POST /api/v1/flows/{id}/cancel`: end every task of it that has not ended.
+pub(super) async fn cancel(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_flow(Control::Cancel, req, id, body, state).await
+}

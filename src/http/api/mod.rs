@@ -1,0 +1,497 @@
+//! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
+//! flows (submit, show with the DAG, pause|resume|cancel), workers, statistics and the
+//! live feed. Served by `artex serve` (with `/health` and `/events`, see
+//! [`serve_routes`]) and by a worker started with `--api` (`artex up` always). Stateless:
+//! every route reads or writes the blackboard, and holds no SQL. Described in
+//! `docs/openapi.json` (served at `/api/v1/openapi.json`), which a test holds to the
+//! routes registered here.
+//!
+//! Errors are JSON, `{"error": …, "field": …}` (`field` names the offending field or
+//! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
+//! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 409 a
+//! control the task's state does not allow, 413 a body over the limit, 422 well-formed
+//! input the blackboard refuses (a kind no worker declared, a payload over the limit, an
+//! invalid flow), 503 the database unreachable. A refused request writes nothing.
+
+mod cluster;
+mod flows;
+mod tasks;
+
+use actix_web::http::{Method, StatusCode};
+use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
+use artex_actors::blackboard::{check_kind, payload_text_len, KnownKind};
+use artex_actors::Blackboard;
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Map, Value};
+
+use super::events;
+
+/// The largest request body by default (`--max-body-bytes`): 2 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 << 20;
+
+/// Tasks in one batch at most.
+pub const MAX_BATCH: usize = 10_000;
+
+/// Values longer than this many characters are cut in answers unless `?full=true`.
+const CUT_CHARS: i32 = 1024;
+
+/// This API's description, served at `/api/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// What the API's routes need.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The blackboard.
+    pub bb: Blackboard,
+    /// The largest request body accepted, bytes.
+    pub max_body_bytes: usize,
+}
+
+/// An API error: its status code and a JSON body saying what was wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed: not JSON, a wrong type, an unknown field or parameter (400).
+    #[error("{message}")]
+    BadRequest {
+        /// The field or parameter.
+        field: Option<String>,
+        /// What was wrong, and what was expected.
+        message: String,
+    },
+    /// Well-formed, but refused: an unknown kind, a payload over the limit, an invalid
+    /// flow (422).
+    #[error("{message}")]
+    Unprocessable {
+        /// The field.
+        field: Option<String>,
+        /// What was wrong, and what was expected.
+        message: String,
+    },
+    /// No such task, flow or route (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The task's or flow's state does not allow it (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The body is larger than the limit (413).
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The database could not be reached in time (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn bad(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    fn refused(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Unprocessable {
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            ApiError::BadRequest { field, .. } | ApiError::Unprocessable { field, .. } => {
+                field.as_deref()
+            }
+            ApiError::TooLarge { .. } => Some("body"),
+            _ => None,
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code())
+            .json(json!({ "error": self.to_string(), "field": self.field() }))
+    }
+}
+
+/// PostgreSQL's code for "more than the payload limit" (`artex.limits`).
+const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+/// PostgreSQL's code for a failed check (a kind that is no name, …).
+const CHECK_VIOLATION: &str = "23514";
+
+impl From<artex_actors::Error> for ApiError {
+    fn from(e: artex_actors::Error) -> Self {
+        use artex_actors::Error as E;
+        match e {
+            E::TaskNotFound(_) | E::FlowNotFound(_) => ApiError::NotFound(e.to_string()),
+            E::Refused(m) => ApiError::Conflict(m),
+            E::Invalid(m) => ApiError::Unprocessable {
+                field: None,
+                message: m,
+            },
+            E::Db(ref db) => match db.as_db_error().map(|d| d.code().code()) {
+                // The database's own checks, for writers that skip ours (the limit can
+                // change between our check and the insert).
+                Some(PROGRAM_LIMIT_EXCEEDED) => ApiError::refused("payload", e.to_string()),
+                Some(CHECK_VIOLATION) => ApiError::Unprocessable {
+                    field: None,
+                    message: e.to_string(),
+                },
+                _ if e.is_connection() => ApiError::Unavailable(e.to_string()),
+                _ => ApiError::Internal(e.to_string()),
+            },
+            e if e.is_connection() => ApiError::Unavailable(e.to_string()),
+            e => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Where routes go: actix's [`web::ServiceConfig`] registers them, a [`RouteList`]
+/// writes them down. Both are fed by the same functions ([`api_routes`],
+/// [`serve_routes`]), so the list is what is served (the OpenAPI test reads it).
+pub trait Routes {
+    /// Adds `method path` served by `handler`.
+    fn add<F, Args>(&mut self, method: Method, path: &'static str, handler: F)
+    where
+        F: Handler<Args>,
+        Args: FromRequest + 'static,
+        F::Output: Responder + 'static;
+}
+
+impl Routes for web::ServiceConfig {
+    fn add<F, Args>(&mut self, method: Method, path: &'static str, handler: F)
+    where
+        F: Handler<Args>,
+        Args: FromRequest + 'static,
+        F::Output: Responder + 'static,
+    {
+        self.route(path, web::method(method).to(handler));
+    }
+}
+
+/// The routes, as (method, path) pairs.
+#[derive(Debug, Default)]
+pub struct RouteList(pub Vec<(Method, &'static str)>);
+
+impl Routes for RouteList {
+    fn add<F, Args>(&mut self, method: Method, path: &'static str, _: F)
+    where
+        F: Handler<Args>,
+        Args: FromRequest + 'static,
+        F::Output: Responder + 'static,
+    {
+        self.0.push((method, path));
+    }
+}
+
+/// The `/api/v1/…` routes (they need `web::Data<ApiState>`, the `Access` table and, for
+/// the feed, `EventsState`).
+pub fn api_routes(r: &mut impl Routes) {
+    use Method as M;
+    r.add(M::POST, "/api/v1/tasks", tasks::submit);
+    r.add(M::GET, "/api/v1/tasks", tasks::list);
+    r.add(M::GET, "/api/v1/tasks/{id}", tasks::show);
+    r.add(M::POST, "/api/v1/tasks/{id}/pause", tasks::pause);
+    r.add(M::POST, "/api/v1/tasks/{id}/resume", tasks::resume);
+    r.add(M::POST, "/api/v1/tasks/{id}/cancel", tasks::cancel);
+    r.add(M::POST, "/api/v1/tasks/{id}/retry", tasks::retry);
+    r.add(M::POST, "/api/v1/flows", flows::submit);
+    r.add(M::GET, "/api/v1/flows/{id}", flows::show);
+    r.add(M::POST, "/api/v1/flows/{id}/pause", flows::pause);
+    r.add(M::POST, "/api/v1/flows/{id}/resume", flows::resume);
+    r.add(M::POST, "/api/v1/flows/{id}/cancel", flows::cancel);
+    r.add(M::GET, "/api/v1/workers", cluster::workers);
+    r.add(M::GET, "/api/v1/stats", cluster::stats);
+    r.add(M::GET, "/api/v1/events", events::events);
+    r.add(M::GET, "/api/v1/openapi.json", openapi);
+}
+
+/// Everything `artex serve` serves: the API, `/health` (from the database probe) and
+/// `/events` (the feed, as on a worker).
+pub fn serve_routes(r: &mut impl Routes) {
+    r.add(Method::GET, "/health", cluster::health);
+    r.add(Method::GET, "/events", events::events);
+    api_routes(r);
+}
+
+/// The JSON answer for an unknown route (404) on `artex serve`.
+pub async fn no_route(req: HttpRequest) -> HttpResponse {
+    ApiError::NotFound(format!(
+        "no route {} {}; see /api/v1/openapi.json",
+        req.method(),
+        req.path()
+    ))
+    .error_response()
+}
+
+/// The API's description (open: it holds no data).
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI)
+}
+
+/// Who the history records for a change made through the API.
+fn actor(req: &HttpRequest) -> String {
+    match req.peer_addr() {
+        Some(peer) => format!("api@{}", peer.ip()),
+        None => "api".into(),
+    }
+}
+
+/// The request body, refused past `limit` bytes (by its `Content-Length` before anything
+/// is read, or as it arrives): never more than the limit is held.
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest {
+            field: Some("body".into()),
+            message: format!("reading the request body: {e}"),
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::TooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The body as JSON; `None` for an empty body.
+fn parse_json(body: &[u8]) -> Result<Option<Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(body)
+        .map(Some)
+        .map_err(|e| ApiError::bad("body", format!("not valid JSON: {e}")))
+}
+
+/// A short rendering of a value for messages.
+fn shown(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(60) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s,
+    }
+}
+
+/// Field `name` of `obj` as a `T` (`None` if absent or null); a wrong type is a 400
+/// naming `{prefix}{name}`, what was expected and what came.
+fn field<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    name: &str,
+    expected: &str,
+) -> Result<Option<T>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|_| {
+            ApiError::bad(
+                format!("{prefix}{name}"),
+                format!("{prefix}{name}: expected {expected}, got {}", shown(v)),
+            )
+        }),
+    }
+}
+
+/// Refuses any field of `obj` not in `known` (a typo would otherwise be ignored).
+fn only_fields(obj: &Map<String, Value>, prefix: &str, known: &[&str]) -> Result<(), ApiError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad(
+            format!("{prefix}{k}"),
+            format!(
+                "{prefix}{k}: unknown field; expected one of: {}",
+                known.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The query string's parameters, each at most once and each in `known`.
+fn query(req: &HttpRequest, known: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| ApiError::bad("query", format!("query string: {e}")))?
+        .into_inner();
+    for (i, (k, _)) in pairs.iter().enumerate() {
+        if !known.contains(&k.as_str()) {
+            return Err(ApiError::bad(
+                k.clone(),
+                format!(
+                    "{k}: unknown query parameter; expected one of: {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if pairs[..i].iter().any(|(k2, _)| k2 == k) {
+            return Err(ApiError::bad(
+                k.clone(),
+                format!("{k}: given twice; expected it once"),
+            ));
+        }
+    }
+    Ok(pairs)
+}
+
+/// Parameter `name` of `pairs`, parsed.
+fn param<T>(
+    pairs: &[(String, String)],
+    name: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, ApiError> {
+    match pairs.iter().find(|(k, _)| k == name) {
+        None => Ok(None),
+        Some((_, v)) => parse(v)
+            .map(Some)
+            .map_err(|e| ApiError::bad(name, format!("{name}: {e}"))),
+    }
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean; expected true or false")),
+    }
+}
+
+fn parse_uuid(s: &str) -> Result<uuid::Uuid, String> {
+    uuid::Uuid::parse_str(s).map_err(|e| {
+        format!(
+            "{s:?} is not an id ({e}); expected a UUID like 0192f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b"
+        )
+    })
+}
+
+fn parse_int(s: &str, min: i64, max: i64) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: expected an integer from {min} to {max}")),
+    }
+}
+
+/// The `{id}` of a path.
+fn path_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
+    parse_uuid(raw).map_err(|e| ApiError::bad("id", format!("id: {e}")))
+}
+
+/// One task (or flow task) about to be written, as [`check_submission`] sees it.
+struct Submitted<'a> {
+    /// How errors name it: `""`, `"[3]."`, `"tasks[2]."`.
+    prefix: String,
+    kind: &'a str,
+    payload: &'a Value,
+    /// Its kind may be one no worker declared yet.
+    allow_unregistered: bool,
+}
+
+/// Checks tasks against the blackboard before anything is written: each payload within
+/// the limit in force (the database refuses a larger one too; here the message names
+/// the field and the payload is never sent), and each kind declared by some worker
+/// unless allowed (a typo would wait for ever).
+async fn check_submission(bb: &Blackboard, tasks: &[Submitted<'_>]) -> Result<(), ApiError> {
+    let limit = bb.limits().await?.max_payload_bytes;
+    for t in tasks {
+        let bytes = payload_text_len(t.payload);
+        if bytes > limit as usize {
+            return Err(ApiError::refused(
+                format!("{}payload", t.prefix),
+                format!(
+                    "{}payload: {bytes} bytes, more than the limit of {limit} bytes (an \
+                     operator can raise it: artex limits --max-payload-bytes N)",
+                    t.prefix
+                ),
+            ));
+        }
+    }
+    if tasks.iter().all(|t| t.allow_unregistered) {
+        return Ok(());
+    }
+    let known = bb.known_kinds().await?;
+    for t in tasks.iter().filter(|t| !t.allow_unregistered) {
+        if !known.iter().any(|k| k.kind == t.kind) {
+            return Err(ApiError::refused(
+                format!("{}kind", t.prefix),
+                format!(
+                    "{}kind: {:?} has never been declared by a worker ({}); check the name, \
+                     or set \"allow_unregistered_kind\": true (or \
+                     ?allow_unregistered_kind=true) to submit it before its workers run",
+                    t.prefix,
+                    t.kind,
+                    listing(&known)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn listing(known: &[KnownKind]) -> String {
+    const LISTED: usize = 20;
+    let names: Vec<&str> = known
+        .iter()
+        .map(|k| k.kind.as_str())
+        .filter(|k| check_kind(k).is_ok())
+        .collect();
+    if names.is_empty() {
+        return "no worker has registered yet".into();
+    }
+    let more = if names.len() > LISTED { ", …" } else { "" };
+    format!(
+        "known kinds: {}{more}",
+        names
+            .into_iter()
+            .take(LISTED)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Splits a validation message `field: what` into the field (one of `fields`) and the
+/// message, for errors that name a field in their text.
+fn field_of(message: &str, fields: &[&str]) -> Option<String> {
+    let (head, _) = message.split_once(':')?;
+    fields.contains(&head).then(|| head.to_string())
+}
+
+/// `/health` of `artex serve`: ready when the database answered recently.
+pub(crate) fn health_body(probe: &super::probe::DbProbe) -> HttpResponse {
+    match probe.verdict() {
+        Ok(()) => HttpResponse::Ok().json(json!({ "ready": true, "reasons": [] })),
+        Err(why) => HttpResponse::ServiceUnavailable().json(json!({
+            "ready": false,
+            "reasons": [why],
+        })),
+    }
+}

@@ -1,0 +1,360 @@
+//! `/api/v1/tasks…`: submit one task or a batch, list with filters and keyset
+//! pagination, show one with its history, and the operator controls (pause, resume,
+//! cancel, retry).
+
+use actix_web::http::header::LOCATION;
+use actix_web::{web, HttpRequest, HttpResponse};
+use artex_actors::blackboard::{check_kind, Control, ControlTarget, NewTask, TaskFilter};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
+use super::{
+    actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_int,
+    parse_json, parse_uuid, path_id, query, read_body, ApiError, ApiState, Submitted, CUT_CHARS,
+    MAX_BATCH,
+};
+use crate::http::auth::{CanRead, CanWrite};
+
+/// The fields of a task in `POST /api/v1/tasks`.
+const TASK_FIELDS: &[&str] = &[
+    "kind",
+    "payload",
+    "priority",
+    "run_at",
+    "max_retries",
+    "timeout_ms",
+    "shard_key",
+    "allow_unregistered_kind",
+];
+
+/// The fields `NewTask::validate` names at the start of its messages.
+const VALIDATED: &[&str] = &["kind", "payload", "max_retries", "timeout_ms", "shard_key"];
+
+/// Retries after the first attempt, at most (as `artex submit`).
+const MAX_RETRIES: i32 = 1000;
+
+/// A reason longer than this is refused (it is stored in every changed task's history).
+pub(super) const MAX_REASON_BYTES: usize = 10_000;
+
+/// The task at `v`, named `{prefix}…` in errors, and whether its kind may be unregistered.
+fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
+    let Some(obj) = v.as_object() else {
+        let name = prefix.trim_end_matches('.');
+        return Err(ApiError::BadRequest {
+            field: (!name.is_empty()).then(|| name.to_string()),
+            message: format!(
+                "{}expected a task: a JSON object like {{\"kind\": \"echo\", \"payload\": {{}}}}, \
+                 got {}",
+                if name.is_empty() {
+                    String::new()
+                } else {
+                    format!("{name}: ")
+                },
+                super::shown(v)
+            ),
+        });
+    };
+    only_fields(obj, prefix, TASK_FIELDS)?;
+    let kind: String = field(obj, prefix, "kind", "a string")?.ok_or_else(|| {
+        ApiError::bad(
+            format!("{prefix}kind"),
+            format!("{prefix}kind: missing; every task needs a kind, e.g. \"echo\""),
+        )
+    })?;
+    let run_at = match field::<String>(obj, prefix, "run_at", "an RFC 3339 time (a string)")? {
+        None => None,
+        Some(s) => Some(
+            DateTime::parse_from_rfc3339(&s)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| {
+                    ApiError::bad(
+                        format!("{prefix}run_at"),
+                        format!(
+                            "{prefix}run_at: {s:?} is not an RFC 3339 time ({e}); expected e.g. \
+                             2026-12-01T08:00:00Z"
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let max_retries: Option<i32> = field(obj, prefix, "max_retries", "an integer from 0 to 1000")?;
+    if let Some(n) = max_retries.filter(|n| !(0..=MAX_RETRIES).contains(n)) {
+        return Err(ApiError::refused(
+            format!("{prefix}max_retries"),
+            format!("{prefix}max_retries: {n}; expected 0 to {MAX_RETRIES}"),
+        ));
+    }
+    let task = NewTask {
+        kind,
+        payload: obj
+            .get("payload")
+            .filter(|p| !p.is_null())
+            .cloned()
+            .unwrap_or_else(|| json!({})),
+        priority: field(obj, prefix, "priority", "a 32-bit integer")?.unwrap_or(0),
+        run_at,
+        max_retries,
+        timeout_ms: field(obj, prefix, "timeout_ms", "a positive 32-bit integer")?,
+        shard_key: field(obj, prefix, "shard_key", "a string")?,
+    };
+    task.validate().map_err(|e| {
+        let message = e.to_string();
+        ApiError::Unprocessable {
+            field: field_of(&message, VALIDATED).map(|f| format!("{prefix}{f}")),
+            message: format!("{prefix}{message}"),
+        }
+    })?;
+    let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
+    Ok((task, allow))
+}
+
+/// `POST /api/v1/tasks`: one task (an object; 201 `{"id"}`) or a batch (an array;
+/// 201 `{"ids"}`, all or nothing).
+pub(super) async fn submit(
+    _: CanWrite,
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let pairs = query(&req, &["allow_unregistered_kind"])?;
+    let allow_all = param(&pairs, "allow_unregistered_kind", parse_bool)?.unwrap_or(false);
+    let body = read_body(&req, body, state.max_body_bytes).await?;
+    let Some(value) = parse_json(&body)? else {
+        return Err(ApiError::bad(
+            "body",
+            "empty body; expected a task (a JSON object) or a batch (an array of them)",
+        ));
+    };
+    let (batch, items): (bool, Vec<&Value>) = match &value {
+        Value::Array(a) => (true, a.iter().collect()),
+        v => (false, vec![v]),
+    };
+    if batch && items.is_empty() {
+        return Err(ApiError::refused(
+            "body",
+            "an empty batch; expected at least one task",
+        ));
+    }
+    if items.len() > MAX_BATCH {
+        return Err(ApiError::refused(
+            "body",
+            format!(
+                "a batch of {} tasks; at most {MAX_BATCH} per request",
+                items.len()
+            ),
+        ));
+    }
+    let mut tasks = Vec::with_capacity(items.len());
+    let mut allowed = Vec::with_capacity(items.len());
+    for (i, v) in items.iter().enumerate() {
+        let prefix = if batch {
+            format!("[{i}].")
+        } else {
+            String::new()
+        };
+        let (task, allow) = parse_task(v, &prefix)?;
+        tasks.push(task);
+        allowed.push((prefix, allow || allow_all));
+    }
+    let checked: Vec<Submitted> = tasks
+        .iter()
+        .zip(&allowed)
+        .map(|(t, (prefix, allow))| Submitted {
+            prefix: prefix.clone(),
+            kind: &t.kind,
+            payload: &t.payload,
+            allow_unregistered: *allow,
+        })
+        .collect();
+    check_submission(&state.bb, &checked).await?;
+    let ids = state.bb.submit_many(&tasks, &actor(&req)).await?;
+    Ok(if batch {
+        HttpResponse::Created().json(json!({ "ids": ids }))
+    } else {
+        HttpResponse::Created()
+            .insert_header((LOCATION, format!("/api/v1/tasks/{}", ids[0])))
+            .json(json!({ "id": ids[0] }))
+    })
+}
+
+/// `GET /api/v1/tasks?status=&kind=&flow=&worker=&limit=&after=&full=`: newest first;
+/// `next` is the `after` of the next page (null on the last one).
+pub(super) async fn list(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query(
+        &req,
+        &["status", "kind", "flow", "worker", "limit", "after", "full"],
+    )?;
+    let filter = TaskFilter {
+        status: param(&q, "status", |s| {
+            s.parse().map_err(|e: artex_actors::Error| e.to_string())
+        })?,
+        kind: param(&q, "kind", |s| check_kind(s).map(|()| s.to_string()))?,
+        flow: param(&q, "flow", parse_uuid)?,
+        worker: param(&q, "worker", |s| {
+            if s.is_empty() {
+                Err("must not be empty; expected a worker id (GET /api/v1/workers)".into())
+            } else {
+                Ok(s.to_string())
+            }
+        })?,
+        after: param(&q, "after", parse_uuid)?,
+        limit: param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50),
+    };
+    let full = param(&q, "full", parse_bool)?.unwrap_or(false);
+    let cut = if full { i32::MAX } else { CUT_CHARS };
+    let page = state.bb.tasks_page(&filter, cut).await?;
+    let next = (page.len() as i64 == filter.limit)
+        .then(|| page.last().map(|t| t.task.id))
+        .flatten();
+    Ok(HttpResponse::Ok().json(json!({ "tasks": page, "next": next })))
+}
+
+/// `GET /api/v1/tasks/{id}?full=`: the task and its history, oldest first.
+pub(super) async fn show(
+    _: CanRead,
+    req: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(&id)?;
+    let q = query(&req, &["full"])?;
+    let full = param(&q, "full", parse_bool)?.unwrap_or(false);
+    let task = state
+        .bb
+        .task_preview(id, if full { i32::MAX } else { CUT_CHARS })
+        .await?;
+    let mut history = state.bb.transitions(id).await?;
+    if !full {
+        // A failure's reason is its error: as large as the error can be.
+        for h in &mut history {
+            if let Some(r) = &h.reason {
+                if let Some((end, _)) = r.char_indices().nth(CUT_CHARS as usize) {
+                    h.reason = Some(format!("{}… ({} bytes; ?full=true)", &r[..end], r.len()));
+                }
+            }
+        }
+    }
+    Ok(HttpResponse::Ok().json(json!({ "task": task, "transitions": history })))
+}
+
+/// The optional `{"reason": …}` body of a control.
+pub(super) async fn read_reason(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &ApiState,
+) -> Result<Option<String>, ApiError> {
+    query(req, &[])?;
+    let body = read_body(req, body, state.max_body_bytes).await?;
+    let Some(v) = parse_json(&body)? else {
+        return Ok(None);
+    };
+    let Some(obj) = v.as_object() else {
+        return Err(ApiError::bad(
+            "body",
+            format!(
+                "expected no body or a JSON object like {{\"reason\": \"…\"}}, got {}",
+                super::shown(&v)
+            ),
+        ));
+    };
+    only_fields(obj, "", &["reason"])?;
+    let reason: Option<String> = field(obj, "", "reason", "a string")?;
+    if let Some(r) = &reason {
+        if r.contains('\0') {
+            return Err(ApiError::refused(
+                "reason",
+                "reason: contains the character \\u0000, which PostgreSQL cannot store",
+            ));
+        }
+        if r.len() > MAX_REASON_BYTES {
+            return Err(ApiError::refused(
+                "reason",
+                format!("reason: {} bytes; at most {MAX_REASON_BYTES}", r.len()),
+            ));
+        }
+    }
+    Ok(reason)
+}
+
+async fn control_task(
+    control: Control,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(&id)?;
+    let reason = read_reason(&req, body, &state).await?;
+    match state.bb.control_target(id).await {
+        Ok(ControlTarget::Task(_)) => {}
+        Ok(ControlTarget::Flow(_)) => {
+            return Err(ApiError::NotFound(format!(
+                "no task with id {id}: it is a flow (POST /api/v1/flows/{id}/{})",
+                control.as_str()
+            )))
+        }
+        Err(artex_actors::Error::Invalid(_)) => {
+            return Err(ApiError::NotFound(format!("no task with id {id}")))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let report = state
+        .bb
+        .control(control, id, &actor(&req), reason.as_deref())
+        .await?;
+    Ok(HttpResponse::Ok().json(report))
+}
+
+/// `POST /api/v1/tasks/{id}/pause`: hold a pending or blocked task.
+pub(super) async fn pause(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_task(Control::Pause, req, id, body, state).await
+}
+
+/// `POST /api/v1/tasks/{id}/resume`: release a paused task.
+pub(super) async fn resume(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_task(Control::Resume, req, id, body, state).await
+}
+
+/// `POST /api/v1/tasks/{id}/cancel`: end a task that has not ended.
+pub(super) async fn cancel(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    control_task(Control::Cancel, req, id, body, state).await
+}
+
+/// `POST /api/v1/tasks/{id}/retry`: a failed, timed-out or canceled task runs again, as
+/// a new task (201 `{"id", "retry_of"}`); see `Blackboard::retry`.
+pub(super) async fn retry(
+    _: CanWrite,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(&id)?;
+    let reason = read_reason(&req, body, &state).await?;
+    let new = state.bb.retry(id, &actor(&req), reason.as_deref()).await?;
+    Ok(HttpResponse::Created()
+        .insert_header((LOCATION, format!("/api/v1/tasks/{new}")))
+        .json(json!({ "id": new, "retry_of": id })))
+}
