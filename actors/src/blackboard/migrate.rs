@@ -115,6 +115,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // New tables only: a build that knows V5 runs on, serving every shard as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 7,
+        name: "time_ordered_ids",
+        sql: include_str!("../../../migrations/V7__time_ordered_ids.sql"),
+        // A function and column defaults: older builds name their ids or take the
+        // default, whichever it is.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
