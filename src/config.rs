@@ -88,9 +88,10 @@ pub struct WorkerArgs {
     /// for a planner round trip. A queued task is `assigned` to this worker (leased,
     /// renewed); a drain gives it back unstarted, a hot upgrade hands it over. Without
     /// this flag the queue sizes itself: about what the worker finishes in 100 ms at
-    /// its measured rate, between 4 and 2,000 (deep for short tasks, shallow for long
-    /// ones so one worker does not hoard what others could run); `/status` shows the
-    /// depth (`prefetch`), `/metrics` too (`artex_queue_depth`). A number pins it.
+    /// its measured rate (or in two refills by the planner, if those take longer),
+    /// between 4 and 2,000 — deep for short tasks, shallow for long ones so one worker
+    /// does not hoard what others could run; `/status` shows the depth (`prefetch`),
+    /// `/metrics` too (`artex_queue_depth`). A number pins it.
     #[arg(long, env = "ARTEX_PREFETCH")]
     pub prefetch: Option<usize>,
     /// Payload bytes (as JSON text) a worker holds at most, running and queued, so a

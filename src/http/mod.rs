@@ -129,6 +129,7 @@ async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResp
         "prefetch": s.prefetch,
         "prefetch_auto": s.prefetch_auto,
         "finished_per_s": (s.finished_per_s * 10.0).round() / 10.0,
+        "refill_ms": (s.refill_ms * 10.0).round() / 10.0,
         "payload_bytes": s.payload_bytes,
         "unwritten_outcomes": s.unwritten_outcomes,
         "finished": s.finished,

@@ -1,8 +1,10 @@
 //! How deep the worker's local queue runs. Pinned by `--prefetch`, or sized from the
 //! worker's own pace: about as many tasks as it finishes in [`HORIZON`] at its measured
-//! rate, so short tasks get the deep queue that makes batches large and long ones a
-//! shallow queue that leaves work for other workers. Pure: the actor feeds it finishes
-//! and clock readings ([`QueueDepth::finished`], [`QueueDepth::tick`]).
+//! rate (or in two refills, when the planner takes longer to refill it: a distant
+//! database), so short tasks get the deep queue that makes batches large and long ones a
+//! shallow queue that leaves work for other workers. Pure: the actor feeds it finishes,
+//! refill times and clock readings ([`QueueDepth::finished`], [`QueueDepth::refilled`],
+//! [`QueueDepth::tick`]).
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +19,14 @@ pub const MAX_DEPTH: usize = 2_000;
 pub const HORIZON: Duration = Duration::from_millis(100);
 /// How often the rate is sampled and the depth recomputed.
 pub const TICK: Duration = Duration::from_millis(100);
+/// The queue covers this many refills: what the worker finishes between giving slots
+/// back (its outcomes written) and reading the tasks the planner put in them. The rate
+/// measured can be no higher than the queue lets it be, one queue per refill; were the
+/// refill longer than the horizon, a queue sized from that rate alone would stay small
+/// for good. Covering two refills doubles it each tick until the handlers are the limit.
+const REFILLS: f64 = 2.0;
+/// A longer wait for new tasks is a lull (nothing was runnable), not a refill.
+pub const MAX_REFILL: Duration = Duration::from_millis(500);
 /// Time constants of the rate's moving average. It rises fast, so a burst after an
 /// idle spell deepens the queue within a few ticks (the rate measured is capped by the
 /// depth, so each tick can only raise it so much); it falls slowly, so a pause of a
@@ -24,9 +34,10 @@ pub const TICK: Duration = Duration::from_millis(100);
 const RISE: Duration = Duration::from_millis(100);
 const FALL: Duration = Duration::from_secs(1);
 
-/// The depth for a completion rate (tasks per second), within the bounds.
-pub fn depth_for(rate: f64) -> usize {
-    let d = (rate.max(0.0) * HORIZON.as_secs_f64()).round();
+/// The depth for a completion rate (tasks per second) and refill time, within the bounds.
+pub fn depth_for(rate: f64, refill: Duration) -> usize {
+    let cover = HORIZON.as_secs_f64().max(REFILLS * refill.as_secs_f64());
+    let d = (rate.max(0.0) * cover).round();
     (d.min(MAX_DEPTH as f64) as usize).clamp(MIN_DEPTH, MAX_DEPTH)
 }
 
@@ -38,6 +49,8 @@ pub struct QueueDepth {
     depth: usize,
     /// Tasks finished per second, averaged.
     rate: f64,
+    /// Time from slots given back to their refill, seconds, averaged.
+    refill: f64,
     /// Finished since `since`: the sample being gathered.
     finished: u64,
     since: Instant,
@@ -50,6 +63,7 @@ impl QueueDepth {
             pinned,
             depth: pinned.unwrap_or(MIN_DEPTH),
             rate: 0.0,
+            refill: 0.0,
             finished: 0,
             since: now,
         }
@@ -75,6 +89,19 @@ impl QueueDepth {
         self.finished += n;
     }
 
+    /// The time refills take, as averaged.
+    pub fn refill(&self) -> Duration {
+        Duration::from_secs_f64(self.refill)
+    }
+
+    /// A refill took `took`: from the write of outcomes (slots given back) to the read
+    /// that brought new tasks. Waits longer than [`MAX_REFILL`] are lulls, not counted.
+    pub fn refilled(&mut self, took: Duration) {
+        if took <= MAX_REFILL {
+            self.refill += 0.2 * (took.as_secs_f64() - self.refill);
+        }
+    }
+
     /// Folds what finished since the last tick into the rate and recomputes the depth.
     /// Returns the new depth when it moved by a fifth or more, or onto a bound: worth
     /// telling the planners (each change is a write). Smaller moves are left out, so a
@@ -93,7 +120,7 @@ impl QueueDepth {
         if self.pinned.is_some() {
             return None;
         }
-        let target = depth_for(self.rate);
+        let target = depth_for(self.rate, self.refill());
         let moved = target.abs_diff(self.depth);
         let worth = moved * 5 >= self.depth || target == MIN_DEPTH || target == MAX_DEPTH;
         if moved == 0 || !worth {
@@ -121,13 +148,16 @@ mod tests {
 
     #[test]
     fn the_depth_is_what_finishes_in_the_horizon_within_bounds() {
-        assert_eq!(depth_for(0.0), MIN_DEPTH);
-        assert_eq!(depth_for(-5.0), MIN_DEPTH);
-        assert_eq!(depth_for(10.0), MIN_DEPTH, "1 task per 100 ms");
-        assert_eq!(depth_for(1_000.0), 100);
-        assert_eq!(depth_for(12_345.0), 1_235);
-        assert_eq!(depth_for(1e9), MAX_DEPTH);
-        assert_eq!(depth_for(f64::INFINITY), MAX_DEPTH);
+        let quick = Duration::from_millis(5);
+        assert_eq!(depth_for(0.0, quick), MIN_DEPTH);
+        assert_eq!(depth_for(-5.0, quick), MIN_DEPTH);
+        assert_eq!(depth_for(10.0, quick), MIN_DEPTH, "1 task per 100 ms");
+        assert_eq!(depth_for(1_000.0, quick), 100);
+        assert_eq!(depth_for(12_345.0, quick), 1_235);
+        assert_eq!(depth_for(1e9, quick), MAX_DEPTH);
+        assert_eq!(depth_for(f64::INFINITY, quick), MAX_DEPTH);
+        // Refills of 200 ms: the queue covers two of them.
+        assert_eq!(depth_for(1_000.0, Duration::from_millis(200)), 400);
     }
 
     #[test]
@@ -192,6 +222,52 @@ mod tests {
         let mut q = QueueDepth::new(Some(0), t);
         assert_eq!(q.current(), 0, "--prefetch 0: no queue");
         assert_eq!(run(&mut q, &mut t, 5, 10), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn slow_refills_do_not_keep_the_queue_small() {
+        // A distant database: a refill takes 150 ms, more than the horizon. Short tasks
+        // run as fast as the queue refills: (10 slots + depth) per 150 ms.
+        let refill = Duration::from_millis(150);
+        let pace = |depth: usize| ((10 + depth) as f64 / 1.5) as u64; // per 100 ms tick
+        let mut t = Instant::now();
+        let mut q = QueueDepth::new(None, t);
+        for _ in 0..30 {
+            q.finished(pace(q.current()));
+            q.refilled(refill);
+            t += TICK;
+            q.tick(t);
+        }
+        assert_eq!(q.current(), MAX_DEPTH, "rate {}", q.rate());
+        // The same from the rate alone would stay where it started.
+        let mut q = QueueDepth::new(None, t);
+        for _ in 0..30 {
+            q.finished(pace(q.current()));
+            t += TICK;
+            q.tick(t);
+        }
+        assert!(q.current() < 20, "{}", q.current());
+    }
+
+    #[test]
+    fn a_lull_is_not_a_refill() {
+        let t = Instant::now();
+        let mut q = QueueDepth::new(None, t);
+        q.refilled(Duration::from_secs(5));
+        assert_eq!(q.refill(), Duration::ZERO);
+        q.refilled(Duration::from_millis(10));
+        assert!(q.refill() > Duration::ZERO && q.refill() < Duration::from_millis(10));
+        // Long tasks stay shallow even with the slowest refills: what finishes in two.
+        for _ in 0..50 {
+            q.refilled(MAX_REFILL);
+        }
+        let mut t = t;
+        for _ in 0..50 {
+            q.finished(1); // 10 tasks/s
+            t += TICK;
+            q.tick(t);
+        }
+        assert!(q.current() <= 10, "{}", q.current());
     }
 
     #[test]

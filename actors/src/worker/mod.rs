@@ -167,6 +167,9 @@ pub struct Worker {
     beat_again: bool,
     /// The local queue's depth, pinned or following the completion rate.
     depth: QueueDepth,
+    /// When it last gave slots back (sent outcomes to be written) and has not read new
+    /// tasks since: how long the planner takes to refill it is part of the depth.
+    gave_back: Option<Instant>,
 }
 
 impl Worker {
@@ -205,6 +208,7 @@ impl Worker {
             heartbeating: false,
             beat_again: false,
             depth,
+            gave_back: None,
         }
     }
 
@@ -345,6 +349,10 @@ impl Worker {
                         for t in &new {
                             act.hold_until(t, sent);
                         }
+                        if let (false, Some(at)) = (new.is_empty(), act.gave_back) {
+                            act.gave_back = None;
+                            act.depth.refilled(at.elapsed());
+                        }
                         act.queue.extend(new);
                         act.pump(ctx);
                     }
@@ -412,6 +420,7 @@ impl Worker {
         self.flushing = true;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
+        let sent = Instant::now();
         async move {
             let res = bb.record(&id, &batch).await;
             (res, batch)
@@ -422,6 +431,9 @@ impl Worker {
             act.db_result(&res);
             match res {
                 Ok(written) => {
+                    if act.gave_back.is_none() && batch.iter().any(|c| !c.step.is_start()) {
+                        act.gave_back = Some(sent);
+                    }
                     let written: HashSet<Uuid> = written.into_iter().collect();
                     for c in &batch {
                         // A written start leaves the task held; anything else (an
