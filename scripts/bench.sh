@@ -14,10 +14,10 @@
 #          --prefetch: the queue sizes itself) sit idle. Tasks/s from the first start to
 #          the last finish; WAL bytes and PostgreSQL CPU per task, of the insert and of
 #          the run.
-#   W5     bursts: 10 bursts of 20,000 no-op tasks, inserted (plain SQL) 5 s apart into
-#          1 planner + 2 workers at default flags: each burst's tasks/s (first start to
-#          last finish) and its first task's start after the idle gap (from the insert's
-#          commit).
+#   W5     bursts: 10 bursts of 20,000 no-op tasks inserted (plain SQL) into 1 planner +
+#          2 workers at default flags, each 5 s after the previous one finished (an idle
+#          gap however fast the box is): each burst's tasks/s (first start to last finish)
+#          and its first task's start after the idle gap (from the end of its insert).
 #   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
 #          enqueue → handler start, p50/p95/p99.
 #   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
@@ -343,15 +343,13 @@ sql $db -c "create table bench.bursts (burst int primary key, committed_at times
 start_runtime_at_defaults $db 2
 wait_until $db "$(online 2)" 60
 sleep 1
-t0=$EPOCHREALTIME
 for b in $(seq "$w5_bursts"); do
-    wait_s=$(calc "$t0 + ($b - 1) * $w5_gap - $EPOCHREALTIME" 3)
-    [[ $wait_s == -* ]] || sleep "$wait_s"
-    # The second statement runs after the first committed: its clock is the commit's,
-    # give or take a round trip.
+    [ "$b" = 1 ] || { wait_until $db "$unfinished" 600; sleep "$w5_gap"; }
+    # The time is taken at the end of the insert, in its transaction: the tasks become
+    # runnable at its commit, a moment (one WAL flush) later.
     sql $db -c "insert into artex.tasks (kind, payload)
-            select 'noop', jsonb_build_object('burst', $b) from generate_series(1, $w5)" \
-        -c "insert into bench.bursts values ($b, clock_timestamp())"
+            select 'noop', jsonb_build_object('burst', $b) from generate_series(1, $w5);
+        insert into bench.bursts values ($b, clock_timestamp())"
 done
 wait_until $db "$unfinished" 600
 stop_runtime
@@ -364,6 +362,15 @@ while read -r b rate first; do
     result "w5_burst_$(printf %02d "$b")_tasks_per_s" "$rate" tasks/s
     result "w5_burst_$(printf %02d "$b")_first_start_ms" "$first" ms
 done <"$tmp/bursts"
+# How each burst went, from its insert's end: first start, half and 99% finished, last.
+sql $db -F' ' -c "select b.burst, round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from percentile_disc(0.5) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from percentile_disc(0.99) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from max(t.finished_at) - b.committed_at) * 1000)::numeric)
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1" | while read -r b first half p99 last; do
+    echo "# W5 burst $b: first start +$first ms, half finished +$half ms, 99% +$p99 ms, last +$last ms"
+done
 throughput w5_tasks_per_s_median "$(sort -n -k2 "$tmp/bursts" | awk '{ r[NR] = $2 } END { print r[int((NR + 1) / 2)] }')"
 result w5_first_start_ms_median "$(sort -n -k3 "$tmp/bursts" | awk '{ r[NR] = $3 } END { print r[int((NR + 1) / 2)] }')" ms
 result w5_first_start_ms_max "$(sort -n -k3 "$tmp/bursts" | tail -n 1 | cut -d' ' -f3)" ms
