@@ -8,6 +8,16 @@
 #   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10,
 #          local queue 2,000) drain them; again with 2 workers. Time from process start to
 #          the last finish.
+#   W1 from idle  the same 20,000 no-op tasks, made runnable at one instant while the
+#          runtime idles, as users submit them: inserted with plain SQL (the column default
+#          id) with `run_at` 8 s ahead while 1 planner + 2 workers at default flags (no
+#          --prefetch: the queue sizes itself) sit idle. Tasks/s from the first start to
+#          the last finish; WAL bytes and PostgreSQL CPU per task, of the insert and of
+#          the run.
+#   W5     bursts: 10 bursts of 20,000 no-op tasks inserted (plain SQL) into 1 planner +
+#          2 workers at default flags, each 5 s after the previous one finished (an idle
+#          gap however fast the box is): each burst's tasks/s (first start to last finish)
+#          and its first task's start after the idle gap (from the end of its insert).
 #   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
 #          enqueue → handler start, p50/p95/p99.
 #   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
@@ -23,9 +33,11 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w2, w3, w4, w6; ratios to the
-# ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers' default
-# `--concurrency 10 --prefetch 2000` (e.g. to compare prefetch depths).
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6;
+# ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
+# `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
+# ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
+# which run at defaults otherwise.
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB" tries server settings.
 # ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
 # the statements that cost the time (it slows PostgreSQL down a little).
@@ -36,15 +48,16 @@ quick=false
 [ "${1:-}" = --quick ] && quick=true
 if $quick; then
     w1=300 w2_warm=5 w2=40 w3_small=300 w3_big=3000 w4=${ARTEX_BENCH_W4_TASKS:-5000}
-    limit_tx=20
+    limit_tx=20 w1idle_lead=3 w5_bursts=3 w5=300 w5_gap=2
 else
     w1=20000 w2_warm=20 w2=300 w3_small=10000 w3_big=1000000 w4=${ARTEX_BENCH_W4_TASKS:-1000000}
-    limit_tx=500
+    limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w2,w3,w4,w6},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
+read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
 
 db_url() { echo "${url/\/artex\?//$1?}"; }
 sql() { PGOPTIONS='-c client_min_messages=warning' psql "$(db_url "$1")" -XAtq -v ON_ERROR_STOP=1 "${@:2}"; }
@@ -74,6 +87,11 @@ start_runtime() { # db workers [worker binary]
         ARTEX_DATABASE_URL=$u "${3:-$artex}" worker "${worker_args[@]}" >>"$tmp/log/$1.worker$i" 2>&1 &
         procs+=($!)
     done
+}
+# The same with the workers at default flags (W1 from idle, W5).
+start_runtime_at_defaults() { # db workers
+    local worker_args=("${defaults_worker_args[@]}")
+    start_runtime "$@"
 }
 stop_runtime() {
     [ ${#procs[@]} -eq 0 ] && return 0
@@ -185,7 +203,7 @@ create function bench.uuid7() returns uuid language sql volatile as $$
 $$;
 SQL
 echo "# $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(sql postgres -c 'select version()' | cut -d, -f1)"
-echo "# workers: ${worker_args[*]}"
+echo "# workers: ${worker_args[*]}; at defaults (W1 from idle, W5): ${defaults_worker_args[*]:-no flags}"
 $quick && echo "# --quick: tiny sizes; the figures mean nothing"
 
 # ---- Limit: the minimal queue cycle, claim + done in one transaction (pgbench) ----------
@@ -281,6 +299,88 @@ for workers in 1 2; do
     fi
     drop_db $db
 done
+
+# ---- W1 from idle: runnable at one instant, plain-SQL ids, default flags ---------------
+# The runtime idles (its queues shrunk to their minimum) until the whole batch becomes
+# runnable at once; the scanner finds it at its next poll (≤ 200 ms after run_at: no
+# NOTIFY announces a time), which is why the rate counts from the first start.
+online() { echo "(select count(*) from artex.workers where state = 'online') = $1"; }
+if want w1idle; then
+db=bench_w1idle
+new_db $db
+start_runtime_at_defaults $db 2
+wait_until $db "$(online 2)" 60
+# Both parts start from a checkpoint, as W1's run does: full-page images count alike.
+sql $db -c checkpoint
+read -r _ wal0 _ <<<"$(counters $db)"
+pg0=$(pg_cpu_s)
+sql $db -c "insert into artex.tasks (kind, run_at)
+    select 'noop', now() + interval '$w1idle_lead s' from generate_series(1, $w1)"
+read -r _ wal1 _ <<<"$(counters $db)"
+pg1=$(pg_cpu_s)
+[ "$(sql $db -c "select max(run_at) > now() and min(started_at) is null from artex.tasks")" = t ] \
+    || die "w1idle: the insert took longer than the ${w1idle_lead} s lead"
+wait_until $db "$unfinished" 600
+read -r _ wal2 _ <<<"$(counters $db)"
+pg2=$(pg_cpu_s)
+capacity=$(sql $db -c "select string_agg(capacity::text, ' ') from artex.workers where state = 'online'")
+stop_runtime
+check_all_succeeded $db $w1
+[ "$(sql $db -c "select count(*) from artex.tasks where substr(id::text, 15, 1) <> '7'")" = 0 ] \
+    || die "w1idle: ids by the column default are not time-ordered (UUIDv7)"
+rate=$(sql $db -c "select $w1 / extract(epoch from max(finished_at) - min(started_at)) from artex.tasks")
+throughput w1idle_tasks_per_s_2workers "$(calc "$rate")"
+result w1idle_first_start_after_run_at_ms "$(sql $db -c "select round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric) from artex.tasks")" ms
+echo "# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: $capacity"
+result w1idle_wal_bytes_per_task_insert "$(calc "($wal1 - $wal0) / $w1")" bytes
+result w1idle_wal_bytes_per_task_run "$(calc "($wal2 - $wal1) / $w1")" bytes
+result w1idle_cpu_us_per_task_postgres_insert "$(calc "($pg1 - $pg0) * 1e6 / $w1")" us
+# The run's CPU includes the ~${w1idle_lead} s of idling around it (polls, heartbeats).
+result w1idle_cpu_us_per_task_postgres_run "$(calc "($pg2 - $pg1) * 1e6 / $w1")" us
+drop_db $db
+fi
+
+# ---- W5: bursts after idle gaps, default flags -------------------------------------------
+if want w5; then
+db=bench_w5
+new_db $db
+sql $db -c "create table bench.bursts (burst int primary key, committed_at timestamptz not null)"
+start_runtime_at_defaults $db 2
+wait_until $db "$(online 2)" 60
+sleep 1
+for b in $(seq "$w5_bursts"); do
+    [ "$b" = 1 ] || { wait_until $db "$unfinished" 600; sleep "$w5_gap"; }
+    # The time is taken at the end of the insert, in its transaction: the tasks become
+    # runnable at its commit, a moment (one WAL flush) later.
+    sql $db -c "insert into artex.tasks (kind, payload)
+            select 'noop', jsonb_build_object('burst', $b) from generate_series(1, $w5);
+        insert into bench.bursts values ($b, clock_timestamp())"
+done
+wait_until $db "$unfinished" 600
+stop_runtime
+check_all_succeeded $db $((w5_bursts * w5))
+sql $db -F' ' -c "select b.burst, round($w5 / extract(epoch from max(t.finished_at) - min(t.started_at))),
+        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric, 1)
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1" >"$tmp/bursts"
+while read -r b rate first; do
+    result "w5_burst_$(printf %02d "$b")_tasks_per_s" "$rate" tasks/s
+    result "w5_burst_$(printf %02d "$b")_first_start_ms" "$first" ms
+done <"$tmp/bursts"
+# How each burst went, from its insert's end: first start, half and 99% finished, last.
+sql $db -F' ' -c "select b.burst, round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from percentile_disc(0.5) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from percentile_disc(0.99) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
+        round((extract(epoch from max(t.finished_at) - b.committed_at) * 1000)::numeric)
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1" | while read -r b first half p99 last; do
+    echo "# W5 burst $b: first start +$first ms, half finished +$half ms, 99% +$p99 ms, last +$last ms"
+done
+throughput w5_tasks_per_s_median "$(sort -n -k2 "$tmp/bursts" | awk '{ r[NR] = $2 } END { print r[int((NR + 1) / 2)] }')"
+result w5_first_start_ms_median "$(sort -n -k3 "$tmp/bursts" | awk '{ r[NR] = $3 } END { print r[int((NR + 1) / 2)] }')" ms
+result w5_first_start_ms_max "$(sort -n -k3 "$tmp/bursts" | tail -n 1 | cut -d' ' -f3)" ms
+drop_db $db
+fi
 
 # ---- W2: latency on an idle system ------------------------------------------------------
 if want w2; then

@@ -83,13 +83,17 @@ pub struct WorkerArgs {
     /// Handlers running at once.
     #[arg(long, env = "ARTEX_CONCURRENCY", default_value_t = 10)]
     pub concurrency: usize,
-    /// Tasks held beyond --concurrency in a local queue: started in the blackboard in one
-    /// batch with the others, so starts and completions are written in large batches and
-    /// no task waits for a planner round trip. A queued task is `running` (leased, renewed);
-    /// a drain gives it back unstarted, a hot upgrade hands it over. Lower it when tasks
-    /// are long, so one worker does not hoard what others could run.
-    #[arg(long, env = "ARTEX_PREFETCH", default_value_t = 100)]
-    pub prefetch: usize,
+    /// Tasks held beyond --concurrency in a local queue: read in one batch with the
+    /// others, so starts and completions are written in large batches and no slot waits
+    /// for a planner round trip. A queued task is `assigned` to this worker (leased,
+    /// renewed); a drain gives it back unstarted, a hot upgrade hands it over. Without
+    /// this flag the queue sizes itself: about what the worker finishes in 100 ms at
+    /// its measured rate (or in two refills by the planner, if those take longer),
+    /// between 4 and 2,000 — deep for short tasks, shallow for long ones so one worker
+    /// does not hoard what others could run; `/status` shows the depth (`prefetch`),
+    /// `/metrics` too (`artex_queue_depth`). A number pins it.
+    #[arg(long, env = "ARTEX_PREFETCH")]
+    pub prefetch: Option<usize>,
     /// Payload bytes (as JSON text) a worker holds at most, running and queued, so a
     /// burst of big payloads is read a few at a time; a task larger than this runs alone.
     #[arg(long, env = "ARTEX_QUEUE_MAX_BYTES", default_value_t = 64 * 1024 * 1024,

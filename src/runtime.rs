@@ -194,7 +194,7 @@ pub async fn run_worker(
         (None, None) => unreachable!("checked above"),
     };
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
-        concurrency = config.concurrency, prefetch = config.prefetch,
+        concurrency = config.concurrency, prefetch = ?config.prefetch,
         lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = successor.is_some(),
         upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
         "worker registered; listening");

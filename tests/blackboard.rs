@@ -247,7 +247,7 @@ async fn plain_insert_of_kind_and_payload_gets_defaults_and_one_audit_row() {
         )
         .await
         .unwrap();
-    assert_eq!(id.get_version_num(), 4, "id {id} is not a random uuid");
+    assert_eq!(id.get_version_num(), 7, "id {id} is not time-ordered");
     assert_eq!(r.get::<_, String>(0), "pending");
     assert_eq!(r.get::<_, i32>(1), 0, "retries");
     assert_eq!(r.get::<_, i32>(2), 3, "max_retries");
@@ -299,6 +299,69 @@ async fn plain_insert_of_kind_and_payload_gets_defaults_and_one_audit_row() {
     assert_eq!(outbox[0].get::<_, Option<String>>(0), None);
     assert_eq!(outbox[0].get::<_, String>(1), "pending");
     assert_eq!(outbox[0].get::<_, String>(2), "echo");
+}
+
+/// The Unix time in milliseconds a UUIDv7 starts with.
+fn unix_ms_of(id: Uuid) -> i64 {
+    let b = id.as_bytes();
+    b[..6]
+        .iter()
+        .fold(0i64, |ms, byte| ms << 8 | i64::from(*byte))
+}
+
+// A task inserted with plain SQL gets an id like artex's own submits: time-ordered
+// (UUIDv7), so new rows land on the right edge of the primary key, not on a random page.
+#[tokio::test]
+async fn a_plain_insert_gets_a_time_ordered_id_stamped_now() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let clock_ms = "select floor(extract(epoch from clock_timestamp()) * 1000)::int8";
+    let mut last: Option<Uuid> = None;
+    for _ in 0..50 {
+        let before: i64 = c.query_one(clock_ms, &[]).await.unwrap().get(0);
+        let id = insert_task(&c).await;
+        let after: i64 = c.query_one(clock_ms, &[]).await.unwrap().get(0);
+        assert_eq!(id.get_version_num(), 7, "id {id} is not a UUIDv7");
+        assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "id {id}");
+        let ms = unix_ms_of(id);
+        assert!(
+            (before..=after).contains(&ms),
+            "id {id} says {ms} ms, inserted between {before} and {after}"
+        );
+        if let Some(last) = last {
+            assert!(id > last, "id {id} inserted after {last} sorts before it");
+        }
+        last = Some(id);
+    }
+    // Many in one statement (one transaction): each still gets its own time, not the
+    // transaction's, and they are all distinct.
+    let ids: Vec<Uuid> = c
+        .query(
+            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 1000)
+             returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let distinct: std::collections::HashSet<&Uuid> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "duplicate ids");
+    assert!(ids.iter().all(|id| id.get_version_num() == 7));
+    assert!(
+        ids.iter().all(|id| *id > last.unwrap()),
+        "bulk ids sort after earlier ones"
+    );
+    let flow: Uuid = c
+        .query_one(
+            "insert into artex.flows (name) values ('plain') returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(flow.get_version_num(), 7, "flow id {flow}");
 }
 
 #[tokio::test]

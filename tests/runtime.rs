@@ -694,3 +694,82 @@ async fn worker_http_reports_health_and_status() {
     assert_eq!(code, 200);
     assert!(metrics.contains("artex_tasks_running 1"), "{metrics}");
 }
+
+/// `/status` of the worker serving `http`, as JSON.
+fn status_of(http: &str) -> Option<serde_json::Value> {
+    let (_, body) = http_get(http, "/status").ok()?;
+    serde_json::from_str(&body).ok()
+}
+
+/// The capacity a worker registered in the blackboard, which planners never exceed.
+async fn registered_capacity(c: &Client, worker: &str) -> i64 {
+    c.query_one(
+        "select capacity::int8 from artex.workers where id = $1",
+        &[&worker],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+// Without --prefetch, a worker's local queue follows its pace: shallow while idle, deep
+// while it finishes short tasks by the thousand, shallow again once idle; the planners
+// see each depth as the worker's capacity. --prefetch pins it.
+#[tokio::test]
+async fn a_worker_without_prefetch_sizes_its_queue_to_its_pace() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let auto = Proc::worker("auto", &db.url, &["--concurrency", "10"]);
+    let pinned = Proc::worker(
+        "pinned",
+        &db.url,
+        &["--concurrency", "10", "--prefetch", "7"],
+    );
+    let (auto_id, pinned_id) = (worker_id(&c, &auto).await, worker_id(&c, &pinned).await);
+    let (auto_http, pinned_http) = (worker_http(&c, &auto).await, worker_http(&c, &pinned).await);
+    let idle = status_of(&auto_http).unwrap();
+    assert_eq!(idle["prefetch"], 4, "{idle}");
+    assert_eq!(idle["prefetch_auto"], true, "{idle}");
+    assert_eq!(registered_capacity(&c, &auto_id).await, 14);
+    let (_, metrics) = http_get(&auto_http, "/metrics").unwrap();
+    assert!(metrics.contains("\nartex_queue_depth 4\n"), "{metrics}");
+
+    c.batch_execute("insert into artex.tasks (kind) select 'noop' from generate_series(1, 20000)")
+        .await
+        .unwrap();
+    // Deeper, and the planners told: the blackboard holds the same capacity.
+    let busy = wait_for(
+        "the queue to deepen with the work",
+        Duration::from_secs(60),
+        || {
+            let (c, http, id) = (&c, auto_http.clone(), auto_id.clone());
+            async move {
+                let s = status_of(&http)?;
+                let depth = s["prefetch"].as_i64()?;
+                (depth >= 40 && registered_capacity(c, &id).await == 10 + depth).then_some(s)
+            }
+        },
+    )
+    .await;
+    assert!(busy["finished_per_s"].as_f64().unwrap() > 0.0, "{busy}");
+    let fixed = status_of(&pinned_http).unwrap();
+    assert_eq!(fixed["prefetch"], 7, "{fixed}");
+    assert_eq!(fixed["prefetch_auto"], false, "{fixed}");
+    assert_eq!(registered_capacity(&c, &pinned_id).await, 17);
+    wait_all_finished(&c, Duration::from_secs(120)).await;
+    // Idle again: back to the minimum, in the blackboard too.
+    wait_for(
+        "the queue to shrink back once idle",
+        Duration::from_secs(30),
+        || {
+            let (c, http, id) = (&c, auto_http.clone(), auto_id.clone());
+            async move {
+                let s = status_of(&http)?;
+                (s["prefetch"] == 4 && registered_capacity(c, &id).await == 14).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_no_double_run(&c).await;
+}

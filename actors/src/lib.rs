@@ -8,7 +8,8 @@
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record, renew, heartbeat); [`worker::handlers`] the handler registry and
 //!   what a handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is
-//!   taken twice; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful
+//!   taken twice; [`worker::depth`] the pure sizing of its local queue from its
+//!   completion rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful
 //!   stop; [`worker::handover`] the worker's side of a hot upgrade.
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.

@@ -128,6 +128,10 @@ async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResp
         "database_ok": s.database_ok,
         "running": s.running,
         "queued": s.queued,
+        "prefetch": s.prefetch,
+        "prefetch_auto": s.prefetch_auto,
+        "finished_per_s": (s.finished_per_s * 10.0).round() / 10.0,
+        "refill_ms": (s.refill_ms * 10.0).round() / 10.0,
         "payload_bytes": s.payload_bytes,
         "unwritten_outcomes": s.unwritten_outcomes,
         "finished": s.finished,
@@ -160,6 +164,12 @@ async fn metrics(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpRes
         "Tasks held in this worker's local queue, waiting for a free slot.",
         "gauge",
         s.queued.to_string(),
+    );
+    gauge(
+        "artex_queue_depth",
+        "Tasks this worker may hold in its local queue now (--prefetch, or sized from its pace).",
+        "gauge",
+        s.prefetch.to_string(),
     );
     gauge(
         "artex_tasks_finished_total",

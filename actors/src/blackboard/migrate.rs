@@ -116,6 +116,14 @@ pub const MIGRATIONS: &[Migration] = &[
         change: Change::Expand,
     },
     Migration {
+        version: 7,
+        name: "time_ordered_ids",
+        sql: include_str!("../../../migrations/V7__time_ordered_ids.sql"),
+        // A function and column defaults: older builds name their ids or take the
+        // default, whichever it is.
+        change: Change::Expand,
+    },
+    Migration {
         version: 8,
         name: "api_indexes",
         sql: include_str!("../../../migrations/V8__api_indexes.sql"),

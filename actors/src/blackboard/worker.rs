@@ -242,8 +242,16 @@ const REGISTER: &str = "with r as (insert into artex.workers
     returning 1)
     select pg_notify('artex_tasks', '') from r";
 
-const HEARTBEAT: &str = "update artex.workers set last_seen = now(), inflight = $2
-    where id = $1 returning state::text";
+// A heartbeat also writes the worker's capacity ($3), which moves with its local queue's
+// depth; when it grows, the planners are woken: there are free slots to fill.
+const HEARTBEAT: &str = "with before as (select capacity from artex.workers where id = $1),
+    beat as (
+        update artex.workers set last_seen = now(), inflight = $2, capacity = $3
+        where id = $1
+        returning state::text
+    )
+    select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end
+    from beat, before";
 
 const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
         last_seen = now()
@@ -361,14 +369,21 @@ impl Blackboard {
         Ok(())
     }
 
-    /// Refreshes `last_seen` (without waiting for the WAL flush); returns the state the
-    /// row holds — [`WorkerState::Gone`] means the reaper gave this worker up and took its
-    /// tasks back — or `None` if the row was deleted.
-    pub async fn heartbeat(&self, worker: &str, inflight: i32) -> Result<Option<WorkerState>> {
+    /// Refreshes `last_seen` and sets the worker's `capacity` (without waiting for the
+    /// WAL flush; a grown capacity wakes the planners); returns the state the row holds —
+    /// [`WorkerState::Gone`] means the reaper gave this worker up and took its tasks
+    /// back — or `None` if the row was deleted. A capacity below what the worker holds
+    /// is fine: it is assigned nothing until it holds less.
+    pub async fn heartbeat(
+        &self,
+        worker: &str,
+        inflight: i32,
+        capacity: i32,
+    ) -> Result<Option<WorkerState>> {
         let client = self.relaxed_client().await?;
         let stmt = client.prepare_cached(HEARTBEAT).await?;
         client
-            .query_opt(&stmt, &[&worker, &inflight])
+            .query_opt(&stmt, &[&worker, &inflight, &capacity.max(1)])
             .await?
             .map(|r| r.try_get::<_, &str>(0)?.parse())
             .transpose()

@@ -1,15 +1,17 @@
 //! The Worker: one per worker process. It registers and heartbeats, listens for its
 //! assignments, reads them (up to its concurrency plus its prefetch, the rest waiting in
-//! a local queue), runs each handler at once (with a timeout, catching panics), renews
-//! the leases of long tasks, and records starts and outcomes in batches — a group commit:
-//! what arrives while one batch is being written forms the next. A start is recorded
-//! after the handler began, or with the outcome when the task finished first. Every
-//! write names the lease epoch, so a worker that lost a task changes nothing.
+//! a local queue whose depth follows its pace), runs each handler at once (with a
+//! timeout, catching panics), renews the leases of long tasks, and records starts and
+//! outcomes in batches — a group commit: what arrives while one batch is being written
+//! forms the next. A start is recorded after the handler began, or with the outcome
+//! when the task finished first. Every write names the lease epoch, so a worker that
+//! lost a task changes nothing.
 //!
 //! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
-//! keeps it from taking a task twice, [`status`] is what it shows, and [`drain`] and
-//! [`handover`] are how it stops.
+//! keeps it from taking a task twice, [`depth`] sizes its queue, [`status`] is what it
+//! shows, and [`drain`] and [`handover`] are how it stops.
 
+pub mod depth;
 pub mod drain;
 mod fence;
 pub mod handlers;
@@ -33,6 +35,7 @@ use crate::blackboard::{
     CANCEL_PAYLOAD, TASKS_CHANNEL,
 };
 use crate::supervisor::ActorStats;
+use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
 use fence::LeaseClock;
 use handlers::Attempt;
@@ -56,8 +59,9 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Tasks held beyond `concurrency`: read in one batch with the others and queued here
     /// until a slot frees up. The local queue hides the planner's round trip and makes
-    /// every batch of starts and outcomes larger.
-    pub prefetch: usize,
+    /// every batch of starts and outcomes larger. `None`: sized from the worker's
+    /// completion rate (see [`depth`]); `Some(n)` pins it.
+    pub prefetch: Option<usize>,
     /// Payload bytes (as JSON text) it holds at most, running and queued: big payloads
     /// are read a few at a time. A task larger than this runs alone.
     pub queue_max_bytes: usize,
@@ -158,6 +162,14 @@ pub struct Worker {
     self_fenced: u64,
     renewing: bool,
     heartbeating: bool,
+    /// The capacity changed while a heartbeat was in flight: send another when it
+    /// returns, so the latest capacity is the one written.
+    beat_again: bool,
+    /// The local queue's depth, pinned or following the completion rate.
+    depth: QueueDepth,
+    /// When it last gave slots back (sent outcomes to be written) and has not read new
+    /// tasks since: how long the planner takes to refill it is part of the depth.
+    gave_back: Option<Instant>,
 }
 
 impl Worker {
@@ -169,6 +181,7 @@ impl Worker {
         registry: Registry,
         stats: ActorStats,
     ) -> Self {
+        let depth = QueueDepth::new(config.prefetch, Instant::now());
         Worker {
             bb,
             config,
@@ -193,6 +206,9 @@ impl Worker {
             self_fenced: 0,
             renewing: false,
             heartbeating: false,
+            beat_again: false,
+            depth,
+            gave_back: None,
         }
     }
 
@@ -202,7 +218,8 @@ impl Worker {
         self.leases.read((task.id, task.epoch), sent, left);
     }
 
-    /// The row this worker writes into `artex.workers`.
+    /// The row this worker writes into `artex.workers`, as it starts: a sized queue
+    /// starts at its minimum and grows with the heartbeats that follow.
     pub fn registration(config: &WorkerConfig, registry: &Registry) -> Registration {
         Registration {
             id: config.id.clone(),
@@ -212,7 +229,8 @@ impl Worker {
             http_addr: config.http_addr.clone(),
             channel: config.channel(),
             kinds: registry.kinds(),
-            capacity: (config.concurrency + config.prefetch).max(1) as i32,
+            capacity: (config.concurrency + config.prefetch.unwrap_or(depth::MIN_DEPTH)).max(1)
+                as i32,
             session: Some(config.session_name()),
             lease_ms: i32::try_from(config.lease.as_millis()).ok(),
         }
@@ -228,9 +246,22 @@ impl Worker {
             .await
     }
 
-    /// How many tasks it may hold: running and queued.
+    /// How many tasks it may hold: running and queued. Also its capacity in the
+    /// blackboard (written with each heartbeat), which planners never assign beyond.
     fn capacity(&self) -> usize {
-        (self.config.concurrency + self.config.prefetch).max(1)
+        (self.config.concurrency + self.depth.current()).max(1)
+    }
+
+    /// Samples the completion rate; when the queue's depth moved, has the new capacity
+    /// written at once. A deeper queue wakes the planners (the heartbeat statement does),
+    /// a shallower one only stops new assignments until the worker holds less.
+    fn resize(&mut self, ctx: &mut Context<Self>) {
+        if let Some(depth) = self.depth.tick(Instant::now()) {
+            tracing::debug!(worker = %self.config.id, depth, rate = self.depth.rate(),
+                "local queue resized");
+            self.beat_again = self.heartbeating;
+            self.heartbeat(ctx);
+        }
     }
 
     /// Tasks it holds: running or queued.
@@ -318,6 +349,10 @@ impl Worker {
                         for t in &new {
                             act.hold_until(t, sent);
                         }
+                        if let (false, Some(at)) = (new.is_empty(), act.gave_back) {
+                            act.gave_back = None;
+                            act.depth.refilled(at.elapsed());
+                        }
                         act.queue.extend(new);
                         act.pump(ctx);
                     }
@@ -385,6 +420,7 @@ impl Worker {
         self.flushing = true;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
+        let sent = Instant::now();
         async move {
             let res = bb.record(&id, &batch).await;
             (res, batch)
@@ -395,6 +431,9 @@ impl Worker {
             act.db_result(&res);
             match res {
                 Ok(written) => {
+                    if act.gave_back.is_none() && batch.iter().any(|c| !c.step.is_start()) {
+                        act.gave_back = Some(sent);
+                    }
                     let written: HashSet<Uuid> = written.into_iter().collect();
                     for c in &batch {
                         // A written start leaves the task held; anything else (an
@@ -546,9 +585,10 @@ impl Worker {
         let config = self.config.clone();
         let registry = self.registry.clone();
         let inflight = self.held() as i32;
+        let capacity = self.capacity() as i32;
         let draining = self.draining;
         async move {
-            let state = bb.heartbeat(&config.id, inflight).await?;
+            let state = bb.heartbeat(&config.id, inflight, capacity).await?;
             match state {
                 Some(WorkerState::Online | WorkerState::Draining | WorkerState::Upgrading) => {
                     Ok(false)
@@ -557,7 +597,11 @@ impl Worker {
                 // Declared gone (e.g. this process was stopped past the threshold) or
                 // deleted: come back as a new registration; the tasks it held were taken
                 // back and its stale writes are fenced off.
-                _ => Worker::register(&bb, &config, &registry).await.map(|_| true),
+                _ => {
+                    let mut registration = Worker::registration(&config, &registry);
+                    registration.capacity = capacity;
+                    bb.register_worker(&registration).await.map(|_| true)
+                }
             }
         }
         .into_actor(self)
@@ -572,6 +616,9 @@ impl Worker {
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
+            if std::mem::take(&mut act.beat_again) {
+                act.heartbeat(ctx);
+            }
         })
         .spawn(ctx);
     }
@@ -585,6 +632,9 @@ impl Actor for Worker {
         ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
         ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
         ctx.run_interval(fence::FENCE_TICK, |act, ctx| act.fence(ctx));
+        if self.depth.is_auto() {
+            ctx.run_interval(depth::TICK, |act, ctx| act.resize(ctx));
+        }
         // After each (re)connect, a read catches whatever was assigned while it was away.
         let mut session = self
             .bb
@@ -697,6 +747,7 @@ impl Handler<TaskFinished> for Worker {
             }
         };
         self.outbox.push(r.record(msg.id, Step::Finish(outcome)));
+        self.depth.finished(1);
         // Handlers started now have their starts written with this outcome.
         self.pump(ctx);
         self.flush(ctx);

@@ -36,6 +36,15 @@ pub struct WorkerStatus {
     pub running: Vec<RunningTask>,
     /// Tasks read from the blackboard and waiting here for a free slot.
     pub queued: usize,
+    /// How many it may queue now: `--prefetch`, or the depth sized from its pace.
+    pub prefetch: usize,
+    /// Whether that depth follows the completion rate (no `--prefetch`).
+    pub prefetch_auto: bool,
+    /// Tasks finished per second, a moving average (what an automatic depth follows).
+    pub finished_per_s: f64,
+    /// Milliseconds from slots given back to their refill, a moving average (an
+    /// automatic depth covers two refills when that is longer than its 100 ms).
+    pub refill_ms: f64,
     /// Payload bytes of the tasks it holds, running and queued (its memory budget is
     /// `queue_max_bytes`).
     pub payload_bytes: i64,
@@ -86,6 +95,10 @@ impl Worker {
             database_error: self.db_error.clone(),
             running,
             queued: self.queue.len(),
+            prefetch: self.depth.current(),
+            prefetch_auto: self.depth.is_auto(),
+            finished_per_s: self.depth.rate(),
+            refill_ms: self.depth.refill().as_secs_f64() * 1000.0,
             payload_bytes: self.held_bytes(),
             unwritten_outcomes: self.outbox.len(),
             finished: self.finished,
