@@ -115,6 +115,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // New tables only: a build that knows V5 runs on, serving every shard as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 9,
+        name: "uploads",
+        sql: include_str!("../../../migrations/V9__uploads.sql"),
+        // A new table and a nullable column: builds that predate it run on unchanged.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -1,7 +1,7 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; planner shards; flows, the
 //! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
-//! may send), prepared through deadpool's statement cache; nothing else in the runtime
+//! may send; uploads, files received by workers), prepared through deadpool's statement cache; nothing else in the runtime
 //! writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
@@ -19,6 +19,7 @@ mod migrate;
 mod planner;
 mod shards;
 mod tasks;
+mod uploads;
 mod worker;
 
 use std::str::FromStr;
@@ -50,6 +51,7 @@ pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
 pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+pub use uploads::{NewUpload, UploadRow};
 pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
 use crate::error::{Error, Result};
