@@ -368,3 +368,177 @@ async fn a_quota_too_small_gets_507_and_nothing_is_left() {
         .contains("--upload-max-bytes"));
     assert_eq!(entries(&uploads), 1, "the refused upload left something");
 }
+
+/// `artex upload` run against `http`, with its cache in `cache`.
+fn cli(
+    http: &str,
+    file: &Path,
+    cache: &Path,
+    token: &str,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(common::artex_bin());
+    cmd.arg("upload")
+        .arg(file)
+        .args(["--to", &format!("http://{http}"), "--kind", "digest"])
+        .args(extra)
+        .env("ARTEX_TOKEN_FILE", token)
+        .env("XDG_CACHE_HOME", cache)
+        .env("ARTEX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+fn parts(uploads: &Path) -> usize {
+    std::fs::read_dir(uploads)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+        .count()
+}
+
+async fn ran_whole(db: &TestDb, stdout: &[u8], file: &[u8]) -> Value {
+    let task = String::from_utf8_lossy(stdout).trim().to_string();
+    let task = uuid::Uuid::parse_str(&task).unwrap_or_else(|_| panic!("no task id: {task:?}"));
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(120)).await;
+    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    assert_eq!(result["sha256"], sha(file));
+    assert_eq!(result["matches"], true);
+    result
+}
+
+// The issue asks for 1 GiB in 10 MiB chunks; 256 MiB keeps CI within its time and disk.
+#[tokio::test]
+async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("big.bin");
+    let content = {
+        let block = data(1 << 20, 11);
+        let mut out = std::fs::File::create(&path).unwrap();
+        for i in 0..256u32 {
+            let mut b = block.clone();
+            b[..4].copy_from_slice(&i.to_le_bytes());
+            out.write_all(&b).unwrap();
+        }
+        std::fs::read(&path).unwrap()
+    };
+    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("sent 26 chunks"), "{stderr}");
+    let result = ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(result["pid"], f.worker.pid());
+}
+
+#[tokio::test]
+async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("f.bin");
+    let content = data(40 * 65536, 13);
+    std::fs::write(&path, &content).unwrap();
+    let slow = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "1",
+        "--chunk-delay-ms",
+        "100",
+    ];
+    let mut first = cli(&f.http, &path, dir.path(), &token, &slow)
+        .spawn()
+        .unwrap();
+    wait_for("5 chunks on disk", Duration::from_secs(60), || async {
+        (parts(&uploads) >= 5).then_some(())
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // It asked what was missing and sent that only.
+    let missing: usize = stderr
+        .split("resuming upload ")
+        .nth(1)
+        .and_then(|s| s.split(": ").nth(1))
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resume: {stderr}"));
+    assert!(missing < 40 && missing > 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!("sent {missing} chunks")),
+        "{stderr}"
+    );
+    ran_whole(&db, &out.stdout, &content).await;
+    let c = db.client().await;
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+}
+
+#[tokio::test]
+async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let mut f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("f.bin");
+    let content = data(30 * 65536, 17);
+    std::fs::write(&path, &content).unwrap();
+    let args = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "2",
+        "--chunk-delay-ms",
+        "100",
+    ];
+    let client = cli(&f.http, &path, dir.path(), &token, &args)
+        .spawn()
+        .unwrap();
+    wait_for("5 chunks on disk", Duration::from_secs(60), || async {
+        (parts(&uploads) >= 5).then_some(())
+    })
+    .await;
+    f.worker.signal(nix::sys::signal::Signal::SIGKILL);
+    f.worker.wait_exit(Duration::from_secs(10)).expect("killed");
+    // Restarted on the same port and folder; the client's retries find it.
+    let (_t2, token2) = token_file();
+    let w = Proc::worker(
+        "uploads-worker-2",
+        &db.url,
+        &[
+            "--http",
+            &f.http,
+            "--write-token-file",
+            &token2,
+            "--upload-dir",
+            uploads.to_str().unwrap(),
+        ],
+    );
+    let out = client.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let result = ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(result["pid"], w.pid());
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+}
