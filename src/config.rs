@@ -151,6 +151,8 @@ pub struct WorkerArgs {
     /// through the worker's own pool; `artex up` always does.
     #[arg(long, env = "ARTEX_API")]
     pub api: bool,
+    #[command(flatten)]
+    pub uploads: UploadArgs,
 }
 
 /// How `artex serve` runs: the HTTP API, `/health` and `/events`, and nothing else.
@@ -167,6 +169,58 @@ pub struct ServeArgs {
         default_value_t = crate::http::api::DEFAULT_MAX_BODY_BYTES,
         value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     pub max_body_bytes: u64,
+}
+
+/// Where a worker keeps files uploaded to it (`/api/v1/uploads`, `artex upload`).
+#[derive(Debug, Clone, Args)]
+pub struct UploadArgs {
+    /// Private folder (0700) of uploads in progress and of files waiting for their
+    /// task; `$TMPDIR/artex-uploads-<uid>` by default. Keep it across restarts and hot
+    /// upgrades (the new process resumes the uploads it finds there).
+    #[arg(long, env = "ARTEX_UPLOAD_DIR")]
+    pub upload_dir: Option<PathBuf>,
+    /// --upload-dir is on storage every worker of the fleet sees at the same path: an
+    /// upload's task may run on any worker, not only on this host's.
+    #[arg(long, env = "ARTEX_UPLOAD_SHARED")]
+    pub upload_shared: bool,
+    /// Bytes all uploads in --upload-dir may take at once (declared sizes, reserved when
+    /// an upload starts: over it, 507 before anything is written).
+    #[arg(long, env = "ARTEX_UPLOAD_MAX_BYTES", default_value_t = 20 * 1024 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_max_bytes: u64,
+    /// An unfinished upload that receives nothing for this long is removed, milliseconds.
+    #[arg(long, env = "ARTEX_UPLOAD_EXPIRE_MS", default_value_t = 24 * 3600 * 1000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_expire_ms: u64,
+    /// How long a file is kept after its task ended, milliseconds (0: removed at the
+    /// next sweep).
+    #[arg(long, env = "ARTEX_UPLOAD_KEEP_MS", default_value_t = 0)]
+    pub upload_keep_ms: u64,
+    /// How often the worker sweeps its upload folder, milliseconds.
+    #[arg(long, env = "ARTEX_UPLOAD_SWEEP_MS", default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_sweep_ms: u64,
+    /// A chunk whose body sends nothing for this long is cut (408), milliseconds.
+    #[arg(long, env = "ARTEX_UPLOAD_BODY_TIMEOUT_MS", default_value_t = 30_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_body_timeout_ms: u64,
+}
+
+impl UploadArgs {
+    /// The settings these flags ask for.
+    pub fn settings(&self) -> crate::uploads::UploadSettings {
+        let dir = self.upload_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("artex-uploads-{}", nix::unistd::geteuid()))
+        });
+        crate::uploads::UploadSettings {
+            dir,
+            shared: self.upload_shared,
+            max_bytes: self.upload_max_bytes,
+            expire: ms(self.upload_expire_ms),
+            keep: ms(self.upload_keep_ms),
+            body_timeout: ms(self.upload_body_timeout_ms),
+        }
+    }
 }
 
 /// How a planner runs.

@@ -1,7 +1,8 @@
 //! The stock binary's task kinds, for demos and tests: `echo`, `sleep`, `fail`, `noop`,
 //! `checkpoint` (which saves its progress after every step and resumes from it, in
 //! whatever process runs it next) and `gather` (a flow task that returns its upstream
-//! tasks' results).
+//! tasks' results), and `digest` (the sha256 of the file its task was uploaded with, read
+//! where the worker holds it).
 
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ pub fn stock() -> Registry {
         }
     });
     r.register_resumable("checkpoint", checkpoint);
+    r.register("digest", digest);
     r
 }
 
@@ -55,6 +57,36 @@ async fn checkpoint(mut ctx: TaskContext) -> Result<Value, TaskError> {
         ctx.save_checkpoint(json!({ "steps": done })).await?;
     }
     Ok(json!({ "steps": done }))
+}
+
+async fn digest(ctx: TaskContext) -> Result<Value, TaskError> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let file = ctx
+        .upload()
+        .await?
+        .ok_or_else(|| TaskError::new("this task names no upload (send it with artex upload)"))?;
+    let path = file.path.clone();
+    let sha256 = tokio::task::spawn_blocking(move || -> Result<String, TaskError> {
+        let mut f = std::fs::File::open(&path)?;
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(hex::encode(hash.finalize()));
+            }
+            hash.update(&buf[..n]);
+        }
+    })
+    .await??;
+    Ok(json!({
+        "sha256": sha256,
+        "size": file.size,
+        "matches": sha256 == file.sha256,
+        "host": crate::process::hostname(),
+        "pid": std::process::id(),
+    }))
 }
 
 fn field_u64(payload: &Value, name: &str) -> Result<Option<u64>, TaskError> {

@@ -23,6 +23,7 @@
 //! - [`runtime`]: `run_planner` and `run_worker`, each run until a shutdown future
 //!   resolves (testable in-process), and the connection to the blackboard.
 //! - [`http`]: the worker's HTTP routes (no SQL).
+//! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
 //! - [`hot_upgrade`]: the app side of a hot upgrade: old side, new side, their protocol,
 //!   and the schema a bundle's build needs, checked before it is spawned.
@@ -46,8 +47,9 @@ pub mod master;
 pub mod process;
 pub mod runtime;
 pub mod tokens;
+pub mod uploads;
 
-pub use artex_actors::worker::{Registry, TaskContext, TaskError};
+pub use artex_actors::worker::{Registry, TaskContext, TaskError, UploadFile};
 pub use artex_actors::Blackboard;
 pub use error::{Error, Result};
 pub use runtime::{run_planner, run_worker};

@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::hot_upgrade::{Successor, UpgradeSettings, Upgrader};
 use crate::http::auth::Access;
 use crate::process::{hostname, notify_service, remove_own_generation, worker_id, BinaryDigest};
+use crate::uploads::Uploads;
 use crate::{dev_db, http, VERSION};
 
 /// After a handover, how long accepted connections get to send their request before
@@ -238,12 +239,23 @@ pub async fn run_worker(
     if api.is_some() {
         tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
     }
+    let uploads = Uploads::open(
+        args.uploads.settings(),
+        bb.clone(),
+        config.host.clone(),
+        config.id.clone(),
+    )?;
+    let sweeping = actix::spawn(sweep_uploads(
+        uploads.clone(),
+        ms(args.uploads.upload_sweep_ms),
+    ));
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
             .app_data(web::Data::new(access.clone()))
             .app_data(web::Data::new(events.clone()))
             .app_data(web::Data::new(upgrader.clone()))
+            .app_data(web::Data::new(uploads.clone()))
             .configure(http::routes)
             .configure(|cfg| {
                 if let Some(api) = &api {
@@ -298,8 +310,21 @@ pub async fn run_worker(
         let _ = serving.await;
         report
     };
+    sweeping.abort();
     remove_own_generation();
     Ok(report)
+}
+
+/// Sweeps the upload folder every `every` (see [`Uploads::sweep`]).
+async fn sweep_uploads(uploads: Arc<Uploads>, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match uploads.sweep().await {
+            Ok(r) if r != Default::default() => tracing::info!(report = ?r, "uploads swept"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "sweeping uploads"),
+        }
+    }
 }
 
 /// `registry` narrowed to `--kinds`, each of which must have a handler.

@@ -38,7 +38,8 @@ pub struct AssignerConfig {
 /// consecutive tasks (claimed in dispatch order, so mostly neighbours in the table):
 /// two workers writing interleaved rows would contend for the same pages. A task whose
 /// kind the current worker does not run goes to the eligible worker with the most free
-/// slots (ties by id). Pure, so it is tested directly.
+/// slots (ties by id). A task bound to a host (its uploaded file is there) is eligible
+/// only for workers on that host. Pure, so it is tested directly.
 pub fn plan(claimed: &[Claimed], roster: &[RosterEntry]) -> Vec<Assignment> {
     let mut free: Vec<i32> = roster.iter().map(RosterEntry::free).collect();
     let total: i64 = free.iter().map(|&f| i64::from(f)).sum();
@@ -60,26 +61,34 @@ pub fn plan(claimed: &[Claimed], roster: &[RosterEntry]) -> Vec<Assignment> {
     // comes to the top and pushed back with its current key if it went stale: a round
     // costs O(tasks · log workers), not O(tasks · workers) (2,000 workers: 5× faster).
     type Entry<'a> = (bool, i32, Reverse<&'a str>, usize);
-    let mut by_kind: HashMap<&str, BinaryHeap<Entry>> = HashMap::new();
+    // Keyed by kind and host: `None` holds every worker of the kind, `Some(h)` those on
+    // host h (for tasks bound to it).
+    let mut by_kind: HashMap<(&str, Option<&str>), BinaryHeap<Entry>> = HashMap::new();
     for (i, w) in roster.iter().enumerate() {
         if free[i] > 0 {
             for k in &w.kinds {
-                by_kind.entry(k.as_str()).or_default().push((
-                    share[i] > 0,
-                    free[i],
-                    Reverse(w.id.as_str()),
-                    i,
-                ));
+                for host in [None, Some(w.host.as_str())] {
+                    by_kind.entry((k.as_str(), host)).or_default().push((
+                        share[i] > 0,
+                        free[i],
+                        Reverse(w.id.as_str()),
+                        i,
+                    ));
+                }
             }
         }
     }
     let mut out = Vec::with_capacity(claimed.len());
     let mut current: Option<usize> = None;
     for task in claimed {
-        let runs = |i: usize| roster[i].kinds.iter().any(|k| k == &task.kind);
+        let host = task.host.as_deref();
+        let runs = |i: usize| {
+            roster[i].kinds.iter().any(|k| k == &task.kind)
+                && host.is_none_or(|h| roster[i].host == h)
+        };
         let keep = current.filter(|&i| runs(i) && free[i] > 0 && share[i] > 0);
         let chosen = keep.or_else(|| {
-            let heap = by_kind.get_mut(task.kind.as_str())?;
+            let heap = by_kind.get_mut(&(task.kind.as_str(), host))?;
             while let Some(&(has_share, slots, id, i)) = heap.peek() {
                 heap.pop();
                 if free[i] <= 0 {
@@ -249,12 +258,14 @@ mod tests {
                 kinds: vec!["echo".into()],
                 capacity: 2,
                 held: 0,
+                host: "h".into(),
             },
             RosterEntry {
                 id: "b".into(),
                 kinds: vec!["echo".into(), "sleep".into()],
                 capacity: 3,
                 held: 1,
+                host: "h".into(),
             },
         ];
         let claimed: Vec<Claimed> = ["echo", "sleep", "echo", "echo", "sleep", "fail"]
@@ -262,6 +273,7 @@ mod tests {
             .map(|k| Claimed {
                 id: Uuid::new_v4(),
                 kind: k.to_string(),
+                host: None,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -285,12 +297,14 @@ mod tests {
             kinds: vec!["echo".into()],
             capacity: free,
             held: 0,
+            host: "h".into(),
         };
         let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
         let claimed: Vec<Claimed> = (0..10)
             .map(|_| Claimed {
                 id: Uuid::new_v4(),
                 kind: "echo".into(),
+                host: None,
             })
             .collect();
         let out: Vec<String> = plan(&claimed, &roster)
@@ -310,12 +324,14 @@ mod tests {
                 kinds: vec![if i % 2 == 0 { "a" } else { "b" }.into()],
                 capacity: 10,
                 held: if i % 10 == 0 { 10 } else { 3 },
+                host: format!("h{}", i % 7),
             })
             .collect();
         let claimed: Vec<Claimed> = (0..6000u128)
             .map(|i| Claimed {
                 id: Uuid::from_u128(i),
                 kind: if i % 3 == 0 { "b" } else { "a" }.into(),
+                host: None,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -342,5 +358,47 @@ mod tests {
                 a.worker
             );
         }
+    }
+
+    #[test]
+    fn plan_gives_a_task_bound_to_a_host_only_to_workers_there() {
+        let worker = |id: &str, host: &str| RosterEntry {
+            id: id.into(),
+            kinds: vec!["digest".into()],
+            capacity: 10,
+            held: 0,
+            host: host.into(),
+        };
+        let roster = vec![worker("a", "h1"), worker("b", "h2"), worker("c", "h2")];
+        let task = |host: Option<&str>| Claimed {
+            id: Uuid::new_v4(),
+            kind: "digest".into(),
+            host: host.map(String::from),
+        };
+        let claimed = vec![
+            task(Some("h2")),
+            task(None),
+            task(Some("h1")),
+            task(Some("h3")),
+            task(Some("h2")),
+            task(Some("h1")),
+        ];
+        let out = plan(&claimed, &roster);
+        let to = |t: &Claimed| {
+            out.iter()
+                .find(|a| a.task == t.id)
+                .map(|a| a.worker.as_str())
+        };
+        for c in &claimed {
+            let t = c;
+            match c.host.as_deref() {
+                Some("h1") => assert_eq!(to(t), Some("a")),
+                Some("h2") => assert!(matches!(to(t), Some("b" | "c")), "{:?}", to(t)),
+                // No worker on h3: it waits.
+                Some(_) => assert_eq!(to(t), None),
+                None => assert!(to(t).is_some()),
+            }
+        }
+        assert_eq!(out.len(), 5);
     }
 }

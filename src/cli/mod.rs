@@ -13,6 +13,7 @@
 //! - `bundle`: `bundle keygen|create`.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
+//! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
 
 mod bundle;
 mod db;
@@ -22,6 +23,7 @@ mod inputs;
 mod master;
 mod run;
 mod tasks;
+mod upload;
 
 use std::process::ExitCode;
 
@@ -136,6 +138,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Send a file to a worker in chunks, resumably; prints the id of the task submitted
+    /// with it once it is whole (the task runs on that worker's host).
+    Upload(upload::SendArgs),
     /// Make signing keys and signed upgrade bundles.
     Bundle {
         #[command(subcommand)]
@@ -199,6 +204,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
         Command::Bundle { command } => bundle::bundle(command),
+        Command::Upload(args) => upload::upload(args).await,
     }
 }
 

@@ -130,6 +130,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // Indexes and a nullable column: older builds run on.
         change: Change::Expand,
     },
+    Migration {
+        version: 9,
+        name: "uploads",
+        sql: include_str!("../../../migrations/V9__uploads.sql"),
+        // A new table and a nullable column: builds that predate it run on unchanged.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

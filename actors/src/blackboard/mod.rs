@@ -1,8 +1,9 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker; planner shards; flows, the
 //! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
-//! may send; overview, the roster and statistics the HTTP API shows), prepared through
-//! deadpool's statement cache; nothing else in the runtime writes SQL.
+//! may send; overview, the roster and statistics the HTTP API shows; uploads, files
+//! received by workers), prepared through deadpool's statement cache; nothing else in
+//! the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -20,6 +21,7 @@ mod overview;
 mod planner;
 mod shards;
 mod tasks;
+mod uploads;
 mod worker;
 
 use std::str::FromStr;
@@ -54,6 +56,7 @@ pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
 pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+pub use uploads::{NewUpload, UploadRow};
 pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
 
 use crate::error::{Error, Result};

@@ -20,6 +20,8 @@ pub struct RosterEntry {
     pub capacity: i32,
     /// How many it holds now (assigned or running).
     pub held: i32,
+    /// The host it runs on (tasks bound to a host go only to workers there).
+    pub host: String,
 }
 
 impl RosterEntry {
@@ -36,6 +38,8 @@ pub struct Claimed {
     pub id: Uuid,
     /// Its kind.
     pub kind: String,
+    /// The host it is bound to (its upload is there), if any.
+    pub host: Option<String>,
 }
 
 /// One decision of the assigner: this task to that worker.
@@ -89,7 +93,7 @@ pub struct ReapReport {
 // nothing), and its LISTEN session's backend exists: a killed worker, or one cut off,
 // loses that backend long before it misses its heartbeats.
 /// The roster query (public so the benchmark can time it against a large fleet).
-pub const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held
+pub const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held, w.host
     from artex.workers w
     where w.state = 'online'
       and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
@@ -99,7 +103,7 @@ pub const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held
 
 /// The scanner's claim query (public so a test can prove with EXPLAIN that it uses
 /// the partial index `tasks_runnable`).
-pub const CLAIM: &str = "select id, kind from artex.tasks
+pub const CLAIM: &str = "select id, kind, host from artex.tasks
     where status = 'pending' and run_at <= now() and kind = any($1::text[])
       and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
     order by priority desc, run_at, id
@@ -112,7 +116,7 @@ pub const CLAIM: &str = "select id, kind from artex.tasks
 // tasks' trigger then adds them to `held` in the same statement. The lease is the one
 // the worker renews ($4, the planner's, for a worker that states none).
 const ASSIGN: &str = "with room as materialized (
-        select w.id, greatest(w.capacity - w.held, 0) as free, w.lease_ms
+        select w.id, greatest(w.capacity - w.held, 0) as free, w.lease_ms, w.host
         from artex.workers w
         where w.id = any($3::text[]) and w.state = 'online'
         order by w.id
@@ -129,6 +133,7 @@ const ASSIGN: &str = "with room as materialized (
     from artex.set_context($1, 'assigned') ctx, wanted, room
     where ctx and wanted.worker = room.id and wanted.k <= room.free
       and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
+      and (t.host is null or t.host = room.host)
     returning t.id";
 
 const WAKE: &str =
@@ -219,6 +224,7 @@ impl Blackboard {
                     kinds: r.try_get(1)?,
                     capacity: r.try_get(2)?,
                     held: r.try_get(3)?,
+                    host: r.try_get(4)?,
                 })
             })
             .collect()
@@ -264,6 +270,7 @@ impl Blackboard {
                     Ok(Claimed {
                         id: r.try_get(0)?,
                         kind: r.try_get(1)?,
+                        host: r.try_get(2)?,
                     })
                 })
                 .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()

@@ -264,4 +264,70 @@ impl TaskContext {
             .await
             .map_err(|e| TaskError::new(format!("reading upstream results: {e}")))
     }
+
+    /// The file this task was submitted with (`artex upload`, `POST /api/v1/uploads`), or
+    /// `None` when its payload names no upload. The worker checked its sha256 when the
+    /// last chunk landed; this checks that it is still there, with its size. The file is
+    /// deleted once the task ends (after `--upload-keep-ms`).
+    pub async fn upload(&self) -> Result<Option<UploadFile>, TaskError> {
+        let Some(named) = self.payload.get("upload") else {
+            return Ok(None);
+        };
+        let id = named
+            .get("id")
+            .and_then(|v| v.as_str())
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .ok_or_else(|| {
+                TaskError::new(format!(
+                    "payload field 'upload': expected {{\"id\": <uuid>}}, got {named}"
+                ))
+            })?;
+        let row = self
+            .bb
+            .upload(id)
+            .await
+            .map_err(|e| TaskError::new(format!("reading upload {id}: {e}")))?
+            .ok_or_else(|| TaskError::new(format!("upload {id} is not recorded")))?;
+        if row.state != "complete" {
+            return Err(TaskError::new(format!(
+                "upload {id}: its file was {}",
+                row.state
+            )));
+        }
+        let path = std::path::PathBuf::from(&row.path);
+        let meta = tokio::fs::metadata(&path).await.map_err(|e| {
+            TaskError::new(format!(
+                "upload {id}: {} on host {}: {e}",
+                path.display(),
+                row.host
+            ))
+        })?;
+        if meta.len() != row.size as u64 {
+            return Err(TaskError::new(format!(
+                "upload {id}: {} holds {} bytes; {} were received",
+                path.display(),
+                meta.len(),
+                row.size
+            )));
+        }
+        Ok(Some(UploadFile {
+            id,
+            path,
+            size: row.size as u64,
+            sha256: row.sha256,
+        }))
+    }
+}
+
+/// A file received by a worker for a task: where it is, and what was checked on arrival.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadFile {
+    /// The upload's id.
+    pub id: Uuid,
+    /// The file (read-only for handlers: it is deleted when the task ends).
+    pub path: std::path::PathBuf,
+    /// Its size in bytes, as declared and received.
+    pub size: u64,
+    /// Its sha256 (lowercase hex), checked when the last chunk landed.
+    pub sha256: String,
 }

@@ -39,7 +39,9 @@ use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
 use fence::LeaseClock;
 use handlers::Attempt;
-pub use handlers::{HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler};
+pub use handlers::{
+    HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler, UploadFile,
+};
 pub use handover::{GetId, Handover, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover};
 use ledger::Ledger;
 pub use status::{GetStatus, RunningTask, WorkerStatus};

@@ -1,0 +1,187 @@
+//! Uploads: a file received in chunks by a worker becomes, once whole and checked, one
+//! `artex.uploads` row and the task that names it, written by one statement (so once,
+//! however many times the last chunk comes); then what the worker's sweeper needs to
+//! delete files whose task ended. See migrations/V9__uploads.sql.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::tasks::NewTask;
+use super::Blackboard;
+use crate::error::{Error, Result};
+
+/// A whole, checked file on a worker's disk, about to be recorded.
+#[derive(Debug, Clone)]
+pub struct NewUpload {
+    /// The upload's id (the one its chunks were sent under).
+    pub id: Uuid,
+    /// The host whose disk holds it.
+    pub host: String,
+    /// Where it lies on that host.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: i64,
+    /// Its sha256, lowercase hex.
+    pub sha256: String,
+    /// How many chunks it came in.
+    pub chunks: i32,
+    /// The client's name for it (never used as a path).
+    pub name: Option<String>,
+    /// On storage the whole fleet sees: the task is bound to no host.
+    pub shared: bool,
+}
+
+/// An upload as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct UploadRow {
+    /// Its id.
+    pub id: Uuid,
+    /// The host whose disk holds it.
+    pub host: String,
+    /// Where it lies on that host.
+    pub path: String,
+    /// Size in bytes.
+    pub size: i64,
+    /// sha256, lowercase hex.
+    pub sha256: String,
+    /// `complete` or `deleted`.
+    pub state: String,
+    /// On storage shared by the fleet.
+    pub shared: bool,
+    /// The task that names it.
+    pub task: Uuid,
+}
+
+// One statement, so one transaction: the upload's row and its task, or (the row already
+// there: a last chunk sent twice, two processes finishing at once) nothing. The final
+// select cannot see a row a concurrent statement committed after this one's snapshot;
+// `record_upload` then asks again.
+const RECORD: &str = "with up as (
+        insert into artex.uploads (id, host, path, size, sha256, chunks, name, shared, task_id)
+        values ($3, $4, $5, $6, $7, $8, $9, $10, $11)
+        on conflict (id) do nothing
+        returning task_id
+    ),
+    t as (
+        insert into artex.tasks (id, kind, payload, priority, host)
+        select $11, $12, $13, $14, case when $10 then null else $4 end
+        from artex.set_context($1, $2) ctx, up
+        where ctx
+        returning id
+    )
+    select coalesce((select id from t), (select task_id from artex.uploads where id = $3)),
+           exists (select 1 from t)";
+
+const UPLOAD: &str = "select id, host, path, size, sha256, state, shared, task_id
+    from artex.uploads where id = $1";
+
+// Files whose task ended at least $2 seconds ago, on this host (or shared).
+const ENDED: &str = "select u.id, u.path from artex.uploads u
+    join artex.tasks t on t.id = u.task_id
+    where u.state = 'complete' and (u.host = $1 or u.shared)
+      and t.status in ('succeeded', 'failed', 'timeout', 'canceled')
+      and coalesce(t.finished_at, t.updated_at) < now() - make_interval(secs => $2::float8)
+    order by u.id
+    limit 100";
+
+const MARK_DELETED: &str = "update artex.uploads set state = 'deleted', deleted_at = now()
+    where id = any($1::uuid[]) and state = 'complete'";
+
+const KNOWN: &str = "select id from artex.uploads where id = any($1::uuid[])";
+
+impl Blackboard {
+    /// Records `upload` and submits `task` naming it, in one statement: exactly once per
+    /// upload id. Returns the task's id and whether this call wrote it.
+    pub async fn record_upload(
+        &self,
+        upload: &NewUpload,
+        task: &NewTask,
+        actor: &str,
+    ) -> Result<(Uuid, bool)> {
+        task.validate()?;
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(RECORD).await?;
+        let task_id = Uuid::now_v7();
+        for _ in 0..5 {
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &actor,
+                        &"upload complete",
+                        &upload.id,
+                        &upload.host,
+                        &upload.path,
+                        &upload.size,
+                        &upload.sha256,
+                        &upload.chunks,
+                        &upload.name,
+                        &upload.shared,
+                        &task_id,
+                        &task.kind,
+                        &task.payload,
+                        &task.priority,
+                    ],
+                )
+                .await?;
+            if let Some(id) = row.try_get::<_, Option<Uuid>>(0)? {
+                return Ok((id, row.try_get(1)?));
+            }
+        }
+        Err(Error::Invalid(format!(
+            "upload {}: recorded concurrently, yet its row cannot be read",
+            upload.id
+        )))
+    }
+
+    /// The upload `id`, if recorded.
+    pub async fn upload(&self, id: Uuid) -> Result<Option<UploadRow>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(UPLOAD).await?;
+        let Some(r) = client.query_opt(&stmt, &[&id]).await? else {
+            return Ok(None);
+        };
+        Ok(Some(UploadRow {
+            id: r.try_get(0)?,
+            host: r.try_get(1)?,
+            path: r.try_get(2)?,
+            size: r.try_get(3)?,
+            sha256: r.try_get(4)?,
+            state: r.try_get(5)?,
+            shared: r.try_get(6)?,
+            task: r.try_get(7)?,
+        }))
+    }
+
+    /// Uploads on `host` (or shared) whose task ended more than `keep_secs` ago: their
+    /// files can go. At most 100 per call.
+    pub async fn uploads_ended(&self, host: &str, keep_secs: f64) -> Result<Vec<(Uuid, String)>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(ENDED).await?;
+        client
+            .query(&stmt, &[&host, &keep_secs])
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// Marks these uploads' files deleted.
+    pub async fn mark_uploads_deleted(&self, ids: &[Uuid]) -> Result<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(MARK_DELETED).await?;
+        Ok(client.execute(&stmt, &[&ids]).await?)
+    }
+
+    /// Which of `ids` are recorded (complete or deleted).
+    pub async fn uploads_known(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(KNOWN).await?;
+        client
+            .query(&stmt, &[&ids])
+            .await?
+            .iter()
+            .map(|r| Ok(r.try_get(0)?))
+            .collect()
+    }
+}

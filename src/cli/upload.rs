@@ -1,0 +1,495 @@
+//! `artex upload FILE --to http://host:port --kind K`: sends a file to a worker in
+//! chunks (at most `--parallel` in flight), retrying each with backoff, and resumes an
+//! interrupted upload by asking the worker what is missing (the upload's id is kept in a
+//! small state file under `~/.cache/artex/uploads`, keyed by file and target). Prints the
+//! task's id once the file is whole. It talks HTTP/1.1 itself (Content-Length bodies,
+//! one connection per request): the workspace has no HTTP client, and this needs little.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{Error, Result};
+
+/// The arguments of `artex upload`.
+#[derive(Debug, Args)]
+pub(crate) struct SendArgs {
+    /// The file to send.
+    file: PathBuf,
+    /// The worker's HTTP address, e.g. http://10.0.0.5:8080.
+    #[arg(long)]
+    to: String,
+    /// The kind of the task submitted once the file is whole.
+    #[arg(long)]
+    kind: String,
+    /// The task's payload (a JSON object; the worker adds the file as its `upload` field).
+    #[arg(long)]
+    payload: Option<String>,
+    /// The task's priority.
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
+    /// Bytes per chunk (default: the worker's, 10 MiB).
+    #[arg(long)]
+    chunk_size: Option<u64>,
+    /// Chunks in flight at most.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=10))]
+    parallel: u64,
+    /// File holding the worker's write-scope bearer token.
+    #[arg(long, env = "ARTEX_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Attempts per chunk before giving up (the upload can be resumed later).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
+    attempts: u32,
+    /// Testing aid: wait this long before sending each chunk, milliseconds.
+    #[arg(long, hide = true, default_value_t = 0)]
+    chunk_delay_ms: u64,
+}
+
+/// How long one request may take before it counts as failed (and is retried).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub(crate) async fn upload(args: SendArgs) -> Result {
+    let addr = target(&args.to)?;
+    let token =
+        crate::tokens::from_file(args.token_file.as_deref(), "--token-file")?.ok_or_else(|| {
+            Error::Invalid(
+                "no token: give --token-file (or ARTEX_TOKEN_FILE) with the worker's write token"
+                    .into(),
+            )
+        })?;
+    let payload: Value = match &args.payload {
+        None => json!({}),
+        Some(p) => serde_json::from_str(p)
+            .map_err(|e| Error::Invalid(format!("--payload: not JSON ({e})")))?,
+    };
+    let meta = std::fs::metadata(&args.file)
+        .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
+    let size = meta.len();
+    let file = args.file.clone();
+    let sha256 = tokio::task::spawn_blocking(move || hash_file(&file))
+        .await
+        .map_err(|e| Error::Invalid(format!("hashing: {e}")))??;
+    let client = Client { addr, token };
+    let state_path = state_file(&args.file, &args.to)?;
+
+    // Resume the upload this file and target had, if the worker still has it.
+    let mut plan = None;
+    if let Some(saved) = read_state(&state_path, size, &sha256) {
+        let (code, body) = client
+            .send("GET", &format!("/api/v1/uploads/{saved}"), &[], &[])
+            .await?;
+        if code == 200 {
+            if let Some(task) = body["task"].as_str() {
+                println!("{task}");
+                let _ = std::fs::remove_file(&state_path);
+                return Ok(());
+            }
+            let missing: Vec<u64> = body["missing"]
+                .as_array()
+                .map(|m| m.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            eprintln!(
+                "artex: resuming upload {saved}: {} of {} chunks missing",
+                missing.len(),
+                body["chunks"]
+            );
+            let chunk = body["chunk_size"].as_u64().unwrap_or(0);
+            plan = Some((saved, chunk, missing));
+        }
+    }
+    let (id, chunk, missing) = match plan {
+        Some(p) => p,
+        None => {
+            let mut req = json!({
+                "size": size, "sha256": sha256,
+                "task": {"kind": args.kind, "payload": payload, "priority": args.priority},
+            });
+            if let Some(name) = args.file.file_name().and_then(|n| n.to_str()) {
+                req["name"] = json!(name);
+            }
+            if let Some(c) = args.chunk_size {
+                req["chunk_size"] = json!(c);
+            }
+            let (code, body) = client
+                .send("POST", "/api/v1/uploads", &[], req.to_string().as_bytes())
+                .await?;
+            if code != 201 {
+                return Err(refused(code, &body));
+            }
+            let id = body["id"].as_str().unwrap_or_default().to_string();
+            let chunk = body["chunk_size"].as_u64().unwrap_or(0);
+            let chunks = body["chunks"].as_u64().unwrap_or(0);
+            write_state(&state_path, &id, size, &sha256)?;
+            (id, chunk, (0..chunks).collect())
+        }
+    };
+    if chunk == 0 {
+        return Err(Error::Invalid(format!(
+            "the worker answered a chunk size of 0 for {id}"
+        )));
+    }
+    let progress = Arc::new(Progress::new(
+        missing.iter().map(|&n| len_of(n, chunk, size)).sum(),
+    ));
+    let started = Instant::now();
+    let client = Arc::new(client);
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut task: Option<String> = None;
+    let results = futures_util::stream::iter(missing.into_iter().map(|n| {
+        let (client, file, id, progress, sent) = (
+            client.clone(),
+            args.file.clone(),
+            id.clone(),
+            progress.clone(),
+            sent.clone(),
+        );
+        let (attempts, delay) = (args.attempts, Duration::from_millis(args.chunk_delay_ms));
+        async move {
+            tokio::time::sleep(delay).await;
+            let r = send_chunk(&client, &file, &id, n, chunk, size, attempts).await;
+            if r.is_ok() {
+                sent.fetch_add(1, Ordering::Relaxed);
+                progress.add(len_of(n, chunk, size));
+            }
+            r
+        }
+    }))
+    .buffer_unordered(args.parallel as usize);
+    futures_util::pin_mut!(results);
+    while let Some(r) = results.next().await {
+        if let Some(t) = r? {
+            task = Some(t);
+        }
+    }
+    progress.done();
+    let task = match task {
+        Some(t) => t,
+        None => {
+            let (code, body) = client
+                .send("GET", &format!("/api/v1/uploads/{id}"), &[], &[])
+                .await?;
+            match body["task"].as_str() {
+                Some(t) if code == 200 => t.to_string(),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "upload {id} is not complete (HTTP {code}: {body}); run the same command \
+                         again to resume"
+                    )))
+                }
+            }
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "artex: sent {} chunks ({} bytes) in {secs:.1} s; task {task}",
+        sent.load(Ordering::Relaxed),
+        progress.total
+    );
+    let _ = std::fs::remove_file(&state_path);
+    println!("{task}");
+    Ok(())
+}
+
+fn len_of(n: u64, chunk: u64, size: u64) -> u64 {
+    chunk.min(size.saturating_sub(n * chunk))
+}
+
+/// Sends chunk `n`, retrying with backoff; returns the task once the worker wrote it.
+async fn send_chunk(
+    client: &Client,
+    file: &Path,
+    id: &str,
+    n: u64,
+    chunk: u64,
+    size: u64,
+    attempts: u32,
+) -> Result<Option<String>> {
+    let mut last = String::new();
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            let ms = (200u64 << attempt.min(6)).min(10_000);
+            tokio::time::sleep(Duration::from_millis(ms / 2 + fastrand_ms(ms / 2))).await;
+        }
+        let bytes = read_chunk(file, n * chunk, len_of(n, chunk, size)).await?;
+        let hash = hex::encode(Sha256::digest(&bytes));
+        let path = format!("/api/v1/uploads/{id}/chunks/{n}");
+        match client
+            .send("PUT", &path, &[("Chunk-Sha256", &hash)], &bytes)
+            .await
+        {
+            Ok((200, body)) => return Ok(body["task"].as_str().map(String::from)),
+            // Corrupted on the way: read and send it again.
+            Ok((422, body)) => last = format!("HTTP 422: {}", body["error"]),
+            Ok((code, body)) if code == 408 || code == 429 || code >= 500 && code != 507 => {
+                last = format!("HTTP {code}: {}", body["error"])
+            }
+            Ok((code, body)) => return Err(refused(code, &body)),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(Error::Invalid(format!(
+        "chunk {n}: {attempts} attempts failed (last: {last}); run the same command again \
+         to resume"
+    )))
+}
+
+fn fastrand_ms(max: u64) -> u64 {
+    // Jitter from the clock: good enough to spread retries of parallel chunks.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    if max == 0 {
+        0
+    } else {
+        nanos % max
+    }
+}
+
+async fn read_chunk(file: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let file = file.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(&file)
+            .map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, offset)
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+        Ok(buf)
+    })
+    .await
+    .map_err(|e| Error::Invalid(format!("reading a chunk: {e}")))?
+}
+
+fn hash_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        if n == 0 {
+            return Ok(hex::encode(hash.finalize()));
+        }
+        hash.update(&buf[..n]);
+    }
+}
+
+fn refused(code: u16, body: &Value) -> Error {
+    let why = body["error"]
+        .as_str()
+        .map(String::from)
+        .unwrap_or_else(|| body.to_string());
+    Error::Invalid(format!("the worker refused (HTTP {code}): {why}"))
+}
+
+/// `http://host:port[/]` → `host:port`.
+fn target(to: &str) -> Result<String> {
+    let rest = to
+        .strip_prefix("http://")
+        .ok_or_else(|| Error::Invalid(format!("--to: {to:?}; expected http://host:port")))?;
+    let addr = rest.trim_end_matches('/');
+    if addr.is_empty() || addr.contains('/') {
+        return Err(Error::Invalid(format!(
+            "--to: {to:?}; expected http://host:port"
+        )));
+    }
+    Ok(addr.to_string())
+}
+
+/// The state file of `file` sent to `to`.
+fn state_file(file: &Path, to: &str) -> Result<PathBuf> {
+    let abs = std::fs::canonicalize(file)
+        .map_err(|e| Error::io(format!("resolving {}", file.display()), e))?;
+    let key = hex::encode(Sha256::digest(format!("{}\n{to}", abs.display())));
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    Ok(base
+        .join("artex")
+        .join("uploads")
+        .join(format!("{key}.json")))
+}
+
+/// The upload id saved for this file, if it was for the same content.
+fn read_state(path: &Path, size: u64, sha256: &str) -> Option<String> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (v["size"].as_u64() == Some(size) && v["sha256"].as_str() == Some(sha256))
+        .then(|| v["id"].as_str().map(String::from))
+        .flatten()
+}
+
+fn write_state(path: &Path, id: &str, size: u64, sha256: &str) -> Result {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    }
+    let text = json!({"id": id, "size": size, "sha256": sha256}).to_string();
+    std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// Bytes sent, shown on stderr when it is a terminal.
+struct Progress {
+    total: u64,
+    done: AtomicU64,
+    started: Instant,
+    tty: bool,
+}
+
+impl Progress {
+    fn new(total: u64) -> Self {
+        Progress {
+            total,
+            done: AtomicU64::new(0),
+            started: Instant::now(),
+            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        }
+    }
+
+    fn add(&self, n: u64) {
+        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
+        if !self.tty {
+            return;
+        }
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let rate = done as f64 / secs;
+        let eta = if rate > 0.0 {
+            (self.total.saturating_sub(done)) as f64 / rate
+        } else {
+            0.0
+        };
+        eprint!(
+            "\r{done}/{} bytes  {:.1} MiB/s  ETA {eta:.0} s   ",
+            self.total,
+            rate / (1024.0 * 1024.0)
+        );
+    }
+
+    fn done(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
+
+/// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out,
+/// `Content-Length`, chunked or until-close bodies in.
+struct Client {
+    addr: String,
+    token: String,
+}
+
+impl Client {
+    /// Sends one request; returns the status and the body as JSON (`Null` if not JSON).
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(u16, Value)> {
+        let what = format!("{method} http://{}{path}", self.addr);
+        let exchange = async {
+            let mut s = tokio::net::TcpStream::connect(&self.addr).await?;
+            let mut head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+                 Authorization: Bearer {}\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n",
+                self.addr,
+                self.token,
+                body.len()
+            );
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            s.write_all(head.as_bytes()).await?;
+            // A refusal may come (and the connection close) before the body is read.
+            let wrote = s.write_all(body).await;
+            let mut raw = Vec::new();
+            let read = s.read_to_end(&mut raw).await;
+            if raw.is_empty() {
+                wrote?;
+                read?;
+            }
+            Ok::<_, std::io::Error>(raw)
+        };
+        let raw = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| {
+                Error::io(
+                    what.clone(),
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"),
+                )
+            })?
+            .map_err(|e| Error::io(what.clone(), e))?;
+        parse_response(&raw).ok_or_else(|| {
+            Error::io(
+                what,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response"),
+            )
+        })
+    }
+}
+
+fn parse_response(raw: &[u8]) -> Option<(u16, Value)> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    let mut body = &raw[end + 4..];
+    let mut decoded = Vec::new();
+    let lower = head.to_ascii_lowercase();
+    if lower.contains("transfer-encoding: chunked") {
+        loop {
+            let line_end = body.windows(2).position(|w| w == b"\r\n")?;
+            let len =
+                usize::from_str_radix(std::str::from_utf8(&body[..line_end]).ok()?.trim(), 16)
+                    .ok()?;
+            body = &body[line_end + 2..];
+            if len == 0 || body.len() < len {
+                break;
+            }
+            decoded.extend_from_slice(&body[..len]);
+            body = body.get(len + 2..).unwrap_or(&[]);
+        }
+    } else {
+        decoded.extend_from_slice(body);
+    }
+    Some((
+        status,
+        serde_json::from_slice(&decoded).unwrap_or(Value::Null),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_parsed_whole_or_chunked() {
+        let plain = b"HTTP/1.1 201 Created\r\ncontent-length: 9\r\n\r\n{\"id\":1}\n";
+        assert_eq!(parse_response(plain), Some((201, json!({"id": 1}))));
+        let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:2}\r\n0\r\n\r\n";
+        assert_eq!(parse_response(chunked), Some((200, json!({"a": 2}))));
+        assert_eq!(parse_response(b"garbage"), None);
+    }
+
+    #[test]
+    fn the_target_is_an_http_address() {
+        assert_eq!(target("http://127.0.0.1:8080/").unwrap(), "127.0.0.1:8080");
+        for bad in ["https://x:1", "127.0.0.1:80", "http://", "http://h:1/api"] {
+            assert!(target(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! `/api/v1/uploads`: large files sent to this worker in chunks, each acknowledged only
+//! once it is on disk and fsynced, resumable by asking what is missing. The write scope
+//! is required. The work is the store's (`crate::uploads`); this maps it to HTTP.
+//!
+//! - `POST /api/v1/uploads` `{"size", "sha256", "name"?, "chunk_size"?, "task": {"kind",
+//!   "payload"?, "priority"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over quota);
+//! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
+//!   "chunk", "received", "missing", "task"}`; 422 if the hash differs (not stored);
+//! - `POST /api/v1/uploads/{id}/complete` → the task, once every chunk is there (the
+//!   last chunk does this by itself; 409 when already complete or chunks are missing);
+//! - `GET /api/v1/uploads/{id}` → `{"state", "received", "missing", "task", …}`.
+
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::auth::CanWrite;
+use crate::uploads::{CreateRequest, UploadError, Uploads};
+
+/// Largest `POST /api/v1/uploads` body (the task's payload is in it).
+const MAX_CREATE_BODY: usize = 2 * 1024 * 1024;
+
+impl ResponseError for UploadError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            UploadError::Invalid(_) => StatusCode::BAD_REQUEST,
+            UploadError::NotFound(_) => StatusCode::NOT_FOUND,
+            UploadError::Conflict(_) => StatusCode::CONFLICT,
+            UploadError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            UploadError::Mismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            UploadError::Quota(_) => StatusCode::INSUFFICIENT_STORAGE,
+            UploadError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            UploadError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut r = HttpResponse::build(self.status_code());
+        if matches!(
+            self,
+            UploadError::Timeout(_) | UploadError::TooLarge(_) | UploadError::Mismatch(_)
+        ) {
+            // The rest of a refused body may still come: this connection is done.
+            r.force_close();
+        }
+        r.json(json!({ "error": self.to_string() }))
+    }
+}
+
+/// Registers the routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/api/v1/uploads", web::post().to(create))
+        .route("/api/v1/uploads/{id}", web::get().to(show))
+        .route("/api/v1/uploads/{id}/complete", web::post().to(complete))
+        .route("/api/v1/uploads/{id}/chunks/{n}", web::put().to(put_chunk));
+}
+
+fn parse_id(s: &str) -> Result<Uuid, UploadError> {
+    Uuid::parse_str(s).map_err(|_| UploadError::NotFound(format!("{s:?} (not an upload id)")))
+}
+
+async fn create(
+    _: CanWrite,
+    body: web::Bytes,
+    uploads: web::Data<Arc<Uploads>>,
+) -> Result<HttpResponse, UploadError> {
+    if body.len() > MAX_CREATE_BODY {
+        return Err(UploadError::TooLarge(format!(
+            "the request is larger than {MAX_CREATE_BODY} bytes"
+        )));
+    }
+    let req: CreateRequest = serde_json::from_slice(&body)
+        .map_err(|e| UploadError::Invalid(format!("the request: {e}")))?;
+    let meta = uploads.create(req).await?;
+    tracing::info!(upload = %meta.id, size = meta.size, chunks = meta.chunks, "upload started");
+    Ok(HttpResponse::Created().json(json!({
+        "id": meta.id,
+        "chunk_size": meta.chunk_size,
+        "chunks": meta.chunks,
+    })))
+}
+
+async fn show(
+    _: CanWrite,
+    path: web::Path<String>,
+    uploads: web::Data<Arc<Uploads>>,
+) -> Result<HttpResponse, UploadError> {
+    let id = parse_id(&path)?;
+    Ok(HttpResponse::Ok().json(uploads.progress(id).await?))
+}
+
+async fn complete(
+    _: CanWrite,
+    path: web::Path<String>,
+    uploads: web::Data<Arc<Uploads>>,
+) -> Result<HttpResponse, UploadError> {
+    let id = parse_id(&path)?;
+    let before = uploads.progress(id).await?;
+    if let Some(task) = before.task {
+        return Err(UploadError::Conflict(format!(
+            "upload {id} is already complete; its task is {task}"
+        )));
+    }
+    let meta = uploads.meta(id).await?;
+    match uploads.finish(&meta).await? {
+        Some(task) => Ok(HttpResponse::Ok().json(json!({ "state": "complete", "task": task }))),
+        None => Err(UploadError::Conflict(format!(
+            "upload {id} is missing chunks {:?}",
+            before.missing
+        ))),
+    }
+}
+
+async fn put_chunk(
+    _: CanWrite,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Payload,
+    uploads: web::Data<Arc<Uploads>>,
+) -> Result<HttpResponse, UploadError> {
+    let (id, n) = path.into_inner();
+    let id = parse_id(&id)?;
+    let n: u64 = n.parse().map_err(|_| {
+        UploadError::Invalid(format!("chunk {n:?}: expected a chunk number (0, 1, …)"))
+    })?;
+    let meta = uploads.meta(id).await?;
+    let expected = Uploads::chunk_len(&meta, n)?;
+    let header = |name: &str| req.headers().get(name).and_then(|h| h.to_str().ok());
+    let sha = header("chunk-sha256")
+        .map(str::to_ascii_lowercase)
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| {
+            UploadError::Invalid(format!(
+                "chunk {n}: the Chunk-Sha256 header must hold the chunk's sha256 (64 hex digits)"
+            ))
+        })?;
+    match header("content-length").map(|l| l.trim().parse::<u64>()) {
+        Some(Ok(l)) if l > expected => {
+            return Err(UploadError::TooLarge(format!(
+                "chunk {n}: {l} bytes; this chunk has {expected}"
+            )))
+        }
+        Some(Ok(l)) if l < expected => {
+            return Err(UploadError::Invalid(format!(
+                "chunk {n}: {l} bytes; this chunk has {expected}"
+            )))
+        }
+        _ => {}
+    }
+    uploads.put_chunk(&meta, n, &sha, body).await?;
+    let mut progress = uploads.progress(id).await?;
+    if progress.missing.is_empty() && progress.task.is_none() {
+        progress.task = uploads.finish(&meta).await?;
+        if progress.task.is_some() {
+            progress.state = "complete";
+        }
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "ack": true,
+        "chunk": n,
+        "received": progress.received.len(),
+        "missing": progress.missing,
+        "state": progress.state,
+        "task": progress.task,
+    })))
+}

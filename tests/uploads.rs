@@ -1,0 +1,544 @@
+//! Large files sent to a worker in chunks (issue 15): each chunk acknowledged once on
+//! disk, a corrupted one refused, the file recorded with its task exactly once, the task
+//! run where the file is and the file removed when it ends; hostile input and a full
+//! disk refused with nothing left behind.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::procs::{wait_for, worker_http, Proc};
+use common::{count, TestDb};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const WRITE_TOKEN: &str = "upload-write-token";
+
+/// A worker and a planner on `db`, the worker keeping uploads in `dir`.
+struct Fleet {
+    worker: Proc,
+    _planner: Proc,
+    http: String,
+    _token_dir: tempfile::TempDir,
+}
+
+fn token_file() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("write-token");
+    std::fs::write(&file, WRITE_TOKEN).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    (dir, f)
+}
+
+async fn fleet(db: &TestDb, uploads: &Path, extra: &[&str]) -> Fleet {
+    let (token_dir, token) = token_file();
+    let mut args = vec![
+        "--write-token-file",
+        &token,
+        "--upload-dir",
+        uploads.to_str().unwrap(),
+        "--upload-sweep-ms",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    let worker = Proc::worker("uploads-worker", &db.url, &args);
+    let planner = Proc::planner("uploads-planner", &db.url, &[]);
+    let http = worker_http(&db.client().await, &worker).await;
+    Fleet {
+        worker,
+        _planner: planner,
+        http,
+        _token_dir: token_dir,
+    }
+}
+
+/// One HTTP/1.1 request with the write token; returns (status, JSON body or Null).
+fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: Bearer {WRITE_TOKEN}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may refuse before reading the body and close: that is an answer too.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Deterministic, incompressible-enough test data.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn create(http: &str, file: &[u8], chunk: u64, kind: &str) -> (String, u64) {
+    let (code, body) = call(
+        http,
+        "POST",
+        "/api/v1/uploads",
+        &[("Content-Type", "application/json")],
+        json!({"size": file.len(), "sha256": sha(file), "name": "data.bin",
+               "chunk_size": chunk, "task": {"kind": kind, "payload": {"note": "hi"}}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(code, 201, "{body}");
+    (
+        body["id"].as_str().unwrap().to_string(),
+        body["chunks"].as_u64().unwrap(),
+    )
+}
+
+fn put(http: &str, id: &str, n: u64, bytes: &[u8]) -> (u16, Value) {
+    call(
+        http,
+        "PUT",
+        &format!("/api/v1/uploads/{id}/chunks/{n}"),
+        &[("Chunk-Sha256", &sha(bytes))],
+        bytes,
+    )
+}
+
+fn chunk(file: &[u8], size: usize, n: u64) -> &[u8] {
+    let start = n as usize * size;
+    &file[start..(start + size).min(file.len())]
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn chunks_are_acknowledged_checked_and_the_task_runs_where_the_file_is() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let size = 16 * 1024;
+    let file = data(100_000, 7);
+    let (id, chunks) = create(&f.http, &file, size as u64, "digest");
+    assert_eq!(chunks, 7);
+
+    // Out of order; a corrupted chunk is refused, not stored, and sent again.
+    for n in [3, 0, 5] {
+        let (code, body) = put(&f.http, &id, n, chunk(&file, size, n));
+        assert_eq!((code, body["ack"].as_bool()), (200, Some(true)), "{body}");
+    }
+    let mut bad = chunk(&file, size, 1).to_vec();
+    bad[10] ^= 0xff;
+    let (code, body) = call(
+        &f.http,
+        "PUT",
+        &format!("/api/v1/uploads/{id}/chunks/1"),
+        &[("Chunk-Sha256", &sha(chunk(&file, size, 1)))],
+        &bad,
+    );
+    assert_eq!(code, 422, "{body}");
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 200);
+    assert_eq!(state["state"], "receiving");
+    assert_eq!(state["received"], json!([0, 3, 5]));
+    assert_eq!(state["missing"], json!([1, 2, 4, 6]));
+    assert!(state["task"].is_null());
+    // Re-sending an acknowledged chunk is harmless.
+    assert_eq!(put(&f.http, &id, 3, chunk(&file, size, 3)).0, 200);
+    for n in [1, 2, 4] {
+        assert_eq!(put(&f.http, &id, n, chunk(&file, size, n)).0, 200);
+    }
+    // No task before the file is whole.
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 0);
+    // The last chunk, twice: one task.
+    let (code, first) = put(&f.http, &id, 6, chunk(&file, size, 6));
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(first["state"], "complete");
+    let task = first["task"].as_str().unwrap().to_string();
+    let (code, again) = put(&f.http, &id, 6, chunk(&file, size, 6));
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["task"].as_str(), Some(task.as_str()));
+    // A second `complete` is refused and changes nothing.
+    let (code, body) = call(
+        &f.http,
+        "POST",
+        &format!("/api/v1/uploads/{id}/complete"),
+        &[],
+        b"",
+    );
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where kind = 'digest'").await,
+        1
+    );
+
+    // The task runs on the worker holding the file and reads it whole.
+    let task_id = uuid::Uuid::parse_str(&task).unwrap();
+    common::procs::wait_status(&db.bb, task_id, "succeeded", Duration::from_secs(30)).await;
+    let row = db.bb.task(task_id).await.unwrap();
+    let result = row.result.unwrap();
+    assert_eq!(result["sha256"], sha(&file));
+    assert_eq!(result["matches"], true);
+    // Run by the worker that holds the file (the handler reports its pid).
+    assert_eq!(result["pid"], f.worker.pid());
+    assert_eq!(row.payload["note"], "hi");
+    assert_eq!(row.payload["upload"]["id"], id.as_str());
+    // Its task ended: the file goes, the row says so.
+    wait_for(
+        "the file to be deleted",
+        Duration::from_secs(30),
+        || async {
+            let s: String = c
+                .query_one("select state from artex.uploads", &[])
+                .await
+                .ok()?
+                .get(0);
+            (s == "deleted").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(entries(&uploads), 0);
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!((code, state["state"].as_str()), (200, Some("deleted")));
+}
+
+#[tokio::test]
+async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let good = |v: Value| {
+        let mut base = json!({"size": 3000, "sha256": "a".repeat(64), "chunk_size": 1024,
+                              "task": {"kind": "digest"}});
+        for (k, x) in v.as_object().unwrap() {
+            base[k] = x.clone();
+        }
+        base.to_string()
+    };
+    for bad in [
+        json!({"size": -1}),
+        json!({"size": 0}),
+        json!({"size": 1u64 << 62}),
+        json!({"chunk_size": 0}),
+        json!({"chunk_size": 1u64 << 40}),
+        json!({"sha256": "nope"}),
+        json!({"name": "../../etc/passwd"}),
+        json!({"name": "a/b"}),
+        json!({"task": {"kind": "digest", "payload": "text"}}),
+        json!({"task": {"kind": ""}}),
+        json!({"path": "/tmp/x"}),
+    ] {
+        let (code, body) = call(
+            &f.http,
+            "POST",
+            "/api/v1/uploads",
+            &[],
+            good(bad.clone()).as_bytes(),
+        );
+        assert!(
+            (400..500).contains(&code) && body["error"].is_string(),
+            "{bad}: {code} {body}"
+        );
+    }
+    let (code, _) = call(&f.http, "POST", "/api/v1/uploads", &[], b"{not json");
+    assert_eq!(code, 400);
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+
+    // Chunks: out of range, larger than declared, shorter, without or with a bad hash,
+    // an unknown or malformed id, no token.
+    let file = data(3000, 3);
+    let (id, _) = create(&f.http, &file, 1024, "digest");
+    let one = chunk(&file, 1024, 0);
+    for (n, bytes, hash, want) in [
+        ("3", one.to_vec(), sha(one), 400),
+        ("-1", one.to_vec(), sha(one), 400),
+        ("99999999999999999999", one.to_vec(), sha(one), 400),
+        ("0", [one, b"x"].concat(), sha(&[one, b"x"].concat()), 413),
+        ("0", one[..10].to_vec(), sha(&one[..10]), 400),
+        ("0", one.to_vec(), "zz".into(), 400),
+        ("0", one.to_vec(), sha(b"other"), 422),
+    ] {
+        let (code, body) = call(
+            &f.http,
+            "PUT",
+            &format!("/api/v1/uploads/{id}/chunks/{n}"),
+            &[("Chunk-Sha256", &hash)],
+            &bytes,
+        );
+        assert_eq!(code, want, "chunk {n}, {} bytes: {body}", bytes.len());
+        assert!(body["error"].is_string(), "{body}");
+    }
+    for path in [
+        "/api/v1/uploads/../../etc/chunks/0".to_string(),
+        format!("/api/v1/uploads/{}/chunks/0", uuid::Uuid::new_v4()),
+        "/api/v1/uploads/not-an-id/chunks/0".to_string(),
+    ] {
+        let (code, _) = call(&f.http, "PUT", &path, &[("Chunk-Sha256", &sha(one))], one);
+        assert!((400..500).contains(&code), "{path}: {code}");
+    }
+    let (code, body) = call(
+        &f.http,
+        "POST",
+        &format!("/api/v1/uploads/{id}/complete"),
+        &[],
+        b"",
+    );
+    assert_eq!(code, 409, "complete with chunks missing: {body}");
+    let mut s = TcpStream::connect(&f.http).unwrap();
+    write!(
+        s,
+        "GET /api/v1/uploads/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
+
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 200);
+    assert_eq!(state["received"], json!([]), "a refused chunk was kept");
+    let folder: Vec<String> = std::fs::read_dir(uploads.join(&id))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(folder, ["meta.json"]);
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 0);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
+    drop(f);
+}
+
+#[tokio::test]
+async fn a_quota_too_small_gets_507_and_nothing_is_left() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &["--upload-max-bytes", "5000"]).await;
+    let file = data(3000, 5);
+    let (_id, _) = create(&f.http, &file, 1024, "digest");
+    // 3,000 of 5,000 reserved: another 3,000 does not fit.
+    let (code, body) = call(
+        &f.http,
+        "POST",
+        "/api/v1/uploads",
+        &[],
+        json!({"size": 3000, "sha256": sha(&file), "task": {"kind": "digest"}})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(code, 507, "{body}");
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("--upload-max-bytes"));
+    assert_eq!(entries(&uploads), 1, "the refused upload left something");
+}
+
+/// `artex upload` run against `http`, with its cache in `cache`.
+fn cli(
+    http: &str,
+    file: &Path,
+    cache: &Path,
+    token: &str,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(common::artex_bin());
+    cmd.arg("upload")
+        .arg(file)
+        .args(["--to", &format!("http://{http}"), "--kind", "digest"])
+        .args(extra)
+        .env("ARTEX_TOKEN_FILE", token)
+        .env("XDG_CACHE_HOME", cache)
+        .env("ARTEX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+fn parts(uploads: &Path) -> usize {
+    std::fs::read_dir(uploads)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+        .count()
+}
+
+async fn ran_whole(db: &TestDb, stdout: &[u8], file: &[u8]) -> Value {
+    let task = String::from_utf8_lossy(stdout).trim().to_string();
+    let task = uuid::Uuid::parse_str(&task).unwrap_or_else(|_| panic!("no task id: {task:?}"));
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(120)).await;
+    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    assert_eq!(result["sha256"], sha(file));
+    assert_eq!(result["matches"], true);
+    result
+}
+
+// The issue asks for 1 GiB in 10 MiB chunks; 256 MiB keeps CI within its time and disk.
+#[tokio::test]
+async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("big.bin");
+    let content = {
+        let block = data(1 << 20, 11);
+        let mut out = std::fs::File::create(&path).unwrap();
+        for i in 0..256u32 {
+            let mut b = block.clone();
+            b[..4].copy_from_slice(&i.to_le_bytes());
+            out.write_all(&b).unwrap();
+        }
+        std::fs::read(&path).unwrap()
+    };
+    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("sent 26 chunks"), "{stderr}");
+    let result = ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(result["pid"], f.worker.pid());
+}
+
+#[tokio::test]
+async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("f.bin");
+    let content = data(40 * 65536, 13);
+    std::fs::write(&path, &content).unwrap();
+    let slow = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "1",
+        "--chunk-delay-ms",
+        "100",
+    ];
+    let mut first = cli(&f.http, &path, dir.path(), &token, &slow)
+        .spawn()
+        .unwrap();
+    wait_for("5 chunks on disk", Duration::from_secs(60), || async {
+        (parts(&uploads) >= 5).then_some(())
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // It asked what was missing and sent that only.
+    let missing: usize = stderr
+        .split("resuming upload ")
+        .nth(1)
+        .and_then(|s| s.split(": ").nth(1))
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resume: {stderr}"));
+    assert!(missing < 40 && missing > 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!("sent {missing} chunks")),
+        "{stderr}"
+    );
+    ran_whole(&db, &out.stdout, &content).await;
+    let c = db.client().await;
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+}
+
+#[tokio::test]
+async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let mut f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let path = dir.path().join("f.bin");
+    let content = data(30 * 65536, 17);
+    std::fs::write(&path, &content).unwrap();
+    let args = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "2",
+        "--chunk-delay-ms",
+        "100",
+    ];
+    let client = cli(&f.http, &path, dir.path(), &token, &args)
+        .spawn()
+        .unwrap();
+    wait_for("5 chunks on disk", Duration::from_secs(60), || async {
+        (parts(&uploads) >= 5).then_some(())
+    })
+    .await;
+    f.worker.signal(nix::sys::signal::Signal::SIGKILL);
+    f.worker.wait_exit(Duration::from_secs(10)).expect("killed");
+    // Restarted on the same port and folder; the client's retries find it.
+    let (_t2, token2) = token_file();
+    let w = Proc::worker(
+        "uploads-worker-2",
+        &db.url,
+        &[
+            "--http",
+            &f.http,
+            "--write-token-file",
+            &token2,
+            "--upload-dir",
+            uploads.to_str().unwrap(),
+        ],
+    );
+    let out = client.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let result = ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(result["pid"], w.pid());
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+}
