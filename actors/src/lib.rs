@@ -6,11 +6,13 @@
 //!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
 //! - [`scanner`], [`assigner`], [`reaper`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
-//!   (read, run, record, renew, heartbeat); [`worker::handlers`] the handler registry and
-//!   what a handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is
-//!   taken twice; [`worker::depth`] the pure sizing of its local queue from its
-//!   completion rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful
-//!   stop; [`worker::handover`] the worker's side of a hot upgrade.
+//!   (read, run, record); `worker/liveness.rs` lease renewals and heartbeats;
+//!   `worker/fence.rs` self-fencing (a task whose lease could not be renewed in time is
+//!   stopped before it can expire); [`worker::handlers`] the handler registry and what a
+//!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
+//!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
+//!   rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
+//!   [`worker::handover`] the worker's side of a hot upgrade.
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.

@@ -17,6 +17,7 @@ mod fence;
 pub mod handlers;
 pub mod handover;
 mod ledger;
+mod liveness;
 pub mod status;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -492,138 +493,6 @@ impl Worker {
         })
         .spawn(ctx);
     }
-
-    fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.held() == 0 || self.renewing {
-            return;
-        }
-        self.renewing = true;
-        let held: Vec<(Uuid, i64)> = self
-            .running
-            .iter()
-            .map(|(id, r)| (*id, r.epoch))
-            .chain(self.queue.iter().map(|t| (t.id, t.epoch)))
-            .collect();
-        let bb = self.bb.clone();
-        let id = self.config.id.clone();
-        let lease = self.config.lease;
-        let sent = Instant::now();
-        // A renewal that does not come back within a third of the lease is as good as
-        // failed (the host may be cut off: the call can hang until TCP gives up).
-        async move {
-            let res = tokio::time::timeout(
-                lease / 3,
-                bb.renew_leases(&id, &held, lease.as_secs_f64()),
-            )
-            .await
-            .unwrap_or(Err(crate::Error::Timeout {
-                what: "renewing leases",
-                after: lease / 3,
-            }));
-            (res, held)
-        }
-        .into_actor(self)
-        .map(move |(res, held), act, ctx| {
-            act.renewing = false;
-            act.db_result(&res);
-            match res {
-                Ok(kept) => {
-                    let epochs: HashMap<Uuid, i64> = held.iter().copied().collect();
-                    for (id, renewed) in &kept {
-                        if let (true, Some(epoch)) = (*renewed, epochs.get(id)) {
-                            act.leases.renewed((*id, *epoch), sent, lease);
-                        }
-                    }
-                    let kept: HashSet<Uuid> = kept.into_iter().map(|(id, _)| id).collect();
-                    let lost: HashSet<(Uuid, i64)> = held
-                        .iter()
-                        .filter(|(id, _)| !kept.contains(id))
-                        .copied()
-                        .collect();
-                    for key in &lost {
-                        act.ledger.let_go(*key);
-                    }
-                    act.queue.retain(|t| {
-                        let gone = lost.contains(&(t.id, t.epoch));
-                        if gone {
-                            tracing::warn!(task = %t.id, epoch = t.epoch, "lease lost before the task left the queue");
-                        }
-                        !gone
-                    });
-                    for (id, epoch) in &lost {
-                        // The task was taken back (reaper) or handed over: stop running it
-                        // here; whatever it would write would be fenced off anyway.
-                        if let Some(r) = act.running.get(id) {
-                            if r.epoch == *epoch {
-                                tracing::warn!(task = %id, epoch, "lease lost; stopping the handler");
-                                r.abort.abort();
-                                act.running.remove(id);
-                                act.fenced_off += 1;
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew leases; retrying");
-                    // Soon, not a third of the lease later: the database may be back in
-                    // a moment, and the tasks are stopped if it is not (see `fence`).
-                    ctx.run_later(fence::RENEW_RETRY, |act, ctx| act.renew(ctx));
-                }
-            }
-            act.check_suspended();
-            act.check_drained();
-        })
-        .spawn(ctx);
-    }
-
-    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
-        // One at a time: after a stop (SIGSTOP, a stall) the timer's missed ticks come
-        // at once, and each would register again.
-        if self.heartbeating {
-            return;
-        }
-        self.heartbeating = true;
-        let bb = self.bb.clone();
-        let config = self.config.clone();
-        let registry = self.registry.clone();
-        let inflight = self.held() as i32;
-        let capacity = self.capacity() as i32;
-        let draining = self.draining;
-        async move {
-            let state = bb.heartbeat(&config.id, inflight, capacity).await?;
-            match state {
-                Some(WorkerState::Online | WorkerState::Draining | WorkerState::Upgrading) => {
-                    Ok(false)
-                }
-                _ if draining => Ok(false),
-                // Declared gone (e.g. this process was stopped past the threshold) or
-                // deleted: come back as a new registration; the tasks it held were taken
-                // back and its stale writes are fenced off.
-                _ => {
-                    let mut registration = Worker::registration(&config, &registry);
-                    registration.capacity = capacity;
-                    bb.register_worker(&registration).await.map(|_| true)
-                }
-            }
-        }
-        .into_actor(self)
-        .map(|res: crate::Result<bool>, act, ctx| {
-            act.heartbeating = false;
-            act.db_result(&res);
-            match res {
-                Ok(true) => {
-                    tracing::warn!(worker = %act.config.id, "this worker had been declared gone; registered again");
-                    act.fetch(ctx);
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
-            }
-            if std::mem::take(&mut act.beat_again) {
-                act.heartbeat(ctx);
-            }
-        })
-        .spawn(ctx);
-    }
 }
 
 impl Actor for Worker {
@@ -674,6 +543,10 @@ impl Supervised for Worker {
         self.stats.restarted("worker");
         self.fetching = false;
         self.flushing = false;
+        // A call in flight when the actor restarted never reports back: without this,
+        // heartbeats and renewals would stop for good.
+        self.renewing = false;
+        self.heartbeating = false;
     }
 }
 
