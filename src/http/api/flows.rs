@@ -3,10 +3,10 @@
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
-use artex_actors::blackboard::{Control, ControlTarget, FlowSpec};
+use artex_actors::blackboard::{Control, FlowSpec};
 use serde_json::{json, Value};
 
-use super::tasks::read_reason;
+use super::tasks::{control, Named};
 use super::{
     actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_json, path_id,
     query, read_body, ApiError, ApiState, Submitted,
@@ -171,35 +171,6 @@ pub(super) async fn show(
     Ok(HttpResponse::Ok().json(flow))
 }
 
-async fn control_flow(
-    control: Control,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    let id = path_id(&id)?;
-    let reason = read_reason(&req, body, &state).await?;
-    match state.bb.control_target(id).await {
-        Ok(ControlTarget::Flow(_)) => {}
-        Ok(ControlTarget::Task(_)) => {
-            return Err(ApiError::NotFound(format!(
-                "no flow with id {id}: it is a task (POST /api/v1/tasks/{id}/{})",
-                control.as_str()
-            )))
-        }
-        Err(artex_actors::Error::Invalid(_)) => {
-            return Err(ApiError::NotFound(format!("no flow with id {id}")))
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let report = state
-        .bb
-        .control(control, id, &actor(&req), reason.as_deref())
-        .await?;
-    Ok(HttpResponse::Ok().json(report))
-}
-
 /// `POST /api/v1/flows/{id}/pause`: hold its pending and blocked tasks.
 pub(super) async fn pause(
     _: CanWrite,
@@ -208,7 +179,7 @@ pub(super) async fn pause(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_flow(Control::Pause, req, id, body, state).await
+    control(Named::Flow, Control::Pause, req, id, body, state).await
 }
 
 /// `POST /api/v1/flows/{id}/resume`: release its paused tasks.
@@ -219,7 +190,7 @@ pub(super) async fn resume(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_flow(Control::Resume, req, id, body, state).await
+    control(Named::Flow, Control::Resume, req, id, body, state).await
 }
 
 /// `POST /api/v1/flows/{id}/cancel`: end every task of it that has not ended.
@@ -230,5 +201,5 @@ pub(super) async fn cancel(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_flow(Control::Cancel, req, id, body, state).await
+    control(Named::Flow, Control::Cancel, req, id, body, state).await
 }

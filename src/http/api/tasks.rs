@@ -242,7 +242,7 @@ pub(super) async fn show(
 }
 
 /// The optional `{"reason": …}` body of a control.
-pub(super) async fn read_reason(
+async fn read_reason(
     req: &HttpRequest,
     body: web::Payload,
     state: &ApiState,
@@ -280,7 +280,19 @@ pub(super) async fn read_reason(
     Ok(reason)
 }
 
-async fn control_task(
+/// What a control's path names: `/tasks/{id}/…` or `/flows/{id}/…`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Named {
+    /// A task.
+    Task,
+    /// A flow (every task of it).
+    Flow,
+}
+
+/// Pause, resume or cancel what the path names; a task's id under `/flows` (or a flow's
+/// under `/tasks`) is 404 with where it belongs.
+pub(super) async fn control(
+    named: Named,
     control: Control,
     req: HttpRequest,
     id: web::Path<String>,
@@ -289,18 +301,23 @@ async fn control_task(
 ) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id)?;
     let reason = read_reason(&req, body, &state).await?;
-    match state.bb.control_target(id).await {
-        Ok(ControlTarget::Task(_)) => {}
-        Ok(ControlTarget::Flow(_)) => {
+    let (what, other) = match named {
+        Named::Task => ("task", "flows"),
+        Named::Flow => ("flow", "tasks"),
+    };
+    match (named, state.bb.control_target(id).await) {
+        (Named::Task, Ok(ControlTarget::Task(_))) | (Named::Flow, Ok(ControlTarget::Flow(_))) => {}
+        (_, Ok(_)) => {
             return Err(ApiError::NotFound(format!(
-                "no task with id {id}: it is a flow (POST /api/v1/flows/{id}/{})",
+                "no {what} with id {id}: it is a {} (POST /api/v1/{other}/{id}/{})",
+                if named == Named::Task { "flow" } else { "task" },
                 control.as_str()
             )))
         }
-        Err(artex_actors::Error::Invalid(_)) => {
-            return Err(ApiError::NotFound(format!("no task with id {id}")))
+        (_, Err(artex_actors::Error::Invalid(_))) => {
+            return Err(ApiError::NotFound(format!("no {what} with id {id}")))
         }
-        Err(e) => return Err(e.into()),
+        (_, Err(e)) => return Err(e.into()),
     }
     let report = state
         .bb
@@ -317,7 +334,7 @@ pub(super) async fn pause(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_task(Control::Pause, req, id, body, state).await
+    control(Named::Task, Control::Pause, req, id, body, state).await
 }
 
 /// `POST /api/v1/tasks/{id}/resume`: release a paused task.
@@ -328,7 +345,7 @@ pub(super) async fn resume(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_task(Control::Resume, req, id, body, state).await
+    control(Named::Task, Control::Resume, req, id, body, state).await
 }
 
 /// `POST /api/v1/tasks/{id}/cancel`: end a task that has not ended.
@@ -339,7 +356,7 @@ pub(super) async fn cancel(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    control_task(Control::Cancel, req, id, body, state).await
+    control(Named::Task, Control::Cancel, req, id, body, state).await
 }
 
 /// `POST /api/v1/tasks/{id}/retry`: a failed, timed-out or canceled task runs again, as
