@@ -155,6 +155,9 @@ pub struct WorkerArgs {
     pub uploads: UploadArgs,
 }
 
+/// The largest request body `artex serve` accepts by default (`--max-body-bytes`): 2 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 << 20;
+
 /// How `artex serve` runs: the HTTP API, `/health` and `/events`, and nothing else.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -166,7 +169,7 @@ pub struct ServeArgs {
     /// The largest request body accepted, bytes (413 beyond); task payloads are limited
     /// by the blackboard (`artex limits`).
     #[arg(long, env = "ARTEX_MAX_BODY_BYTES",
-        default_value_t = crate::http::api::DEFAULT_MAX_BODY_BYTES,
+        default_value_t = DEFAULT_MAX_BODY_BYTES,
         value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     pub max_body_bytes: u64,
 }
@@ -204,23 +207,6 @@ pub struct UploadArgs {
     #[arg(long, env = "ARTEX_UPLOAD_BODY_TIMEOUT_MS", default_value_t = 30_000,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub upload_body_timeout_ms: u64,
-}
-
-impl UploadArgs {
-    /// The settings these flags ask for.
-    pub fn settings(&self) -> crate::uploads::UploadSettings {
-        let dir = self.upload_dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("artex-uploads-{}", nix::unistd::geteuid()))
-        });
-        crate::uploads::UploadSettings {
-            dir,
-            shared: self.upload_shared,
-            max_bytes: self.upload_max_bytes,
-            expire: ms(self.upload_expire_ms),
-            keep: ms(self.upload_keep_ms),
-            body_timeout: ms(self.upload_body_timeout_ms),
-        }
-    }
 }
 
 /// How a planner runs.

@@ -22,7 +22,7 @@
 //! - [`cli`]: the `artex` command line, one file per command group.
 //! - [`runtime`]: `run_planner` and `run_worker`, each run until a shutdown future
 //!   resolves (testable in-process), and the connection to the blackboard.
-//! - [`http`]: the worker's HTTP routes (no SQL).
+//! - [`http`]: the worker's HTTP routes and the API of `artex serve` (no SQL).
 //! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
 //! - [`hot_upgrade`]: the app side of a hot upgrade: old side, new side, their protocol,
@@ -33,7 +33,8 @@
 //! - [`tokens`]: bearer tokens: from files, from headers, compared in constant time.
 //! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
 //! - [`handlers`]: the stock binary's task kinds.
-//! - [`error`]: the app's error type and exit codes.
+//! - [`error`]: the app's error type and exit codes; the one module that names those
+//!   above it, as it wraps their error types (`#[from]`).
 #![forbid(unsafe_code)]
 
 pub mod cli;

@@ -240,7 +240,7 @@ pub async fn run_worker(
         tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
     }
     let uploads = Uploads::open(
-        args.uploads.settings(),
+        crate::uploads::UploadSettings::from_args(&args.uploads),
         bb.clone(),
         config.host.clone(),
         config.id.clone(),

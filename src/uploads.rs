@@ -58,6 +58,24 @@ pub struct UploadSettings {
     pub body_timeout: Duration,
 }
 
+impl UploadSettings {
+    /// The settings a worker's upload flags ask for.
+    pub fn from_args(args: &crate::config::UploadArgs) -> Self {
+        let dir = args.upload_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("artex-uploads-{}", nix::unistd::geteuid()))
+        });
+        let ms = crate::config::ms;
+        UploadSettings {
+            dir,
+            shared: args.upload_shared,
+            max_bytes: args.upload_max_bytes,
+            expire: ms(args.upload_expire_ms),
+            keep: ms(args.upload_keep_ms),
+            body_timeout: ms(args.upload_body_timeout_ms),
+        }
+    }
+}
+
 /// What the client declared when it started the upload, kept in `meta.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Meta {

@@ -27,8 +27,7 @@ use serde_json::{json, Map, Value};
 
 use super::events;
 
-/// The largest request body by default (`--max-body-bytes`): 2 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 << 20;
+pub use crate::config::DEFAULT_MAX_BODY_BYTES;
 
 /// Tasks in one batch at most.
 pub const MAX_BATCH: usize = 10_000;
