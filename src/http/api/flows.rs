@@ -3,10 +3,9 @@
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
-use artex_actors::blackboard::{Control, FlowSpec};
+use artex_actors::blackboard::FlowSpec;
 use serde_json::{json, Value};
 
-use super::tasks::{control, Named};
 use super::{
     actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_json, path_id,
     query, read_body, ApiError, ApiState, Submitted,
@@ -169,37 +168,4 @@ pub(super) async fn show(
     query(&req, &[])?;
     let flow = state.bb.flow(id).await?;
     Ok(HttpResponse::Ok().json(flow))
-}
-
-/// `POST /api/v1/flows/{id}/pause`: hold its pending and blocked tasks.
-pub(super) async fn pause(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Flow, Control::Pause, req, id, body, state).await
-}
-
-/// `POST /api/v1/flows/{id}/resume`: release its paused tasks.
-pub(super) async fn resume(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Flow, Control::Resume, req, id, body, state).await
-}
-
-/// `POST /api/v1/flows/{id}/cancel`: end every task of it that has not ended.
-pub(super) async fn cancel(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Flow, Control::Cancel, req, id, body, state).await
 }

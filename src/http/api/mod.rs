@@ -205,19 +205,45 @@ impl Routes for RouteList {
 /// The `/api/v1/…` routes (they need `web::Data<ApiState>`, the `Access` table and, for
 /// the feed, `EventsState`).
 pub fn api_routes(r: &mut impl Routes) {
+    use artex_actors::blackboard::Control;
+    use tasks::{control_route, Named};
     use Method as M;
     r.add(M::POST, "/api/v1/tasks", tasks::submit);
     r.add(M::GET, "/api/v1/tasks", tasks::list);
     r.add(M::GET, "/api/v1/tasks/{id}", tasks::show);
-    r.add(M::POST, "/api/v1/tasks/{id}/pause", tasks::pause);
-    r.add(M::POST, "/api/v1/tasks/{id}/resume", tasks::resume);
-    r.add(M::POST, "/api/v1/tasks/{id}/cancel", tasks::cancel);
+    r.add(
+        M::POST,
+        "/api/v1/tasks/{id}/pause",
+        control_route(Named::Task, Control::Pause),
+    );
+    r.add(
+        M::POST,
+        "/api/v1/tasks/{id}/resume",
+        control_route(Named::Task, Control::Resume),
+    );
+    r.add(
+        M::POST,
+        "/api/v1/tasks/{id}/cancel",
+        control_route(Named::Task, Control::Cancel),
+    );
     r.add(M::POST, "/api/v1/tasks/{id}/retry", tasks::retry);
     r.add(M::POST, "/api/v1/flows", flows::submit);
     r.add(M::GET, "/api/v1/flows/{id}", flows::show);
-    r.add(M::POST, "/api/v1/flows/{id}/pause", flows::pause);
-    r.add(M::POST, "/api/v1/flows/{id}/resume", flows::resume);
-    r.add(M::POST, "/api/v1/flows/{id}/cancel", flows::cancel);
+    r.add(
+        M::POST,
+        "/api/v1/flows/{id}/pause",
+        control_route(Named::Flow, Control::Pause),
+    );
+    r.add(
+        M::POST,
+        "/api/v1/flows/{id}/resume",
+        control_route(Named::Flow, Control::Resume),
+    );
+    r.add(
+        M::POST,
+        "/api/v1/flows/{id}/cancel",
+        control_route(Named::Flow, Control::Cancel),
+    );
     r.add(M::GET, "/api/v1/workers", cluster::workers);
     r.add(M::GET, "/api/v1/stats", cluster::stats);
     r.add(M::GET, "/api/v1/events", events::events);

@@ -326,37 +326,22 @@ pub(super) async fn control(
     Ok(HttpResponse::Ok().json(report))
 }
 
-/// `POST /api/v1/tasks/{id}/pause`: hold a pending or blocked task.
-pub(super) async fn pause(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Task, Control::Pause, req, id, body, state).await
-}
-
-/// `POST /api/v1/tasks/{id}/resume`: release a paused task.
-pub(super) async fn resume(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Task, Control::Resume, req, id, body, state).await
-}
-
-/// `POST /api/v1/tasks/{id}/cancel`: end a task that has not ended.
-pub(super) async fn cancel(
-    _: CanWrite,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Payload,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    control(Named::Task, Control::Cancel, req, id, body, state).await
+/// The handler of `POST /api/v1/{tasks|flows}/{id}/pause|resume|cancel` (write scope):
+/// [`control`] with what the route names.
+pub(super) fn control_route(
+    named: Named,
+    action: Control,
+) -> impl actix_web::Handler<
+    (
+        CanWrite,
+        HttpRequest,
+        web::Path<String>,
+        web::Payload,
+        web::Data<ApiState>,
+    ),
+    Output = Result<HttpResponse, ApiError>,
+> {
+    move |_: CanWrite, req, id, body, state| control(named, action, req, id, body, state)
 }
 
 /// `POST /api/v1/tasks/{id}/retry`: a failed, timed-out or canceled task runs again, as
