@@ -292,11 +292,6 @@ impl ListenSession {
         self
     }
 
-    /// Whether the session is connected now.
-    pub fn is_connected(&self) -> bool {
-        self.listener.is_some()
-    }
-
     /// Schedules the next reconnect and reports the loss.
     fn lost(&mut self, e: Error) -> ListenEvent {
         self.retry_at = Some(Instant::now() + self.backoff);

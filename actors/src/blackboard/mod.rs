@@ -179,11 +179,6 @@ impl Blackboard {
         })
     }
 
-    /// The limits it was made with.
-    pub fn db_limits(&self) -> DbLimits {
-        self.limits
-    }
-
     /// Checks the database answers.
     pub async fn ping(&self) -> Result {
         let client = self.pool.get().await?;
