@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fleet::Fleet;
+use common::fleet::{wait_batch_done as wait_done, Fleet};
 use common::procs::{alive, wait_for, worker_id};
 use nix::sys::signal::Signal;
 use tokio_postgres::Client;
@@ -21,27 +21,6 @@ async fn submit(c: &Client, batch: i32, n: i32) {
     )
     .await
     .expect("submitting echo tasks");
-}
-
-/// Waits until every task of `batch` succeeded.
-async fn wait_done(c: &Client, batch: i32, n: i64, timeout: Duration) {
-    wait_for(
-        &format!("the {n} tasks of batch {batch} to succeed"),
-        timeout,
-        || async move {
-            let done: i64 = c
-                .query_one(
-                    "select count(*) from artex.tasks \
-                     where status = 'succeeded' and (payload->>'batch')::int = $1",
-                    &[&batch],
-                )
-                .await
-                .ok()?
-                .get(0);
-            (done == n).then_some(())
-        },
-    )
-    .await;
 }
 
 /// (tasks that started exactly once, all starts, tasks whose result is their payload).

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::fleet::Fleet;
+use common::fleet::{wait_batch_done, Fleet};
 use common::procs::{wait_for, Proc};
 use tokio_postgres::Client;
 
@@ -27,27 +27,6 @@ async fn submit(c: &Client, batch: i32, n: i32) {
     )
     .await
     .expect("submitting echo tasks");
-}
-
-/// Waits until every task of `batch` succeeded.
-async fn wait_done(c: &Client, batch: i32, n: i64) {
-    wait_for(
-        &format!("the {n} tasks of batch {batch} to succeed"),
-        Duration::from_secs(30),
-        || async move {
-            let done: i64 = c
-                .query_one(
-                    "select count(*) from artex.tasks \
-                     where status = 'succeeded' and (payload->>'batch')::int = $1",
-                    &[&batch],
-                )
-                .await
-                .ok()?
-                .get(0);
-            (done == n).then_some(())
-        },
-    )
-    .await;
 }
 
 /// The id under which `p` keeps shards (`planner:host:pid:suffix`).
@@ -139,7 +118,7 @@ async fn a_partitioned_planner_has_its_shards_taken_over_and_gets_them_back_when
     )
     .await;
     submit(&c, 1, 100).await;
-    wait_done(&c, 1, 100).await;
+    wait_batch_done(&c, 1, 100, Duration::from_secs(30)).await;
     let (planners, one_each) = assigners(&c, 1).await;
     let mut both = vec![id1.clone(), id2.clone()];
     both.sort();
@@ -159,7 +138,7 @@ async fn a_partitioned_planner_has_its_shards_taken_over_and_gets_them_back_when
     )
     .await;
     submit(&c, 2, 100).await;
-    wait_done(&c, 2, 100).await;
+    wait_batch_done(&c, 2, 100, Duration::from_secs(30)).await;
     let (planners, _) = assigners(&c, 2).await;
     assert_eq!(
         planners,
@@ -177,7 +156,7 @@ async fn a_partitioned_planner_has_its_shards_taken_over_and_gets_them_back_when
     )
     .await;
     submit(&c, 3, 100).await;
-    wait_done(&c, 3, 100).await;
+    wait_batch_done(&c, 3, 100, Duration::from_secs(30)).await;
     let (planners, one_each) = assigners(&c, 3).await;
     assert_eq!(planners.len(), 2, "{planners:?}");
     assert!(one_each, "a key's tasks were assigned by both planners");

@@ -486,3 +486,24 @@ fn stale_names(dir: &Path) -> Vec<String> {
         })
         .collect()
 }
+
+/// Waits until the `n` tasks whose payload says `"batch": batch` succeeded.
+pub async fn wait_batch_done(c: &Client, batch: i32, n: i64, timeout: std::time::Duration) {
+    super::procs::wait_for(
+        &format!("the {n} tasks of batch {batch} to succeed"),
+        timeout,
+        || async move {
+            let done: i64 = c
+                .query_one(
+                    "select count(*) from artex.tasks \
+                     where status = 'succeeded' and (payload->>'batch')::int = $1",
+                    &[&batch],
+                )
+                .await
+                .ok()?
+                .get(0);
+            (done == n).then_some(())
+        },
+    )
+    .await;
+}
