@@ -20,6 +20,8 @@
 #          and its first task's start after the idle gap (from the end of its insert).
 #   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
 #          enqueue → handler start, p50/p95/p99.
+#          Then its floor, in the same run: a minimal LISTEN/NOTIFY + `for update skip
+#          locked` loop (examples/latency-floor.rs) fed the same way; W2 as a ratio to it.
 #   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
 #          10,000 pending, 1,000,000 pending, and 10,000 pending over 1,000,000 finished.
 #   W4     ARTEX_BENCH_W4_TASKS tasks (default 1,000,000; ~5 min on an idle 2-core box)
@@ -39,8 +41,10 @@
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
 # which run at defaults otherwise.
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB" tries server settings.
+# ARTEX_BENCH_DROP_INDEXES="tasks_status_id tasks_kind_id" runs without those indexes.
 # ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
-# the statements that cost the time (it slows PostgreSQL down a little).
+# W1 from idle and W2, the statements that cost the time (it slows PostgreSQL down a
+# little).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -154,12 +158,12 @@ check_all_succeeded() { # db count
         -c "select string_agg(status || ' ' || n, ', ') from (select status, count(*) n from artex.tasks group by 1) s")"
 }
 
-cargo build --release --bin artex --example artex-bench
+cargo build --release --bin artex --example artex-bench --example latency-floor
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-bench.XXXXXX")
 chmod 0755 "$tmp" # as root, the server runs as postgres and must reach its folder
 mkdir "$tmp/log"
 # Copies, so that a rebuild by someone else during the run changes nothing.
-cp target/release/artex target/release/examples/artex-bench "$tmp/"
+cp target/release/artex target/release/examples/artex-bench target/release/examples/latency-floor "$tmp/"
 artex="$tmp/artex"
 procs=()
 cleanup() {
@@ -202,6 +206,12 @@ create function bench.uuid7() returns uuid language sql volatile as $$
         from 1 for 6), 52, 1), 53, 1), 'hex')::uuid
 $$;
 SQL
+# ARTEX_BENCH_DROP_INDEXES="tasks_status_id tasks_kind_id": indexes of artex.tasks to try
+# the run without (what they cost the hot path).
+for ix in ${ARTEX_BENCH_DROP_INDEXES:-}; do
+    sql artex -c "drop index artex.$ix"
+    echo "# without index artex.$ix"
+done
 echo "# $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(sql postgres -c 'select version()' | cut -d, -f1)"
 echo "# workers: ${worker_args[*]}; at defaults (W1 from idle, W5): ${defaults_worker_args[*]:-no flags}"
 $quick && echo "# --quick: tiny sizes; the figures mean nothing"
@@ -252,6 +262,20 @@ throughput() { # name tasks/s
     result "${1}_vs_limit_100_per_tx" "$(calc "$2 / $ceiling100" 3)" ratio
 }
 
+# ARTEX_BENCH_PROFILE=1: the statements that cost the time in database $1 since its last
+# pg_stat_statements_reset() (nested = run by a trigger).
+statements() { # db label tasks
+    echo "# pg_stat_statements, $2 (nested = run by a trigger):"
+    echo "#   calls | per task | total ms | mean ms | WAL bytes per task | statement"
+    sql "$1" -F' | ' -c "select calls, round(calls::numeric / $3, 3) per_task,
+            round(total_exec_time::numeric) total_ms, round(mean_exec_time::numeric, 3) mean_ms,
+            round(wal_bytes::numeric / $3) wal_b_per_task, case when toplevel then '' else 'nested ' end
+            || left(regexp_replace(query, '\s+', ' ', 'g'), 70)
+        from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
+          and query not like '%pg_sleep%' and query not like 'do %'
+        order by total_exec_time desc limit 15" | sed 's/^/#   /'
+}
+
 # ---- W1: throughput, 1 and 2 workers --------------------------------------------------
 for workers in 1 2; do
     want w1 || break
@@ -287,15 +311,7 @@ for workers in 1 2; do
     result w1_${workers}worker_cpu_us_per_task_postgres "$(calc "$pg * 1e6 / $w1")" us
     result w1_${workers}worker_cpu_us_per_task_artex "$(calc "$artex_cpu * 1e6 / $w1")" us
     if [ "$profile" = 1 ] && [ $workers = 2 ]; then
-        echo "# pg_stat_statements, W1 with 2 workers (nested = run by a trigger):"
-        echo "#   calls | per task | total ms | mean ms | WAL bytes per task | statement"
-        sql $db -F' | ' -c "select calls, round(calls::numeric / $w1, 3) per_task,
-                round(total_exec_time::numeric) total_ms, round(mean_exec_time::numeric, 3) mean_ms,
-                round(wal_bytes::numeric / $w1) wal_b_per_task, case when toplevel then '' else 'nested ' end
-                || left(regexp_replace(query, '\s+', ' ', 'g'), 70)
-            from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
-              and query not like '%pg_sleep%' and query not like 'do %'
-            order by total_exec_time desc limit 15" | sed 's/^/#   /'
+        statements $db "W1 with 2 workers" $w1
     fi
     drop_db $db
 done
@@ -320,7 +336,9 @@ read -r _ wal1 _ <<<"$(counters $db)"
 pg1=$(pg_cpu_s)
 [ "$(sql $db -c "select max(run_at) > now() and min(started_at) is null from artex.tasks")" = t ] \
     || die "w1idle: the insert took longer than the ${w1idle_lead} s lead"
+if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
 wait_until $db "$unfinished" 600
+if [ "$profile" = 1 ]; then statements $db "W1 from idle (the run)" $w1; fi
 read -r _ wal2 _ <<<"$(counters $db)"
 pg2=$(pg_cpu_s)
 capacity=$(sql $db -c "select string_agg(capacity::text, ' ') from artex.workers where state = 'online'")
@@ -332,6 +350,21 @@ rate=$(sql $db -c "select $w1 / extract(epoch from max(finished_at) - min(starte
 throughput w1idle_tasks_per_s_2workers "$(calc "$rate")"
 result w1idle_first_start_after_run_at_ms "$(sql $db -c "select round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric) from artex.tasks")" ms
 echo "# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: $capacity"
+# Where the time goes: assignment rounds (audit rows carry their transaction's start),
+# their sizes, and the timeline from run_at.
+sql $db -F' ' -c "select count(*), round(avg(n)), min(n), max(n),
+        round((extract(epoch from max(at) - min(at)) * 1000)::numeric)
+    from (select at, count(*) n from artex.task_transitions where to_status = 'assigned' group by at) r" | {
+    read -r rounds avg lo hi span
+    echo "# W1 from idle: $rounds assignment rounds over $span ms, $avg tasks each on average (min $lo, max $hi)"
+}
+sql $db -F' ' -c "with r as (select at, count(*) n from artex.task_transitions where to_status = 'assigned' group by at)
+    select string_agg(n::text || '@' || round((extract(epoch from at - (select min(run_at) from artex.tasks)) * 1000)::numeric), ' ' order by at)
+    from (select * from r order by at limit 12) f" | sed 's/^/# W1 from idle: first rounds (tasks@ms after run_at): /'
+sql $db -F' ' -c "select round((extract(epoch from percentile_disc(0.1) within group (order by finished_at) - min(run_at)) * 1000)::numeric),
+        round((extract(epoch from percentile_disc(0.5) within group (order by finished_at) - min(run_at)) * 1000)::numeric),
+        round((extract(epoch from max(finished_at) - min(run_at)) * 1000)::numeric)
+    from artex.tasks" | { read -r f10 f50 f100; echo "# W1 from idle: 10% finished +$f10 ms, 50% +$f50 ms, all +$f100 ms after run_at"; }
 result w1idle_wal_bytes_per_task_insert "$(calc "($wal1 - $wal0) / $w1")" bytes
 result w1idle_wal_bytes_per_task_run "$(calc "($wal2 - $wal1) / $w1")" bytes
 result w1idle_cpu_us_per_task_postgres_insert "$(calc "($pg1 - $pg0) * 1e6 / $w1")" us
@@ -383,6 +416,31 @@ drop_db $db
 fi
 
 # ---- W2: latency on an idle system ------------------------------------------------------
+# W2's floor: the latency ceiling of any PostgreSQL queue on this box, this run. Sets
+# floor_p[p50|p95|p99] (ms) and reports them.
+declare -A floor_p
+w2_floor() { # db (its tables are used, its artex schema is not)
+    "$tmp/latency-floor" setup "$(db_url "$1")"
+    "$tmp/latency-floor" run "$(db_url "$1")" $((w2_warm + w2)) >>"$tmp/log/$1.floor" 2>&1 &
+    local floor=$!
+    procs+=($floor)
+    for _ in $(seq 600); do grep -q '^listening' "$tmp/log/$1.floor" && break; sleep 0.1; done
+    grep -q '^listening' "$tmp/log/$1.floor" || die "latency-floor is not listening: $(tail -n 5 "$tmp/log/$1.floor")"
+    sql "$1" -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
+        perform pg_sleep(0.02); commit;
+        insert into floor_jobs (warmup) values (i <= $w2_warm);
+        commit;
+    end loop; end \$\$"
+    wait "$floor" || die "latency-floor failed: $(tail -n 5 "$tmp/log/$1.floor")"
+    procs=() # the runtime was stopped before: the floor was the only one
+    read -r floor_p[p50] floor_p[p95] floor_p[p99] <<<"$(sql "$1" -F' ' -c "select
+            round(percentile_cont(0.5) within group (order by ms)::numeric, 2),
+            round(percentile_cont(0.95) within group (order by ms)::numeric, 2),
+            round(percentile_cont(0.99) within group (order by ms)::numeric, 2)
+        from (select started_us / 1000.0 - extract(epoch from created_at) * 1000 ms
+              from floor_jobs where not warmup) t")"
+    for p in p50 p95 p99; do result "w2_floor_enqueue_to_start_ms_$p" "${floor_p[$p]}" ms; done
+}
 if want w2; then
 db=bench_w2
 new_db $db
@@ -393,6 +451,7 @@ sleep 1
 # inserting transaction's start (the server's clock), so a figure includes the insert's
 # own commit, the planner's wake-up and assignment round, the worker's wake-up and its
 # start transaction; the `stamp` kind returns the time its handler began (same clock).
+if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
 sql $db -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
     perform pg_sleep(0.02); commit;
     insert into artex.tasks (id, kind, payload)
@@ -401,6 +460,7 @@ sql $db -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
 end loop; end \$\$"
 wait_until $db "$unfinished" 60
 stop_runtime
+if [ "$profile" = 1 ]; then statements $db "W2" $((w2_warm + w2)); fi
 check_all_succeeded $db $((w2_warm + w2))
 fields=$(sql $db -F' ' -c "select
         round(percentile_cont(0.5) within group (order by handler)::numeric, 2),
@@ -417,6 +477,13 @@ for p in p50:$p50 p95:$p95 p99:$p99; do
     if [ -n "$floor_ms" ]; then
         result "w2_enqueue_to_handler_ms_${p%%:*}_vs_limit_latency" "$(calc "${p#*:} / $floor_ms" 1)" ratio
     fi
+done
+# The floor, in the same run: a minimal LISTEN/NOTIFY + `for update skip locked` loop
+# (examples/latency-floor.rs) fed by the same inserts 20 ms apart; artex's W2 as a
+# multiple of it.
+w2_floor $db
+for p in p50:$p50 p95:$p95 p99:$p99; do
+    result "w2_enqueue_to_handler_ms_${p%%:*}_vs_floor" "$(calc "${p#*:} / ${floor_p[${p%%:*}]}" 2)" ratio
 done
 # The same, up to the start of the worker's `running` transaction only (database clock).
 result w2_enqueue_to_running_ms_p50 "$d50" ms

@@ -138,8 +138,8 @@ async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
 }
 
 /// After idle, the Assigner's first round is small (its workers start within
-/// milliseconds instead of waiting for a 2,000-row write), and each round that fills its
-/// batch lets the next one be four times larger, up to `--batch`.
+/// milliseconds instead of waiting for a 2,000-row write); a round that fills it met a
+/// backlog, and the next one takes a full `--batch`. The ramp is for trickles.
 #[test]
 fn rounds_start_small_after_idle_and_grow() {
     actix::System::new().block_on(async {
@@ -173,14 +173,21 @@ fn rounds_start_small_after_idle_and_grow() {
         };
         let reports = rounds(4).await;
         let sizes: Vec<usize> = reports.iter().map(|r| r.assigned).collect();
-        // 128, then 512, then the 360 left; a round that finds nothing resets the ramp.
-        assert_eq!(sizes, [128, 512, 360, 0]);
+        // 128, then the 872 left; a round that finds nothing resets the ramp.
+        assert_eq!(sizes, [128, 872, 0, 0]);
         // The scanner runs the next round at once only while a round filled its batch.
         let again: Vec<bool> = reports.iter().map(|r| r.more_may_fit()).collect();
-        assert_eq!(again, [true, true, false, false]);
+        assert_eq!(again, [true, false, false, false]);
         submit(3000).await;
         let sizes: Vec<usize> = rounds(3).await.iter().map(|r| r.assigned).collect();
-        assert_eq!(sizes, [128, 512, 2000]);
+        assert_eq!(sizes, [128, 2000, 872]);
+        // A trickle never fills the first round: it stays small.
+        submit(5).await;
+        let sizes: Vec<usize> = rounds(2).await.iter().map(|r| r.assigned).collect();
+        assert_eq!(sizes, [5, 0]);
+        submit(300).await;
+        let sizes: Vec<usize> = rounds(1).await.iter().map(|r| r.assigned).collect();
+        assert_eq!(sizes, [128]);
     });
 }
 

@@ -1,13 +1,13 @@
 //! The Assigner: gives runnable tasks to online workers that run their kind and have
-//! spare capacity. One `run_once` is one transaction: read the roster, lock a batch of
-//! runnable tasks (`for update skip locked`), match them, write the assignments with a
-//! compare-and-set, and wake each chosen worker with one NOTIFY. With leased planner
+//! spare capacity. One `run_once` is one transaction: read the roster and lock a batch of
+//! runnable tasks (`for update skip locked`) in one statement, match them, write the
+//! assignments with a compare-and-set, and wake each chosen worker with one NOTIFY. With leased planner
 //! shards (`--shards auto`) the shards it claims are re-read from the
 //! [`ShardView`] each round; owning none (or no longer sure of its leases) it claims
 //! nothing.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 
 use actix::prelude::*;
 
@@ -124,9 +124,10 @@ pub struct Assigner {
     bb: Blackboard,
     config: AssignerConfig,
     stats: ActorStats,
-    /// This round's batch: small after idle, growing ×4 per round that filled it, up to
-    /// `config.batch`. A first round of 2,000 rows takes ~90 ms to write, during which
-    /// the workers wait; a first round of 128 lets them start within a few.
+    /// This round's batch: small after idle, the full `config.batch` once a round filled
+    /// it. A first round of 2,000 rows takes ~90 ms to write, during which the workers
+    /// wait; a first round of 128 lets them start within a few. The ramp is for trickles:
+    /// a round that filled its 128 met a backlog, and the next takes all that fits.
     ramp: i64,
     /// Leased shards (`--shards auto`), kept by the ShardKeeper; `None`: `config.shards`.
     leased: Option<ShardView>,
@@ -157,29 +158,15 @@ impl Assigner {
     /// One assignment round; see the module doc.
     pub async fn run_once(bb: &Blackboard, config: &AssignerConfig) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
-        let roster = bb.roster(None, config.suspect_after_secs).await?;
-        let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
-        let kinds: Vec<String> = roster
-            .iter()
-            .filter(|w| w.free() > 0)
-            .flat_map(|w| w.kinds.iter().cloned())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let limit = free.min(config.batch);
-        let mut report = bb
-            .claim_and_assign(
-                &config.actor,
-                &kinds,
-                limit,
-                (config.shards.0, &config.shards.1),
-                config.lease_secs,
-                |claimed| plan(claimed, &roster),
-            )
-            .await?;
-        report.free_capacity = free;
-        report.limit = limit;
-        Ok(report)
+        bb.dispatch(
+            &config.actor,
+            config.batch,
+            (config.shards.0, &config.shards.1),
+            config.lease_secs,
+            config.suspect_after_secs,
+            plan,
+        )
+        .await
     }
 }
 
@@ -226,7 +213,7 @@ impl Handler<AssignNow> for Assigner {
                         if report.claimed == 0 {
                             act.ramp = RAMP_START.min(act.config.batch);
                         } else if report.assigned as i64 >= act.ramp {
-                            act.ramp = (act.ramp * 4).min(act.config.batch);
+                            act.ramp = act.config.batch;
                         }
                         Ok(report)
                     }

@@ -1,7 +1,7 @@
 //! The planner's SQL: the roster of workers with spare capacity, the batched claim and
-//! assignment (one transaction: `for update skip locked`, then one compare-and-set update;
-//! the chosen workers are woken right after the commit, in the same round trip), and the
-//! reaper's sweeps.
+//! assignment (one transaction: the roster and the claim in one statement, `for update
+//! skip locked`, then one compare-and-set update; the chosen workers are woken right
+//! after the commit, in the same round trip), and the reaper's sweeps.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -110,6 +110,35 @@ pub const CLAIM: &str = "select id, kind, host from artex.tasks
     limit $2
     for update skip locked";
 
+// One planner round's read in one statement: the roster and the claim ride together, so
+// a round costs one round trip before its write instead of two. The claim is CLAIM's,
+// its kinds and limit taken from the roster in the same snapshot: the kinds of workers
+// with a free slot, at most $2 or the free slots in all. Roster rows come first (task
+// columns null), then the claimed tasks (roster columns null).
+const DISPATCH: &str = "with roster as materialized (
+        select w.id, w.kinds, w.capacity, w.held, w.host
+        from artex.workers w
+        where w.state = 'online'
+          and w.last_seen > now() - make_interval(secs => $1::float8)
+          and (w.session is null
+               or w.session in (select application_name from pg_stat_activity))
+    ),
+    claimed as (
+        select id, kind, host from artex.tasks
+        where status = 'pending' and run_at <= now()
+          and kind = any(array(select distinct unnest(r.kinds) from roster r
+                               where r.capacity > r.held))
+          and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
+        order by priority desc, run_at, id
+        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                               from roster r))
+        for update skip locked
+    )
+    select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text
+    from roster r
+    union all
+    select null, null, null, null, null, c.id, c.kind, c.host from claimed c";
+
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
 // stale assigns only what still fits, and the rest of its plan stays pending. The
@@ -185,6 +214,77 @@ const PRUNE_WORKERS: &str = "delete from artex.workers
       and not exists (select 1 from artex.tasks t
                       where t.assigned_to = workers.id and t.status in ('assigned', 'running'))";
 
+/// Rolls back a round whose read failed; the connection goes back to the pool only if
+/// the rollback went through. Returns the read's error.
+async fn abandon(client: InTransaction, e: tokio_postgres::Error) -> crate::Error {
+    if client.batch_execute("rollback").await.is_ok() {
+        client.ended();
+    }
+    e.into()
+}
+
+/// The write half of a round, in the transaction `client` holds with `claimed` locked:
+/// `plan` matches them to workers; the assignments are written (compare-and-set on
+/// `pending`, each worker's slots under its row lock) and committed, and the chosen
+/// workers woken, in one round trip.
+async fn assign_and_wake<F>(
+    client: InTransaction,
+    actor: &str,
+    lease_secs: f64,
+    claimed: &[Claimed],
+    plan: F,
+) -> Result<AssignReport>
+where
+    F: FnOnce(&[Claimed]) -> Vec<Assignment>,
+{
+    let mut report = AssignReport {
+        claimed: claimed.len(),
+        ..AssignReport::default()
+    };
+    let plan = if claimed.is_empty() {
+        Vec::new()
+    } else {
+        plan(claimed)
+    };
+    if plan.is_empty() {
+        client.batch_execute("commit").await?;
+        client.ended();
+        return Ok(report);
+    }
+    let assign = client.prepare_cached(ASSIGN).await?;
+    let wake = client.prepare_cached(WAKE).await?;
+    let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
+    let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
+    let mut chosen = workers.clone();
+    chosen.sort_unstable();
+    chosen.dedup();
+    // One round trip: the assignment, its commit (a failed assignment makes it a
+    // rollback), then the chosen workers' wake-ups in a transaction of their own that
+    // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
+    let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
+        client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
+        client.batch_execute("commit"),
+        client.batch_execute("begin; set local synchronous_commit = off"),
+        client.query_one(&wake, &[&chosen]),
+        client.batch_execute("commit"),
+    )
+    .await;
+    if committed.is_ok() && wake_committed.is_ok() {
+        client.ended();
+    }
+    let rows = rows?;
+    committed?;
+    report.assigned = rows.len();
+    report.workers_notified = match woken.and_then(|r| r.try_get::<_, i64>(0)) {
+        Ok(n) => n as usize,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot wake the chosen workers; they will find their tasks at their next poll");
+            0
+        }
+    };
+    Ok(report)
+}
+
 /// Limits of one reaper sweep.
 #[derive(Debug, Clone)]
 pub struct ReapParams {
@@ -246,14 +346,11 @@ impl Blackboard {
     where
         F: FnOnce(&[Claimed]) -> Vec<Assignment>,
     {
-        let mut report = AssignReport::default();
         if kinds.is_empty() || limit <= 0 {
-            return Ok(report);
+            return Ok(AssignReport::default());
         }
         let client = self.client().await?;
         let claim = client.prepare_cached(CLAIM).await?;
-        let assign = client.prepare_cached(ASSIGN).await?;
-        let wake = client.prepare_cached(WAKE).await?;
         // From `begin` on, a drop (an error, a panic in `plan`, this future dropped)
         // closes the connection rather than pooling it inside the transaction.
         let client = InTransaction::new(client);
@@ -277,53 +374,66 @@ impl Blackboard {
         });
         let claimed = match claimed {
             Ok(c) => c,
-            Err(e) => {
-                if client.batch_execute("rollback").await.is_ok() {
-                    client.ended();
-                }
-                return Err(e.into());
-            }
+            Err(e) => return Err(abandon(client, e).await),
         };
-        report.claimed = claimed.len();
-        let plan = if claimed.is_empty() {
-            Vec::new()
-        } else {
-            plan(&claimed)
-        };
-        if plan.is_empty() {
-            client.batch_execute("commit").await?;
-            client.ended();
-            return Ok(report);
-        }
-        let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
-        let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
-        let mut chosen = workers.clone();
-        chosen.sort_unstable();
-        chosen.dedup();
-        // One round trip: the assignment, its commit (a failed assignment makes it a
-        // rollback), then the chosen workers' wake-ups in a transaction of their own that
-        // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
-        let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
-            client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
-            client.batch_execute("commit"),
-            client.batch_execute("begin; set local synchronous_commit = off"),
-            client.query_one(&wake, &[&chosen]),
-            client.batch_execute("commit"),
+        assign_and_wake(client, actor, lease_secs, &claimed, plan).await
+    }
+
+    /// One planner round whose roster rides with its claim (one statement, one round
+    /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
+    /// hold, locks up to `batch` runnable tasks of the kinds the ones with a free slot
+    /// run (never more than the free slots), lets `plan` match them, then writes and
+    /// wakes as [`Blackboard::claim_and_assign`] does. The report says the roster's free
+    /// capacity and the limit the claim had.
+    pub async fn dispatch<F>(
+        &self,
+        actor: &str,
+        batch: i64,
+        shards: (i32, &[i32]),
+        lease_secs: f64,
+        alive_secs: f64,
+        plan: F,
+    ) -> Result<AssignReport>
+    where
+        F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
+    {
+        let client = self.client().await?;
+        let read = client.prepare_cached(DISPATCH).await?;
+        let client = InTransaction::new(client);
+        let (begun, rows) = futures_util::future::join(
+            client.batch_execute("begin"),
+            client.query(&read, &[&alive_secs, &batch, &shards.0, &shards.1]),
         )
         .await;
-        if committed.is_ok() && wake_committed.is_ok() {
-            client.ended();
-        }
-        let rows = rows?;
-        committed?;
-        report.assigned = rows.len();
-        report.workers_notified = match woken.and_then(|r| r.try_get::<_, i64>(0)) {
-            Ok(n) => n as usize,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot wake the chosen workers; they will find their tasks at their next poll");
-                0
+        let mut roster = Vec::new();
+        let mut claimed = Vec::new();
+        let parsed = begun.and(rows).and_then(|rows| {
+            for r in &rows {
+                match r.try_get::<_, Option<String>>(0)? {
+                    Some(id) => roster.push(RosterEntry {
+                        id,
+                        kinds: r.try_get(1)?,
+                        capacity: r.try_get(2)?,
+                        held: r.try_get(3)?,
+                        host: r.try_get(4)?,
+                    }),
+                    None => claimed.push(Claimed {
+                        id: r.try_get(5)?,
+                        kind: r.try_get(6)?,
+                        host: r.try_get(7)?,
+                    }),
+                }
             }
-        };
+            Ok(())
+        });
+        if let Err(e) = parsed {
+            return Err(abandon(client, e).await);
+        }
+        let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
+        let mut report =
+            assign_and_wake(client, actor, lease_secs, &claimed, |c| plan(c, &roster)).await?;
+        report.free_capacity = free;
+        report.limit = free.min(batch);
         Ok(report)
     }
 

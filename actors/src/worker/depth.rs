@@ -2,9 +2,11 @@
 //! worker's own pace: about as many tasks as it finishes in [`HORIZON`] at its measured
 //! rate (or in two refills, when the planner takes longer to refill it: a distant
 //! database), so short tasks get the deep queue that makes batches large and long ones a
-//! shallow queue that leaves work for other workers. Pure: the actor feeds it finishes,
-//! refill times and clock readings ([`QueueDepth::finished`], [`QueueDepth::refilled`],
-//! [`QueueDepth::tick`]).
+//! shallow queue that leaves work for other workers. A burst arriving while the worker
+//! idles does not wait for the rate to catch up: each refill that filled every free slot
+//! after the handlers had run dry doubles the depth at once ([`QueueDepth::starved`]).
+//! Pure: the actor feeds it finishes, refill times and clock readings
+//! ([`QueueDepth::finished`], [`QueueDepth::refilled`], [`QueueDepth::tick`]).
 
 use std::time::{Duration, Instant};
 
@@ -100,6 +102,23 @@ impl QueueDepth {
         if took <= MAX_REFILL {
             self.refill += 0.2 * (took.as_secs_f64() - self.refill);
         }
+    }
+
+    /// A refill filled every slot the worker had free, and its handlers had run out of
+    /// work while they waited for it: the backlog is larger than the queue, and the
+    /// queue, not the handlers, sets the pace. Doubles the depth now (a burst after idle
+    /// reaches full depth in a few refills, not in the seconds the averaged rate takes),
+    /// and raises the rate to match so the next ticks do not undo it; it decays as a
+    /// measured rate does. Long handlers never get here: their queue never runs dry
+    /// between refills. Returns the new depth, as [`QueueDepth::tick`] does.
+    pub fn starved(&mut self) -> Option<usize> {
+        if self.pinned.is_some() || self.depth >= MAX_DEPTH {
+            return None;
+        }
+        self.depth = (self.depth * 2).clamp(MIN_DEPTH, MAX_DEPTH);
+        let cover = HORIZON.as_secs_f64().max(REFILLS * self.refill);
+        self.rate = self.rate.max(self.depth as f64 / cover);
+        Some(self.depth)
     }
 
     /// Folds what finished since the last tick into the rate and recomputes the depth.
@@ -268,6 +287,26 @@ mod tests {
             q.tick(t);
         }
         assert!(q.current() <= 10, "{}", q.current());
+    }
+
+    #[test]
+    fn a_starved_queue_doubles_at_once_and_the_ticks_keep_it() {
+        let mut t = Instant::now();
+        let mut q = QueueDepth::new(None, t);
+        let grown: Vec<usize> = (0..9).filter_map(|_| q.starved()).collect();
+        assert_eq!(grown, [8, 16, 32, 64, 128, 256, 512, 1024, MAX_DEPTH]);
+        assert_eq!(q.starved(), None, "at the maximum: nothing to announce");
+        // The burst runs at the pace the depth allows: the ticks leave it where it is.
+        assert_eq!(run(&mut q, &mut t, 10, 2_000), Vec::<usize>::new());
+        // Idle again: it shrinks as after any busy spell, slowly.
+        run(&mut q, &mut t, 5, 0);
+        assert!(q.current() * 2 >= MAX_DEPTH, "{}", q.current());
+        run(&mut q, &mut t, 100, 0);
+        assert_eq!(q.current(), MIN_DEPTH);
+        // A pinned depth never moves.
+        let mut q = QueueDepth::new(Some(7), t);
+        assert_eq!(q.starved(), None);
+        assert_eq!(q.current(), 7);
     }
 
     #[test]

@@ -173,6 +173,9 @@ pub struct Worker {
     /// When it last gave slots back (sent outcomes to be written) and has not read new
     /// tasks since: how long the planner takes to refill it is part of the depth.
     gave_back: Option<Instant>,
+    /// A handler slot went idle with the queue empty since the last refill: the queue,
+    /// not the handlers, held the pace back (see [`QueueDepth::starved`]).
+    ran_dry: bool,
 }
 
 impl Worker {
@@ -212,6 +215,7 @@ impl Worker {
             beat_again: false,
             depth,
             gave_back: None,
+            ran_dry: false,
         }
     }
 
@@ -297,6 +301,9 @@ impl Worker {
             self.run(task, ctx);
             started = true;
         }
+        if self.running.len() < self.config.concurrency.max(1) {
+            self.ran_dry = true;
+        }
         if started {
             self.flush(ctx);
         }
@@ -334,6 +341,7 @@ impl Worker {
         let room = self.config.queue_max_bytes as i64 - self.held_bytes();
         let holds_nothing = self.held() == 0;
         let budget = room.max(0);
+        let free_slots = limit - self.held();
         let sent = Instant::now();
         async move {
             bb.fetch_assigned_within(&id, limit as i64, room, holds_nothing)
@@ -355,6 +363,18 @@ impl Worker {
                         if let (false, Some(at)) = (new.is_empty(), act.gave_back) {
                             act.gave_back = None;
                             act.depth.refilled(at.elapsed());
+                        }
+                        if !new.is_empty() {
+                            // Every free slot filled after the handlers ran dry: a
+                            // backlog larger than the queue. Deepen it now.
+                            if std::mem::take(&mut act.ran_dry) && new.len() >= free_slots {
+                                if let Some(depth) = act.depth.starved() {
+                                    tracing::debug!(worker = %act.config.id, depth,
+                                        "local queue deepened: refills run dry");
+                                    act.beat_again = act.heartbeating;
+                                    act.heartbeat(ctx);
+                                }
+                            }
                         }
                         act.queue.extend(new);
                         act.pump(ctx);
