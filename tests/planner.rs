@@ -222,3 +222,66 @@ async fn a_gone_workers_tasks_wait_for_their_leases_to_run_out() {
     let t = db.bb.task(id).await.unwrap();
     assert_eq!((t.status.as_str(), t.retries), ("pending", 1));
 }
+
+/// A worker's wake-up carries the tasks it was given, as its own read would return them,
+/// in start order; a big one is left to the read (a plain wake-up). The worker's read
+/// then sees the versions the wake-up carried, so a late wake-up is never taken again.
+#[tokio::test]
+async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
+    use artex_actors::blackboard::carried::{carries_assignments, parse_carried};
+    let db = TestDb::new().await;
+    db.bb
+        .register_worker(&registration("w1", &["echo"], 10))
+        .await
+        .unwrap();
+    let mut listener = db.bb.listen(&["artex_w_w1".to_string()]).await.unwrap();
+    let mut tasks: Vec<NewTask> = (0..4)
+        .map(|i| NewTask {
+            priority: 10 - i,
+            ..NewTask::new("echo", json!({ "n": i }))
+        })
+        .collect();
+    tasks.push(NewTask {
+        priority: 0,
+        ..NewTask::new("echo", json!({ "big": "x".repeat(2000) }))
+    });
+    let ids = db.bb.submit_many(&tasks, "test").await.unwrap();
+    let report = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!((report.assigned, report.workers_notified), (5, 1));
+
+    let mut carried = Vec::new();
+    let mut plain = 0;
+    while carried.len() < 4 || plain == 0 {
+        let n = listener.recv().await.expect("the session is up");
+        if carries_assignments(&n.payload) {
+            carried.extend(parse_carried(&n.payload).unwrap());
+        } else {
+            assert_eq!(n.payload, "", "the big task's plain wake-up");
+            plain += 1;
+        }
+    }
+    let got: Vec<_> = carried.iter().map(|c| c.task.id).collect();
+    assert_eq!(got, ids[..4], "the small ones, in start order");
+    for (c, i) in carried.iter().zip(0..) {
+        assert_eq!(c.task.payload, json!({ "n": i }));
+        assert_eq!((c.task.epoch, c.task.kind.as_str()), (1, "echo"));
+        assert!(c.lease_until_ms > 0.0);
+    }
+    let read = db
+        .bb
+        .read_assigned("w1", 10, i64::MAX, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        read.tasks.len(),
+        5,
+        "the read returns all five, the big one too"
+    );
+    assert!(
+        carried.iter().all(|c| read.snapshot.sees(c.xid)),
+        "{:?}",
+        read.snapshot
+    );
+    assert!(read.db_clock_ms > 0.0);
+}

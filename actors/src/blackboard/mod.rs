@@ -10,6 +10,7 @@
 //! section 6 ("Where the seeds are folklore — do better, and prove it").
 
 pub mod admin;
+pub mod carried;
 mod events;
 mod feed;
 mod flows;
@@ -57,7 +58,9 @@ pub use shards::{
 };
 pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use uploads::{NewUpload, UploadRow};
-pub use worker::{AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState};
+pub use worker::{
+    AssignedRead, AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState,
+};
 
 use crate::error::{Error, Result};
 

@@ -165,8 +165,41 @@ const ASSIGN: &str = "with room as materialized (
       and (t.host is null or t.host = room.host)
     returning t.id";
 
-const WAKE: &str =
-    "select count(pg_notify(channel, '')) from artex.workers where id = any($1::text[])";
+// Each chosen worker's wake-up carries what it was given (see blackboard/carried.rs):
+// the tasks of $2 still assigned to it, read after the commit, as its own read would
+// return them, with the `xmin` of the row version read and the lease's end. In start
+// order, in notifications of at most ~7,500 bytes (NOTIFY takes < 8,000); a task
+// longer than 1,000 bytes as JSON is not carried: its worker also gets a plain wake-up
+// and reads it. A chosen worker with nothing left to carry gets a plain wake-up too.
+const WAKE: &str = "with held as materialized (
+        select t.assigned_to as worker,
+               json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
+                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id,
+                   coalesce(t.payload_bytes, octet_length(t.payload::text)),
+                   t.xmin::text::int8,
+                   (extract(epoch from t.lease_until) * 1000)::float8)::text as task,
+               row_number() over (partition by t.assigned_to
+                                  order by t.priority desc, t.run_at, t.id) as n
+        from artex.tasks t
+        where t.id = any($2::uuid[]) and t.status::text = 'assigned'
+          and t.assigned_to = any($1::text[])
+    ),
+    carried as (
+        select worker, n, task,
+               sum(octet_length(task) + 1) over (partition by worker order by n) as upto
+        from held where octet_length(task) <= 1000
+    ),
+    notes as (
+        select worker, '[' || string_agg(task, ',' order by n) || ']' as payload
+        from carried group by worker, upto / 6500
+        union all
+        select worker, '' from held where octet_length(task) > 1000
+        union all
+        select id, '' from artex.workers
+        where id = any($1::text[]) and id not in (select worker from held)
+    )
+    select count(distinct w.id), count(pg_notify(w.channel, notes.payload))
+    from notes join artex.workers w on w.id = notes.worker";
 
 // Takes back held tasks whose lease ran out. Running tasks count a failed attempt (and
 // end as `timeout` past their budget); assigned tasks never started, so they go back
@@ -265,7 +298,7 @@ where
         client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
         client.batch_execute("commit"),
         client.batch_execute("begin; set local synchronous_commit = off"),
-        client.query_one(&wake, &[&chosen]),
+        client.query_one(&wake, &[&chosen, &ids]),
         client.batch_execute("commit"),
     )
     .await;

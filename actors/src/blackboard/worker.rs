@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::carried::ReadSnapshot;
 use super::{Blackboard, EVENTS_CHANNEL, TASKS_CHANNEL};
 use crate::error::{Error, Result};
 
@@ -121,6 +122,17 @@ pub struct AssignedTask {
     /// How long its lease had left when it was read, milliseconds (by the database's
     /// clock): the worker stops the task before that runs out unless it renews it.
     pub lease_left_ms: f64,
+}
+
+/// One read of a worker's assignments: the tasks, and what the read saw.
+#[derive(Debug, Clone)]
+pub struct AssignedRead {
+    /// The tasks, in start order.
+    pub tasks: Vec<AssignedTask>,
+    /// The snapshot the read saw.
+    pub snapshot: ReadSnapshot,
+    /// The database's clock while the read ran (Unix milliseconds).
+    pub db_clock_ms: f64,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -265,9 +277,12 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
 // a task larger than the whole budget still runs, alone. The sizes (kept per row, see
 // migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
 // ($2); only the rows that fit are read whole.
+// One row more, sorted first, says the snapshot the read saw and the database's clock
+// (see blackboard/carried.rs); its task columns are null.
 const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
         checkpoint, flow_id, payload_bytes,
-        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8
+        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
+        null::text, null::float8, n
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
                  checkpoint, flow_id, lease_until,
                  coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
@@ -279,6 +294,9 @@ const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries
           order by priority desc, run_at, id
           limit $2) t
     where upto <= $3 or (n = 1 and $4)
+    union all
+    select null, null, null, null, null, null, null, null, null, null, null,
+           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0
     order by n";
 
 // Statements that name their rows by id find each through the primary key. Their
@@ -414,15 +432,42 @@ impl Blackboard {
         max_bytes: i64,
         holds_nothing: bool,
     ) -> Result<Vec<AssignedTask>> {
+        Ok(self
+            .read_assigned(worker, limit, max_bytes, holds_nothing)
+            .await?
+            .map(|r| r.tasks)
+            .unwrap_or_default())
+    }
+
+    /// [`Blackboard::fetch_assigned_within`], with the snapshot the read saw and the
+    /// database's clock while it ran (what a worker needs to take the tasks its wake-ups
+    /// carry: see [`carried`](super::carried)). `None` when there is nothing to read.
+    pub async fn read_assigned(
+        &self,
+        worker: &str,
+        limit: i64,
+        max_bytes: i64,
+        holds_nothing: bool,
+    ) -> Result<Option<AssignedRead>> {
         if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let client = self.client().await?;
         let stmt = client.prepare_cached(FETCH).await?;
         let rows = client
             .query(&stmt, &[&worker, &limit, &max_bytes, &holds_nothing])
             .await?;
-        rows.iter().map(assigned_from_row).collect()
+        // The snapshot's row sorts first; the tasks follow in start order.
+        let Some((first, tasks)) = rows.split_first() else {
+            return Err(Error::Invalid(
+                "a read of assignments returned no snapshot row".into(),
+            ));
+        };
+        Ok(Some(AssignedRead {
+            snapshot: ReadSnapshot::parse(first.try_get(11)?)?,
+            db_clock_ms: first.try_get(12)?,
+            tasks: tasks.iter().map(assigned_from_row).collect::<Result<_>>()?,
+        }))
     }
 
     /// Records a batch of starts and outcomes in one statement (one audit insert, one

@@ -87,6 +87,15 @@ impl Ledger {
         });
     }
 
+    /// A task carried by a wake-up (see `blackboard::carried`) whose row version no
+    /// finished read could see: taken unless the ledger knows it (a read in flight took
+    /// it first). Returns whether it was taken. A version the latest finished read could
+    /// see must not come here: that read may have taken it, and the ledger may have
+    /// forgotten it since.
+    pub fn take_carried(&mut self, key: Key) -> bool {
+        self.take(key)
+    }
+
     /// A handed-over task taken over by this worker (hot upgrade, new side): held, as if
     /// a read had taken it.
     pub fn took_over(&mut self, key: Key) {

@@ -11,6 +11,7 @@
 //! keeps it from taking a task twice, [`depth`] sizes its queue, [`status`] is what it
 //! shows, and [`drain`] and [`handover`] are how it stops.
 
+mod carried;
 pub mod depth;
 pub mod drain;
 mod fence;
@@ -30,6 +31,7 @@ use futures_util::future::{AbortHandle, Abortable};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use crate::blackboard::carried::carries_assignments;
 pub use crate::blackboard::WorkerState;
 use crate::blackboard::{
     AssignedTask, AttemptRecord, Blackboard, ListenEvent, Outcome, Registration, Step,
@@ -176,6 +178,9 @@ pub struct Worker {
     /// A handler slot went idle with the queue empty since the last refill: the queue,
     /// not the handlers, held the pace back (see [`QueueDepth::starved`]).
     ran_dry: bool,
+    /// What its latest finished read saw: which carried tasks it may take, and how long
+    /// their leases surely run (see [`carried`]).
+    last_read: Option<carried::LastRead>,
 }
 
 impl Worker {
@@ -216,6 +221,7 @@ impl Worker {
             depth,
             gave_back: None,
             ran_dry: false,
+            last_read: None,
         }
     }
 
@@ -344,52 +350,65 @@ impl Worker {
         let free_slots = limit - self.held();
         let sent = Instant::now();
         async move {
-            bb.fetch_assigned_within(&id, limit as i64, room, holds_nothing)
+            bb.read_assigned(&id, limit as i64, room, holds_nothing)
                 .await
         }
-            .into_actor(self)
-            .map(move |res, act, ctx| {
-                act.fetching = false;
-                act.db_result(&res);
-                match res {
-                    Ok(tasks) => {
-                        let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
-                        // Near the budget, the next task may not have fitted.
-                        act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
-                        let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
-                        for t in &new {
-                            act.hold_until(t, sent);
-                        }
-                        if let (false, Some(at)) = (new.is_empty(), act.gave_back) {
-                            act.gave_back = None;
-                            act.depth.refilled(at.elapsed());
-                        }
-                        if !new.is_empty() {
-                            // Every free slot filled after the handlers ran dry: a
-                            // backlog larger than the queue. Deepen it now.
-                            if std::mem::take(&mut act.ran_dry) && new.len() >= free_slots {
-                                if let Some(depth) = act.depth.starved() {
-                                    tracing::debug!(worker = %act.config.id, depth,
-                                        "local queue deepened: refills run dry");
-                                    act.beat_again = act.heartbeating;
-                                    act.heartbeat(ctx);
-                                }
-                            }
-                        }
-                        act.queue.extend(new);
-                        act.pump(ctx);
+        .into_actor(self)
+        .map(move |res, act, ctx| {
+            act.fetching = false;
+            act.db_result(&res);
+            match res {
+                Ok(Some(read_back)) => {
+                    let tasks = read_back.tasks;
+                    let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
+                    // Near the budget, the next task may not have fitted.
+                    act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
+                    let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
+                    for t in &new {
+                        act.hold_until(t, sent);
                     }
-                    Err(e) => {
-                        act.stats.failed("worker");
-                        tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
-                    }
+                    act.last_read = Some(carried::LastRead {
+                        snapshot: read_back.snapshot,
+                        sent,
+                        db_clock_ms: read_back.db_clock_ms,
+                    });
+                    act.refill(new, free_slots, ctx);
                 }
-                if act.fetch_again {
-                    act.fetch(ctx);
+                Ok(None) => {}
+                Err(e) => {
+                    act.stats.failed("worker");
+                    tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
                 }
-                act.check_drained();
-            })
-            .spawn(ctx);
+            }
+            if act.fetch_again {
+                act.fetch(ctx);
+            }
+            act.check_drained();
+        })
+        .spawn(ctx);
+    }
+
+    /// New tasks it took (read, or carried by a wake-up) into the queue, and started
+    /// what fits. `free_slots`: its free slots when they were asked for.
+    fn refill(&mut self, new: Vec<AssignedTask>, free_slots: usize, ctx: &mut Context<Self>) {
+        if new.is_empty() {
+            return;
+        }
+        if let Some(at) = self.gave_back.take() {
+            self.depth.refilled(at.elapsed());
+        }
+        // Every free slot filled after the handlers ran dry: a backlog larger than the
+        // queue. Deepen it now.
+        if std::mem::take(&mut self.ran_dry) && new.len() >= free_slots {
+            if let Some(depth) = self.depth.starved() {
+                tracing::debug!(worker = %self.config.id, depth,
+                    "local queue deepened: refills run dry");
+                self.beat_again = self.heartbeating;
+                self.heartbeat(ctx);
+            }
+        }
+        self.queue.extend(new);
+        self.pump(ctx);
     }
 
     /// Starts `task`'s handler now; its start is written with the next batch.
@@ -543,8 +562,18 @@ impl Actor for Worker {
                         me.do_send(Wake)
                     }
                     ListenEvent::Notified(batch) => {
-                        me.do_send(Wake);
-                        if batch.iter().any(|n| n.payload == CANCEL_PAYLOAD) {
+                        let (with_tasks, plain): (Vec<_>, Vec<_>) = batch
+                            .into_iter()
+                            .partition(|n| carries_assignments(&n.payload));
+                        if !with_tasks.is_empty() {
+                            me.do_send(carried::Carried(
+                                with_tasks.into_iter().map(|n| n.payload).collect(),
+                            ));
+                        }
+                        if !plain.is_empty() {
+                            me.do_send(Wake);
+                        }
+                        if plain.iter().any(|n| n.payload == CANCEL_PAYLOAD) {
                             me.do_send(CheckLeases);
                         }
                     }
