@@ -397,7 +397,7 @@ sql $db -F' ' -c "select b.burst, round($w5 / extract(epoch from max(t.finished_
     from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
     group by b.burst, b.committed_at order by 1" >"$tmp/bursts"
 while read -r b rate first; do
-    result "w5_burst_$(printf %02d "$b")_tasks_per_s" "$rate" tasks/s
+    throughput "w5_burst_$(printf %02d "$b")_tasks_per_s" "$rate"
     result "w5_burst_$(printf %02d "$b")_first_start_ms" "$first" ms
 done <"$tmp/bursts"
 # How each burst went, from its insert's end: first start, half and 99% finished, last.
@@ -421,6 +421,7 @@ fi
 declare -A floor_p
 w2_floor() { # db (its tables are used, its artex schema is not)
     "$tmp/latency-floor" setup "$(db_url "$1")"
+    : >"$tmp/log/$1.floor"
     "$tmp/latency-floor" run "$(db_url "$1")" $((w2_warm + w2)) >>"$tmp/log/$1.floor" 2>&1 &
     local floor=$!
     procs+=($floor)
