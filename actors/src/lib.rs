@@ -6,7 +6,8 @@
 //!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
 //! - [`scanner`], [`assigner`], [`reaper`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
-//!   (read, run, record); `worker/liveness.rs` lease renewals and heartbeats;
+//!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
+//!   carries, started without a read; `worker/liveness.rs` lease renewals and heartbeats;
 //!   `worker/fence.rs` self-fencing (a task whose lease could not be renewed in time is
 //!   stopped before it can expire); [`worker::handlers`] the handler registry and what a
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken

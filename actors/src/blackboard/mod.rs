@@ -1,5 +1,6 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
-//! module tree (one file per party: tasks, planner, worker; planner shards; flows, the
+//! module tree (one file per party: tasks, planner, worker, and what the planner's
+//! wake-ups carry to workers (carried), a hot upgrade's moves (handover); planner shards; flows, the
 //! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
 //! may send; overview, the roster and statistics the HTTP API shows; uploads, files
 //! received by workers), prepared through deadpool's statement cache; nothing else in
@@ -14,6 +15,7 @@ pub mod carried;
 mod events;
 mod feed;
 mod flows;
+mod handover;
 mod inputs;
 mod listen;
 mod logical;

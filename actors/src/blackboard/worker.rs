@@ -225,7 +225,7 @@ impl AttemptRecord {
 }
 
 /// An assigned task from a row of `FETCH`'s or `TAKE_OVER`'s result.
-fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
+pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
     Ok(AssignedTask {
         id: r.try_get(0)?,
         kind: r.try_get(1)?,
@@ -573,76 +573,6 @@ impl Blackboard {
         let stmt = client.prepare_cached(RELEASE_ASSIGNED).await?;
         let rows = client.query(&stmt, &[&worker, &reason, &running]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-    }
-}
-
-// Hot upgrade: moves held tasks from one worker to another, fenced by the epoch each was
-// held at, and bumps the epoch so the previous holder can write nothing more. Zero rows
-// for a task means a conflict (the reaper took it, or it was canceled): it stays where
-// the blackboard says it is.
-const TAKE_OVER: &str = "update artex.tasks t
-    set assigned_to = $2, lease_epoch = t.lease_epoch + 1,
-        lease_until = now() + make_interval(secs => $3::float8)
-    from artex.set_context($2, 'handed over by ' || $1) ctx,
-         unnest($4::uuid[], $5::int8[]) as v(id, epoch)
-    where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and t.status::text in ('assigned', 'running')
-    returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
-              t.checkpoint, t.flow_id,
-              coalesce(t.payload_bytes, octet_length(t.payload::text))::bigint,
-              (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8";
-
-const MOVE_ASSIGNED: &str = "with moved as (
-        update artex.tasks t
-        set assigned_to = $2, lease_epoch = t.lease_epoch + 1,
-            lease_until = now() + make_interval(secs => $3::float8)
-        from artex.set_context($1, 'handed over to ' || $2) ctx
-        where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($4::uuid[])
-        returning t.id
-    )
-    select count(*), (select count(pg_notify(w.channel, '')) from artex.workers w
-                      where w.id = $2 and exists (select 1 from moved))
-    from moved";
-
-impl Blackboard {
-    /// Takes over running tasks that worker `from` held at the given epochs; returns the
-    /// ones taken, with their saved checkpoints (the blackboard's, which is the truth).
-    pub async fn take_over(
-        &self,
-        from: &str,
-        to: &str,
-        tasks: &[(Uuid, i64)],
-        lease_secs: f64,
-    ) -> Result<Vec<AssignedTask>> {
-        if tasks.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids: Vec<Uuid> = tasks.iter().map(|t| t.0).collect();
-        let epochs: Vec<i64> = tasks.iter().map(|t| t.1).collect();
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(TAKE_OVER).await?;
-        let rows = client
-            .query(&stmt, &[&from, &to, &lease_secs, &ids, &epochs])
-            .await?;
-        rows.iter().map(assigned_from_row).collect()
-    }
-
-    /// Moves every task assigned to `from` over to `to`, except the ones in `running`
-    /// (whose handlers run in `from`, their start perhaps not written yet), and wakes
-    /// `to`. Returns how many moved.
-    pub async fn move_assigned(
-        &self,
-        from: &str,
-        to: &str,
-        lease_secs: f64,
-        running: &[Uuid],
-    ) -> Result<i64> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(MOVE_ASSIGNED).await?;
-        let row = client
-            .query_one(&stmt, &[&from, &to, &lease_secs, &running])
-            .await?;
-        Ok(row.try_get(0)?)
     }
 }
 

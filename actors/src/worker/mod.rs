@@ -1,6 +1,7 @@
 //! The Worker: one per worker process. It registers and heartbeats, listens for its
-//! assignments, reads them (up to its concurrency plus its prefetch, the rest waiting in
-//! a local queue whose depth follows its pace), runs each handler at once (with a
+//! assignments, takes them from the wake-up that carries them or reads them (up to its
+//! concurrency plus its prefetch, the rest waiting in a local queue whose depth follows
+//! its pace), runs each handler at once (with a
 //! timeout, catching panics), renews the leases of long tasks, and records starts and
 //! outcomes in batches — a group commit: what arrives while one batch is being written
 //! forms the next. A start is recorded after the handler began, or with the outcome
@@ -8,15 +9,16 @@
 //! lost a task changes nothing.
 //!
 //! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
-//! keeps it from taking a task twice, [`depth`] sizes its queue, [`status`] is what it
+//! keeps it from taking a task twice, `intake.rs` reads its assignments or takes
+//! the ones a wake-up carries (and judges when it may), [`depth`] sizes its queue, [`status`] is what it
 //! shows, and [`drain`] and [`handover`] are how it stops.
 
-mod carried;
 pub mod depth;
 pub mod drain;
 mod fence;
 pub mod handlers;
 pub mod handover;
+mod intake;
 mod ledger;
 mod liveness;
 pub mod status;
@@ -180,7 +182,7 @@ pub struct Worker {
     ran_dry: bool,
     /// What its latest finished read saw: which carried tasks it may take, and how long
     /// their leases surely run (see [`carried`]).
-    last_read: Option<carried::LastRead>,
+    last_read: Option<intake::LastRead>,
 }
 
 impl Worker {
@@ -321,94 +323,6 @@ impl Worker {
             Err(e) if e.is_connection() => self.db_error = Some(e.to_string()),
             Err(_) => {}
         }
-    }
-
-    /// Reads the tasks assigned to it (up to its capacity) into the queue and starts
-    /// what fits.
-    fn fetch(&mut self, ctx: &mut Context<Self>) {
-        if self.draining {
-            return;
-        }
-        if self.fetching {
-            self.fetch_again = true;
-            return;
-        }
-        if self.held() >= self.capacity() {
-            return;
-        }
-        self.fetching = true;
-        self.fetch_again = false;
-        let read = self.ledger.start_read();
-        let bb = self.bb.clone();
-        let id = self.config.id.clone();
-        let limit = self.capacity();
-        // Payloads are held in memory from the read until the handler ends: read only
-        // what fits in the budget (one task at least, when nothing is held).
-        let room = self.config.queue_max_bytes as i64 - self.held_bytes();
-        let holds_nothing = self.held() == 0;
-        let budget = room.max(0);
-        let free_slots = limit - self.held();
-        let sent = Instant::now();
-        async move {
-            bb.read_assigned(&id, limit as i64, room, holds_nothing)
-                .await
-        }
-        .into_actor(self)
-        .map(move |res, act, ctx| {
-            act.fetching = false;
-            act.db_result(&res);
-            match res {
-                Ok(Some(read_back)) => {
-                    let tasks = read_back.tasks;
-                    let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
-                    // Near the budget, the next task may not have fitted.
-                    act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
-                    let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
-                    for t in &new {
-                        act.hold_until(t, sent);
-                    }
-                    act.last_read = Some(carried::LastRead {
-                        snapshot: read_back.snapshot,
-                        sent,
-                        db_clock_ms: read_back.db_clock_ms,
-                    });
-                    act.refill(new, free_slots, ctx);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    act.stats.failed("worker");
-                    tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
-                }
-            }
-            if act.fetch_again {
-                act.fetch(ctx);
-            }
-            act.check_drained();
-        })
-        .spawn(ctx);
-    }
-
-    /// New tasks it took (read, or carried by a wake-up) into the queue, and started
-    /// what fits. `free_slots`: its free slots when they were asked for.
-    fn refill(&mut self, new: Vec<AssignedTask>, free_slots: usize, ctx: &mut Context<Self>) {
-        if new.is_empty() {
-            return;
-        }
-        if let Some(at) = self.gave_back.take() {
-            self.depth.refilled(at.elapsed());
-        }
-        // Every free slot filled after the handlers ran dry: a backlog larger than the
-        // queue. Deepen it now.
-        if std::mem::take(&mut self.ran_dry) && new.len() >= free_slots {
-            if let Some(depth) = self.depth.starved() {
-                tracing::debug!(worker = %self.config.id, depth,
-                    "local queue deepened: refills run dry");
-                self.beat_again = self.heartbeating;
-                self.heartbeat(ctx);
-            }
-        }
-        self.queue.extend(new);
-        self.pump(ctx);
     }
 
     /// Starts `task`'s handler now; its start is written with the next batch.
@@ -566,7 +480,7 @@ impl Actor for Worker {
                             .into_iter()
                             .partition(|n| carries_assignments(&n.payload));
                         if !with_tasks.is_empty() {
-                            me.do_send(carried::Carried(
+                            me.do_send(intake::Carried(
                                 with_tasks.into_iter().map(|n| n.payload).collect(),
                             ));
                         }
