@@ -4,7 +4,7 @@
 //! # Layout
 //! - [`blackboard`]: every SQL statement of artex, the migrations runner, and LISTEN
 //!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
-//! - [`scanner`], [`assigner`], [`reaper`]: the planner's actors.
+//! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record); `worker/liveness.rs` lease renewals and heartbeats;
 //!   `worker/fence.rs` self-fencing (a task whose lease could not be renewed in time is
@@ -23,6 +23,7 @@
 pub mod assigner;
 pub mod blackboard;
 pub mod error;
+pub mod maintenance;
 pub mod reaper;
 pub mod scanner;
 pub mod shard_keeper;
