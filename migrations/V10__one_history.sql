@@ -14,8 +14,9 @@
 --     order, so the delivered prefix is final).
 --   * An assignment followed by a start writes no row of its own: the start row names the
 --     worker, the epoch, and when the task was assigned (`assigned_at`). An assignment
---     that ends without a start (reclaimed, handed back, canceled, failed) gets its row
---     when it ends, dated when it was made, before the row that ends it. So a finished
+--     that ends without a start (reclaimed, handed back, canceled, failed, handed over
+--     to another worker) gets its row when it ends, dated when it was made, before the
+--     row that ends it. So a finished
 --     single-attempt task writes 3 rows: created, started, outcome.
 --   * The feed shows what the outbox showed: real status changes, not assignments and
 --     not handovers (those are audit-only rows). Rows that cannot have been in the feed
@@ -300,7 +301,7 @@ begin
     with pairs as materialized (
         select n.id, n.flow_id, n.kind, n.error, n.lease_epoch, n.started_at,
                o.status as old_status, n.status as new_status, o.lease_epoch as old_epoch,
-               o.updated_at as old_at,
+               o.updated_at as old_at, o.assigned_to as old_worker,
                coalesce(n.assigned_to, o.assigned_to) as worker,
                o.status = 'assigned' and n.status not in ('assigned', 'running', 'canceled')
                    and n.started_at is distinct from o.started_at as ran
@@ -312,13 +313,14 @@ begin
                and n.assigned_to is not null)
     ),
     changed as materialized (
-        -- An assignment that ends without a start.
+        -- An assignment that ends without a start (given back, reclaimed, canceled,
+        -- ended, or handed over to another worker before it started).
         select p.id, p.flow_id, p.kind, 0 as step, 'pending'::artex.task_status as from_status,
-               'assigned'::artex.task_status as to_status, p.worker, p.old_epoch as lease_epoch,
-               'assigned'::text as reason, p.old_at as at, null::timestamptz as assigned_at
+               'assigned'::artex.task_status as to_status, p.old_worker as worker,
+               p.old_epoch as lease_epoch, 'assigned'::text as reason, p.old_at as at,
+               null::timestamptz as assigned_at
         from pairs p
-        where p.old_status = 'assigned' and p.new_status <> 'assigned'
-          and p.new_status <> 'running' and not p.ran
+        where p.old_status = 'assigned' and p.new_status <> 'running' and not p.ran
         union all
         select p.id, p.flow_id, p.kind, 1, p.old_status,
                case when p.ran then 'running'::artex.task_status else p.new_status end,

@@ -33,7 +33,7 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -54,7 +54,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -140,8 +140,9 @@ wait_until() { # db condition timeout_s
     wait $! # in the background, so that a signal stops the script at once
 }
 unfinished="not exists (select 1 from artex.tasks where status in ('pending', 'assigned', 'running'))"
-# Every task succeeded, with exactly its four audit rows: new → pending → assigned →
-# running → succeeded.
+# Every task succeeded, with exactly its three history rows: new → pending, assigned →
+# running (the assignment has no row of its own when a start follows), running →
+# succeeded.
 check_all_succeeded() { # db count
     local ok; ok=$(sql "$1" -c "select
         (select count(*) from artex.tasks) = $2
@@ -149,7 +150,7 @@ check_all_succeeded() { # db count
         and (select count(*) from (select task_id from artex.task_transitions group by 1
              having string_agg(coalesce(from_status::text, 'new') || '>' || to_status, ','
                                order by id)
-                    = 'new>pending,pending>assigned,assigned>running,running>succeeded') t) = $2")
+                    = 'new>pending,assigned>running,running>succeeded') t) = $2")
     [ "$ok" = t ] || die "$1: not all $2 tasks succeeded with their audit trail: $(sql "$1" \
         -c "select string_agg(status || ' ' || n, ', ') from (select status, count(*) n from artex.tasks group by 1) s")"
 }
@@ -430,8 +431,8 @@ sql $db -F' ' -c "select round(percentile_cont(0.5) within group (order by a)::n
                  extract(epoch from run.at - asg.at) * 1000 r,
                  (t.result->>'t_us')::float8 / 1000 - extract(epoch from run.at) * 1000 h
           from artex.tasks t
-          join artex.task_transitions asg on asg.task_id = t.id and asg.to_status = 'assigned'
           join artex.task_transitions run on run.task_id = t.id and run.to_status = 'running'
+          cross join lateral (select run.assigned_at as at) asg
           where t.payload->>'warmup' = 'false') s" | {
     read -r a r h
     result w2_p50_insert_to_assignment_ms "$a" ms
@@ -455,9 +456,9 @@ claim_ms() { # db → median execution time of 7 runs
 # excluded), 1 planner + 2 workers.
 w3_drain=$((w3_small / 2))
 drain_rate() { # db → $rate (not in a subshell: the processes it starts must stay ours)
-    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_events")
+    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_transitions")
     start_runtime "$1" 2
-    wait_until "$1" "exists (select 1 from artex.task_events where id > $base
+    wait_until "$1" "exists (select 1 from artex.task_transitions where id > $base
         and to_status = 'succeeded' offset $((w3_drain - 1)))" 600
     stop_runtime
     [ "$(sql "$1" -c "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')")" = 0 ] \
@@ -467,7 +468,7 @@ drain_rate() { # db → $rate (not in a subshell: the processes it starts must s
     rate=$(sql "$1" -c "select coalesce(round(count(*) filter (where at > first)
             / nullif(extract(epoch from max(at) - min(first)), 0)), 0)
         from (select at, min(at) over () as first from (
-            select at from artex.task_events where id > $base and to_status = 'succeeded'
+            select at from artex.task_transitions where id > $base and to_status = 'succeeded'
             order by id limit $w3_drain) e) t")
 }
 for backlog in small big finished; do
@@ -507,6 +508,10 @@ if want w4; then
 db=bench_w4
 new_db $db
 insert_tasks $db "$w4" noop
+# ARTEX_BENCH_W4_RETENTION=2m: history and finished tasks kept that long (the planner's
+# Maintenance drops history partitions and deletes finished tasks during the run).
+w4_keep=${ARTEX_BENCH_W4_RETENTION:-}
+[ -z "$w4_keep" ] || sql $db -c "update artex.event_retention set keep = interval '$w4_keep'" >/dev/null
 t0=$EPOCHREALTIME
 start_runtime $db 2
 wait_until $db "$unfinished" $((w4 / 100 + 300))
@@ -514,7 +519,15 @@ planner_kb=$(hwm_kb "${procs[0]}")
 worker_kb=$(for p in "${procs[@]:1}"; do hwm_kb "$p"; done | sort -n | tail -n 1)
 stop_runtime
 sleep 1 # let the last statistics land
-check_all_succeeded $db "$w4"
+if [ -z "$w4_keep" ]; then
+    check_all_succeeded $db "$w4"
+else
+    [ "$(sql $db -c "select count(*) from artex.tasks where status <> 'succeeded'")" = 0 ] \
+        || die "$db: tasks did not succeed"
+    echo "# W4 with a retention of $w4_keep: $(sql $db -c "select count(*) from artex.tasks") tasks left, history partitions: $(sql $db -c "select string_agg(name, ' ' order by lo) from artex.history_partitions"), feed pruned through $(sql $db -c "select pruned_xid || '-' || pruned_id || ' at ' || coalesce(pruned_at::text, 'never') from artex.event_retention")"
+    result w4_tasks_left "$(sql $db -c "select count(*) from artex.tasks")" rows
+    result w4_history_rows_left "$(sql $db -c "select count(*) from artex.task_transitions")" rows
+fi
 echo "# W4: $w4 tasks, 1 planner + 2 workers"
 rate=$(sql $db -c "select round($w4 / (extract(epoch from max(finished_at)) - $t0)) from artex.tasks")
 throughput w4_tasks_per_s "$rate"
@@ -526,15 +539,17 @@ while read -r tenth rate; do result "w4_tasks_per_s_tenth_$(printf %02d "$tenth"
 result w4_slowest_tenth_vs_fastest "$(awk 'NR == 1 || $2 < lo { lo = $2 } $2 > hi { hi = $2 } END { printf "%.2f", lo / hi }' "$tmp/tenths")" ratio
 fields=$(sql $db -F' ' -c "select
         pg_relation_size('artex.tasks'), pg_total_relation_size('artex.tasks'), n_live_tup, n_dead_tup,
-        pg_total_relation_size('artex.task_transitions'), pg_total_relation_size('artex.task_events')
+        (select coalesce(sum(pg_total_relation_size(inhrelid)), 0) from pg_inherits
+         where inhparent = 'artex.task_transitions'::regclass),
+        (select count(*) from pg_inherits where inhparent = 'artex.task_transitions'::regclass)
     from pg_stat_user_tables where relid = 'artex.tasks'::regclass")
-read -r heap total live dead trans events <<<"$fields"
+read -r heap total live dead trans parts <<<"$fields"
 result w4_tasks_heap_mb "$(calc "$heap / 1048576" 1)" MB
 result w4_tasks_with_indexes_mb "$(calc "$total / 1048576" 1)" MB
 result w4_tasks_live_tuples "$live" rows
 result w4_tasks_dead_tuples "$dead" rows
 result w4_task_transitions_mb "$(calc "$trans / 1048576" 1)" MB
-result w4_task_events_mb "$(calc "$events / 1048576" 1)" MB
+result w4_task_transitions_partitions "$parts" partitions
 result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
 result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
@@ -565,9 +580,11 @@ for fleet in 10 2000; do
     procs+=($!)
     wait_until $db "not exists (select 1 from artex.tasks where status = 'pending')" 600
     stop_runtime
-    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(at) - min(at)), 0.001)),
-            count(distinct at)
-        from artex.task_transitions where to_status = 'assigned'")
+    # An assignment writes no history row until it ends (the workers are simulated and
+    # never start anything): the assigned rows' updated_at is the assigning round's time.
+    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(updated_at) - min(updated_at)), 0.001)),
+            count(distinct updated_at)
+        from artex.tasks where status = 'assigned'")
     read -r rate rounds <<<"$fields"
     over=$(sql $db -c "select count(*) from artex.workers where held > capacity")
     [ "$over" = 0 ] || die "$db: $over workers hold more than their capacity"
@@ -581,5 +598,56 @@ for fleet in 10 2000; do
 done
 if [ ${#w6_rates[@]} = 2 ]; then
     result w6_2000_vs_10_workers "$(calc "${w6_rates[1]} / ${w6_rates[0]}" 2)" ratio
+fi
+# ---- History: rows and WAL per finished task, by table (issue 13) ----------------------
+# W1's workload with 1 worker, from a checkpoint: history rows per task, and the WAL of
+# the insert and of the run split by relation (pg_waldump: each record counted whole for
+# the relation of its first block; commit records and the like under "none").
+wal_by_table() { # db from_lsn to_lsn label tasks
+    local waldump; waldump=$(command -v pg_waldump || ls /usr/lib/postgresql/*/bin/pg_waldump 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$waldump" ] || { echo "# history: pg_waldump not found, no WAL split"; return 0; }
+    sql "$1" -F' ' -c "select c.relfilenode,
+            coalesce(pp.relname, t.relname) || case when c.relkind = 'i' then '_indexes' else '' end
+        from pg_class c
+        left join pg_index i on i.indexrelid = c.oid
+        left join pg_class t on t.oid = coalesce(i.indrelid, c.oid)
+        left join pg_inherits h on h.inhrelid = t.oid
+        left join pg_class pp on pp.oid = h.inhparent
+        where c.relfilenode <> 0 and c.relnamespace = 'artex'::regnamespace" >"$tmp/relmap"
+    "$waldump" -p "$tmp/db/pg/pg_wal" -s "$2" -e "$3" 2>/dev/null | awk -v map="$tmp/relmap" '
+        BEGIN { while ((getline l < map) > 0) { split(l, f, " "); name[f[1]] = f[2] } }
+        { tot = $0; sub(/.*len \(rec\/tot\): *[0-9]+\/ */, "", tot); sub(/,.*/, "", tot)
+          rel = "none"
+          if (match($0, /rel [0-9]+\/[0-9]+\/[0-9]+/)) {
+              split(substr($0, RSTART + 4, RLENGTH - 4), r, "/")
+              rel = (r[3] in name) ? name[r[3]] : "other"
+          }
+          sum[rel] += tot }
+        END { for (k in sum) print k, sum[k] }' | sort >"$tmp/walsplit"
+    while read -r rel bytes; do
+        result "history_wal_bytes_per_task_$4_$rel" "$(calc "$bytes / $5")" bytes
+    done <"$tmp/walsplit"
+}
+if want history; then
+db=bench_history
+new_db $db
+sql $db -c "checkpoint" >/dev/null
+lsn0=$(sql $db -c "select pg_current_wal_lsn()")
+insert_tasks $db $w1 noop
+sql $db -c "checkpoint" >/dev/null
+lsn1=$(sql $db -c "select pg_current_wal_lsn()")
+start_runtime $db 1
+wait_until $db "$unfinished" 600
+stop_runtime
+wait_idle $db
+lsn2=$(sql $db -c "select pg_current_wal_lsn()")
+check_all_succeeded $db $w1
+echo "# History: $w1 tasks, 1 planner + 1 worker"
+result history_rows_per_task "$(sql $db -c "select round(count(*)::numeric / $w1, 2) from artex.task_transitions")" rows
+result history_wal_bytes_per_task_insert "$(sql $db -c "select round(('$lsn1'::pg_lsn - '$lsn0'::pg_lsn) / $w1)")" bytes
+result history_wal_bytes_per_task_run "$(sql $db -c "select round(('$lsn2'::pg_lsn - '$lsn1'::pg_lsn) / $w1)")" bytes
+wal_by_table $db "$lsn0" "$lsn1" insert $w1
+wal_by_table $db "$lsn1" "$lsn2" run $w1
+drop_db $db
 fi
 echo "# done"
