@@ -631,6 +631,8 @@ wal_by_table() { # db from_lsn to_lsn label tasks
 if want history; then
 db=bench_history
 new_db $db
+# Keep the WAL of the whole part on disk for pg_waldump (checkpoints recycle it).
+sql postgres -c "alter system set wal_keep_size = '4GB'" -c "select pg_reload_conf()" >/dev/null
 sql $db -c "checkpoint" >/dev/null
 lsn0=$(sql $db -c "select pg_current_wal_lsn()")
 insert_tasks $db $w1 noop
@@ -648,6 +650,7 @@ result history_wal_bytes_per_task_insert "$(sql $db -c "select round(('$lsn1'::p
 result history_wal_bytes_per_task_run "$(sql $db -c "select round(('$lsn2'::pg_lsn - '$lsn1'::pg_lsn) / $w1)")" bytes
 wal_by_table $db "$lsn0" "$lsn1" insert $w1
 wal_by_table $db "$lsn1" "$lsn2" run $w1
+sql postgres -c "alter system reset wal_keep_size" -c "select pg_reload_conf()" >/dev/null
 drop_db $db
 fi
 echo "# done"

@@ -1012,3 +1012,37 @@ async fn bench_feed_delay() {
         delays.last().unwrap()
     );
 }
+
+// With no partition for now (no planner ran for a while), history lands in the default
+// partition; the next maintenance makes the partition and moves those rows into it.
+#[tokio::test]
+async fn history_caught_by_the_default_partition_moves_into_the_partition_made_for_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "do $$ declare p record; begin
+             for p in select name from artex.history_partitions loop
+                 execute format('drop table artex.%I', p.name);
+             end loop;
+             delete from artex.history_partitions;
+         end $$",
+    )
+    .await
+    .unwrap();
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    let in_default = "select count(*) from artex.task_transitions_default";
+    assert_eq!(count(&c, in_default).await, 1);
+    let r = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(r.partitions_made.len() >= 2, "{r:?}");
+    assert_eq!(count(&c, in_default).await, 0);
+    let trail = db.bb.transitions(id).await.unwrap();
+    assert_eq!(trail.len(), 1);
+    assert_eq!(trail[0].to_status, TaskStatus::Pending);
+    // Nothing left to make until time moves on.
+    let again = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(again.partitions_made.is_empty(), "{again:?}");
+}

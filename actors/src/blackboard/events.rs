@@ -300,7 +300,7 @@ impl Blackboard {
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
-    /// Drops the history's partitions past the retention (see [`DROP_PARTITIONS`]);
+    /// Drops the history's partitions past the retention (V10's `drop_history_partitions`);
     /// returns the partitions dropped.
     pub async fn drop_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
         let client = self.client().await?;
