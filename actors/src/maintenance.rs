@@ -7,7 +7,7 @@
 //! `--history-retention`, `artex events retention --set`), so every planner agrees; the
 //! SQL is in `blackboard/events.rs` and V10.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -20,9 +20,11 @@ use crate::supervisor::{guarded, ActorStats};
 /// edges) keep each transaction short.
 const TASK_BATCH: i32 = 2_000;
 
-/// Batches per run at most: a backlog (the first run after upgrading a database that
-/// never pruned) drains over several runs instead of one long one.
-const TASK_BATCHES: usize = 25;
+/// How long one run may spend deleting finished tasks: it goes on while batches come back
+/// full, so it keeps up with the finishing rate (measured ~4,000 deletions/s on a loaded
+/// 2-core host, ~110 bytes of WAL each), and a backlog (the first run after upgrading a
+/// database that never pruned) drains over several runs instead of one long one.
+const TASK_BUDGET: Duration = Duration::from_secs(60);
 
 /// What one run of the maintenance did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,10 +69,11 @@ impl Maintenance {
             tracing::info!(partitions = ?partitions_dropped, "history: partitions past the retention dropped");
         }
         let mut tasks_pruned = 0;
-        for _ in 0..TASK_BATCHES {
+        let started = Instant::now();
+        loop {
             let n = bb.prune_finished_tasks(now, TASK_BATCH).await?;
             tasks_pruned += n;
-            if n < TASK_BATCH as u64 {
+            if n < TASK_BATCH as u64 || started.elapsed() >= TASK_BUDGET {
                 break;
             }
         }
