@@ -1046,3 +1046,23 @@ async fn history_caught_by_the_default_partition_moves_into_the_partition_made_f
     let again = Maintenance::run_once(&db.bb, None).await.unwrap();
     assert!(again.partitions_made.is_empty(), "{again:?}");
 }
+
+// `--history-retention` on the planner is the blackboard's one setting (what `artex
+// events retention --set` writes), so every planner agrees; a bad value is refused.
+#[tokio::test]
+async fn the_planner_sets_the_history_retention_it_is_given() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keep = "select extract(epoch from keep)::int8 from artex.event_retention";
+    assert_eq!(count(&c, keep).await, 14 * 86_400, "the default is 14 days");
+    let _p = Proc::planner("planner", &db.url, &["--history-retention", "3d"]);
+    wait_for(
+        "the planner to set the retention",
+        Duration::from_secs(30),
+        || async { (count(&c, keep).await == 3 * 86_400).then_some(()) },
+    )
+    .await;
+    let (code, _, err) = artex(&db.url, &["planner", "--history-retention", "3 weeks"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--history-retention"), "{err}");
+}
