@@ -186,8 +186,21 @@ declare
     hi    timestamptz;
     part  text;
     made  integer := 0;
+    ahead record;
+    busy  boolean;
 begin
     perform pg_advisory_xact_lock(hashtext('artex.history_partitions'));
+    -- After the retention was shortened: the empty partitions ahead that are wider than a
+    -- slice is now are made again at the new width (the newest first, so what stays is
+    -- contiguous), and shorter history leaves in smaller steps from then on.
+    for ahead in select p.name, p.lo, p.hi from artex.history_partitions p
+                 where p.lo > p_now order by p.lo desc loop
+        exit when ahead.hi - ahead.lo <= width;
+        execute format('select exists (select 1 from artex.%I)', ahead.name) into busy;
+        exit when busy;
+        execute format('drop table artex.%I', ahead.name);
+        delete from artex.history_partitions p where p.name = ahead.name;
+    end loop;
     select max(p.hi) into lo from artex.history_partitions p;
     if lo is null or lo < p_now - width then
         lo := date_bin(width, p_now, timestamptz '2000-01-01 00:00:00+00');

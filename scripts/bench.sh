@@ -507,11 +507,19 @@ done
 if want w4; then
 db=bench_w4
 new_db $db
-insert_tasks $db "$w4" noop
 # ARTEX_BENCH_W4_RETENTION=2m: history and finished tasks kept that long (the planner's
 # Maintenance drops history partitions and deletes finished tasks during the run).
+# A fresh database's partitions (made at the default's day-wide slices) are made again at
+# the short retention's slices first, as they would be had it been set from the start.
 w4_keep=${ARTEX_BENCH_W4_RETENTION:-}
-[ -z "$w4_keep" ] || sql $db -c "update artex.event_retention set keep = interval '$w4_keep'" >/dev/null
+[ -z "$w4_keep" ] || sql $db -c "update artex.event_retention set keep = interval '$w4_keep'" \
+    -c "do \$\$ declare p record; begin
+            for p in select name from artex.history_partitions loop
+                execute format('drop table artex.%I', p.name);
+            end loop;
+            delete from artex.history_partitions;
+        end \$\$" -c "select count(*) from artex.make_history_partitions(now(), null)" >/dev/null
+insert_tasks $db "$w4" noop
 t0=$EPOCHREALTIME
 start_runtime $db 2
 wait_until $db "$unfinished" $((w4 / 100 + 300))

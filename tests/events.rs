@@ -1066,3 +1066,40 @@ async fn the_planner_sets_the_history_retention_it_is_given() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--history-retention"), "{err}");
 }
+
+// A shortened retention takes effect in smaller slices: the empty partitions made ahead
+// at the old width are made again at the new one.
+#[tokio::test]
+async fn a_shortened_retention_remakes_the_partitions_ahead_in_smaller_slices() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    db.bb
+        .set_event_retention(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let (_, hi) = {
+        db.bb
+            .submit(&NewTask::new("echo", json!({})), "test")
+            .await
+            .unwrap();
+        current_partition(&c).await
+    };
+    // A minute before the partition holding now ends: the next ones are due.
+    let r = Maintenance::run_once(&db.bb, Some(hi - chrono::Duration::minutes(1)))
+        .await
+        .unwrap();
+    assert!(!r.partitions_made.is_empty(), "{r:?}");
+    let widths: Vec<f64> = c
+        .query(
+            "select extract(epoch from hi - lo)::float8 from artex.history_partitions
+             where lo >= $1 order by lo",
+            &[&hi],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(widths.len() >= 3, "{widths:?}");
+    assert!(widths.iter().all(|w| *w <= 450.0), "{widths:?}");
+}
