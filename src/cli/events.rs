@@ -9,7 +9,7 @@ use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::connect_one_shot;
+use super::{connect_one_shot, print_json};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -30,9 +30,16 @@ pub(crate) enum EventsCommand {
         /// this no longer protects its unread events).
         #[arg(long, value_parser = parse_duration)]
         set: Option<Duration>,
+        /// Print `{"keep_secs", "pruned_through", "pruned_at"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Prune events past the retention now (planners' Reapers do it every sweep).
-    Prune,
+    Prune {
+        /// Print `{"pruned": N}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a consumer's cursor (it starts from the oldest kept event next time).
     Forget {
         /// The consumer.
@@ -119,11 +126,14 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
     match command {
         EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
         EventsCommand::Tail(args) => tail(bb, args).await,
-        EventsCommand::Retention { set } => {
+        EventsCommand::Retention { set, json } => {
             if let Some(keep) = set {
                 bb.set_event_retention(keep).await?;
             }
             let r = bb.event_retention().await?;
+            if json {
+                return print_json(&r);
+            }
             println!(
                 "keep events {}s; pruned through {}{}",
                 r.keep_secs,
@@ -137,7 +147,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             );
             Ok(())
         }
-        EventsCommand::Prune => {
+        EventsCommand::Prune { json } => {
             let mut total = 0;
             loop {
                 let n = bb.prune_events(None, 10_000).await?;
@@ -145,6 +155,9 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
                 if n < 10_000 {
                     break;
                 }
+            }
+            if json {
+                return print_json(&json!({ "pruned": total }));
             }
             println!("pruned {total} event(s)");
             Ok(())

@@ -12,6 +12,7 @@
 pub mod admin;
 mod events;
 mod feed;
+mod feed_head;
 mod flows;
 mod inputs;
 mod listen;
