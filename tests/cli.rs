@@ -1003,4 +1003,48 @@ fn bundle_create_tells_its_steps() {
         "{v}"
     );
     assert!(v["manifest"]["schema"]["needs"].is_array(), "{v}");
+
+    // What a worker would verify, before a rolling upgrade: the same manifest; refused
+    // with a key it was not signed with.
+    let info = json_of(&artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "info",
+            &p("b.zip"),
+            "--public-key",
+            &p("key.pub"),
+            "--json",
+        ],
+    ));
+    assert_eq!(info["manifest"], v["manifest"], "{info}");
+    assert_eq!(info["bytes"], v["bytes"], "{info}");
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "keygen",
+            "--secret",
+            &p("other"),
+            "--public",
+            &p("other.pub"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "info",
+            &p("b.zip"),
+            "--public-key",
+            &p("other.pub"),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("signature"), "{}", stderr(&out));
 }

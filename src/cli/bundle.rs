@@ -1,5 +1,5 @@
-//! `artex bundle keygen|create`: signing keys and signed upgrade bundles, made with
-//! `artex_upgrade::bundle` (which also verifies them on the worker's side).
+//! `artex bundle keygen|create|info`: signing keys and signed upgrade bundles, made and
+//! verified with `artex_upgrade::bundle` (as the worker's side verifies them).
 
 use std::io::Read;
 use std::path::Path;
@@ -63,11 +63,28 @@ pub(crate) enum BundleCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Verify a bundle as a worker would (signature, limits, the binary's digest) and
+    /// print its signed manifest: what a rolling upgrade would install.
+    Info {
+        /// The bundle.
+        bundle: std::path::PathBuf,
+        /// The public key workers verify with (their --upgrade-public-key).
+        #[arg(long)]
+        public_key: std::path::PathBuf,
+        /// Print `{"path", "bytes", "manifest"}` (as `bundle create --json`).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `artex bundle …`.
 pub(crate) fn bundle(command: BundleCommand) -> Result {
     match command {
+        BundleCommand::Info {
+            bundle,
+            public_key,
+            json,
+        } => info(&bundle, &public_key, json),
         BundleCommand::Keygen {
             secret,
             public,
@@ -148,6 +165,50 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             Ok(())
         }
     }
+}
+
+/// Runs `artex bundle info`: unpacks into a private folder of its own (what `unpack`
+/// demands, as a worker's generation folder), removed afterwards, so the check is the
+/// worker's own, not a second reading of the zip.
+fn info(bundle: &Path, public_key: &Path, json: bool) -> Result {
+    use std::os::unix::fs::DirBuilderExt;
+    let key = artex_upgrade::bundle::load_public_key(public_key)?;
+    let bytes = std::fs::metadata(bundle)
+        .map_err(|e| Error::io(format!("reading {}", bundle.display()), e))?
+        .len();
+    let dir = std::env::temp_dir().join(format!("artex-bundle-info-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let limits = artex_upgrade::bundle::Limits::default();
+    let verified = artex_upgrade::bundle::unpack(bundle, &key, &limits, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let manifest = verified?.manifest;
+    if json {
+        return print_json(&serde_json::json!({
+            "path": bundle, "bytes": bytes, "manifest": manifest,
+        }));
+    }
+    println!(
+        "bundle:    {} ({bytes} bytes), signature valid",
+        bundle.display()
+    );
+    println!("version:   {}", manifest.version);
+    println!("target:    {}", manifest.target);
+    println!("sha256:    {}", manifest.binary_sha256);
+    println!("protocol:  {}", manifest.handover_protocol);
+    if let Some(t) = &manifest.created_at {
+        println!("created:   {t}");
+    }
+    match manifest.schema.as_ref().and_then(|s| s.needs.last()) {
+        Some(m) => println!(
+            "schema:    needs migrations up to V{}__{}",
+            m.version, m.name
+        ),
+        None => println!("schema:    not recorded"),
+    }
+    Ok(())
 }
 
 /// Asks `binary` which schema it needs: `BINARY schema --json`, run with no input, no

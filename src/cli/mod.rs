@@ -15,7 +15,7 @@
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
-//! - `bundle`: `bundle keygen|create`.
+//! - `bundle`: `bundle keygen|create|info`.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
@@ -159,7 +159,7 @@ enum Command {
     /// Send a file to a worker in chunks, resumably; prints the id of the task submitted
     /// with it once it is whole (the task runs on that worker's host).
     Upload(upload::SendArgs),
-    /// Make signing keys and signed upgrade bundles.
+    /// Make signing keys and signed upgrade bundles, and verify a bundle.
     Bundle {
         #[command(subcommand)]
         command: bundle::BundleCommand,
