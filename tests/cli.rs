@@ -730,6 +730,11 @@ async fn json_output_is_one_document_with_the_apis_fields() {
     assert_eq!(v["id"], flow.as_str(), "{v}");
     assert_eq!(v["state"], "running", "{v}");
     assert_eq!(v["tasks"][1]["depends_on"][0], "a", "{v}");
+    let v = json_of(&artex(url, None, &["flow", "list", "--json"]));
+    assert_eq!(v["flows"][0]["id"], flow.as_str(), "{v}");
+    assert_eq!(v["flows"][0]["state"], "running", "{v}");
+    assert_eq!(v["flows"][0]["counts"]["blocked"], 1, "{v}");
+    assert!(v["next"].is_null(), "one flow, one page: {v}");
     let v = json_of(&artex(url, None, &["tasks", "--json", "--flow", &flow]));
     assert_eq!(v["tasks"].as_array().map(Vec::len), Some(2), "{v}");
 

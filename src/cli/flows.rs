@@ -1,5 +1,6 @@
-//! `artex flow submit|show`: flows are DAGs of named tasks; what a flow does lives in the
-//! blackboard (`artex_actors::blackboard::flows`), this file reads the file and prints.
+//! `artex flow submit|show|list`: flows are DAGs of named tasks; what a flow does lives
+//! in the blackboard (`artex_actors::blackboard::flows`), this file reads the file and
+//! prints.
 
 use std::path::PathBuf;
 
@@ -44,6 +45,19 @@ pub(crate) enum FlowCommand {
         /// finished; the exit code is its outcome: 0 succeeded, 4 failed, 5 canceled.
         #[arg(long)]
         follow: bool,
+    },
+    /// Flows, newest first: each one's state and its tasks' counts by status.
+    List {
+        /// The next page: flows older than this id (the `next` of the previous page).
+        #[arg(long, value_parser = parse_id)]
+        after: Option<Uuid>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+        limit: i64,
+        /// One JSON object, `{"flows": [...], "next": …}`; each flow has the fields of
+        /// `flow show --json` but its tasks.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -99,6 +113,41 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
                 return print_json(&serde_json::json!({ "id": id }));
             }
             println!("{id}");
+            Ok(())
+        }
+        FlowCommand::List { after, limit, json } => {
+            let bb = connect_one_shot(db).await?;
+            let flows = bb.flows_page(after, limit).await?;
+            let next = (flows.len() as i64 == limit)
+                .then(|| flows.last().map(|f| f.id))
+                .flatten();
+            if json {
+                return print_json(&serde_json::json!({ "flows": flows, "next": next }));
+            }
+            if flows.is_empty() {
+                eprintln!("no flows");
+                return Ok(());
+            }
+            let width = flows.iter().map(|f| f.name.len()).max().unwrap_or(4).max(4);
+            println!(
+                "{:<36}  {:<width$}  {:<9}  {:<24}  TASKS",
+                "ID", "NAME", "STATE", "CREATED"
+            );
+            for f in &flows {
+                let counts: Vec<String> =
+                    f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+                println!(
+                    "{}  {:<width$}  {:<9}  {:<24}  {}",
+                    f.id,
+                    f.name,
+                    f.state.to_string(),
+                    time_text(Some(f.created_at)),
+                    counts.join(", ")
+                );
+            }
+            if let Some(next) = next {
+                eprintln!("(more may follow: --after {next})");
+            }
             Ok(())
         }
         FlowCommand::Show { id, json, follow } => {

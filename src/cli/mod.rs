@@ -10,7 +10,7 @@
 //! # Layout
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
 //! - `follow`: `submit --wait` and `flow show --follow`, driven by the change feed.
-//! - `flows`: `flow submit|show`.
+//! - `flows`: `flow submit|show|list`.
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
@@ -126,7 +126,7 @@ enum Command {
         #[command(subcommand)]
         command: db::DbCommand,
     },
-    /// Flows: DAGs of named tasks (submit, show).
+    /// Flows: DAGs of named tasks (submit, show, list).
     Flow {
         #[command(subcommand)]
         command: flows::FlowCommand,
