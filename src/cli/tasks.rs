@@ -72,8 +72,8 @@ pub(crate) struct ListArgs {
     /// Only the tasks of this flow.
     #[arg(long, value_parser = parse_id)]
     flow: Option<Uuid>,
-    /// Only the tasks this worker holds (assigned or running) now.
-    #[arg(long)]
+    /// Only the tasks this worker holds (assigned or running) now (ids: `artex workers`).
+    #[arg(long, value_parser = parse_worker)]
     worker: Option<String>,
     /// The next page: tasks older than this id (the `next` of the previous page).
     #[arg(long, value_parser = parse_task_id)]
@@ -122,6 +122,13 @@ pub(crate) struct ControlArgs {
 
 fn parse_status(s: &str) -> std::result::Result<TaskStatus, String> {
     s.parse().map_err(|e: artex_actors::Error| e.to_string())
+}
+
+fn parse_worker(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty; expected a worker id (see `artex workers`)".into());
+    }
+    Ok(s.to_string())
 }
 
 fn parse_kind(s: &str) -> std::result::Result<String, String> {
