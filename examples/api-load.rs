@@ -33,7 +33,9 @@ fn main() -> ExitCode {
     };
     let number = |what: &str, s: &str| match s.parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{what}: expected a positive whole number, not {s:?}")),
+        _ => Err(format!(
+            "{what}: expected a positive whole number, not {s:?}"
+        )),
     };
     let parsed = (|| {
         Ok::<_, String>((
