@@ -30,10 +30,13 @@
 #          a process or LISTEN session, which the roster accepts): assignment throughput,
 #          rounds, and the roster and claim queries' cost. Target: 2,000 workers at least
 #          half the rate of 10.
+#   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
+#          clients) one task a request and 100 a request, against plain SQL inserts of the
+#          same tasks in the same run: tasks/s and the API's ratio to SQL.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -54,7 +57,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -660,5 +663,61 @@ wal_by_table $db "$lsn0" "$lsn1" insert $w1
 wal_by_table $db "$lsn1" "$lsn2" run $w1
 sql postgres -c "alter system reset wal_keep_size" -c "select pg_reload_conf()" >/dev/null
 drop_db $db
+fi
+# ---- API: submit throughput through `artex serve` vs plain SQL --------------------------
+# The same no-op tasks submitted through `POST /api/v1/tasks` (`artex serve --http`,
+# examples/api-load.rs: 4 concurrent clients on keep-alive connections) and inserted
+# with plain SQL (pgbench, 4 clients, `insert into artex.tasks (kind, payload)`), one
+# task per request/transaction and 100 per request/transaction, in the same run against
+# the same cluster: tasks/s of each and the API's ratio to SQL. No planner or worker
+# runs: submission only (a simulated worker row declares the kind, as the API checks).
+api_clients=4
+api_sql() { # db tasks_per_tx transactions_per_client → tasks/s
+    cat >"$tmp/api-insert.sql" <<SQL
+insert into artex.tasks (kind, payload) select 'noop', '{}' from generate_series(1, $2);
+SQL
+    pgbench -n -M prepared -f "$tmp/api-insert.sql" -c $api_clients -j 2 -t "$3" "$(db_url "$1")" \
+        >"$tmp/log/api-pgbench" 2>&1 || die "pgbench: $(cat "$tmp/log/api-pgbench")"
+    awk -v n="$2" '/^tps/ { printf "%.0f", $3 * n }' "$tmp/log/api-pgbench"
+}
+api_http() { # addr tasks batch → tasks/s
+    "$tmp/api-load" "$1" "$tmp/api-token" noop "$2" $api_clients "$3" >"$tmp/log/api-load" 2>&1 ||
+        die "api-load: $(cat "$tmp/log/api-load")"
+    sed -nE 's/.*tasks_per_s=([0-9]+).*/\1/p' "$tmp/log/api-load"
+}
+if want api; then
+    if $quick; then api_single=400 api_batched=4000; else api_single=20000 api_batched=200000; fi
+    cargo build --release --quiet --example api-load
+    cp target/release/examples/api-load "$tmp/"
+    db=bench_api
+    new_db $db
+    sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+        values ('sim-api', 'sim', 1, 'bench', 'artex_w_sim_api', array['noop'], 1)"
+    printf 'bench-write-token' >"$tmp/api-token"
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 \
+        --write-token-file "$tmp/api-token" >>"$tmp/log/$db.serve" 2>&1 &
+    procs+=($!)
+    api_addr=''
+    for _ in $(seq 200); do
+        api_addr=$(sed -nE 's|.*the HTTP API on http://([0-9.:]+)/api/v1.*|\1|p' "$tmp/log/$db.serve")
+        [ -n "$api_addr" ] && break
+        sleep 0.05
+    done
+    [ -n "$api_addr" ] || die "artex serve did not say where it listens"
+    echo "# API: $api_clients clients; $api_single tasks one a request, $api_batched in batches of 100; plain SQL the same"
+    api1=$(api_http "$api_addr" "$api_single" 1)
+    sql1=$(api_sql $db 1 $((api_single / api_clients)))
+    api100=$(api_http "$api_addr" "$api_batched" 100)
+    sql100=$(api_sql $db 100 $((api_batched / 100 / api_clients)))
+    stop_runtime
+    n=$(sql $db -c "select count(*) from artex.tasks")
+    [ "$n" = $((2 * api_single + 2 * api_batched)) ] || die "$db: $n tasks, expected $((2 * api_single + 2 * api_batched))"
+    result api_submit_per_s_single "$api1" tasks/s
+    result api_sql_insert_per_s_single "$sql1" tasks/s
+    result api_vs_sql_single "$(calc "$api1 / $sql1" 2)" ratio
+    result api_submit_per_s_batch_100 "$api100" tasks/s
+    result api_sql_insert_per_s_batch_100 "$sql100" tasks/s
+    result api_vs_sql_batch_100 "$(calc "$api100 / $sql100" 2)" ratio
+    drop_db $db
 fi
 echo "# done"

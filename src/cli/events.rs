@@ -12,7 +12,7 @@ use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::connect_one_shot;
+use super::{connect_one_shot, print_json};
 use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
 
@@ -34,10 +34,17 @@ pub(crate) enum EventsCommand {
         /// planner's --history-retention.
         #[arg(long, value_parser = parse_duration)]
         set: Option<Duration>,
+        /// Print `{"keep_secs", "pruned_through", "pruned_at"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Drop history partitions and finished tasks past the retention now (the planners'
     /// Maintenance actors do it every run).
-    Prune,
+    Prune {
+        /// Print `{"partitions_dropped": [...], "tasks_pruned": N}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a consumer's cursor (it starts from the oldest kept event next time).
     Forget {
         /// The consumer.
@@ -99,11 +106,14 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
     match command {
         EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
         EventsCommand::Tail(args) => tail(bb, args).await,
-        EventsCommand::Retention { set } => {
+        EventsCommand::Retention { set, json } => {
             if let Some(keep) = set {
                 bb.set_event_retention(keep).await?;
             }
             let r = bb.event_retention().await?;
+            if json {
+                return print_json(&r);
+            }
             println!(
                 "keep history {}s; feed pruned through {}{}",
                 r.keep_secs,
@@ -117,9 +127,15 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             );
             Ok(())
         }
-        EventsCommand::Prune => {
+        EventsCommand::Prune { json } => {
             // What the planners' Maintenance actors do every run, now.
             let r = Maintenance::run_once(&bb, None).await?;
+            if json {
+                return print_json(&json!({
+                    "partitions_dropped": r.partitions_dropped,
+                    "tasks_pruned": r.tasks_pruned,
+                }));
+            }
             println!(
                 "dropped {} history partition(s){}; deleted {} finished task(s)",
                 r.partitions_dropped.len(),

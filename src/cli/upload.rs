@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::progress::Progress;
 use crate::error::{Error, Result};
 
 /// The arguments of `artex upload`.
@@ -337,50 +338,6 @@ fn write_state(path: &Path, id: &str, size: u64, sha256: &str) -> Result {
     }
     let text = json!({"id": id, "size": size, "sha256": sha256}).to_string();
     std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
-/// Bytes sent, shown on stderr when it is a terminal.
-struct Progress {
-    total: u64,
-    done: AtomicU64,
-    started: Instant,
-    tty: bool,
-}
-
-impl Progress {
-    fn new(total: u64) -> Self {
-        Progress {
-            total,
-            done: AtomicU64::new(0),
-            started: Instant::now(),
-            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-        }
-    }
-
-    fn add(&self, n: u64) {
-        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
-        if !self.tty {
-            return;
-        }
-        let secs = self.started.elapsed().as_secs_f64().max(0.001);
-        let rate = done as f64 / secs;
-        let eta = if rate > 0.0 {
-            (self.total.saturating_sub(done)) as f64 / rate
-        } else {
-            0.0
-        };
-        eprint!(
-            "\r{done}/{} bytes  {:.1} MiB/s  ETA {eta:.0} s   ",
-            self.total,
-            rate / (1024.0 * 1024.0)
-        );
-    }
-
-    fn done(&self) {
-        if self.tty {
-            eprintln!();
-        }
-    }
 }
 
 /// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out,

@@ -12,6 +12,8 @@
 pub mod admin;
 mod events;
 mod feed;
+mod feed_head;
+pub mod flow_list;
 mod flows;
 mod inputs;
 mod listen;
