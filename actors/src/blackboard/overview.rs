@@ -71,6 +71,33 @@ pub struct MinuteCount {
     pub minute: DateTime<Utc>,
     /// Tasks finished in it (any outcome).
     pub finished: i64,
+    /// Their median run time (`finished_at - started_at`), ms; `None` without any.
+    #[serde(default)]
+    pub run_p50_ms: Option<f64>,
+    /// Their median wait (`started_at - created_at`), ms; `None` without any.
+    #[serde(default)]
+    pub queue_p50_ms: Option<f64>,
+}
+
+/// How long the oldest runnable task has waited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Backlog {
+    /// When the oldest pending task whose time has come became runnable (the later of
+    /// its creation and its `run_at`); `None` when nothing waits.
+    pub oldest_due_at: Option<DateTime<Utc>>,
+    /// Its wait so far, ms.
+    pub age_ms: Option<f64>,
+}
+
+/// A flow as listed.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowSummary {
+    /// Its id.
+    pub id: uuid::Uuid,
+    /// Its name.
+    pub name: String,
+    /// When it was submitted.
+    pub created_at: DateTime<Utc>,
 }
 
 /// Tasks finished over the last minutes.
@@ -108,6 +135,8 @@ pub struct Stats {
     pub capped: Vec<String>,
     /// The cap.
     pub status_count_cap: i64,
+    /// The oldest runnable task's wait.
+    pub backlog: Backlog,
     /// Recently finished tasks.
     pub recent: RecentStats,
 }
@@ -152,8 +181,15 @@ const RECENT: &str = "with recent as materialized (
     select coalesce($3::timestamptz, now()),
         (select count(*) from recent),
         (select min(finished_at) from recent),
-        coalesce((select jsonb_agg(jsonb_build_object('minute', m, 'finished', n) order by m)
-                  from (select date_trunc('minute', finished_at) m, count(*) n
+        coalesce((select jsonb_agg(jsonb_build_object('minute', m, 'finished', n,
+                                               'run_p50_ms', r, 'queue_p50_ms', q) order by m)
+                  from (select date_trunc('minute', finished_at) m, count(*) n,
+                          percentile_cont(0.5) within group (order by
+                              extract(epoch from finished_at - started_at)::float8 * 1000)
+                              filter (where started_at is not null) r,
+                          percentile_cont(0.5) within group (order by
+                              extract(epoch from started_at - created_at)::float8 * 1000)
+                              filter (where started_at is not null) q
                         from recent group by 1) a), '[]'),
         coalesce((select jsonb_object_agg(kind, c)
                   from (select kind, jsonb_object_agg(status, n) c
@@ -170,7 +206,68 @@ const RECENT: &str = "with recent as materialized (
                 'p99', percentile_cont(0.99) within group (order by ms),
                 'max', max(ms)) from run)";
 
+/// The oldest pending task whose time has come, by id (ids are time-ordered): a walk of
+/// `tasks_status_id` from its oldest pending entry, stopping at the first due one (it
+/// passes over delayed tasks not yet due). `$1`: now (the database's clock by default).
+const BACKLOG: &str = "select coalesce($1::timestamptz, now()),
+        (select greatest(created_at, run_at) from artex.tasks
+         where status = 'pending' and run_at <= coalesce($1::timestamptz, now())
+         order by id limit 1)";
+
+/// The newest event a reader may be given now: below the oldest transaction in flight,
+/// as the feed's reader (`events.rs`) delivers; a walk down `task_events_feed`.
+const EVENTS_HEAD: &str = "select e.xid::text, e.id from artex.task_events e
+    where e.xid < (select pg_snapshot_xmin(pg_current_snapshot()))
+    order by e.xid desc, e.id desc limit 1";
+
+/// Flows newest first (ids are time-ordered UUIDv7), a keyset page down the primary key.
+/// `$1`: at most this many; `$2`: after this id (none: from the newest).
+const FLOWS_PAGE: &str = "select id, name, created_at from artex.flows
+    where $2::uuid is null or id < $2::uuid
+    order by id desc limit $1";
+
 impl Blackboard {
+    /// The position of the newest event a feed reader can be given now (the pruned
+    /// position when none is kept): following from it shows what happens next.
+    pub async fn events_head(&self) -> Result<super::EventPosition> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(EVENTS_HEAD).await?;
+        match client.query_opt(&stmt, &[]).await? {
+            Some(r) => {
+                let xid: String = r.try_get(0)?;
+                Ok(super::EventPosition {
+                    xid: xid.parse().map_err(|_| {
+                        crate::error::Error::Invalid(format!(
+                            "unexpected transaction id '{xid}' from the database"
+                        ))
+                    })?,
+                    id: r.try_get(1)?,
+                })
+            }
+            None => Ok(self.event_retention().await?.pruned_through),
+        }
+    }
+
+    /// At most `limit` flows, newest first, after flow `after` if given.
+    pub async fn flows_page(
+        &self,
+        limit: i64,
+        after: Option<uuid::Uuid>,
+    ) -> Result<Vec<FlowSummary>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FLOWS_PAGE).await?;
+        let rows = client.query(&stmt, &[&limit, &after]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(FlowSummary {
+                    id: r.try_get(0)?,
+                    name: r.try_get(1)?,
+                    created_at: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+
     /// At most `limit` workers, by id.
     pub async fn workers(&self, limit: i64) -> Result<Vec<WorkerView>> {
         let client = self.client().await?;
@@ -221,6 +318,16 @@ impl Blackboard {
             by_status.insert(status, n);
         }
         debug_assert_eq!(by_status.len(), TaskStatus::ALL.len());
+        let stmt = client.prepare_cached(BACKLOG).await?;
+        let r = client.query_one(&stmt, &[&now]).await?;
+        let clock: DateTime<Utc> = r.try_get(0)?;
+        let oldest_due_at: Option<DateTime<Utc>> = r.try_get(1)?;
+        let backlog = Backlog {
+            oldest_due_at,
+            age_ms: oldest_due_at.map(|t| {
+                ((clock - t).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0).max(0.0)
+            }),
+        };
         let window_secs = f64::from(window_minutes) * 60.0;
         let stmt = client.prepare_cached(RECENT).await?;
         let r = client
@@ -245,6 +352,7 @@ impl Blackboard {
             by_status,
             capped,
             status_count_cap: STATUS_COUNT_CAP,
+            backlog,
             recent: RecentStats {
                 window_minutes,
                 finished,
@@ -271,11 +379,15 @@ impl Blackboard {
         let window = 900.0f64;
         let none: Option<DateTime<Utc>> = None;
         let by_status = status_counts_sql();
+        let no_id: Option<uuid::Uuid> = None;
         let reads: [(
             &'static str,
             &str,
             Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
-        ); 6] = [
+        ); 9] = [
+            ("stats: backlog", BACKLOG, vec![&none]),
+            ("events: head", EVENTS_HEAD, vec![]),
+            ("flows", FLOWS_PAGE, vec![&limit, &no_id]),
             ("workers", WORKERS, vec![&limit]),
             ("stats: by status", &by_status, vec![&STATUS_COUNT_CAP]),
             (
@@ -322,13 +434,18 @@ fn every_minute(
     let mut out = Vec::new();
     let mut counted = counted.into_iter().peekable();
     while m <= last {
-        let finished = match counted.peek() {
-            Some(c) if c.minute == m => counted.next().map(|c| c.finished).unwrap_or(0),
-            _ => 0,
+        let (finished, run_p50_ms, queue_p50_ms) = match counted.peek() {
+            Some(c) if c.minute == m => counted
+                .next()
+                .map(|c| (c.finished, c.run_p50_ms, c.queue_p50_ms))
+                .unwrap_or((0, None, None)),
+            _ => (0, None, None),
         };
         out.push(MinuteCount {
             minute: m,
             finished,
+            run_p50_ms,
+            queue_p50_ms,
         });
         m += minute;
     }
@@ -346,6 +463,8 @@ mod tests {
         let counted = vec![MinuteCount {
             minute: t(10, 1, 0),
             finished: 7,
+            run_p50_ms: Some(3.0),
+            queue_p50_ms: None,
         }];
         let all = every_minute(counted, t(9, 59, 30), t(10, 2, 10));
         let got: Vec<(u32, i64)> = all
