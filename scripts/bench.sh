@@ -582,4 +582,58 @@ done
 if [ ${#w6_rates[@]} = 2 ]; then
     result w6_2000_vs_10_workers "$(calc "${w6_rates[1]} / ${w6_rates[0]}" 2)" ratio
 fi
+# ---- dash: the dashboard's first data with 1,000,000 tasks in the table -----------------
+# The API calls each page makes before it shows anything, against `artex serve` on a
+# database of ARTEX_BENCH_DASH_TASKS tasks (default 1,000,000) as a busy hour leaves them:
+# 90% succeeded, finished over the last hour, 5% failed, 5% pending (written with the
+# triggers off: the bench needs the rows, not their lives). Each figure is the median of
+# 7 requests (curl, time to the last byte); a page shows its data when its slowest call
+# has answered (they run in parallel).
+dash_ms() { # url → median ms of 7 GETs
+    for _ in 1 2 3 4 5 6 7; do curl -fsS -o /dev/null -w '%{time_total}\n' "$1"; done \
+        | sort -n | sed -n 4p | awk '{ printf "%.1f", $1 * 1000 }'
+}
+dash_bench() {
+    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
+    $quick && n=20000
+    new_db $db
+    sql $db -c "set session_replication_role = replica" -c "
+        insert into artex.tasks (id, kind, status, created_at, updated_at, started_at,
+                                 finished_at, error)
+        select bench.uuid7(), (array['echo', 'resize', 'etl'])[1 + g % 3], s::artex.task_status,
+            t - interval '2 s', t, case when s = 'pending' then null else t - interval '1 s' end,
+            case when s = 'pending' then null else t end,
+            case when s = 'failed' then 'bench failure' end
+        from generate_series(1, $n) g,
+            lateral (select now() - interval '60 min' * (1 - g::float8 / $n) as t,
+                            case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
+                                 else 'succeeded' end as s) x" \
+        -c "vacuum analyze artex.tasks" -c checkpoint
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 --public-read \
+        >>"$tmp/log/$db.serve" 2>&1 &
+    procs+=($!)
+    for _ in $(seq 200); do
+        addr=$(sed -n 's|.*the HTTP API on http://\([^/]*\)/api/v1.*|\1|p' "$tmp/log/$db.serve" | head -n 1)
+        [ -n "$addr" ] && break
+        sleep 0.05
+    done
+    [ -n "$addr" ] || die "artex serve did not start"
+    echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
+        (select status, count(*) n from artex.tasks group by 1 order by 1) c")), artex serve"
+    dash_ms "http://$addr/" >/dev/null # warm-up: the first connection, the prepared statements
+    dash_ms "http://$addr/api/v1/stats" >/dev/null
+    result dash_page_ms "$(dash_ms "http://$addr/")" ms
+    result dash_overview_stats_ms "$(dash_ms "http://$addr/api/v1/stats")" ms
+    result dash_events_head_ms "$(dash_ms "http://$addr/api/v1/events/head")" ms
+    result dash_tasks_ms "$(dash_ms "http://$addr/api/v1/tasks?limit=50")" ms
+    result dash_tasks_failed_ms "$(dash_ms "http://$addr/api/v1/tasks?status=failed&limit=50")" ms
+    result dash_tasks_kind_ms "$(dash_ms "http://$addr/api/v1/tasks?kind=etl&limit=50")" ms
+    result dash_flows_ms "$(dash_ms "http://$addr/api/v1/flows?limit=100")" ms
+    result dash_workers_ms "$(dash_ms "http://$addr/api/v1/workers")" ms
+    stop_runtime
+    drop_db $db
+}
+if want dash || [ -z "${ARTEX_BENCH_ONLY:-}" ]; then
+    dash_bench
+fi
 echo "# done"

@@ -79,6 +79,7 @@ A.askToken = function askToken(scope, why) {
       asking = null;
       if (dlg.returnValue === "ok" && input.value.trim()) {
         sessionStorage.setItem("artex." + scope, input.value.trim());
+        window.dispatchEvent(new Event("artex-token"));
         resolve(true);
       } else resolve(false);
     });
@@ -203,7 +204,10 @@ async function follow() {
         headers: A.authHeaders("read"), cache: "no-store",
       });
       if (res.status === 410) { A.live.after = null; A.refresh(); continue; }
-      if (res.status === 401) { await A.askToken("read", "the live feed needs the read scope"); continue; }
+      if (res.status === 401) {
+        if (await A.askToken("read", "the live feed needs the read scope")) continue;
+        throw new ApiError(401, null);
+      }
       if (!res.ok || !res.body) throw new Error("events: HTTP " + res.status);
       setLive(true);
       backoff = 500;
@@ -219,8 +223,15 @@ async function follow() {
           buf = buf.slice(i + 2);
         }
       }
-    } catch (_) {
-      // Network errors are expected while a server restarts or upgrades: retried below.
+    } catch (e) {
+      // Refused a token: wait for one (given at the page's next ask) instead of asking
+      // again and again. Network errors are expected while a server restarts or
+      // upgrades: retried below.
+      if (e instanceof ApiError && e.status === 401) {
+        setLive(false, "no token");
+        await new Promise((r) => window.addEventListener("artex-token", r, { once: true }));
+        continue;
+      }
     }
     setLive(false, "reconnecting");
     await A.sleep(backoff);

@@ -53,7 +53,7 @@
           h("div", { class: "card wide", "data-metric": "latency" },
             h("div", { class: "n" }, A.ms(r.run_ms.p50), h("span", { class: "l" }, " p50 run")),
             h("div", { class: "l" }, "p95 " + A.ms(r.run_ms.p95) + " · queue p50 " + A.ms(r.queue_ms.p50)),
-            A.spark(per.map((m) => m.run_p50_ms), "median run time per minute")),
+            A.spark(per.map((m) => m.run_avg_ms), "mean run time per minute")),
           h("div", { class: "card", "data-metric": "backlog" },
             h("div", { class: "n" }, backlog.age_ms === null || backlog.age_ms === undefined ? "-" : A.ms(backlog.age_ms)),
             h("div", { class: "l" }, "backlog age (oldest runnable pending task)")),

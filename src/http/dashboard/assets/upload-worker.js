@@ -89,7 +89,13 @@ async function run(m) {
     const created = await call("POST", "/api/v1/uploads", JSON.stringify({
       size: file.size, sha256: h.sha256, name: file.name, chunk_size: m.chunkSize,
       task: { kind: m.kind, payload: m.payload },
-    }), { "Content-Type": "application/json" }, "create");
+    }), { "Content-Type": "application/json" }, "create").catch((err) => {
+      if (err.status === 404) {
+        throw new HttpError(404, "this process takes no uploads (artex serve keeps no files): " +
+          "open the dashboard on a worker's port (artex up, or artex worker --api)");
+      }
+      throw err;
+    });
     id = created.id;
     self.postMessage({ type: "created", id, sha256: h.sha256 });
     info = await call("GET", "/api/v1/uploads/" + id, undefined, {}, "status");
