@@ -151,6 +151,37 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
     );
     b.assert_no_errors().await;
     b.close().await;
+
+    // The reads the overview makes: a sample as small as asked, the backlog of due tasks
+    // only (the three pending ones are due in an hour), the feed's head.
+    let (code, s) = call("GET", &cluster.addr, "/api/v1/stats?sample=1", None);
+    assert_eq!(code, 200, "{s}");
+    assert_eq!(s["recent"]["finished"], json!(1), "{s}");
+    assert_eq!(s["recent"]["sampled"], json!(true), "{s}");
+    assert!(s["backlog"]["oldest_due_at"].is_null(), "{s}");
+    assert_eq!(
+        call("GET", &cluster.addr, "/api/v1/stats?sample=0", None).0,
+        400
+    );
+    created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/tasks",
+        Some(json!({"kind": "nobody-runs-this", "allow_unregistered_kind": true})),
+    ));
+    let (_, s) = call("GET", &cluster.addr, "/api/v1/stats", None);
+    assert!(s["backlog"]["oldest_due_at"].is_string(), "{s}");
+    assert!(
+        s["backlog"]["age_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{s}"
+    );
+    let (code, head) = call("GET", &cluster.addr, "/api/v1/events/head", None);
+    assert_eq!(code, 200, "{head}");
+    let after = head["after"].as_str().unwrap_or_default();
+    assert!(
+        after.split_once('-').is_some_and(|(x, i)| x.parse::<u64>().is_ok() && i.parse::<i64>().is_ok_and(|i| i > 0)),
+        "{head}"
+    );
 }
 
 #[tokio::test]

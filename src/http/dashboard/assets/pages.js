@@ -33,7 +33,8 @@
     async reload() {
       const box = document.getElementById("overview");
       if (!box) return;
-      const s = await A.api("GET", "/api/v1/stats");
+      // A sample of 20,000 recent tasks: plenty for the figures, a fifth of the default cost.
+      const s = await A.api("GET", "/api/v1/stats?sample=20000");
       const r = s.recent;
       const cards = STATUSES.map((st) => h("div", { class: "card", "data-count": st },
         h("div", { class: "n" }, (s.capped.includes(st) ? "≥ " : "") + s.by_status[st]),
