@@ -36,7 +36,7 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -57,7 +57,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -719,5 +719,61 @@ if want api; then
     result api_sql_insert_per_s_batch_100 "$sql100" tasks/s
     result api_vs_sql_batch_100 "$(calc "$api100 / $sql100" 2)" ratio
     drop_db $db
+fi
+# ---- dash: the dashboard's first data with 1,000,000 tasks in the table -----------------
+# The API calls each page makes before it shows anything, against `artex serve` on a
+# database of ARTEX_BENCH_DASH_TASKS tasks (default 1,000,000) as a busy hour leaves them:
+# 90% succeeded, finished over the last hour, 5% failed, 5% pending (written with the
+# triggers off: the bench needs the rows, not their lives). Each figure is the median of
+# 7 requests (curl, time to the last byte); a page shows its data when its slowest call
+# has answered (they run in parallel).
+dash_ms() { # url → median ms of 7 GETs
+    for _ in 1 2 3 4 5 6 7; do curl -fsS -o /dev/null -w '%{time_total}\n' "$1"; done \
+        | sort -n | sed -n 4p | awk '{ printf "%.1f", $1 * 1000 }'
+}
+dash_bench() {
+    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
+    $quick && n=20000
+    new_db $db
+    sql $db -c "set session_replication_role = replica" -c "
+        insert into artex.tasks (id, kind, status, created_at, updated_at, started_at,
+                                 finished_at, error)
+        select bench.uuid7(), (array['echo', 'resize', 'etl'])[1 + g % 3], s::artex.task_status,
+            t - interval '2 s', t, case when s = 'pending' then null else t - interval '1 s' end,
+            case when s = 'pending' then null else t end,
+            case when s = 'failed' then 'bench failure' end
+        from generate_series(1, $n) g,
+            lateral (select now() - interval '60 min' * (1 - g::float8 / $n) as t,
+                            case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
+                                 else 'succeeded' end as s) x" \
+        -c "vacuum analyze artex.tasks" -c checkpoint
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 --public-read \
+        >>"$tmp/log/$db.serve" 2>&1 &
+    procs+=($!)
+    for _ in $(seq 200); do
+        addr=$(sed -n 's|.*the HTTP API on http://\([^/]*\)/api/v1.*|\1|p' "$tmp/log/$db.serve" | head -n 1)
+        [ -n "$addr" ] && break
+        sleep 0.05
+    done
+    [ -n "$addr" ] || die "artex serve did not start"
+    echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
+        (select status, count(*) n from artex.tasks group by 1 order by 1) c")), artex serve"
+    dash_ms "http://$addr/" >/dev/null # warm-up: the first connection, the prepared statements
+    dash_ms "http://$addr/api/v1/stats" >/dev/null
+    result dash_page_ms "$(dash_ms "http://$addr/")" ms
+    # The overview asks for a sample of 20,000 recent tasks; the API's default reads 100,000.
+    result dash_overview_stats_ms "$(dash_ms "http://$addr/api/v1/stats?sample=20000")" ms
+    result dash_stats_default_sample_ms "$(dash_ms "http://$addr/api/v1/stats")" ms
+    result dash_events_head_ms "$(dash_ms "http://$addr/api/v1/events/head")" ms
+    result dash_tasks_ms "$(dash_ms "http://$addr/api/v1/tasks?limit=50")" ms
+    result dash_tasks_failed_ms "$(dash_ms "http://$addr/api/v1/tasks?status=failed&limit=50")" ms
+    result dash_tasks_kind_ms "$(dash_ms "http://$addr/api/v1/tasks?kind=etl&limit=50")" ms
+    result dash_flows_ms "$(dash_ms "http://$addr/api/v1/flows?limit=100")" ms
+    result dash_workers_ms "$(dash_ms "http://$addr/api/v1/workers")" ms
+    stop_runtime
+    drop_db $db
+}
+if want dash; then
+    dash_bench
 fi
 echo "# done"

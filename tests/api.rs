@@ -161,9 +161,12 @@ fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<
             Err(e) if raw.is_empty() => panic!("{method} {path}: {e}"),
             Err(_) => break,
         }
+        // The head says so (a body, such as the OpenAPI document, may name the type).
         let text = String::from_utf8_lossy(&raw);
-        if text.contains("\r\n\r\n") && text.to_ascii_lowercase().contains("text/event-stream") {
-            break;
+        if let Some((head, _)) = text.split_once("\r\n\r\n") {
+            if head.to_ascii_lowercase().contains("text/event-stream") {
+                break;
+            }
         }
     }
     let raw = String::from_utf8_lossy(&raw).into_owned();

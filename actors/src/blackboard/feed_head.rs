@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 // a transaction at or above the horizon, so its position is above this one: a reader
 // starting here misses nothing committed after it looked. Walks the (xid, id) index
 // backwards, past the few entries of transactions in flight.
-const FEED_HEAD: &str = "select e.xid::text, e.id from artex.task_transitions e
+pub(super) const FEED_HEAD: &str = "select e.xid::text, e.id from artex.task_transitions e
     where e.xid < pg_snapshot_xmin(pg_current_snapshot())
     order by e.xid desc, e.id desc
     limit 1";

@@ -29,7 +29,7 @@ pub struct FlowSummary {
 
 // Keyset pagination: ids below `$1` (the last of the previous page; the largest uuid when
 // none, so one plan serves both), newest first, at most `$2`; then each flow's counts.
-const FLOWS_PAGE: &str = "with page as materialized (
+pub(super) const FLOWS_PAGE: &str = "with page as materialized (
         select id, name, created_at from artex.flows
         where id < coalesce($1::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid)
         order by id desc limit $2
