@@ -51,7 +51,19 @@ impl Uploads {
         let mut buf = vec![0u8; 256 * 1024];
         for n in 0..meta.chunks {
             let part = dir.join(format!("{n}.part"));
-            let mut f = File::open(&part).map_err(io(format!("opening {}", part.display())))?;
+            let mut f = match File::open(&part) {
+                Ok(f) => f,
+                // The other process of a hot upgrade joined the file first and removed
+                // the parts: the file is whole.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.exists() => {
+                    let _ = fs::remove_file(&aside);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&aside);
+                    return Err(io(format!("opening {}", part.display()))(e));
+                }
+            };
             loop {
                 let k = f
                     .read(&mut buf)
