@@ -763,3 +763,151 @@ impl Drop for KillOnDrop {
         );
     }
 }
+
+/// The chunk numbers PUT through `proxy` (one request per connection), in order.
+fn chunks_put(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("PUT "))
+        .filter_map(|l| l.split("/chunks/").nth(1))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let proxy = common::proxy::Proxy::start(&f.http);
+    let chunk = 65536u64;
+    let path = dir.path().join("f.bin");
+    let content = data(48 * chunk as usize, 29);
+    std::fs::write(&path, &content).unwrap();
+
+    // Every connection cut once a third of the file went up; the client retries.
+    proxy.cut_after(16 * chunk);
+    let out = cli(
+        &proxy.addr(),
+        &path,
+        dir.path(),
+        &token,
+        &["--chunk-size", "65536", "--parallel", "4"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the connections");
+    ran_whole(&db, &out.stdout, &content).await;
+    let puts = chunks_put(&proxy.first_lines());
+    let mut again = puts.clone();
+    again.sort();
+    let distinct = {
+        let mut d = again.clone();
+        d.dedup();
+        d
+    };
+    assert_eq!(distinct, (0..48).collect::<Vec<u64>>(), "every chunk sent");
+    // Only what was in flight when the cut came is sent twice: at most --parallel.
+    let resent = puts.len() - distinct.len();
+    assert!(
+        (1..=4).contains(&resent),
+        "{resent} chunks sent again: {puts:?}"
+    );
+    assert!(stderr.contains("sent 48 chunks"), "{stderr}");
+    // Bytes: the file, plus at most the chunks cut in flight, plus the requests' heads.
+    let heads = (puts.len() as u64 + 2) * 1024;
+    assert!(
+        proxy.up_bytes() <= content.len() as u64 + 4 * chunk + heads,
+        "{} bytes went up for a file of {}",
+        proxy.up_bytes(),
+        content.len()
+    );
+    eprintln!(
+        "UPLOAD-CUT puts={} resent={resent} up_bytes={} file={}",
+        puts.len(),
+        proxy.up_bytes(),
+        content.len()
+    );
+}
+
+#[tokio::test]
+async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let proxy = common::proxy::Proxy::start(&f.http);
+    let path = dir.path().join("f.bin");
+    let content = data(48 * 65536, 31);
+    std::fs::write(&path, &content).unwrap();
+    let args = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "4",
+        "--attempts",
+        "2",
+    ];
+
+    // The link goes down for good a third of the way: the client gives up.
+    proxy.cut_and_refuse_after(16 * 65536);
+    let out = cli(&proxy.addr(), &path, dir.path(), &token, &args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("run the same command again"), "{stderr}");
+    let first_run = proxy.first_lines().len();
+    let id = std::fs::read_dir(&uploads)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 200);
+    let missing: Vec<u64> = state["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert!(!missing.is_empty() && missing.len() < 48, "{state}");
+
+    // Back up: the same command asks what is missing and sends exactly that.
+    proxy.refuse(false);
+    let before = proxy.up_bytes();
+    let out = cli(&proxy.addr(), &path, dir.path(), &token, &args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "resuming upload {id}: {} of 48 chunks missing",
+            missing.len()
+        )),
+        "{stderr}"
+    );
+    let lines = proxy.first_lines();
+    let mut second = chunks_put(&lines[first_run..]);
+    second.sort();
+    assert_eq!(second, missing, "the second run sent other chunks");
+    let sent = proxy.up_bytes() - before;
+    assert!(
+        sent <= missing.len() as u64 * 65536 + (lines.len() - first_run) as u64 * 1024,
+        "{sent} bytes went up for {} missing chunks",
+        missing.len()
+    );
+    ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
+}

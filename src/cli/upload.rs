@@ -141,19 +141,24 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let started = Instant::now();
     let client = Arc::new(client);
     let sent = Arc::new(AtomicU64::new(0));
+    let retries = Arc::new(Retries {
+        attempts: args.attempts,
+        retried: AtomicU64::new(0),
+    });
     let mut task: Option<String> = None;
     let results = futures_util::stream::iter(missing.into_iter().map(|n| {
-        let (client, file, id, progress, sent) = (
+        let (client, file, id, progress, sent, retries) = (
             client.clone(),
             args.file.clone(),
             id.clone(),
             progress.clone(),
             sent.clone(),
+            retries.clone(),
         );
-        let (attempts, delay) = (args.attempts, Duration::from_millis(args.chunk_delay_ms));
+        let delay = Duration::from_millis(args.chunk_delay_ms);
         async move {
             tokio::time::sleep(delay).await;
-            let r = send_chunk(&client, &file, &id, n, chunk, size, attempts).await;
+            let r = send_chunk(&client, &file, &id, n, chunk, size, &retries).await;
             if r.is_ok() {
                 sent.fetch_add(1, Ordering::Relaxed);
                 progress.add(len_of(n, chunk, size));
@@ -188,9 +193,10 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     };
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "artex: sent {} chunks ({} bytes) in {secs:.1} s; task {task}",
+        "artex: sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
         sent.load(Ordering::Relaxed),
-        progress.total
+        progress.total,
+        retries.retried.load(Ordering::Relaxed)
     );
     let _ = std::fs::remove_file(&state_path);
     println!("{task}");
@@ -201,6 +207,12 @@ fn len_of(n: u64, chunk: u64, size: u64) -> u64 {
     chunk.min(size.saturating_sub(n * chunk))
 }
 
+/// Attempts per chunk, and the retries made so far (reported at the end).
+struct Retries {
+    attempts: u32,
+    retried: AtomicU64,
+}
+
 /// Sends chunk `n`, retrying with backoff; returns the task once the worker wrote it.
 async fn send_chunk(
     client: &Client,
@@ -209,11 +221,13 @@ async fn send_chunk(
     n: u64,
     chunk: u64,
     size: u64,
-    attempts: u32,
+    retries: &Retries,
 ) -> Result<Option<String>> {
     let mut last = String::new();
+    let attempts = retries.attempts;
     for attempt in 0..attempts {
         if attempt > 0 {
+            retries.retried.fetch_add(1, Ordering::Relaxed);
             let ms = (200u64 << attempt.min(6)).min(10_000);
             tokio::time::sleep(Duration::from_millis(ms / 2 + fastrand_ms(ms / 2))).await;
         }
