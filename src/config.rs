@@ -247,6 +247,12 @@ pub struct PlannerArgs {
     /// Backoff base for retries the reaper schedules, milliseconds.
     #[arg(long, env = "ARTEX_REAP_RETRY_BASE_MS", default_value_t = 1_000)]
     pub reap_retry_base_ms: u64,
+    /// A pending task bound to a host (its upload is on that host's disk) fails once
+    /// every worker of that host has been gone this long, milliseconds: no other worker
+    /// can read its file. Long enough for a host to reboot.
+    #[arg(long, env = "ARTEX_UPLOAD_HOST_DEADLINE_MS", default_value_t = 600_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_host_deadline_ms: u64,
 }
 
 fn parse_shard(s: &str) -> Result<(i32, i32), String> {

@@ -617,6 +617,7 @@ async fn retention_prunes_old_events_but_never_what_a_live_consumer_needs() {
         retry_base_ms: 1000.0,
         retry_cap_ms: 60_000.0,
         judge_liveness: true,
+        upload_host_deadline_secs: 600.0,
     };
     settled(&c).await;
     Reaper::run_once(&db.bb, "test-reaper", &params)

@@ -137,6 +137,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // A new table and a nullable column: builds that predate it run on unchanged.
         change: Change::Expand,
     },
+    Migration {
+        version: 11,
+        name: "stranded_uploads",
+        sql: include_str!("../../../migrations/V11__stranded_uploads.sql"),
+        // One more legal move (pending → failed) that older builds never make, and an
+        // index: they run on unchanged.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
