@@ -35,6 +35,9 @@ pub(crate) struct SendArgs {
     /// The task's priority.
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    /// The flow the task joins (the id of an unfinished flow).
+    #[arg(long)]
+    flow: Option<uuid::Uuid>,
     /// Bytes per chunk (default: the worker's, 10 MiB).
     #[arg(long)]
     chunk_size: Option<u64>,
@@ -109,7 +112,8 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         None => {
             let mut req = json!({
                 "size": size, "sha256": sha256,
-                "task": {"kind": args.kind, "payload": payload, "priority": args.priority},
+                "task": {"kind": args.kind, "payload": payload, "priority": args.priority,
+                         "flow": args.flow},
             });
             if let Some(name) = args.file.file_name().and_then(|n| n.to_str()) {
                 req["name"] = json!(name);

@@ -3,7 +3,8 @@
 //! is required. The work is the store's (`crate::uploads`); this maps it to HTTP.
 //!
 //! - `POST /api/v1/uploads` `{"size", "sha256", "name"?, "chunk_size"?, "task": {"kind",
-//!   "payload"?, "priority"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over quota);
+//!   "payload"?, "priority"?, "flow"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over
+//!   quota; 422 `{"error", "field": "task.flow"}` for a flow that is unknown or ended);
 //! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
 //!   "chunk", "received", "missing", "task"}`; 422 if the hash differs (not stored);
 //! - `POST /api/v1/uploads/{id}/complete` → the task, once every chunk is there (the
@@ -30,7 +31,9 @@ impl ResponseError for UploadError {
             UploadError::NotFound(_) => StatusCode::NOT_FOUND,
             UploadError::Conflict(_) => StatusCode::CONFLICT,
             UploadError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            UploadError::Mismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            UploadError::Mismatch(_) | UploadError::Unprocessable { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             UploadError::Quota(_) => StatusCode::INSUFFICIENT_STORAGE,
             UploadError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             UploadError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -46,7 +49,11 @@ impl ResponseError for UploadError {
             // The rest of a refused body may still come: this connection is done.
             r.force_close();
         }
-        r.json(json!({ "error": self.to_string() }))
+        let field = match self {
+            UploadError::Unprocessable { field, .. } => Some(*field),
+            _ => None,
+        };
+        r.json(json!({ "error": self.to_string(), "field": field }))
     }
 }
 

@@ -38,6 +38,28 @@ pub struct TaskSpec {
     /// Its priority.
     #[serde(default)]
     pub priority: Option<i32>,
+    /// The flow it joins (an unfinished one; checked when the upload starts), as a root
+    /// task named `upload:<upload id>`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "flow_id"
+    )]
+    pub flow: Option<Uuid>,
+}
+
+/// `task.flow`: a UUID or null, refused with a message naming the field.
+fn flow_id<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Uuid>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_str()
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("task.flow: expected a flow id (a UUID), got {v}"))
+            }),
+    }
 }
 
 /// The body of `POST /api/v1/uploads`.

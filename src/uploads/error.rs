@@ -15,6 +15,14 @@ pub enum UploadError {
     /// More bytes than declared (413).
     #[error("{0}")]
     TooLarge(String),
+    /// Well-formed but refused (422): `field` names what (e.g. `task.flow`).
+    #[error("{message}")]
+    Unprocessable {
+        /// The field refused.
+        field: &'static str,
+        /// Why, and what is expected.
+        message: String,
+    },
     /// The content does not match its sha256 (422); nothing was kept.
     #[error("{0}")]
     Mismatch(String),

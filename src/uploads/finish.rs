@@ -125,6 +125,7 @@ impl Uploads {
             chunks: meta.chunks as i32,
             name: meta.name.clone(),
             shared: self.settings.shared,
+            flow: meta.task.flow,
         };
         let (task, wrote) = self
             .bb

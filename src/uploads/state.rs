@@ -38,6 +38,9 @@ impl Uploads {
     /// writes its `meta.json`. Nothing is written when anything is refused.
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<Meta> {
         let meta = req.check()?;
+        if let Some(flow) = meta.task.flow {
+            self.check_flow(flow).await?;
+        }
         let me = self.clone();
         blocking(move || {
             let used = me.reserved()?;
@@ -60,6 +63,26 @@ impl Uploads {
             Ok(meta)
         })
         .await
+    }
+
+    /// The flow an upload's task is to join must exist and have a task not ended yet.
+    async fn check_flow(&self, flow: Uuid) -> Result {
+        let open = self
+            .bb
+            .flow_open(flow)
+            .await
+            .map_err(|e| UploadError::Internal(format!("reading flow {flow}: {e}")))?;
+        let why = match open {
+            Some(true) => return Ok(()),
+            Some(false) => "has ended (every task of it finished)",
+            None => "does not exist",
+        };
+        Err(UploadError::Unprocessable {
+            field: "task.flow",
+            message: format!(
+                "task.flow: flow {flow} {why}; an upload's task joins an unfinished flow"
+            ),
+        })
     }
 
     /// Bytes the uploads in the folder take or will take (declared sizes).

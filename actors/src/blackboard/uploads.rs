@@ -31,6 +31,8 @@ pub struct NewUpload {
     pub name: Option<String>,
     /// On storage the whole fleet sees: the task is bound to no host.
     pub shared: bool,
+    /// The flow its task joins, as a root task named `upload:<id>`.
+    pub flow: Option<Uuid>,
 }
 
 /// A task failed because the only host holding its file is gone.
@@ -69,16 +71,34 @@ pub struct UploadRow {
 // there: a last chunk sent twice, two processes finishing at once) nothing. The final
 // select cannot see a row a concurrent statement committed after this one's snapshot;
 // `record_upload` then asks again.
+// With a flow ($15), the task joins it as a root named `upload:<id>`. The flow was
+// unfinished when the upload started; if every task of it ended since (it was canceled,
+// say), the task is held `paused` with the reason, for a person to resume or cancel,
+// rather than run in a flow that is over.
 const RECORD: &str = "with up as (
         insert into artex.uploads (id, host, path, size, sha256, chunks, name, shared, task_id)
         values ($3, $4, $5, $6, $7, $8, $9, $10, $11)
         on conflict (id) do nothing
         returning task_id
     ),
+    flow as (
+        select $15::uuid is null
+               or exists (select 1 from artex.tasks f
+                          where f.flow_id = $15::uuid
+                            and f.status not in ('succeeded', 'failed', 'timeout', 'canceled'))
+               as open
+    ),
     t as (
-        insert into artex.tasks (id, kind, payload, priority, host)
-        select $11, $12, $13, $14, case when $10 then null else $4 end
-        from artex.set_context($1, $2) ctx, up
+        insert into artex.tasks (id, kind, payload, priority, host, flow_id, flow_task, status,
+                                 error)
+        select $11, $12, $13, $14, case when $10 then null else $4 end,
+               $15::uuid, case when $15::uuid is not null then 'upload:' || $3::text end,
+               case when flow.open then 'pending' else 'paused' end::artex.task_status,
+               case when not flow.open
+                    then format('flow %s had ended when upload %s completed: held paused '
+                                '(resume it to run it, or cancel it)', $15::uuid, $3::uuid)
+               end
+        from artex.set_context($1, $2) ctx, up, flow
         where ctx
         returning id
     )
@@ -101,6 +121,12 @@ const MARK_DELETED: &str = "update artex.uploads set state = 'deleted', deleted_
     where id = any($1::uuid[]) and state = 'complete'";
 
 const KNOWN: &str = "select id from artex.uploads where id = any($1::uuid[])";
+
+// Whether the flow exists, and whether a task of it has not ended (an upload's task may
+// join it then).
+const FLOW_OPEN: &str = "select exists (select 1 from artex.flows where id = $1),
+        exists (select 1 from artex.tasks where flow_id = $1
+                and status not in ('succeeded', 'failed', 'timeout', 'canceled'))";
 
 // Pending tasks bound to a host none of whose workers is live, nor was heard from within
 // $3 seconds of $4 (the database's clock when null): the file they name lies on that
@@ -169,6 +195,7 @@ impl Blackboard {
                         &task.kind,
                         &task.payload,
                         &task.priority,
+                        &upload.flow,
                     ],
                 )
                 .await?;
@@ -254,6 +281,15 @@ impl Blackboard {
                 })
             })
             .collect()
+    }
+
+    /// Whether flow `id` is unfinished (`Some(true)`), ended (`Some(false)`) or unknown.
+    pub async fn flow_open(&self, id: Uuid) -> Result<Option<bool>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FLOW_OPEN).await?;
+        let r = client.query_one(&stmt, &[&id]).await?;
+        let (exists, open): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
+        Ok(exists.then_some(open))
     }
 
     /// Which of `ids` are recorded (complete or deleted).
