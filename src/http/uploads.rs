@@ -121,6 +121,28 @@ async fn complete(
     }
 }
 
+/// A chunk for an upload whose folder is gone: if it was completed (by another request;
+/// its task may have run and its file been swept since), nothing is missing and the
+/// chunk is acknowledged with the task, as any re-sent chunk of a whole file; else 404.
+async fn done_before(
+    uploads: &Arc<Uploads>,
+    id: Uuid,
+    n: u64,
+) -> Result<HttpResponse, UploadError> {
+    let progress = uploads.progress(id).await?;
+    let Some(task) = progress.task else {
+        return Err(UploadError::NotFound(id.to_string()));
+    };
+    Ok(HttpResponse::Ok().force_close().json(json!({
+        "ack": true,
+        "chunk": n,
+        "received": progress.received.len(),
+        "missing": [],
+        "state": progress.state,
+        "task": task,
+    })))
+}
+
 async fn put_chunk(
     _: CanWrite,
     req: HttpRequest,
@@ -133,7 +155,10 @@ async fn put_chunk(
     let n: u64 = n.parse().map_err(|_| {
         UploadError::Invalid(format!("chunk {n:?}: expected a chunk number (0, 1, …)"))
     })?;
-    let meta = uploads.meta(id).await?;
+    let meta = match uploads.meta(id).await {
+        Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
+        other => other?,
+    };
     let expected = Uploads::chunk_len(&meta, n)?;
     let header = |name: &str| req.headers().get(name).and_then(|h| h.to_str().ok());
     let sha = header("chunk-sha256")
@@ -157,7 +182,10 @@ async fn put_chunk(
         }
         _ => {}
     }
-    uploads.put_chunk(&meta, n, &sha, body).await?;
+    match uploads.put_chunk(&meta, n, &sha, body).await {
+        Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
+        other => other?,
+    }
     let mut progress = uploads.progress(id).await?;
     if progress.missing.is_empty() && progress.task.is_none() {
         progress.task = uploads.finish(&meta).await?;

@@ -31,7 +31,21 @@ impl Uploads {
             me.join(&m)?;
             Ok(true)
         })
-        .await?;
+        .await;
+        let whole = match whole {
+            // Finished by another request while this one waited for the lock, its task
+            // run and its folder swept since: the row says which task it was.
+            Err(UploadError::NotFound(_)) => {
+                let row = self.bb.upload(meta.id).await.map_err(|e| {
+                    UploadError::Internal(format!("reading upload {}: {e}", meta.id))
+                })?;
+                return match row {
+                    Some(row) => Ok(Some(row.task)),
+                    None => Err(UploadError::NotFound(meta.id.to_string())),
+                };
+            }
+            other => other?,
+        };
         if !whole {
             return Ok(None);
         }

@@ -122,7 +122,15 @@ impl Uploads {
             return Ok((0..meta.chunks).collect());
         }
         let mut got = BTreeSet::new();
-        let entries = fs::read_dir(&dir).map_err(io(format!("reading {}", dir.display())))?;
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            // Completed by another request, its task run and its folder swept meanwhile:
+            // `progress` answers from the upload's row.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(UploadError::NotFound(meta.id.to_string()))
+            }
+            Err(e) => return Err(io(format!("reading {}", dir.display()))(e)),
+        };
         for e in entries.flatten() {
             let name = e.file_name();
             let Some(n) = name.to_str().and_then(|s| s.strip_suffix(".part")) else {
