@@ -36,7 +36,7 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -57,7 +57,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -775,5 +775,94 @@ dash_bench() {
 }
 if want dash; then
     dash_bench
+fi
+# ---- Upload: a 1 GiB file over loopback, artex upload vs curl -T to a plain sink (issue 15)
+# `artex upload` (10 MiB chunks, --parallel at its default) to a worker on this host, from
+# start (the client hashes the file first) to the task's id, as a ratio to `curl -T` of
+# the same file to examples/upload-sink.rs (reads and discards the body) in the same run:
+# target ≥ 0.8. Then the worker's peak RSS (VmHWM) over one upload each of 256 MiB and
+# 1 GiB in 1 MiB and 10 MiB chunks, a fresh worker each: target, independent of both.
+# Runs by default, or alone with ARTEX_BENCH_ONLY=upload (--quick: 64 and 16 MiB).
+upload_worker() { # db folder → $upload_pid, $upload_http
+    ARTEX_DATABASE_URL=$(db_url "$1") "$artex" worker --http 127.0.0.1:0 --kinds noop \
+        --write-token-file "$2/token" --upload-dir "$2/uploads" \
+        >>"$tmp/log/$1.worker" 2>&1 &
+    upload_pid=$!
+    procs+=("$upload_pid")
+    upload_http=''
+    for _ in $(seq 400); do
+        upload_http=$(sql "$1" -c "select http_addr from artex.workers
+            where pid = $upload_pid and state = 'online'")
+        [ -n "$upload_http" ] && return 0
+        sleep 0.05
+    done
+    die "the upload worker did not register"
+}
+upload_send() { # folder file chunk_bytes → seconds
+    local t0 t1
+    t0=$(date +%s.%N)
+    XDG_CACHE_HOME="$1/cache" "$artex" upload "$2" --to "http://$upload_http" --kind noop \
+        --token-file "$1/token" --chunk-size "$3" >"$1/task" 2>>"$tmp/log/upload.client" ||
+        die "artex upload failed: $(tail -n 3 "$tmp/log/upload.client")"
+    t1=$(date +%s.%N)
+    calc "$t1 - $t0" 3
+}
+upload_stop_worker() {
+    kill -TERM "$upload_pid" 2>/dev/null || true
+    wait "$upload_pid" 2>/dev/null || true
+}
+upload_bench() {
+    cargo build --release --example upload-sink
+    cp target/release/examples/upload-sink "$tmp/"
+    local dir="$tmp/upload" big=$((1 << 30)) small=$((256 << 20)) db=bench_upload
+    $quick && big=$((64 << 20)) small=$((16 << 20))
+    mkdir -p "$dir"
+    head -c "$big" /dev/urandom >"$dir/big.bin"
+    head -c "$small" "$dir/big.bin" >"$dir/small.bin"
+    printf bench-upload-token >"$dir/token"
+    new_db $db
+    "$tmp/upload-sink" >"$dir/sink" 2>>"$tmp/log/upload.sink" &
+    local sink_pid=$!
+    procs+=("$sink_pid")
+    for _ in $(seq 200); do [ -s "$dir/sink" ] && break; sleep 0.05; done
+    local sink t0 t1 curl_s artex_s
+    sink=$(head -n 1 "$dir/sink")
+    # Warm the page cache for both readers alike.
+    cat "$dir/big.bin" >/dev/null
+    t0=$(date +%s.%N)
+    curl -sS -f -H 'Expect:' -T "$dir/big.bin" "http://$sink/" -o /dev/null
+    t1=$(date +%s.%N)
+    curl_s=$(calc "$t1 - $t0" 3)
+    kill "$sink_pid" 2>/dev/null || true
+    wait "$sink_pid" 2>/dev/null || true
+    echo "# upload: $((big >> 20)) MiB, curl -T to a sink (examples/upload-sink.rs) in $curl_s s"
+    result upload_curl_sink_mib_per_s "$(calc "$big / 1048576 / $curl_s" 0)" MiB/s
+    local rss=()
+    for size in "$small" "$big"; do
+        for chunk in $((1 << 20)) $((10 << 20)); do
+            rm -rf "$dir/uploads" "$dir/cache"
+            upload_worker $db "$dir"
+            local file="$dir/small.bin"
+            [ "$size" = "$big" ] && file="$dir/big.bin"
+            local secs; secs=$(upload_send "$dir" "$file" "$chunk")
+            local kb; kb=$(hwm_kb "$upload_pid")
+            upload_stop_worker
+            echo "# upload: $((size >> 20)) MiB in $((chunk >> 20)) MiB chunks: $secs s, worker peak RSS $kb kB"
+            result "upload_rss_kb_$((size >> 20))mib_$((chunk >> 20))mib_chunks" "$kb" kB
+            rss+=("$kb")
+            if [ "$size" = "$big" ] && [ "$chunk" = $((10 << 20)) ]; then artex_s=$secs; fi
+        done
+    done
+    result upload_artex_mib_per_s "$(calc "$big / 1048576 / $artex_s" 0)" MiB/s
+    result upload_vs_curl_sink "$(calc "$curl_s / $artex_s" 2)" "ratio (target >= 0.8)"
+    local lo hi
+    lo=$(printf '%s\n' "${rss[@]}" | sort -n | head -n 1)
+    hi=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n 1)
+    result upload_rss_spread "$(calc "$hi / $lo" 2)" "ratio of highest to lowest peak RSS"
+    rm -rf "$dir"
+    drop_db $db
+}
+if want upload; then
+    upload_bench
 fi
 echo "# done"

@@ -254,6 +254,12 @@ pub struct PlannerArgs {
     /// changed).
     #[arg(long, env = "ARTEX_HISTORY_RETENTION", value_parser = parse_duration)]
     pub history_retention: Option<Duration>,
+    /// A pending task bound to a host (its upload is on that host's disk) fails once
+    /// every worker of that host has been gone this long, milliseconds: no other worker
+    /// can read its file. Long enough for a host to reboot.
+    #[arg(long, env = "ARTEX_UPLOAD_HOST_DEADLINE_MS", default_value_t = 600_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_host_deadline_ms: u64,
 }
 
 fn parse_shard(s: &str) -> Result<(i32, i32), String> {

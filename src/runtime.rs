@@ -139,6 +139,7 @@ pub async fn run_planner(
         retry_base_ms: args.reap_retry_base_ms as f64,
         retry_cap_ms: 300_000.0,
         judge_liveness: true,
+        upload_host_deadline_secs: ms(args.upload_host_deadline_ms).as_secs_f64(),
     };
     let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
     let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));

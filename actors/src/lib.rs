@@ -16,6 +16,8 @@
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
+//! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
+//!   by the Reaper).
 //! - [`error`]: this crate's error type.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -28,6 +30,7 @@ pub mod reaper;
 pub mod scanner;
 pub mod shard_keeper;
 pub mod supervisor;
+pub mod upload_guard;
 pub mod worker;
 
 pub use blackboard::Blackboard;

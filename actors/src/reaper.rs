@@ -107,6 +107,7 @@ impl Reaper {
     pub async fn run_once(bb: &Blackboard, actor: &str, params: &ReapParams) -> Result<ReapReport> {
         crate::supervisor::failpoint("reaper");
         let report = bb.reap(actor, params).await?;
+        crate::upload_guard::run_once(bb, actor, params).await?;
         for w in &report.workers_gone {
             tracing::warn!(worker = %w, "worker silent past the threshold: marked gone, its tasks taken back");
         }

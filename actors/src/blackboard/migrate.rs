@@ -149,6 +149,14 @@ pub const MIGRATIONS: &[Migration] = &[
             compatible_from: 10,
         },
     },
+    Migration {
+        version: 11,
+        name: "stranded_uploads",
+        sql: include_str!("../../../migrations/V11__stranded_uploads.sql"),
+        // One more legal move (pending → failed) that older builds never make, and an
+        // index: they run on unchanged.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

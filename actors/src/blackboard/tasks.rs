@@ -1,6 +1,7 @@
 //! Tasks as users see them: submit, show with full history, list. The status machine
 //! itself is enforced by the database, not here: its legal moves are
-//! `artex.transition_allowed` (migrations/V1__blackboard.sql), applied by the
+//! `artex.transition_allowed` (migrations/V1__blackboard.sql, last redefined by
+//! V11__stranded_uploads.sql), applied by the
 //! `tasks_before_update` trigger as migrations/V3__batched_hot_path.sql last defined it.
 
 use chrono::{DateTime, Utc};
