@@ -32,10 +32,13 @@
 #          a process or LISTEN session, which the roster accepts): assignment throughput,
 #          rounds, and the roster and claim queries' cost. Target: 2,000 workers at least
 #          half the rate of 10.
+#   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
+#          clients) one task a request and 100 a request, against plain SQL inserts of the
+#          same tasks in the same run: tasks/s and the API's ratio to SQL.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -58,7 +61,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -144,8 +147,9 @@ wait_until() { # db condition timeout_s
     wait $! # in the background, so that a signal stops the script at once
 }
 unfinished="not exists (select 1 from artex.tasks where status in ('pending', 'assigned', 'running'))"
-# Every task succeeded, with exactly its four audit rows: new → pending → assigned →
-# running → succeeded.
+# Every task succeeded, with exactly its three history rows: new → pending, assigned →
+# running (the assignment has no row of its own when a start follows), running →
+# succeeded.
 check_all_succeeded() { # db count
     local ok; ok=$(sql "$1" -c "select
         (select count(*) from artex.tasks) = $2
@@ -153,7 +157,7 @@ check_all_succeeded() { # db count
         and (select count(*) from (select task_id from artex.task_transitions group by 1
              having string_agg(coalesce(from_status::text, 'new') || '>' || to_status, ','
                                order by id)
-                    = 'new>pending,pending>assigned,assigned>running,running>succeeded') t) = $2")
+                    = 'new>pending,assigned>running,running>succeeded') t) = $2")
     [ "$ok" = t ] || die "$1: not all $2 tasks succeeded with their audit trail: $(sql "$1" \
         -c "select string_agg(status || ' ' || n, ', ') from (select status, count(*) n from artex.tasks group by 1) s")"
 }
@@ -498,8 +502,8 @@ sql $db -F' ' -c "select round(percentile_cont(0.5) within group (order by a)::n
                  extract(epoch from run.at - asg.at) * 1000 r,
                  (t.result->>'t_us')::float8 / 1000 - extract(epoch from run.at) * 1000 h
           from artex.tasks t
-          join artex.task_transitions asg on asg.task_id = t.id and asg.to_status = 'assigned'
           join artex.task_transitions run on run.task_id = t.id and run.to_status = 'running'
+          cross join lateral (select run.assigned_at as at) asg
           where t.payload->>'warmup' = 'false') s" | {
     read -r a r h
     result w2_p50_insert_to_assignment_ms "$a" ms
@@ -523,9 +527,9 @@ claim_ms() { # db → median execution time of 7 runs
 # excluded), 1 planner + 2 workers.
 w3_drain=$((w3_small / 2))
 drain_rate() { # db → $rate (not in a subshell: the processes it starts must stay ours)
-    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_events")
+    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_transitions")
     start_runtime "$1" 2
-    wait_until "$1" "exists (select 1 from artex.task_events where id > $base
+    wait_until "$1" "exists (select 1 from artex.task_transitions where id > $base
         and to_status = 'succeeded' offset $((w3_drain - 1)))" 600
     stop_runtime
     [ "$(sql "$1" -c "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')")" = 0 ] \
@@ -535,7 +539,7 @@ drain_rate() { # db → $rate (not in a subshell: the processes it starts must s
     rate=$(sql "$1" -c "select coalesce(round(count(*) filter (where at > first)
             / nullif(extract(epoch from max(at) - min(first)), 0)), 0)
         from (select at, min(at) over () as first from (
-            select at from artex.task_events where id > $base and to_status = 'succeeded'
+            select at from artex.task_transitions where id > $base and to_status = 'succeeded'
             order by id limit $w3_drain) e) t")
 }
 for backlog in small big finished; do
@@ -574,6 +578,18 @@ done
 if want w4; then
 db=bench_w4
 new_db $db
+# ARTEX_BENCH_W4_RETENTION=2m: history and finished tasks kept that long (the planner's
+# Maintenance drops history partitions and deletes finished tasks during the run).
+# A fresh database's partitions (made at the default's day-wide slices) are made again at
+# the short retention's slices first, as they would be had it been set from the start.
+w4_keep=${ARTEX_BENCH_W4_RETENTION:-}
+[ -z "$w4_keep" ] || sql $db -c "update artex.event_retention set keep = interval '$w4_keep'" \
+    -c "do \$\$ declare p record; begin
+            for p in select name from artex.history_partitions loop
+                execute format('drop table artex.%I', p.name);
+            end loop;
+            delete from artex.history_partitions;
+        end \$\$" -c "select count(*) from artex.make_history_partitions(now(), null)" >/dev/null
 insert_tasks $db "$w4" noop
 t0=$EPOCHREALTIME
 start_runtime $db 2
@@ -582,7 +598,15 @@ planner_kb=$(hwm_kb "${procs[0]}")
 worker_kb=$(for p in "${procs[@]:1}"; do hwm_kb "$p"; done | sort -n | tail -n 1)
 stop_runtime
 sleep 1 # let the last statistics land
-check_all_succeeded $db "$w4"
+if [ -z "$w4_keep" ]; then
+    check_all_succeeded $db "$w4"
+else
+    [ "$(sql $db -c "select count(*) from artex.tasks where status <> 'succeeded'")" = 0 ] \
+        || die "$db: tasks did not succeed"
+    echo "# W4 with a retention of $w4_keep: $(sql $db -c "select count(*) from artex.tasks") tasks left, history partitions: $(sql $db -c "select string_agg(name, ' ' order by lo) from artex.history_partitions"), feed pruned through $(sql $db -c "select pruned_xid || '-' || pruned_id || ' at ' || coalesce(pruned_at::text, 'never') from artex.event_retention")"
+    result w4_tasks_left "$(sql $db -c "select count(*) from artex.tasks")" rows
+    result w4_history_rows_left "$(sql $db -c "select count(*) from artex.task_transitions")" rows
+fi
 echo "# W4: $w4 tasks, 1 planner + 2 workers"
 rate=$(sql $db -c "select round($w4 / (extract(epoch from max(finished_at)) - $t0)) from artex.tasks")
 throughput w4_tasks_per_s "$rate"
@@ -594,15 +618,17 @@ while read -r tenth rate; do result "w4_tasks_per_s_tenth_$(printf %02d "$tenth"
 result w4_slowest_tenth_vs_fastest "$(awk 'NR == 1 || $2 < lo { lo = $2 } $2 > hi { hi = $2 } END { printf "%.2f", lo / hi }' "$tmp/tenths")" ratio
 fields=$(sql $db -F' ' -c "select
         pg_relation_size('artex.tasks'), pg_total_relation_size('artex.tasks'), n_live_tup, n_dead_tup,
-        pg_total_relation_size('artex.task_transitions'), pg_total_relation_size('artex.task_events')
+        (select coalesce(sum(pg_total_relation_size(inhrelid)), 0) from pg_inherits
+         where inhparent = 'artex.task_transitions'::regclass),
+        (select count(*) from pg_inherits where inhparent = 'artex.task_transitions'::regclass)
     from pg_stat_user_tables where relid = 'artex.tasks'::regclass")
-read -r heap total live dead trans events <<<"$fields"
+read -r heap total live dead trans parts <<<"$fields"
 result w4_tasks_heap_mb "$(calc "$heap / 1048576" 1)" MB
 result w4_tasks_with_indexes_mb "$(calc "$total / 1048576" 1)" MB
 result w4_tasks_live_tuples "$live" rows
 result w4_tasks_dead_tuples "$dead" rows
 result w4_task_transitions_mb "$(calc "$trans / 1048576" 1)" MB
-result w4_task_events_mb "$(calc "$events / 1048576" 1)" MB
+result w4_task_transitions_partitions "$parts" partitions
 result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
 result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
@@ -633,9 +659,11 @@ for fleet in 10 2000; do
     procs+=($!)
     wait_until $db "not exists (select 1 from artex.tasks where status = 'pending')" 600
     stop_runtime
-    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(at) - min(at)), 0.001)),
-            count(distinct at)
-        from artex.task_transitions where to_status = 'assigned'")
+    # An assignment writes no history row until it ends (the workers are simulated and
+    # never start anything): the assigned rows' updated_at is the assigning round's time.
+    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(updated_at) - min(updated_at)), 0.001)),
+            count(distinct updated_at)
+        from artex.tasks where status = 'assigned'")
     read -r rate rounds <<<"$fields"
     over=$(sql $db -c "select count(*) from artex.workers where held > capacity")
     [ "$over" = 0 ] || die "$db: $over workers hold more than their capacity"
@@ -649,5 +677,260 @@ for fleet in 10 2000; do
 done
 if [ ${#w6_rates[@]} = 2 ]; then
     result w6_2000_vs_10_workers "$(calc "${w6_rates[1]} / ${w6_rates[0]}" 2)" ratio
+fi
+# ---- History: rows and WAL per finished task, by table (issue 13) ----------------------
+# W1's workload with 1 worker, from a checkpoint: history rows per task, and the WAL of
+# the insert and of the run split by relation (pg_waldump: each record counted whole for
+# the relation of its first block; commit records and the like under "none").
+wal_by_table() { # db from_lsn to_lsn label tasks
+    local waldump; waldump=$(command -v pg_waldump || ls /usr/lib/postgresql/*/bin/pg_waldump 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$waldump" ] || { echo "# history: pg_waldump not found, no WAL split"; return 0; }
+    sql "$1" -F' ' -c "select c.relfilenode,
+            coalesce(pp.relname, t.relname) || case when c.relkind = 'i' then '_indexes' else '' end
+        from pg_class c
+        left join pg_index i on i.indexrelid = c.oid
+        left join pg_class t on t.oid = coalesce(i.indrelid, c.oid)
+        left join pg_inherits h on h.inhrelid = t.oid
+        left join pg_class pp on pp.oid = h.inhparent
+        where c.relfilenode <> 0 and c.relnamespace = 'artex'::regnamespace" >"$tmp/relmap"
+    "$waldump" -p "$tmp/db/pg/pg_wal" -s "$2" -e "$3" 2>/dev/null | awk -v map="$tmp/relmap" '
+        BEGIN { while ((getline l < map) > 0) { split(l, f, " "); name[f[1]] = f[2] } }
+        { tot = $0; sub(/.*len \(rec\/tot\): *[0-9]+\/ */, "", tot); sub(/,.*/, "", tot)
+          rel = "none"
+          if (match($0, /rel [0-9]+\/[0-9]+\/[0-9]+/)) {
+              split(substr($0, RSTART + 4, RLENGTH - 4), r, "/")
+              rel = (r[3] in name) ? name[r[3]] : "other"
+          }
+          sum[rel] += tot }
+        END { for (k in sum) print k, sum[k] }' | sort >"$tmp/walsplit"
+    while read -r rel bytes; do
+        result "history_wal_bytes_per_task_$4_$rel" "$(calc "$bytes / $5")" bytes
+    done <"$tmp/walsplit"
+}
+if want history; then
+db=bench_history
+new_db $db
+# Keep the WAL of the whole part on disk for pg_waldump (checkpoints recycle it).
+sql postgres -c "alter system set wal_keep_size = '4GB'" -c "select pg_reload_conf()" >/dev/null
+sql $db -c "checkpoint" >/dev/null
+lsn0=$(sql $db -c "select pg_current_wal_lsn()")
+insert_tasks $db $w1 noop
+sql $db -c "checkpoint" >/dev/null
+lsn1=$(sql $db -c "select pg_current_wal_lsn()")
+start_runtime $db 1
+wait_until $db "$unfinished" 600
+stop_runtime
+wait_idle $db
+lsn2=$(sql $db -c "select pg_current_wal_lsn()")
+check_all_succeeded $db $w1
+echo "# History: $w1 tasks, 1 planner + 1 worker"
+result history_rows_per_task "$(sql $db -c "select round(count(*)::numeric / $w1, 2) from artex.task_transitions")" rows
+result history_wal_bytes_per_task_insert "$(sql $db -c "select round(('$lsn1'::pg_lsn - '$lsn0'::pg_lsn) / $w1)")" bytes
+result history_wal_bytes_per_task_run "$(sql $db -c "select round(('$lsn2'::pg_lsn - '$lsn1'::pg_lsn) / $w1)")" bytes
+wal_by_table $db "$lsn0" "$lsn1" insert $w1
+wal_by_table $db "$lsn1" "$lsn2" run $w1
+sql postgres -c "alter system reset wal_keep_size" -c "select pg_reload_conf()" >/dev/null
+drop_db $db
+fi
+# ---- API: submit throughput through `artex serve` vs plain SQL --------------------------
+# The same no-op tasks submitted through `POST /api/v1/tasks` (`artex serve --http`,
+# examples/api-load.rs: 4 concurrent clients on keep-alive connections) and inserted
+# with plain SQL (pgbench, 4 clients, `insert into artex.tasks (kind, payload)`), one
+# task per request/transaction and 100 per request/transaction, in the same run against
+# the same cluster: tasks/s of each and the API's ratio to SQL. No planner or worker
+# runs: submission only (a simulated worker row declares the kind, as the API checks).
+api_clients=4
+api_sql() { # db tasks_per_tx transactions_per_client → tasks/s
+    cat >"$tmp/api-insert.sql" <<SQL
+insert into artex.tasks (kind, payload) select 'noop', '{}' from generate_series(1, $2);
+SQL
+    pgbench -n -M prepared -f "$tmp/api-insert.sql" -c $api_clients -j 2 -t "$3" "$(db_url "$1")" \
+        >"$tmp/log/api-pgbench" 2>&1 || die "pgbench: $(cat "$tmp/log/api-pgbench")"
+    awk -v n="$2" '/^tps/ { printf "%.0f", $3 * n }' "$tmp/log/api-pgbench"
+}
+api_http() { # addr tasks batch → tasks/s
+    "$tmp/api-load" "$1" "$tmp/api-token" noop "$2" $api_clients "$3" >"$tmp/log/api-load" 2>&1 ||
+        die "api-load: $(cat "$tmp/log/api-load")"
+    sed -nE 's/.*tasks_per_s=([0-9]+).*/\1/p' "$tmp/log/api-load"
+}
+if want api; then
+    if $quick; then api_single=400 api_batched=4000; else api_single=20000 api_batched=200000; fi
+    cargo build --release --quiet --example api-load
+    cp target/release/examples/api-load "$tmp/"
+    db=bench_api
+    new_db $db
+    sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+        values ('sim-api', 'sim', 1, 'bench', 'artex_w_sim_api', array['noop'], 1)"
+    printf 'bench-write-token' >"$tmp/api-token"
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 \
+        --write-token-file "$tmp/api-token" >>"$tmp/log/$db.serve" 2>&1 &
+    procs+=($!)
+    api_addr=''
+    for _ in $(seq 200); do
+        api_addr=$(sed -nE 's|.*the HTTP API on http://([0-9.:]+)/api/v1.*|\1|p' "$tmp/log/$db.serve")
+        [ -n "$api_addr" ] && break
+        sleep 0.05
+    done
+    [ -n "$api_addr" ] || die "artex serve did not say where it listens"
+    echo "# API: $api_clients clients; $api_single tasks one a request, $api_batched in batches of 100; plain SQL the same"
+    api1=$(api_http "$api_addr" "$api_single" 1)
+    sql1=$(api_sql $db 1 $((api_single / api_clients)))
+    api100=$(api_http "$api_addr" "$api_batched" 100)
+    sql100=$(api_sql $db 100 $((api_batched / 100 / api_clients)))
+    stop_runtime
+    n=$(sql $db -c "select count(*) from artex.tasks")
+    [ "$n" = $((2 * api_single + 2 * api_batched)) ] || die "$db: $n tasks, expected $((2 * api_single + 2 * api_batched))"
+    result api_submit_per_s_single "$api1" tasks/s
+    result api_sql_insert_per_s_single "$sql1" tasks/s
+    result api_vs_sql_single "$(calc "$api1 / $sql1" 2)" ratio
+    result api_submit_per_s_batch_100 "$api100" tasks/s
+    result api_sql_insert_per_s_batch_100 "$sql100" tasks/s
+    result api_vs_sql_batch_100 "$(calc "$api100 / $sql100" 2)" ratio
+    drop_db $db
+fi
+# ---- dash: the dashboard's first data with 1,000,000 tasks in the table -----------------
+# The API calls each page makes before it shows anything, against `artex serve` on a
+# database of ARTEX_BENCH_DASH_TASKS tasks (default 1,000,000) as a busy hour leaves them:
+# 90% succeeded, finished over the last hour, 5% failed, 5% pending (written with the
+# triggers off: the bench needs the rows, not their lives). Each figure is the median of
+# 7 requests (curl, time to the last byte); a page shows its data when its slowest call
+# has answered (they run in parallel).
+dash_ms() { # url → median ms of 7 GETs
+    for _ in 1 2 3 4 5 6 7; do curl -fsS -o /dev/null -w '%{time_total}\n' "$1"; done \
+        | sort -n | sed -n 4p | awk '{ printf "%.1f", $1 * 1000 }'
+}
+dash_bench() {
+    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
+    $quick && n=20000
+    new_db $db
+    sql $db -c "set session_replication_role = replica" -c "
+        insert into artex.tasks (id, kind, status, created_at, updated_at, started_at,
+                                 finished_at, error)
+        select bench.uuid7(), (array['echo', 'resize', 'etl'])[1 + g % 3], s::artex.task_status,
+            t - interval '2 s', t, case when s = 'pending' then null else t - interval '1 s' end,
+            case when s = 'pending' then null else t end,
+            case when s = 'failed' then 'bench failure' end
+        from generate_series(1, $n) g,
+            lateral (select now() - interval '60 min' * (1 - g::float8 / $n) as t,
+                            case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
+                                 else 'succeeded' end as s) x" \
+        -c "vacuum analyze artex.tasks" -c checkpoint
+    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 --public-read \
+        >>"$tmp/log/$db.serve" 2>&1 &
+    procs+=($!)
+    for _ in $(seq 200); do
+        addr=$(sed -n 's|.*the HTTP API on http://\([^/]*\)/api/v1.*|\1|p' "$tmp/log/$db.serve" | head -n 1)
+        [ -n "$addr" ] && break
+        sleep 0.05
+    done
+    [ -n "$addr" ] || die "artex serve did not start"
+    echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
+        (select status, count(*) n from artex.tasks group by 1 order by 1) c")), artex serve"
+    dash_ms "http://$addr/" >/dev/null # warm-up: the first connection, the prepared statements
+    dash_ms "http://$addr/api/v1/stats" >/dev/null
+    result dash_page_ms "$(dash_ms "http://$addr/")" ms
+    # The overview asks for a sample of 20,000 recent tasks; the API's default reads 100,000.
+    result dash_overview_stats_ms "$(dash_ms "http://$addr/api/v1/stats?sample=20000")" ms
+    result dash_stats_default_sample_ms "$(dash_ms "http://$addr/api/v1/stats")" ms
+    result dash_events_head_ms "$(dash_ms "http://$addr/api/v1/events/head")" ms
+    result dash_tasks_ms "$(dash_ms "http://$addr/api/v1/tasks?limit=50")" ms
+    result dash_tasks_failed_ms "$(dash_ms "http://$addr/api/v1/tasks?status=failed&limit=50")" ms
+    result dash_tasks_kind_ms "$(dash_ms "http://$addr/api/v1/tasks?kind=etl&limit=50")" ms
+    result dash_flows_ms "$(dash_ms "http://$addr/api/v1/flows?limit=100")" ms
+    result dash_workers_ms "$(dash_ms "http://$addr/api/v1/workers")" ms
+    stop_runtime
+    drop_db $db
+}
+if want dash; then
+    dash_bench
+fi
+# ---- Upload: a 1 GiB file over loopback, artex upload vs curl -T to a plain sink (issue 15)
+# `artex upload` (10 MiB chunks, --parallel at its default) to a worker on this host, from
+# start (the client hashes the file first) to the task's id, as a ratio to `curl -T` of
+# the same file to examples/upload-sink.rs (reads and discards the body) in the same run:
+# target ≥ 0.8. Then the worker's peak RSS (VmHWM) over one upload each of 256 MiB and
+# 1 GiB in 1 MiB and 10 MiB chunks, a fresh worker each: target, independent of both.
+# Runs by default, or alone with ARTEX_BENCH_ONLY=upload (--quick: 64 and 16 MiB).
+upload_worker() { # db folder → $upload_pid, $upload_http
+    ARTEX_DATABASE_URL=$(db_url "$1") "$artex" worker --http 127.0.0.1:0 --kinds noop \
+        --write-token-file "$2/token" --upload-dir "$2/uploads" \
+        >>"$tmp/log/$1.worker" 2>&1 &
+    upload_pid=$!
+    procs+=("$upload_pid")
+    upload_http=''
+    for _ in $(seq 400); do
+        upload_http=$(sql "$1" -c "select http_addr from artex.workers
+            where pid = $upload_pid and state = 'online'")
+        [ -n "$upload_http" ] && return 0
+        sleep 0.05
+    done
+    die "the upload worker did not register"
+}
+upload_send() { # folder file chunk_bytes → seconds
+    local t0 t1
+    t0=$(date +%s.%N)
+    XDG_CACHE_HOME="$1/cache" "$artex" upload "$2" --to "http://$upload_http" --kind noop \
+        --token-file "$1/token" --chunk-size "$3" >"$1/task" 2>>"$tmp/log/upload.client" ||
+        die "artex upload failed: $(tail -n 3 "$tmp/log/upload.client")"
+    t1=$(date +%s.%N)
+    calc "$t1 - $t0" 3
+}
+upload_stop_worker() {
+    kill -TERM "$upload_pid" 2>/dev/null || true
+    wait "$upload_pid" 2>/dev/null || true
+}
+upload_bench() {
+    cargo build --release --example upload-sink
+    cp target/release/examples/upload-sink "$tmp/"
+    local dir="$tmp/upload" big=$((1 << 30)) small=$((256 << 20)) db=bench_upload
+    $quick && big=$((64 << 20)) small=$((16 << 20))
+    mkdir -p "$dir"
+    head -c "$big" /dev/urandom >"$dir/big.bin"
+    head -c "$small" "$dir/big.bin" >"$dir/small.bin"
+    printf bench-upload-token >"$dir/token"
+    new_db $db
+    "$tmp/upload-sink" >"$dir/sink" 2>>"$tmp/log/upload.sink" &
+    local sink_pid=$!
+    procs+=("$sink_pid")
+    for _ in $(seq 200); do [ -s "$dir/sink" ] && break; sleep 0.05; done
+    local sink t0 t1 curl_s artex_s
+    sink=$(head -n 1 "$dir/sink")
+    # Warm the page cache for both readers alike.
+    cat "$dir/big.bin" >/dev/null
+    t0=$(date +%s.%N)
+    curl -sS -f -H 'Expect:' -T "$dir/big.bin" "http://$sink/" -o /dev/null
+    t1=$(date +%s.%N)
+    curl_s=$(calc "$t1 - $t0" 3)
+    kill "$sink_pid" 2>/dev/null || true
+    wait "$sink_pid" 2>/dev/null || true
+    echo "# upload: $((big >> 20)) MiB, curl -T to a sink (examples/upload-sink.rs) in $curl_s s"
+    result upload_curl_sink_mib_per_s "$(calc "$big / 1048576 / $curl_s" 0)" MiB/s
+    local rss=()
+    for size in "$small" "$big"; do
+        for chunk in $((1 << 20)) $((10 << 20)); do
+            rm -rf "$dir/uploads" "$dir/cache"
+            upload_worker $db "$dir"
+            local file="$dir/small.bin"
+            [ "$size" = "$big" ] && file="$dir/big.bin"
+            local secs; secs=$(upload_send "$dir" "$file" "$chunk")
+            local kb; kb=$(hwm_kb "$upload_pid")
+            upload_stop_worker
+            echo "# upload: $((size >> 20)) MiB in $((chunk >> 20)) MiB chunks: $secs s, worker peak RSS $kb kB"
+            result "upload_rss_kb_$((size >> 20))mib_$((chunk >> 20))mib_chunks" "$kb" kB
+            rss+=("$kb")
+            if [ "$size" = "$big" ] && [ "$chunk" = $((10 << 20)) ]; then artex_s=$secs; fi
+        done
+    done
+    result upload_artex_mib_per_s "$(calc "$big / 1048576 / $artex_s" 0)" MiB/s
+    result upload_vs_curl_sink "$(calc "$curl_s / $artex_s" 2)" "ratio (target >= 0.8)"
+    local lo hi
+    lo=$(printf '%s\n' "${rss[@]}" | sort -n | head -n 1)
+    hi=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n 1)
+    result upload_rss_spread "$(calc "$hi / $lo" 2)" "ratio of highest to lowest peak RSS"
+    rm -rf "$dir"
+    drop_db $db
+}
+if want upload; then
+    upload_bench
 fi
 echo "# done"

@@ -15,6 +15,12 @@
 # hosts after it are not touched. Needs bash and curl only: the JSON fields read are
 # flat strings and numbers, matched with sed.
 #
+# Progress, one line per step on standard output, each prefixed `rolling-upgrade: [i/N]
+# HOST:` (the host's place in the run and the number of hosts): `uploading BUNDLE (SIZE
+# bytes)`, `upgraded, pid OLD -> NEW; waiting for the new generation`, `healthy on SHA256
+# (S s)`; the run ends with `all N hosts upgraded: …`. A failure is one line on standard
+# error, `FAILED at HOST (i of N): why`, then the hosts upgraded before it.
+#
 # Migrate first, with the new build (`NEW/artex migrate`): a worker refuses a bundle whose
 # build needs a migration the database lacks (409, naming it) and the run stops there,
 # no host changed. See migrations/README.md.
@@ -64,10 +70,15 @@ fail() {
     exit 1
 }
 
+size=$(wc -c <"$bundle" | tr -d '[:space:]')
+
 total=$#
+n=0
 for host in "$@"; do
+    n=$((n + 1))
+    at="rolling-upgrade: [$n/$total] $host:"
     start=$(date +%s)
-    echo "rolling-upgrade: $host: uploading $(basename "$bundle")"
+    echo "$at uploading $(basename "$bundle") ($size bytes)"
     answer=$(curl -sS --max-time 300 -o - -w '\n%{http_code}' -T "$bundle" \
         -H @<(printf 'Authorization: Bearer %s\n' "$token") "http://$host/upgrade" 2>&1) ||
         fail "upload failed: $(sed '$d' <<<"$answer" | tr '\n' ' ')"
@@ -76,7 +87,7 @@ for host in "$@"; do
     [ "$code" = 200 ] || fail "HTTP $code: $body"
     sha=$(field new_binary_sha256 <<<"$body")
     [ -n "$sha" ] || fail "no new_binary_sha256 in the answer: $body"
-    echo "rolling-upgrade: $host: $(field status <<<"$body"), pid $(field old_pid <<<"$body") -> $(field new_pid <<<"$body")"
+    echo "$at $(field status <<<"$body"), pid $(field old_pid <<<"$body") -> $(field new_pid <<<"$body"); waiting for the new generation (/health, then /status on sha256 $sha)"
 
     deadline=$(($(date +%s) + timeout))
     until [ "$(curl -s -o /dev/null --max-time 5 -w '%{http_code}' "http://$host/health" || true)" = 200 ]; do
@@ -89,6 +100,6 @@ for host in "$@"; do
         sleep 0.2
     done
     done_hosts+=("$host")
-    echo "rolling-upgrade: $host: healthy on $sha ($(($(date +%s) - start)) s)"
+    echo "$at healthy on $sha ($(($(date +%s) - start)) s)"
 done
 echo "rolling-upgrade: all ${#done_hosts[@]} hosts upgraded: ${done_hosts[*]}"

@@ -247,6 +247,19 @@ pub struct PlannerArgs {
     /// Backoff base for retries the reaper schedules, milliseconds.
     #[arg(long, env = "ARTEX_REAP_RETRY_BASE_MS", default_value_t = 1_000)]
     pub reap_retry_base_ms: u64,
+    /// How long history (task transitions, the change feed) and finished tasks are kept,
+    /// e.g. 14d, 12h, 90m: older ones leave by whole partitions. Given, it is written to
+    /// the blackboard at start (the one setting all planners share, also set by `artex
+    /// events retention --set`); not given, the blackboard's stands (14 days unless
+    /// changed).
+    #[arg(long, env = "ARTEX_HISTORY_RETENTION", value_parser = parse_duration)]
+    pub history_retention: Option<Duration>,
+    /// A pending task bound to a host (its upload is on that host's disk) fails once
+    /// every worker of that host has been gone this long, milliseconds: no other worker
+    /// can read its file. Long enough for a host to reboot.
+    #[arg(long, env = "ARTEX_UPLOAD_HOST_DEADLINE_MS", default_value_t = 600_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub upload_host_deadline_ms: u64,
 }
 
 fn parse_shard(s: &str) -> Result<(i32, i32), String> {
@@ -290,6 +303,31 @@ fn parse_shards(s: &str) -> Result<AutoShards, String> {
         None => return Err(format!("'{s}': expected auto or auto:N, e.g. auto:16")),
     };
     Ok(AutoShards { count })
+}
+
+/// `90`, `90s`, `1500ms`, `15m`, `12h`, `7d`.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("'{s}': expected a number with a unit, e.g. 7d, 12h, 90m, 30s"))?;
+    let secs = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "'{s}': unknown unit '{unit}'; use ms, s, m, h or d"
+            ))
+        }
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("'{s}': too long"))
 }
 
 /// Milliseconds as a `Duration`.

@@ -26,6 +26,13 @@ pub enum Error {
     /// and LSB init scripts say "not running").
     #[error("{0}")]
     NotRunning(String),
+    /// `submit --wait`, `flow show --follow`: the task or flow ended failed or timed out
+    /// (exit 4: the command worked, what it waited for did not).
+    #[error("{0}")]
+    EndedFailed(String),
+    /// `submit --wait`, `flow show --follow`: the task or flow ended canceled (exit 5).
+    #[error("{0}")]
+    EndedCanceled(String),
     /// Input that cannot be accepted; the message names what and where.
     #[error("{0}")]
     Invalid(String),
@@ -43,12 +50,16 @@ pub enum Error {
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The process exit code for this error: 2 for bad input (the message names the
-    /// option or value), 1 for every failure (database, network, handover, files).
+    /// The process exit code for this error (README, "Exit codes"): 2 for bad input (the
+    /// message names the option or value), 3 for a cluster not running (`db status`), 4
+    /// and 5 for a task or flow waited for that failed (or timed out) or was canceled, 1
+    /// for every failure (database, network, handover, files). 0 is success.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,
             Error::NotRunning(_) => 3,
+            Error::EndedFailed(_) => 4,
+            Error::EndedCanceled(_) => 5,
             Error::Actors(artex_actors::Error::Invalid(_)) => 2,
             Error::Actors(artex_actors::Error::TaskNotFound(_)) => 2,
             Error::Actors(artex_actors::Error::FlowNotFound(_)) => 2,

@@ -1,18 +1,20 @@
 //! The long-running parts, each `run(…, shutdown)` like mini-redis's `server::run`: the
 //! caller passes the blackboard, the settings, the listener and a shutdown future, so a
 //! test (or a user's binary) can run a planner or a worker in-process and stop it.
-//! [`run_planner`] starts the Scanner, Assigner and Reaper (and with `--shards auto` the
+//! [`run_planner`] starts the Scanner, Assigner, Reaper and Maintenance (and with `--shards auto` the
 //! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, takes over
 //! from a predecessor when spawned by a hot upgrade, and drains on shutdown.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::Supervisor;
 use actix_web::{web, App, HttpServer};
 use artex_actors::assigner::{Assigner, AssignerConfig};
 use artex_actors::blackboard::ReapParams;
+use artex_actors::maintenance::Maintenance;
 use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
 use artex_actors::shard_keeper::{KeeperConfig, Resign, ShardKeeper, ShardView};
@@ -70,7 +72,12 @@ pub async fn connect_unchecked(db: &DbConfig) -> Result<Blackboard> {
     Ok(Blackboard::connect_with(&url, limits)?)
 }
 
-/// Runs the planner's actors (Scanner, Assigner, Reaper, each supervised) until
+/// How often the planner's Maintenance actor keeps history bounded: often enough for
+/// the shortest partition slice (a minute), and a few cheap statements when there is
+/// nothing to do.
+const MAINTENANCE_EVERY: Duration = Duration::from_secs(15);
+
+/// Runs the planner's actors (Scanner, Assigner, Reaper, Maintenance, each supervised) until
 /// `shutdown` resolves.
 pub async fn run_planner(
     bb: Blackboard,
@@ -132,9 +139,16 @@ pub async fn run_planner(
         retry_base_ms: args.reap_retry_base_ms as f64,
         retry_cap_ms: 300_000.0,
         judge_liveness: true,
+        upload_host_deadline_secs: ms(args.upload_host_deadline_ms).as_secs_f64(),
     };
     let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
     let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
+    if let Some(keep) = args.history_retention {
+        bb.set_event_retention(keep).await?;
+        tracing::info!(retention = ?keep, "history retention set");
+    }
+    let (b, s) = (bb.clone(), stats.clone());
+    let maintenance = Supervisor::start(move |_| Maintenance::new(b, MAINTENANCE_EVERY, s));
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
     if let Some((keeper, _)) = keeper {
@@ -150,7 +164,7 @@ pub async fn run_planner(
                 "planner shards: not given back in time; they lapse with their leases"),
         }
     }
-    drop((scanner, assigner, reaper));
+    drop((scanner, assigner, reaper, maintenance));
     Ok(())
 }
 

@@ -161,9 +161,12 @@ fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<
             Err(e) if raw.is_empty() => panic!("{method} {path}: {e}"),
             Err(_) => break,
         }
+        // The head says so (a body, such as the OpenAPI document, may name the type).
         let text = String::from_utf8_lossy(&raw);
-        if text.contains("\r\n\r\n") && text.to_ascii_lowercase().contains("text/event-stream") {
-            break;
+        if let Some((head, _)) = text.split_once("\r\n\r\n") {
+            if head.to_ascii_lowercase().contains("text/event-stream") {
+                break;
+            }
         }
     }
     let raw = String::from_utf8_lossy(&raw).into_owned();
@@ -224,13 +227,13 @@ async fn declare(bb: &Blackboard, id: &str, kinds: &[&str]) {
     .expect("register a worker");
 }
 
-/// What the blackboard holds: tasks, flows, audit rows, feed events.
+/// What the blackboard holds: tasks, flows, history rows, consumers' cursors.
 async fn written(c: &Client) -> [i64; 4] {
     [
         count(c, "select count(*) from artex.tasks").await,
         count(c, "select count(*) from artex.flows").await,
         count(c, "select count(*) from artex.task_transitions").await,
-        count(c, "select count(*) from artex.task_events").await,
+        count(c, "select count(*) from artex.event_cursors").await,
     ]
 }
 
@@ -832,7 +835,20 @@ async fn every_list_query_walks_an_index() {
         let text = plan.join("\n");
         // Printed for `scripts/test.sh -E 'binary(api)' --no-capture`, and on failure.
         println!("---- {name}\n{text}");
-        if text.contains("Seq Scan") || !text.contains("Index") {
+        // An empty history partition (made ahead, or left by an upgrade) is scanned, not
+        // probed: nothing to read either way.
+        let empty_partition = |l: &str| {
+            l.contains("Seq Scan on task_transitions_")
+                && l.split("..")
+                    .nth(1)
+                    .and_then(|c| c.split_whitespace().next())
+                    .and_then(|c| c.parse::<f64>().ok())
+                    .is_some_and(|cost| cost < 1.0)
+        };
+        let seq = plan
+            .iter()
+            .any(|l| l.contains("Seq Scan") && !empty_partition(l));
+        if seq || !text.contains("Index") {
             scans.push(format!("{name}:\n{text}"));
         }
         // Counting a rare status walks that status's entries, not the whole table (a

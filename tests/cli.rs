@@ -364,12 +364,10 @@ async fn show_and_list_cut_large_values_unless_full() {
     assert_eq!(v["task"]["payload"]["s"].as_str().unwrap().len(), 5000);
     assert!(v["task"].get("cut").is_none());
 
-    let line = stdout(&artex(url, None, &["tasks", "--json"]));
-    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-    assert_eq!(v["cut"][0]["bytes"], whole);
-    let line = stdout(&artex(url, None, &["tasks", "--json", "--full"]));
-    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-    assert_eq!(v["payload"]["s"].as_str().unwrap().len(), 5000);
+    let v = json_of(&artex(url, None, &["tasks", "--json"]));
+    assert_eq!(v["tasks"][0]["cut"][0]["bytes"], whole);
+    let v = json_of(&artex(url, None, &["tasks", "--json", "--full"]));
+    assert_eq!(v["tasks"][0]["payload"]["s"].as_str().unwrap().len(), 5000);
     let text = stdout(&artex(url, None, &["tasks"]));
     assert!(text.contains(&id), "{text}");
 }
@@ -456,6 +454,14 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
     let out = artex(None, d, &["db", "status"]);
     assert!(stdout(&out).starts_with("absent"), "{}", stdout(&out));
     assert_eq!(out.status.code(), Some(3), "not running: exit 3");
+    let out = artex(None, d, &["db", "status", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "not running: exit 3, --json too"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["state"], "absent", "{v}");
     let out = artex(None, d, &["db", "url"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("artex db start"), "{}", stderr(&out));
@@ -476,6 +482,17 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
     let out = artex(None, d, &["db", "status"]);
     assert!(stdout(&out).starts_with("running"));
     assert_eq!(out.status.code(), Some(0));
+    let v = json_of(&artex(None, d, &["db", "status", "--json"]));
+    assert_eq!(
+        (&v["state"], &v["url"]),
+        (&"running".into(), &url.as_str().into()),
+        "{v}"
+    );
+    assert!(v["pid"].as_i64().is_some(), "{v}");
+    assert_eq!(
+        json_of(&artex(None, d, &["db", "url", "--json"]))["url"],
+        url.as_str()
+    );
     let again = artex(None, d, &["db", "start"]);
     assert!(
         stderr(&again).contains("already running"),
@@ -612,4 +629,428 @@ async fn one_shot_output_says_what_happened_and_only_that() {
         "{}",
         stderr(&out)
     );
+}
+
+/// An `artex` run in the background, its standard output read line by line as it comes;
+/// killed if the test ends first.
+struct Background {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Background {
+    fn start(url: &str, args: &[&str]) -> Background {
+        let mut child = Command::new(common::artex_bin())
+            .args(args)
+            .env("ARTEX_DATABASE_URL", url)
+            .env("ARTEX_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run artex");
+        let out = child.stdout.take().expect("its standard output");
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+        Background { child, lines }
+    }
+
+    /// Its next line of output (the test waits for it: a hung command hangs the test,
+    /// which names it).
+    fn line(&mut self) -> String {
+        self.lines
+            .next()
+            .expect("a line of output before the end")
+            .expect("readable output")
+    }
+
+    /// The rest of its output, its exit code and its standard error, once it has exited.
+    fn finish(mut self) -> (Vec<String>, Option<i32>, String) {
+        let rest: Vec<String> = self.lines.by_ref().map_while(|l| l.ok()).collect();
+        let status = self.child.wait().expect("wait for artex");
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        (rest, status.code(), err)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(out));
+    serde_json::from_str(&stdout(out))
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", stdout(out)))
+}
+
+/// Every command that prints data prints one JSON document with --json, with the HTTP
+/// API's field names where the API has the same thing.
+#[tokio::test]
+async fn json_output_is_one_document_with_the_apis_fields() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    register_worker(&db, &["echo"]).await;
+
+    let v = json_of(&artex(url, None, &["submit", "echo", "--json"]));
+    let id = v["id"].as_str().expect("submit: id").to_string();
+    let v = json_of(&artex(url, None, &["tasks", "--json", "--limit", "1"]));
+    assert_eq!(v["tasks"][0]["id"], id.as_str(), "{v}");
+    assert_eq!(v["tasks"][0]["status"], "pending", "{v}");
+    assert_eq!(v["next"], id.as_str(), "a full page names the next: {v}");
+    let v = json_of(&artex(url, None, &["tasks", "--json", "--after", &id]));
+    assert_eq!(v["tasks"].as_array().map(Vec::len), Some(0), "{v}");
+    assert!(v["next"].is_null(), "{v}");
+    let v = json_of(&artex(url, None, &["tasks", "--json", "--kind", "echo"]));
+    assert_eq!(v["tasks"].as_array().map(Vec::len), Some(1), "{v}");
+    let v = json_of(&artex(url, None, &["task", "show", &id, "--json"]));
+    assert_eq!(v["task"]["kind"], "echo", "{v}");
+    assert_eq!(v["transitions"][0]["to_status"], "pending", "{v}");
+    let v = json_of(&artex(url, None, &["pause", &id, "--json"]));
+    assert_eq!(v["changed"][0][1], "paused", "{v}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flow.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
+            {"name": "b", "kind": "echo", "depends_on": ["a"]}]}"#,
+    )
+    .unwrap();
+    let v = json_of(&artex(
+        url,
+        None,
+        &["flow", "submit", file.to_str().unwrap(), "--json"],
+    ));
+    let flow = v["id"].as_str().expect("flow submit: id").to_string();
+    let v = json_of(&artex(url, None, &["flow", "show", &flow, "--json"]));
+    assert_eq!(v["id"], flow.as_str(), "{v}");
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(v["tasks"][1]["depends_on"][0], "a", "{v}");
+    let v = json_of(&artex(url, None, &["flow", "list", "--json"]));
+    assert_eq!(v["flows"][0]["id"], flow.as_str(), "{v}");
+    assert_eq!(v["flows"][0]["state"], "running", "{v}");
+    assert_eq!(v["flows"][0]["counts"]["blocked"], 1, "{v}");
+    assert!(v["next"].is_null(), "one flow, one page: {v}");
+    let v = json_of(&artex(url, None, &["tasks", "--json", "--flow", &flow]));
+    assert_eq!(v["tasks"].as_array().map(Vec::len), Some(2), "{v}");
+
+    let v = json_of(&artex(url, None, &["kinds", "--json"]));
+    assert_eq!(v["kinds"][0]["kind"], "echo", "{v}");
+    let v = json_of(&artex(url, None, &["workers", "--json"]));
+    assert_eq!(v["workers"][0]["id"], "w1", "{v}");
+    for field in ["state", "pid", "version", "capacity", "held", "last_seen"] {
+        assert!(
+            v["workers"][0].get(field).is_some(),
+            "workers: {field}: {v}"
+        );
+    }
+    assert_eq!(v["more"], false, "{v}");
+    let v = json_of(&artex(url, None, &["stats", "--json"]));
+    // The paused task, the flow's first (pending) and second (blocked).
+    for status in ["paused", "pending", "blocked"] {
+        assert_eq!(v["by_status"][status], 1, "{status}: {v}");
+    }
+    assert!(v["recent"]["queue_ms"].is_object(), "{v}");
+    let v = json_of(&artex(url, None, &["limits", "--json"]));
+    assert!(v["max_payload_bytes"].as_i64().unwrap_or(0) > 0, "{v}");
+    let v = json_of(&artex(url, None, &["events", "retention", "--json"]));
+    assert!(v["keep_secs"].as_f64().is_some(), "{v}");
+    let v = json_of(&artex(url, None, &["events", "prune", "--json"]));
+    assert_eq!(v["tasks_pruned"], 0, "{v}");
+    assert!(v["partitions_dropped"].is_array(), "{v}");
+    let v = json_of(&artex(url, None, &["migrate", "--json"]));
+    assert!(
+        v["already"].as_array().is_some_and(|a| !a.is_empty()),
+        "{v}"
+    );
+    assert_eq!(v["applied"], serde_json::json!([]), "{v}");
+    // The feed is JSON lines: one event a line.
+    let out = artex(url, None, &["events", "tail"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert!(
+        lines.iter().any(|e| e["task_id"] == id.as_str()),
+        "{lines:?}"
+    );
+}
+
+/// `submit --wait` waits for the task to end, says how it went on standard error, and
+/// exits with its outcome: 0 succeeded, 4 failed, 5 canceled.
+#[tokio::test]
+async fn submit_wait_exits_with_the_tasks_outcome() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let c = db.client().await;
+    // Submitted before any worker runs: the wait follows it from pending to the end.
+    let mut wait = Background::start(
+        url,
+        &[
+            "submit",
+            "fail",
+            "--payload",
+            r#"{"times": 1}"#,
+            "--allow-unregistered-kind",
+            "--wait",
+        ],
+    );
+    let id = wait.line();
+    uuid::Uuid::parse_str(&id).expect("the id comes first");
+    let w = common::procs::Proc::worker("w", url, &[]);
+    common::procs::worker_id(&c, &w).await;
+    let _p = common::procs::Proc::planner("p", url, &[]);
+    let (rest, code, err) = wait.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(rest.is_empty(), "only the id on standard output: {rest:?}");
+    assert!(err.contains(&format!("task {id}: pending")), "{err}");
+    assert!(
+        err.contains("failing on purpose (attempt 1)"),
+        "the retry: {err}"
+    );
+    assert!(err.contains("succeeded after"), "{err}");
+    assert!(err.contains("succeeded_on_attempt"), "the result: {err}");
+
+    let out = artex(
+        Some(url),
+        None,
+        &["submit", "fail", "--max-retries", "0", "--wait"],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("failed after"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("error: task") && stderr(&out).contains("failing on purpose"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = artex(Some(url), None, &["submit", "echo", "--wait", "--json"]);
+    let v = json_of(&out);
+    assert_eq!(v["task"]["status"], "succeeded", "{v}");
+    assert!(
+        v["transitions"].as_array().is_some_and(|t| t.len() >= 3),
+        "{v}"
+    );
+
+    // Canceled while it runs: the wait ends with 5.
+    let mut wait = Background::start(
+        url,
+        &["submit", "sleep", "--payload", r#"{"ms": 60000}"#, "--wait"],
+    );
+    let id = wait.line();
+    let task: uuid::Uuid = id.parse().unwrap();
+    common::procs::wait_status(&db.bb, task, "running", std::time::Duration::from_secs(20)).await;
+    let out = artex(Some(url), None, &["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (_, code, err) = wait.finish();
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("canceled"), "{err}");
+}
+
+/// `flow show --follow` shows the flow, then its tasks' changes as they happen, and ends
+/// when the flow has finished, with its outcome as exit code.
+#[tokio::test]
+async fn flow_show_follow_ends_when_the_flow_finishes() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flow.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "etl", "tasks": [{"name": "extract", "kind": "echo"},
+            {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}"#,
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = artex(
+        Some(url),
+        None,
+        &["flow", "submit", path, "--allow-unregistered-kind"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let flow = stdout(&out).trim().to_string();
+
+    // Followed before anything runs: the first line is the flow as it stands.
+    let mut json = Background::start(url, &["flow", "show", &flow, "--follow", "--json"]);
+    let mut text = Background::start(url, &["flow", "show", &flow, "--follow"]);
+    let first: serde_json::Value = serde_json::from_str(&json.line()).unwrap();
+    assert_eq!(first["state"], "running", "{first}");
+    assert_eq!(first["tasks"][1]["status"], "blocked", "{first}");
+    assert!(text.line().starts_with("flow:"), "the table first");
+    let w = common::procs::Proc::worker("w", url, &[]);
+    common::procs::worker_id(&c, &w).await;
+    let _p = common::procs::Proc::planner("p", url, &[]);
+
+    let (rest, code, err) = json.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<serde_json::Value> = rest
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let last = lines.last().expect("a line after the start");
+    assert_eq!(last["state"], "succeeded", "{last}");
+    assert_eq!(last["counts"]["succeeded"], 2, "{last}");
+    assert!(
+        lines.iter().all(|l| l["id"] == flow.as_str()),
+        "each line is the whole flow: {lines:?}"
+    );
+    let (rest, code, err) = text.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let shown = rest.join("\n");
+    assert!(
+        shown.lines().any(|l| l.contains(" load ")
+            && l.ends_with("blocked -> pending: all upstream tasks succeeded")),
+        "the promotion, as it happened: {shown}"
+    );
+    assert!(
+        shown.contains(&format!("flow {flow}: succeeded (2 succeeded)")),
+        "{shown}"
+    );
+
+    // A flow that fails: exit 4, whether followed or already over.
+    std::fs::write(
+        &file,
+        r#"{"name": "bad", "tasks": [{"name": "a", "kind": "fail", "max_retries": 0},
+            {"name": "b", "kind": "echo", "depends_on": ["a"]}]}"#,
+    )
+    .unwrap();
+    let out = artex(Some(url), None, &["flow", "submit", path]);
+    let flow = stdout(&out).trim().to_string();
+    let out = artex(Some(url), None, &["flow", "show", &flow, "--follow"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("flow {flow}: failed")),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// `bundle create` tells its steps on standard error, a line each when it is no terminal
+/// (a test, a log); `--json` prints the bundle's path, size and manifest.
+#[test]
+fn bundle_create_tells_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "keygen",
+            "--secret",
+            &p("key"),
+            "--public",
+            &p("key.pub"),
+            "--json",
+        ],
+    );
+    let v = json_of(&out);
+    assert_eq!(v["public"], p("key.pub"), "{v}");
+    // A "binary" that answers the schema question as artex does.
+    let schema = stdout(&artex(None, None, &["schema", "--json"]));
+    let bin = p("worker");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = schema ]; then echo '{}'; exit 0; fi\nexit 1\n",
+            schema.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let size = std::fs::metadata(&bin).unwrap().len();
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "create",
+            "--binary",
+            &bin,
+            "--key",
+            &p("key"),
+            "--out",
+            &p("b.zip"),
+            "--json",
+        ],
+    );
+    let v = json_of(&out);
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "a line per step, no bar: {err}");
+    assert!(
+        lines[0].starts_with("artex: bundle: asking") && lines[0].contains("schema"),
+        "{err}"
+    );
+    assert_eq!(
+        lines[1],
+        format!("artex: bundle: hashing and compressing {bin} ({size} bytes)")
+    );
+    assert!(lines[2].contains(&format!("wrote {}", p("b.zip"))), "{err}");
+    assert!(
+        !err.contains('\r'),
+        "no redrawn bar off a terminal: {err:?}"
+    );
+    assert_eq!(v["path"], p("b.zip"), "{v}");
+    assert_eq!(
+        v["bytes"].as_u64(),
+        Some(std::fs::metadata(p("b.zip")).unwrap().len()),
+        "{v}"
+    );
+    assert_eq!(
+        v["manifest"]["binary_sha256"].as_str().map(str::len),
+        Some(64),
+        "{v}"
+    );
+    assert!(v["manifest"]["schema"]["needs"].is_array(), "{v}");
+
+    // What a worker would verify, before a rolling upgrade: the same manifest; refused
+    // with a key it was not signed with.
+    let info = json_of(&artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "info",
+            &p("b.zip"),
+            "--public-key",
+            &p("key.pub"),
+            "--json",
+        ],
+    ));
+    assert_eq!(info["manifest"], v["manifest"], "{info}");
+    assert_eq!(info["bytes"], v["bytes"], "{info}");
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "keygen",
+            "--secret",
+            &p("other"),
+            "--public",
+            &p("other.pub"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = artex(
+        None,
+        None,
+        &[
+            "bundle",
+            "info",
+            &p("b.zip"),
+            "--public-key",
+            &p("other.pub"),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("signature"), "{}", stderr(&out));
 }

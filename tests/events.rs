@@ -1,8 +1,9 @@
-//! The change feed end to end (issue 6): out-of-order commits delivered in a final order,
-//! a consumer killed with kill -9 mid-stream resuming without gap or duplicate, only
-//! meaningful changes in the outbox, Server-Sent Events resumed with Last-Event-ID,
-//! retention that never breaks a live consumer, and the logical decoding consumer
-//! resuming from its slot's LSN.
+//! The change feed end to end (issues 6 and 13): out-of-order commits delivered in a final
+//! order, a consumer killed with kill -9 mid-stream resuming without gap or duplicate, one
+//! history row per real transition (the feed reads them), Server-Sent Events resumed with
+//! Last-Event-ID, retention by whole time partitions that holds back for a live consumer
+//! and then answers 410, finished tasks pruned past the retention, and the logical
+//! decoding consumer resuming from its slot's LSN.
 
 mod common;
 
@@ -16,10 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use artex_actors::blackboard::{
-    EventFeed, EventPosition, FeedStart, NewTask, ReapParams, TaskStatus,
-};
-use artex_actors::reaper::Reaper;
+use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, NewTask, TaskStatus};
+use artex_actors::maintenance::Maintenance;
+use chrono::{DateTime, Utc};
 use common::procs::{wait_for, Proc};
 use common::TestDb;
 use nix::sys::signal::Signal;
@@ -27,10 +27,17 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+/// The history rows the feed shows (see `events.rs`).
+const FEED_ROWS: &str = "xid > '1' and to_status <> 'assigned'
+    and from_status is distinct from to_status";
+
 /// Every event's position, in feed order.
 async fn all_positions(c: &Client) -> Vec<String> {
     c.query(
-        "select xid::text || '-' || id from artex.task_events order by xid, id",
+        &format!(
+            "select xid::text || '-' || id from artex.task_transitions where {FEED_ROWS}
+             order by xid, id"
+        ),
         &[],
     )
     .await
@@ -151,7 +158,7 @@ async fn settled(c: &Client) {
             let all: Option<bool> = c
                 .query_one(
                     "select bool_and(xid < pg_snapshot_xmin(pg_current_snapshot()))
-                     from artex.task_events",
+                     from artex.task_transitions",
                     &[],
                 )
                 .await
@@ -317,7 +324,7 @@ async fn a_consumer_killed_mid_stream_resumes_without_gap_or_duplicate() {
 }
 
 #[tokio::test]
-async fn the_outbox_holds_meaningful_changes_only() {
+async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let _p = Proc::planner("planner", &db.url, &[]);
@@ -335,19 +342,123 @@ async fn the_outbox_holds_meaningful_changes_only() {
     let lines = lines_of(
         &c,
         "select coalesce(from_status::text, '(new)') || '>' || to_status::text
-         from artex.task_events where task_id = $1 order by xid, id",
+         from artex.task_transitions where task_id = $1 order by at, id",
         id,
     )
     .await;
     assert_eq!(
         lines,
-        ["(new)>pending", "assigned>running", "running>succeeded"]
+        ["(new)>pending", "assigned>running", "running>succeeded"],
+        "no row for lease renewals, heartbeats, or an assignment followed by a start"
     );
     assert_eq!(
-        count(&c, "select count(*) from artex.task_events").await,
-        3,
-        "no event for lease renewals, heartbeats or assignment"
+        count(&c, "select count(*) from artex.task_transitions").await,
+        3
     );
+    // The start names the worker, the fencing token and when the task was assigned.
+    let task = db.bb.task(id).await.unwrap();
+    let trail = db.bb.transitions(id).await.unwrap();
+    let start = &trail[1];
+    assert!(start.worker.as_deref().is_some_and(|w| !w.is_empty()));
+    assert_eq!(start.lease_epoch, task.lease_epoch);
+    let assigned_at = start
+        .assigned_at
+        .expect("the start says when it was assigned");
+    assert!(task.created_at <= assigned_at && assigned_at <= start.at);
+    // The feed reads the same rows, at their positions.
+    settled(&c).await;
+    let batch = db
+        .bb
+        .events_after(EventPosition::default(), 100)
+        .await
+        .unwrap();
+    let feed: Vec<String> = batch
+        .events
+        .iter()
+        .map(|e| format!("{:?}>{:?}", e.from, e.to))
+        .collect();
+    assert_eq!(
+        feed,
+        [
+            "None>Pending",
+            "Some(Assigned)>Running",
+            "Some(Running)>Succeeded"
+        ]
+    );
+    assert!(batch.events.iter().all(|e| e.kind == "sleep"));
+    assert_eq!(
+        batch
+            .events
+            .iter()
+            .map(|e| e.position.to_string())
+            .collect::<Vec<_>>(),
+        all_positions(&c).await
+    );
+}
+
+/// A task given back before it started still has its assignment in the history (written
+/// when it ends, dated when it was made), though the feed does not show it.
+#[tokio::test]
+async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    c.batch_execute(
+        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+         values ('w-test', 'h', 1, 'v', 'w_test', '{echo}', 4);
+         update artex.tasks set status = 'assigned', assigned_to = 'w-test',
+             lease_until = now() + interval '1 minute';",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        count(&c, "select count(*) from artex.task_transitions").await,
+        1,
+        "an assignment alone writes no row"
+    );
+    c.batch_execute(
+        "begin;
+         select artex.set_context('reaper', 'lease expired');
+         update artex.tasks set status = 'pending', retries = retries + 1;
+         commit",
+    )
+    .await
+    .unwrap();
+    let trail = db.bb.transitions(id).await.unwrap();
+    let steps: Vec<String> = trail
+        .iter()
+        .map(|t| format!("{:?}>{:?} {:?}", t.from_status, t.to_status, t.worker))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "None>Pending None",
+            "Some(Pending)>Assigned Some(\"w-test\")",
+            "Some(Assigned)>Pending Some(\"w-test\")"
+        ]
+    );
+    assert_eq!(trail[1].lease_epoch, 1);
+    assert!(
+        trail[1].at < trail[2].at,
+        "the assignment is dated when it was made"
+    );
+    assert_eq!(trail[2].reason.as_deref(), Some("lease expired"));
+    settled(&c).await;
+    let feed = db
+        .bb
+        .events_after(EventPosition::default(), 100)
+        .await
+        .unwrap();
+    let shown: Vec<String> = feed
+        .events
+        .iter()
+        .map(|e| format!("{:?}>{:?}", e.from, e.to))
+        .collect();
+    assert_eq!(shown, ["None>Pending", "Some(Assigned)>Pending"]);
 }
 
 /// A streaming GET: yields SSE events (id, data) as they arrive.
@@ -506,15 +617,12 @@ async fn server_sent_events_resume_after_last_event_id() {
         .unwrap();
     assert_eq!(bad.status, 400);
     assert!(bad.body.contains("Last-Event-ID"), "{}", bad.body);
-    // A position older than pruned events: 410 Gone rather than a silent gap.
-    c.batch_execute(
-        "update artex.task_events set at = at - interval '2 hours';
-         update artex.event_retention set keep = interval '1 hour'",
-    )
-    .await
-    .unwrap();
+    // A position older than pruned events: 410 Gone rather than a silent gap. (The
+    // clock moved past the retention: every partition of this history goes.)
     settled(&c).await;
-    assert!(db.bb.prune_events(None, 1000).await.unwrap() >= 6);
+    let later = Utc::now() + chrono::Duration::days(30);
+    let report = Maintenance::run_once(&db.bb, Some(later)).await.unwrap();
+    assert!(!report.partitions_dropped.is_empty());
     let h = http.clone();
     let gone = tokio::task::spawn_blocking(move || Sse::connect(&h, "/events", Some("1-1")))
         .await
@@ -544,8 +652,24 @@ async fn server_sent_events_resume_after_last_event_id() {
     assert!(status.success());
 }
 
+/// The partition that holds the history written so far, and where its slice ends.
+async fn current_partition(c: &Client) -> (String, DateTime<Utc>) {
+    let r = c
+        .query_one(
+            "select p.name, p.hi from artex.history_partitions p
+             where p.name = (select tableoid::regclass::text from artex.task_transitions
+                             order by at desc limit 1)
+                or 'artex.' || p.name = (select tableoid::regclass::text
+                                         from artex.task_transitions order by at desc limit 1)",
+            &[],
+        )
+        .await
+        .expect("the history lies in a partition the maintenance made");
+    (r.get(0), r.get(1))
+}
+
 #[tokio::test]
-async fn retention_prunes_old_events_but_never_what_a_live_consumer_needs() {
+async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_wins() {
     let db = TestDb::new().await;
     let c = db.client().await;
     for i in 0..100 {
@@ -557,74 +681,112 @@ async fn retention_prunes_old_events_but_never_what_a_live_consumer_needs() {
     let all = all_positions(&c).await;
     assert_eq!(all.len(), 100);
     let at = |i: usize| all[i].parse::<EventPosition>().unwrap();
-    // "live" has read 40 events; "stale" read 10 and then went silent for two hours.
+    // "live" has read 40 events; "stale" read 10 and then went silent.
     db.bb.ack_events("live", at(39)).await.unwrap();
     db.bb.ack_events("stale", at(9)).await.unwrap();
-    c.batch_execute(
-        "update artex.task_events set at = at - interval '2 hours';
-         update artex.event_cursors set updated_at = updated_at - interval '2 hours'
-             where consumer = 'stale'",
-    )
-    .await
-    .unwrap();
-    let (code, out, err) = artex(&db.url, &["events", "retention", "--set", "1h"]);
+    let (code, out, err) = artex(&db.url, &["events", "retention", "--set", "1d"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("keep events 3600s"), "{out}");
-    // Old events go, but only those the live consumer acknowledged.
+    assert!(out.contains("keep history 86400s"), "{out}");
     settled(&c).await;
-    let (code, out, err) = artex(&db.url, &["events", "prune"]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), "pruned 40 event(s)");
-    assert_eq!(all_positions(&c).await, all[40..]);
+    let (part, hi) = current_partition(&c).await;
 
-    // The live consumer goes on without a gap.
-    let (code, out, err) = artex(&db.url, &["events", "tail", "--consumer", "live"]);
-    assert_eq!(code, 0, "{err}");
-    let lines: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(positions(&lines), all[40..]);
-    // The stale one is told it missed events rather than skipping them silently…
-    let (code, out, err) = artex(&db.url, &["events", "tail", "--consumer", "stale"]);
-    assert_eq!(code, 2, "{out}");
-    assert!(err.contains("missed events"), "{err}");
-    assert!(
-        err.contains(&all[39]),
-        "names how far events were pruned: {err}"
+    // A minute after the partition's slice passed the retention: "live" (heard from
+    // then) still needs it, so it stays, and nothing is lost to anyone.
+    let t1 = hi + chrono::Duration::days(1) + chrono::Duration::minutes(1);
+    let alive = "update artex.event_cursors set updated_at = $1 where consumer = 'live'";
+    c.execute(alive, &[&t1]).await.unwrap();
+    let r = Maintenance::run_once(&db.bb, Some(t1)).await.unwrap();
+    assert!(!r.partitions_dropped.contains(&part), "{r:?}");
+    assert_eq!(all_positions(&c).await, all);
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks").await,
+        100,
+        "unfinished tasks stay whatever their age"
     );
-    // …and may accept the gap explicitly.
+    // Partitions are made ahead of the clock the maintenance runs on.
+    let ahead: i64 = c
+        .query_one(
+            "select count(*) from artex.history_partitions where hi > $1",
+            &[&t1],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ahead >= 1, "no partition ahead of {t1}");
+
+    // Another retention later the retention wins: the partition goes whole, and the
+    // feed's "pruned through" moves past its last position.
+    let t2 = t1 + chrono::Duration::days(1);
+    c.execute(alive, &[&t2]).await.unwrap();
+    let r = Maintenance::run_once(&db.bb, Some(t2)).await.unwrap();
+    assert!(r.partitions_dropped.contains(&part), "{r:?}");
+    assert!(all_positions(&c).await.is_empty());
+    let r = db.bb.event_retention().await.unwrap();
+    assert_eq!(r.pruned_through.to_string(), *all.last().unwrap());
+
+    // Both consumers are told they missed events rather than skipping them silently…
+    for consumer in ["live", "stale"] {
+        let (code, out, err) = artex(&db.url, &["events", "tail", "--consumer", consumer]);
+        assert_eq!(code, 2, "{out}");
+        assert!(err.contains("missed events"), "{err}");
+        assert!(
+            err.contains(all.last().unwrap().as_str()),
+            "names how far events were pruned: {err}"
+        );
+    }
+    // …and may accept the gap explicitly; a new consumer starts at the oldest kept.
     let (code, out, _) = artex(
         &db.url,
         &["events", "tail", "--consumer", "stale", "--accept-gap"],
     );
     assert_eq!(code, 0);
-    assert_eq!(out.lines().count(), 60);
-    // A new consumer starts at the oldest kept event.
+    assert_eq!(out.lines().count(), 0);
     let (code, out, _) = artex(&db.url, &["events", "tail", "--consumer", "fresh"]);
     assert_eq!(code, 0);
-    assert_eq!(out.lines().count(), 60);
+    assert_eq!(out.lines().count(), 0);
+}
 
-    // The planner's Reaper prunes on its own once everyone is past the events.
-    c.batch_execute("update artex.task_events set at = at - interval '2 hours'")
+#[tokio::test]
+async fn finished_tasks_past_the_retention_go_unless_an_unfinished_flow_needs_them() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // A lone task and a flow that both finished; a flow with one task finished and one
+    // still blocked.
+    c.batch_execute(
+        "insert into artex.flows (id, name) values
+             ('00000000-0000-7000-8000-000000000001', 'done'),
+             ('00000000-0000-7000-8000-000000000002', 'open');
+         insert into artex.tasks (kind, flow_id, flow_task, status) values
+             ('echo', null, null, 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000001', 'a', 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000002', 'a', 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000002', 'b', 'blocked');
+         update artex.tasks set status = 'canceled' where status = 'pending';",
+    )
+    .await
+    .unwrap();
+    let report = Maintenance::run_once(&db.bb, Some(Utc::now() + chrono::Duration::days(15)))
         .await
         .unwrap();
-    let params = ReapParams {
-        now: None,
-        worker_timeout_secs: 10.0,
-        prune_after_secs: 3600.0,
-        batch: 100,
-        retry_base_ms: 1000.0,
-        retry_cap_ms: 60_000.0,
-        judge_liveness: true,
-    };
-    settled(&c).await;
-    Reaper::run_once(&db.bb, "test-reaper", &params)
+    assert_eq!(report.tasks_pruned, 2, "{report:?}");
+    assert!(!report.partitions_dropped.is_empty(), "{report:?}");
+    let left: Vec<String> = c
+        .query(
+            "select coalesce(flow_task, '-') || ' ' || status::text from artex.tasks
+             order by flow_task",
+            &[],
+        )
         .await
-        .unwrap();
-    assert_eq!(count(&c, "select count(*) from artex.task_events").await, 0);
-    let r = db.bb.event_retention().await.unwrap();
-    assert_eq!(r.pruned_through.to_string(), *all.last().unwrap());
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["a canceled", "b blocked"]);
+    assert_eq!(
+        count(&c, "select count(*) from artex.flows").await,
+        1,
+        "the finished flow left with its tasks"
+    );
 }
 
 /// A replication slot for one test, dropped at the end (a database with a slot cannot be
@@ -742,7 +904,10 @@ async fn the_logical_decoding_consumer_resumes_from_its_lsn() {
     let mut ids: Vec<i64> = kept.iter().map(|l| id_of(l)).collect();
     ids.extend(second.iter().map(id_of));
     let expected: Vec<i64> = c
-        .query("select id from artex.task_events order by xid, id", &[])
+        .query(
+            &format!("select id from artex.task_transitions where {FEED_ROWS}"),
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -846,4 +1011,95 @@ async fn bench_feed_delay() {
         pct(0.99),
         delays.last().unwrap()
     );
+}
+
+// With no partition for now (no planner ran for a while), history lands in the default
+// partition; the next maintenance makes the partition and moves those rows into it.
+#[tokio::test]
+async fn history_caught_by_the_default_partition_moves_into_the_partition_made_for_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "do $$ declare p record; begin
+             for p in select name from artex.history_partitions loop
+                 execute format('drop table artex.%I', p.name);
+             end loop;
+             delete from artex.history_partitions;
+         end $$",
+    )
+    .await
+    .unwrap();
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    let in_default = "select count(*) from artex.task_transitions_default";
+    assert_eq!(count(&c, in_default).await, 1);
+    let r = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(r.partitions_made.len() >= 2, "{r:?}");
+    assert_eq!(count(&c, in_default).await, 0);
+    let trail = db.bb.transitions(id).await.unwrap();
+    assert_eq!(trail.len(), 1);
+    assert_eq!(trail[0].to_status, TaskStatus::Pending);
+    // Nothing left to make until time moves on.
+    let again = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(again.partitions_made.is_empty(), "{again:?}");
+}
+
+// `--history-retention` on the planner is the blackboard's one setting (what `artex
+// events retention --set` writes), so every planner agrees; a bad value is refused.
+#[tokio::test]
+async fn the_planner_sets_the_history_retention_it_is_given() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keep = "select extract(epoch from keep)::int8 from artex.event_retention";
+    assert_eq!(count(&c, keep).await, 14 * 86_400, "the default is 14 days");
+    let _p = Proc::planner("planner", &db.url, &["--history-retention", "3d"]);
+    wait_for(
+        "the planner to set the retention",
+        Duration::from_secs(30),
+        || async { (count(&c, keep).await == 3 * 86_400).then_some(()) },
+    )
+    .await;
+    let (code, _, err) = artex(&db.url, &["planner", "--history-retention", "3 weeks"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--history-retention"), "{err}");
+}
+
+// A shortened retention takes effect in smaller slices: the empty partitions made ahead
+// at the old width are made again at the new one.
+#[tokio::test]
+async fn a_shortened_retention_remakes_the_partitions_ahead_in_smaller_slices() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    db.bb
+        .set_event_retention(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let (_, hi) = {
+        db.bb
+            .submit(&NewTask::new("echo", json!({})), "test")
+            .await
+            .unwrap();
+        current_partition(&c).await
+    };
+    // A minute before the partition holding now ends: the next ones are due.
+    let r = Maintenance::run_once(&db.bb, Some(hi - chrono::Duration::minutes(1)))
+        .await
+        .unwrap();
+    assert!(!r.partitions_made.is_empty(), "{r:?}");
+    let widths: Vec<f64> = c
+        .query(
+            "select extract(epoch from hi - lo)::float8 from artex.history_partitions
+             where lo >= $1 order by lo",
+            &[&hi],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(widths.len() >= 3, "{widths:?}");
+    assert!(widths.iter().all(|w| *w <= 450.0), "{widths:?}");
 }

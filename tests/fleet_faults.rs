@@ -237,8 +237,9 @@ async fn a_killed_worker_gets_no_assignment_a_second_after_its_death() {
     wait_all_done(&c, Duration::from_secs(60)).await;
     let last: Option<DateTime<Utc>> = c
         .query_one(
-            "select max(at) from artex.task_transitions \
-             where to_status = 'assigned' and worker = $1",
+            "select max(coalesce(assigned_at, at)) from artex.task_transitions \
+             where worker = $1 and (to_status = 'assigned' \
+                   or (from_status = 'assigned' and to_status = 'running'))",
             &[&victim],
         )
         .await

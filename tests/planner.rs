@@ -45,6 +45,7 @@ fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
         retry_base_ms: 10.0,
         retry_cap_ms: 100.0,
         judge_liveness: true,
+        upload_host_deadline_secs: 600.0,
     }
 }
 

@@ -8,8 +8,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use artex_actors::blackboard::MIGRATIONS;
-use common::procs::{wait_status, Proc};
+use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, NewTask, MIGRATIONS};
+use common::procs::{wait_for, wait_status, Proc};
 use common::{count, run_cli, TestDb};
 use tokio_postgres::Client;
 
@@ -282,4 +282,183 @@ fn read_manifest(zip: &std::path::Path) -> serde_json::Value {
     let mut archive = zip::ZipArchive::new(std::fs::File::open(zip).unwrap()).unwrap();
     let entry = archive.by_name("manifest.json").unwrap();
     serde_json::from_reader(entry).unwrap()
+}
+
+/// One old-format row of a task's audit trail, as users' audit queries print it.
+const AUDIT_ROW: &str = "coalesce(from_status::text, 'new') || '>' || to_status::text
+    || ' ' || coalesce(reason, '-') || ' ' || actor || ' ' || coalesce(worker, '-')
+    || ' ' || lease_epoch || ' ' || to_char(at, 'HH24:MI:SS.US')";
+
+/// Every task's audit trail, in the order users' queries read it.
+async fn audit_trails(c: &Client, order: &str) -> Vec<String> {
+    c.query(
+        &format!(
+            "select task_id::text || ' ' || {AUDIT_ROW} from artex.task_transitions
+             order by task_id, {order}"
+        ),
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+// V10 merges the audit trail and the outbox into one history. A database full of
+// old-format rows — a consumer mid-stream, events it has not read, the head of the
+// outbox already pruned, assignments and handovers only the audit had — keeps every row
+// a consumer has not read at its position, and its audit trail.
+#[tokio::test]
+async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    migrated_up_to(&c, 9).await;
+    // Old-format history written by V9's triggers, one transaction per step as the
+    // runtime writes it: tasks that ran (one in a combined write, as workers record short
+    // tasks), failed, were given back, handed over.
+    for step in [
+        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+         values ('w1', 'h', 1, 'v', 'w_1', '{echo}', 10)",
+        "insert into artex.tasks (kind, payload)
+         select 'echo', jsonb_build_object('i', i) from generate_series(1, 8) i",
+        "update artex.tasks set status = 'assigned', assigned_to = 'w1',
+             lease_until = now() + interval '1 minute'",
+        "update artex.tasks set status = 'running' where (payload->>'i')::int <= 3",
+        "update artex.tasks set status = 'succeeded' where (payload->>'i')::int <= 2",
+        "update artex.tasks set status = 'failed', error = 'boom' where status = 'running'",
+        "update artex.tasks set status = 'succeeded', started_at = now() - interval '1 ms'
+             where (payload->>'i')::int = 4",
+        "update artex.tasks set assigned_to = 'w2' where (payload->>'i')::int = 5",
+        "begin;
+         select artex.set_context('reaper', 'lease expired');
+         update artex.tasks set status = 'pending', retries = retries + 1
+             where status = 'assigned';
+         commit",
+        "insert into artex.tasks (kind) values ('late')",
+    ] {
+        c.batch_execute(step).await.unwrap();
+    }
+    let outbox: Vec<(String, String)> = c
+        .query(
+            "select xid::text || '-' || id,
+                    task_id::text || ' ' || coalesce(from_status::text, 'new') || '>'
+                    || to_status::text
+             from artex.task_events order by xid, id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(outbox.len() > 20, "{outbox:?}");
+    // The outbox's head was pruned through its 3rd event; consumer "mid" read 10 events.
+    c.batch_execute(&format!(
+        "delete from artex.task_events where (xid, id) <= (
+             select xid, id from artex.task_events order by xid, id offset 2 limit 1);
+         update artex.event_retention set pruned_xid = '{}', pruned_id = {};
+         insert into artex.event_cursors (consumer, last_xid, last_event)
+         values ('mid', '{}', {});",
+        outbox[2].0.split('-').next().unwrap(),
+        outbox[2].0.split('-').nth(1).unwrap(),
+        outbox[9].0.split('-').next().unwrap(),
+        outbox[9].0.split('-').nth(1).unwrap(),
+    ))
+    .await
+    .unwrap();
+    let audit_before = audit_trails(&c, "id").await;
+    let rows_before = count(&c, "select count(*) from artex.task_transitions").await;
+
+    let (code, out, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(applied(&c).await, (1..=knows()).collect::<Vec<_>>());
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from pg_tables where tablename = 'task_events'"
+        )
+        .await,
+        0,
+        "the outbox is gone"
+    );
+
+    // The consumer resumes right after its cursor: every event it had not read, at the
+    // same position, in the same order, none it had. (Once every row's transaction is
+    // older than every one in flight in the cluster, which runs other tests too.)
+    let settled = "select coalesce(bool_and(xid < pg_snapshot_xmin(pg_current_snapshot())), true)
+                   from artex.task_transitions";
+    wait_for("the history to settle", Duration::from_secs(30), || async {
+        c.query_one(settled, &[])
+            .await
+            .ok()?
+            .get::<_, bool>(0)
+            .then_some(())
+    })
+    .await;
+    let read = |start| {
+        let bb = db.bb.clone();
+        async move {
+            let mut feed = EventFeed::open(bb, start, false, Duration::from_millis(50))
+                .await
+                .unwrap();
+            let batch = feed.next_batch(1000).await.unwrap();
+            batch
+                .events
+                .iter()
+                .map(|e| {
+                    let from = e.from.map(|s| s.to_string()).unwrap_or("new".into());
+                    (
+                        e.position.to_string(),
+                        format!("{} {from}>{}", e.task_id, e.to),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        read(FeedStart::Consumer("mid".into())).await,
+        outbox[10..],
+        "unread events lost or moved"
+    );
+    // A position held outside the database (an SSE client's Last-Event-ID) too.
+    let fifth: EventPosition = outbox[4].0.parse().unwrap();
+    assert_eq!(read(FeedStart::After(fifth)).await, outbox[5..]);
+    // A reader below what was pruned before the upgrade is still told so.
+    let first: EventPosition = outbox[0].0.parse().unwrap();
+    assert!(matches!(
+        EventFeed::open(
+            db.bb.clone(),
+            FeedStart::After(first),
+            false,
+            Duration::from_millis(50)
+        )
+        .await,
+        Err(artex_actors::Error::Refused(_))
+    ));
+
+    // The audit trail: every row, with its data, in the same order per task.
+    assert_eq!(
+        count(&c, "select count(*) from artex.task_transitions").await,
+        rows_before
+    );
+    assert_eq!(audit_trails(&c, "at, id").await, audit_before);
+
+    // New history continues the feed after the old.
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", serde_json::json!({})), "test")
+        .await
+        .unwrap();
+    wait_for("the new row to settle", Duration::from_secs(30), || async {
+        c.query_one(settled, &[])
+            .await
+            .ok()?
+            .get::<_, bool>(0)
+            .then_some(())
+    })
+    .await;
+    let after = read(FeedStart::Consumer("mid".into())).await;
+    assert_eq!(after.len(), outbox.len() - 10 + 1);
+    assert_eq!(after.last().unwrap().1, format!("{id} new>pending"));
 }

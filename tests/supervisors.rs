@@ -349,6 +349,16 @@ async fn a_generation_killed_with_sigkill_is_respawned_and_sigusr2_restarts_one(
     assert!(!group_exists(third), "the generation outlived the master");
 }
 
+/// The new generations' pids in `scripts/rolling-upgrade.sh`'s progress, from each
+/// upgrade's answer (`…, pid OLD -> NEW; waiting …`).
+fn new_pids(progress: &str) -> Vec<i32> {
+    progress
+        .lines()
+        .filter_map(|l| l.split(" -> ").nth(1))
+        .filter_map(|rest| rest.split(';').next()?.trim().parse().ok())
+        .collect()
+}
+
 #[tokio::test]
 async fn rolling_upgrade_walks_the_fleet_and_stops_at_the_first_failure() {
     let db = TestDb::new().await;
@@ -379,8 +389,28 @@ async fn rolling_upgrade_walks_the_fleet_and_stops_at_the_first_failure() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
+    // Before any assertion: every generation an upgrade answer named is ended with the
+    // test, whatever fails below.
+    leftovers.pids.extend(new_pids(&stdout));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("all 2 hosts upgraded"), "{stdout}");
+    // Host by host, counted: uploading, the new generation awaited, done.
+    for (i, a) in [&a1, &a2].into_iter().enumerate() {
+        let at = format!("rolling-upgrade: [{}/2] {a}:", i + 1);
+        for step in ["uploading", "waiting for the new generation", "healthy on"] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&at) && l.contains(step)),
+                "no '{at} … {step}' line in:\n{stdout}"
+            );
+        }
+    }
+    let first = |step: &str| stdout.lines().position(|l| l.contains(step)).unwrap();
+    assert!(
+        first("[1/2]") < first("[2/2]") && first("healthy on") < first("[2/2]"),
+        "one host after the other: {stdout}"
+    );
     for a in [&a1, &a2] {
         let (pid, sha) = pid_and_sha(a);
         leftovers.pids.push(pid);
@@ -406,7 +436,12 @@ async fn rolling_upgrade_walks_the_fleet_and_stops_at_the_first_failure() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
+    leftovers.pids.extend(new_pids(&stdout));
     assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("[2/3] {dead_addr}: uploading")),
+        "{stdout}"
+    );
     assert!(
         stderr.contains(&format!("FAILED at {dead_addr} (2 of 3)")),
         "{stderr}"

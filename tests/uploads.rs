@@ -234,6 +234,17 @@ async fn chunks_are_acknowledged_checked_and_the_task_runs_where_the_file_is() {
     assert_eq!(entries(&uploads), 0);
     let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
     assert_eq!((code, state["state"].as_str()), (200, Some("deleted")));
+    // A chunk that arrives once all this is over (a slow re-send, or a PUT still in
+    // flight when another completed the file) is acknowledged with the task, not lost
+    // in a 404 or a 500.
+    let (code, late) = put(&f.http, &id, 6, chunk(&file, size, 6));
+    assert_eq!(code, 200, "{late}");
+    assert_eq!(late["ack"], true, "{late}");
+    assert_eq!(late["task"].as_str(), Some(task.as_str()), "{late}");
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where kind = 'digest'").await,
+        1
+    );
 }
 
 #[tokio::test]
@@ -541,4 +552,683 @@ async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
     let result = ran_whole(&db, &out.stdout, &content).await;
     assert_eq!(result["pid"], w.pid());
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+}
+
+/// What the sender of [`a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request`]
+/// saw: every request's answer, and whether it was sent once the old process was gone.
+#[derive(Debug)]
+struct Sent {
+    chunk: Option<u64>,
+    code: u16,
+    ack: bool,
+    after_old_exit: bool,
+    task: Option<String>,
+    error: Value,
+}
+
+#[tokio::test]
+async fn a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = common::bundles::Keys::new();
+    let (bundle, new_sha) = keys.variant_bundle(1);
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let flags = keys.flags("upgrades");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut f = fleet(&db, &uploads, &flags).await;
+    let old_pid = f.worker.pid();
+
+    // Started with the old process: 240 chunks of 16 KiB.
+    let size = 16 * 1024;
+    let file = Arc::new(data(240 * size, 23));
+    let (id, chunks) = create(&f.http, &file, size as u64, "digest");
+    assert_eq!(chunks, 240);
+
+    // Two senders, one connection per request, chunks interleaved. The last 20 wait
+    // until the old process is gone (asking where the upload stands meanwhile, so
+    // requests keep coming whatever the upgrade's pace): those go to the new one.
+    let old_gone = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = (0..2u64)
+        .map(|k| {
+            let (http, id, file, old_gone) =
+                (f.http.clone(), id.clone(), file.clone(), old_gone.clone());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                for n in (k..chunks).step_by(2).filter(|&n| n != SLOW_CHUNK) {
+                    while n >= chunks - 20 && !old_gone.load(Ordering::Acquire) {
+                        let (code, _) =
+                            call(&http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+                        seen.push(Sent {
+                            chunk: None,
+                            code,
+                            ack: false,
+                            after_old_exit: false,
+                            task: None,
+                            error: Value::Null,
+                        });
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let after_old_exit = old_gone.load(Ordering::Acquire);
+                    let (code, body) = put(&http, &id, n, chunk(&file, size, n));
+                    seen.push(Sent {
+                        chunk: Some(n),
+                        code,
+                        ack: body["ack"] == true,
+                        after_old_exit,
+                        task: body["task"].as_str().map(String::from),
+                        error: body["error"].clone(),
+                    });
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                seen
+            })
+        })
+        .collect();
+    wait_for("10 chunks on disk", Duration::from_secs(60), || async {
+        (parts(&uploads) >= 10).then_some(())
+    })
+    .await;
+    // One chunk in flight across the handover: its body starts with the old process and
+    // ends only once the new one has taken over, so the old one must finish it.
+    let upgraded = Arc::new(AtomicBool::new(false));
+    let slow = {
+        let (http, id, file, upgraded) =
+            (f.http.clone(), id.clone(), file.clone(), upgraded.clone());
+        std::thread::spawn(move || {
+            slow_put(
+                &http,
+                &id,
+                SLOW_CHUNK,
+                chunk(&file, size, SLOW_CHUNK),
+                &upgraded,
+            )
+        })
+    };
+
+    // The upgrade, while chunks keep coming.
+    let token = common::bundles::TOKEN;
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg("-T")
+        .arg(&bundle)
+        .arg(format!("http://{}/upgrade", f.http))
+        .output()
+        .expect("curl must be installed");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("upgrade: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(report["status"], "upgraded", "{report}");
+    let new_pid = report["new_pid"].as_i64().unwrap() as i32;
+    let _end_new = KillOnDrop(new_pid);
+    let parts_at_upgrade = parts(&uploads);
+    upgraded.store(true, Ordering::Release);
+    let (code, body) = slow.join().unwrap();
+    assert_eq!(
+        (code, body["ack"].as_bool()),
+        (200, Some(true)),
+        "the chunk in flight: {body}"
+    );
+    let status = f
+        .worker
+        .wait_exit(Duration::from_secs(60))
+        .expect("the old process exits");
+    assert!(status.success(), "old process exit status {status:?}");
+    old_gone.store(true, Ordering::Release);
+
+    let seen: Vec<Sent> = senders
+        .into_iter()
+        .flat_map(|s| s.join().unwrap())
+        .collect();
+    let refused: Vec<&Sent> = seen
+        .iter()
+        .filter(|s| s.code != 200 || !s.error.is_null() || (s.chunk.is_some() && !s.ack))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused or failed requests: {refused:?}"
+    );
+    let puts = seen.iter().filter(|s| s.chunk.is_some()).count();
+    let after = seen
+        .iter()
+        .filter(|s| s.chunk.is_some() && s.after_old_exit)
+        .count();
+    eprintln!("UPLOAD-UPGRADE puts={puts} after_old_exit={after} parts_at_upgrade={parts_at_upgrade} requests={}", seen.len());
+    assert_eq!(puts, 239, "every other chunk sent once and acknowledged");
+    assert!(after >= 20, "the new process took the rest: {after} chunks");
+    // The port is the new process's now.
+    let (_, st) = common::procs::http_get(&f.http, "/status").unwrap();
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["pid"], new_pid, "{st}");
+    assert_eq!(st["binary_sha256"], new_sha.as_str(), "{st}");
+
+    // One task, written once, run whole on the new process.
+    let tasks: std::collections::BTreeSet<&str> =
+        seen.iter().filter_map(|s| s.task.as_deref()).collect();
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    let task = uuid::Uuid::parse_str(tasks.first().unwrap()).unwrap();
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(60)).await;
+    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    assert_eq!(result["sha256"], sha(&file));
+    assert_eq!(result["matches"], true);
+    assert_eq!(result["pid"], new_pid);
+    assert_ne!(old_pid, new_pid);
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
+}
+
+/// The chunk whose body crosses the handover.
+const SLOW_CHUNK: u64 = 101;
+
+/// PUTs chunk `n`, its body a piece at a time: half of it, then one piece every 20 ms
+/// until `until` is set, then the rest; (status, JSON body).
+fn slow_put(
+    addr: &str,
+    id: &str,
+    n: u64,
+    bytes: &[u8],
+    until: &std::sync::atomic::AtomicBool,
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "PUT /api/v1/uploads/{id}/chunks/{n} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: Bearer {WRITE_TOKEN}\r\nChunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
+        sha(bytes),
+        bytes.len()
+    )
+    .unwrap();
+    let (first, rest) = bytes.split_at(bytes.len() / 2);
+    s.write_all(first).unwrap();
+    let mut rest = rest.chunks(64).peekable();
+    while let Some(piece) = rest.next() {
+        // Hold the last piece back until the new process has taken over.
+        while rest.peek().is_none() && !until.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// A process the test did not start itself (a hot upgrade's new generation): killed at
+/// the end, pass or fail.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// The chunk numbers PUT through `proxy` (one request per connection), in order.
+fn chunks_put(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("PUT "))
+        .filter_map(|l| l.split("/chunks/").nth(1))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let proxy = common::proxy::Proxy::start(&f.http);
+    let chunk = 65536u64;
+    let path = dir.path().join("f.bin");
+    let content = data(48 * chunk as usize, 29);
+    std::fs::write(&path, &content).unwrap();
+
+    // Every connection cut once a third of the file went up; the client retries.
+    proxy.cut_after(16 * chunk);
+    let out = cli(
+        &proxy.addr(),
+        &path,
+        dir.path(),
+        &token,
+        &["--chunk-size", "65536", "--parallel", "4"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the connections");
+    ran_whole(&db, &out.stdout, &content).await;
+    let puts = chunks_put(&proxy.first_lines());
+    let mut again = puts.clone();
+    again.sort();
+    let distinct = {
+        let mut d = again.clone();
+        d.dedup();
+        d
+    };
+    assert_eq!(distinct, (0..48).collect::<Vec<u64>>(), "every chunk sent");
+    // Only what was in flight when the cut came is sent twice: at most --parallel.
+    let resent = puts.len() - distinct.len();
+    assert!(
+        (1..=4).contains(&resent),
+        "{resent} chunks sent again: {puts:?}"
+    );
+    assert!(stderr.contains("sent 48 chunks"), "{stderr}");
+    // Bytes: the file, plus at most the chunks cut in flight, plus the requests' heads.
+    let heads = (puts.len() as u64 + 2) * 1024;
+    assert!(
+        proxy.up_bytes() <= content.len() as u64 + 4 * chunk + heads,
+        "{} bytes went up for a file of {}",
+        proxy.up_bytes(),
+        content.len()
+    );
+    eprintln!(
+        "UPLOAD-CUT puts={} resent={resent} up_bytes={} file={}",
+        puts.len(),
+        proxy.up_bytes(),
+        content.len()
+    );
+}
+
+#[tokio::test]
+async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (_t, token) = token_file();
+    let proxy = common::proxy::Proxy::start(&f.http);
+    let path = dir.path().join("f.bin");
+    let content = data(48 * 65536, 31);
+    std::fs::write(&path, &content).unwrap();
+    let args = [
+        "--chunk-size",
+        "65536",
+        "--parallel",
+        "4",
+        "--attempts",
+        "2",
+    ];
+
+    // The link goes down for good a third of the way: the client gives up.
+    proxy.cut_and_refuse_after(16 * 65536);
+    let out = cli(&proxy.addr(), &path, dir.path(), &token, &args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("run the same command again"), "{stderr}");
+    let first_run = proxy.first_lines().len();
+    let id = std::fs::read_dir(&uploads)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 200);
+    let missing: Vec<u64> = state["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert!(!missing.is_empty() && missing.len() < 48, "{state}");
+
+    // Back up: the same command asks what is missing and sends exactly that.
+    proxy.refuse(false);
+    let before = proxy.up_bytes();
+    let out = cli(&proxy.addr(), &path, dir.path(), &token, &args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "resuming upload {id}: {} of 48 chunks missing",
+            missing.len()
+        )),
+        "{stderr}"
+    );
+    let lines = proxy.first_lines();
+    let mut second = chunks_put(&lines[first_run..]);
+    second.sort();
+    assert_eq!(second, missing, "the second run sent other chunks");
+    let sent = proxy.up_bytes() - before;
+    assert!(
+        sent <= missing.len() as u64 * 65536 + (lines.len() - first_run) as u64 * 1024,
+        "{sent} bytes went up for {} missing chunks",
+        missing.len()
+    );
+    ran_whole(&db, &out.stdout, &content).await;
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
+}
+
+/// Reaper settings for a direct run of the upload guard.
+fn guard_params(deadline_secs: f64, judge: bool) -> artex_actors::blackboard::ReapParams {
+    artex_actors::blackboard::ReapParams {
+        now: None,
+        worker_timeout_secs: 10.0,
+        prune_after_secs: 3600.0,
+        batch: 100,
+        retry_base_ms: 10.0,
+        retry_cap_ms: 100.0,
+        judge_liveness: judge,
+        upload_host_deadline_secs: deadline_secs,
+    }
+}
+
+#[tokio::test]
+async fn a_task_whose_hosts_workers_are_gone_past_the_deadline_fails_saying_why() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Workers: one host gone an hour ago (two rows, both gone), one gone a minute ago,
+    // one with a live worker.
+    for (id, host, state, ago) in [
+        ("a:1:x", "host-a", "gone", "2 hours"),
+        ("a:2:x", "host-a", "gone", "1 hour"),
+        ("b:1:x", "host-b", "gone", "1 minute"),
+        ("c:1:x", "host-c", "online", "1 second"),
+    ] {
+        c.execute(
+            &format!(
+                "insert into artex.workers (id, host, pid, version, channel, kinds, capacity,
+                                            state, last_seen)
+                 values ($1, $2, 1, 't', 'ch', '{{digest}}', 1, $3::text::artex.worker_state,
+                         now() - interval '{ago}')"
+            ),
+            &[&id, &host, &state],
+        )
+        .await
+        .unwrap();
+    }
+    let upload = uuid::Uuid::now_v7();
+    let mut tasks = std::collections::BTreeMap::new();
+    for host in [
+        Some("host-a"),
+        Some("host-b"),
+        Some("host-c"),
+        Some("host-z"),
+        None,
+    ] {
+        let id: uuid::Uuid = c
+            .query_one(
+                "insert into artex.tasks (kind, payload, host) values ('digest', $1, $2)
+                 returning id",
+                &[&json!({"upload": {"id": upload}}), &host],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        tasks.insert(host.unwrap_or("shared"), id);
+    }
+    let status = |id: uuid::Uuid| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "select status::text, error from artex.tasks where id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, String>(0), r.get::<_, Option<String>>(1))
+        }
+    };
+
+    // A reaper that may not judge liveness (it was blind lately) fails nothing.
+    let none =
+        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(600.0, false))
+            .await
+            .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+
+    // Deadline ten minutes: host-a (gone an hour) and host-z (no worker on record) fail;
+    // host-b (gone a minute) may come back; host-c has a live worker; shared is any
+    // host's.
+    let failed =
+        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(600.0, true))
+            .await
+            .unwrap();
+    let ids: std::collections::BTreeSet<uuid::Uuid> = failed.iter().map(|t| t.id).collect();
+    assert_eq!(ids, [tasks["host-a"], tasks["host-z"]].into(), "{failed:?}");
+    let (st, error) = status(tasks["host-a"]).await;
+    assert_eq!(st, "failed");
+    let error = error.unwrap();
+    assert!(
+        error.starts_with(&format!("upload {upload} is on host host-a, gone since "))
+            && error.contains("no other worker can read it"),
+        "{error}"
+    );
+    let (_, error_z) = status(tasks["host-z"]).await;
+    assert!(error_z
+        .unwrap()
+        .contains("none of its workers is on record"));
+    for host in ["host-b", "host-c", "shared"] {
+        assert_eq!(
+            status(tasks[host]).await,
+            ("pending".into(), None),
+            "{host}"
+        );
+    }
+    // Audited as a transition pending → failed, with the reaper as its actor.
+    let audit = c
+        .query_one(
+            "select from_status::text, to_status::text, actor, reason
+             from artex.task_transitions where task_id = $1 order by id desc limit 1",
+            &[&tasks["host-a"]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        audit.get::<_, Option<String>>(0).as_deref(),
+        Some("pending")
+    );
+    assert_eq!(audit.get::<_, String>(1), "failed");
+    assert_eq!(audit.get::<_, String>(2), "test-reaper");
+    assert!(audit.get::<_, String>(3).contains("host is gone"));
+
+    // A minute's deadline: host-b too. Again: nothing more.
+    let failed =
+        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(30.0, true))
+            .await
+            .unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].id, tasks["host-b"]);
+    let again =
+        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(30.0, true))
+            .await
+            .unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(status(tasks["host-c"]).await.0, "pending");
+    assert_eq!(status(tasks["shared"]).await.0, "pending");
+}
+
+#[tokio::test]
+async fn an_uploads_task_fails_when_its_worker_is_killed_and_its_host_stays_gone() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let (_t, token) = token_file();
+    // The worker runs no `digest`: the upload's task waits, bound to this host.
+    let worker = Proc::worker(
+        "uploads-worker",
+        &db.url,
+        &[
+            "--write-token-file",
+            &token,
+            "--upload-dir",
+            uploads.to_str().unwrap(),
+            "--kinds",
+            "echo",
+        ],
+    );
+    let _planner = Proc::planner(
+        "uploads-planner",
+        &db.url,
+        &["--upload-host-deadline-ms", "500"],
+    );
+    let http = worker_http(&db.client().await, &worker).await;
+    let file = data(3000, 37);
+    let (id, chunks) = create(&http, &file, 1024, "digest");
+    let mut task = None;
+    for n in 0..chunks {
+        let (code, body) = put(&http, &id, n, chunk(&file, 1024, n));
+        assert_eq!(code, 200, "{body}");
+        task = body["task"].as_str().map(String::from);
+    }
+    let task = uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap();
+    assert_eq!(db.bb.task(task).await.unwrap().status.as_str(), "pending");
+    let mut worker = worker;
+    worker.signal(nix::sys::signal::Signal::SIGKILL);
+    worker.wait_exit(Duration::from_secs(10)).expect("killed");
+    // The reaper marks it gone after its silence, then the deadline passes.
+    common::procs::wait_status(&db.bb, task, "failed", Duration::from_secs(60)).await;
+    let t = db.bb.task(task).await.unwrap();
+    let error = t.error.unwrap_or_default();
+    assert!(
+        error.contains(&format!("upload {id} is on host ")) && error.contains("gone since"),
+        "{error}"
+    );
+}
+
+/// A flow with one task held `paused` (so it is unfinished), by plain SQL.
+async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
+    let flow: uuid::Uuid = c
+        .query_one(
+            "insert into artex.flows (name) values ('f') returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let held: uuid::Uuid = c
+        .query_one(
+            "insert into artex.tasks (kind, status, flow_id, flow_task)
+             values ('echo', 'paused', $1, 'held') returning id",
+            &[&flow],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (flow, held)
+}
+
+#[tokio::test]
+async fn an_uploads_task_joins_the_flow_its_spec_names() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let file = data(3000, 41);
+    let declare = |flow: Value| {
+        call(
+            &f.http,
+            "POST",
+            "/api/v1/uploads",
+            &[],
+            json!({"size": file.len(), "sha256": sha(&file), "chunk_size": 1024,
+                   "task": {"kind": "digest", "flow": flow}})
+            .to_string()
+            .as_bytes(),
+        )
+    };
+    let send_all = |id: &str| {
+        let mut last = Value::Null;
+        for n in 0..3 {
+            let (code, body) = put(&f.http, id, n, chunk(&file, 1024, n));
+            assert_eq!(code, 200, "{body}");
+            last = body;
+        }
+        uuid::Uuid::parse_str(last["task"].as_str().unwrap()).unwrap()
+    };
+
+    // Refused, nothing written: no such flow; a flow whose tasks all ended; not an id.
+    let ended: uuid::Uuid = {
+        let (flow, held) = open_flow(&c).await;
+        c.execute(
+            "update artex.tasks set status = 'canceled' where id = $1",
+            &[&held],
+        )
+        .await
+        .unwrap();
+        flow
+    };
+    for (flow, why) in [
+        (json!(uuid::Uuid::now_v7()), "does not exist"),
+        (json!(ended), "has ended"),
+    ] {
+        let (code, body) = declare(flow.clone());
+        assert_eq!(code, 422, "{flow}: {body}");
+        assert_eq!(body["field"], "task.flow", "{body}");
+        assert!(body["error"].as_str().unwrap().contains(why), "{body}");
+    }
+    let (code, body) = declare(json!("not-a-flow"));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("task.flow"),
+        "{body}"
+    );
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+
+    // An unfinished flow: the task joins it, named after the upload, and runs.
+    let (flow, _) = open_flow(&c).await;
+    let (code, body) = declare(json!(flow));
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let task = send_all(&id);
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
+    let t = db.bb.task(task).await.unwrap();
+    assert_eq!(t.flow_id, Some(flow));
+    assert_eq!(
+        t.flow_task.as_deref(),
+        Some(format!("upload:{id}").as_str())
+    );
+    let view = db.bb.flow(flow).await.unwrap();
+    assert!(view.tasks.iter().any(|x| x.id == task), "{view:?}");
+
+    // The flow ends while the upload is under way: the task is held paused, saying why,
+    // not run in a flow that is over.
+    let (flow, held) = open_flow(&c).await;
+    let (code, body) = declare(json!(flow));
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    c.execute(
+        "update artex.tasks set status = 'canceled' where id = $1",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    let task = send_all(&id);
+    let t = db.bb.task(task).await.unwrap();
+    assert_eq!(t.status.as_str(), "paused");
+    assert_eq!(t.flow_id, Some(flow));
+    assert!(
+        t.error.as_deref().unwrap_or("").contains("held paused"),
+        "{:?}",
+        t.error
+    );
 }

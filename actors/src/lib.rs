@@ -4,7 +4,7 @@
 //! # Layout
 //! - [`blackboard`]: every SQL statement of artex, the migrations runner, and LISTEN
 //!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
-//! - [`scanner`], [`assigner`], [`reaper`]: the planner's actors.
+//! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
 //!   carries, started without a read; `worker/liveness.rs` lease renewals and heartbeats;
@@ -17,6 +17,8 @@
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
+//! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
+//!   by the Reaper).
 //! - [`error`]: this crate's error type.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -24,10 +26,12 @@
 pub mod assigner;
 pub mod blackboard;
 pub mod error;
+pub mod maintenance;
 pub mod reaper;
 pub mod scanner;
 pub mod shard_keeper;
 pub mod supervisor;
+pub mod upload_guard;
 pub mod worker;
 
 pub use blackboard::Blackboard;

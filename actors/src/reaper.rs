@@ -1,7 +1,7 @@
 //! The Reaper: every few seconds takes back tasks whose lease expired (counting a retry
 //! for those that were running, ending them past their budget), marks workers silent past
-//! the threshold `gone` and takes back their tasks, prunes long-gone worker rows, and
-//! prunes task events past their retention (never those a live consumer still needs).
+//! the threshold `gone` and takes back their tasks, and prunes long-gone worker rows.
+//! (History and finished tasks past their retention: the Maintenance actor.)
 //!
 //! It judges liveness only with its eyes open: after it could not see the database (an
 //! outage, its own host cut off, its process frozen) or when it starts, the workers' last
@@ -16,9 +16,6 @@ use actix::prelude::*;
 use crate::blackboard::{Blackboard, ReapParams, ReapReport};
 use crate::error::Result;
 use crate::supervisor::{guarded, ActorStats};
-
-/// Task events pruned per statement.
-const PRUNE_BATCH: i64 = 5_000;
 
 /// What the reaper has seen of the blackboard lately, and so whether it may judge the
 /// workers' liveness now. Pure, so its rules are tested directly.
@@ -110,6 +107,7 @@ impl Reaper {
     pub async fn run_once(bb: &Blackboard, actor: &str, params: &ReapParams) -> Result<ReapReport> {
         crate::supervisor::failpoint("reaper");
         let report = bb.reap(actor, params).await?;
+        crate::upload_guard::run_once(bb, actor, params).await?;
         for w in &report.workers_gone {
             tracing::warn!(worker = %w, "worker silent past the threshold: marked gone, its tasks taken back");
         }
@@ -119,19 +117,6 @@ impl Reaper {
                 ended = report.ended,
                 "reaper took back tasks with lost leases"
             );
-        }
-        // The outbox's retention (a setting kept in the blackboard, so every planner
-        // agrees): a few bounded batches per sweep.
-        let mut pruned = 0;
-        for _ in 0..10 {
-            let n = bb.prune_events(params.now, PRUNE_BATCH).await?;
-            pruned += n;
-            if n < PRUNE_BATCH as u64 {
-                break;
-            }
-        }
-        if pruned > 0 {
-            tracing::info!(pruned, "pruned task events past their retention");
         }
         Ok(report)
     }

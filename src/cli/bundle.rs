@@ -1,5 +1,5 @@
-//! `artex bundle keygen|create`: signing keys and signed upgrade bundles, made with
-//! `artex_upgrade::bundle` (which also verifies them on the worker's side).
+//! `artex bundle keygen|create|info`: signing keys and signed upgrade bundles, made and
+//! verified with `artex_upgrade::bundle` (as the worker's side verifies them).
 
 use std::io::Read;
 use std::path::Path;
@@ -9,6 +9,8 @@ use std::time::Duration;
 use artex_upgrade::Schema;
 use clap::Subcommand;
 
+use super::print_json;
+use super::progress::{step, Progress};
 use crate::error::{Error, Result};
 
 /// How long the packaged binary gets to print its schema.
@@ -27,8 +29,15 @@ pub(crate) enum BundleCommand {
         /// Where to write the public key (give it to workers: --upgrade-public-key).
         #[arg(long)]
         public: std::path::PathBuf,
+        /// Print the two paths as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Package a binary with a signed manifest for `curl -T bundle.zip …/upgrade`.
+    ///
+    /// Progress goes to standard error: a line per step (asking the binary its schema,
+    /// hashing and compressing it, writing the bundle), and between them a bar of the bytes
+    /// hashed and compressed when standard error is a terminal.
     Create {
         /// The new artex binary (or a binary built on the artex crate).
         #[arg(long)]
@@ -50,14 +59,41 @@ pub(crate) enum BundleCommand {
         /// process's own check at start is all that guards the database.
         #[arg(long)]
         no_schema: bool,
+        /// Print the bundle's path, size and signed manifest as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify a bundle as a worker would (signature, limits, the binary's digest) and
+    /// print its signed manifest: what a rolling upgrade would install.
+    Info {
+        /// The bundle.
+        bundle: std::path::PathBuf,
+        /// The public key workers verify with (their --upgrade-public-key).
+        #[arg(long)]
+        public_key: std::path::PathBuf,
+        /// Print `{"path", "bytes", "manifest"}` (as `bundle create --json`).
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Runs `artex bundle …`.
 pub(crate) fn bundle(command: BundleCommand) -> Result {
     match command {
-        BundleCommand::Keygen { secret, public } => {
+        BundleCommand::Info {
+            bundle,
+            public_key,
+            json,
+        } => info(&bundle, &public_key, json),
+        BundleCommand::Keygen {
+            secret,
+            public,
+            json,
+        } => {
             artex_upgrade::bundle::keygen(&secret, &public)?;
+            if json {
+                return print_json(&serde_json::json!({"secret": secret, "public": public}));
+            }
             println!(
                 "secret key: {}\npublic key: {}",
                 secret.display(),
@@ -72,6 +108,7 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             manifest_version,
             schema_of_this_build,
             no_schema,
+            json,
         } => {
             let key = artex_upgrade::bundle::load_secret_key(&key)?;
             let version = manifest_version.unwrap_or_else(|| crate::VERSION.to_string());
@@ -80,9 +117,41 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             } else if schema_of_this_build {
                 Some(crate::hot_upgrade::schema::this_build())
             } else {
+                step(format!(
+                    "bundle: asking {} which schema it needs",
+                    binary.display()
+                ));
                 Some(ask_schema(&binary)?)
             };
-            let manifest = artex_upgrade::bundle::create(&binary, &key, &version, schema, &out)?;
+            // A binary that is not there is left to `create`, which names it.
+            let size = std::fs::metadata(&binary).map(|m| m.len()).unwrap_or(0);
+            step(format!(
+                "bundle: hashing and compressing {} ({size} bytes)",
+                binary.display()
+            ));
+            let progress = Progress::labelled("hashing and compressing", size);
+            let manifest = artex_upgrade::bundle::create_with_progress(
+                &binary,
+                &key,
+                &version,
+                schema,
+                &out,
+                &mut |n| progress.add(n),
+            )?;
+            progress.done();
+            let bytes = std::fs::metadata(&out)
+                .map_err(|e| Error::io(format!("reading {}", out.display()), e))?
+                .len();
+            step(format!(
+                "bundle: signed the manifest and wrote {} ({bytes} bytes) in {:.1} s",
+                out.display(),
+                progress.secs()
+            ));
+            if json {
+                return print_json(&serde_json::json!({
+                    "path": out, "bytes": bytes, "manifest": manifest,
+                }));
+            }
             let needs = match manifest.schema.as_ref().and_then(|s| s.needs.last()) {
                 Some(m) => format!("needs migrations up to V{}__{}", m.version, m.name),
                 None => "schema not recorded".to_string(),
@@ -96,6 +165,50 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             Ok(())
         }
     }
+}
+
+/// Runs `artex bundle info`: unpacks into a private folder of its own (what `unpack`
+/// demands, as a worker's generation folder), removed afterwards, so the check is the
+/// worker's own, not a second reading of the zip.
+fn info(bundle: &Path, public_key: &Path, json: bool) -> Result {
+    use std::os::unix::fs::DirBuilderExt;
+    let key = artex_upgrade::bundle::load_public_key(public_key)?;
+    let bytes = std::fs::metadata(bundle)
+        .map_err(|e| Error::io(format!("reading {}", bundle.display()), e))?
+        .len();
+    let dir = std::env::temp_dir().join(format!("artex-bundle-info-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let limits = artex_upgrade::bundle::Limits::default();
+    let verified = artex_upgrade::bundle::unpack(bundle, &key, &limits, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let manifest = verified?.manifest;
+    if json {
+        return print_json(&serde_json::json!({
+            "path": bundle, "bytes": bytes, "manifest": manifest,
+        }));
+    }
+    println!(
+        "bundle:    {} ({bytes} bytes), signature valid",
+        bundle.display()
+    );
+    println!("version:   {}", manifest.version);
+    println!("target:    {}", manifest.target);
+    println!("sha256:    {}", manifest.binary_sha256);
+    println!("protocol:  {}", manifest.handover_protocol);
+    if let Some(t) = &manifest.created_at {
+        println!("created:   {t}");
+    }
+    match manifest.schema.as_ref().and_then(|s| s.needs.last()) {
+        Some(m) => println!(
+            "schema:    needs migrations up to V{}__{}",
+            m.version, m.name
+        ),
+        None => println!("schema:    not recorded"),
+    }
+    Ok(())
 }
 
 /// Asks `binary` which schema it needs: `BINARY schema --json`, run with no input, no

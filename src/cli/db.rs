@@ -4,15 +4,20 @@
 use artex_actors::blackboard::{Change, MIGRATIONS};
 use clap::Subcommand;
 
-use super::connect_to_migrate;
+use super::{connect_to_migrate, print_json};
 use crate::config::DbConfig;
 use crate::dev_db::{start_embedded, Cluster, ClusterOptions, ClusterState, DATABASE};
 use crate::error::{Error, Result};
 
 /// Runs `artex migrate`.
-pub(crate) async fn migrate(db: &DbConfig) -> Result {
+pub(crate) async fn migrate(db: &DbConfig, json: bool) -> Result {
     let bb = connect_to_migrate(db).await?;
     let report = bb.migrate().await?;
+    if json {
+        return print_json(&serde_json::json!({
+            "applied": report.applied, "already": report.already, "newer": report.newer,
+        }));
+    }
     println!(
         "schema up to date (applied now: {:?}, already: {:?})",
         report.applied, report.already
@@ -64,13 +69,28 @@ pub(crate) enum DbCommand {
         /// Start with wal_level=logical (for the logical decoding feed).
         #[arg(long)]
         logical: bool,
+        /// Print `{"url", "data_dir", "started"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Stop the cluster.
-    Stop,
-    /// Whether the cluster exists and runs.
-    Status,
+    Stop {
+        /// Print `{"stopped": true|false}` (false: it was not running).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Whether the cluster exists and runs (exit 0 running, 3 stopped or absent).
+    Status {
+        /// Print `{"state": "running"|"stopped"|"absent", "pid", "url", "data_dir"}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a connection URL (for psql and ARTEX_DATABASE_URL).
-    Url,
+    Url {
+        /// Print `{"url"}`.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `artex db …`.
@@ -81,7 +101,11 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
         ..ClusterOptions::new(&db.data_dir)
     };
     match command {
-        DbCommand::Start { tcp_port, logical } => {
+        DbCommand::Start {
+            tcp_port,
+            logical,
+            json,
+        } => {
             let (cluster, started) = start_embedded(opts(tcp_port, logical)).await?;
             let bb = artex_actors::Blackboard::connect(&cluster.url(DATABASE), 1)?;
             bb.migrate().await?;
@@ -94,47 +118,79 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
                 },
                 cluster.data_dir().display()
             );
+            if json {
+                return print_json(&serde_json::json!({
+                    "url": cluster.url(DATABASE),
+                    "data_dir": cluster.data_dir(),
+                    "started": started,
+                }));
+            }
             println!("{}", cluster.url(DATABASE));
             Ok(())
         }
-        DbCommand::Stop => {
+        DbCommand::Stop { json } => {
             let cluster = Cluster::new(opts(None, false))?;
-            if cluster.stop()? {
+            let stopped = cluster.stop()?;
+            if json {
+                print_json(&serde_json::json!({ "stopped": stopped }))?;
+            } else if stopped {
                 println!("stopped");
             } else {
                 println!("not running");
             }
             Ok(())
         }
-        DbCommand::Status => {
+        DbCommand::Status { json } => {
             let cluster = Cluster::new(opts(None, false))?;
+            let state = cluster.status()?;
+            if json {
+                let (name, pid, url) = match state {
+                    ClusterState::Absent => ("absent", None, None),
+                    ClusterState::Stopped => ("stopped", None, None),
+                    ClusterState::Running(pid) => {
+                        ("running", Some(pid), Some(cluster.url(DATABASE)))
+                    }
+                };
+                print_json(&serde_json::json!({
+                    "state": name, "pid": pid, "url": url, "data_dir": cluster.data_dir(),
+                }))?;
+            }
             // Exit 0 only when it runs: scripts ask `artex db status && …`.
-            match cluster.status()? {
+            match state {
                 ClusterState::Absent => {
-                    println!("absent: no cluster in {}", db.data_dir.display());
+                    if !json {
+                        println!("absent: no cluster in {}", db.data_dir.display());
+                    }
                     Err(Error::NotRunning(
                         "no cluster yet; create it with: artex db start".into(),
                     ))
                 }
                 ClusterState::Stopped => {
-                    println!("stopped: {}", cluster.data_dir().display());
+                    if !json {
+                        println!("stopped: {}", cluster.data_dir().display());
+                    }
                     Err(Error::NotRunning(
                         "the cluster is stopped; start it with: artex db start".into(),
                     ))
                 }
                 ClusterState::Running(pid) => {
-                    println!("running: pid {pid}, {}", cluster.url(DATABASE));
+                    if !json {
+                        println!("running: pid {pid}, {}", cluster.url(DATABASE));
+                    }
                     Ok(())
                 }
             }
         }
-        DbCommand::Url => {
+        DbCommand::Url { json } => {
             let cluster = Cluster::new(opts(None, false))?;
             if cluster.status()? == ClusterState::Absent {
                 return Err(Error::Cluster(format!(
                     "no cluster in {}; create it with: artex db start",
                     db.data_dir.display()
                 )));
+            }
+            if json {
+                return print_json(&serde_json::json!({ "url": cluster.url(DATABASE) }));
             }
             println!("{}", cluster.url(DATABASE));
             Ok(())

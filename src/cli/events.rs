@@ -4,13 +4,16 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{DecodedTransaction, EventFeed, EventPosition, FeedStart};
+use artex_actors::blackboard::{
+    DecodedTransaction, EventFeed, EventPosition, FeedStart, RowChange,
+};
+use artex_actors::maintenance::Maintenance;
 use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::connect_one_shot;
-use crate::config::DbConfig;
+use super::{connect_one_shot, print_json};
+use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
 
 /// `artex events …`
@@ -24,15 +27,24 @@ pub(crate) enum EventsCommand {
     /// acknowledged when the process was killed — at most one batch — are written
     /// again.)
     Tail(TailArgs),
-    /// Show, or with --set change, how long events are kept.
+    /// Show, or with --set change, how long history (events, finished tasks) is kept.
     Retention {
-        /// Keep events this long, e.g. 7d, 12h, 90m, 3600s (a consumer silent longer than
-        /// this no longer protects its unread events).
+        /// Keep history this long, e.g. 14d, 12h, 90m, 3600s (a consumer silent longer
+        /// than this no longer protects its unread events). The same setting as the
+        /// planner's --history-retention.
         #[arg(long, value_parser = parse_duration)]
         set: Option<Duration>,
+        /// Print `{"keep_secs", "pruned_through", "pruned_at"}`.
+        #[arg(long)]
+        json: bool,
     },
-    /// Prune events past the retention now (planners' Reapers do it every sweep).
-    Prune,
+    /// Drop history partitions and finished tasks past the retention now (the planners'
+    /// Maintenance actors do it every run).
+    Prune {
+        /// Print `{"partitions_dropped": [...], "tasks_pruned": N}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a consumer's cursor (it starts from the oldest kept event next time).
     Forget {
         /// The consumer.
@@ -72,7 +84,7 @@ pub(crate) struct TailArgs {
     #[arg(long)]
     accept_gap: bool,
     /// Read task changes from a logical replication slot (test_decoding) instead of the
-    /// outbox; resumes from the slot's confirmed LSN. Needs wal_level=logical.
+    /// history table; resumes from the slot's confirmed LSN. Needs wal_level=logical.
     #[arg(long, requires = "slot")]
     logical: bool,
     /// The logical slot's name (created on first use).
@@ -88,44 +100,22 @@ fn parse_position(s: &str) -> std::result::Result<EventPosition, String> {
     s.parse().map_err(|e: artex_actors::Error| e.to_string())
 }
 
-/// `90`, `90s`, `1500ms`, `15m`, `12h`, `7d`.
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("'{s}': expected a number with a unit, e.g. 7d, 12h, 90m, 30s"))?;
-    let secs = match unit {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => {
-            return Err(format!(
-                "'{s}': unknown unit '{unit}'; use ms, s, m, h or d"
-            ))
-        }
-    };
-    n.checked_mul(secs)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("'{s}': too long"))
-}
-
 /// Runs `artex events …`.
 pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
     let bb = connect_one_shot(db).await?;
     match command {
         EventsCommand::Tail(args) if args.logical => tail_logical(bb, args).await,
         EventsCommand::Tail(args) => tail(bb, args).await,
-        EventsCommand::Retention { set } => {
+        EventsCommand::Retention { set, json } => {
             if let Some(keep) = set {
                 bb.set_event_retention(keep).await?;
             }
             let r = bb.event_retention().await?;
+            if json {
+                return print_json(&r);
+            }
             println!(
-                "keep events {}s; pruned through {}{}",
+                "keep history {}s; feed pruned through {}{}",
                 r.keep_secs,
                 r.pruned_through,
                 r.pruned_at
@@ -137,16 +127,25 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             );
             Ok(())
         }
-        EventsCommand::Prune => {
-            let mut total = 0;
-            loop {
-                let n = bb.prune_events(None, 10_000).await?;
-                total += n;
-                if n < 10_000 {
-                    break;
-                }
+        EventsCommand::Prune { json } => {
+            // What the planners' Maintenance actors do every run, now.
+            let r = Maintenance::run_once(&bb, None).await?;
+            if json {
+                return print_json(&json!({
+                    "partitions_dropped": r.partitions_dropped,
+                    "tasks_pruned": r.tasks_pruned,
+                }));
             }
-            println!("pruned {total} event(s)");
+            println!(
+                "dropped {} history partition(s){}; deleted {} finished task(s)",
+                r.partitions_dropped.len(),
+                if r.partitions_dropped.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", r.partitions_dropped.join(", "))
+                },
+                r.tasks_pruned
+            );
             Ok(())
         }
         EventsCommand::Forget { consumer } => {
@@ -262,6 +261,18 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
     }
 }
 
+/// A history row the feed shows: inserted into `artex.task_transitions` (decoded under
+/// its partition's name, `artex.task_transitions_…`), a real status change (not an
+/// assignment nor a handover), as the table feed shows.
+fn is_feed_row(c: &RowChange) -> bool {
+    let from = c.row.get("from_status").and_then(Value::as_str);
+    let to = c.row.get("to_status").and_then(Value::as_str);
+    c.op == "INSERT"
+        && c.table.starts_with("artex.task_transitions")
+        && to.is_some_and(|t| t != "assigned")
+        && from != to
+}
+
 fn logical_line(tx: &DecodedTransaction, raw: bool) -> Vec<Value> {
     let mut lines = Vec::new();
     for c in &tx.changes {
@@ -276,7 +287,7 @@ fn logical_line(tx: &DecodedTransaction, raw: bool) -> Vec<Value> {
                     "row": c.row,
                 }));
             }
-        } else if c.table == "artex.task_events" && c.op == "INSERT" {
+        } else if is_feed_row(c) {
             let r = &c.row;
             lines.push(json!({
                 "lsn": tx.commit_lsn,

@@ -1,5 +1,6 @@
-//! `artex flow submit|show`: flows are DAGs of named tasks; what a flow does lives in the
-//! blackboard (`artex_actors::blackboard::flows`), this file reads the file and prints.
+//! `artex flow submit|show|list`: flows are DAGs of named tasks; what a flow does lives
+//! in the blackboard (`artex_actors::blackboard::flows`), this file reads the file and
+//! prints.
 
 use std::path::PathBuf;
 
@@ -8,7 +9,7 @@ use clap::Subcommand;
 use uuid::Uuid;
 
 use super::inputs::{check_submission, Submitted};
-use super::{connect_one_shot, parse_id};
+use super::{connect_one_shot, parse_id, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -27,13 +28,34 @@ pub(crate) enum FlowCommand {
         /// workers start).
         #[arg(long)]
         allow_unregistered_kind: bool,
+        /// Print `{"id": …}` (as `POST /api/v1/flows`).
+        #[arg(long)]
+        json: bool,
     },
     /// Each task's name, id and status, and the flow's overall state.
     Show {
         /// The flow id.
         #[arg(value_parser = parse_id)]
         id: Uuid,
-        /// As JSON.
+        /// As one JSON object (as `GET /api/v1/flows/{id}`); with --follow, a JSON line of
+        /// the whole flow at the start and after each change.
+        #[arg(long)]
+        json: bool,
+        /// Keep showing each change of the flow's tasks as it happens, until the flow has
+        /// finished; the exit code is its outcome: 0 succeeded, 4 failed, 5 canceled.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Flows, newest first: each one's state and its tasks' counts by status.
+    List {
+        /// The next page: flows older than this id (the `next` of the previous page).
+        #[arg(long, value_parser = parse_id)]
+        after: Option<Uuid>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+        limit: i64,
+        /// One JSON object, `{"flows": [...], "next": …}`; each flow has the fields of
+        /// `flow show --json` but its tasks.
         #[arg(long)]
         json: bool,
     },
@@ -67,6 +89,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
         FlowCommand::Submit {
             file,
             allow_unregistered_kind,
+            json,
         } => {
             // Refuse bad input before touching (or starting) any database.
             let spec = read_flow_file(&file)?;
@@ -86,17 +109,55 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
                 .collect();
             check_submission(&bb, &checked, allow_unregistered_kind).await?;
             let id = bb.submit_flow(&spec, actor).await?;
+            if json {
+                return print_json(&serde_json::json!({ "id": id }));
+            }
             println!("{id}");
             Ok(())
         }
-        FlowCommand::Show { id, json } => {
+        FlowCommand::List { after, limit, json } => {
             let bb = connect_one_shot(db).await?;
+            let flows = bb.flows_page(after, limit).await?;
+            let next = (flows.len() as i64 == limit)
+                .then(|| flows.last().map(|f| f.id))
+                .flatten();
+            if json {
+                return print_json(&serde_json::json!({ "flows": flows, "next": next }));
+            }
+            if flows.is_empty() {
+                eprintln!("no flows");
+                return Ok(());
+            }
+            let width = flows.iter().map(|f| f.name.len()).max().unwrap_or(4).max(4);
+            println!(
+                "{:<36}  {:<width$}  {:<9}  {:<24}  TASKS",
+                "ID", "NAME", "STATE", "CREATED"
+            );
+            for f in &flows {
+                let counts: Vec<String> =
+                    f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+                println!(
+                    "{}  {:<width$}  {:<9}  {:<24}  {}",
+                    f.id,
+                    f.name,
+                    f.state.to_string(),
+                    time_text(Some(f.created_at)),
+                    counts.join(", ")
+                );
+            }
+            if let Some(next) = next {
+                eprintln!("(more may follow: --after {next})");
+            }
+            Ok(())
+        }
+        FlowCommand::Show { id, json, follow } => {
+            let bb = connect_one_shot(db).await?;
+            if follow {
+                return super::follow::follow_flow(&bb, id, json).await;
+            }
             let flow = bb.flow(id).await?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&flow).unwrap_or_default()
-                );
+                print_json(&flow)?;
             } else {
                 print_flow(&flow);
             }
@@ -105,11 +166,9 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
     }
 }
 
-fn print_flow(f: &FlowView) {
-    let time = |d: Option<chrono::DateTime<chrono::Utc>>| {
-        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_else(|| "-".into())
-    };
+/// The flow as `artex flow show` prints it for people.
+pub(super) fn print_flow(f: &FlowView) {
+    let time = time_text;
     println!("flow:     {} ({})", f.id, f.name);
     println!("state:    {}", f.state);
     println!("created:  {}", time(Some(f.created_at)));
@@ -131,7 +190,7 @@ fn print_flow(f: &FlowView) {
             "  {:<width$}  {}  {:<9}  {:<24}  {:<24}  {}",
             t.name,
             t.id,
-            t.status,
+            t.status.as_str(),
             time(t.started_at),
             time(t.finished_at),
             t.depends_on.join(", ")

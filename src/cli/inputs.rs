@@ -10,7 +10,7 @@ use artex_actors::Blackboard;
 use clap::Args;
 use serde_json::Value;
 
-use super::connect_one_shot;
+use super::{connect_one_shot, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -23,6 +23,9 @@ pub(crate) struct LimitsArgs {
     /// Set the largest payload accepted, in bytes of its JSON text (new tasks only).
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
     max_payload_bytes: Option<i32>,
+    /// Print `{"max_payload_bytes": …}`.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Runs `artex limits`.
@@ -32,6 +35,9 @@ pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
         Some(n) => bb.set_max_payload_bytes(n).await?,
         None => bb.limits().await?,
     };
+    if args.json {
+        return print_json(&limits);
+    }
     println!("max_payload_bytes: {}", limits.max_payload_bytes);
     Ok(())
 }
@@ -40,21 +46,18 @@ pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
 pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     let bb = connect_one_shot(db).await?;
     let kinds = bb.known_kinds().await?;
-    let time =
-        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    for k in &kinds {
-        if json {
-            println!("{}", serde_json::to_string(k).unwrap_or_default());
-        } else {
-            println!(
-                "{:<24}  first seen {}  last seen {}",
-                k.kind,
-                time(k.first_seen),
-                time(k.last_seen)
-            );
-        }
+    if json {
+        return print_json(&serde_json::json!({ "kinds": kinds }));
     }
-    if !json && kinds.is_empty() {
+    for k in &kinds {
+        println!(
+            "{:<24}  first seen {}  last seen {}",
+            k.kind,
+            time_text(Some(k.first_seen)),
+            time_text(Some(k.last_seen))
+        );
+    }
+    if kinds.is_empty() {
         eprintln!("no worker has registered yet");
     }
     Ok(())

@@ -1,26 +1,36 @@
 //! The `artex` command line: parsing (clap; usage errors exit 2 and name what was wrong)
-//! and dispatch, one file per command group. Output for people by default, `--json` for
-//! programs. Exit codes: 0 success, 1 failure (database, network, files, a handover),
-//! 2 bad input (the message names the option or value).
+//! and dispatch, one file per command group. Output for people by default; `--json` for
+//! programs on every command that prints data (one JSON document, or JSON lines for what
+//! follows a feed), with the HTTP API's field names where both exist. Progress and
+//! messages go to standard error, results to standard output. Exit codes
+//! ([`crate::error::Error::exit_code`]): 0 success, 1 failure (database, network, files,
+//! a handover), 2 bad input (the message names the option or value), 3 not running
+//! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled.
 //!
 //! # Layout
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
-//! - `flows`: `flow submit|show`.
+//! - `follow`: `submit --wait` and `flow show --follow`, driven by the change feed.
+//! - `flows`: `flow submit|show|list`.
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
-//! - `bundle`: `bundle keygen|create`.
+//! - `bundle`: `bundle keygen|create|info`.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
+//! - `cluster`: `workers`, `stats`.
+//! - `progress`: progress on standard error, shared by the commands that take time.
 
 mod bundle;
+mod cluster;
 mod db;
 mod events;
 mod flows;
+mod follow;
 mod inputs;
 mod master;
+mod progress;
 mod run;
 mod tasks;
 mod upload;
@@ -90,7 +100,11 @@ enum Command {
     },
     /// Create or update the blackboard's schema (the only command besides `up` and
     /// `db start` that changes it; see migrations/README.md for rolling upgrades).
-    Migrate,
+    Migrate {
+        /// Print `{"applied": [...], "already": [...], "newer": [...]}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the migrations this build needs and whether each expands or contracts the
     /// schema; connects to nothing.
     Schema {
@@ -112,7 +126,7 @@ enum Command {
         #[command(subcommand)]
         command: db::DbCommand,
     },
-    /// Flows: DAGs of named tasks (submit, show).
+    /// Flows: DAGs of named tasks (submit, show, list).
     Flow {
         #[command(subcommand)]
         command: flows::FlowCommand,
@@ -134,14 +148,18 @@ enum Command {
     /// Every task kind a worker has declared (what `submit` accepts without
     /// --allow-unregistered-kind).
     Kinds {
-        /// JSON lines instead of a table.
+        /// One JSON object, `{"kinds": [...]}`.
         #[arg(long)]
         json: bool,
     },
+    /// The workers the blackboard knows: state, pid, version, binary, tasks held.
+    Workers(cluster::WorkersArgs),
+    /// Tasks by status, and recent throughput and latency.
+    Stats(cluster::StatsArgs),
     /// Send a file to a worker in chunks, resumably; prints the id of the task submitted
     /// with it once it is whole (the task runs on that worker's host).
     Upload(upload::SendArgs),
-    /// Make signing keys and signed upgrade bundles.
+    /// Make signing keys and signed upgrade bundles, and verify a bundle.
     Bundle {
         #[command(subcommand)]
         command: bundle::BundleCommand,
@@ -190,7 +208,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Worker { worker } => run::worker(db, worker, registry).await,
         Command::Serve { serve } => run::serve(db, serve).await,
         Command::Master { worker } => master::master(&worker).await,
-        Command::Migrate => db::migrate(db).await,
+        Command::Migrate { json } => db::migrate(db, json).await,
         Command::Schema { json } => db::schema(json),
         Command::Submit(args) => tasks::submit(db, args).await,
         Command::Task { command } => tasks::task(db, command).await,
@@ -203,6 +221,8 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Events { command } => events::events(db, command).await,
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
+        Command::Workers(args) => cluster::workers(db, args).await,
+        Command::Stats(args) => cluster::stats(db, args).await,
         Command::Bundle { command } => bundle::bundle(command),
         Command::Upload(args) => upload::upload(args).await,
     }
@@ -273,10 +293,36 @@ fn existing_database(db: &DbConfig) -> Result {
     Ok(())
 }
 
+/// Prints `value` as one JSON document (the output of `--json`).
+fn print_json(value: &impl serde::Serialize) -> Result {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Prints `value` as one line of JSON and flushes it (a stream of JSON lines: a reader
+/// sees each as it comes).
+fn print_json_line(value: &impl serde::Serialize) -> Result {
+    use std::io::Write;
+    let text = serde_json::to_string(value)
+        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::io("writing to standard output", e))
+}
+
 /// Who the history records for changes made from the command line.
 fn cli_actor() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("cli:{user}@{}", crate::process::hostname())
+}
+
+/// A time as the CLI shows it (RFC 3339, milliseconds, UTC), or `-`.
+fn time_text(d: Option<DateTime<Utc>>) -> String {
+    d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| "-".into())
 }
 
 fn parse_time(s: &str) -> std::result::Result<DateTime<Utc>, String> {

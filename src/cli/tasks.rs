@@ -3,14 +3,18 @@
 //! blackboard, print.
 
 use artex_actors::blackboard::{
-    Control, ControlTarget, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow,
+    check_kind, Control, ControlTarget, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus,
+    TransitionRow,
 };
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
 
+use super::follow::{task_outcome, wait_task};
 use super::inputs::{check_submission, read_payload, Submitted};
-use super::{cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time};
+use super::{
+    cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
+};
 use crate::config::DbConfig;
 use crate::error::Result;
 
@@ -46,6 +50,14 @@ pub(crate) struct SubmitArgs {
     /// Business shard key: tasks with one key go to one planner shard.
     #[arg(long)]
     shard_key: Option<String>,
+    /// Wait until the task has ended, telling each change on standard error; the exit
+    /// code is its outcome: 0 succeeded, 4 failed or timed out, 5 canceled.
+    #[arg(long)]
+    wait: bool,
+    /// Print `{"id": …}` (as `POST /api/v1/tasks`); with --wait, the ended task and its
+    /// history instead, as `task show --json`.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The arguments of `artex tasks`.
@@ -54,10 +66,22 @@ pub(crate) struct ListArgs {
     /// Only tasks in this status.
     #[arg(long, value_parser = parse_status)]
     status: Option<TaskStatus>,
+    /// Only tasks of this kind.
+    #[arg(long, value_parser = parse_kind)]
+    kind: Option<String>,
+    /// Only the tasks of this flow.
+    #[arg(long, value_parser = parse_id)]
+    flow: Option<Uuid>,
+    /// Only the tasks this worker holds (assigned or running) now (ids: `artex workers`).
+    #[arg(long, value_parser = parse_worker)]
+    worker: Option<String>,
+    /// The next page: tasks older than this id (the `next` of the previous page).
+    #[arg(long, value_parser = parse_task_id)]
+    after: Option<Uuid>,
     /// At most this many.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     limit: i64,
-    /// JSON lines instead of a table.
+    /// One JSON object, `{"tasks": [...], "next": …}`, as `GET /api/v1/tasks`.
     #[arg(long)]
     json: bool,
     /// Whole payloads, results, errors and checkpoints in --json (cut to 1 KiB otherwise).
@@ -91,13 +115,24 @@ pub(crate) struct ControlArgs {
     /// Why; recorded in each task's history with who did it.
     #[arg(long)]
     reason: Option<String>,
-    /// Print what changed as JSON.
+    /// Print what changed as one JSON object (as the HTTP API's control routes).
     #[arg(long)]
     json: bool,
 }
 
 fn parse_status(s: &str) -> std::result::Result<TaskStatus, String> {
     s.parse().map_err(|e: artex_actors::Error| e.to_string())
+}
+
+fn parse_worker(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty; expected a worker id (see `artex workers`)".into());
+    }
+    Ok(s.to_string())
+}
+
+fn parse_kind(s: &str) -> std::result::Result<String, String> {
+    check_kind(s).map(|()| s.to_string())
 }
 
 /// Runs `artex submit`.
@@ -122,8 +157,41 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     };
     check_submission(&bb, &[checked], args.allow_unregistered_kind).await?;
     let id = bb.submit(&task, &cli_actor()).await?;
-    println!("{id}");
-    Ok(())
+    if !args.wait {
+        return if args.json {
+            print_json(&serde_json::json!({ "id": id }))
+        } else {
+            println!("{id}");
+            Ok(())
+        };
+    }
+    if !args.json {
+        // The id first, so that a script (or a person) has it while the task runs.
+        println!("{id}");
+        std::io::Write::flush(&mut std::io::stdout())
+            .map_err(|e| crate::error::Error::io("writing to standard output", e))?;
+    }
+    let ended = wait_task(&bb, id).await?;
+    if args.json {
+        let task = bb.task_preview(id, CUT_CHARS).await?;
+        let history = cut_reasons(bb.transitions(id).await?);
+        print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
+    } else if let Some(result) = &ended.result {
+        let text = result.to_string();
+        eprintln!("artex: result: {}", cut_text(&text));
+    }
+    task_outcome(&ended)
+}
+
+/// History with each reason cut to [`CUT_CHARS`] (a failure's reason is its error: as
+/// large as the error can be).
+fn cut_reasons(mut history: Vec<TransitionRow>) -> Vec<TransitionRow> {
+    for h in &mut history {
+        if let Some(r) = &h.reason {
+            h.reason = Some(cut_text(r));
+        }
+    }
+    history
 }
 
 /// Runs `artex task …`.
@@ -141,16 +209,10 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
             };
             let mut history = bb.transitions(id).await?;
             if !full {
-                // A failure's reason is its error: as large as the error can be.
-                for h in &mut history {
-                    if let Some(r) = &h.reason {
-                        h.reason = Some(cut_text(r));
-                    }
-                }
+                history = cut_reasons(history);
             }
             if json {
-                let out = serde_json::json!({ "task": task, "transitions": history });
-                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
             } else {
                 print_task(&task, &history);
             }
@@ -162,45 +224,51 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
 /// Runs `artex tasks`.
 pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
     let bb = connect_one_shot(db).await?;
-    let tasks = if args.full {
-        let tasks = bb.tasks(args.status, args.limit).await?;
-        tasks
-            .into_iter()
-            .map(|task| TaskPreview {
-                task,
-                cut: Vec::new(),
-            })
-            .collect()
-    } else {
-        // The database sends 1 KiB of each value, however large it is; the table shows
-        // no value, so it reads none (turning a large one into text is what costs).
-        let cut = if args.json { CUT_CHARS } else { 0 };
-        bb.tasks_preview(args.status, args.limit, cut).await?
+    let filter = TaskFilter {
+        status: args.status,
+        kind: args.kind,
+        flow: args.flow,
+        worker: args.worker,
+        after: args.after,
+        limit: args.limit,
     };
-    if !args.json && !tasks.is_empty() {
-        println!(
-            "{:<36}  {:<9}  {:<12}  {:<12}  UPDATED",
-            "ID", "STATUS", "KIND", "ATTEMPTS"
-        );
+    // The database sends at most 1 KiB of each value, however large it is; the table
+    // shows no value, so it reads none (turning a large one into text is what costs).
+    let cut = match (args.json, args.full) {
+        (_, true) => i32::MAX,
+        (true, false) => CUT_CHARS,
+        (false, false) => 0,
+    };
+    let tasks = bb.tasks_page(&filter, cut).await?;
+    if args.json {
+        let next = (tasks.len() as i64 == filter.limit)
+            .then(|| tasks.last().map(|t| t.task.id))
+            .flatten();
+        return print_json(&serde_json::json!({ "tasks": tasks, "next": next }));
     }
+    if tasks.is_empty() {
+        eprintln!("no tasks");
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:<9}  {:<12}  {:<12}  UPDATED",
+        "ID", "STATUS", "KIND", "ATTEMPTS"
+    );
     for preview in &tasks {
         let t = &preview.task;
-        if args.json {
-            println!("{}", serde_json::to_string(preview).unwrap_or_default());
-        } else {
-            println!(
-                "{}  {:<9}  {:<12}  {:<12}  {}",
-                t.id,
-                t.status,
-                t.kind,
-                attempts(t),
-                t.updated_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            );
-        }
+        println!(
+            "{}  {:<9}  {:<12}  {:<12}  {}",
+            t.id,
+            t.status.as_str(),
+            t.kind,
+            attempts(t),
+            time_text(Some(t.updated_at))
+        );
     }
-    if !args.json && tasks.is_empty() {
-        eprintln!("no tasks");
+    if tasks.len() as i64 == filter.limit {
+        if let Some(last) = tasks.last() {
+            eprintln!("(more may follow: --after {})", last.task.id);
+        }
     }
     Ok(())
 }
@@ -217,8 +285,7 @@ pub(crate) async fn control(
         .control(control, args.id, actor, args.reason.as_deref())
         .await?;
     if args.json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
-        return Ok(());
+        return print_json(&report);
     }
     let what = match report.target {
         ControlTarget::Task(id) => format!("task {id}"),

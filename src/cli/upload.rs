@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::progress::Progress;
 use crate::error::{Error, Result};
 
 /// The arguments of `artex upload`.
@@ -35,6 +36,9 @@ pub(crate) struct SendArgs {
     /// The task's priority.
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    /// The flow the task joins (the id of an unfinished flow).
+    #[arg(long)]
+    flow: Option<uuid::Uuid>,
     /// Bytes per chunk (default: the worker's, 10 MiB).
     #[arg(long)]
     chunk_size: Option<u64>,
@@ -109,7 +113,8 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         None => {
             let mut req = json!({
                 "size": size, "sha256": sha256,
-                "task": {"kind": args.kind, "payload": payload, "priority": args.priority},
+                "task": {"kind": args.kind, "payload": payload, "priority": args.priority,
+                         "flow": args.flow},
             });
             if let Some(name) = args.file.file_name().and_then(|n| n.to_str()) {
                 req["name"] = json!(name);
@@ -141,19 +146,24 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let started = Instant::now();
     let client = Arc::new(client);
     let sent = Arc::new(AtomicU64::new(0));
+    let retries = Arc::new(Retries {
+        attempts: args.attempts,
+        retried: AtomicU64::new(0),
+    });
     let mut task: Option<String> = None;
     let results = futures_util::stream::iter(missing.into_iter().map(|n| {
-        let (client, file, id, progress, sent) = (
+        let (client, file, id, progress, sent, retries) = (
             client.clone(),
             args.file.clone(),
             id.clone(),
             progress.clone(),
             sent.clone(),
+            retries.clone(),
         );
-        let (attempts, delay) = (args.attempts, Duration::from_millis(args.chunk_delay_ms));
+        let delay = Duration::from_millis(args.chunk_delay_ms);
         async move {
             tokio::time::sleep(delay).await;
-            let r = send_chunk(&client, &file, &id, n, chunk, size, attempts).await;
+            let r = send_chunk(&client, &file, &id, n, chunk, size, &retries).await;
             if r.is_ok() {
                 sent.fetch_add(1, Ordering::Relaxed);
                 progress.add(len_of(n, chunk, size));
@@ -188,9 +198,10 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     };
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "artex: sent {} chunks ({} bytes) in {secs:.1} s; task {task}",
+        "artex: sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
         sent.load(Ordering::Relaxed),
-        progress.total
+        progress.total,
+        retries.retried.load(Ordering::Relaxed)
     );
     let _ = std::fs::remove_file(&state_path);
     println!("{task}");
@@ -201,6 +212,12 @@ fn len_of(n: u64, chunk: u64, size: u64) -> u64 {
     chunk.min(size.saturating_sub(n * chunk))
 }
 
+/// Attempts per chunk, and the retries made so far (reported at the end).
+struct Retries {
+    attempts: u32,
+    retried: AtomicU64,
+}
+
 /// Sends chunk `n`, retrying with backoff; returns the task once the worker wrote it.
 async fn send_chunk(
     client: &Client,
@@ -209,11 +226,13 @@ async fn send_chunk(
     n: u64,
     chunk: u64,
     size: u64,
-    attempts: u32,
+    retries: &Retries,
 ) -> Result<Option<String>> {
     let mut last = String::new();
+    let attempts = retries.attempts;
     for attempt in 0..attempts {
         if attempt > 0 {
+            retries.retried.fetch_add(1, Ordering::Relaxed);
             let ms = (200u64 << attempt.min(6)).min(10_000);
             tokio::time::sleep(Duration::from_millis(ms / 2 + fastrand_ms(ms / 2))).await;
         }
@@ -337,50 +356,6 @@ fn write_state(path: &Path, id: &str, size: u64, sha256: &str) -> Result {
     }
     let text = json!({"id": id, "size": size, "sha256": sha256}).to_string();
     std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
-/// Bytes sent, shown on stderr when it is a terminal.
-struct Progress {
-    total: u64,
-    done: AtomicU64,
-    started: Instant,
-    tty: bool,
-}
-
-impl Progress {
-    fn new(total: u64) -> Self {
-        Progress {
-            total,
-            done: AtomicU64::new(0),
-            started: Instant::now(),
-            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-        }
-    }
-
-    fn add(&self, n: u64) {
-        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
-        if !self.tty {
-            return;
-        }
-        let secs = self.started.elapsed().as_secs_f64().max(0.001);
-        let rate = done as f64 / secs;
-        let eta = if rate > 0.0 {
-            (self.total.saturating_sub(done)) as f64 / rate
-        } else {
-            0.0
-        };
-        eprint!(
-            "\r{done}/{} bytes  {:.1} MiB/s  ETA {eta:.0} s   ",
-            self.total,
-            rate / (1024.0 * 1024.0)
-        );
-    }
-
-    fn done(&self) {
-        if self.tty {
-            eprintln!();
-        }
-    }
 }
 
 /// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out,

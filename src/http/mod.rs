@@ -2,10 +2,11 @@
 //! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
 //! `/events` (the change feed as Server-Sent Events), `/api/v1/uploads` (chunked
 //! uploads), and with `--api` the HTTP API ([`api`], which `artex serve` serves on its
-//! own). Routes hold no SQL: they ask the Worker actor, or the blackboard.
+//! own) with the web dashboard ([`dashboard`], at `/`). Routes hold no SQL: they ask the Worker actor, or the blackboard.
 
 pub mod api;
 pub mod auth;
+pub mod dashboard;
 pub mod events;
 pub mod probe;
 pub mod upgrade;

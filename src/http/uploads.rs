@@ -3,7 +3,8 @@
 //! is required. The work is the store's (`crate::uploads`); this maps it to HTTP.
 //!
 //! - `POST /api/v1/uploads` `{"size", "sha256", "name"?, "chunk_size"?, "task": {"kind",
-//!   "payload"?, "priority"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over quota);
+//!   "payload"?, "priority"?, "flow"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over
+//!   quota; 422 `{"error", "field": "task.flow"}` for a flow that is unknown or ended);
 //! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
 //!   "chunk", "received", "missing", "task"}`; 422 if the hash differs (not stored);
 //! - `POST /api/v1/uploads/{id}/complete` → the task, once every chunk is there (the
@@ -30,7 +31,9 @@ impl ResponseError for UploadError {
             UploadError::NotFound(_) => StatusCode::NOT_FOUND,
             UploadError::Conflict(_) => StatusCode::CONFLICT,
             UploadError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            UploadError::Mismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            UploadError::Mismatch(_) | UploadError::Unprocessable { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             UploadError::Quota(_) => StatusCode::INSUFFICIENT_STORAGE,
             UploadError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             UploadError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -46,7 +49,11 @@ impl ResponseError for UploadError {
             // The rest of a refused body may still come: this connection is done.
             r.force_close();
         }
-        r.json(json!({ "error": self.to_string() }))
+        let field = match self {
+            UploadError::Unprocessable { field, .. } => Some(*field),
+            _ => None,
+        };
+        r.json(json!({ "error": self.to_string(), "field": field }))
     }
 }
 
@@ -114,6 +121,28 @@ async fn complete(
     }
 }
 
+/// A chunk for an upload whose folder is gone: if it was completed (by another request;
+/// its task may have run and its file been swept since), nothing is missing and the
+/// chunk is acknowledged with the task, as any re-sent chunk of a whole file; else 404.
+async fn done_before(
+    uploads: &Arc<Uploads>,
+    id: Uuid,
+    n: u64,
+) -> Result<HttpResponse, UploadError> {
+    let progress = uploads.progress(id).await?;
+    let Some(task) = progress.task else {
+        return Err(UploadError::NotFound(id.to_string()));
+    };
+    Ok(HttpResponse::Ok().force_close().json(json!({
+        "ack": true,
+        "chunk": n,
+        "received": progress.received.len(),
+        "missing": [],
+        "state": progress.state,
+        "task": task,
+    })))
+}
+
 async fn put_chunk(
     _: CanWrite,
     req: HttpRequest,
@@ -126,7 +155,10 @@ async fn put_chunk(
     let n: u64 = n.parse().map_err(|_| {
         UploadError::Invalid(format!("chunk {n:?}: expected a chunk number (0, 1, …)"))
     })?;
-    let meta = uploads.meta(id).await?;
+    let meta = match uploads.meta(id).await {
+        Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
+        other => other?,
+    };
     let expected = Uploads::chunk_len(&meta, n)?;
     let header = |name: &str| req.headers().get(name).and_then(|h| h.to_str().ok());
     let sha = header("chunk-sha256")
@@ -150,7 +182,10 @@ async fn put_chunk(
         }
         _ => {}
     }
-    uploads.put_chunk(&meta, n, &sha, body).await?;
+    match uploads.put_chunk(&meta, n, &sha, body).await {
+        Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
+        other => other?,
+    }
     let mut progress = uploads.progress(id).await?;
     if progress.missing.is_empty() && progress.task.is_none() {
         progress.task = uploads.finish(&meta).await?;

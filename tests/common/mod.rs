@@ -10,6 +10,7 @@
 pub mod bundles;
 pub mod fleet;
 pub mod procs;
+pub mod proxy;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::PermissionsExt;

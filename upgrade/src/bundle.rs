@@ -220,6 +220,19 @@ pub fn create(
     schema: Option<Schema>,
     out: &Path,
 ) -> Result<Manifest> {
+    create_with_progress(binary, secret, manifest_version, schema, out, &mut |_| {})
+}
+
+/// As [`create`], calling `progress` with the number of bytes of the binary just hashed
+/// and compressed after each read (for a progress bar: the binary is the slow part).
+pub fn create_with_progress(
+    binary: &Path,
+    secret: &SigningKey,
+    manifest_version: &str,
+    schema: Option<Schema>,
+    out: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Manifest> {
     let meta =
         fs::metadata(binary).map_err(|source| Error::io("reading binary", binary, source))?;
     if !meta.is_file() {
@@ -232,12 +245,13 @@ pub fn create(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "bundle.zip".to_owned());
     let tmp = out.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result =
-        write_bundle(binary, secret, manifest_version, schema, &tmp).and_then(|manifest| {
+    let result = write_bundle(binary, secret, manifest_version, schema, &tmp, progress).and_then(
+        |manifest| {
             fs::rename(&tmp, out)
                 .map(|()| manifest)
                 .map_err(|source| Error::io("renaming bundle into place", out, source))
-        });
+        },
+    );
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -250,6 +264,7 @@ fn write_bundle(
     manifest_version: &str,
     schema: Option<Schema>,
     tmp: &Path,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest> {
     let zip_err = |source| Error::ZipWrite {
         path: tmp.to_owned(),
@@ -275,6 +290,7 @@ fn write_bundle(
         };
         hasher.update(&buf[..n]);
         zip.write_all(&buf[..n]).map_err(write_err)?;
+        progress(n as u64);
     }
 
     let manifest = Manifest {

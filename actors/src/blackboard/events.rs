@@ -1,14 +1,17 @@
-//! The change feed: the `task_events` outbox read in a final order from a durable
-//! per-consumer cursor, woken by NOTIFY with a poll as safety net, and pruned by age
-//! without ever pruning what a live consumer has not acknowledged.
+//! The change feed: the one history `task_transitions` read in a final order from a
+//! durable per-consumer cursor, woken by NOTIFY with a poll as safety net; and the
+//! history's upkeep (partitions made ahead and dropped past the retention, finished tasks
+//! pruned), which the planner's Maintenance actor runs.
 //!
-//! Order and completeness: an event's position is `(xid, id)`, the transaction that wrote
-//! it and its identity id. Readers only take events whose transaction is older than every
+//! Order and completeness: a row's position is `(xid, id)`, the transaction that wrote
+//! it and its id. Readers only take rows whose transaction is older than every
 //! transaction still in flight (`pg_snapshot_xmin`); no transaction below that horizon
 //! can ever commit again, so what was delivered is a final prefix, and a cursor on
-//! `(xid, id)` never skips an event that commits late nor delivers one twice. (A cursor on
+//! `(xid, id)` never skips a row that commits late nor delivers one twice. (A cursor on
 //! `id` alone would: ids are drawn at insert, rows appear at commit, in another order.)
-//! See migrations/V2__flows.sql.
+//! The feed shows real status changes only: not assignments, not handovers, not history
+//! from before V10 that the outbox no longer had (`xid = 1`). See migrations/V2__flows.sql
+//! and V10__one_history.sql.
 
 use std::time::Duration;
 
@@ -104,11 +107,11 @@ pub struct ConsumerCursor {
     pub updated_at: DateTime<Utc>,
 }
 
-/// The outbox's retention setting and how far it pruned.
+/// The history's retention setting and how far the feed was pruned.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Retention {
-    /// Events older than this many seconds are pruned (unless a live consumer still
-    /// needs them).
+    /// History older than this many seconds leaves (a live consumer that still needs it
+    /// holds it back for up to one more retention).
     pub keep_secs: f64,
     /// The largest position pruned so far.
     pub pruned_through: EventPosition,
@@ -116,19 +119,24 @@ pub struct Retention {
     pub pruned_at: Option<DateTime<Utc>>,
 }
 
-// The index on (xid, id) serves the row comparison and the order; the horizon is an
-// init-plan computed once from the statement's own snapshot.
-const READ: &str = "select e.xid::text, e.id, e.task_id, e.flow_id, e.kind,
+// The feed's rows are real status changes at a position: `xid > 1` (see V10), not an
+// assignment nor a handover (audit-only rows). The (xid, id) index of each partition
+// serves the row comparison and the order (a merge of the partitions' indexes); the
+// horizon is an init-plan computed once from the statement's own snapshot.
+const READ: &str = "select e.xid::text, e.id, e.task_id, e.flow_id, coalesce(e.kind, ''),
         e.from_status::text, e.to_status::text, e.reason, e.at
-    from artex.task_events e
+    from artex.task_transitions e
     where (e.xid, e.id) > ($1::text::xid8, $2::int8)
       and e.xid < (select pg_snapshot_xmin(pg_current_snapshot()))
+      and e.xid > '1' and e.to_status <> 'assigned'
+      and e.from_status is distinct from e.to_status
     order by e.xid, e.id
     limit $3";
 
-const HELD_BACK: &str = "select exists (select 1 from artex.task_events e
+const HELD_BACK: &str = "select exists (select 1 from artex.task_transitions e
     where (e.xid, e.id) > ($1::text::xid8, $2::int8)
-      and e.xid >= pg_snapshot_xmin(pg_current_snapshot()))";
+      and e.xid >= pg_snapshot_xmin(pg_current_snapshot())
+      and e.to_status <> 'assigned' and e.from_status is distinct from e.to_status)";
 
 const CURSOR: &str = "select last_xid::text, last_event, updated_at from artex.event_cursors
     where consumer = $1";
@@ -154,49 +162,20 @@ const RETENTION: &str = "select extract(epoch from keep)::float8, pruned_xid::te
 const SET_RETENTION: &str = "update artex.event_retention
     set keep = make_interval(secs => $1::float8)";
 
-// Deletes the head of the feed, in feed order, as far as every event in it may go: older
-// than the retention, written by a finished transaction, and acknowledged by every live
-// consumer (one heard from within the retention). Pruning a prefix keeps one number
-// exact: everything at or below `pruned_*` is gone, nothing above it is, so a consumer
-// whose cursor is below it missed events and is told so instead of skipping them
-// silently. Walks the (xid, id) index from the oldest event, at most `$2` rows, and not
-// at all when the oldest event is younger than the retention.
-const PRUNE: &str = "with cfg as materialized (
-        select coalesce($1::timestamptz, now()) - keep as cutoff,
-               pg_snapshot_xmin(pg_current_snapshot()) as horizon
-        from artex.event_retention
-    ),
-    slowest as materialized (
-        select c.last_xid, c.last_event from artex.event_cursors c, cfg
-        where c.updated_at >= cfg.cutoff
-        order by c.last_xid, c.last_event limit 1
-    ),
-    head as materialized (
-        select e.id, e.xid,
-               e.at < cfg.cutoff and e.xid < cfg.horizon
-               and not exists (select 1 from slowest s
-                               where (e.xid, e.id) > (s.last_xid, s.last_event)) as may_go
-        from (select id, xid, at from artex.task_events order by xid, id limit $2) e, cfg
-        where exists (select 1
-                      from (select at from artex.task_events order by xid, id limit 1) o
-                      where o.at < (select cutoff from cfg))
-    ),
-    doomed as materialized (
-        select id, xid from (
-            select id, xid, bool_and(may_go) over (order by xid, id) as prefix from head
-        ) h where prefix
-    ),
-    gone as (
-        delete from artex.task_events e using doomed where e.id = doomed.id
-        returning e.xid, e.id
-    ),
-    mark as (
-        update artex.event_retention r
-        set pruned_xid = g.xid, pruned_id = g.id, pruned_at = now()
-        from (select xid, id from gone order by xid desc, id desc limit 1) g
-        where (g.xid, g.id) > (r.pruned_xid, r.pruned_id)
-    )
-    select count(*) from gone";
+// The partitions of history up to three slices ahead of `$1` (V10's function: it moves
+// rows the default partition caught, and takes an advisory lock so planners never race).
+const MAKE_PARTITIONS: &str =
+    "select p from artex.make_history_partitions(coalesce($1::timestamptz, now()), null) p";
+
+// Whole partitions past the retention, oldest first, unless a live consumer still needs
+// them (for up to one more retention); raises `pruned_*` past each.
+const DROP_PARTITIONS: &str =
+    "select p from artex.drop_history_partitions(coalesce($1::timestamptz, now())) p";
+
+// Finished tasks past the retention that no unfinished flow needs, oldest first, at most
+// `$2` (and flows left empty).
+const PRUNE_TASKS: &str =
+    "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
 
 fn parse_xid(s: &str) -> Result<u64> {
     s.parse()
@@ -303,7 +282,8 @@ impl Blackboard {
         })
     }
 
-    /// Sets how long events are kept (and how long a silent consumer counts as live).
+    /// Sets how long history (the feed's events, finished tasks) is kept, and how long
+    /// a silent consumer counts as live.
     pub async fn set_event_retention(&self, keep: Duration) -> Result {
         let client = self.client().await?;
         let stmt = client.prepare_cached(SET_RETENTION).await?;
@@ -311,11 +291,33 @@ impl Blackboard {
         Ok(())
     }
 
-    /// Prunes up to `batch` events past the retention (see the module doc); `now` lets
-    /// tests move the clock. Returns how many were deleted.
-    pub async fn prune_events(&self, now: Option<DateTime<Utc>>, batch: i64) -> Result<u64> {
+    /// Makes the history's partitions up to three slices ahead of `now` (the database's
+    /// clock by default); returns the partitions made.
+    pub async fn make_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
         let client = self.client().await?;
-        let stmt = client.prepare_cached(PRUNE).await?;
+        let stmt = client.prepare_cached(MAKE_PARTITIONS).await?;
+        let rows = client.query(&stmt, &[&now]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Drops the history's partitions past the retention (V10's `drop_history_partitions`);
+    /// returns the partitions dropped.
+    pub async fn drop_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(DROP_PARTITIONS).await?;
+        let rows = client.query(&stmt, &[&now]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Deletes up to `batch` finished tasks past the retention that no unfinished flow
+    /// needs; returns how many.
+    pub async fn prune_finished_tasks(
+        &self,
+        now: Option<DateTime<Utc>>,
+        batch: i32,
+    ) -> Result<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(PRUNE_TASKS).await?;
         let n: i64 = client.query_one(&stmt, &[&now, &batch]).await?.try_get(0)?;
         Ok(n as u64)
     }

@@ -2,15 +2,17 @@
 //! logical replication slot (`test_decoding` plugin), in commit order, resumable from
 //! the slot's confirmed LSN.
 //!
-//! Prefer it over the outbox (`events`) when a long transaction somewhere in the cluster
-//! must not hold delivery back (the outbox waits for every older transaction; the WAL is
-//! in commit order already), when the event rate makes polling a table costly, or to see
-//! every row change rather than the outbox's meaningful ones. Its costs: `wal_level =
-//! logical` (a server restart), a role with REPLICATION, one slot per consumer that keeps
-//! WAL on disk while its consumer is away (drop the slots you abandon), changes visible
-//! only once their WAL is flushed, and a slot position advanced since the last checkpoint
-//! can go back after a server crash (events redelivered, never lost). The outbox needs
-//! none of that, so it stays the default.
+//! Prefer it over the table feed (`events`, reading `task_transitions`) when a long
+//! transaction somewhere in the cluster must not hold delivery back (the table feed waits
+//! for every older transaction; the WAL is in commit order already), when the event rate
+//! makes polling a table costly, or to see every row change rather than the feed's
+//! status changes. History rows decode under their partition's name
+//! (`artex.task_transitions_…`, test_decoding has no "via the root" option). Its costs:
+//! `wal_level = logical` (a server restart), a role with REPLICATION, one slot per
+//! consumer that keeps WAL on disk while its consumer is away (drop the slots you
+//! abandon), changes visible only once their WAL is flushed, and a slot position advanced
+//! since the last checkpoint can go back after a server crash (events redelivered, never
+//! lost). The table feed needs none of that, so it stays the default.
 //!
 //! Reading is `pg_logical_slot_peek_changes` (whole transactions) and, once the consumer
 //! has written them out, `pg_replication_slot_advance` to that transaction's commit: a

@@ -137,6 +137,26 @@ pub const MIGRATIONS: &[Migration] = &[
         // A new table and a nullable column: builds that predate it run on unchanged.
         change: Change::Expand,
     },
+    Migration {
+        version: 10,
+        name: "one_history",
+        sql: include_str!("../../../migrations/V10__one_history.sql"),
+        // Drops the outbox `task_events`, which builds up to V9 read (their feed) and
+        // prune (their Reapers), and replaces `task_transitions` by the partitioned one
+        // history: only builds that know V10 run against it. Not split into expand and
+        // contract: writing both shapes meanwhile is the double write this removes.
+        change: Change::Contract {
+            compatible_from: 10,
+        },
+    },
+    Migration {
+        version: 11,
+        name: "stranded_uploads",
+        sql: include_str!("../../../migrations/V11__stranded_uploads.sql"),
+        // One more legal move (pending → failed) that older builds never make, and an
+        // index: they run on unchanged.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -14,6 +14,8 @@ pub mod admin;
 pub mod carried;
 mod events;
 mod feed;
+mod feed_head;
+pub mod flow_list;
 mod flows;
 mod handover;
 mod inputs;
@@ -59,7 +61,7 @@ pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
 pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
-pub use uploads::{NewUpload, UploadRow};
+pub use uploads::{NewUpload, StrandedTask, UploadRow};
 pub use worker::{
     AssignedRead, AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState,
 };

@@ -71,6 +71,24 @@ pub struct MinuteCount {
     pub minute: DateTime<Utc>,
     /// Tasks finished in it (any outcome).
     pub finished: i64,
+    /// Their mean run time (`finished_at - started_at`), ms; `None` without any. A mean,
+    /// not a median: one sort per minute doubled the statistics' cost at 1,000,000 tasks
+    /// (`scripts/bench.sh`, `dash`), the mean rides along the count.
+    #[serde(default)]
+    pub run_avg_ms: Option<f64>,
+    /// Their mean wait (`started_at - created_at`), ms; `None` without any.
+    #[serde(default)]
+    pub queue_avg_ms: Option<f64>,
+}
+
+/// How long the oldest runnable task has waited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Backlog {
+    /// When the oldest pending task whose time has come became runnable (the later of
+    /// its creation and its `run_at`); `None` when nothing waits.
+    pub oldest_due_at: Option<DateTime<Utc>>,
+    /// Its wait so far, ms.
+    pub age_ms: Option<f64>,
 }
 
 /// Tasks finished over the last minutes.
@@ -78,7 +96,8 @@ pub struct MinuteCount {
 pub struct RecentStats {
     /// The window, minutes.
     pub window_minutes: u32,
-    /// Tasks finished in the window and read (at most [`RECENT_SAMPLE`]).
+    /// Tasks finished in the window and read (at most the sample, [`RECENT_SAMPLE`] by
+    /// default).
     pub finished: i64,
     /// More finished in the window than were read: the figures cover `since` to now.
     pub sampled: bool,
@@ -108,6 +127,8 @@ pub struct Stats {
     pub capped: Vec<String>,
     /// The cap.
     pub status_count_cap: i64,
+    /// The oldest runnable task's wait.
+    pub backlog: Backlog,
     /// Recently finished tasks.
     pub recent: RecentStats,
 }
@@ -152,8 +173,11 @@ const RECENT: &str = "with recent as materialized (
     select coalesce($3::timestamptz, now()),
         (select count(*) from recent),
         (select min(finished_at) from recent),
-        coalesce((select jsonb_agg(jsonb_build_object('minute', m, 'finished', n) order by m)
-                  from (select date_trunc('minute', finished_at) m, count(*) n
+        coalesce((select jsonb_agg(jsonb_build_object('minute', m, 'finished', n,
+                                               'run_avg_ms', r, 'queue_avg_ms', q) order by m)
+                  from (select date_trunc('minute', finished_at) m, count(*) n,
+                          avg(extract(epoch from finished_at - started_at)::float8 * 1000) r,
+                          avg(extract(epoch from started_at - created_at)::float8 * 1000) q
                         from recent group by 1) a), '[]'),
         coalesce((select jsonb_object_agg(kind, c)
                   from (select kind, jsonb_object_agg(status, n) c
@@ -170,7 +194,24 @@ const RECENT: &str = "with recent as materialized (
                 'p99', percentile_cont(0.99) within group (order by ms),
                 'max', max(ms)) from run)";
 
+/// The oldest pending task whose time has come, by id (ids are time-ordered): a walk of
+/// `tasks_status_id` from its oldest pending entry, stopping at the first due one (it
+/// passes over delayed tasks not yet due). `$1`: now (the database's clock by default).
+const BACKLOG: &str = "select coalesce($1::timestamptz, now()),
+        (select greatest(created_at, run_at) from artex.tasks
+         where status = 'pending' and run_at <= coalesce($1::timestamptz, now())
+         order by id limit 1)";
+
 impl Blackboard {
+    /// The position of the newest event a feed reader can be given now (the pruned
+    /// position when none is kept): following from it shows what happens next.
+    pub async fn events_head(&self) -> Result<super::EventPosition> {
+        match self.feed_head().await? {
+            Some(head) => Ok(head),
+            None => Ok(self.event_retention().await?.pruned_through),
+        }
+    }
+
     /// At most `limit` workers, by id.
     pub async fn workers(&self, limit: i64) -> Result<Vec<WorkerView>> {
         let client = self.client().await?;
@@ -208,6 +249,20 @@ impl Blackboard {
     /// Tasks by status (capped), and what the tasks finished in the last
     /// `window_minutes` before `now` (the database's clock by default) say.
     pub async fn stats(&self, window_minutes: u32, now: Option<DateTime<Utc>>) -> Result<Stats> {
+        self.stats_sampled(window_minutes, now, RECENT_SAMPLE).await
+    }
+
+    /// As [`Blackboard::stats`], reading at most `sample` (1 to [`RECENT_SAMPLE`]) recently
+    /// finished tasks: the cost of the recent figures is linear in it (at 1,000,000 tasks
+    /// a sample of 20,000 costs a fifth of the default's), which a page refreshed at every
+    /// event cares about.
+    pub async fn stats_sampled(
+        &self,
+        window_minutes: u32,
+        now: Option<DateTime<Utc>>,
+        sample: i64,
+    ) -> Result<Stats> {
+        let sample = sample.clamp(1, RECENT_SAMPLE);
         let client = self.client().await?;
         let stmt = client.prepare_cached(&status_counts_sql()).await?;
         let mut by_status = BTreeMap::new();
@@ -221,10 +276,20 @@ impl Blackboard {
             by_status.insert(status, n);
         }
         debug_assert_eq!(by_status.len(), TaskStatus::ALL.len());
+        let stmt = client.prepare_cached(BACKLOG).await?;
+        let r = client.query_one(&stmt, &[&now]).await?;
+        let clock: DateTime<Utc> = r.try_get(0)?;
+        let oldest_due_at: Option<DateTime<Utc>> = r.try_get(1)?;
+        let backlog = Backlog {
+            oldest_due_at,
+            age_ms: oldest_due_at.map(|t| {
+                ((clock - t).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0).max(0.0)
+            }),
+        };
         let window_secs = f64::from(window_minutes) * 60.0;
         let stmt = client.prepare_cached(RECENT).await?;
         let r = client
-            .query_one(&stmt, &[&window_secs, &RECENT_SAMPLE, &now])
+            .query_one(&stmt, &[&window_secs, &sample, &now])
             .await?;
         let at: DateTime<Utc> = r.try_get(0)?;
         let finished: i64 = r.try_get(1)?;
@@ -234,7 +299,7 @@ impl Blackboard {
         let queue_ms = from_json(r.try_get(5)?)?;
         let run_ms = from_json(r.try_get(6)?)?;
         let window_start = at - chrono::Duration::seconds(i64::from(window_minutes) * 60);
-        let sampled = finished >= RECENT_SAMPLE;
+        let sampled = finished >= sample;
         let since = match (sampled, oldest) {
             (true, Some(oldest)) => oldest,
             _ => window_start,
@@ -245,6 +310,7 @@ impl Blackboard {
             by_status,
             capped,
             status_count_cap: STATUS_COUNT_CAP,
+            backlog,
             recent: RecentStats {
                 window_minutes,
                 finished,
@@ -271,11 +337,15 @@ impl Blackboard {
         let window = 900.0f64;
         let none: Option<DateTime<Utc>> = None;
         let by_status = status_counts_sql();
+        let no_id: Option<uuid::Uuid> = None;
         let reads: [(
             &'static str,
             &str,
             Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
-        ); 6] = [
+        ); 9] = [
+            ("stats: backlog", BACKLOG, vec![&none]),
+            ("events: head", super::feed_head::FEED_HEAD, vec![]),
+            ("flows", super::flow_list::FLOWS_PAGE, vec![&no_id, &limit]),
             ("workers", WORKERS, vec![&limit]),
             ("stats: by status", &by_status, vec![&STATUS_COUNT_CAP]),
             (
@@ -322,13 +392,18 @@ fn every_minute(
     let mut out = Vec::new();
     let mut counted = counted.into_iter().peekable();
     while m <= last {
-        let finished = match counted.peek() {
-            Some(c) if c.minute == m => counted.next().map(|c| c.finished).unwrap_or(0),
-            _ => 0,
+        let (finished, run_avg_ms, queue_avg_ms) = match counted.peek() {
+            Some(c) if c.minute == m => counted
+                .next()
+                .map(|c| (c.finished, c.run_avg_ms, c.queue_avg_ms))
+                .unwrap_or((0, None, None)),
+            _ => (0, None, None),
         };
         out.push(MinuteCount {
             minute: m,
             finished,
+            run_avg_ms,
+            queue_avg_ms,
         });
         m += minute;
     }
@@ -346,6 +421,8 @@ mod tests {
         let counted = vec![MinuteCount {
             minute: t(10, 1, 0),
             finished: 7,
+            run_avg_ms: Some(3.0),
+            queue_avg_ms: None,
         }];
         let all = every_minute(counted, t(9, 59, 30), t(10, 2, 10));
         let got: Vec<(u32, i64)> = all

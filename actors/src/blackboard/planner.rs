@@ -338,6 +338,9 @@ pub struct ReapParams {
     /// its own blindness as the workers' silence (see `reaper::Sight`): it passes `false`
     /// until it has seen them long enough again.
     pub judge_liveness: bool,
+    /// A pending task bound to a host whose workers are all gone and silent this long
+    /// fails: its file is on that host only (see `upload_guard`).
+    pub upload_host_deadline_secs: f64,
 }
 
 impl Blackboard {

@@ -1,6 +1,7 @@
 //! Tasks as users see them: submit, show with full history, list. The status machine
 //! itself is enforced by the database, not here: its legal moves are
-//! `artex.transition_allowed` (migrations/V1__blackboard.sql), applied by the
+//! `artex.transition_allowed` (migrations/V1__blackboard.sql, last redefined by
+//! V11__stranded_uploads.sql), applied by the
 //! `tasks_before_update` trigger as migrations/V3__batched_hot_path.sql last defined it.
 
 use chrono::{DateTime, Utc};
@@ -224,6 +225,9 @@ pub struct TransitionRow {
     pub lease_epoch: i64,
     /// When.
     pub at: DateTime<Utc>,
+    /// On a start: when the assignment it started was made (an assignment followed by
+    /// a start has no row of its own).
+    pub assigned_at: Option<DateTime<Utc>>,
 }
 
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
@@ -390,10 +394,11 @@ fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
     Ok(TaskPreview { task, cut })
 }
 
-/// A task's audit trail, oldest first (`task_transitions_task`).
+/// A task's history, oldest first (`task_transitions_task`). By time, then id: the
+/// history from before V10 mixes the ids of the old audit and outbox tables.
 pub(crate) const TRANSITIONS: &str = "select from_status::text, to_status::text, reason, actor,
-        worker, lease_epoch, at
-    from artex.task_transitions where task_id = $1 order by id";
+        worker, lease_epoch, at, assigned_at
+    from artex.task_transitions where task_id = $1 order by at, id";
 
 const SUBMIT: &str = "insert into artex.tasks
         (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
@@ -479,6 +484,7 @@ impl Blackboard {
                     worker: r.try_get(4)?,
                     lease_epoch: r.try_get(5)?,
                     at: r.try_get(6)?,
+                    assigned_at: r.try_get(7)?,
                 })
             })
             .collect()

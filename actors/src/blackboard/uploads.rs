@@ -1,8 +1,10 @@
 //! Uploads: a file received in chunks by a worker becomes, once whole and checked, one
 //! `artex.uploads` row and the task that names it, written by one statement (so once,
 //! however many times the last chunk comes); then what the worker's sweeper needs to
-//! delete files whose task ended. See migrations/V9__uploads.sql.
+//! delete files whose task ended, and the reaper's failing of tasks whose file's host is
+//! gone for good. See migrations/V9__uploads.sql and V11__stranded_uploads.sql.
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -29,6 +31,19 @@ pub struct NewUpload {
     pub name: Option<String>,
     /// On storage the whole fleet sees: the task is bound to no host.
     pub shared: bool,
+    /// The flow its task joins, as a root task named `upload:<id>`.
+    pub flow: Option<Uuid>,
+}
+
+/// A task failed because the only host holding its file is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StrandedTask {
+    /// The task.
+    pub id: Uuid,
+    /// The host it was bound to.
+    pub host: String,
+    /// The error it failed with.
+    pub error: String,
 }
 
 /// An upload as recorded.
@@ -56,16 +71,34 @@ pub struct UploadRow {
 // there: a last chunk sent twice, two processes finishing at once) nothing. The final
 // select cannot see a row a concurrent statement committed after this one's snapshot;
 // `record_upload` then asks again.
+// With a flow ($15), the task joins it as a root named `upload:<id>`. The flow was
+// unfinished when the upload started; if every task of it ended since (it was canceled,
+// say), the task is held `paused` with the reason, for a person to resume or cancel,
+// rather than run in a flow that is over.
 const RECORD: &str = "with up as (
         insert into artex.uploads (id, host, path, size, sha256, chunks, name, shared, task_id)
         values ($3, $4, $5, $6, $7, $8, $9, $10, $11)
         on conflict (id) do nothing
         returning task_id
     ),
+    flow as (
+        select $15::uuid is null
+               or exists (select 1 from artex.tasks f
+                          where f.flow_id = $15::uuid
+                            and f.status not in ('succeeded', 'failed', 'timeout', 'canceled'))
+               as open
+    ),
     t as (
-        insert into artex.tasks (id, kind, payload, priority, host)
-        select $11, $12, $13, $14, case when $10 then null else $4 end
-        from artex.set_context($1, $2) ctx, up
+        insert into artex.tasks (id, kind, payload, priority, host, flow_id, flow_task, status,
+                                 error)
+        select $11, $12, $13, $14, case when $10 then null else $4 end,
+               $15::uuid, case when $15::uuid is not null then 'upload:' || $3::text end,
+               case when flow.open then 'pending' else 'paused' end::artex.task_status,
+               case when not flow.open
+                    then format('flow %s had ended when upload %s completed: held paused '
+                                '(resume it to run it, or cancel it)', $15::uuid, $3::uuid)
+               end
+        from artex.set_context($1, $2) ctx, up, flow
         where ctx
         returning id
     )
@@ -88,6 +121,47 @@ const MARK_DELETED: &str = "update artex.uploads set state = 'deleted', deleted_
     where id = any($1::uuid[]) and state = 'complete'";
 
 const KNOWN: &str = "select id from artex.uploads where id = any($1::uuid[])";
+
+// Whether the flow exists, and whether a task of it has not ended (an upload's task may
+// join it then).
+const FLOW_OPEN: &str = "select exists (select 1 from artex.flows where id = $1),
+        exists (select 1 from artex.tasks where flow_id = $1
+                and status not in ('succeeded', 'failed', 'timeout', 'canceled'))";
+
+// Pending tasks bound to a host none of whose workers is live, nor was heard from within
+// $3 seconds of $4 (the database's clock when null): the file they name lies on that
+// host's disk only, so they can never run, and fail with the reason (migrations/V11).
+// A worker marked gone is the reaper's judgement, made only with its eyes open; the
+// deadline on top lets a host come back from a reboot first. `skip locked`: two
+// planners' reapers never fight, and a task an assigner holds waits for the next sweep.
+// The partial index `tasks_pending_by_host` finds the few rows bound to a host.
+const FAIL_STRANDED: &str = "with stranded as (
+        select t.id,
+               (select max(w.last_seen) from artex.workers w where w.host = t.host) as seen
+        from artex.tasks t
+        where t.status = 'pending' and t.host is not null
+          and not exists (
+              select 1 from artex.workers w
+              where w.host = t.host
+                and (w.state <> 'gone'
+                     or w.last_seen > coalesce($4, now()) - make_interval(secs => $3)))
+        order by t.id
+        limit $5
+        for update of t skip locked
+    )
+    update artex.tasks t
+    set status = 'failed',
+        error = format('%s is on host %s, %s; no other worker can read it (uploads on '
+                       'storage the whole fleet sees: run the workers with --upload-shared)',
+                       coalesce('upload ' || (t.payload->'upload'->>'id'), 'its file'),
+                       t.host,
+                       coalesce('gone since '
+                                || to_char(s.seen at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS')
+                                || ' UTC',
+                                'gone (none of its workers is on record)'))
+    from stranded s, artex.set_context($1, $2) ctx
+    where t.id = s.id and ctx and t.status = 'pending'
+    returning t.id, t.host, t.error";
 
 impl Blackboard {
     /// Records `upload` and submits `task` naming it, in one statement: exactly once per
@@ -121,6 +195,7 @@ impl Blackboard {
                         &task.kind,
                         &task.payload,
                         &task.priority,
+                        &upload.flow,
                     ],
                 )
                 .await?;
@@ -171,6 +246,50 @@ impl Blackboard {
         let client = self.client().await?;
         let stmt = client.prepare_cached(MARK_DELETED).await?;
         Ok(client.execute(&stmt, &[&ids]).await?)
+    }
+
+    /// Fails (at most `batch`) pending tasks bound to a host whose workers are all gone
+    /// and silent for `deadline_secs` (at `now`, or the database's clock): nothing but
+    /// that host can read their file. Returns them.
+    pub async fn fail_stranded(
+        &self,
+        actor: &str,
+        deadline_secs: f64,
+        now: Option<DateTime<Utc>>,
+        batch: i64,
+    ) -> Result<Vec<StrandedTask>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FAIL_STRANDED).await?;
+        client
+            .query(
+                &stmt,
+                &[
+                    &actor,
+                    &"its upload's host is gone past the deadline",
+                    &deadline_secs,
+                    &now,
+                    &batch,
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(StrandedTask {
+                    id: r.try_get(0)?,
+                    host: r.try_get(1)?,
+                    error: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether flow `id` is unfinished (`Some(true)`), ended (`Some(false)`) or unknown.
+    pub async fn flow_open(&self, id: Uuid) -> Result<Option<bool>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FLOW_OPEN).await?;
+        let r = client.query_one(&stmt, &[&id]).await?;
+        let (exists, open): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
+        Ok(exists.then_some(open))
     }
 
     /// Which of `ids` are recorded (complete or deleted).

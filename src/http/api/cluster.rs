@@ -4,6 +4,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
+use artex_actors::blackboard::RECENT_SAMPLE;
+
 use super::{param, parse_int, query, ApiError, ApiState};
 use crate::http::auth::CanRead;
 use crate::http::probe::DbProbe;
@@ -23,15 +25,17 @@ pub(super) async fn workers(
     Ok(HttpResponse::Ok().json(json!({ "workers": workers, "more": more })))
 }
 
-/// `GET /api/v1/stats?window_minutes=`: see `Blackboard::stats` (bounded reads only).
+/// `GET /api/v1/stats?window_minutes=&sample=`: see `Blackboard::stats_sampled` (bounded
+/// reads only; the dashboard asks for a smaller sample than the default).
 pub(super) async fn stats(
     _: CanRead,
     req: HttpRequest,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = query(&req, &["window_minutes"])?;
+    let q = query(&req, &["window_minutes", "sample"])?;
     let window = param(&q, "window_minutes", |s| parse_int(s, 1, 60))?.unwrap_or(15);
-    let stats = state.bb.stats(window as u32, None).await?;
+    let sample = param(&q, "sample", |s| parse_int(s, 1, RECENT_SAMPLE))?.unwrap_or(RECENT_SAMPLE);
+    let stats = state.bb.stats_sampled(window as u32, None, sample).await?;
     Ok(HttpResponse::Ok().json(stats))
 }
 

@@ -1,6 +1,6 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
-//! flows (submit, show with the DAG, pause|resume|cancel), workers, statistics and the
-//! live feed. Served by `artex serve` (with `/health` and `/events`, see
+//! flows (submit, list, show with the DAG, pause|resume|cancel), workers, statistics and
+//! the live feed (and where its head is). The dashboard's page is registered with them. Served by `artex serve` (with `/health` and `/events`, see
 //! [`serve_routes`]) and by a worker started with `--api` (`artex up` always). Stateless:
 //! every route reads or writes the blackboard, and holds no SQL. Described in
 //! `docs/openapi.json` (served at `/api/v1/openapi.json`), which a test holds to the
@@ -16,6 +16,7 @@
 mod cluster;
 mod flows;
 mod tasks;
+mod views;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
@@ -174,6 +175,10 @@ pub trait Routes {
         F: Handler<Args>,
         Args: FromRequest + 'static,
         F::Output: Responder + 'static;
+
+    /// Adds routes that are served but are not the API (the dashboard's page and
+    /// assets): a [`RouteList`] leaves them out, as `docs/openapi.json` does.
+    fn pages(&mut self, _register: fn(&mut web::ServiceConfig)) {}
 }
 
 impl Routes for web::ServiceConfig {
@@ -184,6 +189,10 @@ impl Routes for web::ServiceConfig {
         F::Output: Responder + 'static,
     {
         self.route(path, web::method(method).to(handler));
+    }
+
+    fn pages(&mut self, register: fn(&mut web::ServiceConfig)) {
+        register(self);
     }
 }
 
@@ -248,6 +257,9 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/stats", cluster::stats);
     r.add(M::GET, "/api/v1/events", events::events);
     r.add(M::GET, "/api/v1/openapi.json", openapi);
+    r.add(M::GET, "/api/v1/flows", views::flows);
+    r.add(M::GET, "/api/v1/events/head", views::events_head);
+    r.pages(crate::http::dashboard::routes);
 }
 
 /// Everything `artex serve` serves: the API, `/health` (from the database probe) and

@@ -1,0 +1,40 @@
+//! Where the change feed ends now: the position a reader starts after when it only wants
+//! what happens from now on (`artex submit --wait`, `artex flow show --follow`), instead
+//! of reading the whole kept feed first.
+
+use super::events::EventPosition;
+use super::Blackboard;
+use crate::error::{Error, Result};
+
+// The last deliverable event: written by a transaction older than every one in flight
+// (the feed's horizon, as `events.rs` READ uses). An event not yet deliverable comes from
+// a transaction at or above the horizon, so its position is above this one: a reader
+// starting here misses nothing committed after it looked. Walks the (xid, id) index
+// backwards, past the few entries of transactions in flight.
+pub(super) const FEED_HEAD: &str = "select e.xid::text, e.id from artex.task_transitions e
+    where e.xid < pg_snapshot_xmin(pg_current_snapshot())
+    order by e.xid desc, e.id desc
+    limit 1";
+
+impl Blackboard {
+    /// The position of the last event deliverable now (`None` when there is none): read
+    /// it, then the state you follow, then follow the feed after it, and no change made
+    /// after the state was read is missed.
+    pub async fn feed_head(&self) -> Result<Option<EventPosition>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(FEED_HEAD).await?;
+        let Some(row) = client.query_opt(&stmt, &[]).await? else {
+            return Ok(None);
+        };
+        let xid: String = row.try_get(0)?;
+        let xid = xid.parse().map_err(|_| {
+            Error::Invalid(format!(
+                "unexpected transaction id '{xid}' from the database"
+            ))
+        })?;
+        Ok(Some(EventPosition {
+            xid,
+            id: row.try_get(1)?,
+        }))
+    }
+}

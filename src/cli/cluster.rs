@@ -1,0 +1,121 @@
+//! `artex workers` and `artex stats`: the roster and the statistics as the blackboard has
+//! them, the same reads (and, with `--json`, the same documents) as `GET /api/v1/workers`
+//! and `GET /api/v1/stats`.
+
+use clap::Args;
+use serde_json::json;
+
+use super::{connect_one_shot, print_json};
+use crate::config::DbConfig;
+use crate::error::Result;
+
+/// The arguments of `artex workers`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkersArgs {
+    /// At most this many.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    limit: i64,
+    /// One JSON object, `{"workers": [...], "more": …}`, as `GET /api/v1/workers`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `artex stats`.
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    /// The recent figures cover this many minutes.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=60))]
+    window_minutes: u32,
+    /// One JSON object, as `GET /api/v1/stats`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `artex workers`.
+pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
+    let bb = connect_one_shot(db).await?;
+    // One more than asked says whether there are more.
+    let mut workers = bb.workers(args.limit + 1).await?;
+    let more = workers.len() as i64 > args.limit;
+    workers.truncate(args.limit as usize);
+    if args.json {
+        return print_json(&json!({ "workers": workers, "more": more }));
+    }
+    if workers.is_empty() {
+        eprintln!("no worker has registered yet");
+        return Ok(());
+    }
+    println!(
+        "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  SHA256",
+        "ID", "STATE", "PID", "VERSION", "HELD/CAP", "LAST SEEN"
+    );
+    for w in &workers {
+        println!(
+            "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {}",
+            w.id,
+            w.state.as_str(),
+            w.pid,
+            w.version,
+            format!("{}/{}", w.held, w.capacity),
+            w.last_seen
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            w.binary_sha256
+                .as_deref()
+                .map(|s| &s[..s.len().min(12)])
+                .unwrap_or("-")
+        );
+    }
+    if more {
+        eprintln!("(more than {}; --limit N to see more)", args.limit);
+    }
+    Ok(())
+}
+
+/// Runs `artex stats`.
+pub(crate) async fn stats(db: &DbConfig, args: StatsArgs) -> Result {
+    let bb = connect_one_shot(db).await?;
+    let stats = bb.stats(args.window_minutes, None).await?;
+    if args.json {
+        return print_json(&stats);
+    }
+    let counts: Vec<String> = stats
+        .by_status
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| {
+            let plus = if stats.capped.contains(s) { "+" } else { "" };
+            format!("{n}{plus} {s}")
+        })
+        .collect();
+    println!(
+        "tasks:       {}",
+        if counts.is_empty() {
+            "none".to_string()
+        } else {
+            counts.join(", ")
+        }
+    );
+    let r = &stats.recent;
+    println!(
+        "finished:    {} in the last {} min ({:.1}/min{})",
+        r.finished,
+        r.window_minutes,
+        r.throughput_per_minute,
+        if r.sampled { ", sampled" } else { "" }
+    );
+    let ms = |v: Option<f64>| {
+        v.map(|v| format!("{v:.0} ms"))
+            .unwrap_or_else(|| "-".into())
+    };
+    for (name, p) in [("queue", &r.queue_ms), ("run", &r.run_ms)] {
+        println!(
+            "{:<12} p50 {}, p95 {}, p99 {}, max {}",
+            format!("{name}:"),
+            ms(p.p50),
+            ms(p.p95),
+            ms(p.p99),
+            ms(p.max)
+        );
+    }
+    Ok(())
+}

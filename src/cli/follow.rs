@@ -1,0 +1,210 @@
+//! `artex submit --wait` and `artex flow show --follow`: a task or flow watched until it
+//! ends. The change feed ([`EventFeed`], woken by NOTIFY) says when something happened;
+//! the tables say what is true: each event about it (or, as a safety net, a quiet
+//! [`RECHECK`]) leads to a fresh read. The feed is joined at its head, read before the
+//! state, so nothing that happens after the first read is missed and the kept history
+//! is not read at all.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use artex_actors::blackboard::{
+    EventFeed, FeedStart, FlowState, FlowView, TaskEvent, TaskRow, TaskStatus,
+};
+use artex_actors::Blackboard;
+use uuid::Uuid;
+
+use super::progress::step;
+use super::{print_json_line, time_text};
+use crate::error::{Error, Result};
+
+/// The feed's safety-net poll when no notification comes.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Without any event about what is followed, its state is read again this often.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// Events per read of the feed.
+const BATCH: i64 = 500;
+
+/// A reader of the feed from its head (now), listening before the caller's first read.
+async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
+    let start = match bb.feed_head().await? {
+        Some(head) => FeedStart::After(head),
+        None => FeedStart::Beginning,
+    };
+    let mut feed = EventFeed::open(bb.clone(), start, true, POLL).await?;
+    feed.listen().await?;
+    Ok(feed)
+}
+
+/// The next events `mine` selects, waiting for them up to [`RECHECK`] (then none).
+/// Connection failures are waited out: the feed's position only moves on success.
+async fn next_events(
+    feed: &mut EventFeed,
+    mine: impl Fn(&TaskEvent) -> bool,
+) -> Result<Vec<TaskEvent>> {
+    let until = Instant::now() + RECHECK;
+    loop {
+        match feed.follow(BATCH, until).await {
+            Ok(batch) => {
+                let events: Vec<TaskEvent> = batch.events.into_iter().filter(&mine).collect();
+                if !events.is_empty() || Instant::now() >= until {
+                    return Ok(events);
+                }
+            }
+            Err(e) if e.is_connection() => {
+                tracing::warn!(error = %e, "cannot read the change feed; retrying");
+                if Instant::now() >= until {
+                    return Ok(Vec::new());
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Option<&str>) -> String {
+    format!(
+        "{} -> {to}{}",
+        from.map(|s| s.as_str()).unwrap_or("(new)"),
+        reason.map(|r| format!(": {r}")).unwrap_or_default()
+    )
+}
+
+/// Waits until task `id` has ended, telling each change on standard error; returns the
+/// task as it ended.
+pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
+    let started = Instant::now();
+    let mut feed = feed_from_now(bb).await?;
+    let mut task = bb.task(id).await?;
+    let holder = |t: &TaskRow| {
+        t.assigned_to
+            .as_deref()
+            .map(|w| format!(" on {w}"))
+            .unwrap_or_default()
+    };
+    step(format!("task {id}: {}{}", task.status, holder(&task)));
+    // The status the feed has told so far: the wait ends once the table says the task
+    // has ended and the feed has told that too (every change shown, in order) — or the
+    // feed stayed quiet for a [`RECHECK`] after it ended (the table has the last word).
+    let mut told = task.status;
+    let mut first = true;
+    while !(task.status.is_terminal() && told == task.status) {
+        let events = next_events(&mut feed, |e| e.task_id == id).await?;
+        for e in &events {
+            // The first event may be the change the first read already showed.
+            if !(first && e.to == told) {
+                step(format!(
+                    "task {id}: {}",
+                    transition(e.from, e.to, e.reason.as_deref())
+                ));
+            }
+            first = false;
+            told = e.to;
+        }
+        task = bb.task(id).await?;
+        if events.is_empty() && task.status.is_terminal() {
+            break;
+        }
+    }
+    step(format!(
+        "task {id}: {} after {:.1} s",
+        task.status,
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(task)
+}
+
+/// Ok for a task that succeeded; the exit code of its outcome otherwise (README, "Exit
+/// codes").
+pub(crate) fn task_outcome(task: &TaskRow) -> Result {
+    let error = task
+        .error
+        .as_deref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default();
+    match task.status {
+        TaskStatus::Failed | TaskStatus::Timeout => Err(Error::EndedFailed(format!(
+            "task {} {}{error}",
+            task.id, task.status
+        ))),
+        TaskStatus::Canceled => Err(Error::EndedCanceled(format!(
+            "task {} canceled{error}",
+            task.id
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn flow_finished(state: FlowState) -> bool {
+    matches!(
+        state,
+        FlowState::Succeeded | FlowState::Failed | FlowState::Canceled
+    )
+}
+
+fn statuses(f: &FlowView) -> Vec<TaskStatus> {
+    f.tasks.iter().map(|t| t.status).collect()
+}
+
+/// Shows flow `id` (as `flow show` does), then each change of its tasks as it happens,
+/// until the flow has finished: people get a line per change and a summary, `json` a
+/// JSON line of the whole flow at the start and after every change. The result is the
+/// flow's outcome (README, "Exit codes").
+pub(crate) async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
+    let mut feed = feed_from_now(bb).await?;
+    let mut flow = bb.flow(id).await?;
+    if json {
+        print_json_line(&flow)?;
+    } else {
+        super::flows::print_flow(&flow);
+    }
+    let names: HashMap<Uuid, String> = flow.tasks.iter().map(|t| (t.id, t.name.clone())).collect();
+    let width = names.values().map(String::len).max().unwrap_or(1);
+    // What the feed has told of each task: the follow ends once the flow has finished
+    // and the feed has told every task's last change (or stayed quiet for a [`RECHECK`]
+    // after it finished: the table has the last word).
+    let mut told: HashMap<Uuid, TaskStatus> = flow.tasks.iter().map(|t| (t.id, t.status)).collect();
+    let caught_up = |flow: &FlowView, told: &HashMap<Uuid, TaskStatus>| {
+        flow.tasks
+            .iter()
+            .all(|t| told.get(&t.id) == Some(&t.status))
+    };
+    while !(flow_finished(flow.state) && caught_up(&flow, &told)) {
+        let events = next_events(&mut feed, |e| e.flow_id == Some(id)).await?;
+        for e in &events {
+            told.insert(e.task_id, e.to);
+            if !json {
+                println!(
+                    "  {}  {:<width$}  {}",
+                    time_text(Some(e.at)),
+                    names.get(&e.task_id).map(String::as_str).unwrap_or("?"),
+                    transition(e.from, e.to, e.reason.as_deref())
+                );
+            }
+        }
+        let now = bb.flow(id).await?;
+        if json && (statuses(&now) != statuses(&flow) || now.state != flow.state) {
+            print_json_line(&now)?;
+        }
+        flow = now;
+        if events.is_empty() && flow_finished(flow.state) {
+            break;
+        }
+    }
+    if !json {
+        let counts: Vec<String> = flow
+            .counts
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
+        println!("flow {id}: {} ({})", flow.state, counts.join(", "));
+    }
+    match flow.state {
+        FlowState::Failed => Err(Error::EndedFailed(format!("flow {id} failed"))),
+        FlowState::Canceled => Err(Error::EndedCanceled(format!("flow {id} canceled"))),
+        _ => Ok(()),
+    }
+}

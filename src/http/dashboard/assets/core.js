@@ -1,0 +1,283 @@
+// The dashboard's core: an error collector, DOM helpers, the API client (tokens from
+// sessionStorage, asked for in the page), the live feed (SSE read with fetch, so that
+// it can carry the Authorization header), confirmation, and a hash router. Pages
+// register themselves in A.pages (pages.js, graphs.js, upload.js).
+"use strict";
+const A = (window.A = { pages: {}, errors: [] });
+
+// Anything that goes wrong in the page is kept (and shown in the console as usual):
+// the browser tests read A.errors and require it empty.
+window.addEventListener("error", (e) => A.errors.push("error: " + (e.message || e.type)));
+window.addEventListener("unhandledrejection", (e) => A.errors.push("rejection: " + String(e.reason)));
+document.addEventListener("securitypolicyviolation", (e) =>
+  A.errors.push("csp: " + e.violatedDirective + " " + e.blockedURI));
+const consoleError = console.error.bind(console);
+console.error = (...args) => { A.errors.push("console: " + args.join(" ")); consoleError(...args); };
+
+// ---- DOM ----------------------------------------------------------------------------
+// h("a", {href: "#/"}, "text", child…): an element; strings become text nodes (never
+// HTML), null/false children are skipped, arrays are flattened.
+A.h = function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  A.append(el, children);
+  return el;
+};
+A.append = function append(el, children) {
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+};
+A.svg = function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) el.setAttribute(k, String(v));
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : String(c));
+  return el;
+};
+A.status = (s) => A.h("span", { class: "status s-" + s, "data-status": s }, s);
+A.short = (id) => (id ? String(id).slice(0, 8) + "…" + String(id).slice(-4) : "-");
+A.taskLink = (id) => A.h("a", { href: "#/tasks/" + id, class: "mono", title: id }, A.short(id));
+A.time = (t) => (t ? new Date(t).toLocaleString() : "-");
+A.ago = function ago(t) {
+  if (!t) return "-";
+  const s = Math.max(0, (Date.now() - new Date(t).getTime()) / 1000);
+  if (s < 60) return s.toFixed(0) + " s ago";
+  if (s < 3600) return (s / 60).toFixed(0) + " min ago";
+  return (s / 3600).toFixed(1) + " h ago";
+};
+A.ms = (v) => (v === null || v === undefined ? "-" : v < 1000 ? v.toFixed(0) + " ms" : (v / 1000).toFixed(2) + " s");
+A.json = (v) => A.h("pre", { class: "mono" }, v === null || v === undefined ? "null" : JSON.stringify(v, null, 2));
+A.sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// ---- tokens and the API -------------------------------------------------------------
+// Reads use the read token (or the write token); changes use the write token. Either is
+// asked for in the page when the server says 401, and kept in sessionStorage: this tab
+// only, gone when it closes, never in a URL (so never in a server's or proxy's log).
+A.token = (scope) => sessionStorage.getItem("artex." + scope) || "";
+A.authHeaders = function (scope) {
+  const t = scope === "write" ? A.token("write") : A.token("read") || A.token("write");
+  return t ? { Authorization: "Bearer " + t } : {};
+};
+let asking = null;
+A.askToken = function askToken(scope, why) {
+  if (asking) return asking;
+  const dlg = document.getElementById("token-dialog");
+  document.getElementById("token-title").textContent = scope === "write" ? "Write token" : "Read token";
+  document.getElementById("token-why").textContent = why || "";
+  const input = document.getElementById("token-input");
+  input.value = "";
+  asking = new Promise((resolve) => {
+    dlg.addEventListener("close", function done() {
+      dlg.removeEventListener("close", done);
+      asking = null;
+      if (dlg.returnValue === "ok" && input.value.trim()) {
+        sessionStorage.setItem("artex." + scope, input.value.trim());
+        window.dispatchEvent(new Event("artex-token"));
+        resolve(true);
+      } else resolve(false);
+    });
+  });
+  dlg.showModal();
+  return asking;
+};
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.error) || "HTTP " + status);
+    this.status = status;
+    this.body = body;
+  }
+}
+A.ApiError = ApiError;
+
+// One API call: JSON in and out; a 401 asks for the scope's token and tries again.
+A.api = async function api(method, path, body) {
+  const scope = method === "GET" ? "read" : "write";
+  for (;;) {
+    const headers = A.authHeaders(scope);
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const res = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store",
+    });
+    const text = await res.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch (_) { data = { error: text }; }
+    if (res.status === 401) {
+      const why = (data && data.error) || "";
+      if (await A.askToken(scope, why)) continue;
+    }
+    if (!res.ok) throw new ApiError(res.status, data);
+    return data;
+  }
+};
+
+// ---- confirmation -------------------------------------------------------------------
+// Resolves to {reason} when confirmed, null when not.
+A.confirm = function confirm(title, text) {
+  const dlg = document.getElementById("confirm-dialog");
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-text").textContent = text;
+  const reason = document.getElementById("confirm-reason");
+  reason.value = "";
+  return new Promise((resolve) => {
+    dlg.addEventListener("close", function done() {
+      dlg.removeEventListener("close", done);
+      resolve(dlg.returnValue === "ok" ? { reason: reason.value.trim() } : null);
+    });
+    dlg.returnValue = "";
+    dlg.showModal();
+  });
+};
+
+// A button that runs `control` (pause, resume, cancel, retry) on a task or a flow after
+// a confirmation, then calls `after`.
+A.controlButton = function controlButton(what, id, control, after) {
+  const b = A.h("button", { class: control === "cancel" ? "danger" : "", "data-action": control }, control);
+  b.addEventListener("click", async () => {
+    const ok = await A.confirm(control + " " + what + "?", control + " " + what + " " + id + ".");
+    if (!ok) return;
+    b.disabled = true;
+    try {
+      const body = ok.reason ? { reason: ok.reason } : {};
+      await A.api("POST", "/api/v1/" + what + "s/" + id + "/" + control, body);
+      A.flash(control + ": done");
+    } catch (e) {
+      A.flash(control + " refused: " + e.message, true);
+    } finally {
+      b.disabled = false;
+      if (after) after();
+    }
+  });
+  return b;
+};
+A.flash = function flash(text, bad) {
+  const el = document.getElementById("flash");
+  if (el) { el.textContent = text; el.className = bad ? "error" : "muted"; }
+};
+
+// ---- the live feed ------------------------------------------------------------------
+// Reads /api/v1/events with fetch (EventSource cannot send a bearer token), from the
+// head of the feed at the first connection and after the last event seen afterwards;
+// when the stream ends (a drain, a hot upgrade) it checks /health and reconnects, so
+// the page never dies. Each event goes to A.recent and to the current page.
+A.recent = [];
+A.live = { after: null, connected: false };
+function setLive(on, text) {
+  A.live.connected = on;
+  const el = document.getElementById("live");
+  el.className = "live " + (on ? "on" : "off");
+  el.textContent = text || (on ? "live" : "offline");
+}
+function dispatch(block) {
+  let event = "message", id = null, data = "";
+  for (const line of block.split("\n")) {
+    if (line.startsWith(":")) continue;
+    const i = line.indexOf(":");
+    const field = i < 0 ? line : line.slice(0, i);
+    const value = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+    if (field === "event") event = value;
+    else if (field === "id") id = value;
+    else if (field === "data") data += (data ? "\n" : "") + value;
+  }
+  if (id) A.live.after = id;
+  if (event !== "task" || !data) return;
+  let ev;
+  try { ev = JSON.parse(data); } catch (_) { return; }
+  A.recent.unshift(ev);
+  if (A.recent.length > 200) A.recent.length = 200;
+  const page = A.current;
+  if (page && page.onEvent) page.onEvent(ev);
+}
+async function follow() {
+  let backoff = 500;
+  for (;;) {
+    try {
+      if (!A.live.after) A.live.after = (await A.api("GET", "/api/v1/events/head")).after;
+      const res = await fetch("/api/v1/events?after=" + encodeURIComponent(A.live.after), {
+        headers: A.authHeaders("read"), cache: "no-store",
+      });
+      if (res.status === 410) { A.live.after = null; A.refresh(); continue; }
+      if (res.status === 401) {
+        if (await A.askToken("read", "the live feed needs the read scope")) continue;
+        throw new ApiError(401, null);
+      }
+      if (!res.ok || !res.body) throw new Error("events: HTTP " + res.status);
+      setLive(true);
+      backoff = 500;
+      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value.replace(/\r\n?/g, "\n");
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          dispatch(buf.slice(0, i));
+          buf = buf.slice(i + 2);
+        }
+      }
+    } catch (e) {
+      // Refused a token: wait for one (given at the page's next ask) instead of asking
+      // again and again. Network errors are expected while a server restarts or
+      // upgrades: retried below.
+      if (e instanceof ApiError && e.status === 401) {
+        setLive(false, "no token");
+        await new Promise((r) => window.addEventListener("artex-token", r, { once: true }));
+        continue;
+      }
+    }
+    setLive(false, "reconnecting");
+    await A.sleep(backoff);
+    backoff = Math.min(backoff * 2, 8000);
+    try {
+      const h = await fetch("/health", { cache: "no-store" });
+      if (h.ok) A.refresh();
+    } catch (_) { /* still down: try again */ }
+  }
+}
+
+// ---- router -------------------------------------------------------------------------
+// #/page/arg?query → A.pages[page].show(main, arg, params). A page may define
+// onEvent(ev) (live updates) and leave() (stop timers). A.refresh() re-shows it.
+A.route = function route() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, qs] = hash.split("?");
+  const [name, ...rest] = (path || "").split("/");
+  const page = A.pages[name || "overview"] || A.pages.overview;
+  if (A.current && A.current.leave) A.current.leave();
+  A.current = page;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("on", a.dataset.nav === page.name);
+  A.params = new URLSearchParams(qs || "");
+  A.arg = rest.join("/") || null;
+  const main = document.getElementById("main");
+  main.replaceChildren();
+  A.showing = page.show(main, A.arg, A.params).catch((e) => A.failed(main, e));
+};
+A.refresh = () => { if (A.current && A.current.reload) A.current.reload(); };
+A.failed = function failed(main, e) {
+  main.replaceChildren(A.h("p", { class: "error" }, e.message || String(e)),
+    A.h("p", { class: "muted" }, e.status === 404 ? "Not found." : "Is the server up? The page retries when the feed reconnects."));
+};
+
+// Calls fn at most once per `ms`, the last call always honoured (live refreshes).
+A.throttle = function throttle(fn, ms) {
+  let timer = null, again = false;
+  return function run() {
+    if (timer) { again = true; return; }
+    fn();
+    timer = setTimeout(() => { timer = null; if (again) { again = false; run(); } }, ms);
+  };
+};
+
+window.addEventListener("DOMContentLoaded", () => {
+  window.addEventListener("hashchange", A.route);
+  A.route();
+  follow();
+});

@@ -1,0 +1,221 @@
+// Pages: the overview (counts, sparklines, backlog age), the task list (filters, search
+// by id, keyset "more"), a task (its timeline, payload, result, error, controls) and
+// the live feed. Each is { name, show(main, arg, params), onEvent?, reload?, leave? }.
+"use strict";
+(function () {
+  const { h } = A;
+  const STATUSES = ["pending", "blocked", "paused", "assigned", "running", "succeeded", "failed", "timeout", "canceled"];
+  const ENDED = ["succeeded", "failed", "timeout", "canceled"];
+  A.STATUSES = STATUSES;
+
+  // A sparkline of `values` (oldest first) as an SVG polyline.
+  A.spark = function spark(values, label) {
+    const w = 200, hgt = 40;
+    const max = Math.max(1, ...values.filter((v) => v !== null));
+    const step = values.length > 1 ? w / (values.length - 1) : w;
+    const pts = values.map((v, i) => (i * step).toFixed(1) + "," + (hgt - 2 - ((v || 0) / max) * (hgt - 4)).toFixed(1));
+    return A.svg("svg", { class: "spark", viewBox: "0 0 " + w + " " + hgt, preserveAspectRatio: "none", role: "img", "aria-label": label },
+      A.svg("title", {}, label), A.svg("polyline", { points: pts.join(" ") }));
+  };
+
+  // ---- overview ---------------------------------------------------------------------
+  let overviewTimer = null;
+  const overview = {
+    name: "overview",
+    async show(main) {
+      main.append(h("h1", {}, "Overview"), h("div", { id: "overview" }, h("p", { class: "muted" }, "Loading…")));
+      await overview.reload();
+      clearInterval(overviewTimer);
+      // The minute rolls on without events too.
+      overviewTimer = setInterval(() => overview.reload(), 15000);
+    },
+    leave() { clearInterval(overviewTimer); },
+    async reload() {
+      const box = document.getElementById("overview");
+      if (!box) return;
+      // A sample of 20,000 recent tasks: plenty for the figures, a fifth of the default cost.
+      const s = await A.api("GET", "/api/v1/stats?sample=20000");
+      const r = s.recent;
+      const cards = STATUSES.map((st) => h("div", { class: "card", "data-count": st },
+        h("div", { class: "n" }, (s.capped.includes(st) ? "≥ " : "") + s.by_status[st]),
+        h("div", { class: "l" }, h("a", { href: "#/tasks?status=" + st }, st))));
+      const per = r.per_minute || [];
+      const backlog = s.backlog || {};
+      const latest = per.length ? per[per.length - 1] : {};
+      const kinds = Object.entries(r.by_kind || {});
+      box.replaceChildren(
+        h("div", { class: "cards" }, cards),
+        h("h2", {}, "Last " + r.window_minutes + " minutes"),
+        h("div", { class: "cards" },
+          h("div", { class: "card wide", "data-metric": "throughput" },
+            h("div", { class: "n" }, r.throughput_per_minute.toFixed(1), h("span", { class: "l" }, " /min")),
+            h("div", { class: "l" }, "finished per minute (" + r.finished + (r.sampled ? ", sampled" : "") + ")"),
+            A.spark(per.map((m) => m.finished), "tasks finished per minute")),
+          h("div", { class: "card wide", "data-metric": "latency" },
+            h("div", { class: "n" }, A.ms(r.run_ms.p50), h("span", { class: "l" }, " p50 run")),
+            h("div", { class: "l" }, "p95 " + A.ms(r.run_ms.p95) + " · queue p50 " + A.ms(r.queue_ms.p50)),
+            A.spark(per.map((m) => m.run_avg_ms), "mean run time per minute")),
+          h("div", { class: "card", "data-metric": "backlog" },
+            h("div", { class: "n" }, backlog.age_ms === null || backlog.age_ms === undefined ? "-" : A.ms(backlog.age_ms)),
+            h("div", { class: "l" }, "backlog age (oldest runnable pending task)")),
+          h("div", { class: "card" }, h("div", { class: "n" }, latest.finished || 0), h("div", { class: "l" }, "finished this minute"))),
+        h("h2", {}, "By kind (finished in the window)"),
+        kinds.length
+          ? h("div", { class: "table" }, h("table", {},
+            h("thead", {}, h("tr", {}, h("th", {}, "kind"), ENDED.map((st) => h("th", { class: "num" }, st)))),
+            h("tbody", {}, kinds.map(([k, c]) => h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
+              ENDED.map((st) => h("td", { class: "num" }, c[st] || 0)))))))
+          : h("p", { class: "muted" }, "Nothing finished in the window."),
+        h("p", { class: "muted" }, "As of " + A.time(s.at) + "."));
+    },
+  };
+  overview.onEvent = A.throttle(() => overview.reload().catch(() => {}), 1000);
+  A.pages.overview = overview;
+
+  // ---- tasks ------------------------------------------------------------------------
+  const FILTERS = ["status", "kind", "flow", "worker"];
+  const tasks = {
+    name: "tasks",
+    shown: 0,
+    async show(main, arg, params) {
+      if (arg) return A.pages.task.show(main, arg, params);
+      const form = h("form", { class: "filters", id: "task-filters" },
+        h("label", {}, "status", h("select", { name: "status" }, h("option", { value: "" }, "any"),
+          STATUSES.map((s) => h("option", { value: s, selected: params.get("status") === s }, s)))),
+        h("label", {}, "kind", h("input", { name: "kind", value: params.get("kind") || "", size: 10 })),
+        h("label", {}, "flow", h("input", { name: "flow", value: params.get("flow") || "", size: 14, placeholder: "flow id" })),
+        h("label", {}, "worker", h("input", { name: "worker", value: params.get("worker") || "", size: 14 })),
+        h("button", { type: "submit" }, "Filter"),
+        h("label", {}, "task id", h("input", { name: "id", id: "task-search", size: 20, placeholder: "go to a task id" })));
+      form.addEventListener("submit", (e) => {
+        e.preventDefault();
+        const data = new FormData(form);
+        const id = String(data.get("id") || "").trim();
+        if (id) { location.hash = "#/tasks/" + id; return; }
+        const q = new URLSearchParams();
+        for (const f of FILTERS) if (String(data.get(f) || "").trim()) q.set(f, String(data.get(f)).trim());
+        location.hash = "#/tasks" + (q.toString() ? "?" + q : "");
+      });
+      form.querySelector("select").addEventListener("change", () => form.requestSubmit());
+      main.append(h("h1", {}, "Tasks"), form,
+        h("div", { class: "table" }, h("table", { id: "task-table" },
+          h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "kind"), h("th", {}, "status"),
+            h("th", { class: "hide-sm" }, "worker"), h("th", { class: "num hide-sm" }, "retries"), h("th", {}, "updated"))),
+          h("tbody", { id: "task-rows" }))),
+        h("p", {}, h("button", { id: "more", hidden: true }, "more")), h("p", { id: "flash" }));
+      document.getElementById("more").addEventListener("click", () => tasks.page(tasks.next, 50, true));
+      tasks.params = params;
+      await tasks.page(null, 50, false);
+    },
+    query(after, limit) {
+      const q = new URLSearchParams();
+      for (const f of FILTERS) if (tasks.params.get(f)) q.set(f, tasks.params.get(f));
+      q.set("limit", String(limit));
+      if (after) q.set("after", after);
+      return "/api/v1/tasks?" + q;
+    },
+    async page(after, limit, append) {
+      const body = document.getElementById("task-rows");
+      if (!body) return;
+      const res = await A.api("GET", tasks.query(after, limit));
+      const rows = res.tasks.map((t) => h("tr", { "data-task": t.id },
+        h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind), h("td", {}, A.status(t.status)),
+        h("td", { class: "hide-sm mono" }, t.assigned_to || "-"), h("td", { class: "num hide-sm" }, t.retries),
+        h("td", { title: t.updated_at }, A.ago(t.updated_at))));
+      if (append) body.append(...rows); else body.replaceChildren(...rows);
+      if (!body.children.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No tasks.")));
+      tasks.shown = append ? tasks.shown + res.tasks.length : res.tasks.length;
+      tasks.next = res.next;
+      document.getElementById("more").hidden = !res.next;
+    },
+    // Live: the rows shown are read again (at most 500), keeping the place in the list.
+    reload() { return tasks.page(null, Math.min(500, Math.max(50, tasks.shown)), false); },
+  };
+  tasks.onEvent = A.throttle(() => { if (document.getElementById("task-rows")) tasks.reload().catch(() => {}); }, 1000);
+  A.pages.tasks = tasks;
+
+  // ---- one task ---------------------------------------------------------------------
+  const task = {
+    name: "tasks",
+    async show(main, id) {
+      task.id = id;
+      main.append(h("h1", {}, "Task ", h("span", { class: "mono" }, id)), h("div", { id: "task" }, h("p", { class: "muted" }, "Loading…")));
+      await task.reload();
+    },
+    async reload() {
+      const box = document.getElementById("task");
+      if (!box) return;
+      const id = task.id;
+      const { task: t, transitions } = await A.api("GET", "/api/v1/tasks/" + encodeURIComponent(id) + "?full=true");
+      if (task.id !== id) return;
+      const controls = [];
+      if (["pending", "blocked"].includes(t.status)) controls.push("pause");
+      if (t.status === "paused") controls.push("resume");
+      if (!ENDED.includes(t.status)) controls.push("cancel");
+      if (ENDED.includes(t.status) && t.status !== "succeeded") controls.push("retry");
+      const actions = controls.map((c) => c === "retry" ? retryButton(t.id) : A.controlButton("task", t.id, c, () => task.reload()));
+      box.replaceChildren(
+        h("p", {}, h("span", { id: "task-status" }, A.status(t.status)), " ", t.kind),
+        h("div", { class: "actions" }, actions), h("p", { id: "flash" }),
+        h("dl", { class: "kv" },
+          h("dt", {}, "worker"), h("dd", { class: "mono" }, t.assigned_to || "-"),
+          h("dt", {}, "retries"), h("dd", {}, t.retries + " of " + t.max_retries),
+          h("dt", {}, "priority"), h("dd", {}, t.priority),
+          t.flow_id && [h("dt", {}, "flow"), h("dd", {}, h("a", { href: "#/flows/" + t.flow_id, class: "mono" }, t.flow_id), " ", t.flow_task || "")],
+          h("dt", {}, "created"), h("dd", {}, A.time(t.created_at)),
+          h("dt", {}, "run at"), h("dd", {}, A.time(t.run_at)),
+          h("dt", {}, "started"), h("dd", {}, A.time(t.started_at)),
+          h("dt", {}, "finished"), h("dd", {}, A.time(t.finished_at))),
+        h("h2", {}, "Timeline"),
+        h("ol", { class: "timeline", id: "timeline" }, transitions.map((x) => h("li", { "data-to": x.to_status },
+          A.status(x.to_status), " ", h("span", { class: "muted" }, A.time(x.at)), " ", x.actor,
+          x.worker ? [" on ", h("span", { class: "mono" }, x.worker)] : null,
+          x.reason ? h("div", { class: "muted" }, x.reason) : null))),
+        h("h2", {}, "Payload"), A.json(t.payload),
+        h("h2", {}, "Result"), A.json(t.result),
+        t.error ? [h("h2", {}, "Error"), h("pre", { class: "error" }, t.error)] : null,
+        t.checkpoint ? [h("h2", {}, "Checkpoint"), A.json(t.checkpoint)] : null);
+    },
+  };
+  function retryButton(id) {
+    const b = h("button", { "data-action": "retry" }, "retry");
+    b.addEventListener("click", async () => {
+      const ok = await A.confirm("retry task?", "Submit a new task like " + id + ".");
+      if (!ok) return;
+      try {
+        const r = await A.api("POST", "/api/v1/tasks/" + id + "/retry", ok.reason ? { reason: ok.reason } : {});
+        location.hash = "#/tasks/" + r.id;
+      } catch (e) { A.flash("retry refused: " + e.message, true); }
+    });
+    return b;
+  }
+  const taskReload = A.throttle(() => task.reload().catch(() => {}), 250);
+  task.onEvent = (ev) => { if (ev.task_id === task.id) taskReload(); };
+  A.pages.task = task;
+  // #/tasks/ID lands on the tasks page object: forward its events.
+  tasks.onEventList = tasks.onEvent;
+  tasks.onEvent = (ev) => (A.arg ? task.onEvent(ev) : tasks.onEventList(ev));
+  const listReload = tasks.reload;
+  tasks.reload = () => (A.arg ? task.reload() : listReload());
+
+  // ---- the feed ---------------------------------------------------------------------
+  const feed = {
+    name: "feed",
+    async show(main) {
+      main.append(h("h1", {}, "Live feed"), h("p", { class: "muted" }, "Task transitions as they happen (the last 200 since this page opened)."),
+        h("ul", { class: "feed", id: "feed" }, A.recent.map(item)));
+    },
+    onEvent(ev) {
+      const list = document.getElementById("feed");
+      if (!list) return;
+      list.prepend(item(ev));
+      while (list.children.length > 200) list.lastChild.remove();
+    },
+  };
+  function item(ev) {
+    return h("li", { "data-task": ev.task_id }, h("span", { class: "muted" }, new Date(ev.at).toLocaleTimeString()), " ",
+      A.taskLink(ev.task_id), " ", ev.kind, " ", ev.from ? A.status(ev.from) : "new", " → ", A.status(ev.to),
+      ev.reason ? h("span", { class: "muted" }, " " + ev.reason) : null);
+  }
+  A.pages.feed = feed;
+})();

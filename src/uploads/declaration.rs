@@ -1,0 +1,211 @@
+//! What a client declares when it starts an upload (`POST /api/v1/uploads`), every
+//! field checked before anything is written; kept as the upload's `meta.json`.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::error::{Result, UploadError};
+use super::settings::{DEFAULT_CHUNK, MAX_CHUNK, MAX_CHUNKS, MAX_NAME, MIN_CHUNK};
+
+/// What the client declared when it started the upload, kept in `meta.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Meta {
+    /// The upload's id.
+    pub id: Uuid,
+    /// The whole file's size.
+    pub size: u64,
+    /// The whole file's sha256, lowercase hex.
+    pub sha256: String,
+    /// The client's name for the file (shown, never a path).
+    pub name: Option<String>,
+    /// Bytes per chunk (the last one may be shorter).
+    pub chunk_size: u64,
+    /// How many chunks.
+    pub chunks: u64,
+    /// The task to submit once the file is whole.
+    pub task: TaskSpec,
+}
+
+/// The task an upload submits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Its kind.
+    pub kind: String,
+    /// Its payload (an object; the upload is added as its `upload` field).
+    #[serde(default)]
+    pub payload: Option<serde_json::Value>,
+    /// Its priority.
+    #[serde(default)]
+    pub priority: Option<i32>,
+    /// The flow it joins (an unfinished one; checked when the upload starts), as a root
+    /// task named `upload:<upload id>`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "flow_id"
+    )]
+    pub flow: Option<Uuid>,
+}
+
+/// `task.flow`: a UUID or null, refused with a message naming the field.
+fn flow_id<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Uuid>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_str()
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("task.flow: expected a flow id (a UUID), got {v}"))
+            }),
+    }
+}
+
+/// The body of `POST /api/v1/uploads`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// The file's size in bytes.
+    pub size: u64,
+    /// Its sha256, hex.
+    pub sha256: String,
+    /// A name to show (never a path).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Bytes per chunk.
+    #[serde(default)]
+    pub chunk_size: Option<u64>,
+    /// The task to submit when the file is whole.
+    pub task: TaskSpec,
+}
+
+impl CreateRequest {
+    /// Checks every field; the message names the one refused.
+    pub fn check(self) -> Result<Meta> {
+        let bad = |m: String| Err(UploadError::Invalid(m));
+        if self.size == 0 {
+            return bad("size: 0; expected a file of at least one byte".into());
+        }
+        let chunk_size = self.chunk_size.unwrap_or(DEFAULT_CHUNK);
+        if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+            return bad(format!(
+                "chunk_size: {chunk_size}; expected {MIN_CHUNK} to {MAX_CHUNK} bytes"
+            ));
+        }
+        let chunks = self.size.div_ceil(chunk_size);
+        if chunks > MAX_CHUNKS {
+            return bad(format!(
+                "size: {} bytes in chunks of {chunk_size} makes {chunks} chunks; at most \
+                 {MAX_CHUNKS} (send larger chunks)",
+                self.size
+            ));
+        }
+        let sha256 = self.sha256.to_ascii_lowercase();
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return bad(format!(
+                "sha256: {:?}; expected 64 hexadecimal digits",
+                self.sha256
+            ));
+        }
+        if let Some(name) = &self.name {
+            if name.is_empty()
+                || name.len() > MAX_NAME
+                || name == "."
+                || name == ".."
+                || name.contains(['/', '\\'])
+                || name.chars().any(char::is_control)
+            {
+                return bad(format!(
+                    "name: {name:?}; expected a plain file name of 1 to {MAX_NAME} bytes, \
+                     without '/', '\\\\' or control characters"
+                ));
+            }
+        }
+        artex_actors::blackboard::check_kind(&self.task.kind)
+            .map_err(|e| UploadError::Invalid(format!("task.kind: {e}")))?;
+        match &self.task.payload {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Object(m)) => {
+                if m.contains_key("upload") {
+                    return bad(
+                        "task.payload: has a field 'upload'; that field is the worker's \
+                         (it names the file)"
+                            .into(),
+                    );
+                }
+                artex_actors::blackboard::check_payload(&serde_json::Value::Object(m.clone()))
+                    .map_err(|e| UploadError::Invalid(format!("task.payload: {e}")))?;
+            }
+            Some(other) => {
+                return bad(format!(
+                    "task.payload: expected an object (the upload is added as its 'upload' \
+                     field), got {other}"
+                ))
+            }
+        }
+        Ok(Meta {
+            id: Uuid::now_v7(),
+            size: self.size,
+            sha256,
+            name: self.name,
+            chunk_size,
+            chunks,
+            task: self.task,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::uploads::Uploads;
+
+    fn req(v: serde_json::Value) -> Result<Meta> {
+        let r: CreateRequest =
+            serde_json::from_value(v).map_err(|e| UploadError::Invalid(e.to_string()))?;
+        r.check()
+    }
+
+    fn ok() -> serde_json::Value {
+        serde_json::json!({"size": 25, "sha256": "a".repeat(64), "chunk_size": 1024,
+            "task": {"kind": "echo"}})
+    }
+
+    #[test]
+    fn a_good_declaration_is_chunked() {
+        let mut v = ok();
+        v["size"] = 2049.into();
+        let m = req(v).unwrap();
+        assert_eq!((m.chunks, m.chunk_size), (3, 1024));
+        assert_eq!(Uploads::chunk_len(&m, 2).unwrap(), 1);
+        assert!(Uploads::chunk_len(&m, 3).is_err());
+    }
+
+    #[test]
+    fn hostile_declarations_are_refused() {
+        let cases: Vec<(&str, serde_json::Value)> = vec![
+            ("size", serde_json::json!(-1)),
+            ("size", serde_json::json!(0)),
+            ("size", serde_json::json!(u64::MAX)),
+            ("chunk_size", serde_json::json!(1)),
+            ("chunk_size", serde_json::json!(1u64 << 40)),
+            ("sha256", serde_json::json!("xyz")),
+            ("name", serde_json::json!("../../etc/passwd")),
+            ("name", serde_json::json!("..")),
+            ("name", serde_json::json!("a\nb")),
+            ("task", serde_json::json!({"kind": ""})),
+            ("task", serde_json::json!({"kind": "echo", "payload": [1]})),
+            (
+                "task",
+                serde_json::json!({"kind": "echo", "payload": {"upload": 1}}),
+            ),
+            ("extra", serde_json::json!(1)),
+        ];
+        for (field, value) in cases {
+            let mut v = ok();
+            v[field] = value.clone();
+            assert!(req(v).is_err(), "{field} = {value} accepted");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! A headless Chromium for the dashboard's tests: one `chromedriver` per test process
+//! (started on a free port, in a process group of its own so that nothing it starts
+//! outlives the test), one browser session reused by every step, and helpers that poll
+//! the page with a deadline instead of sleeping.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+/// How long a page may take to show what a step waits for.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A browser session and the chromedriver behind it.
+pub struct Browser {
+    client: Option<Client>,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium (as root here: no sandbox).
+    pub async fn start() -> Browser {
+        let mut driver = Command::new("chromedriver")
+            .arg("--port=0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver must be installed (scripts/test.sh installs chromium-driver)");
+        let out = driver.stdout.take().expect("chromedriver's stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the port from "… started successfully on port N.", then drains the pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("on port ").nth(1) {
+                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    if line.contains("successfully") {
+                        let _ = tx.send(port);
+                    }
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("chromedriver said which port it listens on");
+        let profile = tempfile::tempdir().expect("a browser profile folder");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--no-first-run", "--disable-extensions", "--window-size=1200,900",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("a Chromium session");
+        Browser {
+            client: Some(client),
+            driver,
+            _profile: profile,
+        }
+    }
+
+    fn c(&self) -> &Client {
+        self.client.as_ref().expect("an open session")
+    }
+
+    /// Opens `url`.
+    pub async fn goto(&self, url: &str) {
+        self.c().goto(url).await.expect("navigate");
+    }
+
+    /// Opens the dashboard of `addr` at `hash` with `read` as the tab's read token.
+    pub async fn open_with_token(&self, addr: &str, hash: &str, read: &str) {
+        self.goto(&format!("http://{addr}/ui/app.css")).await;
+        self.eval(&format!(
+            "sessionStorage.setItem('artex.read', {read:?}); return null"
+        ))
+        .await;
+        self.goto(&format!("http://{addr}/{hash}")).await;
+    }
+
+    /// Runs `script` (a function body; `return` a value) in the page.
+    pub async fn eval(&self, script: &str) -> Value {
+        self.c()
+            .execute(script, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    /// Polls `script` until it returns something other than null or false; returns it.
+    pub async fn until(&self, what: &str, script: &str) -> Value {
+        let end = Instant::now() + PATIENCE;
+        loop {
+            let v = self.eval(script).await;
+            if !v.is_null() && v != Value::Bool(false) {
+                return v;
+            }
+            if Instant::now() > end {
+                let text = self
+                    .eval("return document.getElementById('main').innerText")
+                    .await;
+                let errors = self.eval("return window.A ? A.errors : null").await;
+                panic!(
+                    "timed out after {PATIENCE:?} waiting for {what}\npage: {}\nerrors: {errors}",
+                    text.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits for the element at `css` to be shown, then clicks it.
+    pub async fn click(&self, css: &str) {
+        self.until(
+            &format!("{css} to be shown"),
+            &format!(
+                "const e = document.querySelector({css:?}); return !!e && e.offsetParent !== null && !e.disabled"
+            ),
+        )
+        .await;
+        self.c()
+            .find(Locator::Css(css))
+            .await
+            .expect("element")
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    /// Types `text` into the element at `css` (a file input takes a path).
+    pub async fn type_into(&self, css: &str, text: &str) {
+        let e = self
+            .c()
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        e.send_keys(text)
+            .await
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
+    /// Answers the page's token dialog (it must be open or about to open) with `token`.
+    pub async fn give_token(&self, token: &str) {
+        self.until(
+            "the token dialog",
+            "return document.getElementById('token-dialog').open",
+        )
+        .await;
+        self.type_into("#token-input", token).await;
+        self.click("#token-ok").await;
+    }
+
+    /// Confirms the page's confirmation dialog.
+    pub async fn confirm(&self) {
+        self.until(
+            "the confirmation dialog",
+            "return document.getElementById('confirm-dialog').open",
+        )
+        .await;
+        self.click("#confirm-ok").await;
+    }
+
+    /// Asserts that nothing went wrong in the page: no uncaught error, no rejected
+    /// promise left unhandled, no `console.error`, no Content-Security-Policy violation.
+    pub async fn assert_no_errors(&self) {
+        let errors = self.eval("return A.errors").await;
+        assert_eq!(errors, json!([]), "the page logged errors");
+    }
+
+    /// Ends the session (the browser exits), then chromedriver.
+    pub async fn close(mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = c.close().await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // The group is chromedriver's own (process_group(0) above): it and any browser
+        // process left behind, and nothing else.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.driver.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.driver.wait();
+    }
+}

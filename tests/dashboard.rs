@@ -1,0 +1,501 @@
+//! The web dashboard in a real headless Chromium (Debian's `chromium` driven through
+//! `chromedriver`): live counts, an operator action with its confirmation and the
+//! write token asked for in the page, a flow's graph, a hot upgrade on the workers page,
+//! and a browser upload (with the page's SHA-256 checked against known vectors). Every
+//! test ends by asserting that the page logged no error, and the page is never
+//! reloaded: what changes, changes live.
+
+#[path = "common/browser.rs"]
+mod browser;
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use browser::Browser;
+use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
+use common::procs::{wait_for, worker_http, worker_id, Proc};
+use common::{TestDb, READ_TOKEN};
+use serde_json::{json, Value};
+
+const WRITE_TOKEN: &str = "dashboard-write-token";
+
+/// A token file holding [`WRITE_TOKEN`].
+fn write_token_file(dir: &Path) -> String {
+    let f = dir.join("write-token");
+    std::fs::write(&f, WRITE_TOKEN).expect("write token file");
+    f.to_string_lossy().into_owned()
+}
+
+/// `curl` to `addr` with the write token; (HTTP code, JSON body).
+fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "30",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        method,
+    ])
+    .arg("-H")
+    .arg(format!("Authorization: Bearer {WRITE_TOKEN}"));
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
+            .arg(b.to_string());
+    }
+    let out = cmd
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl must be installed");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    (code.trim().parse().unwrap_or(0), body)
+}
+
+fn created(r: (u16, Value)) -> Value {
+    assert_eq!(r.0, 201, "{}", r.1);
+    r.1
+}
+
+/// A worker serving the API (and so the dashboard) on its port, and a planner.
+struct Cluster {
+    _planner: Proc,
+    worker: Proc,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(db: &TestDb, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let token = write_token_file(dir.path());
+        let uploads = dir.path().join("uploads").to_string_lossy().into_owned();
+        let mut args = vec![
+            "--api",
+            "--write-token-file",
+            &token,
+            "--upload-dir",
+            &uploads,
+        ];
+        args.extend_from_slice(extra);
+        let planner = Proc::planner("planner", &db.url, &[]);
+        let worker = Proc::worker("worker", &db.url, &args);
+        let c = db.client().await;
+        let addr = worker_http(&c, &worker).await;
+        Cluster {
+            _planner: planner,
+            worker,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+/// The number the overview shows for `status`.
+fn count_of(status: &str) -> String {
+    format!("const n = document.querySelector('[data-count={status}] .n'); return n ? n.textContent : null")
+}
+
+#[tokio::test]
+async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let b = Browser::start().await;
+    // A fresh tab has no token: the page asks for the read token.
+    b.goto(&format!("http://{}/", cluster.addr)).await;
+    b.give_token(READ_TOKEN).await;
+    b.until("the counts", &count_of("pending")).await;
+    assert_eq!(b.eval(&count_of("pending")).await, json!("0"));
+    b.eval("window.__same_page = true; return null").await;
+
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/tasks",
+        Some(json!([
+            {"kind": "echo", "run_at": later},
+            {"kind": "echo", "run_at": later},
+            {"kind": "echo", "run_at": later},
+        ])),
+    ));
+    for i in 0..2 {
+        created(call(
+            "POST",
+            &cluster.addr,
+            "/api/v1/tasks",
+            Some(json!({"kind": "echo", "payload": {"n": i}})),
+        ));
+    }
+    b.until(
+        "3 pending and 2 succeeded",
+        &format!(
+            "const p = (() => {{ {} }})(), s = (() => {{ {} }})(); return p === '3' && s === '2'",
+            count_of("pending"),
+            count_of("succeeded")
+        ),
+    )
+    .await;
+    b.until(
+        "echo in the by-kind table",
+        "return !!document.querySelector('[data-kind=echo]')",
+    )
+    .await;
+    assert_eq!(
+        b.eval("return window.__same_page === true").await,
+        json!(true)
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+
+    // The reads the overview makes: a sample as small as asked, the backlog of due tasks
+    // only (the three pending ones are due in an hour), the feed's head.
+    let (code, s) = call("GET", &cluster.addr, "/api/v1/stats?sample=1", None);
+    assert_eq!(code, 200, "{s}");
+    assert_eq!(s["recent"]["finished"], json!(1), "{s}");
+    assert_eq!(s["recent"]["sampled"], json!(true), "{s}");
+    assert!(s["backlog"]["oldest_due_at"].is_null(), "{s}");
+    assert_eq!(
+        call("GET", &cluster.addr, "/api/v1/stats?sample=0", None).0,
+        400
+    );
+    created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/tasks",
+        Some(json!({"kind": "nobody-runs-this", "allow_unregistered_kind": true})),
+    ));
+    let (_, s) = call("GET", &cluster.addr, "/api/v1/stats", None);
+    assert!(s["backlog"]["oldest_due_at"].is_string(), "{s}");
+    assert!(
+        s["backlog"]["age_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{s}"
+    );
+    let (code, head) = call("GET", &cluster.addr, "/api/v1/events/head", None);
+    assert_eq!(code, 200, "{head}");
+    let after = head["after"].as_str().unwrap_or_default();
+    assert!(
+        after.split_once('-').is_some_and(|(x, i)| x.parse::<u64>().is_ok() && i.parse::<i64>().is_ok_and(|i| i > 0)),
+        "{head}"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = write_token_file(dir.path());
+    // `artex serve` with public reads: the page needs no token to look, and asks for
+    // the write token when the operator acts.
+    let serve = Proc::start(
+        "serve",
+        &db.url,
+        &[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--public-read",
+            "--write-token-file",
+            &token,
+        ],
+        &[],
+    );
+    let addr = wait_for(
+        "artex serve to say where it listens",
+        Duration::from_secs(30),
+        || async {
+            serve.log_text().lines().find_map(|l| {
+                let rest = l.split("the HTTP API on http://").nth(1)?;
+                rest.split('/').next().map(str::to_string)
+            })
+        },
+    )
+    .await;
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let id = created(call(
+        "POST",
+        &addr,
+        "/api/v1/tasks?allow_unregistered_kind=true",
+        Some(json!({"kind": "sleep", "payload": {"ms": 2500}})),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, body) = call("POST", &addr, &format!("/api/v1/tasks/{id}/pause"), None);
+    assert_eq!(code, 200, "{body}");
+
+    let b = Browser::start().await;
+    b.goto(&format!("http://{addr}/#/tasks/{id}")).await;
+    b.until(
+        "the task shown paused",
+        "return !!document.querySelector('#task-status [data-status=paused]')",
+    )
+    .await;
+    // Every status the page shows from now on, in order.
+    b.eval(
+        "window.__same_page = true; window.__seen = [];
+         const look = () => { const s = document.querySelector('#task-status [data-status]');
+           if (s && __seen[__seen.length - 1] !== s.dataset.status) __seen.push(s.dataset.status); };
+         new MutationObserver(look).observe(document.getElementById('main'), {childList: true, subtree: true});
+         look(); return null",
+    )
+    .await;
+    // A worker that runs it, only now: nothing ran the task while it was paused.
+    let worker = Proc::worker("worker", &db.url, &[]);
+    worker_id(&db.client().await, &worker).await;
+
+    b.click("button[data-action=resume]").await;
+    b.confirm().await;
+    // Reads are public, so the page has no token yet: it asks for the write token.
+    b.give_token(WRITE_TOKEN).await;
+    b.until(
+        "the task shown succeeded",
+        "return !!document.querySelector('#task-status [data-status=succeeded]')",
+    )
+    .await;
+    let seen = b.eval("return __seen").await;
+    let seen: Vec<&str> = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let running = seen.iter().position(|s| *s == "running");
+    let succeeded = seen.iter().position(|s| *s == "succeeded");
+    assert!(
+        matches!((running, succeeded), (Some(r), Some(s)) if r < s),
+        "the page showed {seen:?}"
+    );
+    b.until(
+        "the timeline to show the run",
+        "return ['paused', 'pending', 'running', 'succeeded'].every(s => document.querySelector('#timeline [data-to=' + s + ']'))",
+    )
+    .await;
+    assert_eq!(
+        b.eval("return window.__same_page === true").await,
+        json!(true)
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let flow = created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/flows",
+        Some(json!({"name": "diamond", "tasks": [
+            {"name": "a", "kind": "echo"},
+            {"name": "b", "kind": "fail", "depends_on": ["a"], "max_retries": 0},
+            {"name": "c", "kind": "sleep", "payload": {"ms": 300}, "depends_on": ["a"]},
+            {"name": "d", "kind": "echo", "depends_on": ["b", "c"]},
+        ]})),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/flows", READ_TOKEN)
+        .await;
+    b.until(
+        "the flow listed",
+        &format!("return !!document.querySelector('[data-flow=\"{flow}\"]')"),
+    )
+    .await;
+    b.click(&format!("[data-flow=\"{flow}\"] a")).await;
+    b.eval("window.__same_page = true; return null").await;
+    let states = b
+        .until(
+            "every node in its final state",
+            "const s = {}; for (const g of document.querySelectorAll('#dag [data-node]')) s[g.dataset.node] = g.dataset.status;
+             return s.a === 'succeeded' && s.b === 'failed' && s.c === 'succeeded' && s.d === 'canceled' ? s : null",
+        )
+        .await;
+    assert_eq!(states.as_object().unwrap().len(), 4, "{states}");
+    let mut edges: Vec<String> = b
+        .eval("return [...document.querySelectorAll('#dag .edge')].map(e => e.dataset.from + '>' + e.dataset.to)")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    edges.sort();
+    assert_eq!(edges, ["a>b", "a>c", "b>d", "c>d"]);
+    assert_eq!(
+        b.eval("return window.__same_page === true").await,
+        json!(true)
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+/// Kills the processes of later generations (not the test's children) at the end.
+struct Generations(Vec<i32>);
+
+impl Drop for Generations {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
+    let db = TestDb::new().await;
+    let keys = Keys::new();
+    let flags = keys.flags("upgrades");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let cluster = Cluster::start(&db, &flags).await;
+    let old = cluster.worker.pid();
+    let (bundle, sha) = keys.variant_bundle(1);
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/workers", READ_TOKEN)
+        .await;
+    let current = format!(
+        "[data-address=\"{}\"] [data-generation=current]",
+        cluster.addr
+    );
+    b.until(
+        "the worker shown as the current generation",
+        &format!(
+            "const g = document.querySelector({current:?}); return g && g.dataset.pid === '{old}'"
+        ),
+    )
+    .await;
+    b.eval("window.__same_page = true; return null").await;
+
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-H"])
+        .arg(format!("Authorization: Bearer {UPGRADE_TOKEN}"))
+        .arg("-T")
+        .arg(&bundle)
+        .arg(format!("http://{}/upgrade", cluster.addr))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.trim_end().ends_with("200"), "upgrade: {text}");
+    let c = db.client().await;
+    let new: i32 = c
+        .query_one(
+            "select pid from artex.workers where http_addr = $1 and pid <> $2 order by started_at desc limit 1",
+            &[&cluster.addr, &old],
+        )
+        .await
+        .expect("the new generation's row")
+        .get(0);
+    let _later = Generations(vec![new]);
+    let shown = b
+        .until(
+            "the new generation replacing the old one",
+            &format!(
+                "const g = document.querySelector({current:?});
+                 const old = document.querySelector('[data-address=\"{addr}\"] [data-generation=replaced][data-pid=\"{old}\"]');
+                 return g && g.dataset.pid === '{new}' && old ? [g.innerText, old.innerText] : null",
+                addr = cluster.addr
+            ),
+        )
+        .await;
+    // The new generation runs the bundle's binary (its sha256), the old one another.
+    let (current, replaced) = (shown[0].as_str().unwrap(), shown[1].as_str().unwrap());
+    assert!(current.contains(&sha[..16]), "{current}");
+    assert!(!replaced.contains(&sha[..16]), "{replaced}");
+    assert!(
+        replaced.contains(&format!("replaced by pid {new}")),
+        "{replaced}"
+    );
+    assert_eq!(
+        b.eval("return window.__same_page === true").await,
+        json!(true)
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
+    use sha2::{Digest, Sha256};
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
+        .await;
+    b.until(
+        "the upload form",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+
+    // The page's SHA-256 against FIPS 180-2's vectors, and fed in uneven pieces.
+    let vectors = b
+        .eval(
+            "const hex = (s) => new Sha256().update(new TextEncoder().encode(s)).hex();
+             const a = new Sha256(); const piece = new TextEncoder().encode('a'.repeat(997));
+             for (let n = 0; n < 1003; n++) a.update(piece);
+             a.update(new TextEncoder().encode('a'.repeat(1000000 - 997 * 1003)));
+             return [hex(''), hex('abc'),
+               hex('abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'), a.hex()]",
+        )
+        .await;
+    assert_eq!(
+        vectors,
+        json!([
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0",
+        ])
+    );
+
+    // 3.5 MiB in chunks of 1 MiB: four chunks, the last one short.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data.bin");
+    let bytes: Vec<u8> = (0..(3 * 1024 * 1024 + 512 * 1024) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let sha = hex::encode(Sha256::digest(&bytes));
+    b.eval("document.getElementById('upload-chunk').value = '1'; return null")
+        .await;
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.click("#upload-start").await;
+    // The tab has the read token only: uploads need the write scope.
+    b.give_token(WRITE_TOKEN).await;
+    b.until(
+        "the upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        &cluster.addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let result = &shown["task"]["result"];
+    assert_eq!(result["sha256"], json!(sha), "{shown}");
+    assert_eq!(result["matches"], json!(true), "{shown}");
+    assert_eq!(result["size"], json!(bytes.len()), "{shown}");
+    assert_eq!(
+        b.eval("return document.getElementById('send-bar').style.width")
+            .await,
+        json!("100%")
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
