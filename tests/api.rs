@@ -628,6 +628,57 @@ async fn flows_are_submitted_shown_with_their_dag_and_controlled() {
 }
 
 #[tokio::test]
+async fn flows_are_listed_newest_first_a_keyset_page_at_a_time() {
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let mut ids = Vec::new();
+    for name in ["one", "two", "three"] {
+        let body = format!(r#"{{"name": "{name}", "tasks": [{{"name": "a", "kind": "echo"}}]}}"#);
+        let created = api.w("POST", "/api/v1/flows", Some(&body));
+        assert_eq!(created.status, 201, "{}", created.text);
+        ids.push(id_of(&created));
+    }
+    let first = api.get("/api/v1/flows?limit=2").json();
+    let names: Vec<&str> = first["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["three", "two"], "{first}");
+    assert_eq!(first["flows"][0]["state"], "running", "{first}");
+    assert_eq!(first["flows"][0]["counts"]["pending"], 1, "{first}");
+    assert_eq!(first["next"], ids[1].as_str(), "{first}");
+    let rest = api
+        .get(&format!("/api/v1/flows?limit=2&after={}", ids[1]))
+        .json();
+    assert_eq!(rest["flows"].as_array().unwrap().len(), 1, "{rest}");
+    assert_eq!(rest["flows"][0]["id"], ids[0].as_str(), "{rest}");
+    assert_eq!(rest["next"], Value::Null, "{rest}");
+
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=two", "limit"),
+        ("after=not-a-uuid", "after"),
+        ("colour=red", "colour"),
+    ] {
+        let m = api
+            .get(&format!("/api/v1/flows?{query}"))
+            .error(400, Some(field));
+        assert!(!m.is_empty(), "{query}");
+    }
+    let head = api.get("/api/v1/events/head").json();
+    assert!(
+        head["after"].as_str().is_some_and(|a| a.contains('-')),
+        "{head}"
+    );
+    api.get("/api/v1/events/head?from=0")
+        .error(400, Some("from"));
+}
+
+#[tokio::test]
 async fn reads_need_the_read_scope_and_changes_the_write_scope() {
     let db = TestDb::new().await;
     let c = db.client().await;
@@ -646,6 +697,8 @@ async fn reads_need_the_read_scope_and_changes_the_write_scope() {
         "/api/v1/tasks",
         "/api/v1/workers",
         "/api/v1/stats",
+        "/api/v1/flows",
+        "/api/v1/events/head",
         "/events",
     ] {
         api.call("GET", path, None, None).error(401, None);
