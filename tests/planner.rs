@@ -286,3 +286,80 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
     );
     assert!(read.db_clock_ms > 0.0);
 }
+
+/// The worker's outcomes never wait for the worker row an assignment locks (issue 13):
+/// with that row locked as a planner's assignment locks it until its commit, the worker
+/// records its starts and finishes all the same, and the slots they free are assigned
+/// once the lock is gone — never more than the capacity.
+#[tokio::test]
+async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
+    use artex_actors::blackboard::{AttemptRecord, Outcome, Step};
+    let db = TestDb::new().await;
+    db.bb
+        .register_worker(&registration("w1", &["echo"], 2))
+        .await
+        .unwrap();
+    let tasks: Vec<NewTask> = (0..5).map(|_| NewTask::new("echo", json!({}))).collect();
+    db.bb.submit_many(&tasks, "test").await.unwrap();
+    assert_eq!(
+        Assigner::run_once(&db.bb, &config())
+            .await
+            .unwrap()
+            .assigned,
+        2
+    );
+
+    let mut planner = db.client().await;
+    let assigning = planner.transaction().await.unwrap();
+    assigning
+        .execute(
+            "select 1 from artex.workers where id = 'w1' for update",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let bb = db.bb.clone();
+    let recording = tokio::spawn(async move {
+        let started = common::start_assigned(&bb, "w1", 10).await;
+        let finishes: Vec<AttemptRecord> = started
+            .iter()
+            .map(|t| AttemptRecord {
+                id: t.id,
+                epoch: t.epoch,
+                retries: t.retries,
+                max_retries: t.max_retries,
+                step: Step::Finish(Outcome::Succeeded(json!({}))),
+                started_ago_ms: None,
+            })
+            .collect();
+        bb.record("w1", &finishes)
+            .await
+            .expect("recording finishes")
+    });
+    // Either the records go through, or one of them waits for a lock: PostgreSQL says so.
+    let watcher = db.client().await;
+    while !recording.is_finished() {
+        let waiting = common::count(
+            &watcher,
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .await;
+        assert_eq!(waiting, 0, "a worker's record waits for its row's lock");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(recording.await.unwrap().len(), 2);
+    assigning.rollback().await.unwrap();
+
+    // The two freed slots are filled, and no more.
+    let round = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!((round.free_capacity, round.assigned), (2, 2));
+    let again = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    assert_eq!((again.free_capacity, again.assigned), (0, 0));
+    // The workers' list shows what it holds after its next heartbeat.
+    db.bb.heartbeat("w1", 0, 2).await.unwrap();
+    let c = db.client().await;
+    let held = common::count(&c, "select held::int8 from artex.workers where id = 'w1'").await;
+    assert_eq!(held, 2);
+}

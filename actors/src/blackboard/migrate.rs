@@ -157,6 +157,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // index: they run on unchanged.
         change: Change::Expand,
     },
+    Migration {
+        version: 12,
+        name: "held_released_apart",
+        sql: include_str!("../../../migrations/V12__held_released_apart.sql"),
+        // `workers.held` is no longer lowered as tasks are given back (the count moves to
+        // `taken` and `worker_released`): builds up to V11, whose planners read `held` as
+        // the count, would stop assigning to any worker once it had been full.
+        change: Change::Contract {
+            compatible_from: 12,
+        },
+    },
 ];
 
 /// What `migrate` did.

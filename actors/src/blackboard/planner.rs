@@ -87,14 +87,17 @@ pub struct ReapReport {
     pub workers_pruned: u64,
 }
 
-// The roster is a read of the workers table: `held` is kept by the database (see
-// migrations/V5__fleet_capacity_and_liveness.sql). A worker is offered work while it is
+// The roster is a read of the workers table: what a worker holds is kept by the
+// database as two counters that only grow, `workers.taken` and `worker_released.released`
+// (see migrations/V12__held_released_apart.sql; a `released` read from an older snapshot
+// only makes a worker look fuller than it is). A worker is offered work while it is
 // online, heard from within $2 seconds (past that it is suspect: not yet gone, but given
 // nothing), and its LISTEN session's backend exists: a killed worker, or one cut off,
 // loses that backend long before it misses its heartbeats.
 /// The roster query (public so the benchmark can time it against a large fleet).
-pub const ROSTER: &str = "select w.id, w.kinds, w.capacity, w.held, w.host
-    from artex.workers w
+pub const ROSTER: &str = "select w.id, w.kinds, w.capacity,
+        least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4, w.host
+    from artex.workers w left join artex.worker_released r on r.worker = w.id
     where w.state = 'online'
       and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
       and (w.session is null
@@ -116,8 +119,10 @@ pub const CLAIM: &str = "select id, kind, host from artex.tasks
 // with a free slot, at most $2 or the free slots in all. Roster rows come first (task
 // columns null), then the claimed tasks (roster columns null).
 const DISPATCH: &str = "with roster as materialized (
-        select w.id, w.kinds, w.capacity, w.held, w.host
-        from artex.workers w
+        select w.id, w.kinds, w.capacity,
+               least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
+               w.host
+        from artex.workers w left join artex.worker_released r on r.worker = w.id
         where w.state = 'online'
           and w.last_seen > now() - make_interval(secs => $1::float8)
           and (w.session is null
@@ -142,11 +147,15 @@ const DISPATCH: &str = "with roster as materialized (
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
 // stale assigns only what still fits, and the rest of its plan stays pending. The
-// tasks' trigger then adds them to `held` in the same statement. The lease is the one
+// tasks' trigger then adds them to `taken` in the same statement. `released` is read
+// without a lock (the worker raises it as it finishes tasks, never waiting for this
+// lock): older, it is only smaller, so `free` is never more than the true free slots. The lease is the one
 // the worker renews ($4, the planner's, for a worker that states none).
 const ASSIGN: &str = "with room as materialized (
-        select w.id, greatest(w.capacity - w.held, 0) as free, w.lease_ms, w.host
-        from artex.workers w
+        select w.id,
+               greatest(w.capacity - greatest(w.taken - coalesce(r.released, 0), 0), 0) as free,
+               w.lease_ms, w.host
+        from artex.workers w left join artex.worker_released r on r.worker = w.id
         where w.id = any($3::text[]) and w.state = 'online'
         order by w.id
         for update of w

@@ -255,10 +255,15 @@ const REGISTER: &str = "with r as (insert into artex.workers
     select pg_notify('artex_tasks', '') from r";
 
 // A heartbeat also writes the worker's capacity ($3), which moves with its local queue's
-// depth; when it grows, the planners are woken: there are free slots to fill.
+// depth; when it grows, the planners are woken: there are free slots to fill. It refreshes
+// `held`, shown in the workers' list, from the two counters the planners read (see
+// migrations/V12__held_released_apart.sql).
 const HEARTBEAT: &str = "with before as (select capacity from artex.workers where id = $1),
     beat as (
-        update artex.workers set last_seen = now(), inflight = $2, capacity = $3
+        update artex.workers w set last_seen = now(), inflight = $2, capacity = $3,
+            held = least(greatest(w.taken - coalesce(
+                (select r.released from artex.worker_released r where r.worker = w.id), 0),
+                0), 2147483647)::int4
         where id = $1
         returning state::text
     )
