@@ -29,42 +29,25 @@ struct Asset {
 
 const JS: &str = "text/javascript; charset=utf-8";
 
+/// An asset of `assets/` by its file name, built into the binary.
+macro_rules! asset {
+    ($name:literal, $content_type:expr) => {
+        Asset {
+            name: $name,
+            content_type: $content_type,
+            body: include_bytes!(concat!("assets/", $name)),
+        }
+    };
+}
+
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "app.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_bytes!("assets/app.css"),
-    },
-    Asset {
-        name: "sha256.js",
-        content_type: JS,
-        body: include_bytes!("assets/sha256.js"),
-    },
-    Asset {
-        name: "core.js",
-        content_type: JS,
-        body: include_bytes!("assets/core.js"),
-    },
-    Asset {
-        name: "pages.js",
-        content_type: JS,
-        body: include_bytes!("assets/pages.js"),
-    },
-    Asset {
-        name: "graphs.js",
-        content_type: JS,
-        body: include_bytes!("assets/graphs.js"),
-    },
-    Asset {
-        name: "upload.js",
-        content_type: JS,
-        body: include_bytes!("assets/upload.js"),
-    },
-    Asset {
-        name: "upload-worker.js",
-        content_type: JS,
-        body: include_bytes!("assets/upload-worker.js"),
-    },
+    asset!("app.css", "text/css; charset=utf-8"),
+    asset!("sha256.js", JS),
+    asset!("core.js", JS),
+    asset!("pages.js", JS),
+    asset!("graphs.js", JS),
+    asset!("upload.js", JS),
+    asset!("upload-worker.js", JS),
 ];
 
 const INDEX: &str = include_str!("assets/index.html");
