@@ -77,6 +77,12 @@ fn call(
     s.write_all(head.as_bytes()).unwrap();
     // The server may refuse before reading the body and close: that is an answer too.
     let _ = s.write_all(body);
+    answer(&mut s)
+}
+
+/// Reads an answer to its end (the requests say `Connection: close`): (status, JSON body
+/// or Null; status 0 when the server closed without one).
+fn answer(s: &mut TcpStream) -> (u16, Value) {
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
     let raw = String::from_utf8_lossy(&raw).into_owned();
@@ -753,16 +759,7 @@ fn slow_put(
         s.write_all(piece).unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    answer(&mut s)
 }
 
 /// A process the test did not start itself (a hot upgrade's new generation): killed at
