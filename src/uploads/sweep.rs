@@ -34,7 +34,7 @@ impl Uploads {
             let mut out = Vec::new();
             for id in read_dir(&me.settings.dir)?.into_iter().flatten() {
                 let dir = me.folder(id);
-                let whole = dir.join("file").exists();
+                let whole = dir.join(super::data::WHOLE).exists();
                 out.push((id, whole, newest_mtime(&dir)));
             }
             Ok(out)
