@@ -148,3 +148,62 @@ fn id_of(dir: &Path) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> File {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(DATA))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_chunk_is_written_by_one_request_at_a_time_and_never_after_its_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let Target::Write(first) = lock_chunk(dir.path(), 0, 0, 100).unwrap() else {
+            panic!("a fresh chunk must be written");
+        };
+        // Another open of the file (another request, or the other process of a hot
+        // upgrade) cannot take the same range, but can take another chunk's.
+        let other = open(dir.path());
+        assert!(range_lock(&other, 50, 100, false).is_err());
+        assert!(range_lock(&other, 100, 100, false).is_ok());
+        mark(dir.path(), 0).unwrap();
+        drop(first);
+        assert!(matches!(
+            lock_chunk(dir.path(), 0, 0, 100).unwrap(),
+            Target::Done
+        ));
+    }
+
+    #[test]
+    fn a_refused_chunk_removes_the_data_file_only_when_nothing_else_is_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let Target::Write(f) = lock_chunk(dir.path(), 1, 100, 100).unwrap() else {
+            panic!("a fresh chunk must be written");
+        };
+        // Another request holds chunk 0: the file stays.
+        let other = open(dir.path());
+        range_lock(&other, 0, 100, false).unwrap();
+        discard_if_alone(dir.path(), &f);
+        assert!(dir.path().join(DATA).exists());
+        drop(other);
+        // A chunk received: the file stays.
+        mark(dir.path(), 0).unwrap();
+        discard_if_alone(dir.path(), &f);
+        assert!(dir.path().join(DATA).exists());
+        // Alone and empty: it goes, and the next request makes a new one.
+        fs::remove_file(marker(dir.path(), 0)).unwrap();
+        discard_if_alone(dir.path(), &f);
+        assert!(!dir.path().join(DATA).exists());
+        drop(f);
+        assert!(matches!(
+            lock_chunk(dir.path(), 1, 100, 100).unwrap(),
+            Target::Write(_)
+        ));
+        assert!(dir.path().join(DATA).exists());
+    }
+}

@@ -196,6 +196,16 @@ mod tests {
     }
 
     #[test]
+    fn a_declaration_of_the_first_layout_reads_as_layout_1() {
+        let m = req(ok()).unwrap();
+        assert_eq!(m.layout, LAYOUT);
+        let mut old = serde_json::to_value(&m).unwrap();
+        old.as_object_mut().unwrap().remove("layout");
+        let old: Meta = serde_json::from_value(old).unwrap();
+        assert_eq!(old.layout, 1);
+    }
+
+    #[test]
     fn hostile_declarations_are_refused() {
         let cases: Vec<(&str, serde_json::Value)> = vec![
             ("size", serde_json::json!(-1)),

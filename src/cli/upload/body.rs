@@ -180,3 +180,25 @@ impl PartReader {
         Ok(Some(self.buf.insert(buf).as_slice()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_pass_gives_the_files_digest_and_every_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        // Chunks straddling the read pieces: 2.5 chunks of 0.75 piece.
+        let chunk = (PIECE as u64) * 3 / 4;
+        let bytes: Vec<u8> = (0..chunk * 5 / 2).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let d = hash_file(&path, chunk).unwrap();
+        assert_eq!(d.whole, hex::encode(Sha256::digest(&bytes)));
+        let want: Vec<String> = bytes
+            .chunks(chunk as usize)
+            .map(|c| hex::encode(Sha256::digest(c)))
+            .collect();
+        assert_eq!(d.chunks, want);
+    }
+}
