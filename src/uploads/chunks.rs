@@ -54,6 +54,11 @@ impl Uploads {
         let written = writer
             .await
             .map_err(|e| UploadError::Internal(format!("the chunk writer failed: {e}")))?;
+        if written.is_ok() && matches!(read, Ok(got) if got == expected) {
+            // Hash the file on while it is in the page cache, off this request.
+            let (me, m) = (self.clone(), meta.clone());
+            tokio::task::spawn_blocking(move || me.prefixes.advance(&me.folder(m.id), &m));
+        }
         match read {
             Ok(got) if got < expected => {
                 // The writer saw a short body and kept nothing.

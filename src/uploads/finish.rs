@@ -1,9 +1,10 @@
 //! Finishing an upload: once every chunk is on disk, the data file's sha256 is checked
-//! (one read pass) and it is renamed to `file`, and the upload's row and its task written in one statement (once,
-//! however often this runs, in this process or another).
+//! (what was not hashed ahead is read once) and it is renamed to `file`; then the
+//! upload's row and its task are written in one statement (once, however often this
+//! runs, in this process or another).
 
 use std::fs::{self, File};
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 use artex_actors::blackboard::{NewTask, NewUpload};
@@ -53,8 +54,8 @@ impl Uploads {
         self.record(meta).await.map(Some)
     }
 
-    /// Checks the data file whole (its size and sha256, one read pass) and renames it
-    /// to `file`. Its chunks are durable already (each synced before it was marked).
+    /// Checks the data file whole (its size and sha256: one read pass over what was not
+    /// hashed ahead) and renames it to `file`. Its chunks are durable already (each synced before it was marked).
     fn seal(&self, meta: &Meta) -> Result {
         let dir = self.folder(meta.id);
         let file = dir.join(WHOLE);
@@ -68,9 +69,16 @@ impl Uploads {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.exists() => return Ok(()),
             Err(e) => return Err(io(format!("opening {}", data.display()))(e)),
         };
-        let mut hash = Sha256::new();
+        // What was hashed ahead (in this process) is not read again.
+        let ahead = self.prefixes.take(meta.id);
+        let (mut hash, mut len) = if ahead.upto <= meta.size {
+            (ahead.hash, ahead.upto)
+        } else {
+            (Sha256::new(), 0)
+        };
+        f.seek(SeekFrom::Start(len))
+            .map_err(io(format!("reading {}", data.display())))?;
         let mut buf = vec![0u8; 1 << 20];
-        let mut len = 0u64;
         loop {
             let k = f
                 .read(&mut buf)
@@ -86,6 +94,7 @@ impl Uploads {
             // Every chunk matched its own hash: the declaration was wrong. Nothing of it
             // can become a task; the upload is discarded.
             let _ = fs::remove_dir_all(&dir);
+            self.prefixes.forget(&[meta.id]);
             return Err(UploadError::Mismatch(format!(
                 "the whole file ({len} bytes) has sha256 {got}, not the {} declared ({} \
                  bytes); the upload is discarded",

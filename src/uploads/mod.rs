@@ -12,7 +12,7 @@
 //! <upload-dir>/<id>/<n>.part    empty: chunk n is durable in `data` (made only after
 //!                               the sync; a chunk marked is never written again)
 //! <upload-dir>/<id>/file        `data` renamed, once every chunk is there and the whole
-//!                               sha256 matches (one read pass); then the upload's row
+//!                               sha256 matches (hashed ahead: `prefix`); then the row
 //!                               and its task are written (once: see
 //!                               `Blackboard::record_upload`)
 //! ```
@@ -32,6 +32,7 @@
 //! - `state`: starting an upload and reading where it stands, from its folder;
 //! - `chunks`: receiving one chunk (streamed off the HTTP thread, hashed, fsynced);
 //! - `data`: the data file, chunk range locks and markers;
+//! - `prefix`: the whole file's sha256 hashed ahead, chunk by chunk as they are marked;
 //! - `finish`: checking the whole file and recording the upload with its task, once;
 //! - `sweep`: expiring abandoned uploads, deleting files whose task ended;
 //! - `disk`: durable writes and the small file helpers the others share;
@@ -43,6 +44,7 @@ mod declaration;
 mod disk;
 mod error;
 mod finish;
+mod prefix;
 mod settings;
 mod state;
 mod sweep;
@@ -68,6 +70,8 @@ pub struct Uploads {
     /// One finishing at a time in this process (another process may finish the same
     /// upload meanwhile: the database writes the task once).
     finishing: tokio::sync::Mutex<()>,
+    /// The whole file's sha256 of uploads being received, hashed ahead.
+    prefixes: prefix::Prefixes,
 }
 
 impl Uploads {
@@ -91,6 +95,7 @@ impl Uploads {
             host,
             actor,
             finishing: tokio::sync::Mutex::new(()),
+            prefixes: prefix::Prefixes::default(),
         }))
     }
 

@@ -46,6 +46,7 @@ impl Uploads {
             .uploads_known(&ids)
             .await
             .map_err(|e| UploadError::Internal(format!("reading uploads: {e}")))?;
+        let mut expired = Vec::new();
         for (id, whole, touched) in local {
             if known.contains(&id) {
                 continue;
@@ -67,6 +68,7 @@ impl Uploads {
                 })
                 .await?;
                 tracing::info!(upload = %id, "abandoned upload removed");
+                expired.push(id);
                 report.expired += 1;
             }
         }
@@ -93,6 +95,8 @@ impl Uploads {
                 gone.push(id);
             }
         }
+        self.prefixes.forget(&gone);
+        self.prefixes.forget(&expired);
         if !gone.is_empty() {
             self.bb
                 .mark_uploads_deleted(&gone)
