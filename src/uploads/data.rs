@@ -72,6 +72,12 @@ pub(super) fn lock_chunk(dir: &Path, n: u64, offset: u64, len: u64) -> Result<Ta
         if !same {
             continue;
         }
+        // Sealed meanwhile (its markers are removed then): this `data` is a stray one
+        // this open made, empty; the chunk is in `file`.
+        if dir.join(WHOLE).exists() {
+            let _ = fs::remove_file(&data);
+            return Ok(Target::Done);
+        }
         if marker(dir, n).exists() {
             return Ok(Target::Done);
         }
