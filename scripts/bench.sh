@@ -847,9 +847,12 @@ fi
 # ---- Upload: a 1 GiB file over loopback, artex upload vs curl -T to a plain sink (issue 15)
 # `artex upload` (10 MiB chunks, --parallel at its default) to a worker on this host, from
 # start (the client hashes the file first) to the task's id, as a ratio to `curl -T` of
-# the same file to examples/upload-sink.rs (reads and discards the body) in the same run:
-# target ≥ 0.8. Then the worker's peak RSS (VmHWM) over one upload each of 256 MiB and
-# 1 GiB in 1 MiB and 10 MiB chunks, a fresh worker each: target, independent of both.
+# the same file in the same run to examples/upload-sink.rs, twice: reading and
+# discarding the body (`upload_vs_curl_sink`, the issue's target ≥ 0.8), and writing it
+# to a file in the same folder, fsynced once at the end (`upload_vs_curl_file_sink`:
+# what storing the file durably costs at least). Then the worker's peak RSS (VmHWM)
+# over one upload each of 256 MiB and 1 GiB in 1 MiB and 10 MiB chunks, a fresh worker
+# each: target, independent of both.
 # Runs by default, or alone with ARTEX_BENCH_ONLY=upload (--quick: 64 and 16 MiB).
 upload_worker() { # db folder → $upload_pid, $upload_http
     ARTEX_DATABASE_URL=$(db_url "$1") "$artex" worker --http 127.0.0.1:0 --kinds noop \
@@ -875,6 +878,20 @@ upload_send() { # folder file chunk_bytes → seconds
     t1=$(date +%s.%N)
     calc "$t1 - $t0" 3
 }
+upload_curl() { # folder file [sink_file] → seconds of curl -T to a fresh sink
+    "$tmp/upload-sink" ${3:+"$3"} >"$1/sink" 2>>"$tmp/log/upload.sink" &
+    local sink_pid=$! sink t0 t1
+    procs+=("$sink_pid")
+    for _ in $(seq 200); do [ -s "$1/sink" ] && break; sleep 0.05; done
+    sink=$(head -n 1 "$1/sink")
+    t0=$(date +%s.%N)
+    curl -sS -f -H 'Expect:' -T "$2" "http://$sink/" -o /dev/null
+    t1=$(date +%s.%N)
+    kill "$sink_pid" 2>/dev/null || true
+    wait "$sink_pid" 2>/dev/null || true
+    rm -f "$1/sink"
+    calc "$t1 - $t0" 3
+}
 upload_stop_worker() {
     kill -TERM "$upload_pid" 2>/dev/null || true
     wait "$upload_pid" 2>/dev/null || true
@@ -889,22 +906,16 @@ upload_bench() {
     head -c "$small" "$dir/big.bin" >"$dir/small.bin"
     printf bench-upload-token >"$dir/token"
     new_db $db
-    "$tmp/upload-sink" >"$dir/sink" 2>>"$tmp/log/upload.sink" &
-    local sink_pid=$!
-    procs+=("$sink_pid")
-    for _ in $(seq 200); do [ -s "$dir/sink" ] && break; sleep 0.05; done
-    local sink t0 t1 curl_s artex_s
-    sink=$(head -n 1 "$dir/sink")
-    # Warm the page cache for both readers alike.
+    # Warm the page cache for all readers alike.
     cat "$dir/big.bin" >/dev/null
-    t0=$(date +%s.%N)
-    curl -sS -f -H 'Expect:' -T "$dir/big.bin" "http://$sink/" -o /dev/null
-    t1=$(date +%s.%N)
-    curl_s=$(calc "$t1 - $t0" 3)
-    kill "$sink_pid" 2>/dev/null || true
-    wait "$sink_pid" 2>/dev/null || true
-    echo "# upload: $((big >> 20)) MiB, curl -T to a sink (examples/upload-sink.rs) in $curl_s s"
+    local curl_s curl_file_s artex_s
+    curl_s=$(upload_curl "$dir" "$dir/big.bin")
+    echo "# upload: $((big >> 20)) MiB, curl -T to a sink (examples/upload-sink.rs, discards) in $curl_s s"
     result upload_curl_sink_mib_per_s "$(calc "$big / 1048576 / $curl_s" 0)" MiB/s
+    curl_file_s=$(upload_curl "$dir" "$dir/big.bin" "$dir/sink.out")
+    rm -f "$dir/sink.out"
+    echo "# upload: $((big >> 20)) MiB, curl -T to a file sink (written, fsynced at the end) in $curl_file_s s"
+    result upload_curl_file_sink_mib_per_s "$(calc "$big / 1048576 / $curl_file_s" 0)" MiB/s
     local rss=()
     for size in "$small" "$big"; do
         for chunk in $((1 << 20)) $((10 << 20)); do
@@ -923,6 +934,7 @@ upload_bench() {
     done
     result upload_artex_mib_per_s "$(calc "$big / 1048576 / $artex_s" 0)" MiB/s
     result upload_vs_curl_sink "$(calc "$curl_s / $artex_s" 2)" "ratio (target >= 0.8)"
+    result upload_vs_curl_file_sink "$(calc "$curl_file_s / $artex_s" 2)" "ratio (to a durable write of the file)"
     local lo hi
     lo=$(printf '%s\n' "${rss[@]}" | sort -n | head -n 1)
     hi=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n 1)

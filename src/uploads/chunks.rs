@@ -1,18 +1,17 @@
 //! Receiving one chunk: the body streamed from the HTTP thread to a blocking writer
-//! through a small queue (memory bounded whatever the chunk size), hashed on the way,
-//! kept only whole and matching its `Chunk-Sha256`, fsynced before it is acknowledged.
+//! through a small queue (memory bounded whatever the chunk size), hashed on the way and
+//! written at its offset in the upload's data file (`data`), marked received only whole,
+//! matching its `Chunk-Sha256` and synced, before it is acknowledged.
 
-use std::fs;
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use uuid::Uuid;
 
+use super::data::{self, Target};
 use super::declaration::Meta;
-use super::disk::{create_private, sync_dir};
 use super::error::{io, Result, UploadError};
 use super::Uploads;
 
@@ -28,9 +27,10 @@ impl Uploads {
         Ok(meta.chunk_size.min(meta.size - n * meta.chunk_size))
     }
 
-    /// Receives chunk `n` from `body`: written aside by a blocking task while its sha256
-    /// is computed, checked against `sha256`, fsynced and renamed into place. Memory: a
-    /// few pieces of the body in flight, whatever the chunk size.
+    /// Receives chunk `n` from `body`: written in place into the upload's data file by a
+    /// blocking task while its sha256 is computed, checked against `sha256`, synced, then
+    /// marked received. Memory: a few pieces of the body in flight, whatever the chunk
+    /// size.
     pub async fn put_chunk<S, E>(
         self: &Arc<Self>,
         meta: &Meta,
@@ -46,12 +46,19 @@ impl Uploads {
         let dir = self.folder(meta.id);
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUED_PIECES);
         let want = sha256.to_string();
-        let writer = tokio::task::spawn_blocking(move || write_chunk(rx, &dir, n, expected, &want));
+        let offset = n * meta.chunk_size;
+        let writer =
+            tokio::task::spawn_blocking(move || write_chunk(rx, &dir, n, offset, expected, &want));
         let read = read_body(body, &tx, self.settings.body_timeout, expected).await;
         drop(tx);
         let written = writer
             .await
             .map_err(|e| UploadError::Internal(format!("the chunk writer failed: {e}")))?;
+        if written.is_ok() && matches!(read, Ok(got) if got == expected) {
+            // Hash the file on while it is in the page cache, off this request.
+            let (me, m) = (self.clone(), meta.clone());
+            tokio::task::spawn_blocking(move || me.prefixes.advance(&me.folder(m.id), &m));
+        }
         match read {
             Ok(got) if got < expected => {
                 // The writer saw a short body and kept nothing.
@@ -132,12 +139,15 @@ where
     }
 }
 
-/// The blocking side of a chunk: writes what comes to a file aside, hashing; keeps it
-/// (fsynced, renamed to `<n>.part`) only if it is whole and its sha256 is `want`.
+/// The blocking side of a chunk: writes what comes in place into the upload's data file
+/// at `offset` (its range locked), hashing; once whole and matching `want`, syncs the
+/// data and marks the chunk received. A chunk marked already is only checked, never
+/// written again; a refused one stays unmarked.
 fn write_chunk(
     mut rx: tokio::sync::mpsc::Receiver<actix_web::web::Bytes>,
     dir: &Path,
     n: u64,
+    offset: u64,
     expected: u64,
     want: &str,
 ) -> Result {
@@ -148,17 +158,7 @@ fn write_chunk(
                 .unwrap_or_default(),
         ));
     }
-    let aside = dir.join(format!("{n}.part.{}", Uuid::new_v4().simple()));
-    struct Aside<'a>(&'a Path, bool);
-    impl Drop for Aside<'_> {
-        fn drop(&mut self) {
-            if !self.1 {
-                let _ = fs::remove_file(self.0);
-            }
-        }
-    }
-    let mut kept = Aside(&aside, false);
-    let mut file = create_private(&aside)?;
+    let target = data::lock_chunk(dir, n, offset, expected)?;
     let mut hash = Sha256::new();
     let mut got = 0u64;
     let mut ended = false;
@@ -167,28 +167,39 @@ fn write_chunk(
             ended = true;
             break;
         }
-        got += piece.len() as u64;
+        if got + piece.len() as u64 > expected {
+            break; // the reader reports it; nothing past the chunk is written
+        }
         hash.update(&piece);
-        file.write_all(&piece)
-            .map_err(io(format!("writing {}", aside.display())))?;
+        if let Target::Write(file) = &target {
+            if let Err(e) = file.write_all_at(&piece, offset + got) {
+                data::discard_if_alone(dir, file);
+                return Err(io(format!("writing chunk {n} in {}", dir.display()))(e));
+            }
+        }
+        got += piece.len() as u64;
     }
+    let refuse = |target: &Target| {
+        if let Target::Write(file) = target {
+            data::discard_if_alone(dir, file);
+        }
+    };
     if !ended || got != expected {
+        refuse(&target);
         return Ok(()); // cut, short or too long: the reader reports it; nothing is kept
     }
     let got_hash = hex::encode(hash.finalize());
     if got_hash != want {
+        refuse(&target);
         return Err(UploadError::Mismatch(format!(
             "chunk {n}: its sha256 is {got_hash}, not the {want} of its Chunk-Sha256 header; \
              not stored, send it again"
         )));
     }
-    let part = dir.join(format!("{n}.part"));
-    if part.exists() || dir.join("file").exists() {
-        return Ok(()); // acknowledged before: the copy aside goes
+    if let Target::Write(file) = &target {
+        file.sync_data()
+            .map_err(io(format!("syncing chunk {n} in {}", dir.display())))?;
+        data::mark(dir, n)?;
     }
-    file.sync_all()
-        .map_err(io(format!("syncing {}", aside.display())))?;
-    fs::rename(&aside, &part).map_err(io(format!("placing {}", part.display())))?;
-    kept.1 = true;
-    sync_dir(dir)
+    Ok(())
 }

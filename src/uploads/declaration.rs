@@ -24,6 +24,18 @@ pub struct Meta {
     pub chunks: u64,
     /// The task to submit once the file is whole.
     pub task: TaskSpec,
+    /// How the upload is kept on disk ([`LAYOUT`]); absent in the first layout (a file
+    /// per chunk, joined at the end), which this build does not resume.
+    #[serde(default = "first_layout")]
+    pub layout: u32,
+}
+
+/// The on-disk layout this build writes and reads: chunks in place in one data file,
+/// an empty marker per chunk received (see the module's documentation).
+pub const LAYOUT: u32 = 2;
+
+fn first_layout() -> u32 {
+    1
 }
 
 /// The task an upload submits.
@@ -152,6 +164,7 @@ impl CreateRequest {
             chunk_size,
             chunks,
             task: self.task,
+            layout: LAYOUT,
         })
     }
 }
@@ -180,6 +193,16 @@ mod tests {
         assert_eq!((m.chunks, m.chunk_size), (3, 1024));
         assert_eq!(Uploads::chunk_len(&m, 2).unwrap(), 1);
         assert!(Uploads::chunk_len(&m, 3).is_err());
+    }
+
+    #[test]
+    fn a_declaration_of_the_first_layout_reads_as_layout_1() {
+        let m = req(ok()).unwrap();
+        assert_eq!(m.layout, LAYOUT);
+        let mut old = serde_json::to_value(&m).unwrap();
+        old.as_object_mut().unwrap().remove("layout");
+        let old: Meta = serde_json::from_value(old).unwrap();
+        assert_eq!(old.layout, 1);
     }
 
     #[test]

@@ -1,22 +1,24 @@
-//! Finishing an upload: once every chunk is on disk, they are joined into the file, its
-//! sha256 checked, and the upload's row and its task written in one statement (once,
-//! however often this runs, in this process or another).
+//! Finishing an upload: once every chunk is on disk, the data file's sha256 is checked
+//! (what was not hashed ahead is read once) and it is renamed to `file`; then the
+//! upload's row and its task are written in one statement (once, however often this
+//! runs, in this process or another).
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 use artex_actors::blackboard::{NewTask, NewUpload};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::data::{marker, DATA, WHOLE};
 use super::declaration::Meta;
-use super::disk::{blocking, create_private, sync_dir};
+use super::disk::{blocking, sync_dir};
 use super::error::{io, Result, UploadError};
 use super::Uploads;
 
 impl Uploads {
-    /// Once every chunk is on disk: joins them into the file, checks its sha256, and
+    /// Once every chunk is on disk: checks the file's sha256, seals it, and
     /// records the upload and its task (once, however often this is called, here or in
     /// another process). Returns the task, or `None` while chunks are missing.
     pub async fn finish(self: &Arc<Self>, meta: &Meta) -> Result<Option<Uuid>> {
@@ -28,7 +30,7 @@ impl Uploads {
             if (got.len() as u64) < m.chunks {
                 return Ok(false);
             }
-            me.join(&m)?;
+            me.seal(&m)?;
             Ok(true)
         })
         .await;
@@ -52,61 +54,61 @@ impl Uploads {
         self.record(meta).await.map(Some)
     }
 
-    /// Joins the chunks into `file` (aside, then renamed), checking the sha256.
-    fn join(&self, meta: &Meta) -> Result {
+    /// Checks the data file whole (its size and sha256: one read pass over what was not
+    /// hashed ahead) and renames it to `file`. Its chunks are durable already (each synced before it was marked).
+    fn seal(&self, meta: &Meta) -> Result {
         let dir = self.folder(meta.id);
-        let file = dir.join("file");
+        let file = dir.join(WHOLE);
         if file.exists() {
             return Ok(());
         }
-        let aside = dir.join(format!("file.{}", Uuid::new_v4().simple()));
-        let mut out = create_private(&aside)?;
-        let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        for n in 0..meta.chunks {
-            let part = dir.join(format!("{n}.part"));
-            let mut f = match File::open(&part) {
-                Ok(f) => f,
-                // The other process of a hot upgrade joined the file first and removed
-                // the parts: the file is whole.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.exists() => {
-                    let _ = fs::remove_file(&aside);
-                    return Ok(());
-                }
-                Err(e) => {
-                    let _ = fs::remove_file(&aside);
-                    return Err(io(format!("opening {}", part.display()))(e));
-                }
-            };
-            loop {
-                let k = f
-                    .read(&mut buf)
-                    .map_err(io(format!("reading {}", part.display())))?;
-                if k == 0 {
-                    break;
-                }
-                hash.update(&buf[..k]);
-                out.write_all(&buf[..k])
-                    .map_err(io(format!("writing {}", aside.display())))?;
+        let data = dir.join(DATA);
+        let mut f = match File::open(&data) {
+            Ok(f) => f,
+            // The other process of a hot upgrade sealed it first.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.exists() => return Ok(()),
+            Err(e) => return Err(io(format!("opening {}", data.display()))(e)),
+        };
+        // What was hashed ahead (in this process) is not read again.
+        let ahead = self.prefixes.take(meta.id);
+        let (mut hash, mut len) = if ahead.upto <= meta.size {
+            (ahead.hash, ahead.upto)
+        } else {
+            (Sha256::new(), 0)
+        };
+        f.seek(SeekFrom::Start(len))
+            .map_err(io(format!("reading {}", data.display())))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let k = f
+                .read(&mut buf)
+                .map_err(io(format!("reading {}", data.display())))?;
+            if k == 0 {
+                break;
             }
+            len += k as u64;
+            hash.update(&buf[..k]);
         }
         let got = hex::encode(hash.finalize());
-        if got != meta.sha256 {
-            let _ = fs::remove_file(&aside);
+        if got != meta.sha256 || len != meta.size {
             // Every chunk matched its own hash: the declaration was wrong. Nothing of it
             // can become a task; the upload is discarded.
             let _ = fs::remove_dir_all(&dir);
+            self.prefixes.forget(&[meta.id]);
             return Err(UploadError::Mismatch(format!(
-                "the whole file's sha256 is {got}, not the {} declared; the upload is discarded",
-                meta.sha256
+                "the whole file ({len} bytes) has sha256 {got}, not the {} declared ({} \
+                 bytes); the upload is discarded",
+                meta.sha256, meta.size
             )));
         }
-        out.sync_all()
-            .map_err(io(format!("syncing {}", aside.display())))?;
-        fs::rename(&aside, &file).map_err(io(format!("placing {}", file.display())))?;
+        match fs::rename(&data, &file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.exists() => return Ok(()),
+            Err(e) => return Err(io(format!("placing {}", file.display()))(e)),
+        }
         sync_dir(&dir)?;
         for n in 0..meta.chunks {
-            let _ = fs::remove_file(dir.join(format!("{n}.part")));
+            let _ = fs::remove_file(marker(&dir, n));
         }
         Ok(())
     }
@@ -131,7 +133,7 @@ impl Uploads {
             host: self.host.clone(),
             path: self
                 .folder(meta.id)
-                .join("file")
+                .join(WHOLE)
                 .to_string_lossy()
                 .into_owned(),
             size: meta.size as i64,

@@ -4,33 +4,47 @@
 //! private upload folder, never only memory:
 //!
 //! ```text
-//! <upload-dir>/<id>/meta.json   what was declared (size, sha256, chunking, the task)
-//! <upload-dir>/<id>/<n>.part    chunk n, checked against its sha256 (renamed in whole)
-//! <upload-dir>/<id>/file        the whole file, once every chunk is there and its
-//!                               sha256 matches; then the upload's row and its task
-//!                               are written (once: see `Blackboard::record_upload`)
+//! <upload-dir>/<id>/meta.json   what was declared (size, sha256, chunking, the task,
+//!                               the layout: 2)
+//! <upload-dir>/<id>/data        the file being received: each chunk written in place at
+//!                               its offset (its byte range locked meanwhile), checked
+//!                               against its sha256 and synced
+//! <upload-dir>/<id>/<n>.part    empty: chunk n is durable in `data` (made only after
+//!                               the sync; a chunk marked is never written again)
+//! <upload-dir>/<id>/file        `data` renamed, once every chunk is there and the whole
+//!                               sha256 matches (hashed ahead: `prefix`); then the row
+//!                               and its task are written (once: see
+//!                               `Blackboard::record_upload`)
 //! ```
+//!
+//! An upload started by an earlier build (layout 1: a file per chunk, joined at the end)
+//! is refused with 409 saying so, never read as this layout.
 //!
 //! Names only ever come from the upload's id (a UUID this worker made) and chunk
 //! numbers: nothing a client sends becomes a path component. Two processes (the old and
-//! the new one of a hot upgrade) may serve one upload at once: every file is written
-//! aside under a unique name and renamed into place, so they never see half a file.
+//! the new one of a hot upgrade) may serve one upload at once: a chunk is written only
+//! under its range lock and only while unmarked, `meta.json` is written aside and
+//! renamed, and `data` becomes `file` by a rename, so they never see half of anything.
 //!
 //! # Layout
 //! - `settings`: limits and the worker's upload flags;
 //! - `declaration`: what a client declares (`POST /api/v1/uploads`), checked;
 //! - `state`: starting an upload and reading where it stands, from its folder;
 //! - `chunks`: receiving one chunk (streamed off the HTTP thread, hashed, fsynced);
-//! - `finish`: joining the chunks and recording the upload with its task, once;
+//! - `data`: the data file, chunk range locks and markers;
+//! - `prefix`: the whole file's sha256 hashed ahead, chunk by chunk as they are marked;
+//! - `finish`: checking the whole file and recording the upload with its task, once;
 //! - `sweep`: expiring abandoned uploads, deleting files whose task ended;
 //! - `disk`: durable writes and the small file helpers the others share;
 //! - `error`: why a request is refused, mapped to a status by the HTTP layer.
 
 mod chunks;
+mod data;
 mod declaration;
 mod disk;
 mod error;
 mod finish;
+mod prefix;
 mod settings;
 mod state;
 mod sweep;
@@ -56,6 +70,8 @@ pub struct Uploads {
     /// One finishing at a time in this process (another process may finish the same
     /// upload meanwhile: the database writes the task once).
     finishing: tokio::sync::Mutex<()>,
+    /// The whole file's sha256 of uploads being received, hashed ahead.
+    prefixes: prefix::Prefixes,
 }
 
 impl Uploads {
@@ -79,6 +95,7 @@ impl Uploads {
             host,
             actor,
             finishing: tokio::sync::Mutex::new(()),
+            prefixes: prefix::Prefixes::default(),
         }))
     }
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::declaration::{CreateRequest, Meta};
+use super::data::WHOLE;
+use super::declaration::{CreateRequest, Meta, LAYOUT};
 use super::disk::{blocking, read_dir, sync_dir, write_durably};
 use super::error::{io, Result, UploadError};
 use super::Uploads;
@@ -89,14 +90,30 @@ impl Uploads {
     fn reserved(&self) -> Result<u64> {
         let mut total = 0u64;
         for entry in read_dir(&self.settings.dir)? {
-            if let Some(meta) = entry.and_then(|id| self.meta_sync(id).ok()) {
+            if let Some(meta) = entry.and_then(|id| self.meta_any_layout(id).ok()) {
                 total = total.saturating_add(meta.size);
             }
         }
         Ok(total)
     }
 
+    /// The upload's declaration, refused (409) when an earlier build's layout wrote it:
+    /// its chunks are not where this build looks for them.
     pub(super) fn meta_sync(&self, id: Uuid) -> Result<Meta> {
+        let meta = self.meta_any_layout(id)?;
+        if meta.layout != LAYOUT {
+            return Err(UploadError::Conflict(format!(
+                "upload {id} was started by an earlier artex whose files on disk are laid out \
+                 differently (layout {}, this build reads {LAYOUT}); it cannot be resumed: \
+                 start the upload again",
+                meta.layout
+            )));
+        }
+        Ok(meta)
+    }
+
+    /// The upload's declaration, whichever layout wrote it.
+    fn meta_any_layout(&self, id: Uuid) -> Result<Meta> {
         let path = self.folder(id).join("meta.json");
         let text = match fs::read(&path) {
             Ok(t) => t,
@@ -118,7 +135,7 @@ impl Uploads {
     /// Chunks on disk (all of them once the file is whole).
     pub(super) fn received_sync(&self, meta: &Meta) -> Result<BTreeSet<u64>> {
         let dir = self.folder(meta.id);
-        if dir.join("file").exists() {
+        if dir.join(WHOLE).exists() {
             return Ok((0..meta.chunks).collect());
         }
         let mut got = BTreeSet::new();

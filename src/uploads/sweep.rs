@@ -34,7 +34,7 @@ impl Uploads {
             let mut out = Vec::new();
             for id in read_dir(&me.settings.dir)?.into_iter().flatten() {
                 let dir = me.folder(id);
-                let whole = dir.join("file").exists();
+                let whole = dir.join(super::data::WHOLE).exists();
                 out.push((id, whole, newest_mtime(&dir)));
             }
             Ok(out)
@@ -46,6 +46,7 @@ impl Uploads {
             .uploads_known(&ids)
             .await
             .map_err(|e| UploadError::Internal(format!("reading uploads: {e}")))?;
+        let mut expired = Vec::new();
         for (id, whole, touched) in local {
             if known.contains(&id) {
                 continue;
@@ -67,6 +68,7 @@ impl Uploads {
                 })
                 .await?;
                 tracing::info!(upload = %id, "abandoned upload removed");
+                expired.push(id);
                 report.expired += 1;
             }
         }
@@ -93,6 +95,8 @@ impl Uploads {
                 gone.push(id);
             }
         }
+        self.prefixes.forget(&gone);
+        self.prefixes.forget(&expired);
         if !gone.is_empty() {
             self.bb
                 .mark_uploads_deleted(&gone)

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod body;
+
 use clap::Args;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -18,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::progress::Progress;
 use crate::error::{Error, Result};
+use body::{hash_file, hash_part, Body, Part};
 
 /// The arguments of `artex upload`.
 #[derive(Debug, Args)]
@@ -77,9 +80,13 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
     let size = meta.len();
     let file = args.file.clone();
-    let sha256 = tokio::task::spawn_blocking(move || hash_file(&file))
+    // The chunk size asked for (the worker's default otherwise): each chunk's sha256 is
+    // computed in the same read pass as the file's.
+    let want_chunk = args.chunk_size.unwrap_or(crate::uploads::DEFAULT_CHUNK);
+    let digests = tokio::task::spawn_blocking(move || hash_file(&file, want_chunk))
         .await
         .map_err(|e| Error::Invalid(format!("hashing: {e}")))??;
+    let sha256 = digests.whole.clone();
     let client = Client { addr, token };
     let state_path = state_file(&args.file, &args.to)?;
 
@@ -87,7 +94,12 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let mut plan = None;
     if let Some(saved) = read_state(&state_path, size, &sha256) {
         let (code, body) = client
-            .send("GET", &format!("/api/v1/uploads/{saved}"), &[], &[])
+            .send(
+                "GET",
+                &format!("/api/v1/uploads/{saved}"),
+                &[],
+                Body::Bytes(&[]),
+            )
             .await?;
         if code == 200 {
             if let Some(task) = body["task"].as_str() {
@@ -119,11 +131,14 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
             if let Some(name) = args.file.file_name().and_then(|n| n.to_str()) {
                 req["name"] = json!(name);
             }
-            if let Some(c) = args.chunk_size {
-                req["chunk_size"] = json!(c);
-            }
+            req["chunk_size"] = json!(want_chunk);
             let (code, body) = client
-                .send("POST", "/api/v1/uploads", &[], req.to_string().as_bytes())
+                .send(
+                    "POST",
+                    "/api/v1/uploads",
+                    &[],
+                    Body::Bytes(req.to_string().as_bytes()),
+                )
                 .await?;
             if code != 201 {
                 return Err(refused(code, &body));
@@ -140,6 +155,9 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
             "the worker answered a chunk size of 0 for {id}"
         )));
     }
+    // Chunk digests from the first pass, unless the worker chunks differently (an upload
+    // resumed with another --chunk-size): then each chunk is hashed as it is sent.
+    let digests = Arc::new((digests.chunk == chunk).then_some(digests.chunks));
     let progress = Arc::new(Progress::new(
         missing.iter().map(|&n| len_of(n, chunk, size)).sum(),
     ));
@@ -152,18 +170,29 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     });
     let mut task: Option<String> = None;
     let results = futures_util::stream::iter(missing.into_iter().map(|n| {
-        let (client, file, id, progress, sent, retries) = (
+        let (client, file, id, progress, sent, retries, digests) = (
             client.clone(),
             args.file.clone(),
             id.clone(),
             progress.clone(),
             sent.clone(),
             retries.clone(),
+            digests.clone(),
         );
         let delay = Duration::from_millis(args.chunk_delay_ms);
         async move {
             tokio::time::sleep(delay).await;
-            let r = send_chunk(&client, &file, &id, n, chunk, size, &retries).await;
+            let digest = digests
+                .as_ref()
+                .as_ref()
+                .and_then(|d| d.get(n as usize))
+                .cloned();
+            let part = Part {
+                file: &file,
+                offset: n * chunk,
+                len: len_of(n, chunk, size),
+            };
+            let r = send_chunk(&client, part, &id, n, digest, &retries).await;
             if r.is_ok() {
                 sent.fetch_add(1, Ordering::Relaxed);
                 progress.add(len_of(n, chunk, size));
@@ -183,7 +212,12 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         Some(t) => t,
         None => {
             let (code, body) = client
-                .send("GET", &format!("/api/v1/uploads/{id}"), &[], &[])
+                .send(
+                    "GET",
+                    &format!("/api/v1/uploads/{id}"),
+                    &[],
+                    Body::Bytes(&[]),
+                )
                 .await?;
             match body["task"].as_str() {
                 Some(t) if code == 200 => t.to_string(),
@@ -218,33 +252,35 @@ struct Retries {
     retried: AtomicU64,
 }
 
-/// Sends chunk `n`, retrying with backoff; returns the task once the worker wrote it.
+/// Sends chunk `n` (`part` of the file), retrying with backoff; returns the task once
+/// the worker wrote it. `digest`: its sha256 from the first pass, else computed here.
 async fn send_chunk(
     client: &Client,
-    file: &Path,
+    part: Part<'_>,
     id: &str,
     n: u64,
-    chunk: u64,
-    size: u64,
+    digest: Option<String>,
     retries: &Retries,
 ) -> Result<Option<String>> {
     let mut last = String::new();
     let attempts = retries.attempts;
+    let hash = match digest {
+        Some(d) => d,
+        None => hash_part(&part).await?,
+    };
     for attempt in 0..attempts {
         if attempt > 0 {
             retries.retried.fetch_add(1, Ordering::Relaxed);
             let ms = (200u64 << attempt.min(6)).min(10_000);
             tokio::time::sleep(Duration::from_millis(ms / 2 + fastrand_ms(ms / 2))).await;
         }
-        let bytes = read_chunk(file, n * chunk, len_of(n, chunk, size)).await?;
-        let hash = hex::encode(Sha256::digest(&bytes));
         let path = format!("/api/v1/uploads/{id}/chunks/{n}");
         match client
-            .send("PUT", &path, &[("Chunk-Sha256", &hash)], &bytes)
+            .send("PUT", &path, &[("Chunk-Sha256", &hash)], Body::File(&part))
             .await
         {
             Ok((200, body)) => return Ok(body["task"].as_str().map(String::from)),
-            // Corrupted on the way: read and send it again.
+            // Corrupted on the way: send it again.
             Ok((422, body)) => last = format!("HTTP 422: {}", body["error"]),
             Ok((code, body)) if code == 408 || code == 429 || code >= 500 && code != 507 => {
                 last = format!("HTTP {code}: {}", body["error"])
@@ -269,38 +305,6 @@ fn fastrand_ms(max: u64) -> u64 {
         0
     } else {
         nanos % max
-    }
-}
-
-async fn read_chunk(file: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {
-    let file = file.to_owned();
-    tokio::task::spawn_blocking(move || {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(&file)
-            .map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact_at(&mut buf, offset)
-            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
-        Ok(buf)
-    })
-    .await
-    .map_err(|e| Error::Invalid(format!("reading a chunk: {e}")))?
-}
-
-fn hash_file(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        if n == 0 {
-            return Ok(hex::encode(hash.finalize()));
-        }
-        hash.update(&buf[..n]);
     }
 }
 
@@ -358,7 +362,8 @@ fn write_state(path: &Path, id: &str, size: u64, sha256: &str) -> Result {
     std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
-/// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out,
+/// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out (a
+/// chunk streamed from the file a piece at a time),
 /// `Content-Length`, chunked or until-close bodies in.
 struct Client {
     addr: String,
@@ -372,7 +377,7 @@ impl Client {
         method: &str,
         path: &str,
         headers: &[(&str, &str)],
-        body: &[u8],
+        body: Body<'_>,
     ) -> Result<(u16, Value)> {
         let what = format!("{method} http://{}{path}", self.addr);
         let exchange = async {
@@ -391,7 +396,7 @@ impl Client {
             head.push_str("\r\n");
             s.write_all(head.as_bytes()).await?;
             // A refusal may come (and the connection close) before the body is read.
-            let wrote = s.write_all(body).await;
+            let wrote = body.write_to(&mut s).await;
             let mut raw = Vec::new();
             let read = s.read_to_end(&mut raw).await;
             if raw.is_empty() {
