@@ -418,16 +418,22 @@ fn parts(uploads: &Path) -> usize {
 }
 
 async fn ran_whole(db: &TestDb, stdout: &[u8], file: &[u8]) -> Value {
+    ran_whole_sha(db, stdout, &sha(file)).await
+}
+
+/// [`ran_whole`] for a file known by its sha256 (too large to hold in memory).
+async fn ran_whole_sha(db: &TestDb, stdout: &[u8], file_sha: &str) -> Value {
     let task = String::from_utf8_lossy(stdout).trim().to_string();
     let task = uuid::Uuid::parse_str(&task).unwrap_or_else(|_| panic!("no task id: {task:?}"));
     common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(120)).await;
     let result = db.bb.task(task).await.unwrap().result.unwrap();
-    assert_eq!(result["sha256"], sha(file));
+    assert_eq!(result["sha256"], file_sha);
     assert_eq!(result["matches"], true);
     result
 }
 
-// The issue asks for 1 GiB in 10 MiB chunks; 256 MiB keeps CI within its time and disk.
+// 1 GiB in 10 MiB chunks, as the issue asks: ~10 s and 2 GiB of temporary disk (the
+// file and its upload), never the whole file in the test's memory.
 #[tokio::test]
 async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
     let db = TestDb::new().await;
@@ -436,15 +442,18 @@ async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
     let f = fleet(&db, &uploads, &[]).await;
     let (_t, token) = token_file();
     let path = dir.path().join("big.bin");
-    let content = {
+    let file_sha = {
         let block = data(1 << 20, 11);
-        let mut out = std::fs::File::create(&path).unwrap();
-        for i in 0..256u32 {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let mut hash = Sha256::new();
+        for i in 0..1024u32 {
             let mut b = block.clone();
             b[..4].copy_from_slice(&i.to_le_bytes());
             out.write_all(&b).unwrap();
+            hash.update(&b);
         }
-        std::fs::read(&path).unwrap()
+        out.flush().unwrap();
+        hex::encode(hash.finalize())
     };
     let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "4"])
         .output()
@@ -455,8 +464,8 @@ async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("sent 26 chunks"), "{stderr}");
-    let result = ran_whole(&db, &out.stdout, &content).await;
+    assert!(stderr.contains("sent 103 chunks"), "{stderr}");
+    let result = ran_whole_sha(&db, &out.stdout, &file_sha).await;
     assert_eq!(result["pid"], f.worker.pid());
 }
 
