@@ -354,15 +354,18 @@ rate=$(sql $db -c "select $w1 / extract(epoch from max(finished_at) - min(starte
 throughput w1idle_tasks_per_s_2workers "$(calc "$rate")"
 result w1idle_first_start_after_run_at_ms "$(sql $db -c "select round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric) from artex.tasks")" ms
 echo "# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: $capacity"
-# Where the time goes: assignment rounds (audit rows carry their transaction's start),
+# Where the time goes: assignment rounds (when a task was assigned: its start row's
+# `assigned_at`, or its own row when it ended unstarted — both its transaction's start),
 # their sizes, and the timeline from run_at.
-sql $db -F' ' -c "select count(*), round(avg(n)), min(n), max(n),
+rounds_sql="with r as (select coalesce(assigned_at, at) at, count(*) n from artex.task_transitions
+    where assigned_at is not null or to_status = 'assigned' group by 1)"
+sql $db -F' ' -c "$rounds_sql select count(*), round(avg(n)), min(n), max(n),
         round((extract(epoch from max(at) - min(at)) * 1000)::numeric)
-    from (select at, count(*) n from artex.task_transitions where to_status = 'assigned' group by at) r" | {
+    from r" | {
     read -r rounds avg lo hi span
     echo "# W1 from idle: $rounds assignment rounds over $span ms, $avg tasks each on average (min $lo, max $hi)"
 }
-sql $db -F' ' -c "with r as (select at, count(*) n from artex.task_transitions where to_status = 'assigned' group by at)
+sql $db -F' ' -c "$rounds_sql
     select string_agg(n::text || '@' || round((extract(epoch from at - (select min(run_at) from artex.tasks)) * 1000)::numeric), ' ' order by at)
     from (select * from r order by at limit 12) f" | sed 's/^/# W1 from idle: first rounds (tasks@ms after run_at): /'
 sql $db -F' ' -c "select round((extract(epoch from percentile_disc(0.1) within group (order by finished_at) - min(run_at)) * 1000)::numeric),
