@@ -7,8 +7,8 @@ use artex_actors::blackboard::FlowSpec;
 use serde_json::{json, Value};
 
 use super::{
-    actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_json, path_id,
-    query, read_body, ApiError, ApiState, Submitted,
+    actor, check_submission, field, field_of, only_fields, path_id, query, submission, ApiError,
+    ApiState, Submitted,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -86,15 +86,13 @@ pub(super) async fn submit(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = query(&req, &["allow_unregistered_kind"])?;
-    let allow_query = param(&q, "allow_unregistered_kind", parse_bool)?.unwrap_or(false);
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let Some(mut value) = parse_json(&body)? else {
-        return Err(ApiError::bad(
-            "body",
-            "empty body; expected a flow: {\"name\": …, \"tasks\": [...]}",
-        ));
-    };
+    let (mut value, allow_query) = submission(
+        &req,
+        body,
+        &state,
+        "a flow: {\"name\": …, \"tasks\": [...]}",
+    )
+    .await?;
     let Some(obj) = value.as_object_mut() else {
         return Err(ApiError::bad(
             "body",

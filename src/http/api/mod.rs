@@ -220,39 +220,20 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::POST, "/api/v1/tasks", tasks::submit);
     r.add(M::GET, "/api/v1/tasks", tasks::list);
     r.add(M::GET, "/api/v1/tasks/{id}", tasks::show);
-    r.add(
-        M::POST,
-        "/api/v1/tasks/{id}/pause",
-        control_route(Named::Task, Control::Pause),
-    );
-    r.add(
-        M::POST,
-        "/api/v1/tasks/{id}/resume",
-        control_route(Named::Task, Control::Resume),
-    );
-    r.add(
-        M::POST,
-        "/api/v1/tasks/{id}/cancel",
-        control_route(Named::Task, Control::Cancel),
-    );
     r.add(M::POST, "/api/v1/tasks/{id}/retry", tasks::retry);
     r.add(M::POST, "/api/v1/flows", flows::submit);
     r.add(M::GET, "/api/v1/flows/{id}", flows::show);
-    r.add(
-        M::POST,
-        "/api/v1/flows/{id}/pause",
-        control_route(Named::Flow, Control::Pause),
-    );
-    r.add(
-        M::POST,
-        "/api/v1/flows/{id}/resume",
-        control_route(Named::Flow, Control::Resume),
-    );
-    r.add(
-        M::POST,
-        "/api/v1/flows/{id}/cancel",
-        control_route(Named::Flow, Control::Cancel),
-    );
+    // Pause, resume and cancel: one handler, told what the path names and what to do.
+    for (path, named, action) in [
+        ("/api/v1/tasks/{id}/pause", Named::Task, Control::Pause),
+        ("/api/v1/tasks/{id}/resume", Named::Task, Control::Resume),
+        ("/api/v1/tasks/{id}/cancel", Named::Task, Control::Cancel),
+        ("/api/v1/flows/{id}/pause", Named::Flow, Control::Pause),
+        ("/api/v1/flows/{id}/resume", Named::Flow, Control::Resume),
+        ("/api/v1/flows/{id}/cancel", Named::Flow, Control::Cancel),
+    ] {
+        r.add(M::POST, path, control_route(named, action));
+    }
     r.add(M::GET, "/api/v1/workers", cluster::workers);
     r.add(M::GET, "/api/v1/stats", cluster::stats);
     r.add(M::GET, "/api/v1/events", events::events);
@@ -322,6 +303,26 @@ async fn read_body(
         body.extend_from_slice(&chunk);
     }
     Ok(body.freeze())
+}
+
+/// A submission: its JSON body (an empty one is refused, saying what was `expected`) and
+/// whether the query says `allow_unregistered_kind=true` for all of it.
+async fn submission(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &ApiState,
+    expected: &str,
+) -> Result<(Value, bool), ApiError> {
+    let q = query(req, &["allow_unregistered_kind"])?;
+    let allow = param(&q, "allow_unregistered_kind", parse_bool)?.unwrap_or(false);
+    let body = read_body(req, body, state.max_body_bytes).await?;
+    match parse_json(&body)? {
+        Some(value) => Ok((value, allow)),
+        None => Err(ApiError::bad(
+            "body",
+            format!("empty body; expected {expected}"),
+        )),
+    }
 }
 
 /// The body as JSON; `None` for an empty body.

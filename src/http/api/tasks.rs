@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::{
     actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_int,
-    parse_json, parse_uuid, path_id, query, read_body, ApiError, ApiState, Submitted, CUT_CHARS,
-    MAX_BATCH,
+    parse_json, parse_uuid, path_id, query, read_body, submission, ApiError, ApiState, Submitted,
+    CUT_CHARS, MAX_BATCH,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -116,15 +116,13 @@ pub(super) async fn submit(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    let pairs = query(&req, &["allow_unregistered_kind"])?;
-    let allow_all = param(&pairs, "allow_unregistered_kind", parse_bool)?.unwrap_or(false);
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let Some(value) = parse_json(&body)? else {
-        return Err(ApiError::bad(
-            "body",
-            "empty body; expected a task (a JSON object) or a batch (an array of them)",
-        ));
-    };
+    let (value, allow_all) = submission(
+        &req,
+        body,
+        &state,
+        "a task (a JSON object) or a batch (an array of them)",
+    )
+    .await?;
     let (batch, items): (bool, Vec<&Value>) = match &value {
         Value::Array(a) => (true, a.iter().collect()),
         v => (false, vec![v]),
