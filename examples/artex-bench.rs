@@ -2,9 +2,9 @@
 //! user builds their own worker: the stock kinds plus one,
 //! `stamp`, whose result is the wall-clock time its handler started (`{"t_us": …}`, Unix
 //! microseconds), so enqueue → handler start is measured where the handler runs, not
-//! where the database thinks the task started. `artex-bench claim-sql` and
-//! `artex-bench roster-sql` print the planner's claim and roster queries, for
-//! `EXPLAIN ANALYZE` against a backlog or a large fleet.
+//! where the database thinks the task started. `artex-bench dispatch-sql` prints the
+//! planner round's read (its roster and claim in one statement), for `EXPLAIN ANALYZE`
+//! against a backlog or a large fleet.
 
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,16 +13,9 @@ use artex::TaskContext;
 use serde_json::json;
 
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
-        Some("claim-sql") => {
-            println!("{}", artex_actors::blackboard::CLAIM_SQL);
-            return ExitCode::SUCCESS;
-        }
-        Some("roster-sql") => {
-            println!("{}", artex_actors::blackboard::ROSTER_SQL);
-            return ExitCode::SUCCESS;
-        }
-        _ => {}
+    if std::env::args().nth(1).as_deref() == Some("dispatch-sql") {
+        println!("{}", artex_actors::blackboard::DISPATCH_SQL);
+        return ExitCode::SUCCESS;
     }
     let mut handlers = artex::handlers::stock();
     handlers.register("stamp", |_ctx: TaskContext| async move {

@@ -22,16 +22,16 @@
 #          enqueue → handler start, p50/p95/p99.
 #          Then its floor, in the same run: a minimal LISTEN/NOTIFY + `for update skip
 #          locked` loop (examples/latency-floor.rs) fed the same way; W2 as a ratio to it.
-#   W3     claim cost (EXPLAIN ANALYZE of the planner's claim query) and drain rate with
-#          10,000 pending, 1,000,000 pending, and 10,000 pending over 1,000,000 finished.
+#   W3     claim cost (EXPLAIN ANALYZE of the planner round's read: roster + claim) and
+#          drain rate with 10,000 pending, 1,000,000 pending, and 10,000 pending over 1,000,000 finished.
 #   W4     ARTEX_BENCH_W4_TASKS tasks (default 1,000,000; ~5 min on an idle 2-core box)
 #          through 1 planner + 2 workers: tasks/s per tenth of the run, table size and
 #          dead tuples at the end, peak RSS of planner and workers.
 #   W6     the planner against a fleet: 20,000 pending no-op tasks assigned by one planner
 #          to 10 simulated workers of 2,000 slots, then to 2,000 of 10 slots (rows without
 #          a process or LISTEN session, which the roster accepts): assignment throughput,
-#          rounds, and the roster and claim queries' cost. Target: 2,000 workers at least
-#          half the rate of 10.
+#          rounds, and the cost of the round's read (roster + claim). Target: 2,000
+#          workers at least half the rate of 10.
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
@@ -517,12 +517,17 @@ drop_db $db
 fi
 
 # ---- W3: claim cost against the backlog ---------------------------------------------------
-# The planner's claim query as the runtime sends it (prepared; the 7 runs let PostgreSQL
-# settle on the plan it keeps), for 500 tasks, in a transaction rolled back afterwards.
-claim_sql=$("$tmp/artex-bench" claim-sql)
+# The planner round's read (its roster and claim in one statement) as the runtime sends
+# it (prepared; the 7 runs let PostgreSQL settle on the plan it keeps), for 500 tasks,
+# with one simulated worker of ample capacity on the roster, in a transaction rolled back
+# afterwards.
+dispatch_sql=$("$tmp/artex-bench" dispatch-sql)
 claim_ms() { # db → median execution time of 7 runs
-    { echo "begin; prepare claim as $claim_sql;"
-      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim('{noop}', 500, 1, '{}');"; done
+    { echo "begin;"
+      echo "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+            values ('bench-sim', 'sim', 1, 'bench', 'artex_w_bench_sim', array['noop'], 100000);"
+      echo "prepare claim as $dispatch_sql;"
+      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim(600, 500, 1, '{}');"; done
       echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
 }
 # Drain rate on top of the backlog: the first half of $w3_small completions (so a backlog
@@ -637,7 +642,6 @@ result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
 fi
 # ---- W6: the planner against a fleet of 2,000 workers -------------------------------------
-roster_sql=$("$tmp/artex-bench" roster-sql)
 query_ms() { # db "prepare …" "execute …" → median execution time of 7 runs
     { echo "begin; $2;"
       for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) $3;"; done
@@ -655,8 +659,7 @@ for fleet in 10 2000; do
         select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $slots
         from generate_series(1, $fleet) g" -c "analyze artex.workers"
     insert_tasks $db "$w1" noop
-    roster_ms=$(query_ms $db "prepare roster as $roster_sql" "execute roster(null, 600)")
-    claim_ms=$(query_ms $db "prepare claim as $claim_sql" "execute claim('{noop}', 2000, 1, '{}')")
+    dispatch_ms=$(query_ms $db "prepare dispatch as $dispatch_sql" "execute dispatch(600, 2000, 1, '{}')")
     ARTEX_DATABASE_URL=$(db_url $db) "$artex" planner --worker-suspect-ms 600000 \
         --worker-timeout-ms 600000 >>"$tmp/log/$db.planner" 2>&1 &
     procs+=($!)
@@ -673,8 +676,7 @@ for fleet in 10 2000; do
     echo "# W6: $w1 tasks to $fleet simulated workers of $slots slots, 1 planner"
     throughput "w6_assign_per_s_${fleet}_workers" "$rate"
     result "w6_rounds_${fleet}_workers" "$rounds" rounds
-    result "w6_roster_ms_${fleet}_workers" "$roster_ms" ms
-    result "w6_claim_2000_ms_${fleet}_workers" "$claim_ms" ms
+    result "w6_dispatch_2000_ms_${fleet}_workers" "$dispatch_ms" ms
     w6_rates+=("$rate")
     drop_db $db
 done

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use artex_actors::blackboard::{
-    AssignedTask, AttemptRecord, Outcome, ReapParams, Step, TaskStatus, CLAIM_SQL, TASKS_CHANNEL,
+    AssignedTask, AttemptRecord, Outcome, ReapParams, Step, TaskStatus, DISPATCH_SQL, TASKS_CHANNEL,
 };
 use chrono::{DateTime, Utc};
 use common::{lines_of, start_assigned, TestDb};
@@ -1026,13 +1026,31 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
         .unwrap()
         .get(0);
     assert_eq!(reason.as_deref(), Some("boom 1"), "the audit says why");
-    // Not runnable before its backoff ends.
-    let kinds = vec!["echo".to_string()];
-    let claimable = c
-        .query(CLAIM_SQL, &[&kinds, &10i64, &1i32, &Vec::<i32>::new()])
+    // Not runnable before its backoff ends, though a worker has free slots for its kind.
+    c.batch_execute(
+        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+         values ('sim', 'sim', 1, 'test', 'artex_w_sim', array['echo'], 10)",
+    )
+    .await
+    .unwrap();
+    let read = c
+        .query(
+            DISPATCH_SQL,
+            &[&600.0f64, &10i64, &1i32, &Vec::<i32>::new()],
+        )
         .await
         .unwrap();
-    assert!(claimable.is_empty(), "claimed during its backoff");
+    let roster: Vec<String> = read.iter().filter_map(|r| r.get(0)).collect();
+    let claimed = read
+        .iter()
+        .filter(|r| r.get::<_, Option<Uuid>>(5).is_some())
+        .count();
+    assert_eq!(
+        roster,
+        ["sim"],
+        "a worker with a free slot for it is on the roster"
+    );
+    assert_eq!(claimed, 0, "claimed during its backoff");
 
     let t = start(&db, &c, id, "w1").await;
     assert_eq!((t.retries, t.max_retries), (1, 1));
@@ -1258,8 +1276,12 @@ async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
         [("paused".to_string(), 99000), ("pending".to_string(), 1000)]
     );
 
+    // A worker that runs both kinds, with room for every task: the claim's kinds come
+    // from the roster.
     c.batch_execute(&format!(
-        "prepare claim(text[], int8, int4, int4[]) as {CLAIM_SQL}"
+        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+             values ('sim', 'sim', 1, 'test', 'artex_w_sim', array['echo', 'sleep'], 100000);
+         prepare claim(float8, int8, int4, int4[]) as {DISPATCH_SQL}"
     ))
     .await
     .unwrap();
@@ -1269,9 +1291,9 @@ async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
     // plan may underestimate `shard % n = any(...)` (1 %) and prefer another path; the
     // generic plan, which the statement settles on, uses the index.
     let cases = [
-        ("force_custom_plan", "'{echo}', 100, 1, '{}'"),
-        ("force_generic_plan", "'{echo}', 100, 1, '{}'"),
-        ("force_generic_plan", "'{echo,sleep}', 100, 4, '{0,2}'"),
+        ("force_custom_plan", "600, 100, 1, '{}'"),
+        ("force_generic_plan", "600, 100, 1, '{}'"),
+        ("force_generic_plan", "600, 100, 4, '{0,2}'"),
     ];
     for (mode, args) in cases {
         c.batch_execute(&format!("set plan_cache_mode = {mode}"))

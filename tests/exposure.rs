@@ -270,8 +270,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
-    let kinds = vec!["echo".to_string()];
-    let claim = bb.claim_and_assign("p", &kinds, 10, (1, &[]), 30.0, |_| -> Vec<Assignment> {
+    let claim = bb.dispatch("p", 10, (1, &[]), 30.0, 600.0, |_, _| -> Vec<Assignment> {
         panic!("a planning bug")
     });
     let outcome = std::panic::AssertUnwindSafe(claim).catch_unwind().await;
@@ -290,7 +289,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     );
     assert_eq!(bb.task(task).await.unwrap().status.as_str(), "pending");
     let again = bb
-        .claim_and_assign("p", &kinds, 10, (1, &[]), 30.0, |claimed| {
+        .dispatch("p", 10, (1, &[]), 30.0, 600.0, |claimed, _| {
             claimed
                 .iter()
                 .map(|t| Assignment {

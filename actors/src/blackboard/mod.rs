@@ -54,8 +54,7 @@ pub use migrate::{
 pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
-pub use planner::CLAIM as CLAIM_SQL;
-pub use planner::ROSTER as ROSTER_SQL;
+pub use planner::DISPATCH as DISPATCH_SQL;
 pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,

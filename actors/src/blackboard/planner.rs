@@ -91,34 +91,18 @@ pub struct ReapReport {
 // database as two counters that only grow, `workers.taken` and `worker_released.released`
 // (see migrations/V12__held_released_apart.sql; a `released` read from an older snapshot
 // only makes a worker look fuller than it is). A worker is offered work while it is
-// online, heard from within $2 seconds (past that it is suspect: not yet gone, but given
+// online, heard from within $1 seconds (past that it is suspect: not yet gone, but given
 // nothing), and its LISTEN session's backend exists: a killed worker, or one cut off,
 // loses that backend long before it misses its heartbeats.
-/// The roster query (public so the benchmark can time it against a large fleet).
-pub const ROSTER: &str = "select w.id, w.kinds, w.capacity,
-        least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4, w.host
-    from artex.workers w left join artex.worker_released r on r.worker = w.id
-    where w.state = 'online'
-      and w.last_seen > coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
-      and (w.session is null
-           or w.session in (select application_name from pg_stat_activity))
-    order by w.id";
-
-/// The scanner's claim query (public so a test can prove with EXPLAIN that it uses
-/// the partial index `tasks_runnable`).
-pub const CLAIM: &str = "select id, kind, host from artex.tasks
-    where status = 'pending' and run_at <= now() and kind = any($1::text[])
-      and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
-    order by priority desc, run_at, id
-    limit $2
-    for update skip locked";
-
+//
 // One planner round's read in one statement: the roster and the claim ride together, so
-// a round costs one round trip before its write instead of two. The claim is CLAIM's,
-// its kinds and limit taken from the roster in the same snapshot: the kinds of workers
-// with a free slot, at most $2 or the free slots in all. Roster rows come first (task
-// columns null), then the claimed tasks (roster columns null).
-const DISPATCH: &str = "with roster as materialized (
+// a round costs one round trip before its write instead of two. The claim locks runnable
+// tasks through the partial index `tasks_runnable` (`for update skip locked`), of the
+// kinds of workers with a free slot, at most $2 or the free slots in all. Roster rows
+// come first (task columns null), then the claimed tasks (roster columns null).
+/// The planner round's read (public so the benchmark can time it and a test can prove
+/// with EXPLAIN that its claim uses `tasks_runnable`).
+pub const DISPATCH: &str = "with roster as materialized (
         select w.id, w.kinds, w.capacity,
                least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
                w.host
@@ -353,82 +337,11 @@ pub struct ReapParams {
 }
 
 impl Blackboard {
-    /// Online workers heard from within `alive_secs`, with what they hold.
-    pub async fn roster(
-        &self,
-        now: Option<DateTime<Utc>>,
-        alive_secs: f64,
-    ) -> Result<Vec<RosterEntry>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(ROSTER).await?;
-        let rows = client.query(&stmt, &[&now, &alive_secs]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(RosterEntry {
-                    id: r.try_get(0)?,
-                    kinds: r.try_get(1)?,
-                    capacity: r.try_get(2)?,
-                    held: r.try_get(3)?,
-                    host: r.try_get(4)?,
-                })
-            })
-            .collect()
-    }
-
-    /// One dispatch cycle in one transaction: lock up to `limit` runnable tasks of `kinds`
-    /// (skipping rows other planners hold), let `plan` match them to workers, write the
-    /// assignments with a compare-and-set on `pending`, and wake the chosen workers.
-    /// `shards`: `(count, mine)`, or `(1, [])` to take every shard.
-    pub async fn claim_and_assign<F>(
-        &self,
-        actor: &str,
-        kinds: &[String],
-        limit: i64,
-        shards: (i32, &[i32]),
-        lease_secs: f64,
-        plan: F,
-    ) -> Result<AssignReport>
-    where
-        F: FnOnce(&[Claimed]) -> Vec<Assignment>,
-    {
-        if kinds.is_empty() || limit <= 0 {
-            return Ok(AssignReport::default());
-        }
-        let client = self.client().await?;
-        let claim = client.prepare_cached(CLAIM).await?;
-        // From `begin` on, a drop (an error, a panic in `plan`, this future dropped)
-        // closes the connection rather than pooling it inside the transaction.
-        let client = InTransaction::new(client);
-        // Pipelined: `begin` goes with the claim and `commit` with the assignment, two
-        // round trips for the transaction instead of four (this is the dispatch latency).
-        let (begun, claimed) = futures_util::future::join(
-            client.batch_execute("begin"),
-            client.query(&claim, &[&kinds, &limit, &shards.0, &shards.1]),
-        )
-        .await;
-        let claimed = begun.and(claimed).and_then(|rows| {
-            rows.iter()
-                .map(|r| {
-                    Ok(Claimed {
-                        id: r.try_get(0)?,
-                        kind: r.try_get(1)?,
-                        host: r.try_get(2)?,
-                    })
-                })
-                .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
-        });
-        let claimed = match claimed {
-            Ok(c) => c,
-            Err(e) => return Err(abandon(client, e).await),
-        };
-        assign_and_wake(client, actor, lease_secs, &claimed, plan).await
-    }
-
     /// One planner round whose roster rides with its claim (one statement, one round
     /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
     /// hold, locks up to `batch` runnable tasks of the kinds the ones with a free slot
-    /// run (never more than the free slots), lets `plan` match them, then writes and
-    /// wakes as [`Blackboard::claim_and_assign`] does. The report says the roster's free
+    /// run (never more than the free slots), lets `plan` match them, then writes the
+    /// assignments and wakes the chosen workers. The report says the roster's free
     /// capacity and the limit the claim had.
     pub async fn dispatch<F>(
         &self,
