@@ -16,7 +16,7 @@ use artex::config::{AccessArgs, ServeArgs};
 use artex::http::api::{serve_routes, RouteList};
 use artex_actors::blackboard::{Registration, TaskFilter, TaskStatus};
 use artex_actors::Blackboard;
-use common::procs::{wait_for, worker_http, Proc};
+use common::procs::{dechunk, wait_for, worker_http, Proc};
 use common::{count, read_token_file, TestDb, READ_TOKEN};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
@@ -194,19 +194,6 @@ fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<
         content_type: header("content-type"),
         text,
     }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Registers a worker that declares `kinds` (so they are known kinds).

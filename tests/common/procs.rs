@@ -236,7 +236,8 @@ pub fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Resu
     Ok((status, body))
 }
 
-fn dechunk(mut s: &str) -> String {
+/// A chunked HTTP body, decoded.
+pub fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((len, rest)) = s.split_once("\r\n") {
         let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
