@@ -652,7 +652,7 @@ for fleet in 10 2000; do
     want w6 || break
     db=bench_w6_$fleet
     new_db $db
-    slots=$((w1 / fleet))
+    slots=$((w1 / fleet > 0 ? w1 / fleet : 1)) # --quick: fewer tasks than workers
     # Simulated workers: no session (the roster's liveness check is for real ones), seen
     # now, suspect only after the run.
     sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
