@@ -3,7 +3,7 @@
 //! sees its upstream results; killed workers and a PostgreSQL restart mid-flow; a failing
 //! task cancels exactly its downstream; bad flows are refused with nothing inserted;
 //! pause, resume and cancel (a running handler included); concurrent completions of
-//! siblings; a 10,000-task flow.
+//! siblings; a flow canceled while an upload's task joins it; a 10,000-task flow.
 
 mod common;
 
@@ -13,7 +13,9 @@ use common::run_cli as artex;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use artex_actors::blackboard::{FlowSpec, FlowState, FlowView, TaskStatus};
+use artex_actors::blackboard::{
+    Control, FlowSpec, FlowState, FlowView, NewTask, NewUpload, TaskStatus,
+};
 use artex_actors::Blackboard;
 use common::procs::{http_get, wait_for, wait_status, Proc};
 use common::TestDb;
@@ -56,10 +58,7 @@ async fn wait_flow(bb: &Blackboard, id: Uuid, state: FlowState, timeout: Duratio
 async fn probe_runs(db: &TestDb, timeout: Duration) {
     let probe = db
         .bb
-        .submit(
-            &artex_actors::blackboard::NewTask::new("echo", json!({})),
-            "test",
-        )
+        .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
     wait_status(&db.bb, probe, TaskStatus::Succeeded, timeout).await;
@@ -662,6 +661,146 @@ async fn concurrent_completions_of_siblings_promote_their_joins_exactly_once() {
         .await,
         0
     );
+}
+
+/// How many sessions of this test's database wait for a lock.
+async fn lock_waiters(c: &Client) -> i64 {
+    count(
+        c,
+        "select count(*) from pg_stat_activity
+         where datname = current_database() and wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// Waits until `job` has ended or `n` sessions wait for a lock: a side that does not
+/// wait in one build (it runs through) does in another (it waits for the other side).
+async fn ended_or_waiting<T>(c: &Client, job: &tokio::task::JoinHandle<T>, n: i64, what: &str) {
+    wait_for(what, Duration::from_secs(30), || async move {
+        (job.is_finished() || lock_waiters(c).await >= n).then_some(())
+    })
+    .await;
+}
+
+/// A one-task flow (its task pending: no worker runs here) and an upload to join it.
+async fn flow_and_upload(db: &TestDb) -> (Uuid, Uuid, NewUpload) {
+    let spec: FlowSpec = serde_json::from_value(json!({
+        "name": "upload-race", "tasks": [{"name": "a", "kind": "echo"}]
+    }))
+    .unwrap();
+    let flow = db.bb.submit_flow(&spec, "test").await.unwrap();
+    let a = task(&db.bb.flow(flow).await.unwrap(), "a").id;
+    let upload = NewUpload {
+        id: Uuid::now_v7(),
+        host: "h1".into(),
+        path: "/uploads/x".into(),
+        size: 1,
+        sha256: "0".repeat(64),
+        chunks: 1,
+        name: None,
+        shared: true,
+        flow: Some(flow),
+    };
+    (flow, a, upload)
+}
+
+fn record(db: &TestDb, upload: &NewUpload) -> tokio::task::JoinHandle<(Uuid, bool)> {
+    let (bb, upload) = (db.bb.clone(), upload.clone());
+    tokio::spawn(async move {
+        let task = NewTask::new("digest", json!({"upload": {"id": upload.id}}));
+        bb.record_upload(&upload, &task, "test").await.unwrap()
+    })
+}
+
+fn cancel(db: &TestDb, flow: Uuid) -> tokio::task::JoinHandle<Vec<(Uuid, TaskStatus)>> {
+    let bb = db.bb.clone();
+    tokio::spawn(async move {
+        bb.control(Control::Cancel, flow, "test", Some("race"))
+            .await
+            .unwrap()
+            .changed
+    })
+}
+
+/// A flow canceled while an upload's task joins it: whichever commits first, the task
+/// never stays runnable in the canceled flow. Each of the two interleavings is forced by
+/// a test session holding a lock that one side meets after reading its snapshot: (1) the
+/// cancel waits for a task's row, the upload's task joins meanwhile; (2) the upload
+/// waits for its own row (the same upload in flight elsewhere), the flow is canceled
+/// meanwhile. Without the flow's row lock each ends with a `pending` task that the
+/// cancel never saw, in a flow whose every other task it canceled.
+#[tokio::test]
+async fn a_flow_canceled_while_an_uploads_task_joins_it_leaves_nothing_runnable() {
+    let db = TestDb::new().await;
+    let watcher = db.client().await;
+
+    // (1) The cancel first: its task lookup waits for `a`, held by the test session.
+    let (flow, a, upload) = flow_and_upload(&db).await;
+    let mut holder = common::connect(&db.url).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("select 1 from artex.tasks where id = $1 for update", &[&a])
+        .await
+        .unwrap();
+    let canceling = cancel(&db, flow);
+    ended_or_waiting(&watcher, &canceling, 1, "the cancel to wait for task a").await;
+    assert!(
+        !canceling.is_finished(),
+        "the cancel went through a held task"
+    );
+    let recording = record(&db, &upload);
+    ended_or_waiting(&watcher, &recording, 2, "the upload to end or wait").await;
+    tx.rollback().await.unwrap();
+    let changed = canceling.await.unwrap();
+    let (joined, wrote) = recording.await.unwrap();
+    assert!(wrote);
+    assert_eq!(changed, vec![(a, TaskStatus::Canceled)]);
+    let t = db.bb.task(joined).await.unwrap();
+    assert_eq!(t.flow_id, Some(flow));
+    assert_eq!(
+        t.status,
+        TaskStatus::Paused,
+        "the flow was canceled before the upload's task joined it: {t:?}"
+    );
+    assert!(
+        t.error.as_deref().unwrap_or("").contains("had ended"),
+        "{t:?}"
+    );
+
+    // (2) The upload first: its row is in flight in the test session's transaction, so
+    // recording it waits; the flow is canceled meanwhile.
+    let (flow, a, upload) = flow_and_upload(&db).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "insert into artex.uploads (id, host, path, size, sha256, chunks, task_id)
+         values ($1, 'h1', '/uploads/x', 1, repeat('0', 64), 1, $2)",
+        &[&upload.id, &Uuid::now_v7()],
+    )
+    .await
+    .unwrap();
+    let recording = record(&db, &upload);
+    ended_or_waiting(&watcher, &recording, 1, "the upload to wait for its row").await;
+    assert!(
+        !recording.is_finished(),
+        "the upload went through a held row"
+    );
+    let canceling = cancel(&db, flow);
+    ended_or_waiting(&watcher, &canceling, 2, "the cancel to end or wait").await;
+    tx.rollback().await.unwrap();
+    let (joined, wrote) = recording.await.unwrap();
+    let changed = canceling.await.unwrap();
+    assert!(wrote);
+    let t = db.bb.task(joined).await.unwrap();
+    assert_eq!(t.flow_id, Some(flow));
+    assert_eq!(
+        t.status,
+        TaskStatus::Canceled,
+        "the upload's task joined the flow before it was canceled: {t:?}"
+    );
+    let mut changed = changed;
+    changed.sort_by_key(|c| c.0);
+    let mut expected = vec![(a, TaskStatus::Canceled), (joined, TaskStatus::Canceled)];
+    expected.sort_by_key(|c| c.0);
+    assert_eq!(changed, expected);
 }
 
 fn big_flow() -> Value {

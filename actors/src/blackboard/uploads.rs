@@ -1,8 +1,8 @@
 //! Uploads: a file received in chunks by a worker becomes, once whole and checked, one
 //! `artex.uploads` row and the task that names it, written by one statement (so once,
-//! however many times the last chunk comes); then what the worker's sweeper needs to
-//! delete files whose task ended, and the reaper's failing of tasks whose file's host is
-//! gone for good. See migrations/V9__uploads.sql and V11__stranded_uploads.sql.
+//! however many times the last chunk comes) behind a lock on the flow it joins; then what
+//! the worker's sweeper needs to delete files whose task ended, and the reaper's failing
+//! of tasks whose file's host is gone for good. See migrations/V9__uploads.sql and V11__stranded_uploads.sql.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -67,14 +67,16 @@ pub struct UploadRow {
     pub task: Uuid,
 }
 
-// One statement, so one transaction: the upload's row and its task, or (the row already
-// there: a last chunk sent twice, two processes finishing at once) nothing. The final
-// select cannot see a row a concurrent statement committed after this one's snapshot;
-// `record_upload` then asks again.
+// One statement writes the upload's row and its task, or (the row already there: a last
+// chunk sent twice, two processes finishing at once) nothing. The final select cannot see
+// a row a concurrent statement committed after this one's snapshot; `record_upload` then
+// asks again, in a new statement (a new snapshot).
 // With a flow ($15), the task joins it as a root named `upload:<id>`. The flow was
 // unfinished when the upload started; if every task of it ended since (it was canceled,
 // say), the task is held `paused` with the reason, for a person to resume or cancel,
-// rather than run in a flow that is over.
+// rather than run in a flow that is over. That reading is only sound after LOCK_FLOW.
+// (A flow whose last task ends on its own at that very moment is not covered: the task
+// may then join it `pending`, and the flow runs again for it.)
 const RECORD: &str = "with up as (
         insert into artex.uploads (id, host, path, size, sha256, chunks, name, shared, task_id)
         values ($3, $4, $5, $6, $7, $8, $9, $10, $11)
@@ -104,6 +106,19 @@ const RECORD: &str = "with up as (
     )
     select coalesce((select id from t), (select task_id from artex.uploads where id = $3)),
            exists (select 1 from t)";
+
+// Taken on the flow's row in a statement of its own, before RECORD in the same
+// transaction. A whole-flow cancel locks that row `for update` before it reads which
+// tasks to cancel (flows/mod.rs, LOCK_FLOW_TO_CANCEL), and `for key share` is the one
+// mode that conflicts with it and with nothing else: uploads joining one flow never wait
+// for each other, and the task's foreign key takes this very lock anyway. RECORD's
+// snapshot, taken after it, sees a cancel that came first (the flow is over: the task is
+// held paused); a cancel that comes later waits for this transaction, then sees the task
+// and cancels it. Locking inside RECORD would come too late: under READ COMMITTED a
+// statement keeps the snapshot it started with, whatever lock it waits for, so the
+// cancel and the upload could each miss the other and leave a pending task in a
+// canceled flow.
+const LOCK_FLOW: &str = "select 1 from artex.flows where id = $1 for key share";
 
 const UPLOAD: &str = "select id, host, path, size, sha256, state, shared, task_id
     from artex.uploads where id = $1";
@@ -164,7 +179,7 @@ const FAIL_STRANDED: &str = "with stranded as (
     returning t.id, t.host, t.error";
 
 impl Blackboard {
-    /// Records `upload` and submits `task` naming it, in one statement: exactly once per
+    /// Records `upload` and submits `task` naming it, in one transaction: exactly once per
     /// upload id. Returns the task's id and whether this call wrote it.
     pub async fn record_upload(
         &self,
@@ -173,11 +188,16 @@ impl Blackboard {
         actor: &str,
     ) -> Result<(Uuid, bool)> {
         task.validate()?;
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(RECORD).await?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        if let Some(flow) = upload.flow {
+            let lock = tx.prepare_cached(LOCK_FLOW).await?;
+            tx.query(&lock, &[&flow]).await?;
+        }
+        let stmt = tx.prepare_cached(RECORD).await?;
         let task_id = Uuid::now_v7();
         for _ in 0..5 {
-            let row = client
+            let row = tx
                 .query_one(
                     &stmt,
                     &[
@@ -200,7 +220,9 @@ impl Blackboard {
                 )
                 .await?;
             if let Some(id) = row.try_get::<_, Option<Uuid>>(0)? {
-                return Ok((id, row.try_get(1)?));
+                let wrote = row.try_get(1)?;
+                tx.commit().await?;
+                return Ok((id, wrote));
             }
         }
         Err(Error::Invalid(format!(

@@ -186,6 +186,16 @@ const RESUME: &str = "with target as materialized (
     where ctx and t.id = target.id
     returning t.id, t.status::text";
 
+// A whole flow's cancel first locks the flow's row, in a statement of its own, so that
+// CANCEL reads its snapshot once no upload's task is joining the flow: each such join
+// holds the row `for key share` (uploads.rs, LOCK_FLOW) from before it reads whether the
+// flow is over until it commits. A task that joined before is seen and canceled; one
+// joining after waits, then finds the flow over and is held paused. The lock inside
+// CANCEL would not do: under READ COMMITTED a statement keeps its first snapshot
+// whatever it waits for. The flow's row comes before its tasks' (in id order): nothing
+// locks a flow's row while it holds one of its tasks', so this order adds no deadlock.
+const LOCK_FLOW_TO_CANCEL: &str = "select 1 from artex.flows where id = $1 for update";
+
 // Canceling a held task wakes its worker (the flow trigger notifies the worker's
 // channel), which stops the handler; its outcome, if any, is fenced off.
 const CANCEL: &str = "with target as materialized (
@@ -393,7 +403,13 @@ impl Blackboard {
                 tx.query(&lock, &[&id]).await?;
                 RESUME
             }
-            Control::Cancel => CANCEL,
+            Control::Cancel => {
+                if let ControlTarget::Flow(flow) = target {
+                    let lock = tx.prepare_cached(LOCK_FLOW_TO_CANCEL).await?;
+                    tx.query(&lock, &[&flow]).await?;
+                }
+                CANCEL
+            }
         };
         let stmt = tx.prepare_cached(&sql.replace("{col}", col)).await?;
         let rows = tx.query(&stmt, &[&actor, &reason, &id]).await?;
