@@ -1,0 +1,245 @@
+//! The HTTP API (`artex serve`, and `artex up` on its worker port): every route with good
+//! and bad input, tokens and scopes, nothing written on a refusal, every listing on an
+//! index (the plans are printed), and `docs/openapi.json` held to the routes served.
+//!
+//! Most tests run the server in-process (`runtime::run_api` on a listener bound here, on
+//! a thread with its own actix system) and talk plain HTTP/1.1 to it; those in
+//! `processes` run the real `artex serve` and `artex up`.
+//!
+//! # Layout
+//! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
+//! - `flows`: flows submitted with their DAG, shown, controlled and listed.
+//! - `access`: the read and write scopes and their tokens.
+//! - `overview`: workers and statistics.
+//! - `indexes`: every listing's plan walks an index.
+//! - `openapi`: the description matches the routes served.
+//! - `processes`: the API served by `artex serve` and `artex up`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod access;
+mod flows;
+mod indexes;
+mod openapi;
+mod overview;
+mod processes;
+mod tasks;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use artex::config::{AccessArgs, ServeArgs};
+use artex_actors::blackboard::Registration;
+use artex_actors::Blackboard;
+use common::procs::dechunk;
+use common::{count, read_token_file, READ_TOKEN};
+use serde_json::Value;
+use tokio_postgres::Client;
+
+const WRITE_TOKEN: &str = "test-write-token";
+
+/// An `artex serve` running in this process; stopped (and waited for) when dropped.
+struct Server {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _tokens: tempfile::TempDir,
+}
+
+impl Server {
+    /// Serves `url` with the tests' read token and [`WRITE_TOKEN`].
+    fn start(url: &str) -> Server {
+        Server::with(url, true, true, false, 1 << 20)
+    }
+
+    fn with(url: &str, read: bool, write: bool, public_read: bool, max_body: u64) -> Server {
+        let tokens = tempfile::tempdir().expect("token folder");
+        let write_file = tokens.path().join("write");
+        std::fs::write(&write_file, WRITE_TOKEN).expect("write token");
+        let args = ServeArgs {
+            http: "127.0.0.1:0".into(),
+            access: AccessArgs {
+                read_token_file: read.then(read_token_file),
+                write_token_file: write.then_some(write_file),
+                public_read,
+                max_event_streams: 10,
+            },
+            max_body_bytes: max_body,
+        };
+        // Bound here: requests wait in the backlog until the server accepts them.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address").to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let url = url.to_string();
+        let thread = std::thread::spawn(move || {
+            actix::System::new().block_on(async move {
+                let bb = Blackboard::connect(&url, 4).expect("pool");
+                artex::runtime::run_api(bb, &args, listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the API server failed");
+            })
+        });
+        Server {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+            _tokens: tokens,
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Answer {
+        call(&self.addr, method, path, token, body.map(str::as_bytes))
+    }
+
+    /// With the write token (which reads too).
+    fn w(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        self.call(method, path, Some(WRITE_TOKEN), body)
+    }
+
+    fn get(&self, path: &str) -> Answer {
+        self.call("GET", path, Some(READ_TOKEN), None)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An HTTP answer: status, content type and body (JSON parsed when it is JSON).
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    content_type: String,
+    text: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.text))
+    }
+
+    /// Asserts a JSON error with `status` naming `field`; returns the message.
+    fn error(&self, status: u16, field: Option<&str>) -> String {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert!(
+            self.content_type.starts_with("application/json"),
+            "{self:?}"
+        );
+        let v = self.json();
+        assert_eq!(v["field"].as_str(), field, "{}", self.text);
+        v["error"].as_str().expect("an error message").to_string()
+    }
+}
+
+/// One request on a fresh connection. An event stream's body is not read (it never
+/// ends): only its status and headers are.
+fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> Answer {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let length = body
+        .map(|b| {
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            )
+        })
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}{length}\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("send head");
+    if let Some(b) = body {
+        // The server may answer (413) and close before reading it all.
+        let _ = s.write_all(b);
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if raw.is_empty() => panic!("{method} {path}: {e}"),
+            Err(_) => break,
+        }
+        // The head says so (a body, such as the OpenAPI document, may name the type).
+        let text = String::from_utf8_lossy(&raw);
+        if let Some((head, _)) = text.split_once("\r\n\r\n") {
+            if head.to_ascii_lowercase().contains("text/event-stream") {
+                break;
+            }
+        }
+    }
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            })
+            .unwrap_or_default()
+    };
+    let text = if header("transfer-encoding").eq_ignore_ascii_case("chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Answer {
+        status,
+        content_type: header("content-type"),
+        text,
+    }
+}
+
+/// Registers a worker that declares `kinds` (so they are known kinds).
+async fn declare(bb: &Blackboard, id: &str, kinds: &[&str]) {
+    bb.register_worker(&Registration {
+        id: id.into(),
+        host: "test".into(),
+        pid: 4242,
+        version: "test".into(),
+        http_addr: None,
+        channel: format!("artex_w_{id}"),
+        kinds: kinds.iter().map(|k| k.to_string()).collect(),
+        capacity: 10,
+        session: None,
+        lease_ms: None,
+    })
+    .await
+    .expect("register a worker");
+}
+
+/// What the blackboard holds: tasks, flows, history rows, consumers' cursors.
+async fn written(c: &Client) -> [i64; 4] {
+    [
+        count(c, "select count(*) from artex.tasks").await,
+        count(c, "select count(*) from artex.flows").await,
+        count(c, "select count(*) from artex.task_transitions").await,
+        count(c, "select count(*) from artex.event_cursors").await,
+    ]
+}
+
+fn id_of(a: &Answer) -> String {
+    a.json()["id"].as_str().expect("an id").to_string()
+}

@@ -1,0 +1,67 @@
+//! The command line as a user meets it: bad input is refused with a one-line error naming
+//! what was wrong, exit code 2, and nothing written; good input works; the embedded
+//! PostgreSQL cluster is created on first start and reused on the second.
+//!
+//! # Layout
+//! - `input`: bad input refused, kinds, payload limits and sources.
+//! - `output`: what one-shot commands print, in text and as JSON.
+//! - `embedded_cluster`: the embedded PostgreSQL cluster's life.
+//! - `waiting`: `submit --wait` and `flow show --follow`.
+//! - `bundles`: `bundle create`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bundles;
+mod embedded_cluster;
+mod input;
+mod output;
+mod waiting;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::TestDb;
+
+/// `artex ARGS…` against `url` (or the embedded cluster in `data_dir` when `url` is None).
+fn artex(url: Option<&str>, data_dir: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(common::artex_bin());
+    cmd.args(args)
+        .env_remove("ARTEX_DATABASE_URL")
+        .env("ARTEX_LOG", "warn");
+    if let Some(u) = url {
+        cmd.env("ARTEX_DATABASE_URL", u);
+    }
+    if let Some(d) = data_dir {
+        cmd.env("ARTEX_DATA_DIR", d);
+    }
+    cmd.output().expect("run artex")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// Registers a worker row declaring `kinds`, as a worker's start-up does.
+async fn register_worker(db: &TestDb, kinds: &[&str]) {
+    let kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+    db.client()
+        .await
+        .execute(
+            "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+             values ('w1', 'test', 1, 'test', 'artex_w1', $1, 1)",
+            &[&kinds],
+        )
+        .await
+        .unwrap();
+}
+
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(out));
+    serde_json::from_str(&stdout(out))
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", stdout(out)))
+}

@@ -1,0 +1,242 @@
+//! Retention: history kept in time partitions dropped whole (held back for a live
+//! consumer, then 410), finished tasks pruned past it, and the partitions made ahead.
+
+use std::time::Duration;
+
+use artex_actors::blackboard::{EventPosition, NewTask, TaskStatus};
+use artex_actors::maintenance::Maintenance;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use tokio_postgres::Client;
+
+use crate::common::procs::{wait_for, Proc};
+use crate::common::{count, run_cli as artex, TestDb};
+use crate::{all_positions, settled};
+
+/// The partition that holds the history written so far, and where its slice ends.
+async fn current_partition(c: &Client) -> (String, DateTime<Utc>) {
+    let r = c
+        .query_one(
+            "select p.name, p.hi from artex.history_partitions p
+             where p.name = (select tableoid::regclass::text from artex.task_transitions
+                             order by at desc limit 1)
+                or 'artex.' || p.name = (select tableoid::regclass::text
+                                         from artex.task_transitions order by at desc limit 1)",
+            &[],
+        )
+        .await
+        .expect("the history lies in a partition the maintenance made");
+    (r.get(0), r.get(1))
+}
+
+#[tokio::test]
+async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_wins() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for i in 0..100 {
+        db.bb
+            .submit(&NewTask::new("echo", json!({ "i": i })), "test")
+            .await
+            .unwrap();
+    }
+    let all = all_positions(&c).await;
+    assert_eq!(all.len(), 100);
+    let at = |i: usize| all[i].parse::<EventPosition>().unwrap();
+    // "live" has read 40 events; "stale" read 10 and then went silent.
+    db.bb.ack_events("live", at(39)).await.unwrap();
+    db.bb.ack_events("stale", at(9)).await.unwrap();
+    let (code, out, err) = artex(&db.url, &["events", "retention", "--set", "1d"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("keep history 86400s"), "{out}");
+    settled(&c).await;
+    let (part, hi) = current_partition(&c).await;
+
+    // A minute after the partition's slice passed the retention: "live" (heard from
+    // then) still needs it, so it stays, and nothing is lost to anyone.
+    let t1 = hi + chrono::Duration::days(1) + chrono::Duration::minutes(1);
+    let alive = "update artex.event_cursors set updated_at = $1 where consumer = 'live'";
+    c.execute(alive, &[&t1]).await.unwrap();
+    let r = Maintenance::run_once(&db.bb, Some(t1)).await.unwrap();
+    assert!(!r.partitions_dropped.contains(&part), "{r:?}");
+    assert_eq!(all_positions(&c).await, all);
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks").await,
+        100,
+        "unfinished tasks stay whatever their age"
+    );
+    // Partitions are made ahead of the clock the maintenance runs on.
+    let ahead: i64 = c
+        .query_one(
+            "select count(*) from artex.history_partitions where hi > $1",
+            &[&t1],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ahead >= 1, "no partition ahead of {t1}");
+
+    // Another retention later the retention wins: the partition goes whole, and the
+    // feed's "pruned through" moves past its last position.
+    let t2 = t1 + chrono::Duration::days(1);
+    c.execute(alive, &[&t2]).await.unwrap();
+    let r = Maintenance::run_once(&db.bb, Some(t2)).await.unwrap();
+    assert!(r.partitions_dropped.contains(&part), "{r:?}");
+    assert!(all_positions(&c).await.is_empty());
+    let r = db.bb.event_retention().await.unwrap();
+    assert_eq!(r.pruned_through.to_string(), *all.last().unwrap());
+
+    // Both consumers are told they missed events rather than skipping them silently…
+    for consumer in ["live", "stale"] {
+        let (code, out, err) = artex(&db.url, &["events", "tail", "--consumer", consumer]);
+        assert_eq!(code, 2, "{out}");
+        assert!(err.contains("missed events"), "{err}");
+        assert!(
+            err.contains(all.last().unwrap().as_str()),
+            "names how far events were pruned: {err}"
+        );
+    }
+    // …and may accept the gap explicitly; a new consumer starts at the oldest kept.
+    let (code, out, _) = artex(
+        &db.url,
+        &["events", "tail", "--consumer", "stale", "--accept-gap"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 0);
+    let (code, out, _) = artex(&db.url, &["events", "tail", "--consumer", "fresh"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 0);
+}
+
+#[tokio::test]
+async fn finished_tasks_past_the_retention_go_unless_an_unfinished_flow_needs_them() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // A lone task and a flow that both finished; a flow with one task finished and one
+    // still blocked.
+    c.batch_execute(
+        "insert into artex.flows (id, name) values
+             ('00000000-0000-7000-8000-000000000001', 'done'),
+             ('00000000-0000-7000-8000-000000000002', 'open');
+         insert into artex.tasks (kind, flow_id, flow_task, status) values
+             ('echo', null, null, 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000001', 'a', 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000002', 'a', 'pending'),
+             ('echo', '00000000-0000-7000-8000-000000000002', 'b', 'blocked');
+         update artex.tasks set status = 'canceled' where status = 'pending';",
+    )
+    .await
+    .unwrap();
+    let report = Maintenance::run_once(&db.bb, Some(Utc::now() + chrono::Duration::days(15)))
+        .await
+        .unwrap();
+    assert_eq!(report.tasks_pruned, 2, "{report:?}");
+    assert!(!report.partitions_dropped.is_empty(), "{report:?}");
+    let left: Vec<String> = c
+        .query(
+            "select coalesce(flow_task, '-') || ' ' || status::text from artex.tasks
+             order by flow_task",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["a canceled", "b blocked"]);
+    assert_eq!(
+        count(&c, "select count(*) from artex.flows").await,
+        1,
+        "the finished flow left with its tasks"
+    );
+}
+
+// With no partition for now (no planner ran for a while), history lands in the default
+// partition; the next maintenance makes the partition and moves those rows into it.
+#[tokio::test]
+async fn history_caught_by_the_default_partition_moves_into_the_partition_made_for_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "do $$ declare p record; begin
+             for p in select name from artex.history_partitions loop
+                 execute format('drop table artex.%I', p.name);
+             end loop;
+             delete from artex.history_partitions;
+         end $$",
+    )
+    .await
+    .unwrap();
+    let id = db
+        .bb
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    let in_default = "select count(*) from artex.task_transitions_default";
+    assert_eq!(count(&c, in_default).await, 1);
+    let r = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(r.partitions_made.len() >= 2, "{r:?}");
+    assert_eq!(count(&c, in_default).await, 0);
+    let trail = db.bb.transitions(id).await.unwrap();
+    assert_eq!(trail.len(), 1);
+    assert_eq!(trail[0].to_status, TaskStatus::Pending);
+    // Nothing left to make until time moves on.
+    let again = Maintenance::run_once(&db.bb, None).await.unwrap();
+    assert!(again.partitions_made.is_empty(), "{again:?}");
+}
+
+// `--history-retention` on the planner is the blackboard's one setting (what `artex
+// events retention --set` writes), so every planner agrees; a bad value is refused.
+#[tokio::test]
+async fn the_planner_sets_the_history_retention_it_is_given() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keep = "select extract(epoch from keep)::int8 from artex.event_retention";
+    assert_eq!(count(&c, keep).await, 14 * 86_400, "the default is 14 days");
+    let _p = Proc::planner("planner", &db.url, &["--history-retention", "3d"]);
+    wait_for(
+        "the planner to set the retention",
+        Duration::from_secs(30),
+        || async { (count(&c, keep).await == 3 * 86_400).then_some(()) },
+    )
+    .await;
+    let (code, _, err) = artex(&db.url, &["planner", "--history-retention", "3 weeks"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--history-retention"), "{err}");
+}
+
+// A shortened retention takes effect in smaller slices: the empty partitions made ahead
+// at the old width are made again at the new one.
+#[tokio::test]
+async fn a_shortened_retention_remakes_the_partitions_ahead_in_smaller_slices() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    db.bb
+        .set_event_retention(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let (_, hi) = {
+        db.bb
+            .submit(&NewTask::new("echo", json!({})), "test")
+            .await
+            .unwrap();
+        current_partition(&c).await
+    };
+    // A minute before the partition holding now ends: the next ones are due.
+    let r = Maintenance::run_once(&db.bb, Some(hi - chrono::Duration::minutes(1)))
+        .await
+        .unwrap();
+    assert!(!r.partitions_made.is_empty(), "{r:?}");
+    let widths: Vec<f64> = c
+        .query(
+            "select extract(epoch from hi - lo)::float8 from artex.history_partitions
+             where lo >= $1 order by lo",
+            &[&hi],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(widths.len() >= 3, "{widths:?}");
+    assert!(widths.iter().all(|w| *w <= 450.0), "{widths:?}");
+}

@@ -1,0 +1,90 @@
+//! Hot upgrade with real binaries, real curl and real load: five upgrades in a row under
+//! continuous HTTP and task traffic, rollbacks of broken bundles, hostile bundles,
+//! authentication and the systemd notifications.
+//!
+//! # Layout
+//! - `under_load`: five upgrades in a row under continuous traffic.
+//! - `rollback`: failed upgrades rolled back, leaving no process behind.
+//! - `hostile`: hostile bundles, bad callers and stalled uploads refused.
+//! - `configuration`: upgrades off unless configured; an upgrade folder ours alone.
+//! - `schema`: a bundle that needs a newer schema refused until it is there.
+//! - `systemd`: READY and the new MAINPID told to systemd.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod configuration;
+mod hostile;
+mod rollback;
+mod schema;
+mod systemd;
+mod under_load;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::bundles::Keys;
+use common::procs::{alive, wait_for, Proc, FAST_WORKER};
+use serde_json::Value;
+
+/// `curl -T BUNDLE` (or a multipart form) to /upgrade; (HTTP code, JSON body).
+fn curl_upgrade(addr: &str, bundle: &Path, token: Option<&str>, multipart: bool) -> (u16, Value) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"]);
+    if let Some(t) = token {
+        cmd.arg("-H").arg(format!("Authorization: Bearer {t}"));
+    }
+    if multipart {
+        cmd.arg("-F").arg(format!("bundle=@{}", bundle.display()));
+    } else {
+        cmd.arg("-T").arg(bundle);
+    }
+    let out = cmd
+        .arg(format!("http://{addr}/upgrade"))
+        .output()
+        .expect("curl must be installed");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let code: u16 = code.trim().parse().unwrap_or(0);
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    (code, body)
+}
+
+/// A worker with upgrades enabled.
+fn upgradable_worker(
+    name: &str,
+    url: &str,
+    keys: &Keys,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut args: Vec<String> = vec!["worker".into()];
+    args.extend(FAST_WORKER.iter().map(|s| s.to_string()));
+    args.extend(keys.flags("upgrades"));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proc::start(name, url, &args, env)
+}
+
+/// Generations after the first are not the test's children: end them even if the test
+/// fails midway.
+struct KillAll(Vec<i32>);
+
+impl Drop for KillAll {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn wait_gone(pid: i32, timeout: Duration) {
+    wait_for(&format!("pid {pid} to exit"), timeout, || async move {
+        (!alive(pid)).then_some(())
+    })
+    .await;
+}
