@@ -2,14 +2,19 @@
 //! once it is on disk and fsynced, resumable by asking what is missing. The write scope
 //! is required. The work is the store's (`crate::uploads`); this maps it to HTTP.
 //!
-//! - `POST /api/v1/uploads` `{"size", "sha256", "name"?, "chunk_size"?, "task": {"kind",
+//! - `POST /api/v1/uploads` `{"size", "sha256"?, "name"?, "chunk_size"?, "task": {"kind",
 //!   "payload"?, "priority"?, "flow"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over
 //!   quota; 422 `{"error", "field": "task.flow"}` for a flow that is unknown or ended);
 //! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
 //!   "chunk", "received", "missing", "task"}`; 422 if the hash differs (not stored);
-//! - `POST /api/v1/uploads/{id}/complete` → the task, once every chunk is there (the
-//!   last chunk does this by itself; 409 when already complete or chunks are missing);
-//! - `GET /api/v1/uploads/{id}` → `{"state", "received", "missing", "task", …}`.
+//! - `POST /api/v1/uploads/{id}/complete` (body `{"sha256"}` when the upload declared
+//!   none) → the task, once every chunk is there (with a sha256 declared, the last chunk
+//!   does this by itself; 409 when already complete or chunks are missing, 422 for a
+//!   sha256 missing or differing from the one declared);
+//! - `GET /api/v1/uploads/{id}` → `{"state", "received", "missing", "task", "sha256", …}`.
+//!
+//! The sha256 may be left for `complete` so that a client sends while it hashes: the
+//! file is read once before its first byte goes out otherwise.
 
 use std::sync::Arc;
 
@@ -19,10 +24,20 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::auth::CanWrite;
-use crate::uploads::{CreateRequest, UploadError, Uploads};
+use crate::uploads::{check_sha256, CreateRequest, UploadError, Uploads};
 
 /// Largest `POST /api/v1/uploads` body (the task's payload is in it).
 const MAX_CREATE_BODY: usize = 2 * 1024 * 1024;
+
+/// Largest `complete` body (a sha256 and some room).
+const MAX_COMPLETE_BODY: usize = 4096;
+
+/// The body of `complete`: the whole file's sha256, when the upload declared none.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    sha256: Option<String>,
+}
 
 impl ResponseError for UploadError {
     fn status_code(&self) -> StatusCode {
@@ -102,16 +117,51 @@ async fn show(
 async fn complete(
     _: CanWrite,
     path: web::Path<String>,
+    body: web::Bytes,
     uploads: web::Data<Arc<Uploads>>,
 ) -> Result<HttpResponse, UploadError> {
     let id = parse_id(&path)?;
+    if body.len() > MAX_COMPLETE_BODY {
+        return Err(UploadError::TooLarge(format!(
+            "the request is larger than {MAX_COMPLETE_BODY} bytes"
+        )));
+    }
+    let given = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let b: CompleteBody = serde_json::from_slice(&body)
+            .map_err(|e| UploadError::Invalid(format!("the request: {e}")))?;
+        b.sha256.as_deref().map(check_sha256).transpose()?
+    };
     let before = uploads.progress(id).await?;
     if let Some(task) = before.task {
         return Err(UploadError::Conflict(format!(
             "upload {id} is already complete; its task is {task}"
         )));
     }
-    let meta = uploads.meta(id).await?;
+    let mut meta = uploads.meta(id).await?;
+    match (&meta.sha256, given) {
+        (Some(declared), Some(given)) if *declared != given => {
+            return Err(UploadError::Unprocessable {
+                field: "sha256",
+                message: format!(
+                    "sha256: {given} differs from the {declared} declared when upload {id} \
+                     started; nothing changed"
+                ),
+            })
+        }
+        (None, None) => {
+            return Err(UploadError::Unprocessable {
+                field: "sha256",
+                message: format!(
+                    "sha256: upload {id} declared none when it started; give the whole \
+                     file's here: {{\"sha256\": \"<64 hex digits>\"}}"
+                ),
+            })
+        }
+        (None, Some(given)) => meta.sha256 = Some(given),
+        (Some(_), _) => {}
+    }
     match uploads.finish(&meta).await? {
         Some(task) => Ok(HttpResponse::Ok().json(json!({ "state": "complete", "task": task }))),
         None => Err(UploadError::Conflict(format!(

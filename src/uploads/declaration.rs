@@ -14,8 +14,11 @@ pub struct Meta {
     pub id: Uuid,
     /// The whole file's size.
     pub size: u64,
-    /// The whole file's sha256, lowercase hex.
-    pub sha256: String,
+    /// The whole file's sha256, lowercase hex: declared when the upload starts, or given
+    /// with `complete` once every chunk is there (`None` until then), so that a client
+    /// can send while it hashes.
+    #[serde(default)]
+    pub sha256: Option<String>,
     /// The client's name for the file (shown, never a path).
     pub name: Option<String>,
     /// Bytes per chunk (the last one may be shorter).
@@ -74,14 +77,26 @@ fn flow_id<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option
     }
 }
 
+/// A whole file's sha256 as a client gives it: 64 hex digits, kept lowercase.
+pub fn check_sha256(given: &str) -> Result<String> {
+    let sha256 = given.to_ascii_lowercase();
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(UploadError::Invalid(format!(
+            "sha256: {given:?}; expected 64 hexadecimal digits"
+        )));
+    }
+    Ok(sha256)
+}
+
 /// The body of `POST /api/v1/uploads`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     /// The file's size in bytes.
     pub size: u64,
-    /// Its sha256, hex.
-    pub sha256: String,
+    /// Its sha256, hex; if absent, it is given with `complete` instead.
+    #[serde(default)]
+    pub sha256: Option<String>,
     /// A name to show (never a path).
     #[serde(default)]
     pub name: Option<String>,
@@ -113,13 +128,7 @@ impl CreateRequest {
                 self.size
             ));
         }
-        let sha256 = self.sha256.to_ascii_lowercase();
-        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return bad(format!(
-                "sha256: {:?}; expected 64 hexadecimal digits",
-                self.sha256
-            ));
-        }
+        let sha256 = self.sha256.as_deref().map(check_sha256).transpose()?;
         if let Some(name) = &self.name {
             if name.is_empty()
                 || name.len() > MAX_NAME
@@ -196,6 +205,19 @@ mod tests {
     }
 
     #[test]
+    fn the_sha256_may_be_left_for_complete() {
+        let mut v = ok();
+        v["sha256"] = "AB".repeat(32).into();
+        assert_eq!(req(v).unwrap().sha256, Some("ab".repeat(32)));
+        let mut v = ok();
+        v.as_object_mut().unwrap().remove("sha256");
+        assert_eq!(req(v).unwrap().sha256, None);
+        let mut v = ok();
+        v["sha256"] = serde_json::Value::Null;
+        assert_eq!(req(v).unwrap().sha256, None);
+    }
+
+    #[test]
     fn a_declaration_of_the_first_layout_reads_as_layout_1() {
         let m = req(ok()).unwrap();
         assert_eq!(m.layout, LAYOUT);
@@ -214,6 +236,7 @@ mod tests {
             ("chunk_size", serde_json::json!(1)),
             ("chunk_size", serde_json::json!(1u64 << 40)),
             ("sha256", serde_json::json!("xyz")),
+            ("sha256", serde_json::json!(7)),
             ("name", serde_json::json!("../../etc/passwd")),
             ("name", serde_json::json!("..")),
             ("name", serde_json::json!("a\nb")),

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::data::{marker, DATA, WHOLE};
 use super::declaration::Meta;
-use super::disk::{blocking, sync_dir};
+use super::disk::{blocking, sync_dir, write_durably};
 use super::error::{io, Result, UploadError};
 use super::Uploads;
 
@@ -25,16 +25,22 @@ impl Uploads {
         let _one = self.finishing.lock().await;
         let me = self.clone();
         let m = meta.clone();
-        let whole = blocking(move || {
+        let sealed = blocking(move || {
+            // A sha256 left for `complete` may have been given since (by another request
+            // or the other process of a hot upgrade): it is in `meta.json` once checked.
+            let m = match m.sha256 {
+                Some(_) => m,
+                None => me.meta_sync(m.id)?,
+            };
             let got = me.received_sync(&m)?;
-            if (got.len() as u64) < m.chunks {
-                return Ok(false);
+            if (got.len() as u64) < m.chunks || m.sha256.is_none() {
+                return Ok(None);
             }
             me.seal(&m)?;
-            Ok(true)
+            Ok(Some(m))
         })
         .await;
-        let whole = match whole {
+        let sealed = match sealed {
             // Finished by another request while this one waited for the lock, its task
             // run and its folder swept since: the row says which task it was.
             Err(UploadError::NotFound(_)) => {
@@ -48,15 +54,23 @@ impl Uploads {
             }
             other => other?,
         };
-        if !whole {
-            return Ok(None);
+        match sealed {
+            Some(m) => self.record(&m).await.map(Some),
+            None => Ok(None),
         }
-        self.record(meta).await.map(Some)
     }
 
     /// Checks the data file whole (its size and sha256: one read pass over what was not
-    /// hashed ahead) and renames it to `file`. Its chunks are durable already (each synced before it was marked).
+    /// hashed ahead) and renames it to `file`. Its chunks are durable already (each
+    /// synced before it was marked). A sha256 given with `complete` is written into
+    /// `meta.json` before the rename: a whole `file` always has its checked sha256 there.
     fn seal(&self, meta: &Meta) -> Result {
+        let Some(want) = meta.sha256.as_deref() else {
+            return Err(UploadError::Internal(format!(
+                "upload {}: sealed without a sha256",
+                meta.id
+            )));
+        };
         let dir = self.folder(meta.id);
         let file = dir.join(WHOLE);
         if file.exists() {
@@ -90,16 +104,23 @@ impl Uploads {
             hash.update(&buf[..k]);
         }
         let got = hex::encode(hash.finalize());
-        if got != meta.sha256 || len != meta.size {
-            // Every chunk matched its own hash: the declaration was wrong. Nothing of it
-            // can become a task; the upload is discarded.
+        if got != want || len != meta.size {
+            // Every chunk matched its own hash: the sha256 declared (or given) was wrong,
+            // or the file changed while it was sent. Nothing of it can become a task; the
+            // upload is discarded (its actual sha256 is not told: a client could
+            // otherwise complete whatever arrived).
             let _ = fs::remove_dir_all(&dir);
             self.prefixes.forget(&[meta.id]);
             return Err(UploadError::Mismatch(format!(
-                "the whole file ({len} bytes) has sha256 {got}, not the {} declared ({} \
-                 bytes); the upload is discarded",
-                meta.sha256, meta.size
+                "the whole file ({len} bytes) does not have the sha256 {want} declared for \
+                 it ({} bytes); the upload is discarded: send the file again",
+                meta.size
             )));
+        }
+        if self.meta_sync(meta.id)?.sha256.is_none() {
+            let text = serde_json::to_vec_pretty(meta)
+                .map_err(|e| UploadError::Internal(format!("encoding the upload: {e}")))?;
+            write_durably(&dir, "meta.json", &text)?;
         }
         match fs::rename(&data, &file) {
             Ok(()) => {}
@@ -113,7 +134,14 @@ impl Uploads {
         Ok(())
     }
 
+    /// Writes the upload's row and its task (once). `meta` has its sha256: sealed.
     pub(super) async fn record(&self, meta: &Meta) -> Result<Uuid> {
+        let Some(sha256) = meta.sha256.clone() else {
+            return Err(UploadError::Internal(format!(
+                "upload {}: recorded without a sha256",
+                meta.id
+            )));
+        };
         let mut payload = match meta.task.payload.clone() {
             Some(serde_json::Value::Object(m)) => m,
             _ => serde_json::Map::new(),
@@ -121,7 +149,7 @@ impl Uploads {
         payload.insert(
             "upload".into(),
             serde_json::json!({
-                "id": meta.id, "size": meta.size, "sha256": meta.sha256, "name": meta.name,
+                "id": meta.id, "size": meta.size, "sha256": sha256, "name": meta.name,
             }),
         );
         let task = NewTask {
@@ -137,7 +165,7 @@ impl Uploads {
                 .to_string_lossy()
                 .into_owned(),
             size: meta.size as i64,
-            sha256: meta.sha256.clone(),
+            sha256,
             chunks: meta.chunks as i32,
             name: meta.name.clone(),
             shared: self.settings.shared,

@@ -55,7 +55,7 @@ use std::sync::Arc;
 use artex_actors::Blackboard;
 use uuid::Uuid;
 
-pub use declaration::{CreateRequest, Meta, TaskSpec};
+pub use declaration::{check_sha256, CreateRequest, Meta, TaskSpec};
 pub use error::UploadError;
 pub use settings::{UploadSettings, DEFAULT_CHUNK, MAX_CHUNK, MAX_CHUNKS, MAX_NAME, MIN_CHUNK};
 pub use state::Progress;

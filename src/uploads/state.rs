@@ -32,6 +32,9 @@ pub struct Progress {
     pub chunks: u64,
     /// Declared size.
     pub size: u64,
+    /// The whole file's sha256: declared, or given with `complete`; `None` while the
+    /// client is still to give it (then `complete` with it, once nothing is missing).
+    pub sha256: Option<String>,
 }
 
 impl Uploads {
@@ -192,6 +195,7 @@ impl Uploads {
                     chunk_size: meta.chunk_size,
                     chunks: meta.chunks,
                     size: meta.size,
+                    sha256: meta.sha256,
                 })
             }
             (Err(UploadError::NotFound(_)), Some(row)) => Ok(Progress {
@@ -206,6 +210,7 @@ impl Uploads {
                 chunk_size: 0,
                 chunks: 0,
                 size: row.size as u64,
+                sha256: Some(row.sha256),
             }),
             (Err(e), _) => Err(e),
         }

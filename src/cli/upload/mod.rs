@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::progress::Progress;
 use crate::error::{Error, Result};
-use body::{hash_file, hash_part, Body, Part};
+use body::{Body, Hashing, Part};
 
 /// The arguments of `artex upload`.
 #[derive(Debug, Args)]
@@ -79,20 +79,20 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let meta = std::fs::metadata(&args.file)
         .map_err(|e| Error::io(format!("reading {}", args.file.display()), e))?;
     let size = meta.len();
-    let file = args.file.clone();
-    // The chunk size asked for (the worker's default otherwise): each chunk's sha256 is
-    // computed in the same read pass as the file's.
+    let version = Version::of(&meta);
     let want_chunk = args.chunk_size.unwrap_or(crate::uploads::DEFAULT_CHUNK);
-    let digests = tokio::task::spawn_blocking(move || hash_file(&file, want_chunk))
-        .await
-        .map_err(|e| Error::Invalid(format!("hashing: {e}")))??;
-    let sha256 = digests.whole.clone();
+    if want_chunk == 0 {
+        return Err(Error::Invalid(
+            "--chunk-size: 0; expected a positive size".into(),
+        ));
+    }
     let client = Client { addr, token };
     let state_path = state_file(&args.file, &args.to)?;
 
-    // Resume the upload this file and target had, if the worker still has it.
+    // Resume the upload this file and target had, if the file is unchanged and the
+    // worker still has it.
     let mut plan = None;
-    if let Some(saved) = read_state(&state_path, size, &sha256) {
+    if let Some(saved) = read_state(&state_path, &version) {
         let (code, body) = client
             .send(
                 "GET",
@@ -117,14 +117,15 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
                 body["chunks"]
             );
             let chunk = body["chunk_size"].as_u64().unwrap_or(0);
-            plan = Some((saved, chunk, missing));
+            let declared = body["sha256"].as_str().map(String::from);
+            plan = Some((saved, chunk, missing, declared, None));
         }
     }
-    let (id, chunk, missing) = match plan {
+    let (id, chunk, missing, declared, hashing) = match plan {
         Some(p) => p,
         None => {
             let mut req = json!({
-                "size": size, "sha256": sha256,
+                "size": size,
                 "task": {"kind": args.kind, "payload": payload, "priority": args.priority,
                          "flow": args.flow},
             });
@@ -132,22 +133,28 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
                 req["name"] = json!(name);
             }
             req["chunk_size"] = json!(want_chunk);
-            let (code, body) = client
-                .send(
-                    "POST",
-                    "/api/v1/uploads",
-                    &[],
-                    Body::Bytes(req.to_string().as_bytes()),
-                )
-                .await?;
+            // The file's sha256 is given with `complete`, so chunks go out while it is
+            // hashed; a worker of a build that wants it now says so, and gets it.
+            let mut hashing = None;
+            let mut declared = None;
+            let (mut code, mut body) = client.create(&req).await?;
+            if code == 400 && body["error"].as_str().is_some_and(|e| e.contains("sha256")) {
+                let h = Hashing::start(&args.file, want_chunk)?;
+                let whole = h.whole().await?;
+                req["sha256"] = json!(whole);
+                (code, body) = client.create(&req).await?;
+                declared = Some(whole);
+                hashing = Some(h);
+            }
             if code != 201 {
                 return Err(refused(code, &body));
             }
             let id = body["id"].as_str().unwrap_or_default().to_string();
             let chunk = body["chunk_size"].as_u64().unwrap_or(0);
             let chunks = body["chunks"].as_u64().unwrap_or(0);
-            write_state(&state_path, &id, size, &sha256)?;
-            (id, chunk, (0..chunks).collect())
+            write_state(&state_path, &id, &version)?;
+            let hashing = hashing.filter(|_| chunk == want_chunk);
+            (id, chunk, (0..chunks).collect(), declared, hashing)
         }
     };
     if chunk == 0 {
@@ -155,9 +162,10 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
             "the worker answered a chunk size of 0 for {id}"
         )));
     }
-    // Chunk digests from the first pass, unless the worker chunks differently (an upload
-    // resumed with another --chunk-size): then each chunk is hashed as it is sent.
-    let digests = Arc::new((digests.chunk == chunk).then_some(digests.chunks));
+    let hashing = Arc::new(match hashing {
+        Some(h) => h,
+        None => Hashing::start(&args.file, chunk)?,
+    });
     let progress = Arc::new(Progress::new(
         missing.iter().map(|&n| len_of(n, chunk, size)).sum(),
     ));
@@ -170,29 +178,25 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     });
     let mut task: Option<String> = None;
     let results = futures_util::stream::iter(missing.into_iter().map(|n| {
-        let (client, file, id, progress, sent, retries, digests) = (
+        let (client, file, id, progress, sent, retries, hashing) = (
             client.clone(),
             args.file.clone(),
             id.clone(),
             progress.clone(),
             sent.clone(),
             retries.clone(),
-            digests.clone(),
+            hashing.clone(),
         );
         let delay = Duration::from_millis(args.chunk_delay_ms);
         async move {
             tokio::time::sleep(delay).await;
-            let digest = digests
-                .as_ref()
-                .as_ref()
-                .and_then(|d| d.get(n as usize))
-                .cloned();
+            let digest = hashing.chunk(n).await?;
             let part = Part {
                 file: &file,
                 offset: n * chunk,
                 len: len_of(n, chunk, size),
             };
-            let r = send_chunk(&client, part, &id, n, digest, &retries).await;
+            let r = send_chunk(&client, part, &id, n, &digest, &retries).await;
             if r.is_ok() {
                 sent.fetch_add(1, Ordering::Relaxed);
                 progress.add(len_of(n, chunk, size));
@@ -211,23 +215,16 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let task = match task {
         Some(t) => t,
         None => {
-            let (code, body) = client
-                .send(
-                    "GET",
-                    &format!("/api/v1/uploads/{id}"),
-                    &[],
-                    Body::Bytes(&[]),
-                )
-                .await?;
-            match body["task"].as_str() {
-                Some(t) if code == 200 => t.to_string(),
-                _ => {
-                    return Err(Error::Invalid(format!(
-                        "upload {id} is not complete (HTTP {code}: {body}); run the same command \
-                         again to resume"
-                    )))
-                }
+            let whole = hashing.whole().await?;
+            if declared.as_ref().is_some_and(|d| *d != whole) {
+                let _ = std::fs::remove_file(&state_path);
+                return Err(Error::Invalid(format!(
+                    "{} changed while upload {id} was sent (its sha256 is now {whole}); run \
+                     the same command again to send it anew",
+                    args.file.display()
+                )));
             }
+            complete(&client, &id, &whole, &state_path).await?
         }
     };
     let secs = started.elapsed().as_secs_f64();
@@ -242,6 +239,48 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     Ok(())
 }
 
+/// Every chunk is there: asks the worker to check the whole file against `whole` and
+/// write the task (`complete`), or reads the task another request already wrote.
+async fn complete(client: &Client, id: &str, whole: &str, state_path: &Path) -> Result<String> {
+    let body = json!({ "sha256": whole }).to_string();
+    let (code, answer) = client
+        .send(
+            "POST",
+            &format!("/api/v1/uploads/{id}/complete"),
+            &[],
+            Body::Bytes(body.as_bytes()),
+        )
+        .await?;
+    if let (200, Some(t)) = (code, answer["task"].as_str()) {
+        return Ok(t.to_string());
+    }
+    if code == 422 && answer["field"].is_null() {
+        // The whole file did not match what arrived: the worker discarded the upload.
+        let _ = std::fs::remove_file(state_path);
+        return Err(Error::Invalid(format!(
+            "upload {id}: {}; run the same command again to send the file anew",
+            answer["error"]
+                .as_str()
+                .unwrap_or("the file's sha256 did not match")
+        )));
+    }
+    let (code, body) = client
+        .send(
+            "GET",
+            &format!("/api/v1/uploads/{id}"),
+            &[],
+            Body::Bytes(&[]),
+        )
+        .await?;
+    match body["task"].as_str() {
+        Some(t) if code == 200 => Ok(t.to_string()),
+        _ => Err(Error::Invalid(format!(
+            "upload {id} is not complete (HTTP {code}: {body}); run the same command again \
+             to resume"
+        ))),
+    }
+}
+
 fn len_of(n: u64, chunk: u64, size: u64) -> u64 {
     chunk.min(size.saturating_sub(n * chunk))
 }
@@ -252,22 +291,18 @@ struct Retries {
     retried: AtomicU64,
 }
 
-/// Sends chunk `n` (`part` of the file), retrying with backoff; returns the task once
-/// the worker wrote it. `digest`: its sha256 from the first pass, else computed here.
+/// Sends chunk `n` (`part` of the file, whose sha256 is `hash`), retrying with backoff;
+/// returns the task once the worker wrote it.
 async fn send_chunk(
     client: &Client,
     part: Part<'_>,
     id: &str,
     n: u64,
-    digest: Option<String>,
+    hash: &str,
     retries: &Retries,
 ) -> Result<Option<String>> {
     let mut last = String::new();
     let attempts = retries.attempts;
-    let hash = match digest {
-        Some(d) => d,
-        None => hash_part(&part).await?,
-    };
     for attempt in 0..attempts {
         if attempt > 0 {
             retries.retried.fetch_add(1, Ordering::Relaxed);
@@ -276,7 +311,7 @@ async fn send_chunk(
         }
         let path = format!("/api/v1/uploads/{id}/chunks/{n}");
         match client
-            .send("PUT", &path, &[("Chunk-Sha256", &hash)], Body::File(&part))
+            .send("PUT", &path, &[("Chunk-Sha256", hash)], Body::File(&part))
             .await
         {
             Ok((200, body)) => return Ok(body["task"].as_str().map(String::from)),
@@ -345,32 +380,66 @@ fn state_file(file: &Path, to: &str) -> Result<PathBuf> {
         .join(format!("{key}.json")))
 }
 
-/// The upload id saved for this file, if it was for the same content.
-fn read_state(path: &Path, size: u64, sha256: &str) -> Option<String> {
+/// Which version of a file an upload was started from: an upload is resumed only from
+/// the same one (its content is checked whole by the worker at the end all the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Version {
+    size: u64,
+    modified_ns: i128,
+    dev: u64,
+    ino: u64,
+}
+
+impl Version {
+    fn of(meta: &std::fs::Metadata) -> Version {
+        use std::os::unix::fs::MetadataExt;
+        Version {
+            size: meta.len(),
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"size": self.size, "modified_ns": self.modified_ns.to_string(),
+               "dev": self.dev, "ino": self.ino})
+    }
+}
+
+/// The upload id saved for this file, if it was started from this version of it.
+fn read_state(path: &Path, version: &Version) -> Option<String> {
     let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    (v["size"].as_u64() == Some(size) && v["sha256"].as_str() == Some(sha256))
+    (v["version"] == version.to_json())
         .then(|| v["id"].as_str().map(String::from))
         .flatten()
 }
 
-fn write_state(path: &Path, id: &str, size: u64, sha256: &str) -> Result {
+fn write_state(path: &Path, id: &str, version: &Version) -> Result {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     }
-    let text = json!({"id": id, "size": size, "sha256": sha256}).to_string();
+    let text = json!({"id": id, "version": version.to_json()}).to_string();
     std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
 /// A bare HTTP/1.1 client: one connection per request, `Content-Length` bodies out (a
-/// chunk streamed from the file a piece at a time),
-/// `Content-Length`, chunked or until-close bodies in.
+/// chunk sent from the file by `sendfile`), `Content-Length`, chunked or until-close
+/// bodies in.
 struct Client {
     addr: String,
     token: String,
 }
 
 impl Client {
+    /// `POST /api/v1/uploads` with `req`.
+    async fn create(&self, req: &Value) -> Result<(u16, Value)> {
+        let body = req.to_string();
+        self.send("POST", "/api/v1/uploads", &[], Body::Bytes(body.as_bytes()))
+            .await
+    }
+
     /// Sends one request; returns the status and the body as JSON (`Null` if not JSON).
     async fn send(
         &self,
