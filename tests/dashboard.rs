@@ -70,7 +70,8 @@ struct Cluster {
     addr: String,
     /// The worker's flags, to start it again alike.
     args: Vec<String>,
-    _dir: tempfile::TempDir,
+    /// The write token's file and the upload folder (`uploads`).
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -95,7 +96,7 @@ impl Cluster {
             worker,
             addr,
             args: args.iter().map(|a| a.to_string()).collect(),
-            _dir: dir,
+            dir,
         }
     }
 
@@ -648,6 +649,84 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
             .await,
         json!("100%")
     );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
+    use sha2::{Digest, Sha256};
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("again.bin");
+    let bytes: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    // An upload of this file that an earlier build started: its meta.json has no
+    // layout, and the worker refuses to resume it (409).
+    let old = created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/uploads",
+        Some(
+            json!({"size": bytes.len(), "sha256": hex::encode(Sha256::digest(&bytes)),
+            "chunk_size": 65536, "task": {"kind": "digest"}}),
+        ),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let meta = cluster
+        .dir
+        .path()
+        .join("uploads")
+        .join(&old)
+        .join("meta.json");
+    let mut declared: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    declared.as_object_mut().unwrap().remove("layout");
+    std::fs::write(&meta, declared.to_string()).unwrap();
+    let status = format!("/api/v1/uploads/{old}");
+    assert_eq!(call("GET", &cluster.addr, &status, None).0, 409);
+
+    // The page remembers it for this file, as if it had started it.
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
+        .await;
+    b.until(
+        "the upload form",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.eval(&format!(
+        "const f = document.getElementById('upload-file').files[0];
+         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
+           JSON.stringify({{id: {old:?}}}));
+         return null"
+    ))
+    .await;
+    b.click("#upload-start").await;
+    b.give_token(WRITE_TOKEN).await;
+    // Picked again, the file goes up as a new upload, and its task runs.
+    b.until(
+        "the new upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        &cluster.addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let new = &shown["task"]["payload"]["upload"]["id"];
+    assert!(new.is_string() && *new != json!(old), "{shown}");
+    assert_eq!(shown["task"]["result"]["matches"], json!(true), "{shown}");
+    assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     b.assert_no_errors().await;
     b.close().await;
 }
