@@ -1,9 +1,10 @@
 //! The web dashboard in a real headless Chromium (Debian's `chromium` driven through
 //! `chromedriver`): live counts, an operator action with its confirmation and the
 //! write token asked for in the page, a flow's graph, a hot upgrade on the workers page,
-//! and a browser upload (with the page's SHA-256 checked against known vectors). Every
-//! test ends by asserting that the page logged no error, and the page is never
-//! reloaded: what changes, changes live.
+//! and a browser upload (with the page's SHA-256 checked against known vectors), then one
+//! cut off midway and resumed from a new page. Every test ends by asserting that the page
+//! logged no error, and the page is never reloaded (but for that resume, whose point is
+//! a closed tab): what changes, changes live.
 
 #[path = "common/browser.rs"]
 mod browser;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use browser::Browser;
 use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
 use common::procs::{wait_for, worker_http, worker_id, Proc};
+use common::proxy::Proxy;
 use common::{TestDb, READ_TOKEN};
 use serde_json::{json, Value};
 
@@ -66,7 +68,10 @@ struct Cluster {
     _planner: Proc,
     worker: Proc,
     addr: String,
-    _dir: tempfile::TempDir,
+    /// The worker's flags, to start it again alike.
+    args: Vec<String>,
+    /// The write token's file and the upload folder (`uploads`).
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -90,8 +95,27 @@ impl Cluster {
             _planner: planner,
             worker,
             addr,
-            _dir: dir,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            dir,
         }
+    }
+
+    /// Kills the worker (SIGKILL: nothing it held in memory survives) and starts another
+    /// alike, on the same address and upload folder, as a supervisor would.
+    async fn restart_worker(&mut self, db: &TestDb) {
+        self.worker.signal(nix::sys::signal::Signal::SIGKILL);
+        self.worker
+            .wait_exit(Duration::from_secs(10))
+            .expect("the worker killed");
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        args.extend(["--http", &self.addr]);
+        let worker = Proc::worker("worker-2", &db.url, &args);
+        let addr = worker_http(&db.client().await, &worker).await;
+        assert_eq!(
+            addr, self.addr,
+            "the new worker listens where the old one did"
+        );
+        self.worker = worker;
     }
 }
 
@@ -496,6 +520,213 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
             .await,
         json!("100%")
     );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+/// The upload the page remembers in `localStorage` (to resume it), if any.
+const REMEMBERED: &str =
+    "const k = Object.keys(localStorage).find(k => k.startsWith('artex.upload.'));
+     return k ? JSON.parse(localStorage.getItem(k)).id : null";
+
+#[tokio::test]
+async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_missing_chunks() {
+    use sha2::{Digest, Sha256};
+    const MIB: usize = 1 << 20;
+    let db = TestDb::new().await;
+    let mut cluster = Cluster::start(&db, &[]).await;
+    // The browser reaches the worker through a proxy that counts the bytes sent to it
+    // and can cut the link.
+    let proxy = Proxy::start(&cluster.addr);
+    let b = Browser::start().await;
+    b.open_with_token(&proxy.addr(), "#/upload", READ_TOKEN)
+        .await;
+    b.until(
+        "the upload form",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+
+    // 8 MiB in chunks of 1 MiB: eight chunks, each a different MiB.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("resumed.bin");
+    let bytes: Vec<u8> = (0..(8 * MIB) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 ^ (i >> 20) as u8)
+        .collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let sha = hex::encode(Sha256::digest(&bytes));
+    b.eval("document.getElementById('upload-chunk').value = '1'; return null")
+        .await;
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    // The link goes down for good once 4.5 MiB went up: with at most four chunks of
+    // 1 MiB in flight, at least one arrived whole, and at least four never did.
+    proxy.cut_and_refuse_after((4 * MIB + MIB / 2) as u64);
+    b.click("#upload-start").await;
+    b.give_token(WRITE_TOKEN).await;
+    let id = b.until("the upload remembered", REMEMBERED).await;
+    let id = id.as_str().unwrap().to_string();
+    b.until(
+        "the page retrying after the cut",
+        "return /retry/.test(document.getElementById('upload-state').textContent)",
+    )
+    .await;
+    assert_eq!(proxy.cuts(), 1);
+    let status = format!("/api/v1/uploads/{id}");
+    wait_for(
+        "a chunk on the worker's disk",
+        Duration::from_secs(30),
+        || async {
+            let (code, p) = call("GET", &cluster.addr, &status, None);
+            (code == 200 && p["received"].as_array().is_some_and(|r| !r.is_empty())).then_some(())
+        },
+    )
+    .await;
+    b.assert_no_errors().await;
+
+    // The user gives up and closes the tab; the worker dies too (so that what its disk
+    // holds is final) and is started again; the link comes back.
+    b.goto("about:blank").await;
+    cluster.restart_worker(&db).await;
+    let (code, before) = call("GET", &cluster.addr, &status, None);
+    assert_eq!(code, 200, "{before}");
+    let missing: Vec<u64> = serde_json::from_value(before["missing"].clone()).unwrap();
+    let received = before["received"].as_array().unwrap().len();
+    assert!(received >= 1 && missing.len() >= 4, "{before}");
+    assert_eq!(received + missing.len(), 8, "{before}");
+    proxy.refuse(false);
+
+    // The user opens the upload page again and picks the same file (the chunk size
+    // left at the form's default: the upload keeps its own).
+    b.goto(&format!("http://{}/#/upload", proxy.addr())).await;
+    b.until(
+        "the upload form again",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+    assert_eq!(b.eval(REMEMBERED).await, json!(id));
+    let sent_before = proxy.up_bytes();
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.click("#upload-start").await;
+    b.until(
+        "the resumed upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let sent = (proxy.up_bytes() - sent_before) as usize;
+    assert_eq!(
+        b.eval("return document.getElementById('upload-state').textContent")
+            .await,
+        json!(format!("upload {id} complete"))
+    );
+
+    // Only the missing chunks went to the worker: their bytes, plus requests' headers
+    // (the status asked, each PUT's, the task read) far below one chunk more.
+    let owed = missing.len() * MIB;
+    assert!(
+        sent >= owed && sent < owed + MIB / 4,
+        "{sent} bytes sent to resume; the {} missing chunks hold {owed}",
+        missing.len()
+    );
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        &cluster.addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let task = &shown["task"];
+    assert_eq!(task["payload"]["upload"]["id"], json!(id), "{shown}");
+    assert_eq!(task["result"]["sha256"], json!(sha), "{shown}");
+    assert_eq!(task["result"]["matches"], json!(true), "{shown}");
+    assert_eq!(task["result"]["size"], json!(bytes.len()), "{shown}");
+    // Done: nothing left to resume.
+    assert_eq!(b.eval(REMEMBERED).await, Value::Null);
+    assert_eq!(
+        b.eval("return document.getElementById('send-bar').style.width")
+            .await,
+        json!("100%")
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
+    use sha2::{Digest, Sha256};
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("again.bin");
+    let bytes: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    // An upload of this file that an earlier build started: its meta.json has no
+    // layout, and the worker refuses to resume it (409).
+    let old = created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/uploads",
+        Some(
+            json!({"size": bytes.len(), "sha256": hex::encode(Sha256::digest(&bytes)),
+            "chunk_size": 65536, "task": {"kind": "digest"}}),
+        ),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let meta = cluster
+        .dir
+        .path()
+        .join("uploads")
+        .join(&old)
+        .join("meta.json");
+    let mut declared: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    declared.as_object_mut().unwrap().remove("layout");
+    std::fs::write(&meta, declared.to_string()).unwrap();
+    let status = format!("/api/v1/uploads/{old}");
+    assert_eq!(call("GET", &cluster.addr, &status, None).0, 409);
+
+    // The page remembers it for this file, as if it had started it.
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
+        .await;
+    b.until(
+        "the upload form",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.eval(&format!(
+        "const f = document.getElementById('upload-file').files[0];
+         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
+           JSON.stringify({{id: {old:?}}}));
+         return null"
+    ))
+    .await;
+    b.click("#upload-start").await;
+    b.give_token(WRITE_TOKEN).await;
+    // Picked again, the file goes up as a new upload, and its task runs.
+    b.until(
+        "the new upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        &cluster.addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let new = &shown["task"]["payload"]["upload"]["id"];
+    assert!(new.is_string() && *new != json!(old), "{shown}");
+    assert_eq!(shown["task"]["result"]["matches"], json!(true), "{shown}");
+    assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     b.assert_no_errors().await;
     b.close().await;
 }

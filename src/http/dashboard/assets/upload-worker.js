@@ -78,8 +78,10 @@ async function run(m) {
     try {
       info = await call("GET", "/api/v1/uploads/" + id, undefined, {}, "resume");
     } catch (err) {
-      if (err.status !== 404) throw err;
-      id = null; // expired or unknown there: start again
+      // Expired or unknown there (404), or left by an earlier build that cannot resume
+      // it (409): start again. Kept, it would be refused at every attempt.
+      if (err.status !== 404 && err.status !== 409) throw err;
+      id = null;
     }
   }
   if (!id) {
