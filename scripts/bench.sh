@@ -940,6 +940,16 @@ upload_bench() {
     result upload_artex_mib_per_s "$(calc "$big / 1048576 / $artex_s" 0)" MiB/s
     result upload_vs_curl_sink "$(calc "$curl_s / $artex_s" 2)" "ratio (target >= 0.8)"
     result upload_vs_curl_file_sink "$(calc "$curl_file_s / $artex_s" 2)" "ratio (to a durable write of the file)"
+    # The floor the protocol sets: the file hashed four times (the client, whole and per
+    # chunk; the worker, per chunk and whole), here on the cores the client and the worker
+    # share. Copies and the disk come on top; curl hashes nothing.
+    local sha_s ncores floor_s
+    sha_s=$("$tmp/artex-bench" sha256 "$dir/big.bin" | cut -d' ' -f1)
+    ncores=$(nproc)
+    floor_s=$(calc "4 * $sha_s / $ncores" 3)
+    echo "# upload: sha256 of $((big >> 20)) MiB on one core $sha_s s; four passes on $ncores cores: $floor_s s at least"
+    result upload_sha256_floor_s "$floor_s" "s (4 sha256 passes over $ncores cores)"
+    result upload_vs_curl_sink_ceiling "$(calc "$curl_s / $floor_s" 2)" "ratio (the best any receiver of this protocol could reach here)"
     local lo hi
     lo=$(printf '%s\n' "${rss[@]}" | sort -n | head -n 1)
     hi=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n 1)

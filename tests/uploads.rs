@@ -539,6 +539,102 @@ fn cli(
     cmd
 }
 
+/// A worker of a build that wants the sha256 when the upload starts, as far as one
+/// upload of a one-chunk file goes: it refuses a start without one as such a build does
+/// (serde's "missing field"), then takes the chunk and answers with a task. Returns the
+/// address and the requests' first lines and bodies, in order.
+fn older_worker() -> (String, std::thread::JoinHandle<Vec<(String, String)>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for conn in listener.incoming() {
+            let mut s = conn.unwrap();
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 65536];
+            // Head, then Content-Length bytes of body.
+            let (head, body) = loop {
+                let n = s.read(&mut buf).unwrap();
+                raw.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&raw).into_owned();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len || n == 0 {
+                        break (head.to_string(), body.to_string());
+                    }
+                }
+            };
+            let line = head.lines().next().unwrap().to_string();
+            let answer = if line.starts_with("POST /api/v1/uploads ") && !body.contains("sha256") {
+                (
+                    400,
+                    json!({"error": "the request: missing field `sha256` at line 1 column 90"}),
+                )
+            } else if line.starts_with("POST /api/v1/uploads ") {
+                (201, json!({"id": "u1", "chunk_size": 1 << 20, "chunks": 1}))
+            } else {
+                (
+                    200,
+                    json!({"ack": true, "chunk": 0, "received": 1, "missing": [], "task": "t1"}),
+                )
+            };
+            let text = answer.1.to_string();
+            write!(
+                s,
+                "HTTP/1.1 {} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                answer.0,
+                text.len()
+            )
+            .unwrap();
+            let done = line.starts_with("PUT");
+            seen.push((line, body));
+            if done {
+                return seen;
+            }
+        }
+        seen
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn the_cli_gives_a_worker_that_wants_the_sha256_first_the_sha256_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_token_dir, token) = token_file();
+    let file = dir.path().join("small.bin");
+    let bytes = data(5000, 21);
+    std::fs::write(&file, &bytes).unwrap();
+    let (addr, seen) = older_worker();
+    let out = cli(&addr, &file, &dir.path().join("cache"), &token, &[])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t1");
+    let seen = seen.join().unwrap();
+    let lines: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /api/v1/uploads HTTP/1.1",
+            "POST /api/v1/uploads HTTP/1.1",
+            "PUT /api/v1/uploads/u1/chunks/0 HTTP/1.1"
+        ]
+    );
+    let second: Value = serde_json::from_str(&seen[1].1).unwrap();
+    assert_eq!(second["sha256"], sha(&bytes));
+}
+
 fn parts(uploads: &Path) -> usize {
     std::fs::read_dir(uploads)
         .into_iter()
