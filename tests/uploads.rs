@@ -385,6 +385,47 @@ async fn a_sha256_left_for_complete_is_checked_there_and_writes_one_task() {
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 2);
 }
 
+/// Lays out upload `id` in `uploads` as a process that died just after naming the whole
+/// file would have left it: `meta.json` (of `layout`, or the first layout's without the
+/// field) and `file`, no row.
+fn left_whole(uploads: &Path, id: uuid::Uuid, file: &[u8], layout: Option<u32>) {
+    let dir = uploads.join(id.to_string());
+    std::fs::create_dir(&dir).unwrap();
+    let mut meta = json!({"id": id, "size": file.len(), "sha256": sha(file), "name": "x.bin",
+        "chunk_size": 1024, "chunks": file.len().div_ceil(1024), "task": {"kind": "digest"}});
+    if let Some(l) = layout {
+        meta["layout"] = json!(l);
+    }
+    std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+    std::fs::write(dir.join("file"), file).unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let (now, before) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let (a, b) = (data(3000, 31), data(2000, 32));
+    left_whole(&uploads, now, &a, Some(2));
+    left_whole(&uploads, before, &b, None);
+    wait_for("both files recorded", Duration::from_secs(30), || async {
+        (count(&c, "select count(*) from artex.uploads").await == 2).then_some(())
+    })
+    .await;
+    for (id, bytes) in [(now, &a), (before, &b)] {
+        let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+        assert_eq!(code, 200, "{state}");
+        let task = uuid::Uuid::parse_str(state["task"].as_str().unwrap()).unwrap();
+        common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
+        let result = db.bb.task(task).await.unwrap().result.unwrap();
+        assert_eq!(result["sha256"], sha(bytes), "{id}");
+        assert_eq!(result["matches"], true);
+    }
+}
+
 #[tokio::test]
 async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
     let db = TestDb::new().await;

@@ -115,8 +115,17 @@ impl Uploads {
         Ok(meta)
     }
 
+    /// As [`Uploads::meta_sync`], but an earlier layout's upload whose file is whole is
+    /// read too: a whole file is one file in every layout.
+    fn meta_to_show(&self, id: Uuid) -> Result<Meta> {
+        match self.meta_any_layout(id)? {
+            m if m.layout == LAYOUT || self.folder(id).join(WHOLE).exists() => Ok(m),
+            _ => self.meta_sync(id),
+        }
+    }
+
     /// The upload's declaration, whichever layout wrote it.
-    fn meta_any_layout(&self, id: Uuid) -> Result<Meta> {
+    pub(super) fn meta_any_layout(&self, id: Uuid) -> Result<Meta> {
         let path = self.folder(id).join("meta.json");
         let text = match fs::read(&path) {
             Ok(t) => t,
@@ -170,7 +179,7 @@ impl Uploads {
     pub async fn progress(self: &Arc<Self>, id: Uuid) -> Result<Progress> {
         let me = self.clone();
         let local = blocking(move || {
-            let meta = me.meta_sync(id)?;
+            let meta = me.meta_to_show(id)?;
             let got = me.received_sync(&meta)?;
             Ok((meta, got))
         })

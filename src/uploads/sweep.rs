@@ -52,7 +52,10 @@ impl Uploads {
                 continue;
             }
             if whole {
-                if let Ok(meta) = self.meta(id).await {
+                // A whole file is one file in every layout (an earlier build's too), its
+                // sha256 checked before it was named so.
+                let me = self.clone();
+                if let Ok(meta) = blocking(move || me.meta_any_layout(id)).await {
                     self.record(&meta).await?;
                     report.recorded += 1;
                 }
