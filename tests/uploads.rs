@@ -409,6 +409,11 @@ async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() 
     let f = fleet(&db, &uploads, &[]).await;
     let (now, before) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     let (a, b) = (data(3000, 31), data(2000, 32));
+    // The worker makes its upload folder as it starts taking uploads.
+    wait_for("the upload folder", Duration::from_secs(30), || async {
+        uploads.is_dir().then_some(())
+    })
+    .await;
     left_whole(&uploads, now, &a, Some(2));
     left_whole(&uploads, before, &b, None);
     wait_for("both files recorded", Duration::from_secs(30), || async {

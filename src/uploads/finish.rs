@@ -37,7 +37,22 @@ impl Uploads {
                 return Ok(None);
             }
             me.seal(&m)?;
-            Ok(Some(m))
+            // Sealed here or by another process (which then wrote the sha256 it checked
+            // into `meta.json` first): what is recorded is what was checked.
+            let sealed = me.meta_sync(m.id)?;
+            if sealed.sha256 != m.sha256 {
+                return Err(UploadError::Unprocessable {
+                    field: "sha256",
+                    message: format!(
+                        "sha256: {} differs from the {} upload {} was checked against; \
+                         nothing changed",
+                        m.sha256.unwrap_or_default(),
+                        sealed.sha256.unwrap_or_default(),
+                        m.id
+                    ),
+                });
+            }
+            Ok(Some(sealed))
         })
         .await;
         let sealed = match sealed {
