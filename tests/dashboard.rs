@@ -492,6 +492,7 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
     let sha = hex::encode(Sha256::digest(&bytes));
     b.eval("document.getElementById('upload-chunk').value = '1'; return null")
         .await;
+    b.eval(RECORD_WORKER).await;
     b.type_into("#upload-file", &file.to_string_lossy()).await;
     b.click("#upload-start").await;
     // The tab has the read token only: uploads need the write scope.
@@ -520,9 +521,43 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
             .await,
         json!("100%")
     );
+    // The upload was created before the file was read (no hashing pass first), and its
+    // sha256, declared by none, was given with `complete` once every chunk was there.
+    let said = b.eval("return __said.map(m => m.type)").await;
+    let said: Vec<&str> = said
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = |t: &str| said.iter().position(|s| *s == t);
+    assert!(
+        matches!((at("created"), at("hashing")), (Some(c), Some(h)) if c < h),
+        "the worker said {said:?}"
+    );
+    let completing = b
+        .eval("return __said.find(m => m.type === 'completing') || null")
+        .await;
+    assert_eq!(completing["sha256"], json!(sha), "{completing}");
+    assert_eq!(
+        said.iter().filter(|s| **s == "progress").count(),
+        1 + 4,
+        "{said:?}"
+    );
+    let id = shown["task"]["payload"]["upload"]["id"].as_str().unwrap();
+    let (code, upload) = call("GET", &cluster.addr, &format!("/api/v1/uploads/{id}"), None);
+    assert_eq!(code, 200, "{upload}");
+    assert_eq!(upload["sha256"], json!(sha), "{upload}");
     b.assert_no_errors().await;
     b.close().await;
 }
+
+/// Makes the page record every message of the upload workers it starts (in `__said`).
+const RECORD_WORKER: &str = "window.__said = []; const W = window.Worker;
+     window.Worker = function (url) {
+       const w = new W(url); w.addEventListener('message', (e) => __said.push(e.data)); return w;
+     };
+     return null";
 
 /// The upload the page remembers in `localStorage` (to resume it), if any.
 const REMEMBERED: &str =
@@ -593,6 +628,9 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     let received = before["received"].as_array().unwrap().len();
     assert!(received >= 1 && missing.len() >= 4, "{before}");
     assert_eq!(received + missing.len(), 8, "{before}");
+    // Created without the file's sha256 (its first chunks went out before the file was
+    // read whole): it is given with `complete`.
+    assert!(before["sha256"].is_null(), "{before}");
     proxy.refuse(false);
 
     // The user opens the upload page again and picks the same file (the chunk size
@@ -642,6 +680,9 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     assert_eq!(task["result"]["sha256"], json!(sha), "{shown}");
     assert_eq!(task["result"]["matches"], json!(true), "{shown}");
     assert_eq!(task["result"]["size"], json!(bytes.len()), "{shown}");
+    let (code, after) = call("GET", &cluster.addr, &status, None);
+    assert_eq!(code, 200, "{after}");
+    assert_eq!(after["sha256"], json!(sha), "{after}");
     // Done: nothing left to resume.
     assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     assert_eq!(
