@@ -2,7 +2,8 @@
 //! `chromedriver`): live counts, an operator action with its confirmation and the
 //! write token asked for in the page, a flow's graph, a hot upgrade on the workers page,
 //! and a browser upload (with the page's SHA-256 checked against known vectors), then one
-//! cut off midway and resumed from a new page. Every test ends by asserting that the page
+//! cut off midway and resumed from a new page, and one resumed from a file that changed
+//! (refused whole, then sent anew). Every test ends by asserting that the page
 //! logged no error, and the page is never reloaded (but for that resume, whose point is
 //! a closed tab): what changes, changes live.
 
@@ -492,6 +493,7 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
     let sha = hex::encode(Sha256::digest(&bytes));
     b.eval("document.getElementById('upload-chunk').value = '1'; return null")
         .await;
+    b.eval(RECORD_WORKER).await;
     b.type_into("#upload-file", &file.to_string_lossy()).await;
     b.click("#upload-start").await;
     // The tab has the read token only: uploads need the write scope.
@@ -520,9 +522,43 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
             .await,
         json!("100%")
     );
+    // The upload was created before the file was read (no hashing pass first), and its
+    // sha256, declared by none, was given with `complete` once every chunk was there.
+    let said = b.eval("return __said.map(m => m.type)").await;
+    let said: Vec<&str> = said
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = |t: &str| said.iter().position(|s| *s == t);
+    assert!(
+        matches!((at("created"), at("hashing")), (Some(c), Some(h)) if c < h),
+        "the worker said {said:?}"
+    );
+    let completing = b
+        .eval("return __said.find(m => m.type === 'completing') || null")
+        .await;
+    assert_eq!(completing["sha256"], json!(sha), "{completing}");
+    assert_eq!(
+        said.iter().filter(|s| **s == "progress").count(),
+        1 + 4,
+        "{said:?}"
+    );
+    let id = shown["task"]["payload"]["upload"]["id"].as_str().unwrap();
+    let (code, upload) = call("GET", &cluster.addr, &format!("/api/v1/uploads/{id}"), None);
+    assert_eq!(code, 200, "{upload}");
+    assert_eq!(upload["sha256"], json!(sha), "{upload}");
     b.assert_no_errors().await;
     b.close().await;
 }
+
+/// Makes the page record every message of the upload workers it starts (in `__said`).
+const RECORD_WORKER: &str = "window.__said = []; const W = window.Worker;
+     window.Worker = function (url) {
+       const w = new W(url); w.addEventListener('message', (e) => __said.push(e.data)); return w;
+     };
+     return null";
 
 /// The upload the page remembers in `localStorage` (to resume it), if any.
 const REMEMBERED: &str =
@@ -593,6 +629,9 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     let received = before["received"].as_array().unwrap().len();
     assert!(received >= 1 && missing.len() >= 4, "{before}");
     assert_eq!(received + missing.len(), 8, "{before}");
+    // Created without the file's sha256 (its first chunks went out before the file was
+    // read whole): it is given with `complete`.
+    assert!(before["sha256"].is_null(), "{before}");
     proxy.refuse(false);
 
     // The user opens the upload page again and picks the same file (the chunk size
@@ -642,6 +681,9 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     assert_eq!(task["result"]["sha256"], json!(sha), "{shown}");
     assert_eq!(task["result"]["matches"], json!(true), "{shown}");
     assert_eq!(task["result"]["size"], json!(bytes.len()), "{shown}");
+    let (code, after) = call("GET", &cluster.addr, &status, None);
+    assert_eq!(code, 200, "{after}");
+    assert_eq!(after["sha256"], json!(sha), "{after}");
     // Done: nothing left to resume.
     assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     assert_eq!(
@@ -726,6 +768,130 @@ async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
     let new = &shown["task"]["payload"]["upload"]["id"];
     assert!(new.is_string() && *new != json!(old), "{shown}");
     assert_eq!(shown["task"]["result"]["matches"], json!(true), "{shown}");
+    assert_eq!(b.eval(REMEMBERED).await, Value::Null);
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+/// `curl -X PUT` of `body` as chunk `n` of upload `id` at `addr`, with its sha256; the
+/// HTTP code.
+fn put_chunk(addr: &str, id: &str, n: u64, body: &[u8]) -> u16 {
+    use sha2::{Digest, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("chunk");
+    std::fs::write(&f, body).unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args(["-X", "PUT", "-H"])
+        .arg(format!("Authorization: Bearer {WRITE_TOKEN}"))
+        .arg("-H")
+        .arg(format!(
+            "Chunk-Sha256: {}",
+            hex::encode(Sha256::digest(body))
+        ))
+        .arg("--data-binary")
+        .arg(format!("@{}", f.display()))
+        .arg(format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"))
+        .output()
+        .expect("curl must be installed");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_file_changed_since_its_first_chunks_went_up_is_refused_whole_and_sent_anew() {
+    use sha2::{Digest, Sha256};
+    const CHUNK: usize = 64 * 1024;
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("changed.bin");
+    let bytes: Vec<u8> = (0..(4 * CHUNK) as u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    // An upload of this file that a page started (its sha256 left for `complete`) when
+    // its first chunk held other bytes: that chunk is on the worker's disk.
+    let old = created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/uploads",
+        Some(json!({"size": bytes.len(), "chunk_size": CHUNK, "task": {"kind": "digest"}})),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(put_chunk(&cluster.addr, &old, 0, &vec![7u8; CHUNK]), 200);
+    let status = format!("/api/v1/uploads/{old}");
+
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
+        .await;
+    b.until(
+        "the upload form",
+        "return !!document.getElementById('upload-file')",
+    )
+    .await;
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.eval(&format!(
+        "const f = document.getElementById('upload-file').files[0];
+         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
+           JSON.stringify({{id: {old:?}}}));
+         return null"
+    ))
+    .await;
+    b.click("#upload-start").await;
+    b.give_token(WRITE_TOKEN).await;
+    // Resumed, the missing chunks go up; the whole file does not match what arrived:
+    // the worker discards the upload, and the page says so and forgets it.
+    let said = b
+        .until(
+            "the page to report the changed file",
+            "const s = document.getElementById('upload-state');
+             return s.className === 'error' && !document.getElementById('upload-start').disabled
+               ? s.textContent : null",
+        )
+        .await;
+    let said = said.as_str().unwrap();
+    assert!(
+        said.contains(&old) && said.contains("changed") && said.contains("upload the file again"),
+        "{said}"
+    );
+    assert_eq!(b.eval(REMEMBERED).await, Value::Null);
+    assert_eq!(call("GET", &cluster.addr, &status, None).0, 404);
+
+    // Uploaded again, it goes up as a new upload, and its task runs.
+    b.click("#upload-start").await;
+    b.until(
+        "the new upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        &cluster.addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let new = &shown["task"]["payload"]["upload"]["id"];
+    assert!(new.is_string() && *new != json!(old), "{shown}");
+    assert_eq!(
+        shown["task"]["result"]["sha256"],
+        json!(hex::encode(Sha256::digest(&bytes))),
+        "{shown}"
+    );
     assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     b.assert_no_errors().await;
     b.close().await;

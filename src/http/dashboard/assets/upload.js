@@ -1,6 +1,7 @@
 // The upload page: picks a file and hands it to a Web Worker (upload-worker.js) that
-// hashes it, sends it in chunks and resumes an interrupted upload; then follows the
-// task the worker process wrote until it ends. Uploads go to the process serving this
+// sends it in chunks as it reads and hashes it, gives the whole file's sha256 at the end
+// and resumes an interrupted upload; then follows the task the worker process wrote
+// until it ends. Uploads go to the process serving this
 // page: a worker (artex up, artex worker --api), which keeps the file where its task runs.
 "use strict";
 (function () {
@@ -21,10 +22,10 @@
         h("button", { type: "submit", class: "primary", id: "upload-start" }, "Upload"));
       form.addEventListener("submit", (e) => { e.preventDefault(); start(form).catch((err) => say(err.message, true)); });
       main.append(h("h1", {}, "Upload a file"),
-        h("p", { class: "muted" }, "The file goes to this worker in chunks, each acknowledged once on disk; an interrupted upload resumes where it stopped (pick the same file again). Then a task of the kind given runs on it here."),
+        h("p", { class: "muted" }, "The file goes to this worker in chunks as it is read, each acknowledged once on disk, and is checked whole (its sha256) at the end; an interrupted upload resumes where it stopped (pick the same file again). Then a task of the kind given runs on it here."),
         form,
-        h("p", {}, "hashing"), h("div", { class: "bar" }, h("div", { id: "hash-bar" })),
-        h("p", {}, "sending"), h("div", { class: "bar" }, h("div", { id: "send-bar" })),
+        h("p", {}, "read and hashed"), h("div", { class: "bar" }, h("div", { id: "hash-bar" })),
+        h("p", {}, "sent (acknowledged)"), h("div", { class: "bar" }, h("div", { id: "send-bar" })),
         h("p", { id: "upload-state", class: "muted" }, "No upload yet."),
         h("p", {}, "task: ", h("span", { id: "upload-task" }, "-"), " ", h("span", { id: "upload-task-status" })));
     },
@@ -55,16 +56,17 @@
     document.getElementById("upload-task-status").replaceChildren();
     const button = document.getElementById("upload-start");
     button.disabled = true;
-    say(saved ? "resuming upload " + saved.id + "…" : "hashing…");
+    say(saved ? "resuming upload " + saved.id + "…" : "starting…");
     worker.onmessage = (e) => {
       const m = e.data;
-      if (m.type === "hashing") { bar("hash-bar", m.total ? m.done / m.total : 1); say("hashing… " + (m.done / MiB).toFixed(1) + " MiB"); }
+      // Read and hashed runs ahead of sent by a few chunks: the text follows what is sent.
+      if (m.type === "hashing") bar("hash-bar", m.total ? m.done / m.total : 1);
       else if (m.type === "created") { localStorage.setItem(key, JSON.stringify({ id: m.id })); say("upload " + m.id + " created"); }
       else if (m.type === "progress") {
-        bar("hash-bar", 1);
-        bar("send-bar", m.total ? m.sent / m.total : 1);
+        bar("send-bar", m.size ? m.bytes / m.size : 1);
         say("sent " + m.sent + " of " + m.total + " chunks (" + (m.bytes / MiB).toFixed(1) + " of " + (m.size / MiB).toFixed(1) + " MiB)");
-      } else if (m.type === "retry") say(m.what + ": " + m.error + "; retry " + m.attempt + " in " + m.wait + " ms", true);
+      } else if (m.type === "completing") say("every chunk sent; the worker checks the whole file (sha256 " + m.sha256.slice(0, 12) + "…)");
+      else if (m.type === "retry") say(m.what + ": " + m.error + "; retry " + m.attempt + " in " + m.wait + " ms", true);
       else if (m.type === "done") {
         localStorage.removeItem(key);
         button.disabled = false;
@@ -76,7 +78,9 @@
       } else if (m.type === "error") {
         button.disabled = false;
         if (m.status === 401) sessionStorage.removeItem("artex.write");
-        say(m.message + (m.status === 401 ? " (the write token was refused: upload again to give another)" : " (upload again to resume)"), true);
+        // The upload cannot become this file (it changed): the next try starts anew.
+        if (m.forget) localStorage.removeItem(key);
+        say(m.message + (m.forget ? "" : m.status === 401 ? " (the write token was refused: upload again to give another)" : " (upload again to resume)"), true);
       }
     };
     worker.postMessage({
