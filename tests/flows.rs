@@ -926,3 +926,42 @@ async fn bench_ten_thousand_task_flows() {
         );
     }
 }
+
+/// An upload's task joining a flow an operator paused is held paused with it (reason
+/// given), and resuming the flow runs it with the rest; joining a running flow it is
+/// pending at once.
+#[tokio::test]
+async fn an_uploads_task_joining_a_paused_flow_waits_for_the_flows_resume() {
+    let db = TestDb::new().await;
+    let (flow, a, upload) = flow_and_upload(&db).await;
+    let paused = db
+        .bb
+        .control(Control::Pause, flow, "test", None)
+        .await
+        .unwrap();
+    assert_eq!(paused.changed, vec![(a, TaskStatus::Paused)]);
+    let (joined, wrote) = record(&db, &upload).await.unwrap();
+    assert!(wrote);
+    let t = db.bb.task(joined).await.unwrap();
+    assert_eq!(t.status, TaskStatus::Paused);
+    let why = t.error.unwrap_or_default();
+    assert!(why.contains("was paused"), "{why}");
+    let resumed = db
+        .bb
+        .control(Control::Resume, flow, "test", None)
+        .await
+        .unwrap();
+    let mut changed = resumed.changed;
+    changed.sort_by_key(|c| c.0);
+    let mut want = vec![(a, TaskStatus::Pending), (joined, TaskStatus::Pending)];
+    want.sort_by_key(|c| c.0);
+    assert_eq!(changed, want);
+
+    // A running flow: the task is pending at once.
+    let (_, _, upload) = flow_and_upload(&db).await;
+    let (joined, _) = record(&db, &upload).await.unwrap();
+    assert_eq!(
+        db.bb.task(joined).await.unwrap().status,
+        TaskStatus::Pending
+    );
+}

@@ -1394,7 +1394,8 @@ async fn an_uploads_task_fails_when_its_worker_is_killed_and_its_host_stays_gone
     );
 }
 
-/// A flow with one task held `paused` (so it is unfinished), by plain SQL.
+/// A flow with one task held `blocked` (so it is unfinished and running: were it paused,
+/// the flow would be paused and an upload's task would join it paused), by plain SQL.
 async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
     let flow: uuid::Uuid = c
         .query_one(
@@ -1407,7 +1408,7 @@ async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
     let held: uuid::Uuid = c
         .query_one(
             "insert into artex.tasks (kind, status, flow_id, flow_task)
-             values ('echo', 'paused', $1, 'held') returning id",
+             values ('echo', 'blocked', $1, 'held') returning id",
             &[&flow],
         )
         .await

@@ -74,7 +74,9 @@ pub struct UploadRow {
 // With a flow ($15), the task joins it as a root named `upload:<id>`. The flow was
 // unfinished when the upload started; if every task of it ended since (it was canceled,
 // say), the task is held `paused` with the reason, for a person to resume or cancel,
-// rather than run in a flow that is over. That reading is only sound after LOCK_FLOW.
+// rather than run in a flow that is over. If every unfinished task of it is paused (the
+// flow is `paused`, as `flow show` says), the task is held paused with them: resuming
+// the flow runs it too. Those readings are only sound after LOCK_FLOW.
 // (A flow whose last task ends on its own at that very moment is not covered: the task
 // may then join it `pending`, and the flow runs again for it.)
 const RECORD: &str = "with up as (
@@ -88,17 +90,29 @@ const RECORD: &str = "with up as (
                or exists (select 1 from artex.tasks f
                           where f.flow_id = $15::uuid
                             and f.status not in ('succeeded', 'failed', 'timeout', 'canceled'))
-               as open
+               as open,
+               $15::uuid is not null
+               and exists (select 1 from artex.tasks f
+                           where f.flow_id = $15::uuid and f.status = 'paused')
+               and not exists (select 1 from artex.tasks f
+                               where f.flow_id = $15::uuid
+                                 and f.status not in ('succeeded', 'failed', 'timeout',
+                                                      'canceled', 'paused'))
+               as paused
     ),
     t as (
         insert into artex.tasks (id, kind, payload, priority, host, flow_id, flow_task, status,
                                  error)
         select $11, $12, $13, $14, case when $10 then null else $4 end,
                $15::uuid, case when $15::uuid is not null then 'upload:' || $3::text end,
-               case when flow.open then 'pending' else 'paused' end::artex.task_status,
+               case when flow.open and not flow.paused then 'pending'
+                    else 'paused' end::artex.task_status,
                case when not flow.open
                     then format('flow %s had ended when upload %s completed: held paused '
                                 '(resume it to run it, or cancel it)', $15::uuid, $3::uuid)
+                    when flow.paused
+                    then format('flow %s was paused when upload %s completed: held paused '
+                                'with it (resuming the flow runs it)', $15::uuid, $3::uuid)
                end
         from artex.set_context($1, $2) ctx, up, flow
         where ctx
@@ -108,16 +122,16 @@ const RECORD: &str = "with up as (
            exists (select 1 from t)";
 
 // Taken on the flow's row in a statement of its own, before RECORD in the same
-// transaction. A whole-flow cancel locks that row `for update` before it reads which
-// tasks to cancel (flows/mod.rs, LOCK_FLOW_TO_CANCEL), and `for key share` is the one
-// mode that conflicts with it and with nothing else: uploads joining one flow never wait
-// for each other, and the task's foreign key takes this very lock anyway. RECORD's
-// snapshot, taken after it, sees a cancel that came first (the flow is over: the task is
-// held paused); a cancel that comes later waits for this transaction, then sees the task
-// and cancels it. Locking inside RECORD would come too late: under READ COMMITTED a
-// statement keeps the snapshot it started with, whatever lock it waits for, so the
-// cancel and the upload could each miss the other and leave a pending task in a
-// canceled flow.
+// transaction. A whole-flow pause, resume or cancel locks that row `for update` before it
+// reads which tasks to change (flows/mod.rs, LOCK_FLOW_TO_CONTROL), and `for key share`
+// is the one mode that conflicts with it and with nothing else: uploads joining one flow
+// never wait for each other, and the task's foreign key takes this very lock anyway.
+// RECORD's snapshot, taken after it, sees a control that came first (the flow is over or
+// paused: the task is held paused); a control that comes later waits for this
+// transaction, then sees the task and changes it with the rest. Locking inside RECORD
+// would come too late: under READ COMMITTED a statement keeps the snapshot it started
+// with, whatever lock it waits for, so the control and the upload could each miss the
+// other and leave, say, a pending task in a canceled flow.
 const LOCK_FLOW: &str = "select 1 from artex.flows where id = $1 for key share";
 
 const UPLOAD: &str = "select id, host, path, size, sha256, state, shared, task_id

@@ -186,15 +186,17 @@ const RESUME: &str = "with target as materialized (
     where ctx and t.id = target.id
     returning t.id, t.status::text";
 
-// A whole flow's cancel first locks the flow's row, in a statement of its own, so that
-// CANCEL reads its snapshot once no upload's task is joining the flow: each such join
-// holds the row `for key share` (uploads.rs, LOCK_FLOW) from before it reads whether the
-// flow is over until it commits. A task that joined before is seen and canceled; one
-// joining after waits, then finds the flow over and is held paused. The lock inside
-// CANCEL would not do: under READ COMMITTED a statement keeps its first snapshot
-// whatever it waits for. The flow's row comes before its tasks' (in id order): nothing
-// locks a flow's row while it holds one of its tasks', so this order adds no deadlock.
-const LOCK_FLOW_TO_CANCEL: &str = "select 1 from artex.flows where id = $1 for update";
+// A control of a whole flow (pause, resume, cancel) first locks the flow's row, in a
+// statement of its own, so that the control reads its snapshot once no upload's task is
+// joining the flow: each such join holds the row `for key share` (uploads.rs, LOCK_FLOW)
+// from before it reads the flow's state until it commits. A task that joined before is
+// seen (canceled, paused or resumed with the rest); one joining after waits, then finds
+// the flow over (held paused), paused (held paused with it) or running (pending). The
+// lock inside the control's statement would not do: under READ COMMITTED a statement
+// keeps its first snapshot whatever it waits for. The flow's row comes before its
+// tasks' and their upstream counters': nothing locks a flow's row while it holds one of
+// those, so this order adds no deadlock.
+const LOCK_FLOW_TO_CONTROL: &str = "select 1 from artex.flows where id = $1 for update";
 
 // Canceling a held task wakes its worker (the flow trigger notifies the worker's
 // channel), which stops the handler; its outcome, if any, is fenced off.
@@ -394,6 +396,10 @@ impl Blackboard {
         let reason = reason.unwrap_or(&default_reason);
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
+        if let ControlTarget::Flow(flow) = target {
+            let lock = tx.prepare_cached(LOCK_FLOW_TO_CONTROL).await?;
+            tx.query(&lock, &[&flow]).await?;
+        }
         let sql = match control {
             Control::Pause => PAUSE,
             Control::Resume => {
@@ -403,13 +409,7 @@ impl Blackboard {
                 tx.query(&lock, &[&id]).await?;
                 RESUME
             }
-            Control::Cancel => {
-                if let ControlTarget::Flow(flow) = target {
-                    let lock = tx.prepare_cached(LOCK_FLOW_TO_CANCEL).await?;
-                    tx.query(&lock, &[&flow]).await?;
-                }
-                CANCEL
-            }
+            Control::Cancel => CANCEL,
         };
         let stmt = tx.prepare_cached(&sql.replace("{col}", col)).await?;
         let rows = tx.query(&stmt, &[&actor, &reason, &id]).await?;
