@@ -448,19 +448,39 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
     b.close().await;
 }
 
-#[tokio::test]
-async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
-    use sha2::{Digest, Sha256};
-    let db = TestDb::new().await;
-    let cluster = Cluster::start(&db, &[]).await;
+/// A browser on the upload page at `addr`, the read token given, its form shown.
+async fn upload_page(addr: &str) -> Browser {
     let b = Browser::start().await;
-    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
-        .await;
+    b.open_with_token(addr, "#/upload", READ_TOKEN).await;
     b.until(
         "the upload form",
         "return !!document.getElementById('upload-file')",
     )
     .await;
+    b
+}
+
+/// Picks `file` in the form, makes the page remember upload `old` for it (as if it had
+/// started it) and starts, giving the write token when asked.
+async fn start_remembering(b: &Browser, file: &Path, old: &str) {
+    b.type_into("#upload-file", &file.to_string_lossy()).await;
+    b.eval(&format!(
+        "const f = document.getElementById('upload-file').files[0];
+         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
+           JSON.stringify({{id: {old:?}}}));
+         return null"
+    ))
+    .await;
+    b.click("#upload-start").await;
+    b.give_token(WRITE_TOKEN).await;
+}
+
+#[tokio::test]
+async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
+    use sha2::{Digest, Sha256};
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let b = upload_page(&cluster.addr).await;
 
     // The page's SHA-256 against FIPS 180-2's vectors, and fed in uneven pieces.
     let vectors = b
@@ -574,14 +594,7 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     // The browser reaches the worker through a proxy that counts the bytes sent to it
     // and can cut the link.
     let proxy = Proxy::start(&cluster.addr);
-    let b = Browser::start().await;
-    b.open_with_token(&proxy.addr(), "#/upload", READ_TOKEN)
-        .await;
-    b.until(
-        "the upload form",
-        "return !!document.getElementById('upload-file')",
-    )
-    .await;
+    let b = upload_page(&proxy.addr()).await;
 
     // 8 MiB in chunks of 1 MiB: eight chunks, each a different MiB.
     let dir = tempfile::tempdir().unwrap();
@@ -731,24 +744,8 @@ async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
     assert_eq!(call("GET", &cluster.addr, &status, None).0, 409);
 
     // The page remembers it for this file, as if it had started it.
-    let b = Browser::start().await;
-    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
-        .await;
-    b.until(
-        "the upload form",
-        "return !!document.getElementById('upload-file')",
-    )
-    .await;
-    b.type_into("#upload-file", &file.to_string_lossy()).await;
-    b.eval(&format!(
-        "const f = document.getElementById('upload-file').files[0];
-         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
-           JSON.stringify({{id: {old:?}}}));
-         return null"
-    ))
-    .await;
-    b.click("#upload-start").await;
-    b.give_token(WRITE_TOKEN).await;
+    let b = upload_page(&cluster.addr).await;
+    start_remembering(&b, &file, &old).await;
     // Picked again, the file goes up as a new upload, and its task runs.
     b.until(
         "the new upload's task shown succeeded",
@@ -832,24 +829,8 @@ async fn a_file_changed_since_its_first_chunks_went_up_is_refused_whole_and_sent
     assert_eq!(put_chunk(&cluster.addr, &old, 0, &vec![7u8; CHUNK]), 200);
     let status = format!("/api/v1/uploads/{old}");
 
-    let b = Browser::start().await;
-    b.open_with_token(&cluster.addr, "#/upload", READ_TOKEN)
-        .await;
-    b.until(
-        "the upload form",
-        "return !!document.getElementById('upload-file')",
-    )
-    .await;
-    b.type_into("#upload-file", &file.to_string_lossy()).await;
-    b.eval(&format!(
-        "const f = document.getElementById('upload-file').files[0];
-         localStorage.setItem('artex.upload.' + [f.name, f.size, f.lastModified].join('|'),
-           JSON.stringify({{id: {old:?}}}));
-         return null"
-    ))
-    .await;
-    b.click("#upload-start").await;
-    b.give_token(WRITE_TOKEN).await;
+    let b = upload_page(&cluster.addr).await;
+    start_remembering(&b, &file, &old).await;
     // Resumed, the missing chunks go up; the whole file does not match what arrived:
     // the worker discards the upload, and the page says so and forgets it.
     let said = b
