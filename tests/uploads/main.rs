@@ -10,6 +10,7 @@
 //! - `restarts`: a worker crashed, killed or upgraded midway loses nothing.
 //! - `hosts`: an upload's task fails when its host's workers are gone for good.
 //! - `flows`: an upload's task joins the flow its spec names.
+//! - `lifecycle`: abandoned uploads expire, files kept past their task, shared folders.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,6 +19,7 @@ mod chunks;
 mod client;
 mod flows;
 mod hosts;
+mod lifecycle;
 mod refusals;
 mod restarts;
 
