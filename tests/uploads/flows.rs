@@ -1,0 +1,130 @@
+//! An upload's task joins the flow its spec names, or is refused or held when that flow
+//! has ended.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::common::TestDb;
+use crate::{call, chunk, data, entries, fleet, put, sha};
+
+/// A flow with one task held `blocked` (so it is unfinished and running: were it paused,
+/// the flow would be paused and an upload's task would join it paused), by plain SQL.
+async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
+    let flow: uuid::Uuid = c
+        .query_one(
+            "insert into artex.flows (name) values ('f') returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let held: uuid::Uuid = c
+        .query_one(
+            "insert into artex.tasks (kind, status, flow_id, flow_task)
+             values ('echo', 'blocked', $1, 'held') returning id",
+            &[&flow],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (flow, held)
+}
+
+#[tokio::test]
+async fn an_uploads_task_joins_the_flow_its_spec_names() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let file = data(3000, 41);
+    let declare = |flow: Value| {
+        call(
+            &f.http,
+            "POST",
+            "/api/v1/uploads",
+            &[],
+            json!({"size": file.len(), "sha256": sha(&file), "chunk_size": 1024,
+                   "task": {"kind": "digest", "flow": flow}})
+            .to_string()
+            .as_bytes(),
+        )
+    };
+    let send_all = |id: &str| {
+        let mut last = Value::Null;
+        for n in 0..3 {
+            let (code, body) = put(&f.http, id, n, chunk(&file, 1024, n));
+            assert_eq!(code, 200, "{body}");
+            last = body;
+        }
+        uuid::Uuid::parse_str(last["task"].as_str().unwrap()).unwrap()
+    };
+
+    // Refused, nothing written: no such flow; a flow whose tasks all ended; not an id.
+    let ended: uuid::Uuid = {
+        let (flow, held) = open_flow(&c).await;
+        c.execute(
+            "update artex.tasks set status = 'canceled' where id = $1",
+            &[&held],
+        )
+        .await
+        .unwrap();
+        flow
+    };
+    for (flow, why) in [
+        (json!(uuid::Uuid::now_v7()), "does not exist"),
+        (json!(ended), "has ended"),
+    ] {
+        let (code, body) = declare(flow.clone());
+        assert_eq!(code, 422, "{flow}: {body}");
+        assert_eq!(body["field"], "task.flow", "{body}");
+        assert!(body["error"].as_str().unwrap().contains(why), "{body}");
+    }
+    let (code, body) = declare(json!("not-a-flow"));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("task.flow"),
+        "{body}"
+    );
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+
+    // An unfinished flow: the task joins it, named after the upload, and runs.
+    let (flow, _) = open_flow(&c).await;
+    let (code, body) = declare(json!(flow));
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let task = send_all(&id);
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
+    let t = db.bb.task(task).await.unwrap();
+    assert_eq!(t.flow_id, Some(flow));
+    assert_eq!(
+        t.flow_task.as_deref(),
+        Some(format!("upload:{id}").as_str())
+    );
+    let view = db.bb.flow(flow).await.unwrap();
+    assert!(view.tasks.iter().any(|x| x.id == task), "{view:?}");
+
+    // The flow ends while the upload is under way: the task is held paused, saying why,
+    // not run in a flow that is over.
+    let (flow, held) = open_flow(&c).await;
+    let (code, body) = declare(json!(flow));
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    c.execute(
+        "update artex.tasks set status = 'canceled' where id = $1",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    let task = send_all(&id);
+    let t = db.bb.task(task).await.unwrap();
+    assert_eq!(t.status.as_str(), "paused");
+    assert_eq!(t.flow_id, Some(flow));
+    assert!(
+        t.error.as_deref().unwrap_or("").contains("held paused"),
+        "{:?}",
+        t.error
+    );
+}

@@ -1,0 +1,214 @@
+//! Large files sent to a worker in chunks (issue 15): each chunk acknowledged once on
+//! disk, a corrupted one refused, the file recorded with its task exactly once, the task
+//! run where the file is and the file removed when it ends; hostile input and a full
+//! disk refused with nothing left behind.
+//!
+//! # Layout
+//! - `chunks`: chunks acknowledged and checked, the file recorded with its task once.
+//! - `refusals`: hostile input and a full quota refused, nothing left behind.
+//! - `client`: `artex upload` sends, resumes and retries only what is missing.
+//! - `restarts`: a worker crashed, killed or upgraded midway loses nothing.
+//! - `hosts`: an upload's task fails when its host's workers are gone for good.
+//! - `flows`: an upload's task joins the flow its spec names.
+//! - `lifecycle`: abandoned uploads expire, files kept past their task, shared folders.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod chunks;
+mod client;
+mod flows;
+mod hosts;
+mod lifecycle;
+mod refusals;
+mod restarts;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::procs::{worker_http, Proc};
+use common::TestDb;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const WRITE_TOKEN: &str = "upload-write-token";
+
+/// A worker and a planner on `db`, the worker keeping uploads in `dir`.
+struct Fleet {
+    worker: Proc,
+    _planner: Proc,
+    http: String,
+    _token_dir: tempfile::TempDir,
+}
+
+fn token_file() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("write-token");
+    std::fs::write(&file, WRITE_TOKEN).unwrap();
+    let f = file.to_str().unwrap().to_string();
+    (dir, f)
+}
+
+async fn fleet(db: &TestDb, uploads: &Path, extra: &[&str]) -> Fleet {
+    let (token_dir, token) = token_file();
+    let mut args = vec![
+        "--write-token-file",
+        &token,
+        "--upload-dir",
+        uploads.to_str().unwrap(),
+        "--upload-sweep-ms",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    let worker = Proc::worker("uploads-worker", &db.url, &args);
+    let planner = Proc::planner("uploads-planner", &db.url, &[]);
+    let http = worker_http(&db.client().await, &worker).await;
+    Fleet {
+        worker,
+        _planner: planner,
+        http,
+        _token_dir: token_dir,
+    }
+}
+
+/// One HTTP/1.1 request with the write token; returns (status, JSON body or Null).
+fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Authorization: Bearer {WRITE_TOKEN}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may refuse before reading the body and close: that is an answer too.
+    let _ = s.write_all(body);
+    answer(&mut s)
+}
+
+/// Reads an answer to its end (the requests say `Connection: close`): (status, JSON body
+/// or Null; status 0 when the server closed without one).
+fn answer(s: &mut TcpStream) -> (u16, Value) {
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Deterministic, incompressible-enough test data.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn create(http: &str, file: &[u8], chunk: u64, kind: &str) -> (String, u64) {
+    let (code, body) = call(
+        http,
+        "POST",
+        "/api/v1/uploads",
+        &[("Content-Type", "application/json")],
+        json!({"size": file.len(), "sha256": sha(file), "name": "data.bin",
+               "chunk_size": chunk, "task": {"kind": kind, "payload": {"note": "hi"}}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(code, 201, "{body}");
+    (
+        body["id"].as_str().unwrap().to_string(),
+        body["chunks"].as_u64().unwrap(),
+    )
+}
+
+fn put(http: &str, id: &str, n: u64, bytes: &[u8]) -> (u16, Value) {
+    call(
+        http,
+        "PUT",
+        &format!("/api/v1/uploads/{id}/chunks/{n}"),
+        &[("Chunk-Sha256", &sha(bytes))],
+        bytes,
+    )
+}
+
+fn chunk(file: &[u8], size: usize, n: u64) -> &[u8] {
+    let start = n as usize * size;
+    &file[start..(start + size).min(file.len())]
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+/// `artex upload` run against `http`, with its cache in `cache`.
+fn cli(
+    http: &str,
+    file: &Path,
+    cache: &Path,
+    token: &str,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(common::artex_bin());
+    cmd.arg("upload")
+        .arg(file)
+        .args(["--to", &format!("http://{http}"), "--kind", "digest"])
+        .args(extra)
+        .env("ARTEX_TOKEN_FILE", token)
+        .env("XDG_CACHE_HOME", cache)
+        .env("ARTEX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+fn parts(uploads: &Path) -> usize {
+    std::fs::read_dir(uploads)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+        .count()
+}
+
+async fn ran_whole(db: &TestDb, stdout: &[u8], file: &[u8]) -> Value {
+    ran_whole_sha(db, stdout, &sha(file)).await
+}
+
+/// [`ran_whole`] for a file known by its sha256 (too large to hold in memory).
+async fn ran_whole_sha(db: &TestDb, stdout: &[u8], file_sha: &str) -> Value {
+    let task = String::from_utf8_lossy(stdout).trim().to_string();
+    let task = uuid::Uuid::parse_str(&task).unwrap_or_else(|_| panic!("no task id: {task:?}"));
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(120)).await;
+    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    assert_eq!(result["sha256"], file_sha);
+    assert_eq!(result["matches"], true);
+    result
+}

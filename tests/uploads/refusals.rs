@@ -1,0 +1,142 @@
+//! Hostile input gets a clear 4xx and a full quota a 507, with nothing left behind.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use serde_json::{json, Value};
+
+use crate::common::{count, TestDb};
+use crate::{call, chunk, create, data, entries, fleet, sha};
+
+#[tokio::test]
+async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &[]).await;
+    let good = |v: Value| {
+        let mut base = json!({"size": 3000, "sha256": "a".repeat(64), "chunk_size": 1024,
+                              "task": {"kind": "digest"}});
+        for (k, x) in v.as_object().unwrap() {
+            base[k] = x.clone();
+        }
+        base.to_string()
+    };
+    for bad in [
+        json!({"size": -1}),
+        json!({"size": 0}),
+        json!({"size": 1u64 << 62}),
+        json!({"chunk_size": 0}),
+        json!({"chunk_size": 1u64 << 40}),
+        json!({"sha256": "nope"}),
+        json!({"name": "../../etc/passwd"}),
+        json!({"name": "a/b"}),
+        json!({"task": {"kind": "digest", "payload": "text"}}),
+        json!({"task": {"kind": ""}}),
+        json!({"path": "/tmp/x"}),
+    ] {
+        let (code, body) = call(
+            &f.http,
+            "POST",
+            "/api/v1/uploads",
+            &[],
+            good(bad.clone()).as_bytes(),
+        );
+        assert!(
+            (400..500).contains(&code) && body["error"].is_string(),
+            "{bad}: {code} {body}"
+        );
+    }
+    let (code, _) = call(&f.http, "POST", "/api/v1/uploads", &[], b"{not json");
+    assert_eq!(code, 400);
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+
+    // Chunks: out of range, larger than declared, shorter, without or with a bad hash,
+    // an unknown or malformed id, no token.
+    let file = data(3000, 3);
+    let (id, _) = create(&f.http, &file, 1024, "digest");
+    let one = chunk(&file, 1024, 0);
+    for (n, bytes, hash, want) in [
+        ("3", one.to_vec(), sha(one), 400),
+        ("-1", one.to_vec(), sha(one), 400),
+        ("99999999999999999999", one.to_vec(), sha(one), 400),
+        ("0", [one, b"x"].concat(), sha(&[one, b"x"].concat()), 413),
+        ("0", one[..10].to_vec(), sha(&one[..10]), 400),
+        ("0", one.to_vec(), "zz".into(), 400),
+        ("0", one.to_vec(), sha(b"other"), 422),
+    ] {
+        let (code, body) = call(
+            &f.http,
+            "PUT",
+            &format!("/api/v1/uploads/{id}/chunks/{n}"),
+            &[("Chunk-Sha256", &hash)],
+            &bytes,
+        );
+        assert_eq!(code, want, "chunk {n}, {} bytes: {body}", bytes.len());
+        assert!(body["error"].is_string(), "{body}");
+    }
+    for path in [
+        "/api/v1/uploads/../../etc/chunks/0".to_string(),
+        format!("/api/v1/uploads/{}/chunks/0", uuid::Uuid::new_v4()),
+        "/api/v1/uploads/not-an-id/chunks/0".to_string(),
+    ] {
+        let (code, _) = call(&f.http, "PUT", &path, &[("Chunk-Sha256", &sha(one))], one);
+        assert!((400..500).contains(&code), "{path}: {code}");
+    }
+    let (code, body) = call(
+        &f.http,
+        "POST",
+        &format!("/api/v1/uploads/{id}/complete"),
+        &[],
+        b"",
+    );
+    assert_eq!(code, 409, "complete with chunks missing: {body}");
+    let mut s = TcpStream::connect(&f.http).unwrap();
+    write!(
+        s,
+        "GET /api/v1/uploads/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
+
+    let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 200);
+    assert_eq!(state["received"], json!([]), "a refused chunk was kept");
+    let folder: Vec<String> = std::fs::read_dir(uploads.join(&id))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(folder, ["meta.json"]);
+    assert_eq!(count(&c, "select count(*) from artex.uploads").await, 0);
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
+    drop(f);
+}
+
+#[tokio::test]
+async fn a_quota_too_small_gets_507_and_nothing_is_left() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, &["--upload-max-bytes", "5000"]).await;
+    let file = data(3000, 5);
+    let (_id, _) = create(&f.http, &file, 1024, "digest");
+    // 3,000 of 5,000 reserved: another 3,000 does not fit.
+    let (code, body) = call(
+        &f.http,
+        "POST",
+        "/api/v1/uploads",
+        &[],
+        json!({"size": 3000, "sha256": sha(&file), "task": {"kind": "digest"}})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(code, 507, "{body}");
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("--upload-max-bytes"));
+    assert_eq!(entries(&uploads), 1, "the refused upload left something");
+}
