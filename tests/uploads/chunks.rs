@@ -6,17 +6,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::common::count;
 use crate::common::procs::wait_for;
-use crate::common::{count, TestDb};
-use crate::{call, chunk, create, data, entries, fleet, put, sha};
+use crate::{call, chunk, create, data, entries, put, setup, sha};
 
 #[tokio::test]
 async fn chunks_are_acknowledged_checked_and_the_task_runs_where_the_file_is() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let size = 16 * 1024;
     let file = data(100_000, 7);
     let (id, chunks) = create(&f.http, &file, size as u64, "digest");
@@ -144,11 +141,8 @@ fn complete(http: &str, id: &str, body: &str) -> (u16, Value) {
 
 #[tokio::test]
 async fn a_sha256_left_for_complete_is_checked_there_and_writes_one_task() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let size = 16 * 1024;
     let file = data(40_000, 11);
     let (id, chunks) = create_unhashed(&f.http, &file, size as u64);

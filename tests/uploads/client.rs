@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::common;
+use crate::common::count;
 use crate::common::procs::wait_for;
-use crate::common::{count, TestDb};
-use crate::{call, cli, data, fleet, parts, ran_whole, ran_whole_sha, sha, token_file};
+use crate::{call, cli, data, parts, ran_whole, ran_whole_sha, setup, sha, token_file};
 
 /// A worker of a build that wants the sha256 when the upload starts, as far as one
 /// upload of a one-chunk file goes: it refuses a start without one as such a build does
@@ -112,10 +112,7 @@ async fn the_cli_gives_a_worker_that_wants_the_sha256_first_the_sha256_first() {
 // file and its upload), never the whole file in the test's memory.
 #[tokio::test]
 async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
+    let (db, dir, _uploads, f) = setup(&[]).await;
     let (_t, token) = token_file();
     let path = dir.path().join("big.bin");
     let file_sha = {
@@ -147,10 +144,7 @@ async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
 
 #[tokio::test]
 async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
+    let (db, dir, uploads, f) = setup(&[]).await;
     let (_t, token) = token_file();
     let path = dir.path().join("f.bin");
     let content = data(40 * 65536, 13);
@@ -207,10 +201,7 @@ fn chunks_put(lines: &[String]) -> Vec<u64> {
 
 #[tokio::test]
 async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
+    let (db, dir, _uploads, f) = setup(&[]).await;
     let (_t, token) = token_file();
     let proxy = common::proxy::Proxy::start(&f.http);
     let chunk = 65536u64;
@@ -267,11 +258,8 @@ async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
 
 #[tokio::test]
 async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks() {
-    let db = TestDb::new().await;
+    let (db, dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let (_t, token) = token_file();
     let proxy = common::proxy::Proxy::start(&f.http);
     let path = dir.path().join("f.bin");

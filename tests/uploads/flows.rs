@@ -6,8 +6,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::TestDb;
-use crate::{call, chunk, data, entries, fleet, put, sha};
+use crate::{call, chunk, data, entries, put, setup, sha};
 
 /// A flow with one task held `blocked` (so it is unfinished and running: were it paused,
 /// the flow would be paused and an upload's task would join it paused), by plain SQL.
@@ -34,11 +33,8 @@ async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
 
 #[tokio::test]
 async fn an_uploads_task_joins_the_flow_its_spec_names() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let file = data(3000, 41);
     let declare = |flow: Value| {
         call(

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::common::procs::{wait_for, wait_status, with_defaults, worker_http, Proc, FAST_WORKER};
 use crate::common::TestDb;
-use crate::{call, chunk, create, data, entries, fleet, put, sha, token_file};
+use crate::{call, chunk, create, data, entries, fleet, put, setup, sha, token_file};
 
 /// What the row of upload `id` says: its state, and seconds from its task's end to the
 /// file's deletion (None while not deleted).
@@ -127,11 +127,8 @@ async fn an_abandoned_upload_expires_and_frees_its_room_but_an_active_one_stays(
 
 #[tokio::test]
 async fn a_file_outlives_its_task_by_the_keep_time_then_goes() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&["--upload-keep-ms", "3000"]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &["--upload-keep-ms", "3000"]).await;
     let file = data(5000, 47);
     let (id, _) = create(&f.http, &file, 1024, "digest");
     let task = send_all(&f.http, &id, &file, 1024);

@@ -43,6 +43,17 @@ struct Fleet {
     _token_dir: tempfile::TempDir,
 }
 
+/// What most tests start from: their database, a folder, the worker's upload folder in
+/// it, and a worker and a planner (`extra`: the worker's further flags). Keep the folder
+/// bound (`_dir`) while the worker runs: dropped, it takes the uploads with it.
+async fn setup(extra: &[&str]) -> (TestDb, tempfile::TempDir, std::path::PathBuf, Fleet) {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let f = fleet(&db, &uploads, extra).await;
+    (db, dir, uploads, f)
+}
+
 fn token_file() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("write-token");

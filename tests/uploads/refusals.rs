@@ -5,16 +5,13 @@ use std::net::TcpStream;
 
 use serde_json::{json, Value};
 
-use crate::common::{count, TestDb};
-use crate::{call, chunk, create, data, entries, fleet, sha};
+use crate::common::count;
+use crate::{call, chunk, create, data, entries, setup, sha};
 
 #[tokio::test]
 async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let good = |v: Value| {
         let mut base = json!({"size": 3000, "sha256": "a".repeat(64), "chunk_size": 1024,
                               "task": {"kind": "digest"}});
@@ -117,10 +114,7 @@ async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_quota_too_small_gets_507_and_nothing_is_left() {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &["--upload-max-bytes", "5000"]).await;
+    let (_db, _dir, uploads, f) = setup(&["--upload-max-bytes", "5000"]).await;
     let file = data(3000, 5);
     let (_id, _) = create(&f.http, &file, 1024, "digest");
     // 3,000 of 5,000 reserved: another 3,000 does not fit.

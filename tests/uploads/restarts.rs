@@ -12,7 +12,7 @@ use crate::common;
 use crate::common::procs::{wait_for, Proc};
 use crate::common::{count, TestDb};
 use crate::{
-    answer, call, chunk, cli, create, data, fleet, parts, put, ran_whole, sha, token_file,
+    answer, call, chunk, cli, create, data, fleet, parts, put, ran_whole, setup, sha, token_file,
     WRITE_TOKEN,
 };
 
@@ -33,11 +33,8 @@ fn left_whole(uploads: &Path, id: uuid::Uuid, file: &[u8], layout: Option<u32>) 
 
 #[tokio::test]
 async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() {
-    let db = TestDb::new().await;
+    let (db, _dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let f = fleet(&db, &uploads, &[]).await;
     let (now, before) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     let (a, b) = (data(3000, 31), data(2000, 32));
     // The worker makes its upload folder as it starts taking uploads.
@@ -64,11 +61,8 @@ async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() 
 
 #[tokio::test]
 async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
-    let db = TestDb::new().await;
+    let (db, dir, uploads, mut f) = setup(&[]).await;
     let c = db.client().await;
-    let dir = tempfile::tempdir().unwrap();
-    let uploads = dir.path().join("uploads");
-    let mut f = fleet(&db, &uploads, &[]).await;
     let (_t, token) = token_file();
     let path = dir.path().join("f.bin");
     let content = data(30 * 65536, 17);
