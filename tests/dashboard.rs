@@ -475,6 +475,29 @@ async fn start_remembering(b: &Browser, file: &Path, old: &str) {
     b.give_token(WRITE_TOKEN).await;
 }
 
+/// Once the page shows its upload's task succeeded: that task as the API shows it,
+/// checked to name an upload other than `old`.
+async fn new_uploads_task(b: &Browser, addr: &str, old: &str) -> Value {
+    b.until(
+        "the new upload's task shown succeeded",
+        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
+    )
+    .await;
+    let task = b
+        .eval("return document.querySelector('#upload-task a').title")
+        .await;
+    let (code, shown) = call(
+        "GET",
+        addr,
+        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
+        None,
+    );
+    assert_eq!(code, 200, "{shown}");
+    let new = &shown["task"]["payload"]["upload"]["id"];
+    assert!(new.is_string() && *new != json!(old), "{shown}");
+    shown
+}
+
 #[tokio::test]
 async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
     use sha2::{Digest, Sha256};
@@ -747,23 +770,7 @@ async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
     let b = upload_page(&cluster.addr).await;
     start_remembering(&b, &file, &old).await;
     // Picked again, the file goes up as a new upload, and its task runs.
-    b.until(
-        "the new upload's task shown succeeded",
-        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
-    )
-    .await;
-    let task = b
-        .eval("return document.querySelector('#upload-task a').title")
-        .await;
-    let (code, shown) = call(
-        "GET",
-        &cluster.addr,
-        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
-        None,
-    );
-    assert_eq!(code, 200, "{shown}");
-    let new = &shown["task"]["payload"]["upload"]["id"];
-    assert!(new.is_string() && *new != json!(old), "{shown}");
+    let shown = new_uploads_task(&b, &cluster.addr, &old).await;
     assert_eq!(shown["task"]["result"]["matches"], json!(true), "{shown}");
     assert_eq!(b.eval(REMEMBERED).await, Value::Null);
     b.assert_no_errors().await;
@@ -851,23 +858,7 @@ async fn a_file_changed_since_its_first_chunks_went_up_is_refused_whole_and_sent
 
     // Uploaded again, it goes up as a new upload, and its task runs.
     b.click("#upload-start").await;
-    b.until(
-        "the new upload's task shown succeeded",
-        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
-    )
-    .await;
-    let task = b
-        .eval("return document.querySelector('#upload-task a').title")
-        .await;
-    let (code, shown) = call(
-        "GET",
-        &cluster.addr,
-        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
-        None,
-    );
-    assert_eq!(code, 200, "{shown}");
-    let new = &shown["task"]["payload"]["upload"]["id"];
-    assert!(new.is_string() && *new != json!(old), "{shown}");
+    let shown = new_uploads_task(&b, &cluster.addr, &old).await;
     assert_eq!(
         shown["task"]["result"]["sha256"],
         json!(hex::encode(Sha256::digest(&bytes))),
