@@ -9,7 +9,9 @@
 //! - `FILE`: the body is written to FILE (created or truncated) and fsynced once at the
 //!   end before the answer — what storing a file durably on that disk costs at least.
 //!
-//! Usage: `cargo run --release --example upload-sink [FILE]` (runs until killed).
+//! Usage: `cargo run --release --example upload-sink [FILE]` (runs until killed);
+//! `UPLOAD_SINK_BIND=10.0.0.2:0` binds elsewhere than loopback (the bench's part over a
+//! rate-limited link between network namespaces).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,7 +21,8 @@ use std::sync::Arc;
 
 fn main() -> std::io::Result<()> {
     let store: Option<Arc<PathBuf>> = std::env::args_os().nth(1).map(|p| Arc::new(p.into()));
-    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let bind = std::env::var("UPLOAD_SINK_BIND").unwrap_or_else(|_| "127.0.0.1:0".into());
+    let listener = TcpListener::bind(&bind)?;
     println!("{}", listener.local_addr()?);
     std::io::stdout().flush()?;
     for conn in listener.incoming() {

@@ -173,6 +173,7 @@ procs=()
 cleanup() {
     local rc=$?
     stop_runtime
+    if [ -n "${link_ns:-}" ]; then ip netns del "$link_ns" 2>/dev/null || true; fi
     "$artex" db stop --data-dir "$tmp/db" >/dev/null 2>&1 || true
     if [ "$rc" -ne 0 ]; then
         echo "bench failed; last lines of the logs:" >&2
@@ -857,10 +858,14 @@ fi
 # to a file in the same folder, fsynced once at the end (`upload_vs_curl_file_sink`:
 # what storing the file durably costs at least). Then the worker's peak RSS (VmHWM)
 # over one upload each of 256 MiB and 1 GiB in 1 MiB and 10 MiB chunks, a fresh worker
-# each: target, independent of both.
+# each: target, independent of both. Then the same over a 1 Gbit/s link between network
+# namespaces (`upload_link_1gbit_vs_curl`; as root).
 # Runs by default, or alone with ARTEX_BENCH_ONLY=upload (--quick: 64 and 16 MiB).
+# $in_ns: empty, or `ip netns exec NS` (the link part); $bind: where the worker and the
+# sink listen.
+in_ns=() bind=127.0.0.1
 upload_worker() { # db folder → $upload_pid, $upload_http
-    ARTEX_DATABASE_URL=$(db_url "$1") "$artex" worker --http 127.0.0.1:0 --kinds noop \
+    "${in_ns[@]}" env ARTEX_DATABASE_URL="$(db_url "$1")" "$artex" worker --http "$bind:0" --kinds noop \
         --write-token-file "$2/token" --upload-dir "$2/uploads" \
         >>"$tmp/log/$1.worker" 2>&1 &
     upload_pid=$!
@@ -884,7 +889,7 @@ upload_send() { # folder file chunk_bytes → seconds
     calc "$t1 - $t0" 3
 }
 upload_curl() { # folder file [sink_file] → seconds of curl -T to a fresh sink
-    "$tmp/upload-sink" ${3:+"$3"} >"$1/sink" 2>>"$tmp/log/upload.sink" &
+    "${in_ns[@]}" env UPLOAD_SINK_BIND="$bind:0" "$tmp/upload-sink" ${3:+"$3"} >"$1/sink" 2>>"$tmp/log/upload.sink" &
     local sink_pid=$! sink t0 t1
     procs+=("$sink_pid")
     for _ in $(seq 200); do [ -s "$1/sink" ] && break; sleep 0.05; done
@@ -954,8 +959,43 @@ upload_bench() {
     lo=$(printf '%s\n' "${rss[@]}" | sort -n | head -n 1)
     hi=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n 1)
     result upload_rss_spread "$(calc "$hi / $lo" 2)" "ratio of highest to lowest peak RSS"
+    upload_link_bench "$dir" $db
     rm -rf "$dir"
     drop_db $db
+}
+# The same file over a 1 Gbit/s link, as between two hosts of a fleet: a veth pair into
+# a network namespace of its own, its egress limited by `tc tbf`, the worker (and then
+# the sink) in the namespace, the client (and curl) outside; the database by its Unix
+# socket. Here the four sha256 passes run while the link is busy: what loopback's
+# shared cores cannot show. Needs root, `ip` and `tc` (skipped otherwise).
+upload_link_bench() { # folder db
+    if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+        echo "# upload over a 1 Gbit/s link: skipped (needs root, ip and tc)"
+        return 0
+    fi
+    link_ns="artex-bench-$$"
+    local outer="abu$$a" inner="abu$$b"
+    ip netns add "$link_ns"
+    ip link add "$outer" type veth peer name "$inner"
+    ip link set "$inner" netns "$link_ns"
+    ip addr add 10.231.77.1/24 dev "$outer"
+    ip link set "$outer" up
+    ip netns exec "$link_ns" ip addr add 10.231.77.2/24 dev "$inner"
+    ip netns exec "$link_ns" ip link set "$inner" up
+    ip netns exec "$link_ns" ip link set lo up
+    tc qdisc add dev "$outer" root tbf rate 1gbit burst 1mb latency 50ms
+    in_ns=(ip netns exec "$link_ns") bind=10.231.77.2
+    local curl_s artex_s
+    curl_s=$(upload_curl "$1" "$1/big.bin")
+    rm -rf "$1/uploads" "$1/cache"
+    upload_worker "$2" "$1"
+    artex_s=$(upload_send "$1" "$1/big.bin" $((10 << 20)))
+    upload_stop_worker
+    in_ns=() bind=127.0.0.1
+    ip netns del "$link_ns"
+    link_ns=''
+    echo "# upload over a 1 Gbit/s link (tbf on a veth pair into a namespace): curl -T $curl_s s, artex upload $artex_s s"
+    result upload_link_1gbit_vs_curl "$(calc "$curl_s / $artex_s" 2)" "ratio (the same 10 MiB chunks, 4 in flight)"
 }
 if want upload; then
     upload_bench
