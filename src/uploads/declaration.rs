@@ -27,6 +27,11 @@ pub struct Meta {
     pub chunks: u64,
     /// The task to submit once the file is whole.
     pub task: TaskSpec,
+    /// The host of the worker that took the upload (absent in uploads of earlier
+    /// builds): on a folder the fleet shares, another host's worker may be the one to
+    /// record it, and the row names where it was received, not who swept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// How the upload is kept on disk ([`LAYOUT`]); absent in the first layout (a file
     /// per chunk, joined at the end), which this build does not resume.
     #[serde(default = "first_layout")]
@@ -173,6 +178,7 @@ impl CreateRequest {
             chunk_size,
             chunks,
             task: self.task,
+            host: None,
             layout: LAYOUT,
         })
     }

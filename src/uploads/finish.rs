@@ -173,7 +173,7 @@ impl Uploads {
         };
         let upload = NewUpload {
             id: meta.id,
-            host: self.host.clone(),
+            host: meta.host.clone().unwrap_or_else(|| self.host.clone()),
             path: self
                 .folder(meta.id)
                 .join(WHOLE)

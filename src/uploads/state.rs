@@ -41,7 +41,10 @@ impl Uploads {
     /// Starts an upload: checks what is declared, reserves its size against the quota,
     /// writes its `meta.json`. Nothing is written when anything is refused.
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<Meta> {
-        let meta = req.check()?;
+        let meta = Meta {
+            host: Some(self.host.clone()),
+            ..req.check()?
+        };
         if let Some(flow) = meta.task.flow {
             self.check_flow(flow).await?;
         }

@@ -31,6 +31,35 @@ fn left_whole(uploads: &Path, id: uuid::Uuid, file: &[u8], layout: Option<u32>) 
     std::fs::write(dir.join("file"), file).unwrap();
 }
 
+/// On a folder the fleet shares, a whole file left unrecorded may be found by another
+/// host's worker: the row names the host that received it (kept in its `meta.json`).
+#[tokio::test]
+async fn a_whole_file_swept_by_another_host_is_recorded_for_the_host_that_took_it() {
+    let (db, _dir, uploads, _f) = setup(&["--upload-shared"]).await;
+    let c = db.client().await;
+    wait_for("the upload folder", Duration::from_secs(30), || async {
+        uploads.is_dir().then_some(())
+    })
+    .await;
+    let id = uuid::Uuid::now_v7();
+    left_whole(&uploads, id, &data(3000, 33), Some(2));
+    let meta = uploads.join(id.to_string()).join("meta.json");
+    let mut declared: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    declared["host"] = json!("the-receiving-host");
+    std::fs::write(&meta, declared.to_string()).unwrap();
+    let row = wait_for("the file recorded", Duration::from_secs(30), || async {
+        c.query_opt(
+            "select host, shared from artex.uploads where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, bool>(1)))
+    })
+    .await;
+    assert_eq!(row, ("the-receiving-host".to_string(), true));
+}
+
 #[tokio::test]
 async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() {
     let (db, _dir, uploads, f) = setup(&[]).await;
