@@ -88,75 +88,32 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     }
     let client = Client { addr, token };
     let state_path = state_file(&args.file, &args.to)?;
-
-    // Resume the upload this file and target had, if the file is unchanged and the
-    // worker still has it.
-    let mut plan = None;
-    if let Some(saved) = read_state(&state_path, &version) {
-        let (code, body) = client
-            .send(
-                "GET",
-                &format!("/api/v1/uploads/{saved}"),
-                &[],
-                Body::Bytes(&[]),
-            )
-            .await?;
-        if code == 200 {
-            if let Some(task) = body["task"].as_str() {
-                println!("{task}");
-                let _ = std::fs::remove_file(&state_path);
-                return Ok(());
-            }
-            let missing: Vec<u64> = body["missing"]
-                .as_array()
-                .map(|m| m.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default();
-            eprintln!(
-                "artex: resuming upload {saved}: {} of {} chunks missing",
-                missing.len(),
-                body["chunks"]
-            );
-            let chunk = body["chunk_size"].as_u64().unwrap_or(0);
-            let declared = body["sha256"].as_str().map(String::from);
-            plan = Some((saved, chunk, missing, declared, None));
+    let plan = match resumed(&client, &state_path, &version).await? {
+        Some(Start::Done(task)) => {
+            println!("{task}");
+            let _ = std::fs::remove_file(&state_path);
+            return Ok(());
         }
-    }
-    let (id, chunk, missing, declared, hashing) = match plan {
-        Some(p) => p,
+        Some(Start::Send(plan)) => plan,
         None => {
-            let mut req = json!({
-                "size": size,
+            let declaration = json!({
+                "size": size, "chunk_size": want_chunk,
+                "name": args.file.file_name().and_then(|n| n.to_str()),
                 "task": {"kind": args.kind, "payload": payload, "priority": args.priority,
                          "flow": args.flow},
             });
-            if let Some(name) = args.file.file_name().and_then(|n| n.to_str()) {
-                req["name"] = json!(name);
-            }
-            req["chunk_size"] = json!(want_chunk);
-            // The file's sha256 is given with `complete`, so chunks go out while it is
-            // hashed; a worker of a build that wants it now says so, and gets it.
-            let mut hashing = None;
-            let mut declared = None;
-            let (mut code, mut body) = client.create(&req).await?;
-            if code == 400 && body["error"].as_str().is_some_and(|e| e.contains("sha256")) {
-                let h = Hashing::start(&args.file, want_chunk)?;
-                let whole = h.whole().await?;
-                req["sha256"] = json!(whole);
-                (code, body) = client.create(&req).await?;
-                declared = Some(whole);
-                hashing = Some(h);
-            }
-            if code != 201 {
-                return Err(refused(code, &body));
-            }
-            let id = body["id"].as_str().unwrap_or_default().to_string();
-            let chunk = body["chunk_size"].as_u64().unwrap_or(0);
-            let chunks = body["chunks"].as_u64().unwrap_or(0);
-            write_state(&state_path, &id, &version)?;
-            let hashing = hashing.filter(|_| chunk == want_chunk);
-            (id, chunk, (0..chunks).collect(), declared, hashing)
+            let plan = started(&client, declaration, &args.file, want_chunk).await?;
+            write_state(&state_path, &plan.id, &version)?;
+            plan
         }
     };
+    let Plan {
+        id,
+        chunk,
+        missing,
+        declared,
+        hashing,
+    } = plan;
     if chunk == 0 {
         return Err(Error::Invalid(format!(
             "the worker answered a chunk size of 0 for {id}"
@@ -237,6 +194,93 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let _ = std::fs::remove_file(&state_path);
     println!("{task}");
     Ok(())
+}
+
+/// Where sending starts: the upload's id and chunking, the chunks it misses, the sha256
+/// it declared (if it did) and the hashing already under way (if any).
+struct Plan {
+    id: String,
+    chunk: u64,
+    missing: Vec<u64>,
+    declared: Option<String>,
+    hashing: Option<Hashing>,
+}
+
+/// A saved upload, resumed: what it misses, or its task if it is complete already.
+enum Start {
+    Send(Plan),
+    Done(String),
+}
+
+/// The upload this file and target had, if the file is the same version and the worker
+/// still has it.
+async fn resumed(client: &Client, state_path: &Path, version: &Version) -> Result<Option<Start>> {
+    let Some(saved) = read_state(state_path, version) else {
+        return Ok(None);
+    };
+    let (code, body) = client
+        .send(
+            "GET",
+            &format!("/api/v1/uploads/{saved}"),
+            &[],
+            Body::Bytes(&[]),
+        )
+        .await?;
+    if code != 200 {
+        return Ok(None);
+    }
+    if let Some(task) = body["task"].as_str() {
+        return Ok(Some(Start::Done(task.to_string())));
+    }
+    let missing: Vec<u64> = body["missing"]
+        .as_array()
+        .map(|m| m.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    eprintln!(
+        "artex: resuming upload {saved}: {} of {} chunks missing",
+        missing.len(),
+        body["chunks"]
+    );
+    Ok(Some(Start::Send(Plan {
+        chunk: body["chunk_size"].as_u64().unwrap_or(0),
+        missing,
+        declared: body["sha256"].as_str().map(String::from),
+        hashing: None,
+        id: saved,
+    })))
+}
+
+/// Starts an upload of `file` as `declaration` says, leaving its sha256 for `complete`
+/// so that chunks go out while it is hashed; a worker of an earlier build, which wants
+/// it at the start, says so (400 naming the field) and is given it.
+async fn started(
+    client: &Client,
+    mut declaration: Value,
+    file: &Path,
+    want_chunk: u64,
+) -> Result<Plan> {
+    let (mut declared, mut hashing) = (None, None);
+    let (mut code, mut body) = client.create(&declaration).await?;
+    if code == 400 && body["error"].as_str().is_some_and(|e| e.contains("sha256")) {
+        let h = Hashing::start(file, want_chunk)?;
+        let whole = h.whole().await?;
+        declaration["sha256"] = json!(whole);
+        (code, body) = client.create(&declaration).await?;
+        declared = Some(whole);
+        hashing = Some(h);
+    }
+    if code != 201 {
+        return Err(refused(code, &body));
+    }
+    let chunk = body["chunk_size"].as_u64().unwrap_or(0);
+    Ok(Plan {
+        id: body["id"].as_str().unwrap_or_default().to_string(),
+        chunk,
+        missing: (0..body["chunks"].as_u64().unwrap_or(0)).collect(),
+        declared,
+        // Digests at another chunk size than the worker's are of no use.
+        hashing: hashing.filter(|_| chunk == want_chunk),
+    })
 }
 
 /// Every chunk is there: asks the worker to check the whole file against `whole` and
