@@ -133,42 +133,8 @@ async fn complete(
             .map_err(|e| UploadError::Invalid(format!("the request: {e}")))?;
         b.sha256.as_deref().map(check_sha256).transpose()?
     };
-    let before = uploads.progress(id).await?;
-    if let Some(task) = before.task {
-        return Err(UploadError::Conflict(format!(
-            "upload {id} is already complete; its task is {task}"
-        )));
-    }
-    let mut meta = uploads.meta(id).await?;
-    match (&meta.sha256, given) {
-        (Some(declared), Some(given)) if *declared != given => {
-            return Err(UploadError::Unprocessable {
-                field: "sha256",
-                message: format!(
-                    "sha256: {given} differs from the {declared} declared when upload {id} \
-                     started; nothing changed"
-                ),
-            })
-        }
-        (None, None) => {
-            return Err(UploadError::Unprocessable {
-                field: "sha256",
-                message: format!(
-                    "sha256: upload {id} declared none when it started; give the whole \
-                     file's here: {{\"sha256\": \"<64 hex digits>\"}}"
-                ),
-            })
-        }
-        (None, Some(given)) => meta.sha256 = Some(given),
-        (Some(_), _) => {}
-    }
-    match uploads.finish(&meta).await? {
-        Some(task) => Ok(HttpResponse::Ok().json(json!({ "state": "complete", "task": task }))),
-        None => Err(UploadError::Conflict(format!(
-            "upload {id} is missing chunks {:?}",
-            before.missing
-        ))),
-    }
+    let task = uploads.complete(id, given).await?;
+    Ok(HttpResponse::Ok().json(json!({ "state": "complete", "task": task })))
 }
 
 /// A chunk for an upload whose folder is gone: if it was completed (by another request;

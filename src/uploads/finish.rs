@@ -75,6 +75,48 @@ impl Uploads {
         }
     }
 
+    /// `complete`: every chunk must be there; `given` is the whole file's sha256, which
+    /// the upload must be given here if it declared none at the start, and which must be
+    /// the one declared if it did. Returns the task (written now, or by the request that
+    /// finished it first: then `Conflict`, naming it).
+    pub async fn complete(self: &Arc<Self>, id: Uuid, given: Option<String>) -> Result<Uuid> {
+        let before = self.progress(id).await?;
+        if let Some(task) = before.task {
+            return Err(UploadError::Conflict(format!(
+                "upload {id} is already complete; its task is {task}"
+            )));
+        }
+        let mut meta = self.meta(id).await?;
+        match (&meta.sha256, given) {
+            (Some(declared), Some(given)) if *declared != given => {
+                return Err(UploadError::Unprocessable {
+                    field: "sha256",
+                    message: format!(
+                        "sha256: {given} differs from the {declared} declared when upload \
+                         {id} started; nothing changed"
+                    ),
+                })
+            }
+            (None, None) => {
+                return Err(UploadError::Unprocessable {
+                    field: "sha256",
+                    message: format!(
+                        "sha256: upload {id} declared none when it started; give the whole \
+                         file's here: {{\"sha256\": \"<64 hex digits>\"}}"
+                    ),
+                })
+            }
+            (None, Some(given)) => meta.sha256 = Some(given),
+            (Some(_), _) => {}
+        }
+        self.finish(&meta).await?.ok_or_else(|| {
+            UploadError::Conflict(format!(
+                "upload {id} is missing chunks {:?}",
+                before.missing
+            ))
+        })
+    }
+
     /// Checks the data file whole (its size and sha256: one read pass over what was not
     /// hashed ahead) and renames it to `file`. Its chunks are durable already (each
     /// synced before it was marked). A sha256 given with `complete` is written into
