@@ -174,9 +174,9 @@ async fn a_shared_uploads_task_is_bound_to_no_host_and_runs_on_another() {
     let uploads = dir.path().join("uploads");
     let folder = uploads.to_str().unwrap();
     let (_t, token) = token_file();
-    // A takes the upload but runs no `digest`; B, on another host, runs it. B sweeps
-    // rarely: a sweep that found the whole file before A recorded it would record it
-    // itself (harmless on shared storage, but then under B's host).
+    // A takes the upload but runs no `digest`; B, on another host, runs it. Both sweep
+    // the folder: were B's sweep to find the whole file before A recorded it, it would
+    // record it for host-a all the same (its `meta.json` names the host that took it).
     let a = worker_on_host(
         "host-a",
         "uploads-a",
@@ -204,7 +204,7 @@ async fn a_shared_uploads_task_is_bound_to_no_host_and_runs_on_another() {
             folder,
             "--upload-shared",
             "--upload-sweep-ms",
-            "600000",
+            "100",
         ],
     );
     let _planner = Proc::planner("uploads-planner", &db.url, &[]);
