@@ -106,6 +106,20 @@ stop_runtime() {
     wait "${procs[@]}" 2>/dev/null || true
     procs=()
 }
+# `artex serve` on database $1 (further flags after it), on a free loopback port: its
+# address in $serve_addr, once its log says where it listens.
+serve_api() {
+    ARTEX_DATABASE_URL=$(db_url "$1") "$artex" serve --http 127.0.0.1:0 "${@:2}" \
+        >>"$tmp/log/$1.serve" 2>&1 &
+    procs+=($!)
+    serve_addr=''
+    for _ in $(seq 200); do
+        serve_addr=$(sed -nE 's|.*the HTTP API on http://([0-9.:]+)/api/v1.*|\1|p' "$tmp/log/$1.serve" | head -n 1)
+        [ -n "$serve_addr" ] && return 0
+        sleep 0.05
+    done
+    die "artex serve did not say where it listens"
+}
 # Waits until no session is connected to database $1 (its backends have exited and been
 # reaped, so their CPU time is in the postmaster's and their statistics are flushed).
 wait_idle() {
@@ -768,16 +782,8 @@ if want api; then
     sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
         values ('sim-api', 'sim', 1, 'bench', 'artex_w_sim_api', array['noop'], 1)"
     printf 'bench-write-token' >"$tmp/api-token"
-    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 \
-        --write-token-file "$tmp/api-token" >>"$tmp/log/$db.serve" 2>&1 &
-    procs+=($!)
-    api_addr=''
-    for _ in $(seq 200); do
-        api_addr=$(sed -nE 's|.*the HTTP API on http://([0-9.:]+)/api/v1.*|\1|p' "$tmp/log/$db.serve")
-        [ -n "$api_addr" ] && break
-        sleep 0.05
-    done
-    [ -n "$api_addr" ] || die "artex serve did not say where it listens"
+    serve_api $db --write-token-file "$tmp/api-token"
+    api_addr=$serve_addr
     echo "# API: $api_clients clients; $api_single tasks one a request, $api_batched in batches of 100; plain SQL the same"
     api1=$(api_http "$api_addr" "$api_single" 1)
     sql1=$(api_sql $db 1 $((api_single / api_clients)))
@@ -821,15 +827,8 @@ dash_bench() {
                             case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
                                  else 'succeeded' end as s) x" \
         -c "vacuum analyze artex.tasks" -c checkpoint
-    ARTEX_DATABASE_URL=$(db_url $db) "$artex" serve --http 127.0.0.1:0 --public-read \
-        >>"$tmp/log/$db.serve" 2>&1 &
-    procs+=($!)
-    for _ in $(seq 200); do
-        addr=$(sed -n 's|.*the HTTP API on http://\([^/]*\)/api/v1.*|\1|p' "$tmp/log/$db.serve" | head -n 1)
-        [ -n "$addr" ] && break
-        sleep 0.05
-    done
-    [ -n "$addr" ] || die "artex serve did not start"
+    serve_api $db --public-read
+    addr=$serve_addr
     echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
         (select status, count(*) n from artex.tasks group by 1 order by 1) c")), artex serve"
     dash_ms "http://$addr/" >/dev/null # warm-up: the first connection, the prepared statements
