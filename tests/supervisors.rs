@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
 use common::bundles::{Keys, TOKEN};
-use common::procs::{http_get, wait_for, Proc, FAST_WORKER};
+use common::procs::{http_get, online_http, wait_for, Proc, FAST_WORKER};
 use common::TestDb;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -86,21 +86,6 @@ async fn serving_pid(addr: &str, not: &[i32]) -> i32 {
             (code == 200 && !not.contains(&pid)).then_some(pid)
         },
     )
-    .await
-}
-
-/// The HTTP address of the first online worker (the master's port, in master mode).
-async fn online_http(c: &Client) -> String {
-    wait_for("a worker to register", Duration::from_secs(20), || async {
-        c.query_opt(
-            "select http_addr from artex.workers where state = 'online' limit 1",
-            &[],
-        )
-        .await
-        .ok()
-        .flatten()
-        .and_then(|r| r.get::<_, Option<String>>(0))
-    })
     .await
 }
 

@@ -283,6 +283,22 @@ pub async fn worker_http(c: &tokio_postgres::Client, p: &Proc) -> String {
         .get(0)
 }
 
+/// The HTTP address of the first online worker, once one is (in master mode: the
+/// master's port, whichever generation serves it).
+pub async fn online_http(c: &tokio_postgres::Client) -> String {
+    wait_for("a worker to register", Duration::from_secs(30), || async {
+        c.query_opt(
+            "select http_addr from artex.workers where state = 'online' limit 1",
+            &[],
+        )
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.get::<_, Option<String>>(0))
+    })
+    .await
+}
+
 /// Whether process `pid` runs (a zombie counts as exited).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::common;
 use crate::common::bundles::{Keys, TOKEN};
 use crate::common::procs::{
-    alive, http_get, wait_for, wait_status, worker_http, Proc, FAST_WORKER,
+    alive, http_get, online_http, wait_for, wait_status, worker_http, Proc, FAST_WORKER,
 };
 use crate::common::{count, TestDb};
 use crate::{curl_upgrade, upgradable_worker, wait_gone, KillAll};
@@ -226,24 +226,7 @@ async fn under_master_a_rollback_leaves_nothing_and_a_successor_joins_the_lineag
     args.extend(["--upgrade-ready-ms".into(), "3000".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut master = Proc::start("master", &db.url, &args, &[]);
-    let http: String = wait_for(
-        "the generation to register",
-        Duration::from_secs(30),
-        || {
-            let c = &c;
-            async move {
-                c.query_opt(
-                    "select http_addr from artex.workers where state = 'online' limit 1",
-                    &[],
-                )
-                .await
-                .ok()
-                .flatten()
-                .and_then(|r| r.get::<_, Option<String>>(0))
-            }
-        },
-    )
-    .await;
+    let http = online_http(&c).await;
     let (_, health) = http_get(&http, "/health").unwrap();
     let first = serde_json::from_str::<Value>(&health).unwrap()["pid"]
         .as_i64()
