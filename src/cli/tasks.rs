@@ -332,10 +332,7 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
         (Some(cut), serde_json::Value::String(head)) => format!("{head}{}", cut_note(cut.bytes)),
         _ => v.to_string(),
     };
-    let time = |d: Option<DateTime<Utc>>| {
-        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_else(|| "-".into())
-    };
+    let time = time_text;
     println!("id:          {}", t.id);
     println!("kind:        {}", t.kind);
     println!("status:      {}", t.status);
