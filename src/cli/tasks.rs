@@ -240,10 +240,11 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         (false, false) => 0,
     };
     let tasks = bb.tasks_page(&filter, cut).await?;
+    // A full page may have more after it: its last id is where the next starts.
+    let next = (tasks.len() as i64 == filter.limit)
+        .then(|| tasks.last().map(|t| t.task.id))
+        .flatten();
     if args.json {
-        let next = (tasks.len() as i64 == filter.limit)
-            .then(|| tasks.last().map(|t| t.task.id))
-            .flatten();
         return print_json(&serde_json::json!({ "tasks": tasks, "next": next }));
     }
     if tasks.is_empty() {
@@ -265,10 +266,8 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
             time_text(Some(t.updated_at))
         );
     }
-    if tasks.len() as i64 == filter.limit {
-        if let Some(last) = tasks.last() {
-            eprintln!("(more may follow: --after {})", last.task.id);
-        }
+    if let Some(next) = next {
+        eprintln!("(more may follow: --after {next})");
     }
     Ok(())
 }
