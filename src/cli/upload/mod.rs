@@ -218,14 +218,7 @@ async fn resumed(client: &Client, state_path: &Path, version: &Version) -> Resul
     let Some(saved) = read_state(state_path, version) else {
         return Ok(None);
     };
-    let (code, body) = client
-        .send(
-            "GET",
-            &format!("/api/v1/uploads/{saved}"),
-            &[],
-            Body::Bytes(&[]),
-        )
-        .await?;
+    let (code, body) = client.status(&saved).await?;
     if code != 200 {
         return Ok(None);
     }
@@ -308,14 +301,7 @@ async fn complete(client: &Client, id: &str, whole: &str, state_path: &Path) -> 
                 .unwrap_or("the file's sha256 did not match")
         )));
     }
-    let (code, body) = client
-        .send(
-            "GET",
-            &format!("/api/v1/uploads/{id}"),
-            &[],
-            Body::Bytes(&[]),
-        )
-        .await?;
+    let (code, body) = client.status(id).await?;
     match body["task"].as_str() {
         Some(t) if code == 200 => Ok(t.to_string()),
         _ => Err(Error::Invalid(format!(
@@ -482,6 +468,17 @@ impl Client {
         let body = req.to_string();
         self.send("POST", "/api/v1/uploads", &[], Body::Bytes(body.as_bytes()))
             .await
+    }
+
+    /// `GET /api/v1/uploads/{id}`: what the upload misses, or its task once complete.
+    async fn status(&self, id: &str) -> Result<(u16, Value)> {
+        self.send(
+            "GET",
+            &format!("/api/v1/uploads/{id}"),
+            &[],
+            Body::Bytes(&[]),
+        )
+        .await
     }
 
     /// Sends one request; returns the status and the body as JSON (`Null` if not JSON).
