@@ -266,8 +266,13 @@ async fn started(
         return Err(refused(code, &body));
     }
     let chunk = body["chunk_size"].as_u64().unwrap_or(0);
+    // Without an id every later request would name no upload (and be refused as such).
+    let id = body["id"]
+        .as_str()
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| Error::Invalid(format!("the worker answered no upload id: {body}")))?;
     Ok(Plan {
-        id: body["id"].as_str().unwrap_or_default().to_string(),
+        id: id.to_string(),
         chunk,
         missing: (0..body["chunks"].as_u64().unwrap_or(0)).collect(),
         declared,
