@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::follow::{task_outcome, wait_task};
 use super::inputs::{check_submission, read_payload, Submitted};
+use super::progress::step;
 use super::{
     cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
 };
@@ -178,7 +179,7 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
     } else if let Some(result) = &ended.result {
         let text = result.to_string();
-        eprintln!("artex: result: {}", cut_text(&text));
+        step(format!("result: {}", cut_text(&text)));
     }
     task_outcome(&ended)
 }

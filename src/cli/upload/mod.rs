@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::progress::Progress;
+use super::progress::{step, Progress};
 use crate::error::{Error, Result};
 use body::{Body, Hashing, Part};
 
@@ -185,12 +185,12 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         }
     };
     let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "artex: sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
+    step(format!(
+        "sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
         sent.load(Ordering::Relaxed),
         progress.total,
         retries.retried.load(Ordering::Relaxed)
-    );
+    ));
     let _ = std::fs::remove_file(&state_path);
     println!("{task}");
     Ok(())
@@ -229,11 +229,11 @@ async fn resumed(client: &Client, state_path: &Path, version: &Version) -> Resul
         .as_array()
         .map(|m| m.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
-    eprintln!(
-        "artex: resuming upload {saved}: {} of {} chunks missing",
+    step(format!(
+        "resuming upload {saved}: {} of {} chunks missing",
         missing.len(),
         body["chunks"]
-    );
+    ));
     Ok(Some(Start::Send(Plan {
         chunk: body["chunk_size"].as_u64().unwrap_or(0),
         missing,
