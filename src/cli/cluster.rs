@@ -5,7 +5,7 @@
 use clap::Args;
 use serde_json::json;
 
-use super::{connect_one_shot, print_json};
+use super::{connect_one_shot, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::Result;
 
@@ -57,8 +57,7 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
             w.pid,
             w.version,
             format!("{}/{}", w.held, w.capacity),
-            w.last_seen
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            time_text(Some(w.last_seen)),
             w.binary_sha256
                 .as_deref()
                 .map(|s| &s[..s.len().min(12)])

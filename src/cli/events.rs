@@ -12,7 +12,7 @@ use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::{connect_one_shot, print_json};
+use super::{connect_one_shot, print_json, time_text};
 use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
 
@@ -119,10 +119,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
                 r.keep_secs,
                 r.pruned_through,
                 r.pruned_at
-                    .map(|t| format!(
-                        " (last pruned {})",
-                        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-                    ))
+                    .map(|t| format!(" (last pruned {})", time_text(Some(t))))
                     .unwrap_or_default()
             );
             Ok(())

@@ -75,7 +75,7 @@ enum Command {
         #[command(flatten)]
         planner: PlannerArgs,
     },
-    /// Run a planner (Scanner, Assigner, Reaper).
+    /// Run a planner (Scanner, Assigner, Reaper, Maintenance).
     Planner {
         #[command(flatten)]
         planner: PlannerArgs,
@@ -138,7 +138,7 @@ enum Command {
     Resume(tasks::ControlArgs),
     /// End a task, or every unfinished task of a flow; a running one is stopped.
     Cancel(tasks::ControlArgs),
-    /// The change feed: tail task events (outbox or logical decoding), retention.
+    /// The change feed: tail task changes (history table or logical decoding), retention.
     Events {
         #[command(subcommand)]
         command: events::EventsCommand,

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::follow::{task_outcome, wait_task};
 use super::inputs::{check_submission, read_payload, Submitted};
+use super::progress::step;
 use super::{
     cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
 };
@@ -178,7 +179,7 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
     } else if let Some(result) = &ended.result {
         let text = result.to_string();
-        eprintln!("artex: result: {}", cut_text(&text));
+        step(format!("result: {}", cut_text(&text)));
     }
     task_outcome(&ended)
 }
@@ -240,10 +241,11 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         (false, false) => 0,
     };
     let tasks = bb.tasks_page(&filter, cut).await?;
+    // A full page may have more after it: its last id is where the next starts.
+    let next = (tasks.len() as i64 == filter.limit)
+        .then(|| tasks.last().map(|t| t.task.id))
+        .flatten();
     if args.json {
-        let next = (tasks.len() as i64 == filter.limit)
-            .then(|| tasks.last().map(|t| t.task.id))
-            .flatten();
         return print_json(&serde_json::json!({ "tasks": tasks, "next": next }));
     }
     if tasks.is_empty() {
@@ -265,10 +267,8 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
             time_text(Some(t.updated_at))
         );
     }
-    if tasks.len() as i64 == filter.limit {
-        if let Some(last) = tasks.last() {
-            eprintln!("(more may follow: --after {})", last.task.id);
-        }
+    if let Some(next) = next {
+        eprintln!("(more may follow: --after {next})");
     }
     Ok(())
 }
@@ -332,10 +332,7 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
         (Some(cut), serde_json::Value::String(head)) => format!("{head}{}", cut_note(cut.bytes)),
         _ => v.to_string(),
     };
-    let time = |d: Option<DateTime<Utc>>| {
-        d.map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_else(|| "-".into())
-    };
+    let time = time_text;
     println!("id:          {}", t.id);
     println!("kind:        {}", t.kind);
     println!("status:      {}", t.status);

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::progress::Progress;
+use super::progress::{step, Progress};
 use crate::error::{Error, Result};
 use body::{Body, Hashing, Part};
 
@@ -185,12 +185,12 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         }
     };
     let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "artex: sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
+    step(format!(
+        "sent {} chunks ({} bytes) in {secs:.1} s, {} sends retried; task {task}",
         sent.load(Ordering::Relaxed),
         progress.total,
         retries.retried.load(Ordering::Relaxed)
-    );
+    ));
     let _ = std::fs::remove_file(&state_path);
     println!("{task}");
     Ok(())
@@ -218,14 +218,7 @@ async fn resumed(client: &Client, state_path: &Path, version: &Version) -> Resul
     let Some(saved) = read_state(state_path, version) else {
         return Ok(None);
     };
-    let (code, body) = client
-        .send(
-            "GET",
-            &format!("/api/v1/uploads/{saved}"),
-            &[],
-            Body::Bytes(&[]),
-        )
-        .await?;
+    let (code, body) = client.status(&saved).await?;
     if code != 200 {
         return Ok(None);
     }
@@ -236,11 +229,11 @@ async fn resumed(client: &Client, state_path: &Path, version: &Version) -> Resul
         .as_array()
         .map(|m| m.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
-    eprintln!(
-        "artex: resuming upload {saved}: {} of {} chunks missing",
+    step(format!(
+        "resuming upload {saved}: {} of {} chunks missing",
         missing.len(),
         body["chunks"]
-    );
+    ));
     Ok(Some(Start::Send(Plan {
         chunk: body["chunk_size"].as_u64().unwrap_or(0),
         missing,
@@ -273,8 +266,13 @@ async fn started(
         return Err(refused(code, &body));
     }
     let chunk = body["chunk_size"].as_u64().unwrap_or(0);
+    // Without an id every later request would name no upload (and be refused as such).
+    let id = body["id"]
+        .as_str()
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| Error::Invalid(format!("the worker answered no upload id: {body}")))?;
     Ok(Plan {
-        id: body["id"].as_str().unwrap_or_default().to_string(),
+        id: id.to_string(),
         chunk,
         missing: (0..body["chunks"].as_u64().unwrap_or(0)).collect(),
         declared,
@@ -308,14 +306,7 @@ async fn complete(client: &Client, id: &str, whole: &str, state_path: &Path) -> 
                 .unwrap_or("the file's sha256 did not match")
         )));
     }
-    let (code, body) = client
-        .send(
-            "GET",
-            &format!("/api/v1/uploads/{id}"),
-            &[],
-            Body::Bytes(&[]),
-        )
-        .await?;
+    let (code, body) = client.status(id).await?;
     match body["task"].as_str() {
         Some(t) if code == 200 => Ok(t.to_string()),
         _ => Err(Error::Invalid(format!(
@@ -482,6 +473,17 @@ impl Client {
         let body = req.to_string();
         self.send("POST", "/api/v1/uploads", &[], Body::Bytes(body.as_bytes()))
             .await
+    }
+
+    /// `GET /api/v1/uploads/{id}`: what the upload misses, or its task once complete.
+    async fn status(&self, id: &str) -> Result<(u16, Value)> {
+        self.send(
+            "GET",
+            &format!("/api/v1/uploads/{id}"),
+            &[],
+            Body::Bytes(&[]),
+        )
+        .await
     }
 
     /// Sends one request; returns the status and the body as JSON (`Null` if not JSON).
