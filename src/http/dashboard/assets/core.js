@@ -95,7 +95,6 @@ class ApiError extends Error {
     this.body = body;
   }
 }
-A.ApiError = ApiError;
 
 // One API call: JSON in and out; a 401 asks for the scope's token and tries again.
 A.api = async function api(method, path, body) {
@@ -168,9 +167,8 @@ A.flash = function flash(text, bad) {
 // when the stream ends (a drain, a hot upgrade) it checks /health and reconnects, so
 // the page never dies. Each event goes to A.recent and to the current page.
 A.recent = [];
-A.live = { after: null, connected: false };
+A.live = { after: null };
 function setLive(on, text) {
-  A.live.connected = on;
   const el = document.getElementById("live");
   el.className = "live " + (on ? "on" : "off");
   el.textContent = text || (on ? "live" : "offline");
@@ -254,11 +252,10 @@ A.route = function route() {
   if (A.current && A.current.leave) A.current.leave();
   A.current = page;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("on", a.dataset.nav === page.name);
-  A.params = new URLSearchParams(qs || "");
   A.arg = rest.join("/") || null;
   const main = document.getElementById("main");
   main.replaceChildren();
-  A.showing = page.show(main, A.arg, A.params).catch((e) => A.failed(main, e));
+  page.show(main, A.arg, new URLSearchParams(qs || "")).catch((e) => A.failed(main, e));
 };
 A.refresh = () => { if (A.current && A.current.reload) A.current.reload(); };
 A.failed = function failed(main, e) {
