@@ -135,7 +135,7 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
     b.give_token(READ_TOKEN).await;
     b.until("the counts", &count_of("pending")).await;
     assert_eq!(b.eval(&count_of("pending")).await, json!("0"));
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
 
     let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     created(call(
@@ -170,12 +170,7 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
         "return !!document.querySelector('[data-kind=echo]')",
     )
     .await;
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 
     // The reads the overview makes: a sample as small as asked, the backlog of due tasks
     // only (the three pending ones are due in an hour), the feed's head.
@@ -260,9 +255,10 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
         "return !!document.querySelector('#task-status [data-status=paused]')",
     )
     .await;
+    b.mark_page().await;
     // Every status the page shows from now on, in order.
     b.eval(
-        "window.__same_page = true; window.__seen = [];
+        "window.__seen = [];
          const look = () => { const s = document.querySelector('#task-status [data-status]');
            if (s && __seen[__seen.length - 1] !== s.dataset.status) __seen.push(s.dataset.status); };
          new MutationObserver(look).observe(document.getElementById('main'), {childList: true, subtree: true});
@@ -300,12 +296,7 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
         "return ['paused', 'pending', 'running', 'succeeded'].every(s => document.querySelector('#timeline [data-to=' + s + ']'))",
     )
     .await;
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 #[tokio::test]
@@ -335,7 +326,7 @@ async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
     )
     .await;
     b.click(&format!("[data-flow=\"{flow}\"] a")).await;
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
     let states = b
         .until(
             "every node in its final state",
@@ -354,12 +345,7 @@ async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
         .collect();
     edges.sort();
     assert_eq!(edges, ["a>b", "a>c", "b>d", "c>d"]);
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 /// Kills the processes of later generations (not the test's children) at the end.
@@ -399,7 +385,7 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
         ),
     )
     .await;
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
 
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-H"])
@@ -440,12 +426,7 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
         replaced.contains(&format!("replaced by pid {new}")),
         "{replaced}"
     );
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 /// A browser on the upload page at `addr`, the read token given, its form shown.
