@@ -11,6 +11,7 @@
 mod browser;
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -31,32 +32,32 @@ fn write_token_file(dir: &Path) -> String {
     f.to_string_lossy().into_owned()
 }
 
-/// `curl` to `addr` with the write token; (HTTP code, JSON body).
-fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sS",
-        "--max-time",
-        "30",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        method,
-    ])
-    .arg("-H")
-    .arg(format!("Authorization: Bearer {WRITE_TOKEN}"));
-    if let Some(b) = body {
-        cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
-    }
-    let out = cmd
-        .arg(format!("http://{addr}{path}"))
+/// `curl` with `args` (a request it bounds to two minutes); (HTTP code, body). The code
+/// is 0 when no answer came.
+fn curl<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}"])
+        .args(args)
         .output()
         .expect("curl must be installed");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
-    (code.trim().parse().unwrap_or(0), body)
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// `curl` to `addr` with the write token; (HTTP code, JSON body).
+fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let auth = format!("Authorization: Bearer {WRITE_TOKEN}");
+    let mut args = vec!["-X", method, "-H", &auth];
+    let json = body.map(|b| b.to_string());
+    if let Some(b) = &json {
+        args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let url = format!("http://{addr}{path}");
+    args.push(&url);
+    let (code, body) = curl(args);
+    let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    (code, body)
 }
 
 fn created(r: (u16, Value)) -> Value {
@@ -387,16 +388,14 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
     .await;
     b.mark_page().await;
 
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-H"])
-        .arg(format!("Authorization: Bearer {UPGRADE_TOKEN}"))
-        .arg("-T")
-        .arg(&bundle)
-        .arg(format!("http://{}/upgrade", cluster.addr))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(text.trim_end().ends_with("200"), "upgrade: {text}");
+    let (code, text) = curl([
+        "-H".into(),
+        format!("Authorization: Bearer {UPGRADE_TOKEN}"),
+        "-T".into(),
+        bundle.display().to_string(),
+        format!("http://{}/upgrade", cluster.addr),
+    ]);
+    assert_eq!(code, 200, "upgrade: {text}");
     let c = db.client().await;
     let new: i32 = c
         .query_one(
@@ -745,32 +744,18 @@ fn put_chunk(addr: &str, id: &str, n: u64, body: &[u8]) -> u16 {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("chunk");
     std::fs::write(&f, body).unwrap();
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "30",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-        ])
-        .args(["-X", "PUT", "-H"])
-        .arg(format!("Authorization: Bearer {WRITE_TOKEN}"))
-        .arg("-H")
-        .arg(format!(
-            "Chunk-Sha256: {}",
-            hex::encode(Sha256::digest(body))
-        ))
-        .arg("--data-binary")
-        .arg(format!("@{}", f.display()))
-        .arg(format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"))
-        .output()
-        .expect("curl must be installed");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
+    curl([
+        "-X".into(),
+        "PUT".into(),
+        "-H".into(),
+        format!("Authorization: Bearer {WRITE_TOKEN}"),
+        "-H".into(),
+        format!("Chunk-Sha256: {}", hex::encode(Sha256::digest(body))),
+        "--data-binary".into(),
+        format!("@{}", f.display()),
+        format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"),
+    ])
+    .0
 }
 
 #[tokio::test]
