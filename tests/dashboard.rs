@@ -5,7 +5,8 @@
 //! cut off midway and resumed from a new page, and one resumed from a file that changed
 //! (refused whole, then sent anew). Every test ends by asserting that the page
 //! logged no error, and the page is never reloaded (but for that resume, whose point is
-//! a closed tab): what changes, changes live.
+//! a closed tab): what changes, changes live. Without a browser: the page and its assets
+//! are served under a strict Content-Security-Policy, and cached by their digest.
 
 #[path = "common/browser.rs"]
 mod browser;
@@ -119,6 +120,83 @@ impl Cluster {
         );
         self.worker = worker;
     }
+}
+
+/// `GET http://{addr}{path}` with `extra` request headers: (HTTP code, response headers).
+fn headers(addr: &str, path: &str, extra: &[&str]) -> (u16, String) {
+    let mut args = vec!["-D", "-", "-o", "/dev/null"];
+    for h in extra {
+        args.extend(["-H", h]);
+    }
+    let url = format!("http://{addr}{path}");
+    args.push(&url);
+    curl(args)
+}
+
+/// The value of header `name` in `headers`.
+fn header(headers: &str, name: &str) -> Option<String> {
+    headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+#[tokio::test]
+async fn the_page_and_its_assets_are_served_under_a_strict_policy_and_cached_by_digest() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let addr = &cluster.addr;
+    // Open: the page holds no data, and asks for a token itself.
+    let (code, page) = curl([format!("http://{addr}/")]);
+    assert_eq!(code, 200, "{page}");
+    let strict = |h: &str| {
+        header(h, "content-security-policy").is_some_and(|p| {
+            p.contains("default-src 'none'")
+                && p.contains("script-src 'self'")
+                && p.contains("frame-ancestors 'none'")
+        }) && header(h, "x-content-type-options").as_deref() == Some("nosniff")
+    };
+    let (code, h) = headers(addr, "/", &[]);
+    assert_eq!(code, 200, "{h}");
+    assert!(strict(&h), "{h}");
+    assert_eq!(
+        header(&h, "cache-control").as_deref(),
+        Some("no-cache"),
+        "{h}"
+    );
+    let etag = header(&h, "etag").expect("the page's ETag");
+    let (code, h) = headers(addr, "/", &[&format!("If-None-Match: {etag}")]);
+    assert_eq!(code, 304, "{h}");
+
+    // An asset by the URL the page names (its digest): kept for good; by any other URL,
+    // checked again every time.
+    let versioned = page
+        .split('"')
+        .find(|s| s.starts_with("/ui/core.js?v="))
+        .unwrap_or_else(|| panic!("core.js named by its digest: {page}"));
+    let (code, h) = headers(addr, versioned, &[]);
+    assert_eq!(code, 200, "{h}");
+    assert!(strict(&h), "{h}");
+    assert!(
+        header(&h, "cache-control").is_some_and(|c| c.contains("immutable")),
+        "{h}"
+    );
+    assert!(
+        header(&h, "content-type").is_some_and(|t| t.starts_with("text/javascript")),
+        "{h}"
+    );
+    for other in ["/ui/core.js", "/ui/core.js?v=0123456789abcdef"] {
+        let (code, h) = headers(addr, other, &[]);
+        assert_eq!(code, 200, "{other}: {h}");
+        assert_eq!(
+            header(&h, "cache-control").as_deref(),
+            Some("no-cache"),
+            "{other}: {h}"
+        );
+    }
+    let (code, h) = headers(addr, "/ui/nothing.js", &[]);
+    assert_eq!(code, 404, "{h}");
+    assert!(strict(&h), "{h}");
 }
 
 /// The number the overview shows for `status`.
