@@ -243,7 +243,9 @@ async function follow() {
 
 // ---- router -------------------------------------------------------------------------
 // #/page/arg?query → A.pages[page].show(main, arg, params). A page may define
-// onEvent(ev) (live updates) and leave() (stop timers). A.refresh() re-shows it.
+// onEvent(ev) (live updates) and leave() (stop timers). A.refresh() reads it again; a
+// failed read leaves the page as it was, for the next event or reconnection to redo
+// (as the pages' own live reloads do), instead of an unhandled rejection.
 A.route = function route() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, qs] = hash.split("?");
@@ -257,7 +259,7 @@ A.route = function route() {
   main.replaceChildren();
   page.show(main, A.arg, new URLSearchParams(qs || "")).catch((e) => A.failed(main, e));
 };
-A.refresh = () => { if (A.current && A.current.reload) A.current.reload(); };
+A.refresh = () => { if (A.current && A.current.reload) A.current.reload().catch(() => {}); };
 A.failed = function failed(main, e) {
   main.replaceChildren(A.h("p", { class: "error" }, e.message || String(e)),
     A.h("p", { class: "muted" }, e.status === 404 ? "Not found." : "Is the server up? The page retries when the feed reconnects."));
