@@ -5,12 +5,14 @@
 //! cut off midway and resumed from a new page, and one resumed from a file that changed
 //! (refused whole, then sent anew). Every test ends by asserting that the page
 //! logged no error, and the page is never reloaded (but for that resume, whose point is
-//! a closed tab): what changes, changes live.
+//! a closed tab): what changes, changes live. Without a browser: the page and its assets
+//! are served under a strict Content-Security-Policy, and cached by their digest.
 
 #[path = "common/browser.rs"]
 mod browser;
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -31,32 +33,32 @@ fn write_token_file(dir: &Path) -> String {
     f.to_string_lossy().into_owned()
 }
 
-/// `curl` to `addr` with the write token; (HTTP code, JSON body).
-fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sS",
-        "--max-time",
-        "30",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        method,
-    ])
-    .arg("-H")
-    .arg(format!("Authorization: Bearer {WRITE_TOKEN}"));
-    if let Some(b) = body {
-        cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
-    }
-    let out = cmd
-        .arg(format!("http://{addr}{path}"))
+/// `curl` with `args` (a request it bounds to two minutes); (HTTP code, body). The code
+/// is 0 when no answer came.
+fn curl<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}"])
+        .args(args)
         .output()
         .expect("curl must be installed");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
-    (code.trim().parse().unwrap_or(0), body)
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// `curl` to `addr` with the write token; (HTTP code, JSON body).
+fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let auth = format!("Authorization: Bearer {WRITE_TOKEN}");
+    let mut args = vec!["-X", method, "-H", &auth];
+    let json = body.map(|b| b.to_string());
+    if let Some(b) = &json {
+        args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let url = format!("http://{addr}{path}");
+    args.push(&url);
+    let (code, body) = curl(args);
+    let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    (code, body)
 }
 
 fn created(r: (u16, Value)) -> Value {
@@ -120,6 +122,83 @@ impl Cluster {
     }
 }
 
+/// `GET http://{addr}{path}` with `extra` request headers: (HTTP code, response headers).
+fn headers(addr: &str, path: &str, extra: &[&str]) -> (u16, String) {
+    let mut args = vec!["-D", "-", "-o", "/dev/null"];
+    for h in extra {
+        args.extend(["-H", h]);
+    }
+    let url = format!("http://{addr}{path}");
+    args.push(&url);
+    curl(args)
+}
+
+/// The value of header `name` in `headers`.
+fn header(headers: &str, name: &str) -> Option<String> {
+    headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+#[tokio::test]
+async fn the_page_and_its_assets_are_served_under_a_strict_policy_and_cached_by_digest() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let addr = &cluster.addr;
+    // Open: the page holds no data, and asks for a token itself.
+    let (code, page) = curl([format!("http://{addr}/")]);
+    assert_eq!(code, 200, "{page}");
+    let strict = |h: &str| {
+        header(h, "content-security-policy").is_some_and(|p| {
+            p.contains("default-src 'none'")
+                && p.contains("script-src 'self'")
+                && p.contains("frame-ancestors 'none'")
+        }) && header(h, "x-content-type-options").as_deref() == Some("nosniff")
+    };
+    let (code, h) = headers(addr, "/", &[]);
+    assert_eq!(code, 200, "{h}");
+    assert!(strict(&h), "{h}");
+    assert_eq!(
+        header(&h, "cache-control").as_deref(),
+        Some("no-cache"),
+        "{h}"
+    );
+    let etag = header(&h, "etag").expect("the page's ETag");
+    let (code, h) = headers(addr, "/", &[&format!("If-None-Match: {etag}")]);
+    assert_eq!(code, 304, "{h}");
+
+    // An asset by the URL the page names (its digest): kept for good; by any other URL,
+    // checked again every time.
+    let versioned = page
+        .split('"')
+        .find(|s| s.starts_with("/ui/core.js?v="))
+        .unwrap_or_else(|| panic!("core.js named by its digest: {page}"));
+    let (code, h) = headers(addr, versioned, &[]);
+    assert_eq!(code, 200, "{h}");
+    assert!(strict(&h), "{h}");
+    assert!(
+        header(&h, "cache-control").is_some_and(|c| c.contains("immutable")),
+        "{h}"
+    );
+    assert!(
+        header(&h, "content-type").is_some_and(|t| t.starts_with("text/javascript")),
+        "{h}"
+    );
+    for other in ["/ui/core.js", "/ui/core.js?v=0123456789abcdef"] {
+        let (code, h) = headers(addr, other, &[]);
+        assert_eq!(code, 200, "{other}: {h}");
+        assert_eq!(
+            header(&h, "cache-control").as_deref(),
+            Some("no-cache"),
+            "{other}: {h}"
+        );
+    }
+    let (code, h) = headers(addr, "/ui/nothing.js", &[]);
+    assert_eq!(code, 404, "{h}");
+    assert!(strict(&h), "{h}");
+}
+
 /// The number the overview shows for `status`.
 fn count_of(status: &str) -> String {
     format!("const n = document.querySelector('[data-count={status}] .n'); return n ? n.textContent : null")
@@ -135,7 +214,7 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
     b.give_token(READ_TOKEN).await;
     b.until("the counts", &count_of("pending")).await;
     assert_eq!(b.eval(&count_of("pending")).await, json!("0"));
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
 
     let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     created(call(
@@ -170,12 +249,7 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
         "return !!document.querySelector('[data-kind=echo]')",
     )
     .await;
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 
     // The reads the overview makes: a sample as small as asked, the backlog of due tasks
     // only (the three pending ones are due in an hour), the feed's head.
@@ -260,9 +334,10 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
         "return !!document.querySelector('#task-status [data-status=paused]')",
     )
     .await;
+    b.mark_page().await;
     // Every status the page shows from now on, in order.
     b.eval(
-        "window.__same_page = true; window.__seen = [];
+        "window.__seen = [];
          const look = () => { const s = document.querySelector('#task-status [data-status]');
            if (s && __seen[__seen.length - 1] !== s.dataset.status) __seen.push(s.dataset.status); };
          new MutationObserver(look).observe(document.getElementById('main'), {childList: true, subtree: true});
@@ -300,12 +375,7 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
         "return ['paused', 'pending', 'running', 'succeeded'].every(s => document.querySelector('#timeline [data-to=' + s + ']'))",
     )
     .await;
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 #[tokio::test]
@@ -335,7 +405,7 @@ async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
     )
     .await;
     b.click(&format!("[data-flow=\"{flow}\"] a")).await;
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
     let states = b
         .until(
             "every node in its final state",
@@ -354,12 +424,7 @@ async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
         .collect();
     edges.sort();
     assert_eq!(edges, ["a>b", "a>c", "b>d", "c>d"]);
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 /// Kills the processes of later generations (not the test's children) at the end.
@@ -399,18 +464,16 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
         ),
     )
     .await;
-    b.eval("window.__same_page = true; return null").await;
+    b.mark_page().await;
 
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}", "-H"])
-        .arg(format!("Authorization: Bearer {UPGRADE_TOKEN}"))
-        .arg("-T")
-        .arg(&bundle)
-        .arg(format!("http://{}/upgrade", cluster.addr))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(text.trim_end().ends_with("200"), "upgrade: {text}");
+    let (code, text) = curl([
+        "-H".into(),
+        format!("Authorization: Bearer {UPGRADE_TOKEN}"),
+        "-T".into(),
+        bundle.display().to_string(),
+        format!("http://{}/upgrade", cluster.addr),
+    ]);
+    assert_eq!(code, 200, "upgrade: {text}");
     let c = db.client().await;
     let new: i32 = c
         .query_one(
@@ -440,12 +503,7 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
         replaced.contains(&format!("replaced by pid {new}")),
         "{replaced}"
     );
-    assert_eq!(
-        b.eval("return window.__same_page === true").await,
-        json!(true)
-    );
-    b.assert_no_errors().await;
-    b.close().await;
+    b.finish_on_the_marked_page().await;
 }
 
 /// A browser on the upload page at `addr`, the read token given, its form shown.
@@ -475,11 +533,11 @@ async fn start_remembering(b: &Browser, file: &Path, old: &str) {
     b.give_token(WRITE_TOKEN).await;
 }
 
-/// Once the page shows its upload's task succeeded: that task as the API shows it,
-/// checked to name an upload other than `old`.
-async fn new_uploads_task(b: &Browser, addr: &str, old: &str) -> Value {
+/// Once the page shows its upload's task succeeded: that task as the API at `addr`
+/// shows it.
+async fn uploads_task(b: &Browser, addr: &str) -> Value {
     b.until(
-        "the new upload's task shown succeeded",
+        "the upload's task shown succeeded",
         "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
     )
     .await;
@@ -493,6 +551,12 @@ async fn new_uploads_task(b: &Browser, addr: &str, old: &str) -> Value {
         None,
     );
     assert_eq!(code, 200, "{shown}");
+    shown
+}
+
+/// [`uploads_task`], checked to name an upload other than `old`.
+async fn new_uploads_task(b: &Browser, addr: &str, old: &str) -> Value {
+    let shown = uploads_task(b, addr).await;
     let new = &shown["task"]["payload"]["upload"]["id"];
     assert!(new.is_string() && *new != json!(old), "{shown}");
     shown
@@ -541,21 +605,7 @@ async fn the_upload_page_sends_a_file_in_chunks_and_sees_its_task_succeed() {
     b.click("#upload-start").await;
     // The tab has the read token only: uploads need the write scope.
     b.give_token(WRITE_TOKEN).await;
-    b.until(
-        "the upload's task shown succeeded",
-        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
-    )
-    .await;
-    let task = b
-        .eval("return document.querySelector('#upload-task a').title")
-        .await;
-    let (code, shown) = call(
-        "GET",
-        &cluster.addr,
-        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
-        None,
-    );
-    assert_eq!(code, 200, "{shown}");
+    let shown = uploads_task(&b, &cluster.addr).await;
     let result = &shown["task"]["result"];
     assert_eq!(result["sha256"], json!(sha), "{shown}");
     assert_eq!(result["matches"], json!(true), "{shown}");
@@ -682,11 +732,9 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
     let sent_before = proxy.up_bytes();
     b.type_into("#upload-file", &file.to_string_lossy()).await;
     b.click("#upload-start").await;
-    b.until(
-        "the resumed upload's task shown succeeded",
-        "return !!document.querySelector('#upload-task-status [data-status=succeeded]')",
-    )
-    .await;
+    // The task is read from the worker, not through the proxy: what the proxy counts is
+    // the page's only.
+    let shown = uploads_task(&b, &cluster.addr).await;
     let sent = (proxy.up_bytes() - sent_before) as usize;
     assert_eq!(
         b.eval("return document.getElementById('upload-state').textContent")
@@ -702,16 +750,6 @@ async fn an_interrupted_upload_resumes_from_the_same_file_and_sends_only_the_mis
         "{sent} bytes sent to resume; the {} missing chunks hold {owed}",
         missing.len()
     );
-    let task = b
-        .eval("return document.querySelector('#upload-task a').title")
-        .await;
-    let (code, shown) = call(
-        "GET",
-        &cluster.addr,
-        &format!("/api/v1/tasks/{}", task.as_str().unwrap()),
-        None,
-    );
-    assert_eq!(code, 200, "{shown}");
     let task = &shown["task"];
     assert_eq!(task["payload"]["upload"]["id"], json!(id), "{shown}");
     assert_eq!(task["result"]["sha256"], json!(sha), "{shown}");
@@ -784,32 +822,18 @@ fn put_chunk(addr: &str, id: &str, n: u64, body: &[u8]) -> u16 {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("chunk");
     std::fs::write(&f, body).unwrap();
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "30",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-        ])
-        .args(["-X", "PUT", "-H"])
-        .arg(format!("Authorization: Bearer {WRITE_TOKEN}"))
-        .arg("-H")
-        .arg(format!(
-            "Chunk-Sha256: {}",
-            hex::encode(Sha256::digest(body))
-        ))
-        .arg("--data-binary")
-        .arg(format!("@{}", f.display()))
-        .arg(format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"))
-        .output()
-        .expect("curl must be installed");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
+    curl([
+        "-X".into(),
+        "PUT".into(),
+        "-H".into(),
+        format!("Authorization: Bearer {WRITE_TOKEN}"),
+        "-H".into(),
+        format!("Chunk-Sha256: {}", hex::encode(Sha256::digest(body))),
+        "--data-binary".into(),
+        format!("@{}", f.display()),
+        format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"),
+    ])
+    .0
 }
 
 #[tokio::test]

@@ -2,7 +2,8 @@
 //! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
 //! `/events` (the change feed as Server-Sent Events), `/api/v1/uploads` (chunked
 //! uploads), and with `--api` the HTTP API ([`api`], which `artex serve` serves on its
-//! own) with the web dashboard ([`dashboard`], at `/`). Routes hold no SQL: they ask the Worker actor, or the blackboard.
+//! own) with the web dashboard ([`dashboard`], at `/`). Routes hold no SQL: they ask the
+//! Worker actor, or the blackboard.
 
 pub mod api;
 pub mod auth;

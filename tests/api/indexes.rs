@@ -13,7 +13,7 @@ async fn every_list_query_walks_an_index() {
     c.batch_execute(
         "insert into artex.flows (id, name)
              select ('00000000-0000-7000-8000-' || lpad(to_hex(f), 12, '0'))::uuid, 'f' || f
-             from generate_series(1, 100) f;
+             from generate_series(1, 20000) f;
          insert into artex.tasks (id, kind, status, flow_id, flow_task)
              select ('00000000-0000-7000-9000-' || lpad(to_hex(i), 12, '0'))::uuid,
                     'k' || (i % 20),
@@ -26,7 +26,8 @@ async fn every_list_query_walks_an_index() {
          update artex.tasks set status = 'canceled' where status = 'paused' and kind = 'k0';
          insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
              select 'w' || i, 'h', 1, 'v', 'c' || i, '{}', 1 from generate_series(1, 20000) i;
-         analyze artex.tasks; analyze artex.workers; analyze artex.task_transitions;",
+         analyze artex.flows; analyze artex.tasks; analyze artex.workers;
+         analyze artex.task_transitions;",
     )
     .await
     .expect("filling the tables");

@@ -180,6 +180,24 @@ impl Browser {
         assert_eq!(errors, json!([]), "the page logged errors");
     }
 
+    /// Marks the page, so that [`Browser::finish_on_the_marked_page`] can tell that it
+    /// was never reloaded since: what changed on it, changed live.
+    pub async fn mark_page(&self) {
+        self.eval("window.__same_page = true; return null").await;
+    }
+
+    /// Ends a test on the page marked by [`Browser::mark_page`]: it was not reloaded
+    /// since, and it logged no error; then closes the session.
+    pub async fn finish_on_the_marked_page(self) {
+        assert_eq!(
+            self.eval("return window.__same_page === true").await,
+            json!(true),
+            "the page was reloaded since it was marked"
+        );
+        self.assert_no_errors().await;
+        self.close().await;
+    }
+
     /// Ends the session (the browser exits), then chromedriver.
     pub async fn close(mut self) {
         if let Some(c) = self.client.take() {

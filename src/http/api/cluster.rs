@@ -1,5 +1,7 @@
 //! `/api/v1/workers` (the roster as the blackboard has it), `/api/v1/stats` (tasks by
-//! status, recent throughput and latency) and `artex serve`'s `/health`.
+//! status, recent throughput and latency), `/api/v1/events/head` (where the live feed
+//! is now, so that a page follows it from there instead of replaying everything kept)
+//! and `artex serve`'s `/health`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
@@ -37,6 +39,18 @@ pub(super) async fn stats(
     let sample = param(&q, "sample", |s| parse_int(s, 1, RECENT_SAMPLE))?.unwrap_or(RECENT_SAMPLE);
     let stats = state.bb.stats_sampled(window as u32, None, sample).await?;
     Ok(HttpResponse::Ok().json(stats))
+}
+
+/// `GET /api/v1/events/head`: `{"after": "XID-ID"}`, the position of the newest event a
+/// reader can be given now; `GET /api/v1/events?after=` it to follow from here.
+pub(super) async fn events_head(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let head = state.bb.events_head().await?;
+    Ok(HttpResponse::Ok().json(json!({ "after": head.to_string() })))
 }
 
 /// `GET /health` of `artex serve` (open): 200 when the database answered a real round

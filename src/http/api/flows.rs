@@ -1,5 +1,6 @@
-//! `/api/v1/flows…`: submit a flow (the `artex flow submit` format), show one with its
-//! DAG (each task with the names it depends on), and pause, resume or cancel all of it.
+//! `/api/v1/flows…`: submit a flow (the `artex flow submit` format), list them newest
+//! first, show one with its DAG (each task with the names it depends on), and pause,
+//! resume or cancel all of it.
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -7,8 +8,8 @@ use artex_actors::blackboard::FlowSpec;
 use serde_json::{json, Value};
 
 use super::{
-    actor, check_submission, field, field_of, only_fields, path_id, query, submission, ApiError,
-    ApiState, Submitted,
+    actor, check_submission, field, field_of, only_fields, param, parse_int, parse_uuid, path_id,
+    query, submission, ApiError, ApiState, Submitted,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -152,6 +153,23 @@ pub(super) async fn submit(
     Ok(HttpResponse::Created()
         .insert_header((LOCATION, format!("/api/v1/flows/{id}")))
         .json(json!({ "id": id })))
+}
+
+/// `GET /api/v1/flows?limit=&after=`: flows newest first (ids are time-ordered); `next`
+/// is the `after` of the next page (null on the last one).
+pub(super) async fn list(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query(&req, &["limit", "after"])?;
+    let limit = param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50);
+    let after = param(&q, "after", parse_uuid)?;
+    let flows = state.bb.flows_page(after, limit).await?;
+    let next = (flows.len() as i64 == limit)
+        .then(|| flows.last().map(|f| f.id))
+        .flatten();
+    Ok(HttpResponse::Ok().json(json!({ "flows": flows, "next": next })))
 }
 
 /// `GET /api/v1/flows/{id}`: the flow, its state and counts, and each task with the

@@ -1,10 +1,10 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
 //! flows (submit, list, show with the DAG, pause|resume|cancel), workers, statistics and
-//! the live feed (and where its head is). The dashboard's page is registered with them. Served by `artex serve` (with `/health` and `/events`, see
-//! [`serve_routes`]) and by a worker started with `--api` (`artex up` always). Stateless:
-//! every route reads or writes the blackboard, and holds no SQL. Described in
-//! `docs/openapi.json` (served at `/api/v1/openapi.json`), which a test holds to the
-//! routes registered here.
+//! the live feed (and where its head is). The dashboard's page is registered with them.
+//! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
+//! worker started with `--api` (`artex up` always). Stateless: every route reads or
+//! writes the blackboard, and holds no SQL. Described in `docs/openapi.json` (served at
+//! `/api/v1/openapi.json`), which a test holds to the routes registered here.
 //!
 //! Errors are JSON, `{"error": …, "field": …}` (`field` names the offending field or
 //! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
@@ -16,7 +16,6 @@
 mod cluster;
 mod flows;
 mod tasks;
-mod views;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
@@ -238,8 +237,8 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/stats", cluster::stats);
     r.add(M::GET, "/api/v1/events", events::events);
     r.add(M::GET, "/api/v1/openapi.json", openapi);
-    r.add(M::GET, "/api/v1/flows", views::flows);
-    r.add(M::GET, "/api/v1/events/head", views::events_head);
+    r.add(M::GET, "/api/v1/flows", flows::list);
+    r.add(M::GET, "/api/v1/events/head", cluster::events_head);
     r.pages(crate::http::dashboard::routes);
 }
 

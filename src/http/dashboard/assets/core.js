@@ -95,7 +95,6 @@ class ApiError extends Error {
     this.body = body;
   }
 }
-A.ApiError = ApiError;
 
 // One API call: JSON in and out; a 401 asks for the scope's token and tries again.
 A.api = async function api(method, path, body) {
@@ -168,9 +167,8 @@ A.flash = function flash(text, bad) {
 // when the stream ends (a drain, a hot upgrade) it checks /health and reconnects, so
 // the page never dies. Each event goes to A.recent and to the current page.
 A.recent = [];
-A.live = { after: null, connected: false };
+A.live = { after: null };
 function setLive(on, text) {
-  A.live.connected = on;
   const el = document.getElementById("live");
   el.className = "live " + (on ? "on" : "off");
   el.textContent = text || (on ? "live" : "offline");
@@ -245,7 +243,9 @@ async function follow() {
 
 // ---- router -------------------------------------------------------------------------
 // #/page/arg?query → A.pages[page].show(main, arg, params). A page may define
-// onEvent(ev) (live updates) and leave() (stop timers). A.refresh() re-shows it.
+// onEvent(ev) (live updates) and leave() (stop timers). A.refresh() reads it again; a
+// failed read leaves the page as it was, for the next event or reconnection to redo
+// (as the pages' own live reloads do), instead of an unhandled rejection.
 A.route = function route() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, qs] = hash.split("?");
@@ -254,13 +254,12 @@ A.route = function route() {
   if (A.current && A.current.leave) A.current.leave();
   A.current = page;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("on", a.dataset.nav === page.name);
-  A.params = new URLSearchParams(qs || "");
   A.arg = rest.join("/") || null;
   const main = document.getElementById("main");
   main.replaceChildren();
-  A.showing = page.show(main, A.arg, A.params).catch((e) => A.failed(main, e));
+  page.show(main, A.arg, new URLSearchParams(qs || "")).catch((e) => A.failed(main, e));
 };
-A.refresh = () => { if (A.current && A.current.reload) A.current.reload(); };
+A.refresh = () => { if (A.current && A.current.reload) A.current.reload().catch(() => {}); };
 A.failed = function failed(main, e) {
   main.replaceChildren(A.h("p", { class: "error" }, e.message || String(e)),
     A.h("p", { class: "muted" }, e.status === 404 ? "Not found." : "Is the server up? The page retries when the feed reconnects."));

@@ -6,7 +6,6 @@
   const { h } = A;
   const STATUSES = ["pending", "blocked", "paused", "assigned", "running", "succeeded", "failed", "timeout", "canceled"];
   const ENDED = ["succeeded", "failed", "timeout", "canceled"];
-  A.STATUSES = STATUSES;
 
   // A sparkline of `values` (oldest first) as an SVG polyline.
   A.spark = function spark(values, label) {
