@@ -1,7 +1,10 @@
 //! The Reaper: every few seconds takes back tasks whose lease expired (counting a retry
 //! for those that were running, ending them past their budget), marks workers silent past
-//! the threshold `gone` and takes back their tasks, and prunes long-gone worker rows.
+//! the threshold `gone` and takes back their tasks, prunes long-gone worker rows, and
+//! fails pending tasks whose uploaded file's host is gone for good ([`upload_guard`]).
 //! (History and finished tasks past their retention: the Maintenance actor.)
+//!
+//! [`upload_guard`]: crate::upload_guard
 //!
 //! It judges liveness only with its eyes open: after it could not see the database (an
 //! outage, its own host cut off, its process frozen) or when it starts, the workers' last

@@ -1,7 +1,7 @@
 //! Retries: a failed or timed-out attempt goes back to pending after its backoff until
 //! the budget is spent, and the trigger ends a retry past it.
 
-use artex_actors::blackboard::{Outcome, DISPATCH_SQL};
+use artex_actors::blackboard::{AssignedTask, Outcome, DISPATCH_SQL};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -19,23 +19,33 @@ async fn insert_task_with_budget(c: &Client, max_retries: i32) -> Uuid {
     .get(0)
 }
 
+/// Starts `id` on worker w1 and records that attempt ending with `outcome`: returns the
+/// task as it started (its retries so far) and the ids the record finished.
+async fn attempt(db: &TestDb, c: &Client, id: Uuid, outcome: Outcome) -> (AssignedTask, Vec<Uuid>) {
+    let t = start(db, c, id, "w1").await;
+    let done = db
+        .bb
+        .record("w1", &[finish(&t, t.epoch, outcome)])
+        .await
+        .unwrap();
+    (t, done)
+}
+
+fn failed(error: &str) -> Outcome {
+    Outcome::Failed {
+        error: error.into(),
+        retry_in_ms: 60_000,
+    }
+}
+
 #[tokio::test]
 async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let id = insert_task_with_budget(&c, 1).await;
 
-    let t = start(&db, &c, id, "w1").await;
+    let (t, done) = attempt(&db, &c, id, failed("boom 1")).await;
     assert_eq!((t.retries, t.max_retries), (0, 1));
-    let failed = Outcome::Failed {
-        error: "boom 1".into(),
-        retry_in_ms: 60_000,
-    };
-    let done = db
-        .bb
-        .record("w1", &[finish(&t, t.epoch, failed)])
-        .await
-        .unwrap();
     assert_eq!(done, [id]);
     let r = c
         .query_one(
@@ -88,17 +98,8 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     );
     assert_eq!(claimed, 0, "claimed during its backoff");
 
-    let t = start(&db, &c, id, "w1").await;
+    let (t, done) = attempt(&db, &c, id, failed("boom 2")).await;
     assert_eq!((t.retries, t.max_retries), (1, 1));
-    let failed = Outcome::Failed {
-        error: "boom 2".into(),
-        retry_in_ms: 60_000,
-    };
-    let done = db
-        .bb
-        .record("w1", &[finish(&t, t.epoch, failed)])
-        .await
-        .unwrap();
     assert_eq!(done, [id]);
     let r = c
         .query_one(
@@ -124,32 +125,19 @@ async fn a_timed_out_attempt_is_retried_and_ends_timeout_at_the_budget() {
     };
 
     let id = insert_task_with_budget(&c, 1).await;
-    let t = start(&db, &c, id, "w1").await;
-    db.bb
-        .record("w1", &[finish(&t, t.epoch, timed_out())])
-        .await
-        .unwrap();
+    attempt(&db, &c, id, timed_out()).await;
     assert_eq!(
         status_of(&c, id).await,
         "pending",
         "retried within the budget"
     );
-    let t = start(&db, &c, id, "w1").await;
-    let done = db
-        .bb
-        .record("w1", &[finish(&t, t.epoch, timed_out())])
-        .await
-        .unwrap();
+    let (_, done) = attempt(&db, &c, id, timed_out()).await;
     assert_eq!(done, [id]);
     assert_eq!(status_of(&c, id).await, "timeout", "at the budget");
 
     // Released: back to pending, no attempt counted.
     let id = insert_task_with_budget(&c, 0).await;
-    let t = start(&db, &c, id, "w1").await;
-    db.bb
-        .record("w1", &[finish(&t, t.epoch, Outcome::Released)])
-        .await
-        .unwrap();
+    attempt(&db, &c, id, Outcome::Released).await;
     let r = c
         .query_one(
             "select status::text, retries from artex.tasks where id = $1",

@@ -15,8 +15,8 @@ use uuid::Uuid;
 use super::AssignedTask;
 use crate::error::{Error, Result};
 
-/// What one read of a worker's assignments saw: the snapshot (`xmin:xmax:xip,…`, 64-bit
-/// transaction ids) and the database's clock while it ran (Unix milliseconds).
+/// The snapshot one read of a worker's assignments saw (`xmin:xmax:xip,…`, 64-bit
+/// transaction ids); the read's clock rides beside it in `AssignedRead`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadSnapshot {
     xmin: u64,

@@ -177,7 +177,7 @@ const DROP_PARTITIONS: &str =
 const PRUNE_TASKS: &str =
     "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
 
-fn parse_xid(s: &str) -> Result<u64> {
+pub(super) fn parse_xid(s: &str) -> Result<u64> {
     s.parse()
         .map_err(|_| Error::Invalid(format!("unexpected transaction id '{s}' from the database")))
 }

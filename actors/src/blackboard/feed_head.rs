@@ -2,9 +2,9 @@
 //! what happens from now on (`artex submit --wait`, `artex flow show --follow`), instead
 //! of reading the whole kept feed first.
 
-use super::events::EventPosition;
+use super::events::{parse_xid, EventPosition};
 use super::Blackboard;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 // The last deliverable event: written by a transaction older than every one in flight
 // (the feed's horizon, as `events.rs` READ uses). An event not yet deliverable comes from
@@ -26,15 +26,18 @@ impl Blackboard {
         let Some(row) = client.query_opt(&stmt, &[]).await? else {
             return Ok(None);
         };
-        let xid: String = row.try_get(0)?;
-        let xid = xid.parse().map_err(|_| {
-            Error::Invalid(format!(
-                "unexpected transaction id '{xid}' from the database"
-            ))
-        })?;
         Ok(Some(EventPosition {
-            xid,
+            xid: parse_xid(row.try_get(0)?)?,
             id: row.try_get(1)?,
         }))
+    }
+
+    /// The position of the newest event a feed reader can be given now (the pruned
+    /// position when none is kept): following from it shows what happens next.
+    pub async fn events_head(&self) -> Result<EventPosition> {
+        match self.feed_head().await? {
+            Some(head) => Ok(head),
+            None => Ok(self.event_retention().await?.pruned_through),
+        }
     }
 }

@@ -12,8 +12,8 @@
 //! migration it knows, that still runs against a database with this migration applied
 //! (0 for an expansion). The database's *floor* is the highest such value among its
 //! applied migrations, so a build reads "the database needs builds that know at least
-//! V<floor>" without knowing any migration newer than itself. A build knowing up to V<k>
-//! runs when every migration it knows is applied (with the same text) and floor ≤ k.
+//! `V<floor>`" without knowing any migration newer than itself. A build knowing up to
+//! `V<k>` runs when every migration it knows is applied (with the same text) and floor ≤ k.
 //! See migrations/README.md for the expand → deploy → contract procedure.
 
 use super::Blackboard;

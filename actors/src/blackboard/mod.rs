@@ -1,10 +1,11 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
 //! module tree (one file per party: tasks, planner, worker, and what the planner's
-//! wake-ups carry to workers (carried), a hot upgrade's moves (handover); planner shards; flows, the
-//! events feed and its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters
-//! may send; overview, the roster and statistics the HTTP API shows; uploads, files
-//! received by workers), prepared through deadpool's statement cache; nothing else in
-//! the runtime writes SQL.
+//! wake-ups carry to workers (carried), a hot upgrade's moves (handover); planner shards;
+//! flows and their pages (flow_list); the events feed, where it ends now (feed_head) and
+//! its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters may send;
+//! overview, the roster and statistics the HTTP API shows; uploads, files received by
+//! workers), prepared through deadpool's statement cache; nothing else in the runtime
+//! writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,

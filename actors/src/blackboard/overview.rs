@@ -203,15 +203,6 @@ const BACKLOG: &str = "select coalesce($1::timestamptz, now()),
          order by id limit 1)";
 
 impl Blackboard {
-    /// The position of the newest event a feed reader can be given now (the pruned
-    /// position when none is kept): following from it shows what happens next.
-    pub async fn events_head(&self) -> Result<super::EventPosition> {
-        match self.feed_head().await? {
-            Some(head) => Ok(head),
-            None => Ok(self.event_retention().await?.pruned_through),
-        }
-    }
-
     /// At most `limit` workers, by id.
     pub async fn workers(&self, limit: i64) -> Result<Vec<WorkerView>> {
         let client = self.client().await?;

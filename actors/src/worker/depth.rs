@@ -296,7 +296,7 @@ mod tests {
     }
 
     #[test]
-    fn a_starved_queue_doubles_at_once_and_the_ticks_keep_it() {
+    fn a_starved_queue_grows_at_once_and_the_ticks_keep_it() {
         let mut t = Instant::now();
         let mut q = QueueDepth::new(None, t);
         let grown: Vec<usize> = (0..4).filter_map(|_| q.starved()).collect();

@@ -181,7 +181,7 @@ pub struct Worker {
     /// not the handlers, held the pace back (see [`QueueDepth::starved`]).
     ran_dry: bool,
     /// What its latest finished read saw: which carried tasks it may take, and how long
-    /// their leases surely run (see [`carried`]).
+    /// their leases surely run (see `blackboard::carried`).
     last_read: Option<intake::LastRead>,
 }
 
