@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use browser::Browser;
 use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
-use common::procs::{wait_for, worker_http, worker_id, Proc};
+use common::procs::{serve_address, wait_for, worker_http, worker_id, Proc};
 use common::proxy::Proxy;
 use common::{TestDb, READ_TOKEN};
 use serde_json::{json, Value};
@@ -303,17 +303,7 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
         ],
         &[],
     );
-    let addr = wait_for(
-        "artex serve to say where it listens",
-        Duration::from_secs(30),
-        || async {
-            serve.log_text().lines().find_map(|l| {
-                let rest = l.split("the HTTP API on http://").nth(1)?;
-                rest.split('/').next().map(str::to_string)
-            })
-        },
-    )
-    .await;
+    let addr = serve_address(&serve).await;
     let _planner = Proc::planner("planner", &db.url, &[]);
     let id = created(call(
         "POST",

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, NewTask, MIGRATIONS};
-use common::procs::{wait_for, wait_status, Proc};
+use common::procs::{history_settled, wait_status, Proc};
 use common::{count, run_cli, TestDb};
 use tokio_postgres::Client;
 
@@ -284,21 +284,6 @@ fn read_manifest(zip: &std::path::Path) -> serde_json::Value {
     serde_json::from_reader(entry).unwrap()
 }
 
-/// Waits until every history row's transaction is older than every one in flight in the
-/// cluster (which runs other tests too): only then does the feed deliver it.
-async fn settled(c: &Client) {
-    let settled = "select coalesce(bool_and(xid < pg_snapshot_xmin(pg_current_snapshot())), true)
-                   from artex.task_transitions";
-    wait_for("the history to settle", Duration::from_secs(30), || async {
-        c.query_one(settled, &[])
-            .await
-            .ok()?
-            .get::<_, bool>(0)
-            .then_some(())
-    })
-    .await;
-}
-
 /// One old-format row of a task's audit trail, as users' audit queries print it.
 const AUDIT_ROW: &str = "coalesce(from_status::text, 'new') || '>' || to_status::text
     || ' ' || coalesce(reason, '-') || ' ' || actor || ' ' || coalesce(worker, '-')
@@ -400,7 +385,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
 
     // The consumer resumes right after its cursor: every event it had not read, at the
     // same position, in the same order, none it had.
-    settled(&c).await;
+    history_settled(&c).await;
     let read = |start| {
         let bb = db.bb.clone();
         async move {
@@ -455,7 +440,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
         .submit(&NewTask::new("echo", serde_json::json!({})), "test")
         .await
         .unwrap();
-    settled(&c).await;
+    history_settled(&c).await;
     let after = read(FeedStart::Consumer("mid".into())).await;
     assert_eq!(after.len(), outbox.len() - 10 + 1);
     assert_eq!(after.last().unwrap().1, format!("{id} new>pending"));

@@ -5,24 +5,9 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-use crate::common::procs::{wait_for, worker_http, Proc};
+use crate::common::procs::{serve_address, wait_for, worker_http, Proc};
 use crate::common::{TestDb, READ_TOKEN};
 use crate::{call, id_of, WRITE_TOKEN};
-
-/// Waits for `artex serve`'s line naming its address; returns `host:port`.
-async fn serve_address(p: &Proc) -> String {
-    wait_for(
-        "artex serve to say where it listens",
-        Duration::from_secs(30),
-        || async {
-            p.log_text().lines().find_map(|l| {
-                let rest = l.split("the HTTP API on http://").nth(1)?;
-                rest.split('/').next().map(str::to_string)
-            })
-        },
-    )
-    .await
-}
 
 #[tokio::test]
 async fn artex_serve_and_artex_up_serve_the_api() {

@@ -299,6 +299,37 @@ pub async fn online_http(c: &tokio_postgres::Client) -> String {
     .await
 }
 
+/// Waits for `artex serve`'s (or `artex up`'s) line naming where it serves the API;
+/// returns `host:port`.
+pub async fn serve_address(p: &Proc) -> String {
+    wait_for(
+        "artex serve to say where it listens",
+        Duration::from_secs(30),
+        || async {
+            p.log_text().lines().find_map(|l| {
+                let rest = l.split("the HTTP API on http://").nth(1)?;
+                rest.split('/').next().map(str::to_string)
+            })
+        },
+    )
+    .await
+}
+
+/// Waits until every history row is below the cluster's transaction horizon: the
+/// change feed may then deliver all of them (none is held back for an older writer).
+pub async fn history_settled(c: &tokio_postgres::Client) {
+    let settled = "select coalesce(bool_and(xid < pg_snapshot_xmin(pg_current_snapshot())), true)
+                   from artex.task_transitions";
+    wait_for("the history to settle", Duration::from_secs(30), || async {
+        c.query_one(settled, &[])
+            .await
+            .ok()?
+            .get::<_, bool>(0)
+            .then_some(())
+    })
+    .await;
+}
+
 /// Whether process `pid` runs (a zombie counts as exited).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use artex_actors::blackboard::{EventPosition, NewTask, TaskStatus};
 use serde_json::json;
 
-use crate::common::procs::{wait_for, Proc};
+use crate::all_positions;
+use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::{count, lines_of, TestDb};
-use crate::{all_positions, settled};
 
 #[tokio::test]
 async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
@@ -53,7 +53,7 @@ async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
         .expect("the start says when it was assigned");
     assert!(task.created_at <= assigned_at && assigned_at <= start.at);
     // The feed reads the same rows, at their positions.
-    settled(&c).await;
+    history_settled(&c).await;
     let batch = db
         .bb
         .events_after(EventPosition::default(), 100)
@@ -134,7 +134,7 @@ async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
         "the assignment is dated when it was made"
     );
     assert_eq!(trail[2].reason.as_deref(), Some("lease expired"));
-    settled(&c).await;
+    history_settled(&c).await;
     let feed = db
         .bb
         .events_after(EventPosition::default(), 100)

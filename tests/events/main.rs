@@ -143,29 +143,6 @@ async fn sessions_gone(c: &Client, app: &str) {
     .await
 }
 
-/// Waits until every event's transaction is older than every transaction in flight in
-/// the cluster (the shared test cluster runs other tests' transactions too): only such
-/// events are delivered or pruned.
-async fn settled(c: &Client) {
-    wait_for(
-        "every event to be below the horizon",
-        Duration::from_secs(30),
-        || async move {
-            let all: Option<bool> = c
-                .query_one(
-                    "select bool_and(xid < pg_snapshot_xmin(pg_current_snapshot()))
-                     from artex.task_transitions",
-                    &[],
-                )
-                .await
-                .ok()?
-                .get(0);
-            (all != Some(false)).then_some(())
-        },
-    )
-    .await
-}
-
 /// Inserts one task per transaction from `sessions` sessions at once, each transaction
 /// held open for a random few milliseconds after its insert, so that transactions commit
 /// in another order than the one they drew their event ids in.

@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use tokio_postgres::Client;
 
-use crate::common::procs::{wait_for, Proc};
+use crate::all_positions;
+use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::{count, run_cli as artex, TestDb};
-use crate::{all_positions, settled};
 
 /// The partition that holds the history written so far, and where its slice ends.
 async fn current_partition(c: &Client) -> (String, DateTime<Utc>) {
@@ -48,7 +48,7 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     let (code, out, err) = artex(&db.url, &["events", "retention", "--set", "1d"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("keep history 86400s"), "{out}");
-    settled(&c).await;
+    history_settled(&c).await;
     let (part, hi) = current_partition(&c).await;
 
     // A minute after the partition's slice passed the retention: "live" (heard from

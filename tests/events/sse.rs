@@ -12,9 +12,8 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::procs::{wait_for, Proc};
+use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::TestDb;
-use crate::settled;
 
 /// A streaming GET: yields SSE events (id, data) as they arrive.
 struct Sse {
@@ -174,7 +173,7 @@ async fn server_sent_events_resume_after_last_event_id() {
     assert!(bad.body.contains("Last-Event-ID"), "{}", bad.body);
     // A position older than pruned events: 410 Gone rather than a silent gap. (The
     // clock moved past the retention: every partition of this history goes.)
-    settled(&c).await;
+    history_settled(&c).await;
     let later = Utc::now() + chrono::Duration::days(30);
     let report = Maintenance::run_once(&db.bb, Some(later)).await.unwrap();
     assert!(!report.partitions_dropped.is_empty());
