@@ -88,15 +88,13 @@ impl Uploads {
                 continue;
             };
             let dir = dir.to_owned();
-            let removed = blocking(move || match fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            blocking(move || match fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(io(format!("removing {}", dir.display()))(e)),
             })
             .await?;
-            if removed {
-                gone.push(id);
-            }
+            gone.push(id);
         }
         self.prefixes.forget(&gone);
         self.prefixes.forget(&expired);
