@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::common::procs::{wait_for, wait_status, with_defaults, worker_http, Proc, FAST_WORKER};
 use crate::common::TestDb;
-use crate::{call, chunk, create, data, entries, fleet, put, setup, sha, token_file};
+use crate::{call, chunk, create, data, entries, fleet, put, send_all, setup, sha, token_file};
 
 /// What the row of upload `id` says: its state, and seconds from its task's end to the
 /// file's deletion (None while not deleted).
@@ -43,19 +43,6 @@ async fn wait_deleted(c: &tokio_postgres::Client, id: &str) -> f64 {
         },
     )
     .await
-}
-
-/// Sends every chunk of `file` (in chunks of `size`) to upload `id`; returns the task
-/// the last one wrote.
-fn send_all(http: &str, id: &str, file: &[u8], size: usize) -> uuid::Uuid {
-    let chunks = file.len().div_ceil(size) as u64;
-    let mut task = None;
-    for n in 0..chunks {
-        let (code, body) = put(http, id, n, chunk(file, size, n));
-        assert_eq!(code, 200, "chunk {n}: {body}");
-        task = body["task"].as_str().map(String::from);
-    }
-    uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap()
 }
 
 #[tokio::test]
