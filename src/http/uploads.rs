@@ -178,8 +178,7 @@ async fn put_chunk(
     let expected = Uploads::chunk_len(&meta, n)?;
     let header = |name: &str| req.headers().get(name).and_then(|h| h.to_str().ok());
     let sha = header("chunk-sha256")
-        .map(str::to_ascii_lowercase)
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|h| check_sha256(h).ok())
         .ok_or_else(|| {
             UploadError::Invalid(format!(
                 "chunk {n}: the Chunk-Sha256 header must hold the chunk's sha256 (64 hex digits)"

@@ -152,11 +152,7 @@ fn write_chunk(
     want: &str,
 ) -> Result {
     if !dir.join("meta.json").exists() {
-        return Err(UploadError::NotFound(
-            dir.file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        ));
+        return Err(UploadError::NotFound(data::id_of(dir)));
     }
     let target = data::lock_chunk(dir, n, offset, expected)?;
     let mut hash = Sha256::new();

@@ -149,7 +149,8 @@ fn range_lock(file: &File, offset: u64, len: u64, wait: bool) -> std::io::Result
     }
 }
 
-fn id_of(dir: &Path) -> String {
+/// The upload id an upload's folder is named after (as an error names it).
+pub(super) fn id_of(dir: &Path) -> String {
     dir.file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()

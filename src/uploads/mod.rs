@@ -67,6 +67,11 @@ pub struct Uploads {
     bb: Blackboard,
     host: String,
     actor: String,
+    /// One start at a time in this process: the room left under `--upload-max-bytes` is
+    /// read, then taken by the new upload's `meta.json`; two starts at once would both
+    /// find the same room. Taken on the disk task itself, which runs on whether or not
+    /// its request waits for it.
+    starting: std::sync::Mutex<()>,
     /// One finishing at a time in this process (another process may finish the same
     /// upload meanwhile: the database writes the task once).
     finishing: tokio::sync::Mutex<()>,
@@ -94,6 +99,7 @@ impl Uploads {
             bb,
             host,
             actor,
+            starting: std::sync::Mutex::new(()),
             finishing: tokio::sync::Mutex::new(()),
             prefixes: prefix::Prefixes::default(),
         }))

@@ -50,6 +50,7 @@ impl Uploads {
         }
         let me = self.clone();
         blocking(move || {
+            let _one = me.starting.lock().unwrap_or_else(|e| e.into_inner());
             let used = me.reserved()?;
             if used.saturating_add(meta.size) > me.settings.max_bytes {
                 return Err(UploadError::Quota(format!(

@@ -75,9 +75,11 @@ impl Uploads {
                 report.expired += 1;
             }
         }
+        // The folder's path and a '/', as `record` begins the file's path.
+        let folder = self.settings.dir.join("").to_string_lossy().into_owned();
         let ended = self
             .bb
-            .uploads_ended(&self.host, self.settings.keep.as_secs_f64())
+            .uploads_ended(&self.host, &folder, self.settings.keep.as_secs_f64())
             .await
             .map_err(|e| UploadError::Internal(format!("reading ended uploads: {e}")))?;
         let mut gone = Vec::new();
@@ -88,15 +90,13 @@ impl Uploads {
                 continue;
             };
             let dir = dir.to_owned();
-            let removed = blocking(move || match fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            blocking(move || match fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(io(format!("removing {}", dir.display()))(e)),
             })
             .await?;
-            if removed {
-                gone.push(id);
-            }
+            gone.push(id);
         }
         self.prefixes.forget(&gone);
         self.prefixes.forget(&expired);

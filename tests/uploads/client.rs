@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::common;
 use crate::common::count;
 use crate::common::procs::wait_for;
-use crate::{call, cli, data, parts, ran_whole, ran_whole_sha, setup, sha, token_file};
+use crate::{
+    call, cli, data, parts, ran_whole, ran_whole_sha, setup, sha, succeeded, test_file, token_file,
+};
 
 /// A worker of a build that wants the sha256 when the upload starts, as far as one
 /// upload of a one-chunk file goes: it refuses a start without one as such a build does
@@ -85,15 +87,8 @@ async fn the_cli_gives_a_worker_that_wants_the_sha256_first_the_sha256_first() {
     let bytes = data(5000, 21);
     std::fs::write(&file, &bytes).unwrap();
     let (addr, seen) = older_worker();
-    let out = cli(&addr, &file, &dir.path().join("cache"), &token, &[])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t1");
+    let (stdout, _) = succeeded(cli(&addr, &file, &dir.path().join("cache"), &token, &[]).output());
+    assert_eq!(String::from_utf8_lossy(&stdout).trim(), "t1");
     let seen = seen.join().unwrap();
     let lines: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
     assert_eq!(
@@ -128,17 +123,10 @@ async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
         out.flush().unwrap();
         hex::encode(hash.finalize())
     };
-    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "4"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (stdout, stderr) =
+        succeeded(cli(&f.http, &path, dir.path(), &token, &["--parallel", "4"]).output());
     assert!(stderr.contains("sent 103 chunks"), "{stderr}");
-    let result = ran_whole_sha(&db, &out.stdout, &file_sha).await;
+    let result = ran_whole_sha(&db, &stdout, &file_sha).await;
     assert_eq!(result["pid"], f.worker.pid());
 }
 
@@ -146,9 +134,7 @@ async fn a_large_file_sent_by_the_cli_arrives_whole_and_runs_where_it_is() {
 async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
     let (db, dir, uploads, f) = setup(&[]).await;
     let (_t, token) = token_file();
-    let path = dir.path().join("f.bin");
-    let content = data(40 * 65536, 13);
-    std::fs::write(&path, &content).unwrap();
+    let (path, content) = test_file(dir.path(), 40 * 65536, 13);
     let slow = [
         "--chunk-size",
         "65536",
@@ -166,11 +152,8 @@ async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
     .await;
     first.kill().unwrap();
     first.wait().unwrap();
-    let out = cli(&f.http, &path, dir.path(), &token, &["--parallel", "3"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (stdout, stderr) =
+        succeeded(cli(&f.http, &path, dir.path(), &token, &["--parallel", "3"]).output());
     // It asked what was missing and sent that only.
     let missing: usize = stderr
         .split("resuming upload ")
@@ -184,7 +167,7 @@ async fn a_client_killed_midway_resumes_and_sends_only_the_missing_chunks() {
         stderr.contains(&format!("sent {missing} chunks")),
         "{stderr}"
     );
-    ran_whole(&db, &out.stdout, &content).await;
+    ran_whole(&db, &stdout, &content).await;
     let c = db.client().await;
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
 }
@@ -205,25 +188,22 @@ async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
     let (_t, token) = token_file();
     let proxy = common::proxy::Proxy::start(&f.http);
     let chunk = 65536u64;
-    let path = dir.path().join("f.bin");
-    let content = data(48 * chunk as usize, 29);
-    std::fs::write(&path, &content).unwrap();
+    let (path, content) = test_file(dir.path(), 48 * chunk as usize, 29);
 
     // Every connection cut once a third of the file went up; the client retries.
     proxy.cut_after(16 * chunk);
-    let out = cli(
-        &proxy.addr(),
-        &path,
-        dir.path(),
-        &token,
-        &["--chunk-size", "65536", "--parallel", "4"],
-    )
-    .output()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (stdout, stderr) = succeeded(
+        cli(
+            &proxy.addr(),
+            &path,
+            dir.path(),
+            &token,
+            &["--chunk-size", "65536", "--parallel", "4"],
+        )
+        .output(),
+    );
     assert_eq!(proxy.cuts(), 1, "the proxy cut the connections");
-    ran_whole(&db, &out.stdout, &content).await;
+    ran_whole(&db, &stdout, &content).await;
     let puts = chunks_put(&proxy.first_lines());
     let mut again = puts.clone();
     again.sort();
@@ -262,9 +242,7 @@ async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks(
     let c = db.client().await;
     let (_t, token) = token_file();
     let proxy = common::proxy::Proxy::start(&f.http);
-    let path = dir.path().join("f.bin");
-    let content = data(48 * 65536, 31);
-    std::fs::write(&path, &content).unwrap();
+    let (path, content) = test_file(dir.path(), 48 * 65536, 31);
     let args = [
         "--chunk-size",
         "65536",
@@ -304,11 +282,7 @@ async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks(
     // Back up: the same command asks what is missing and sends exactly that.
     proxy.refuse(false);
     let before = proxy.up_bytes();
-    let out = cli(&proxy.addr(), &path, dir.path(), &token, &args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (stdout, stderr) = succeeded(cli(&proxy.addr(), &path, dir.path(), &token, &args).output());
     assert!(
         stderr.contains(&format!(
             "resuming upload {id}: {} of 48 chunks missing",
@@ -326,7 +300,7 @@ async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks(
         "{sent} bytes went up for {} missing chunks",
         missing.len()
     );
-    ran_whole(&db, &out.stdout, &content).await;
+    ran_whole(&db, &stdout, &content).await;
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
 }

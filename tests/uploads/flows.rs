@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::{call, chunk, data, entries, put, setup, sha};
+use crate::{call, data, entries, send_all, setup, sha};
 
 /// A flow with one task held `blocked` (so it is unfinished and running: were it paused,
 /// the flow would be paused and an upload's task would join it paused), by plain SQL.
@@ -48,15 +48,6 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
             .as_bytes(),
         )
     };
-    let send_all = |id: &str| {
-        let mut last = Value::Null;
-        for n in 0..3 {
-            let (code, body) = put(&f.http, id, n, chunk(&file, 1024, n));
-            assert_eq!(code, 200, "{body}");
-            last = body;
-        }
-        uuid::Uuid::parse_str(last["task"].as_str().unwrap()).unwrap()
-    };
 
     // Refused, nothing written: no such flow; a flow whose tasks all ended; not an id.
     let ended: uuid::Uuid = {
@@ -91,7 +82,7 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
     let (code, body) = declare(json!(flow));
     assert_eq!(code, 201, "{body}");
     let id = body["id"].as_str().unwrap().to_string();
-    let task = send_all(&id);
+    let task = send_all(&f.http, &id, &file, 1024);
     common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
     let t = db.bb.task(task).await.unwrap();
     assert_eq!(t.flow_id, Some(flow));
@@ -114,7 +105,7 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
     )
     .await
     .unwrap();
-    let task = send_all(&id);
+    let task = send_all(&f.http, &id, &file, 1024);
     let t = db.bb.task(task).await.unwrap();
     assert_eq!(t.status.as_str(), "paused");
     assert_eq!(t.flow_id, Some(flow));

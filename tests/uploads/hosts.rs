@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::common;
 use crate::common::procs::{worker_http, Proc};
 use crate::common::TestDb;
-use crate::{chunk, create, data, put, token_file};
+use crate::{create, data, send_all, token_file};
 
 /// Reaper settings for a direct run of the upload guard.
 fn guard_params(deadline_secs: f64, judge: bool) -> artex_actors::blackboard::ReapParams {
@@ -176,14 +176,8 @@ async fn an_uploads_task_fails_when_its_worker_is_killed_and_its_host_stays_gone
     );
     let http = worker_http(&db.client().await, &worker).await;
     let file = data(3000, 37);
-    let (id, chunks) = create(&http, &file, 1024, "digest");
-    let mut task = None;
-    for n in 0..chunks {
-        let (code, body) = put(&http, &id, n, chunk(&file, 1024, n));
-        assert_eq!(code, 200, "{body}");
-        task = body["task"].as_str().map(String::from);
-    }
-    let task = uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap();
+    let (id, _) = create(&http, &file, 1024, "digest");
+    let task = send_all(&http, &id, &file, 1024);
     assert_eq!(db.bb.task(task).await.unwrap().status.as_str(), "pending");
     let mut worker = worker;
     worker.signal(nix::sys::signal::Signal::SIGKILL);

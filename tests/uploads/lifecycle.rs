@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::common::procs::{wait_for, wait_status, with_defaults, worker_http, Proc, FAST_WORKER};
 use crate::common::TestDb;
-use crate::{call, chunk, create, data, entries, fleet, put, setup, sha, token_file};
+use crate::{call, chunk, create, data, entries, fleet, put, send_all, setup, sha, token_file};
 
 /// What the row of upload `id` says: its state, and seconds from its task's end to the
 /// file's deletion (None while not deleted).
@@ -43,19 +43,6 @@ async fn wait_deleted(c: &tokio_postgres::Client, id: &str) -> f64 {
         },
     )
     .await
-}
-
-/// Sends every chunk of `file` (in chunks of `size`) to upload `id`; returns the task
-/// the last one wrote.
-fn send_all(http: &str, id: &str, file: &[u8], size: usize) -> uuid::Uuid {
-    let chunks = file.len().div_ceil(size) as u64;
-    let mut task = None;
-    for n in 0..chunks {
-        let (code, body) = put(http, id, n, chunk(file, size, n));
-        assert_eq!(code, 200, "chunk {n}: {body}");
-        task = body["task"].as_str().map(String::from);
-    }
-    uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap()
 }
 
 #[tokio::test]
@@ -143,6 +130,60 @@ async fn a_file_outlives_its_task_by_the_keep_time_then_goes() {
     assert!(after >= 3.0, "deleted {after} s after its task ended");
     assert!(!uploads.join(&id).exists());
     assert_eq!(entries(&uploads), 0);
+}
+
+#[tokio::test]
+async fn files_of_another_folder_on_this_host_keep_none_of_this_folders_from_going() {
+    let (db, _dir, uploads, f) = setup(&[]).await;
+    let c = db.client().await;
+    let host: String = c
+        .query_one(
+            "select host from artex.workers where pid = $1",
+            &[&f.worker.pid()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // A hundred files another worker of this host received in its own folder, their
+    // tasks ended, that worker gone for good: not this worker's to delete, and
+    // older than anything this one receives.
+    for _ in 0..100 {
+        let (id, task) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        c.execute(
+            "insert into artex.tasks (id, kind) values ($1, 'digest')",
+            &[&task],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "update artex.tasks set status = 'canceled' where id = $1",
+            &[&task],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "insert into artex.uploads (id, host, path, size, sha256, chunks, task_id)
+             values ($1, $2, $3, 1, repeat('a', 64), 1, $4)",
+            &[&id, &host, &format!("/another/folder/{id}/file"), &task],
+        )
+        .await
+        .unwrap();
+    }
+    let file = data(3000, 59);
+    let (id, _) = create(&f.http, &file, 1024, "digest");
+    let task = send_all(&f.http, &id, &file, 1024);
+    wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
+    wait_deleted(&c, &id).await;
+    assert!(!uploads.join(&id).exists());
+    assert_eq!(
+        crate::common::count(
+            &c,
+            "select count(*) from artex.uploads where state = 'complete'"
+        )
+        .await,
+        100,
+        "another folder's rows are that folder's worker's"
+    );
 }
 
 /// `artex worker` as [`Proc::worker`] starts it, on a host of its own name: a UTS

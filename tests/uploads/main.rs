@@ -174,6 +174,36 @@ fn chunk(file: &[u8], size: usize, n: u64) -> &[u8] {
     &file[start..(start + size).min(file.len())]
 }
 
+/// Sends every chunk of `file` (in chunks of `size`) to upload `id`, each acknowledged;
+/// returns the task the last one wrote.
+fn send_all(http: &str, id: &str, file: &[u8], size: usize) -> uuid::Uuid {
+    let chunks = file.len().div_ceil(size) as u64;
+    let mut task = None;
+    for n in 0..chunks {
+        let (code, body) = put(http, id, n, chunk(file, size, n));
+        assert_eq!(code, 200, "chunk {n}: {body}");
+        task = body["task"].as_str().map(String::from);
+    }
+    uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap()
+}
+
+/// A file of `len` bytes of [`data`] in `dir`: (its path, its bytes).
+fn test_file(dir: &Path, len: usize, seed: u64) -> (std::path::PathBuf, Vec<u8>) {
+    let path = dir.join("f.bin");
+    let content = data(len, seed);
+    std::fs::write(&path, &content).unwrap();
+    (path, content)
+}
+
+/// The output of an `artex upload` run (see [`cli`]) that must have succeeded: (its
+/// stdout, its stderr).
+fn succeeded(out: std::io::Result<std::process::Output>) -> (Vec<u8>, String) {
+    let out = out.expect("artex upload ran");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (out.stdout, stderr)
+}
+
 fn entries(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }

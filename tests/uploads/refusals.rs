@@ -134,3 +134,24 @@ async fn a_quota_too_small_gets_507_and_nothing_is_left() {
         .contains("--upload-max-bytes"));
     assert_eq!(entries(&uploads), 1, "the refused upload left something");
 }
+
+#[tokio::test]
+async fn uploads_started_at_once_take_no_more_room_than_there_is() {
+    let (_db, _dir, uploads, f) = setup(&["--upload-max-bytes", "10000"]).await;
+    let file = data(3000, 5);
+    let body = json!({"size": 3000, "sha256": sha(&file), "task": {"kind": "digest"}}).to_string();
+    // Room for three of 3,000 bytes; twelve asked for at once.
+    let starts: Vec<_> = (0..12)
+        .map(|_| {
+            let (http, body) = (f.http.clone(), body.clone());
+            std::thread::spawn(move || {
+                call(&http, "POST", "/api/v1/uploads", &[], body.as_bytes()).0
+            })
+        })
+        .collect();
+    let codes: Vec<u16> = starts.into_iter().map(|s| s.join().unwrap()).collect();
+    let started = codes.iter().filter(|&&c| c == 201).count();
+    assert_eq!(started, 3, "{codes:?}");
+    assert_eq!(codes.iter().filter(|&&c| c == 507).count(), 9, "{codes:?}");
+    assert_eq!(entries(&uploads), 3);
+}

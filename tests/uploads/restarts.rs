@@ -12,8 +12,8 @@ use crate::common;
 use crate::common::procs::{wait_for, Proc};
 use crate::common::{count, TestDb};
 use crate::{
-    answer, call, chunk, cli, create, data, fleet, parts, put, ran_whole, setup, sha, token_file,
-    WRITE_TOKEN,
+    answer, call, chunk, cli, create, data, fleet, parts, put, ran_whole, setup, sha, succeeded,
+    test_file, token_file, WRITE_TOKEN,
 };
 
 /// Lays out upload `id` in `uploads` as a process that died just after naming the whole
@@ -93,9 +93,7 @@ async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
     let (db, dir, uploads, mut f) = setup(&[]).await;
     let c = db.client().await;
     let (_t, token) = token_file();
-    let path = dir.path().join("f.bin");
-    let content = data(30 * 65536, 17);
-    std::fs::write(&path, &content).unwrap();
+    let (path, content) = test_file(dir.path(), 30 * 65536, 17);
     let args = [
         "--chunk-size",
         "65536",
@@ -127,10 +125,8 @@ async fn a_worker_killed_midway_is_restarted_and_the_upload_completes() {
             uploads.to_str().unwrap(),
         ],
     );
-    let out = client.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let result = ran_whole(&db, &out.stdout, &content).await;
+    let (stdout, _) = succeeded(client.wait_with_output());
+    let result = ran_whole(&db, &stdout, &content).await;
     assert_eq!(result["pid"], w.pid());
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
 }

@@ -137,10 +137,14 @@ const LOCK_FLOW: &str = "select 1 from artex.flows where id = $1 for key share";
 const UPLOAD: &str = "select id, host, path, size, sha256, state, shared, task_id
     from artex.uploads where id = $1";
 
-// Files whose task ended at least $2 seconds ago, on this host (or shared).
+// Files whose task ended at least $2 seconds ago, on this host (or shared), in the upload
+// folder $3 (its path and a '/'). Another folder's rows (another worker's on this host,
+// or a shared upload in a folder this worker does not serve) are not this worker's to
+// delete: were they in the batch, a hundred of them left by a worker that is gone would
+// fill every batch, and this folder's files would stay for ever.
 const ENDED: &str = "select u.id, u.path from artex.uploads u
     join artex.tasks t on t.id = u.task_id
-    where u.state = 'complete' and (u.host = $1 or u.shared)
+    where u.state = 'complete' and (u.host = $1 or u.shared) and starts_with(u.path, $3)
       and t.status in ('succeeded', 'failed', 'timeout', 'canceled')
       and coalesce(t.finished_at, t.updated_at) < now() - make_interval(secs => $2::float8)
     order by u.id
@@ -264,13 +268,18 @@ impl Blackboard {
         }))
     }
 
-    /// Uploads on `host` (or shared) whose task ended more than `keep_secs` ago: their
-    /// files can go. At most 100 per call.
-    pub async fn uploads_ended(&self, host: &str, keep_secs: f64) -> Result<Vec<(Uuid, String)>> {
+    /// Uploads on `host` (or shared) in the upload folder `folder` (ending in '/') whose
+    /// task ended more than `keep_secs` ago: their files can go. At most 100 per call.
+    pub async fn uploads_ended(
+        &self,
+        host: &str,
+        folder: &str,
+        keep_secs: f64,
+    ) -> Result<Vec<(Uuid, String)>> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(ENDED).await?;
         client
-            .query(&stmt, &[&host, &keep_secs])
+            .query(&stmt, &[&host, &keep_secs, &folder])
             .await?
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))

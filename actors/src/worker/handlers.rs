@@ -266,9 +266,10 @@ impl TaskContext {
     }
 
     /// The file this task was submitted with (`artex upload`, `POST /api/v1/uploads`), or
-    /// `None` when its payload names no upload. The worker checked its sha256 when the
-    /// last chunk landed; this checks that it is still there, with its size. The file is
-    /// deleted once the task ends (after `--upload-keep-ms`).
+    /// `None` when its payload names no upload. The worker checked its sha256 once the
+    /// file was whole (at its last chunk, or at `complete` when the sha256 was given
+    /// there); this checks that it is still there, with its size. The file is deleted
+    /// once the task ends (after `--upload-keep-ms`).
     pub async fn upload(&self) -> Result<Option<UploadFile>, TaskError> {
         let Some(named) = self.payload.get("upload") else {
             return Ok(None);
@@ -328,6 +329,6 @@ pub struct UploadFile {
     pub path: std::path::PathBuf,
     /// Its size in bytes, as declared and received.
     pub size: u64,
-    /// Its sha256 (lowercase hex), checked when the last chunk landed.
+    /// Its sha256 (lowercase hex), checked once the file was whole.
     pub sha256: String,
 }
