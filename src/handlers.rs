@@ -61,23 +61,15 @@ async fn checkpoint(mut ctx: TaskContext) -> Result<Value, TaskError> {
 
 async fn digest(ctx: TaskContext) -> Result<Value, TaskError> {
     use sha2::{Digest, Sha256};
-    use std::io::Read;
     let file = ctx
         .upload()
         .await?
         .ok_or_else(|| TaskError::new("this task names no upload (send it with artex upload)"))?;
     let path = file.path.clone();
     let sha256 = tokio::task::spawn_blocking(move || -> Result<String, TaskError> {
-        let mut f = std::fs::File::open(&path)?;
         let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                return Ok(hex::encode(hash.finalize()));
-            }
-            hash.update(&buf[..n]);
-        }
+        std::io::copy(&mut std::fs::File::open(&path)?, &mut hash)?;
+        Ok(hex::encode(hash.finalize()))
     })
     .await??;
     Ok(json!({

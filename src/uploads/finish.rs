@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 use artex_actors::blackboard::{NewTask, NewUpload};
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 use uuid::Uuid;
 
 use super::data::{marker, DATA, WHOLE};
@@ -142,11 +142,7 @@ impl Uploads {
         };
         // What was hashed ahead (in this process) is not read again.
         let ahead = self.prefixes.take(meta.id);
-        let (mut hash, mut len) = if ahead.upto <= meta.size {
-            (ahead.hash, ahead.upto)
-        } else {
-            (Sha256::new(), 0)
-        };
+        let (mut hash, mut len) = (ahead.hash, ahead.upto);
         f.seek(SeekFrom::Start(len))
             .map_err(io(format!("reading {}", data.display())))?;
         let mut buf = vec![0u8; 1 << 20];
