@@ -54,7 +54,7 @@ pub async fn database_url(db: &DbConfig) -> Result<String> {
 /// not undo it. Only `artex migrate`, `artex up` and `artex db start` migrate.
 pub async fn connect(db: &DbConfig) -> Result<Blackboard> {
     let bb = connect_unchecked(db).await?;
-    let schema = bb.check_schema().await?;
+    let schema = bb.maintenance().check_schema().await?;
     if !schema.unknown.is_empty() {
         tracing::info!(newer = ?schema.unknown,
             "the database has expansions by a newer build; this build runs on");
@@ -101,6 +101,7 @@ pub async fn run_planner(
         shards,
     };
     tracing::info!(planner = %name, config = ?args, "planner starting");
+    let planner = bb.planner();
     // `--shards auto`: the first round runs before anything is served, so a refused
     // shard count stops the start, saying why.
     let keeper = match args.shards {
@@ -113,13 +114,13 @@ pub async fn run_planner(
                 now: None,
             };
             let view = ShardView::new();
-            ShardKeeper::run_once(&bb, &config, &view).await?;
-            let (b, s, v) = (bb.clone(), stats.clone(), view.clone());
+            ShardKeeper::run_once(&planner, &config, &view).await?;
+            let (b, s, v) = (planner.clone(), stats.clone(), view.clone());
             let actor = Supervisor::start(move |_| ShardKeeper::new(b, config, v, s));
             Some((actor, view))
         }
     };
-    let (b, s) = (bb.clone(), stats.clone());
+    let (b, s) = (planner.clone(), stats.clone());
     let view = keeper.as_ref().map(|(_, v)| v.clone());
     let assigner = Supervisor::start(move |_| {
         let assigner = Assigner::new(b, assigner_cfg, s);
@@ -128,7 +129,7 @@ pub async fn run_planner(
             None => assigner,
         }
     });
-    let (b, s, a) = (bb.clone(), stats.clone(), assigner.clone());
+    let (b, s, a) = (planner.clone(), stats.clone(), assigner.clone());
     let poll = ms(args.planner_poll_ms);
     let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s));
     let params = ReapParams {
@@ -141,13 +142,18 @@ pub async fn run_planner(
         judge_liveness: true,
         upload_host_deadline_secs: ms(args.upload_host_deadline_ms).as_secs_f64(),
     };
-    let (b, s, n, every) = (bb.clone(), stats.clone(), name.clone(), ms(args.reap_ms));
+    let (b, s, n, every) = (
+        planner.clone(),
+        stats.clone(),
+        name.clone(),
+        ms(args.reap_ms),
+    );
     let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
     if let Some(keep) = args.history_retention {
-        bb.set_event_retention(keep).await?;
+        bb.maintenance().set_event_retention(keep).await?;
         tracing::info!(retention = ?keep, "history retention set");
     }
-    let (b, s) = (bb.clone(), stats.clone());
+    let (b, s) = (bb.maintenance(), stats.clone());
     let maintenance = Supervisor::start(move |_| Maintenance::new(b, MAINTENANCE_EVERY, s));
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
@@ -200,7 +206,7 @@ pub async fn run_worker(
         }
     };
     let config = worker_config(args, &http_addr);
-    Worker::register(&bb, &config, &registry).await?;
+    Worker::register(&bb.worker(), &config, &registry).await?;
     // A successor receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
     let listener = match (listener, &mut successor) {
@@ -213,7 +219,7 @@ pub async fn run_worker(
         lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = successor.is_some(),
         upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
         "worker registered; listening");
-    let (b, c, r, s) = (bb.clone(), config.clone(), registry, stats.clone());
+    let (b, c, r, s) = (bb.worker(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
     let handed_over = Arc::new(AtomicBool::new(false));
     let binary_sha256 = BinaryDigest::start();
@@ -245,9 +251,10 @@ pub async fn run_worker(
         db: http::probe::DbProbe::start(bb.clone()),
     };
     let events =
-        http::events::EventsState::start(bb.clone(), args.access.max_event_streams as usize);
+        http::events::EventsState::start(bb.feed(), args.access.max_event_streams as usize);
     let api = args.api.then(|| http::api::ApiState {
-        bb: bb.clone(),
+        bb: bb.operator(),
+        feed: bb.feed(),
         max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
     });
     if api.is_some() {
@@ -255,7 +262,7 @@ pub async fn run_worker(
     }
     let uploads = Uploads::open(
         crate::uploads::UploadSettings::from_args(&args.uploads),
-        bb.clone(),
+        bb.worker(),
         config.host.clone(),
         config.id.clone(),
     )?;
@@ -415,7 +422,7 @@ fn record_binary(bb: &Blackboard, id: &str, digest: &BinaryDigest) {
         if sha256.is_empty() {
             return;
         }
-        if let Err(e) = bb.set_worker_binary(&id, &sha256).await {
+        if let Err(e) = bb.worker().set_worker_binary(&id, &sha256).await {
             tracing::warn!(worker = %id, error = %e, "could not record the binary's sha256");
         }
     });
@@ -435,12 +442,13 @@ pub async fn run_api(
         .local_addr()
         .map_err(|e| Error::io("reading the HTTP listener's address", e))?;
     let api = http::api::ApiState {
-        bb: bb.clone(),
+        bb: bb.operator(),
+        feed: bb.feed(),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
     };
     let probe = http::probe::DbProbe::start(bb.clone());
     let events =
-        http::events::EventsState::start(bb.clone(), args.access.max_event_streams as usize);
+        http::events::EventsState::start(bb.feed(), args.access.max_event_streams as usize);
     let streams = events.clone();
     let server = HttpServer::new(move || {
         App::new()

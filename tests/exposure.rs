@@ -252,25 +252,28 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     let c = db.client().await;
     // One connection: whatever the next caller gets is the one the claim used.
     let bb = Blackboard::connect(&db.url, 1).unwrap();
-    bb.register_worker(&Registration {
-        id: "w".into(),
-        host: "test".into(),
-        pid: 1,
-        version: "test".into(),
-        http_addr: None,
-        channel: "artex_w_w".into(),
-        kinds: vec!["echo".into()],
-        capacity: 10,
-        session: None,
-        lease_ms: None,
-    })
-    .await
-    .unwrap();
+    bb.worker()
+        .register_worker(&Registration {
+            id: "w".into(),
+            host: "test".into(),
+            pid: 1,
+            version: "test".into(),
+            http_addr: None,
+            channel: "artex_w_w".into(),
+            kinds: vec!["echo".into()],
+            capacity: 10,
+            session: None,
+            lease_ms: None,
+        })
+        .await
+        .unwrap();
     let task = bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
-    let claim = bb.dispatch("p", 10, (1, &[]), 30.0, 600.0, |_, _| -> Vec<Assignment> {
+    let planner = bb.planner();
+    let claim = planner.dispatch("p", 10, (1, &[]), 30.0, 600.0, |_, _| -> Vec<Assignment> {
         panic!("a planning bug")
     });
     let outcome = std::panic::AssertUnwindSafe(claim).catch_unwind().await;
@@ -287,8 +290,12 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         .await,
         0
     );
-    assert_eq!(bb.task(task).await.unwrap().status.as_str(), "pending");
+    assert_eq!(
+        bb.operator().task(task).await.unwrap().status.as_str(),
+        "pending"
+    );
     let again = bb
+        .planner()
         .dispatch("p", 10, (1, &[]), 30.0, 600.0, |claimed, _| {
             claimed
                 .iter()
@@ -317,6 +324,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     )
     .unwrap();
     let err = limited
+        .operator()
         .control(Control::Cancel, task, "test", None)
         .await
         .unwrap_err();

@@ -48,16 +48,17 @@ async fn wait_flow(bb: &Blackboard, id: Uuid, state: FlowState, timeout: Duratio
     wait_for(
         &format!("flow {id} to be {state}"),
         timeout,
-        || async move { (bb.flow_summary(id).await.ok()?.0 == state).then_some(()) },
+        || async move { (bb.operator().flow(id).await.ok()?.state == state).then_some(()) },
     )
     .await;
-    bb.flow(id).await.unwrap()
+    bb.operator().flow(id).await.unwrap()
 }
 
 /// Submits an `echo` task and waits for it to succeed: the runtime dispatches new work.
 async fn probe_runs(db: &TestDb, timeout: Duration) {
     let probe = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
@@ -126,13 +127,13 @@ async fn a_diamond_runs_in_order_and_its_join_sees_the_upstream_results() {
     assert_started_after_upstream(&c).await;
 
     // The join read its upstream results.
-    let result = db.bb.task(d.id).await.unwrap().result.unwrap();
+    let result = db.bb.operator().task(d.id).await.unwrap().result.unwrap();
     assert_eq!(
         result,
         json!({"payload": {"d": true}, "upstream": {"B": {"b": 1}, "C": {"c": 2}}})
     );
     // Promotion is audited with its reason.
-    let history = db.bb.transitions(b.id).await.unwrap();
+    let history = db.bb.operator().transitions(b.id).await.unwrap();
     assert_eq!(history[0].to_status, TaskStatus::Blocked);
     assert_eq!(history[1].to_status, TaskStatus::Pending);
     assert_eq!(
@@ -191,7 +192,7 @@ async fn a_flow_survives_killed_workers_and_a_postgres_restart() {
     }
     tasks.push(json!({"name": "end", "kind": "echo", "depends_on": [prev]}));
     let spec: FlowSpec = serde_json::from_value(json!({"name": "crashy", "tasks": tasks})).unwrap();
-    let id = bb.submit_flow(&spec, "test").await.unwrap();
+    let id = bb.operator().submit_flow(&spec, "test").await.unwrap();
 
     // Mid-flow: some of the wide tasks ran, some run on the worker about to die.
     let w1_id = common::procs::worker_id(&c, &w1).await;
@@ -242,7 +243,7 @@ async fn a_flow_survives_killed_workers_and_a_postgres_restart() {
         retried > 0,
         "the killed worker's tasks should have been retried elsewhere"
     );
-    let join = bb.task(task(&f, "join").id).await.unwrap();
+    let join = bb.operator().task(task(&f, "join").id).await.unwrap();
     assert_eq!(
         join.result.unwrap()["upstream"].as_object().unwrap().len(),
         40
@@ -293,7 +294,12 @@ async fn a_failing_task_cancels_exactly_its_downstream() {
     assert_eq!(status, expected);
     let b = task(&f, "B").id;
     for name in ["C", "E", "G"] {
-        let history = db.bb.transitions(task(&f, name).id).await.unwrap();
+        let history = db
+            .bb
+            .operator()
+            .transitions(task(&f, name).id)
+            .await
+            .unwrap();
         let last = history.last().unwrap();
         assert_eq!(
             (last.from_status, last.to_status),
@@ -378,7 +384,12 @@ async fn cycles_bad_references_and_duplicates_are_refused_with_nothing_inserted(
         assert!(out.is_empty(), "{out}");
         // Through the library API as well.
         if let Ok(spec) = serde_json::from_value::<FlowSpec>(flow.clone()) {
-            let e = db.bb.submit_flow(&spec, "test").await.unwrap_err();
+            let e = db
+                .bb
+                .operator()
+                .submit_flow(&spec, "test")
+                .await
+                .unwrap_err();
             assert!(e.to_string().contains(message), "{e}");
         }
     }
@@ -414,13 +425,16 @@ async fn pause_holds_and_resume_releases_tasks_and_flows() {
             {"name": "A", "kind": "echo"},
             {"name": "B", "kind": "echo", "depends_on": ["A"]}]}),
     );
-    let f = db.bb.flow(id).await.unwrap();
+    let f = db.bb.operator().flow(id).await.unwrap();
     let (a, b) = (task(&f, "A").id, task(&f, "B").id);
     let (code, out, err) = control(&db.url, "pause", id, Some("maintenance window"));
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("paused 2 task(s) of flow"), "{out}");
-    assert_eq!(db.bb.flow(id).await.unwrap().state, FlowState::Paused);
-    let history = db.bb.transitions(a).await.unwrap();
+    assert_eq!(
+        db.bb.operator().flow(id).await.unwrap().state,
+        FlowState::Paused
+    );
+    let history = db.bb.operator().transitions(a).await.unwrap();
     let last = history.last().unwrap();
     assert_eq!(
         (last.from_status, last.to_status),
@@ -437,19 +451,28 @@ async fn pause_holds_and_resume_releases_tasks_and_flows() {
     let _p = Proc::planner("planner", &db.url, &[]);
     let _w = Proc::worker("worker", &db.url, &[]);
     probe_runs(&db, Duration::from_secs(20)).await;
-    assert_eq!(db.bb.task(a).await.unwrap().status, TaskStatus::Paused);
-    assert_eq!(db.bb.task(b).await.unwrap().status, TaskStatus::Paused);
+    assert_eq!(
+        db.bb.operator().task(a).await.unwrap().status,
+        TaskStatus::Paused
+    );
+    assert_eq!(
+        db.bb.operator().task(b).await.unwrap().status,
+        TaskStatus::Paused
+    );
 
     // Resuming B alone: its upstream has not run, so it is blocked again, not pending.
     let (code, out, err) = control(&db.url, "resume", b, None);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("blocked"), "{out}");
-    assert_eq!(db.bb.task(b).await.unwrap().status, TaskStatus::Blocked);
+    assert_eq!(
+        db.bb.operator().task(b).await.unwrap().status,
+        TaskStatus::Blocked
+    );
     // Resuming the flow releases A (B is no longer paused); the flow completes.
     let (code, _, err) = control(&db.url, "resume", id, Some("window over"));
     assert_eq!(code, 0, "{err}");
     wait_flow(&db.bb, id, FlowState::Succeeded, Duration::from_secs(20)).await;
-    let resumed = db.bb.transitions(a).await.unwrap();
+    let resumed = db.bb.operator().transitions(a).await.unwrap();
     assert!(resumed
         .iter()
         .any(|t| t.from_status == Some(TaskStatus::Paused)
@@ -502,7 +525,7 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
             {"name": "U", "kind": "sleep", "payload": {"ms": 120000}},
             {"name": "V", "kind": "echo", "depends_on": ["U"]}]}),
     );
-    let f = db.bb.flow(id).await.unwrap();
+    let f = db.bb.operator().flow(id).await.unwrap();
     let (s, t) = (task(&f, "S").id, task(&f, "T").id);
     wait_status(&db.bb, s, TaskStatus::Running, Duration::from_secs(20)).await;
     let running = |http: String| async move {
@@ -535,17 +558,31 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
         },
     )
     .await;
-    let st = db.bb.task(s).await.unwrap();
+    let st = db.bb.operator().task(s).await.unwrap();
     assert_eq!(st.status, TaskStatus::Canceled);
     assert_eq!(st.assigned_to, None);
-    let last = db.bb.transitions(s).await.unwrap().pop().unwrap();
+    let last = db
+        .bb
+        .operator()
+        .transitions(s)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
     assert_eq!(
         (last.from_status, last.to_status),
         (Some(TaskStatus::Running), TaskStatus::Canceled)
     );
     assert_eq!(last.reason.as_deref(), Some("operator stop"));
     assert!(last.actor.starts_with("cli:"));
-    let tt = db.bb.transitions(t).await.unwrap().pop().unwrap();
+    let tt = db
+        .bb
+        .operator()
+        .transitions(t)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
     assert_eq!(tt.to_status, TaskStatus::Canceled);
     assert_eq!(
         tt.reason.as_deref(),
@@ -556,7 +593,10 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
     let (code, out, err) = control(&db.url, "cancel", id, None);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("canceled 2 task(s) of flow"), "{out}");
-    assert_eq!(db.bb.flow(id).await.unwrap().state, FlowState::Canceled);
+    assert_eq!(
+        db.bb.operator().flow(id).await.unwrap().state,
+        FlowState::Canceled
+    );
     let (code, _, err) = control(&db.url, "cancel", id, None);
     assert_eq!(code, 2);
     assert!(
@@ -595,8 +635,8 @@ async fn concurrent_completions_of_siblings_promote_their_joins_exactly_once() {
     tasks.push(json!({"name": "join1", "kind": "echo", "depends_on": names}));
     tasks.push(json!({"name": "join2", "kind": "echo", "depends_on": reversed}));
     let spec: FlowSpec = serde_json::from_value(json!({"name": "fanin", "tasks": tasks})).unwrap();
-    let id = db.bb.submit_flow(&spec, "test").await.unwrap();
-    let f = db.bb.flow(id).await.unwrap();
+    let id = db.bb.operator().submit_flow(&spec, "test").await.unwrap();
+    let f = db.bb.operator().flow(id).await.unwrap();
     let siblings: Vec<Uuid> = f
         .tasks
         .iter()
@@ -641,7 +681,10 @@ async fn concurrent_completions_of_siblings_promote_their_joins_exactly_once() {
     let c = db.client().await;
     for join in ["join1", "join2"] {
         let j = task(&f, join).id;
-        assert_eq!(db.bb.task(j).await.unwrap().status, TaskStatus::Pending);
+        assert_eq!(
+            db.bb.operator().task(j).await.unwrap().status,
+            TaskStatus::Pending
+        );
         let promotions: i64 = c
             .query_one(
                 "select count(*) from artex.task_transitions
@@ -688,8 +731,8 @@ async fn flow_and_upload(db: &TestDb) -> (Uuid, Uuid, NewUpload) {
         "name": "upload-race", "tasks": [{"name": "a", "kind": "echo"}]
     }))
     .unwrap();
-    let flow = db.bb.submit_flow(&spec, "test").await.unwrap();
-    let a = task(&db.bb.flow(flow).await.unwrap(), "a").id;
+    let flow = db.bb.operator().submit_flow(&spec, "test").await.unwrap();
+    let a = task(&db.bb.operator().flow(flow).await.unwrap(), "a").id;
     let upload = NewUpload {
         id: Uuid::now_v7(),
         host: "h1".into(),
@@ -708,14 +751,18 @@ fn record(db: &TestDb, upload: &NewUpload) -> tokio::task::JoinHandle<(Uuid, boo
     let (bb, upload) = (db.bb.clone(), upload.clone());
     tokio::spawn(async move {
         let task = NewTask::new("digest", json!({"upload": {"id": upload.id}}));
-        bb.record_upload(&upload, &task, "test").await.unwrap()
+        bb.worker()
+            .record_upload(&upload, &task, "test")
+            .await
+            .unwrap()
     })
 }
 
 fn cancel(db: &TestDb, flow: Uuid) -> tokio::task::JoinHandle<Vec<(Uuid, TaskStatus)>> {
     let bb = db.bb.clone();
     tokio::spawn(async move {
-        bb.control(Control::Cancel, flow, "test", Some("race"))
+        bb.operator()
+            .control(Control::Cancel, flow, "test", Some("race"))
             .await
             .unwrap()
             .changed
@@ -754,7 +801,7 @@ async fn a_flow_canceled_while_an_uploads_task_joins_it_leaves_nothing_runnable(
     let (joined, wrote) = recording.await.unwrap();
     assert!(wrote);
     assert_eq!(changed, vec![(a, TaskStatus::Canceled)]);
-    let t = db.bb.task(joined).await.unwrap();
+    let t = db.bb.operator().task(joined).await.unwrap();
     assert_eq!(t.flow_id, Some(flow));
     assert_eq!(
         t.status,
@@ -789,7 +836,7 @@ async fn a_flow_canceled_while_an_uploads_task_joins_it_leaves_nothing_runnable(
     let (joined, wrote) = recording.await.unwrap();
     let changed = canceling.await.unwrap();
     assert!(wrote);
-    let t = db.bb.task(joined).await.unwrap();
+    let t = db.bb.operator().task(joined).await.unwrap();
     assert_eq!(t.flow_id, Some(flow));
     assert_eq!(
         t.status,
@@ -936,18 +983,20 @@ async fn an_uploads_task_joining_a_paused_flow_waits_for_the_flows_resume() {
     let (flow, a, upload) = flow_and_upload(&db).await;
     let paused = db
         .bb
+        .operator()
         .control(Control::Pause, flow, "test", None)
         .await
         .unwrap();
     assert_eq!(paused.changed, vec![(a, TaskStatus::Paused)]);
     let (joined, wrote) = record(&db, &upload).await.unwrap();
     assert!(wrote);
-    let t = db.bb.task(joined).await.unwrap();
+    let t = db.bb.operator().task(joined).await.unwrap();
     assert_eq!(t.status, TaskStatus::Paused);
     let why = t.error.unwrap_or_default();
     assert!(why.contains("was paused"), "{why}");
     let resumed = db
         .bb
+        .operator()
         .control(Control::Resume, flow, "test", None)
         .await
         .unwrap();
@@ -961,7 +1010,7 @@ async fn an_uploads_task_joining_a_paused_flow_waits_for_the_flows_resume() {
     let (_, _, upload) = flow_and_upload(&db).await;
     let (joined, _) = record(&db, &upload).await.unwrap();
     assert_eq!(
-        db.bb.task(joined).await.unwrap().status,
+        db.bb.operator().task(joined).await.unwrap().status,
         TaskStatus::Pending
     );
 }

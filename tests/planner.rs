@@ -53,10 +53,12 @@ fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
 async fn one_assignment_round_fills_free_capacity_in_priority_order() {
     let db = TestDb::new().await;
     db.bb
+        .worker()
         .register_worker(&registration("w1", &["echo"], 3))
         .await
         .unwrap();
     db.bb
+        .worker()
         .register_worker(&registration("w2", &["echo", "sleep"], 2))
         .await
         .unwrap();
@@ -67,23 +69,30 @@ async fn one_assignment_round_fills_free_capacity_in_priority_order() {
         })
         .collect();
     tasks.push(NewTask::new("unknown-kind", json!({})));
-    let ids = db.bb.submit_many(&tasks, "test").await.unwrap();
+    let ids = db.bb.operator().submit_many(&tasks, "test").await.unwrap();
 
-    let report = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let report = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!(report.free_capacity, 5);
     assert_eq!(report.assigned, 5);
     assert_eq!(report.workers_notified, 2);
     // The lowest priority echo task and the task no worker runs stay pending.
-    let low = db.bb.task(ids[0]).await.unwrap();
+    let low = db.bb.operator().task(ids[0]).await.unwrap();
     assert_eq!(low.status.as_str(), "pending");
-    assert_eq!(db.bb.task(ids[6]).await.unwrap().status.as_str(), "pending");
+    assert_eq!(
+        db.bb.operator().task(ids[6]).await.unwrap().status.as_str(),
+        "pending"
+    );
     for id in &ids[1..6] {
-        let t = db.bb.task(*id).await.unwrap();
+        let t = db.bb.operator().task(*id).await.unwrap();
         assert_eq!(t.status.as_str(), "assigned");
         assert_eq!(t.lease_epoch, 1);
     }
     // Full: a second round assigns nothing.
-    let again = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let again = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!((again.free_capacity, again.assigned), (0, 0));
 }
 
@@ -91,11 +100,13 @@ async fn one_assignment_round_fills_free_capacity_in_priority_order() {
 async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
     let db = TestDb::new().await;
     db.bb
+        .worker()
         .register_worker(&registration("w1", &["echo"], 10))
         .await
         .unwrap();
     let ids = db
         .bb
+        .operator()
         .submit_many(
             &(0..3)
                 .map(|_| NewTask {
@@ -107,12 +118,14 @@ async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
         )
         .await
         .unwrap();
-    Assigner::run_once(&db.bb, &config()).await.unwrap();
+    Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     let started = common::start_assigned(&db.bb, "w1", 1).await;
     assert_eq!(started.len(), 1);
 
     // Now: nothing expired, nobody silent.
-    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(None))
+    let report = Reaper::run_once(&db.bb.planner(), "reaper", &reap_params(None))
         .await
         .unwrap();
     assert_eq!((report.requeued, report.ended), (0, 0));
@@ -121,20 +134,22 @@ async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
     // A minute later: the worker is silent and every lease expired. The running task
     // (no retries left) ends as timeout; the two never started go back to pending.
     let later = chrono::Utc::now() + chrono::Duration::seconds(60);
-    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(Some(later)))
+    let report = Reaper::run_once(&db.bb.planner(), "reaper", &reap_params(Some(later)))
         .await
         .unwrap();
     assert_eq!(report.workers_gone, vec!["w1".to_string()]);
     assert_eq!((report.requeued, report.ended), (2, 1));
-    let ran = db.bb.task(started[0].id).await.unwrap();
+    let ran = db.bb.operator().task(started[0].id).await.unwrap();
     assert_eq!(ran.status.as_str(), "timeout");
     assert!(ran.error.unwrap().contains("lease lost by worker w1"));
     for id in ids.iter().filter(|id| **id != started[0].id) {
-        let t = db.bb.task(*id).await.unwrap();
+        let t = db.bb.operator().task(*id).await.unwrap();
         assert_eq!((t.status.as_str(), t.retries), ("pending", 0));
     }
     // A gone worker gets nothing.
-    let round = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let round = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!(round.assigned, 0);
 }
 
@@ -147,20 +162,21 @@ fn rounds_start_small_after_idle_and_grow() {
         use actix::Actor;
         let db = TestDb::new().await;
         db.bb
+            .worker()
             .register_worker(&registration("w1", &["echo"], 100_000))
             .await
             .unwrap();
         let submit = |n: usize| {
             let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new("echo", json!({}))).collect();
             let bb = db.bb.clone();
-            async move { bb.submit_many(&tasks, "test").await.unwrap() }
+            async move { bb.operator().submit_many(&tasks, "test").await.unwrap() }
         };
         submit(1000).await;
         let config = AssignerConfig {
             batch: 2000,
             ..config()
         };
-        let assigner = Assigner::new(db.bb.clone(), config, Default::default()).start();
+        let assigner = Assigner::new(db.bb.planner(), config, Default::default()).start();
         let rounds = |n: usize| {
             let assigner = assigner.clone();
             async move {
@@ -198,29 +214,36 @@ fn rounds_start_small_after_idle_and_grow() {
 async fn a_gone_workers_tasks_wait_for_their_leases_to_run_out() {
     let db = TestDb::new().await;
     db.bb
+        .worker()
         .register_worker(&registration("w1", &["echo"], 10))
         .await
         .unwrap();
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
     // Leases of 30 s; the worker is gone after 10 s of silence.
-    Assigner::run_once(&db.bb, &config()).await.unwrap();
+    Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!(common::start_assigned(&db.bb, "w1", 1).await.len(), 1);
     let at = |secs| Some(chrono::Utc::now() + chrono::Duration::seconds(secs));
-    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(at(20)))
+    let report = Reaper::run_once(&db.bb.planner(), "reaper", &reap_params(at(20)))
         .await
         .unwrap();
     assert_eq!(report.workers_gone, vec!["w1".to_string()]);
     assert_eq!((report.requeued, report.ended), (0, 0));
-    assert_eq!(db.bb.task(id).await.unwrap().status.as_str(), "running");
-    let report = Reaper::run_once(&db.bb, "reaper", &reap_params(at(40)))
+    assert_eq!(
+        db.bb.operator().task(id).await.unwrap().status.as_str(),
+        "running"
+    );
+    let report = Reaper::run_once(&db.bb.planner(), "reaper", &reap_params(at(40)))
         .await
         .unwrap();
     assert_eq!(report.requeued, 1);
-    let t = db.bb.task(id).await.unwrap();
+    let t = db.bb.operator().task(id).await.unwrap();
     assert_eq!((t.status.as_str(), t.retries), ("pending", 1));
 }
 
@@ -232,10 +255,16 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
     use artex_actors::blackboard::carried::{carries_assignments, parse_carried};
     let db = TestDb::new().await;
     db.bb
+        .worker()
         .register_worker(&registration("w1", &["echo"], 10))
         .await
         .unwrap();
-    let mut listener = db.bb.listen(&["artex_w_w1".to_string()]).await.unwrap();
+    let mut listener = db
+        .bb
+        .feed()
+        .listen(&["artex_w_w1".to_string()])
+        .await
+        .unwrap();
     let mut tasks: Vec<NewTask> = (0..4)
         .map(|i| NewTask {
             priority: 10 - i,
@@ -246,8 +275,10 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
         priority: 0,
         ..NewTask::new("echo", json!({ "big": "x".repeat(2000) }))
     });
-    let ids = db.bb.submit_many(&tasks, "test").await.unwrap();
-    let report = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let ids = db.bb.operator().submit_many(&tasks, "test").await.unwrap();
+    let report = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!((report.assigned, report.workers_notified), (5, 1));
 
     let mut carried = Vec::new();
@@ -270,6 +301,7 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
     }
     let read = db
         .bb
+        .worker()
         .read_assigned("w1", 10, i64::MAX, true)
         .await
         .unwrap()
@@ -296,13 +328,14 @@ async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
     use artex_actors::blackboard::{AttemptRecord, Outcome, Step};
     let db = TestDb::new().await;
     db.bb
+        .worker()
         .register_worker(&registration("w1", &["echo"], 2))
         .await
         .unwrap();
     let tasks: Vec<NewTask> = (0..5).map(|_| NewTask::new("echo", json!({}))).collect();
-    db.bb.submit_many(&tasks, "test").await.unwrap();
+    db.bb.operator().submit_many(&tasks, "test").await.unwrap();
     assert_eq!(
-        Assigner::run_once(&db.bb, &config())
+        Assigner::run_once(&db.bb.planner(), &config())
             .await
             .unwrap()
             .assigned,
@@ -333,7 +366,8 @@ async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
                 started_ago_ms: None,
             })
             .collect();
-        bb.record("w1", &finishes)
+        bb.worker()
+            .record("w1", &finishes)
             .await
             .expect("recording finishes")
     });
@@ -353,12 +387,16 @@ async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
     assigning.rollback().await.unwrap();
 
     // The two freed slots are filled, and no more.
-    let round = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let round = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!((round.free_capacity, round.assigned), (2, 2));
-    let again = Assigner::run_once(&db.bb, &config()).await.unwrap();
+    let again = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
     assert_eq!((again.free_capacity, again.assigned), (0, 0));
     // The workers' list shows what it holds after its next heartbeat.
-    db.bb.heartbeat("w1", 0, 2).await.unwrap();
+    db.bb.worker().heartbeat("w1", 0, 2).await.unwrap();
     let c = db.client().await;
     let held = common::count(&c, "select held::int8 from artex.workers where id = 'w1'").await;
     assert_eq!(held, 2);

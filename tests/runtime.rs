@@ -88,7 +88,7 @@ async fn five_thousand_mixed_tasks_through_one_planner_and_three_workers() {
         timeout_ms: Some(100),
         ..NewTask::new("sleep", json!({ "ms": 5000 }))
     }));
-    db.bb.submit_many(&batch, "test").await.unwrap();
+    db.bb.operator().submit_many(&batch, "test").await.unwrap();
     for w in &workers {
         worker_id(&c, w).await;
     }
@@ -169,6 +169,7 @@ async fn a_worker_killed_mid_task_has_its_tasks_finished_by_another() {
     );
     let a_id = worker_id(&c, &a).await;
     db.bb
+        .operator()
         .submit_many(&tasks("sleep", 4, json!({ "ms": 1500 })), "test")
         .await
         .unwrap();
@@ -230,6 +231,7 @@ async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
     let z_http = worker_http(&c, &z).await;
     let id = db
         .bb
+        .operator()
         .submit(
             &NewTask::new("checkpoint", json!({ "steps": 6, "ms": 500 })),
             "test",
@@ -299,7 +301,7 @@ async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
     )
     .await;
     wait_all_finished(&c, Duration::from_secs(30)).await;
-    let t = db.bb.task(id).await.unwrap();
+    let t = db.bb.operator().task(id).await.unwrap();
     assert_eq!(t.status.as_str(), "succeeded");
     // The zombie wrote no transition after it lost the lease…
     let zombie_writes_after = count(
@@ -340,7 +342,7 @@ async fn three_planners_never_assign_a_task_twice() {
         let batch: Vec<NewTask> = (0..100)
             .map(|i| NewTask::new("echo", json!({ "wave": wave, "i": i })))
             .collect();
-        db.bb.submit_many(&batch, "test").await.unwrap();
+        db.bb.operator().submit_many(&batch, "test").await.unwrap();
     }
     wait_all_finished(&c, Duration::from_secs(120)).await;
     assert_eq!(
@@ -392,7 +394,8 @@ async fn postgres_restart_mid_run_loses_nothing() {
     let w1 = Proc::worker("worker1", &url, &[]);
     let _w2 = Proc::worker("worker2", &url, &[]);
     let http = worker_http(&c, &w1).await;
-    bb.submit_many(&tasks("sleep", 3000, json!({ "ms": 5 })), "test")
+    bb.operator()
+        .submit_many(&tasks("sleep", 3000, json!({ "ms": 5 })), "test")
         .await
         .unwrap();
     wait_for("300 tasks to succeed", Duration::from_secs(60), || async {
@@ -454,6 +457,7 @@ async fn sigterm_drains_a_worker_gracefully() {
     );
     let a_id = worker_id(&c, &a).await;
     db.bb
+        .operator()
         .submit_many(&tasks("sleep", 6, json!({ "ms": 1000 })), "test")
         .await
         .unwrap();
@@ -534,6 +538,7 @@ async fn a_drain_deadline_gives_long_tasks_back_without_counting_an_attempt() {
     worker_id(&c, &a).await;
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("sleep", json!({ "ms": 60000 })), "test")
         .await
         .unwrap();
@@ -543,7 +548,7 @@ async fn a_drain_deadline_gives_long_tasks_back_without_counting_an_attempt() {
         .wait_exit(Duration::from_secs(10))
         .expect("worker exits at its deadline");
     assert!(status.success());
-    let t = db.bb.task(id).await.unwrap();
+    let t = db.bb.operator().task(id).await.unwrap();
     assert_eq!(t.status.as_str(), "pending");
     assert_eq!(t.retries, 0);
 }
@@ -562,6 +567,7 @@ async fn a_stopped_planner_leaves_the_work_to_another() {
         .expect("planner exits");
     assert!(status.success());
     db.bb
+        .operator()
         .submit_many(&tasks("echo", 50, json!({})), "test")
         .await
         .unwrap();
@@ -586,6 +592,7 @@ async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
     worker_id(&c, &w).await;
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({"n": 1})), "test")
         .await
         .unwrap();
@@ -603,6 +610,7 @@ async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
     );
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({"n": 2})), "test")
         .await
         .unwrap();
@@ -619,6 +627,7 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     // Delayed: the insert's NOTIFY comes too early, nothing announces it becoming due.
     let id = db
         .bb
+        .operator()
         .submit(
             &NewTask {
                 run_at: Some(chrono::Utc::now() + chrono::Duration::milliseconds(1500)),
@@ -629,7 +638,7 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
         .await
         .unwrap();
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
-    let t = db.bb.task(id).await.unwrap();
+    let t = db.bb.operator().task(id).await.unwrap();
     assert!(t.started_at.unwrap() >= t.run_at);
 }
 
@@ -645,6 +654,7 @@ async fn a_panicking_actor_is_restarted_counted_and_work_goes_on() {
     );
     let http = worker_http(&c, &up).await;
     db.bb
+        .operator()
         .submit_many(&tasks("echo", 20, json!({})), "test")
         .await
         .unwrap();
@@ -678,6 +688,7 @@ async fn worker_http_reports_health_and_status() {
 
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("sleep", json!({ "ms": 3000 })), "test")
         .await
         .unwrap();

@@ -389,7 +389,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     let read = |start| {
         let bb = db.bb.clone();
         async move {
-            let mut feed = EventFeed::open(bb, start, false, Duration::from_millis(50))
+            let mut feed = EventFeed::open(bb.feed(), start, false, Duration::from_millis(50))
                 .await
                 .unwrap();
             let batch = feed.next_batch(1000).await.unwrap();
@@ -418,7 +418,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     let first: EventPosition = outbox[0].0.parse().unwrap();
     assert!(matches!(
         EventFeed::open(
-            db.bb.clone(),
+            db.bb.feed(),
             FeedStart::After(first),
             false,
             Duration::from_millis(50)
@@ -437,6 +437,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     // New history continues the feed after the old.
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", serde_json::json!({})), "test")
         .await
         .unwrap();

@@ -51,7 +51,7 @@ impl Keeper {
         now: DateTime<Utc>,
     ) -> artex_actors::Result<KeeperReport> {
         self.config.now = Some(now);
-        ShardKeeper::run_once(bb, &self.config, &self.view).await
+        ShardKeeper::run_once(&bb.planner(), &self.config, &self.view).await
     }
 
     /// The shards its Assigner would claim now.
@@ -168,13 +168,15 @@ async fn a_stale_epoch_renews_and_gives_back_nothing() {
     let later = t0 + secs(20.0);
     let taken = db
         .bb
+        .planner()
         .take_shards("planner-b", &[shard], 10.0, Some(later))
         .await
         .unwrap();
     assert_eq!(taken[0].epoch, epoch + 1);
-    assert_eq!(db.bb.resign_shards("planner-b").await.unwrap(), 1);
+    assert_eq!(db.bb.planner().resign_shards("planner-b").await.unwrap(), 1);
     let again = db
         .bb
+        .planner()
         .take_shards("planner-a", &[shard], 10.0, Some(later))
         .await
         .unwrap();
@@ -183,12 +185,14 @@ async fn a_stale_epoch_renews_and_gives_back_nothing() {
     // a renewal or hand-back naming the first epoch is fenced off, even by the owner.
     let renewed = db
         .bb
+        .planner()
         .renew_shards("planner-a", &[(shard, epoch)], 10.0, Some(later))
         .await
         .unwrap();
     assert!(renewed.is_empty());
     let released = db
         .bb
+        .planner()
         .release_shards("planner-a", &[(shard, epoch)])
         .await
         .unwrap();
@@ -197,6 +201,7 @@ async fn a_stale_epoch_renews_and_gives_back_nothing() {
     // So is b, who held the epoch in between.
     let renewed = db
         .bb
+        .planner()
         .renew_shards("planner-b", &[(shard, epoch + 1)], 10.0, Some(later))
         .await
         .unwrap();
@@ -204,6 +209,7 @@ async fn a_stale_epoch_renews_and_gives_back_nothing() {
     // The current epoch renews.
     let renewed = db
         .bb
+        .planner()
         .renew_shards("planner-a", &[(shard, epoch + 2)], 10.0, Some(later))
         .await
         .unwrap();
@@ -280,14 +286,18 @@ async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
     b.round(&db.bb, t0).await.unwrap();
     assert_eq!((a.serves(), b.serves()), (vec![0, 1], vec![2, 3]));
 
-    db.bb.register_worker(&registration("w1")).await.unwrap();
+    db.bb
+        .worker()
+        .register_worker(&registration("w1"))
+        .await
+        .unwrap();
     let tasks: Vec<NewTask> = (0..40)
         .map(|i| NewTask {
             shard_key: Some(format!("site-{}", i % 10)),
             ..NewTask::new("echo", json!({ "i": i }))
         })
         .collect();
-    db.bb.submit_many(&tasks, "test").await.unwrap();
+    db.bb.operator().submit_many(&tasks, "test").await.unwrap();
     let config = |view: &ShardView| AssignerConfig {
         actor: "test-planner".into(),
         batch: 1000,
@@ -305,7 +315,9 @@ async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
         "the keys fall in both halves: {in_a}"
     );
 
-    let report = Assigner::run_once(&db.bb, &config(&a.view)).await.unwrap();
+    let report = Assigner::run_once(&db.bb.planner(), &config(&a.view))
+        .await
+        .unwrap();
     assert_eq!(report.assigned as i64, in_a);
     assert_eq!(
         count("select count(*) from artex.tasks where status = 'assigned' and shard % 4 not in (0, 1)").await,
@@ -320,7 +332,9 @@ async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
         .await,
         0
     );
-    let report = Assigner::run_once(&db.bb, &config(&b.view)).await.unwrap();
+    let report = Assigner::run_once(&db.bb.planner(), &config(&b.view))
+        .await
+        .unwrap();
     assert_eq!(report.assigned as i64, 40 - in_a);
 }
 

@@ -114,7 +114,7 @@ async fn tasks_flow(db: &TestDb, c: &Client, n: usize) {
     let batch: Vec<NewTask> = (0..n)
         .map(|i| NewTask::new("echo", json!({ "tag": tag, "i": i })))
         .collect();
-    db.bb.submit_many(&batch, "test").await.unwrap();
+    db.bb.operator().submit_many(&batch, "test").await.unwrap();
     let want = n as i64;
     wait_for(
         &format!("{n} echo tasks ({tag}) to succeed"),

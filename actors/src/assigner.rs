@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use actix::prelude::*;
 
-use crate::blackboard::{AssignReport, Assignment, Blackboard, Claimed, RosterEntry};
+use crate::blackboard::{AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry};
 use crate::error::Result;
 use crate::shard_keeper::ShardView;
 use crate::supervisor::{guarded, ActorStats};
@@ -121,7 +121,7 @@ pub fn plan(claimed: &[Claimed], roster: &[RosterEntry]) -> Vec<Assignment> {
 
 /// The Assigner actor.
 pub struct Assigner {
-    bb: Blackboard,
+    bb: PlannerBoard,
     config: AssignerConfig,
     stats: ActorStats,
     /// This round's batch: small after idle, the full `config.batch` once a round filled
@@ -138,7 +138,7 @@ const RAMP_START: i64 = 128;
 
 impl Assigner {
     /// A new Assigner (start it under a `Supervisor`).
-    pub fn new(bb: Blackboard, config: AssignerConfig, stats: ActorStats) -> Self {
+    pub fn new(bb: PlannerBoard, config: AssignerConfig, stats: ActorStats) -> Self {
         let ramp = RAMP_START.min(config.batch);
         Assigner {
             bb,
@@ -156,7 +156,7 @@ impl Assigner {
     }
 
     /// One assignment round; see the module doc.
-    pub async fn run_once(bb: &Blackboard, config: &AssignerConfig) -> Result<AssignReport> {
+    pub async fn run_once(bb: &PlannerBoard, config: &AssignerConfig) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
         bb.dispatch(
             &config.actor,

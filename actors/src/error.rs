@@ -36,7 +36,7 @@ pub enum Error {
     /// The database's schema is outside what this build supports: missing a migration it
     /// needs, or contracted beyond it (the message says which, and what to run).
     #[error("{0}")]
-    Schema(#[from] crate::blackboard::SchemaMismatch),
+    Schema(#[from] SchemaMismatch),
     /// No task has this id.
     #[error("no task with id {0}")]
     TaskNotFound(Uuid),
@@ -108,3 +108,69 @@ fn pool_message(e: &deadpool_postgres::PoolError) -> String {
         e => format!("database connection pool: {e}"),
     }
 }
+
+/// Why a build cannot run against a database's schema. [`SchemaMismatch::describe`]
+/// says it for any build; `Display` says it for this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaMismatch {
+    /// The database has no `artex.schema_migrations`: never migrated.
+    NoSchema,
+    /// A migration the build needs is not applied (`V<n>__<name>`).
+    Missing {
+        /// The first one missing.
+        migration: String,
+    },
+    /// The database applied another text under a number the build knows.
+    Differs {
+        /// The build's migration (`V<n>__<name>`).
+        migration: String,
+        /// What the database has instead.
+        why: String,
+    },
+    /// A contraction the build predates.
+    Contracted {
+        /// The migration that raised the floor (`V<n>__<name>`).
+        migration: String,
+        /// Builds must know at least this one.
+        compatible_from: i32,
+        /// The newest migration the build knows.
+        knows: i32,
+    },
+}
+
+impl SchemaMismatch {
+    /// The one-line explanation, with `build` ("this build", "the new build") as the
+    /// subject, and what to do.
+    pub fn describe(&self, build: &str) -> String {
+        match self {
+            SchemaMismatch::NoSchema => "the database has no artex schema \
+                (no artex.schema_migrations): run `artex migrate` first"
+                .to_string(),
+            SchemaMismatch::Missing { migration } => format!(
+                "{build} needs migration {migration}, which the database does not have: run \
+                 `artex migrate` with {build} first"
+            ),
+            SchemaMismatch::Differs { migration, why } => format!(
+                "migration {migration} of {build} is not the one the database applied ({why}); \
+                 released migrations are append-only"
+            ),
+            SchemaMismatch::Contracted {
+                migration,
+                compatible_from,
+                knows,
+            } => format!(
+                "the database has migration {migration}, which only builds that know \
+                 V{compatible_from} or newer run against; {build} knows up to V{knows}: run a \
+                 newer build"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for SchemaMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe("this build"))
+    }
+}
+
+impl std::error::Error for SchemaMismatch {}

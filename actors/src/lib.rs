@@ -2,8 +2,11 @@
 //! PostgreSQL blackboard that is their only shared state.
 //!
 //! # Layout
-//! - [`blackboard`]: every SQL statement of artex, the migrations runner, and LISTEN
-//!   sessions that reconnect by themselves ([`blackboard::ListenSession`]).
+//! - [`blackboard`]: every SQL statement of artex, reached through one handle per role
+//!   ([`blackboard::PlannerBoard`], [`blackboard::WorkerBoard`],
+//!   [`blackboard::OperatorBoard`], [`blackboard::FeedBoard`],
+//!   [`blackboard::MaintenanceBoard`]), the migrations runner, and LISTEN sessions that
+//!   reconnect by themselves ([`blackboard::ListenSession`]).
 //! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
@@ -19,7 +22,7 @@
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
-//! - [`error`]: this crate's error type.
+//! - [`error`]: this crate's error type (a leaf: it names no module above it).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -5,14 +5,14 @@
 //! deletes finished tasks past the retention that no unfinished flow needs, in bounded
 //! batches. The retention is a setting in the blackboard (`artex.event_retention.keep`,
 //! `--history-retention`, `artex events retention --set`), so every planner agrees; the
-//! SQL is in `blackboard/events.rs` and V10.
+//! SQL is in `blackboard/maintenance.rs` and V10.
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 
-use crate::blackboard::Blackboard;
+use crate::blackboard::MaintenanceBoard;
 use crate::error::Result;
 use crate::supervisor::{guarded, ActorStats};
 
@@ -39,14 +39,14 @@ pub struct MaintenanceReport {
 
 /// The Maintenance actor.
 pub struct Maintenance {
-    bb: Blackboard,
+    bb: MaintenanceBoard,
     interval: Duration,
     stats: ActorStats,
 }
 
 impl Maintenance {
     /// Maintenance every `interval`.
-    pub fn new(bb: Blackboard, interval: Duration, stats: ActorStats) -> Self {
+    pub fn new(bb: MaintenanceBoard, interval: Duration, stats: ActorStats) -> Self {
         Maintenance {
             bb,
             interval,
@@ -56,7 +56,7 @@ impl Maintenance {
 
     /// One run; `now` moves the clock for tests (the database's by default).
     pub async fn run_once(
-        bb: &Blackboard,
+        bb: &MaintenanceBoard,
         now: Option<DateTime<Utc>>,
     ) -> Result<MaintenanceReport> {
         crate::supervisor::failpoint("maintenance");

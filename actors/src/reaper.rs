@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::blackboard::{Blackboard, ReapParams, ReapReport};
+use crate::blackboard::{PlannerBoard, ReapParams, ReapReport};
 use crate::error::Result;
 use crate::supervisor::{guarded, ActorStats};
 
@@ -78,7 +78,7 @@ impl Sight {
 
 /// The Reaper actor.
 pub struct Reaper {
-    bb: Blackboard,
+    bb: PlannerBoard,
     interval: Duration,
     actor: String,
     params: ReapParams,
@@ -89,7 +89,7 @@ pub struct Reaper {
 impl Reaper {
     /// A reaper that sweeps every `interval` with `params`.
     pub fn new(
-        bb: Blackboard,
+        bb: PlannerBoard,
         interval: Duration,
         actor: String,
         params: ReapParams,
@@ -107,7 +107,11 @@ impl Reaper {
     }
 
     /// One sweep; see the module doc.
-    pub async fn run_once(bb: &Blackboard, actor: &str, params: &ReapParams) -> Result<ReapReport> {
+    pub async fn run_once(
+        bb: &PlannerBoard,
+        actor: &str,
+        params: &ReapParams,
+    ) -> Result<ReapReport> {
         crate::supervisor::failpoint("reaper");
         let report = bb.reap(actor, params).await?;
         crate::upload_guard::run_once(bb, actor, params).await?;

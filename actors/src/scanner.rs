@@ -8,12 +8,12 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
-use crate::blackboard::{AssignReport, Blackboard, ListenEvent, TASKS_CHANNEL};
+use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, TASKS_CHANNEL};
 use crate::supervisor::ActorStats;
 
 /// The Scanner actor.
 pub struct Scanner {
-    bb: Blackboard,
+    bb: PlannerBoard,
     assigner: Addr<Assigner>,
     poll: Duration,
     stats: ActorStats,
@@ -25,7 +25,7 @@ impl Scanner {
     /// A scanner that polls every `poll` and asks `assigner` for rounds (another at once
     /// when one filled its batch while workers had room left).
     pub fn new(
-        bb: Blackboard,
+        bb: PlannerBoard,
         assigner: Addr<Assigner>,
         poll: Duration,
         stats: ActorStats,

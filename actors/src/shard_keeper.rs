@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 
-use crate::blackboard::{Blackboard, ShardRow, TakenShard};
+use crate::blackboard::{PlannerBoard, ShardRow, TakenShard};
 use crate::error::{Error, Result};
 use crate::supervisor::{guarded, ActorStats};
 
@@ -223,7 +223,7 @@ pub struct KeeperReport {
 
 /// The ShardKeeper actor.
 pub struct ShardKeeper {
-    bb: Blackboard,
+    bb: PlannerBoard,
     config: KeeperConfig,
     view: ShardView,
     stats: ActorStats,
@@ -231,7 +231,7 @@ pub struct ShardKeeper {
 
 impl ShardKeeper {
     /// A keeper that publishes what it owns in `view` (give the Assigner a clone).
-    pub fn new(bb: Blackboard, config: KeeperConfig, view: ShardView, stats: ActorStats) -> Self {
+    pub fn new(bb: PlannerBoard, config: KeeperConfig, view: ShardView, stats: ActorStats) -> Self {
         ShardKeeper {
             bb,
             config,
@@ -243,7 +243,7 @@ impl ShardKeeper {
     /// One round; see the module doc. The first agrees on the shard count (an error if
     /// this planner's wish is refused). Writes what it owns into `view` as it goes.
     pub async fn run_once(
-        bb: &Blackboard,
+        bb: &PlannerBoard,
         config: &KeeperConfig,
         view: &ShardView,
     ) -> Result<KeeperReport> {

@@ -5,14 +5,14 @@
 //! ever. Tasks of uploads on shared storage (`--upload-shared`) carry no host and are
 //! never touched.
 
-use crate::blackboard::{Blackboard, ReapParams, StrandedTask};
+use crate::blackboard::{PlannerBoard, ReapParams, StrandedTask};
 use crate::error::Result;
 
 /// One pass: fails the stranded tasks (at most `params.batch`) and returns them. Only
 /// while the reaper may judge liveness: a worker marked gone by a reaper that could not
 /// see the database is not evidence that its host is gone.
 pub async fn run_once(
-    bb: &Blackboard,
+    bb: &PlannerBoard,
     actor: &str,
     params: &ReapParams,
 ) -> Result<Vec<StrandedTask>> {

@@ -35,7 +35,7 @@ pub(crate) struct StatsArgs {
 pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
     let bb = connect_one_shot(db).await?;
     // One more than asked says whether there are more.
-    let mut workers = bb.workers(args.limit + 1).await?;
+    let mut workers = bb.operator().workers(args.limit + 1).await?;
     let more = workers.len() as i64 > args.limit;
     workers.truncate(args.limit as usize);
     if args.json {
@@ -73,7 +73,7 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
 /// Runs `artex stats`.
 pub(crate) async fn stats(db: &DbConfig, args: StatsArgs) -> Result {
     let bb = connect_one_shot(db).await?;
-    let stats = bb.stats(args.window_minutes, None).await?;
+    let stats = bb.operator().stats(args.window_minutes, None).await?;
     if args.json {
         return print_json(&stats);
     }

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// Runs `artex migrate`.
 pub(crate) async fn migrate(db: &DbConfig, json: bool) -> Result {
     let bb = connect_to_migrate(db).await?;
-    let report = bb.migrate().await?;
+    let report = bb.maintenance().migrate().await?;
     if json {
         return print_json(&serde_json::json!({
             "applied": report.applied, "already": report.already, "newer": report.newer,
@@ -108,7 +108,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
         } => {
             let (cluster, started) = start_embedded(opts(tcp_port, logical)).await?;
             let bb = artex_actors::Blackboard::connect(&cluster.url(DATABASE), 1)?;
-            bb.migrate().await?;
+            bb.maintenance().migrate().await?;
             eprintln!(
                 "{} PostgreSQL in {}",
                 if started {

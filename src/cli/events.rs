@@ -108,9 +108,9 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
         EventsCommand::Tail(args) => tail(bb, args).await,
         EventsCommand::Retention { set, json } => {
             if let Some(keep) = set {
-                bb.set_event_retention(keep).await?;
+                bb.maintenance().set_event_retention(keep).await?;
             }
-            let r = bb.event_retention().await?;
+            let r = bb.feed().event_retention().await?;
             if json {
                 return print_json(&r);
             }
@@ -126,7 +126,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
         }
         EventsCommand::Prune { json } => {
             // What the planners' Maintenance actors do every run, now.
-            let r = Maintenance::run_once(&bb, None).await?;
+            let r = Maintenance::run_once(&bb.maintenance(), None).await?;
             if json {
                 return print_json(&json!({
                     "partitions_dropped": r.partitions_dropped,
@@ -146,7 +146,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             Ok(())
         }
         EventsCommand::Forget { consumer } => {
-            if bb.forget_consumer(&consumer).await? {
+            if bb.feed().forget_consumer(&consumer).await? {
                 println!("forgot consumer '{consumer}'");
                 Ok(())
             } else {
@@ -154,7 +154,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             }
         }
         EventsCommand::DropSlot { slot } => {
-            if bb.drop_logical_slot(&slot).await? {
+            if bb.feed().drop_logical_slot(&slot).await? {
                 println!("dropped slot '{slot}'");
                 Ok(())
             } else {
@@ -190,7 +190,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
         (None, None) => FeedStart::Beginning,
     };
     let poll = Duration::from_millis(args.poll_ms);
-    let mut feed = EventFeed::open(bb, start, args.accept_gap, poll).await?;
+    let mut feed = EventFeed::open(bb.feed(), start, args.accept_gap, poll).await?;
     if args.follow {
         feed.listen().await?;
     }
@@ -309,7 +309,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
         .slot
         .clone()
         .ok_or_else(|| Error::Invalid("--logical needs --slot NAME".into()))?;
-    if bb.ensure_logical_slot(&slot).await? {
+    if bb.feed().ensure_logical_slot(&slot).await? {
         tracing::info!(%slot, "created the logical replication slot");
     }
     let poll = Duration::from_millis(args.poll_ms);
@@ -317,7 +317,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let max = i32::try_from(args.batch).unwrap_or(i32::MAX);
     loop {
-        let txs = match bb.peek_logical(&slot, max).await {
+        let txs = match bb.feed().peek_logical(&slot, max).await {
             Ok(t) => t,
             Err(e) if args.follow && e.is_connection() => {
                 tracing::warn!(error = %e, "cannot read the slot; retrying");
@@ -343,7 +343,11 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
         // Confirmed only once written out: a consumer killed before this line reads these
         // transactions again. Retried rather than re-read, which would print them twice.
         loop {
-            match bb.advance_logical_slot(&slot, &last.commit_lsn).await {
+            match bb
+                .feed()
+                .advance_logical_slot(&slot, &last.commit_lsn)
+                .await
+            {
                 Ok(()) => break,
                 Err(e) if args.follow && e.is_connection() => {
                     tracing::warn!(error = %e, "cannot confirm the slot's position; retrying");

@@ -108,7 +108,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
                 })
                 .collect();
             check_submission(&bb, &checked, allow_unregistered_kind).await?;
-            let id = bb.submit_flow(&spec, actor).await?;
+            let id = bb.operator().submit_flow(&spec, actor).await?;
             if json {
                 return print_json(&serde_json::json!({ "id": id }));
             }
@@ -117,7 +117,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
         }
         FlowCommand::List { after, limit, json } => {
             let bb = connect_one_shot(db).await?;
-            let flows = bb.flows_page(after, limit).await?;
+            let flows = bb.operator().flows_page(after, limit).await?;
             let next = (flows.len() as i64 == limit)
                 .then(|| flows.last().map(|f| f.id))
                 .flatten();
@@ -155,7 +155,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
             if follow {
                 return super::follow::follow_flow(&bb, id, json).await;
             }
-            let flow = bb.flow(id).await?;
+            let flow = bb.operator().flow(id).await?;
             if json {
                 print_json(&flow)?;
             } else {

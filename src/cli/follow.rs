@@ -29,11 +29,11 @@ const BATCH: i64 = 500;
 
 /// A reader of the feed from its head (now), listening before the caller's first read.
 async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
-    let start = match bb.feed_head().await? {
+    let start = match bb.feed().feed_head().await? {
         Some(head) => FeedStart::After(head),
         None => FeedStart::Beginning,
     };
-    let mut feed = EventFeed::open(bb.clone(), start, true, POLL).await?;
+    let mut feed = EventFeed::open(bb.feed(), start, true, POLL).await?;
     feed.listen().await?;
     Ok(feed)
 }
@@ -78,7 +78,7 @@ fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Option<&str>) ->
 pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     let started = Instant::now();
     let mut feed = feed_from_now(bb).await?;
-    let mut task = bb.task(id).await?;
+    let mut task = bb.operator().task(id).await?;
     let holder = |t: &TaskRow| {
         t.assigned_to
             .as_deref()
@@ -104,7 +104,7 @@ pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
             first = false;
             told = e.to;
         }
-        task = bb.task(id).await?;
+        task = bb.operator().task(id).await?;
         if events.is_empty() && task.status.is_terminal() {
             break;
         }
@@ -155,7 +155,7 @@ fn statuses(f: &FlowView) -> Vec<TaskStatus> {
 /// flow's outcome (README, "Exit codes").
 pub(crate) async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
     let mut feed = feed_from_now(bb).await?;
-    let mut flow = bb.flow(id).await?;
+    let mut flow = bb.operator().flow(id).await?;
     if json {
         print_json_line(&flow)?;
     } else {
@@ -185,7 +185,7 @@ pub(crate) async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result
                 );
             }
         }
-        let now = bb.flow(id).await?;
+        let now = bb.operator().flow(id).await?;
         if json && (statuses(&now) != statuses(&flow) || now.state != flow.state) {
             print_json_line(&now)?;
         }

@@ -32,8 +32,8 @@ pub(crate) struct LimitsArgs {
 pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
     let bb = connect_one_shot(db).await?;
     let limits = match args.max_payload_bytes {
-        Some(n) => bb.set_max_payload_bytes(n).await?,
-        None => bb.limits().await?,
+        Some(n) => bb.operator().set_max_payload_bytes(n).await?,
+        None => bb.operator().limits().await?,
     };
     if args.json {
         return print_json(&limits);
@@ -45,7 +45,7 @@ pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
 /// Runs `artex kinds`.
 pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     let bb = connect_one_shot(db).await?;
-    let kinds = bb.known_kinds().await?;
+    let kinds = bb.operator().known_kinds().await?;
     if json {
         return print_json(&serde_json::json!({ "kinds": kinds }));
     }
@@ -111,7 +111,7 @@ pub(crate) async fn check_submission(
     tasks: &[Submitted<'_>],
     allow_unregistered: bool,
 ) -> Result {
-    let limit = bb.limits().await?.max_payload_bytes;
+    let limit = bb.operator().limits().await?.max_payload_bytes;
     for t in tasks {
         let bytes = payload_text_len(t.payload);
         if bytes > limit as usize {
@@ -125,7 +125,7 @@ pub(crate) async fn check_submission(
     if allow_unregistered {
         return Ok(());
     }
-    let known = bb.known_kinds().await?;
+    let known = bb.operator().known_kinds().await?;
     for t in tasks {
         if !known.iter().any(|k| k.kind == t.kind) {
             return Err(Error::Invalid(format!(

@@ -58,7 +58,7 @@ pub(crate) async fn up(
     let shutdown = Shutdown::on_signals()?;
     worker.api = true;
     let bb = connect_unchecked(db).await?;
-    let report = bb.migrate().await?;
+    let report = bb.maintenance().migrate().await?;
     if !report.applied.is_empty() {
         tracing::info!(applied = ?report.applied, "migrated the blackboard");
     }

@@ -157,7 +157,7 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         payload: &task.payload,
     };
     check_submission(&bb, &[checked], args.allow_unregistered_kind).await?;
-    let id = bb.submit(&task, &cli_actor()).await?;
+    let id = bb.operator().submit(&task, &cli_actor()).await?;
     if !args.wait {
         return if args.json {
             print_json(&serde_json::json!({ "id": id }))
@@ -174,8 +174,8 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     }
     let ended = wait_task(&bb, id).await?;
     if args.json {
-        let task = bb.task_preview(id, CUT_CHARS).await?;
-        let history = cut_reasons(bb.transitions(id).await?);
+        let task = bb.operator().task_preview(id, CUT_CHARS).await?;
+        let history = cut_reasons(bb.operator().transitions(id).await?);
         print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
     } else if let Some(result) = &ended.result {
         let text = result.to_string();
@@ -202,13 +202,13 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
             let bb = connect_one_shot(db).await?;
             let task = if full {
                 TaskPreview {
-                    task: bb.task(id).await?,
+                    task: bb.operator().task(id).await?,
                     cut: Vec::new(),
                 }
             } else {
-                bb.task_preview(id, CUT_CHARS).await?
+                bb.operator().task_preview(id, CUT_CHARS).await?
             };
-            let mut history = bb.transitions(id).await?;
+            let mut history = bb.operator().transitions(id).await?;
             if !full {
                 history = cut_reasons(history);
             }
@@ -240,7 +240,7 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         (true, false) => CUT_CHARS,
         (false, false) => 0,
     };
-    let tasks = bb.tasks_page(&filter, cut).await?;
+    let tasks = bb.operator().tasks_page(&filter, cut).await?;
     // A full page may have more after it: its last id is where the next starts.
     let next = (tasks.len() as i64 == filter.limit)
         .then(|| tasks.last().map(|t| t.task.id))
@@ -282,6 +282,7 @@ pub(crate) async fn control(
 ) -> Result {
     let bb = connect_one_shot(db).await?;
     let report = bb
+        .operator()
         .control(control, args.id, actor, args.reason.as_deref())
         .await?;
     if args.json {

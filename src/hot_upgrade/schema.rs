@@ -46,6 +46,7 @@ pub async fn check_new_build(bb: &Blackboard, schema: Option<&Schema>) -> Result
         return Ok(());
     };
     let applied = bb
+        .maintenance()
         .applied_migrations()
         .await
         .map_err(|e| UpgradeError::Internal(format!("reading the database's schema: {e}")))?;

@@ -430,6 +430,7 @@ impl Upgrader {
         keep.extend(progress.suspended.iter().map(|(id, _)| *id));
         progress.moved = self
             .bb
+            .worker()
             .move_assigned(old_worker, &child_worker, self.lease_secs, &keep)
             .await
             .map_err(|source| HandoverError::Blackboard {
@@ -448,12 +449,18 @@ impl Upgrader {
         if let Some(cw) = &progress.child_worker {
             if let Err(e) = self
                 .bb
+                .worker()
                 .move_assigned(cw, old_worker, self.lease_secs, &[])
                 .await
             {
                 tracing::warn!(error = %e, "rollback: cannot take back unstarted tasks; the reaper will");
             }
-            if let Err(e) = self.bb.set_worker_state(cw, WorkerState::Gone).await {
+            if let Err(e) = self
+                .bb
+                .worker()
+                .set_worker_state(cw, WorkerState::Gone)
+                .await
+            {
                 tracing::warn!(error = %e, "rollback: cannot mark the failed worker gone");
             }
         }

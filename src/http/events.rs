@@ -24,9 +24,9 @@ use actix_web::web::{self, Bytes};
 use actix_web::{HttpRequest, HttpResponse};
 use std::sync::Arc;
 
+use artex_actors::blackboard::FeedBoard;
 use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, EVENTS_CHANNEL};
 use artex_actors::worker::GetStatus;
-use artex_actors::Blackboard;
 use serde::Deserialize;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -37,7 +37,7 @@ use super::{ApiError, AppState};
 /// wake-ups, and the open-stream budget.
 #[derive(Clone)]
 pub struct EventsState {
-    bb: Blackboard,
+    bb: FeedBoard,
     wakeups: watch::Receiver<u64>,
     streams: Arc<Semaphore>,
     max_streams: usize,
@@ -50,7 +50,7 @@ impl EventsState {
     /// process's one LISTEN session for them: it bumps a counter at every notification,
     /// at every (re)connection (notifications are lost while disconnected) and every
     /// [`SAFETY_POLL`]; it ends when every `EventsState` is gone.
-    pub fn start(bb: Blackboard, max_streams: usize) -> Self {
+    pub fn start(bb: FeedBoard, max_streams: usize) -> Self {
         let (tx, wakeups) = watch::channel(0u64);
         let mut session = bb.listen_session("event feed", &[EVENTS_CHANNEL]);
         actix::spawn(async move {

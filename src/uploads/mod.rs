@@ -14,7 +14,7 @@
 //! <upload-dir>/<id>/file        `data` renamed, once every chunk is there and the whole
 //!                               sha256 matches (hashed ahead: `prefix`); then the row
 //!                               and its task are written (once: see
-//!                               `Blackboard::record_upload`)
+//!                               `WorkerBoard::record_upload`)
 //! ```
 //!
 //! An upload started by an earlier build (layout 1: a file per chunk, joined at the end)
@@ -52,7 +52,7 @@ mod sweep;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use artex_actors::Blackboard;
+use artex_actors::blackboard::WorkerBoard;
 use uuid::Uuid;
 
 pub use declaration::{check_sha256, CreateRequest, Meta, TaskSpec};
@@ -64,7 +64,7 @@ pub use sweep::SweepReport;
 /// The uploads of this worker.
 pub struct Uploads {
     settings: UploadSettings,
-    bb: Blackboard,
+    bb: WorkerBoard,
     host: String,
     actor: String,
     /// One start at a time in this process: the room left under `--upload-max-bytes` is
@@ -83,7 +83,7 @@ impl Uploads {
     /// Opens (creating, private) the upload folder.
     pub fn open(
         settings: UploadSettings,
-        bb: Blackboard,
+        bb: WorkerBoard,
         host: String,
         actor: String,
     ) -> crate::error::Result<Arc<Uploads>> {

@@ -54,10 +54,15 @@ async fn every_list_query_walks_an_index() {
     }
     let mut plans = Vec::new();
     for f in &filters {
-        let plan = db.bb.explain_tasks_page(f).await.expect("explain");
+        let plan = db
+            .bb
+            .operator()
+            .explain_tasks_page(f)
+            .await
+            .expect("explain");
         plans.push((format!("tasks page {f:?}"), plan));
     }
-    for (name, plan) in db.bb.explain_overview().await.expect("explain") {
+    for (name, plan) in db.bb.operator().explain_overview().await.expect("explain") {
         plans.push((name.to_string(), plan));
     }
     let mut scans = Vec::new();

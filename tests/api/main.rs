@@ -214,20 +214,21 @@ fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<
 
 /// Registers a worker that declares `kinds` (so they are known kinds).
 async fn declare(bb: &Blackboard, id: &str, kinds: &[&str]) {
-    bb.register_worker(&Registration {
-        id: id.into(),
-        host: "test".into(),
-        pid: 4242,
-        version: "test".into(),
-        http_addr: None,
-        channel: format!("artex_w_{id}"),
-        kinds: kinds.iter().map(|k| k.to_string()).collect(),
-        capacity: 10,
-        session: None,
-        lease_ms: None,
-    })
-    .await
-    .expect("register a worker");
+    bb.worker()
+        .register_worker(&Registration {
+            id: id.into(),
+            host: "test".into(),
+            pid: 4242,
+            version: "test".into(),
+            http_addr: None,
+            channel: format!("artex_w_{id}"),
+            kinds: kinds.iter().map(|k| k.to_string()).collect(),
+            capacity: 10,
+            session: None,
+            lease_ms: None,
+        })
+        .await
+        .expect("register a worker");
 }
 
 /// What the blackboard holds: tasks, flows, history rows, consumers' cursors.

@@ -12,7 +12,11 @@ async fn workers_and_statistics_are_read_from_the_blackboard() {
     declare(&db.bb, "w1", &["echo"]).await;
     declare(&db.bb, "w2", &["resize"]).await;
     let sha = "ab".repeat(32);
-    db.bb.set_worker_binary("w2", &sha).await.expect("digest");
+    db.bb
+        .worker()
+        .set_worker_binary("w2", &sha)
+        .await
+        .expect("digest");
     let api = Server::start(&db.url);
     let workers = api.get("/api/v1/workers").json();
     let w2 = &workers["workers"][1];

@@ -24,7 +24,12 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
     );
     assert_eq!(one.status, 201, "{}", one.text);
     let id = id_of(&one);
-    let t = db.bb.task(id.parse().unwrap()).await.expect("stored");
+    let t = db
+        .bb
+        .operator()
+        .task(id.parse().unwrap())
+        .await
+        .expect("stored");
     assert_eq!(
         (t.kind.as_str(), t.priority, t.max_retries, t.timeout_ms),
         ("echo", 5, 0, Some(1000))
@@ -48,7 +53,12 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids.len(), 3);
-    let later = db.bb.task(ids[1].parse().unwrap()).await.unwrap();
+    let later = db
+        .bb
+        .operator()
+        .task(ids[1].parse().unwrap())
+        .await
+        .unwrap();
     assert_eq!(later.run_at.to_rfc3339(), "2099-01-01T00:00:00+00:00");
 
     // Listing: newest first, filtered, paged by keyset.
@@ -129,7 +139,12 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
     );
     assert_eq!(retried.status, 201, "{}", retried.text);
     assert_eq!(retried.json()["retry_of"], id.as_str());
-    let copy = db.bb.task(id_of(&retried).parse().unwrap()).await.unwrap();
+    let copy = db
+        .bb
+        .operator()
+        .task(id_of(&retried).parse().unwrap())
+        .await
+        .unwrap();
     assert_eq!(copy.status, TaskStatus::Pending);
     assert_eq!(
         (
@@ -141,13 +156,13 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
         ("echo", &json!({"n": 1}), 5, 0)
     );
     assert_eq!(copy.shard_key.as_deref(), Some("site-1"));
-    let first = &db.bb.transitions(copy.id).await.unwrap()[0];
+    let first = &db.bb.operator().transitions(copy.id).await.unwrap()[0];
     assert_eq!(
         first.reason.as_deref(),
         Some(format!("retry of task {id}: try again").as_str())
     );
     // The original stays canceled: its history is not rewritten.
-    let original = db.bb.task(id.parse().unwrap()).await.unwrap();
+    let original = db.bb.operator().task(id.parse().unwrap()).await.unwrap();
     assert_eq!(original.status, TaskStatus::Canceled);
 }
 
@@ -159,6 +174,7 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_written() {
     let api = Server::with(&db.url, true, true, false, 64 * 1024);
     let pending = id_of(&api.w("POST", "/api/v1/tasks", Some(r#"{"kind": "echo"}"#)));
     db.bb
+        .operator()
         .set_max_payload_bytes(1000)
         .await
         .expect("a small payload limit");

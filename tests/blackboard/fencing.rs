@@ -132,6 +132,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
     let before = snapshot(&c, id).await;
     for (worker, epoch) in [("w1", e - 1), ("w1", e + 1), ("w2", e)] {
         let done = bb
+            .worker()
             .record(worker, &[finish(t1, epoch, Outcome::Succeeded(json!(1)))])
             .await
             .unwrap();
@@ -144,6 +145,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 
     // The lease runs out; the reaper takes the task back and it goes to w2.
     let report = bb
+        .planner()
         .reap(
             "reaper",
             &reap_params(Utc::now() + chrono::Duration::hours(1)),
@@ -160,11 +162,13 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 
     let before = snapshot(&c, id).await;
     let done = bb
+        .worker()
         .record("w1", &[finish(t1, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
     assert!(done.is_empty(), "the old holder completed {done:?}");
     let done = bb
+        .worker()
         .record("w2", &[finish(t2, e, Outcome::Succeeded(json!("old")))])
         .await
         .unwrap();
@@ -173,15 +177,18 @@ async fn writes_with_a_stale_epoch_change_nothing() {
         "the new holder completed with the old epoch"
     );
     assert!(!bb
+        .worker()
         .save_checkpoint(id, e, &json!({"step": 1}))
         .await
         .unwrap());
     assert!(bb
+        .worker()
         .renew_leases("w1", &[(id, e)], 60.0)
         .await
         .unwrap()
         .is_empty());
     assert!(bb
+        .worker()
         .renew_leases("w2", &[(id, e)], 60.0)
         .await
         .unwrap()
@@ -194,16 +201,19 @@ async fn writes_with_a_stale_epoch_change_nothing() {
 
     // The current holder's writes go through.
     assert!(bb
+        .worker()
         .save_checkpoint(id, t2.epoch, &json!({"step": 2}))
         .await
         .unwrap());
     assert_eq!(
-        bb.renew_leases("w2", &[(id, t2.epoch)], 60.0)
+        bb.worker()
+            .renew_leases("w2", &[(id, t2.epoch)], 60.0)
             .await
             .unwrap(),
         [(id, true)]
     );
     let done = bb
+        .worker()
         .record(
             "w2",
             &[finish(t2, t2.epoch, Outcome::Succeeded(json!("new")))],

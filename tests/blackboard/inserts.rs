@@ -150,7 +150,12 @@ async fn a_plain_insert_gets_a_time_ordered_id_stamped_now() {
 async fn a_plain_insert_of_a_pending_task_notifies_listeners() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let mut listener = db.bb.listen(&[TASKS_CHANNEL.to_string()]).await.unwrap();
+    let mut listener = db
+        .bb
+        .feed()
+        .listen(&[TASKS_CHANNEL.to_string()])
+        .await
+        .unwrap();
     assert_eq!(TASKS_CHANNEL, "artex_tasks");
     insert_task(&c).await;
     let got = tokio::time::timeout(Duration::from_secs(10), listener.recv())

@@ -140,9 +140,12 @@ async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
         batch: 0,
         ..reap_params(Utc::now() + chrono::Duration::hours(1))
     };
-    let reaped = tokio::time::timeout(Duration::from_secs(5), db.bb.reap("reaper", &params))
-        .await
-        .expect("reap with batch 0 did not return within 5 s");
+    let reaped = tokio::time::timeout(
+        Duration::from_secs(5),
+        db.bb.planner().reap("reaper", &params),
+    )
+    .await
+    .expect("reap with batch 0 did not return within 5 s");
     match reaped {
         Err(artex_actors::Error::Invalid(m)) => {
             assert_eq!(m, "reap batch: 0; expected at least 1")

@@ -101,7 +101,7 @@ async fn status_of(c: &Client, id: Uuid) -> String {
 }
 
 /// The history rows the change feed shows: real status changes, not assignments nor
-/// handovers (see `blackboard/events.rs`).
+/// handovers (see `blackboard/feed/events.rs`).
 const FEED_ROWS: &str = "to_status <> 'assigned' and from_status is distinct from to_status";
 
 /// Everything a write could change: the row itself, the task's history rows, and those

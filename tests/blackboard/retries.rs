@@ -25,6 +25,7 @@ async fn attempt(db: &TestDb, c: &Client, id: Uuid, outcome: Outcome) -> (Assign
     let t = start(db, c, id, "w1").await;
     let done = db
         .bb
+        .worker()
         .record("w1", &[finish(&t, t.epoch, outcome)])
         .await
         .unwrap();

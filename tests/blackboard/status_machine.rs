@@ -235,7 +235,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
         assign(&c, id, "w1").await;
     }
     // Reading assignments writes nothing.
-    let held = bb.fetch_assigned("w1", 10).await.unwrap();
+    let held = crate::common::assigned(bb, "w1", 10).await;
     assert_eq!(held.len(), 3);
     for id in [ran, long, idle] {
         assert_eq!(status_of(&c, id).await, "assigned");
@@ -249,6 +249,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
     // `ran` finished before its start was written; `long` runs on (its start alone);
     // `idle` never ran, so it cannot have an outcome (only be given back).
     let written = bb
+        .worker()
         .record(
             "w1",
             &[
@@ -314,6 +315,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
 
     // Then `long` ends: one step, from `running`.
     let written = bb
+        .worker()
         .record(
             "w1",
             &[started(
@@ -355,7 +357,10 @@ async fn the_history_holds_real_transitions_only() {
 
     let before = (transitions(&c, id).await, events(&c, id).await);
     assert_eq!(
-        bb.renew_leases("w1", &[(id, t.epoch)], 60.0).await.unwrap(),
+        bb.worker()
+            .renew_leases("w1", &[(id, t.epoch)], 60.0)
+            .await
+            .unwrap(),
         [(id, true)]
     );
     c.execute(
@@ -365,6 +370,7 @@ async fn the_history_holds_real_transitions_only() {
     .await
     .unwrap();
     assert!(bb
+        .worker()
         .save_checkpoint(id, t.epoch, &json!({"done": 3}))
         .await
         .unwrap());
@@ -375,6 +381,7 @@ async fn the_history_holds_real_transitions_only() {
     );
 
     let done = bb
+        .worker()
         .record("w1", &[finish(&t, t.epoch, Outcome::Succeeded(json!({})))])
         .await
         .unwrap();

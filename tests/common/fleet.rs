@@ -294,7 +294,10 @@ impl Fleet {
         };
         db.start_in_host();
         let bb = Blackboard::connect(&db.local_url(), 2).expect("fleet cluster pool");
-        bb.migrate().await.expect("migrating the fleet cluster");
+        bb.maintenance()
+            .migrate()
+            .await
+            .expect("migrating the fleet cluster");
         db
     }
 }

@@ -178,7 +178,10 @@ pub async fn template() -> String {
             .await
             .expect("creating the template");
         let bb = Blackboard::connect(&cluster().url(&name), 2).expect("template pool");
-        bb.migrate().await.expect("migrating the template");
+        bb.maintenance()
+            .migrate()
+            .await
+            .expect("migrating the template");
         drop(bb);
         admin
             .batch_execute(&format!("alter database \"{name}\" is_template true"))
@@ -304,7 +307,10 @@ impl PrivateCluster {
         cluster.start().expect("starting a private cluster");
         let url = cluster.url("postgres");
         let bb = Blackboard::connect(&url, 2).expect("pool");
-        bb.migrate().await.expect("migrating the private cluster");
+        bb.maintenance()
+            .migrate()
+            .await
+            .expect("migrating the private cluster");
         PrivateCluster {
             cluster,
             url,
@@ -325,6 +331,21 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// Up to `limit` of the tasks assigned to `worker` and not started, as a worker reads
+/// them (a read: nothing is written).
+pub async fn assigned(
+    bb: &Blackboard,
+    worker: &str,
+    limit: i64,
+) -> Vec<artex_actors::blackboard::AssignedTask> {
+    bb.worker()
+        .read_assigned(worker, limit, i64::MAX, true)
+        .await
+        .expect("reading assignments")
+        .map(|r| r.tasks)
+        .unwrap_or_default()
+}
+
 /// Starts up to `limit` of the tasks assigned to `worker` the way a worker does: reads
 /// them, then records their starts. Returns the ones started.
 pub async fn start_assigned(
@@ -333,10 +354,7 @@ pub async fn start_assigned(
     limit: i64,
 ) -> Vec<artex_actors::blackboard::AssignedTask> {
     use artex_actors::blackboard::{AttemptRecord, Step};
-    let held = bb
-        .fetch_assigned(worker, limit)
-        .await
-        .expect("reading assignments");
+    let held = assigned(bb, worker, limit).await;
     let starts: Vec<AttemptRecord> = held
         .iter()
         .map(|t| AttemptRecord {
@@ -348,7 +366,11 @@ pub async fn start_assigned(
             started_ago_ms: Some(0.0),
         })
         .collect();
-    let written = bb.record(worker, &starts).await.expect("recording starts");
+    let written = bb
+        .worker()
+        .record(worker, &starts)
+        .await
+        .expect("recording starts");
     held.into_iter()
         .filter(|t| written.contains(&t.id))
         .collect()

@@ -357,7 +357,7 @@ pub async fn wait_status(
 ) {
     let status = status.to_string();
     wait_for(&format!("task {id} to be {status}"), timeout, || async {
-        (bb.task(id).await.ok()?.status.as_str() == status).then_some(())
+        (bb.operator().task(id).await.ok()?.status.as_str() == status).then_some(())
     })
     .await;
 }

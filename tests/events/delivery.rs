@@ -46,7 +46,7 @@ async fn an_event_committed_late_is_delivered_not_skipped() {
         .await
         .unwrap();
     let mut feed = EventFeed::open(
-        db.bb.clone(),
+        db.bb.feed(),
         FeedStart::Beginning,
         false,
         Duration::from_millis(100),
@@ -182,6 +182,7 @@ async fn bench_feed_delay() {
     });
     for i in 0..300 {
         db.bb
+            .operator()
             .submit(&NewTask::new("noop", json!({ "i": i })), "bench")
             .await
             .unwrap();

@@ -19,11 +19,12 @@ async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
     let _w = Proc::worker("worker", &db.url, &["--lease-ms", "600"]);
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("sleep", json!({ "ms": 1500 })), "test")
         .await
         .unwrap();
     wait_for("the task to succeed", Duration::from_secs(20), || async {
-        (db.bb.task(id).await.ok()?.status == TaskStatus::Succeeded).then_some(())
+        (db.bb.operator().task(id).await.ok()?.status == TaskStatus::Succeeded).then_some(())
     })
     .await;
     let lines = lines_of(
@@ -43,8 +44,8 @@ async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
         3
     );
     // The start names the worker, the fencing token and when the task was assigned.
-    let task = db.bb.task(id).await.unwrap();
-    let trail = db.bb.transitions(id).await.unwrap();
+    let task = db.bb.operator().task(id).await.unwrap();
+    let trail = db.bb.operator().transitions(id).await.unwrap();
     let start = &trail[1];
     assert!(start.worker.as_deref().is_some_and(|w| !w.is_empty()));
     assert_eq!(start.lease_epoch, task.lease_epoch);
@@ -56,6 +57,7 @@ async fn a_task_that_ran_once_has_three_history_rows_and_the_feed_shows_them() {
     history_settled(&c).await;
     let batch = db
         .bb
+        .feed()
         .events_after(EventPosition::default(), 100)
         .await
         .unwrap();
@@ -91,6 +93,7 @@ async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
     let c = db.client().await;
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
@@ -115,7 +118,7 @@ async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
     )
     .await
     .unwrap();
-    let trail = db.bb.transitions(id).await.unwrap();
+    let trail = db.bb.operator().transitions(id).await.unwrap();
     let steps: Vec<String> = trail
         .iter()
         .map(|t| format!("{:?}>{:?} {:?}", t.from_status, t.to_status, t.worker))
@@ -137,6 +140,7 @@ async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
     history_settled(&c).await;
     let feed = db
         .bb
+        .feed()
         .events_after(EventPosition::default(), 100)
         .await
         .unwrap();

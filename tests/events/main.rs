@@ -30,7 +30,7 @@ use common::procs::wait_for;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
 
-/// The history rows the feed shows (see `actors/src/blackboard/events.rs`).
+/// The history rows the feed shows (see `actors/src/blackboard/feed/events.rs`).
 const FEED_ROWS: &str = "xid > '1' and to_status <> 'assigned'
     and from_status is distinct from to_status";
 

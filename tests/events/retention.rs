@@ -35,6 +35,7 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     let c = db.client().await;
     for i in 0..100 {
         db.bb
+            .operator()
             .submit(&NewTask::new("echo", json!({ "i": i })), "test")
             .await
             .unwrap();
@@ -43,8 +44,8 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     assert_eq!(all.len(), 100);
     let at = |i: usize| all[i].parse::<EventPosition>().unwrap();
     // "live" has read 40 events; "stale" read 10 and then went silent.
-    db.bb.ack_events("live", at(39)).await.unwrap();
-    db.bb.ack_events("stale", at(9)).await.unwrap();
+    db.bb.feed().ack_events("live", at(39)).await.unwrap();
+    db.bb.feed().ack_events("stale", at(9)).await.unwrap();
     let (code, out, err) = artex(&db.url, &["events", "retention", "--set", "1d"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("keep history 86400s"), "{out}");
@@ -56,7 +57,9 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     let t1 = hi + chrono::Duration::days(1) + chrono::Duration::minutes(1);
     let alive = "update artex.event_cursors set updated_at = $1 where consumer = 'live'";
     c.execute(alive, &[&t1]).await.unwrap();
-    let r = Maintenance::run_once(&db.bb, Some(t1)).await.unwrap();
+    let r = Maintenance::run_once(&db.bb.maintenance(), Some(t1))
+        .await
+        .unwrap();
     assert!(!r.partitions_dropped.contains(&part), "{r:?}");
     assert_eq!(all_positions(&c).await, all);
     assert_eq!(
@@ -79,10 +82,12 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     // feed's "pruned through" moves past its last position.
     let t2 = t1 + chrono::Duration::days(1);
     c.execute(alive, &[&t2]).await.unwrap();
-    let r = Maintenance::run_once(&db.bb, Some(t2)).await.unwrap();
+    let r = Maintenance::run_once(&db.bb.maintenance(), Some(t2))
+        .await
+        .unwrap();
     assert!(r.partitions_dropped.contains(&part), "{r:?}");
     assert!(all_positions(&c).await.is_empty());
-    let r = db.bb.event_retention().await.unwrap();
+    let r = db.bb.feed().event_retention().await.unwrap();
     assert_eq!(r.pruned_through.to_string(), *all.last().unwrap());
 
     // Both consumers are told they missed events rather than skipping them silently…
@@ -126,9 +131,12 @@ async fn finished_tasks_past_the_retention_go_unless_an_unfinished_flow_needs_th
     )
     .await
     .unwrap();
-    let report = Maintenance::run_once(&db.bb, Some(Utc::now() + chrono::Duration::days(15)))
-        .await
-        .unwrap();
+    let report = Maintenance::run_once(
+        &db.bb.maintenance(),
+        Some(Utc::now() + chrono::Duration::days(15)),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.tasks_pruned, 2, "{report:?}");
     assert!(!report.partitions_dropped.is_empty(), "{report:?}");
     let left: Vec<String> = c
@@ -168,19 +176,24 @@ async fn history_caught_by_the_default_partition_moves_into_the_partition_made_f
     .unwrap();
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
     let in_default = "select count(*) from artex.task_transitions_default";
     assert_eq!(count(&c, in_default).await, 1);
-    let r = Maintenance::run_once(&db.bb, None).await.unwrap();
+    let r = Maintenance::run_once(&db.bb.maintenance(), None)
+        .await
+        .unwrap();
     assert!(r.partitions_made.len() >= 2, "{r:?}");
     assert_eq!(count(&c, in_default).await, 0);
-    let trail = db.bb.transitions(id).await.unwrap();
+    let trail = db.bb.operator().transitions(id).await.unwrap();
     assert_eq!(trail.len(), 1);
     assert_eq!(trail[0].to_status, TaskStatus::Pending);
     // Nothing left to make until time moves on.
-    let again = Maintenance::run_once(&db.bb, None).await.unwrap();
+    let again = Maintenance::run_once(&db.bb.maintenance(), None)
+        .await
+        .unwrap();
     assert!(again.partitions_made.is_empty(), "{again:?}");
 }
 
@@ -211,20 +224,25 @@ async fn a_shortened_retention_remakes_the_partitions_ahead_in_smaller_slices() 
     let db = TestDb::new().await;
     let c = db.client().await;
     db.bb
+        .maintenance()
         .set_event_retention(Duration::from_secs(3600))
         .await
         .unwrap();
     let (_, hi) = {
         db.bb
+            .operator()
             .submit(&NewTask::new("echo", json!({})), "test")
             .await
             .unwrap();
         current_partition(&c).await
     };
     // A minute before the partition holding now ends: the next ones are due.
-    let r = Maintenance::run_once(&db.bb, Some(hi - chrono::Duration::minutes(1)))
-        .await
-        .unwrap();
+    let r = Maintenance::run_once(
+        &db.bb.maintenance(),
+        Some(hi - chrono::Duration::minutes(1)),
+    )
+    .await
+    .unwrap();
     assert!(!r.partitions_made.is_empty(), "{r:?}");
     let widths: Vec<f64> = c
         .query(

@@ -110,6 +110,7 @@ async fn server_sent_events_resume_after_last_event_id() {
     .await;
     let ids = db
         .bb
+        .operator()
         .submit_many(
             &(0..5)
                 .map(|i| NewTask::new("echo", json!({ "i": i })))
@@ -146,6 +147,7 @@ async fn server_sent_events_resume_after_last_event_id() {
     });
     let live = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({ "live": true })), "test")
         .await
         .unwrap();
@@ -175,7 +177,9 @@ async fn server_sent_events_resume_after_last_event_id() {
     // clock moved past the retention: every partition of this history goes.)
     history_settled(&c).await;
     let later = Utc::now() + chrono::Duration::days(30);
-    let report = Maintenance::run_once(&db.bb, Some(later)).await.unwrap();
+    let report = Maintenance::run_once(&db.bb.maintenance(), Some(later))
+        .await
+        .unwrap();
     assert!(!report.partitions_dropped.is_empty());
     let h = http.clone();
     let gone = tokio::task::spawn_blocking(move || Sse::connect(&h, "/events", Some("1-1")))

@@ -31,6 +31,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
     let http = worker_http(&c, &w).await;
     let task = db
         .bb
+        .operator()
         .submit(
             &NewTask::new("checkpoint", json!({ "steps": 30, "ms": 150 })),
             "test",
@@ -84,7 +85,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
     }
     // Its task was never disturbed beyond a suspend-and-resume in the same process.
     wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
-    let t = db.bb.task(task).await.unwrap();
+    let t = db.bb.operator().task(task).await.unwrap();
     let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
     assert_eq!(steps.len(), 30);
     assert!(
@@ -103,6 +104,7 @@ async fn failed_upgrades_roll_back_and_the_old_worker_carries_on() {
     // And it still works: a fresh task runs there.
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();

@@ -81,6 +81,7 @@ async fn a_bundle_needing_a_newer_schema_is_refused_with_409_and_nothing_spawned
     assert_eq!(health["pid"], w.pid());
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
@@ -107,6 +108,7 @@ async fn a_bundle_needing_a_newer_schema_is_refused_with_409_and_nothing_spawned
         .expect("the old worker exits");
     let id = db
         .bb
+        .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();

@@ -94,6 +94,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
     // A long resumable task that must cross all five upgrades, every step once.
     let long = db
         .bb
+        .operator()
         .submit(
             &NewTask::new("checkpoint", json!({ "steps": 100, "ms": 250 })),
             "test",
@@ -112,7 +113,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
             let batch: Vec<NewTask> = (0..5)
                 .map(|i| NewTask::new("echo", json!({ "i": i })))
                 .collect();
-            bb.submit_many(&batch, "traffic").await.unwrap();
+            bb.operator().submit_many(&batch, "traffic").await.unwrap();
             submitted += 5;
             tokio::select! {
                 _ = &mut stop_rx => return submitted,
@@ -235,7 +236,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         0,
         "no task succeeded twice"
     );
-    let t = db.bb.task(long).await.unwrap();
+    let t = db.bb.operator().task(long).await.unwrap();
     let steps = t.result.unwrap()["steps"].as_array().unwrap().clone();
     let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
     assert_eq!(

@@ -73,7 +73,7 @@ async fn chunks_are_acknowledged_checked_and_the_task_runs_where_the_file_is() {
     // The task runs on the worker holding the file and reads it whole.
     let task_id = uuid::Uuid::parse_str(&task).unwrap();
     common::procs::wait_status(&db.bb, task_id, "succeeded", Duration::from_secs(30)).await;
-    let row = db.bb.task(task_id).await.unwrap();
+    let row = db.bb.operator().task(task_id).await.unwrap();
     let result = row.result.unwrap();
     assert_eq!(result["sha256"], sha(&file));
     assert_eq!(result["matches"], true);
@@ -203,7 +203,14 @@ async fn a_sha256_left_for_complete_is_checked_there_and_writes_one_task() {
     assert_eq!(state["sha256"], sha(&file), "{state}");
     let task_id = uuid::Uuid::parse_str(&task).unwrap();
     common::procs::wait_status(&db.bb, task_id, "succeeded", Duration::from_secs(30)).await;
-    let result = db.bb.task(task_id).await.unwrap().result.unwrap();
+    let result = db
+        .bb
+        .operator()
+        .task(task_id)
+        .await
+        .unwrap()
+        .result
+        .unwrap();
     assert_eq!(
         (&result["sha256"], &result["matches"]),
         (&json!(sha(&file)), &json!(true))

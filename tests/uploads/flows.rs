@@ -84,13 +84,13 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
     let id = body["id"].as_str().unwrap().to_string();
     let task = send_all(&f.http, &id, &file, 1024);
     common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
-    let t = db.bb.task(task).await.unwrap();
+    let t = db.bb.operator().task(task).await.unwrap();
     assert_eq!(t.flow_id, Some(flow));
     assert_eq!(
         t.flow_task.as_deref(),
         Some(format!("upload:{id}").as_str())
     );
-    let view = db.bb.flow(flow).await.unwrap();
+    let view = db.bb.operator().flow(flow).await.unwrap();
     assert!(view.tasks.iter().any(|x| x.id == task), "{view:?}");
 
     // The flow ends while the upload is under way: the task is held paused, saying why,
@@ -106,7 +106,7 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
     .await
     .unwrap();
     let task = send_all(&f.http, &id, &file, 1024);
-    let t = db.bb.task(task).await.unwrap();
+    let t = db.bb.operator().task(task).await.unwrap();
     assert_eq!(t.status.as_str(), "paused");
     assert_eq!(t.flow_id, Some(flow));
     assert!(

@@ -83,19 +83,25 @@ async fn a_task_whose_hosts_workers_are_gone_past_the_deadline_fails_saying_why(
     };
 
     // A reaper that may not judge liveness (it was blind lately) fails nothing.
-    let none =
-        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(600.0, false))
-            .await
-            .unwrap();
+    let none = artex_actors::upload_guard::run_once(
+        &db.bb.planner(),
+        "test-reaper",
+        &guard_params(600.0, false),
+    )
+    .await
+    .unwrap();
     assert!(none.is_empty(), "{none:?}");
 
     // Deadline ten minutes: host-a (gone an hour) and host-z (no worker on record) fail;
     // host-b (gone a minute) may come back; host-c has a live worker; shared is any
     // host's.
-    let failed =
-        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(600.0, true))
-            .await
-            .unwrap();
+    let failed = artex_actors::upload_guard::run_once(
+        &db.bb.planner(),
+        "test-reaper",
+        &guard_params(600.0, true),
+    )
+    .await
+    .unwrap();
     let ids: std::collections::BTreeSet<uuid::Uuid> = failed.iter().map(|t| t.id).collect();
     assert_eq!(ids, [tasks["host-a"], tasks["host-z"]].into(), "{failed:?}");
     let (st, error) = status(tasks["host-a"]).await;
@@ -135,16 +141,22 @@ async fn a_task_whose_hosts_workers_are_gone_past_the_deadline_fails_saying_why(
     assert!(audit.get::<_, String>(3).contains("host is gone"));
 
     // A minute's deadline: host-b too. Again: nothing more.
-    let failed =
-        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(30.0, true))
-            .await
-            .unwrap();
+    let failed = artex_actors::upload_guard::run_once(
+        &db.bb.planner(),
+        "test-reaper",
+        &guard_params(30.0, true),
+    )
+    .await
+    .unwrap();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].id, tasks["host-b"]);
-    let again =
-        artex_actors::upload_guard::run_once(&db.bb, "test-reaper", &guard_params(30.0, true))
-            .await
-            .unwrap();
+    let again = artex_actors::upload_guard::run_once(
+        &db.bb.planner(),
+        "test-reaper",
+        &guard_params(30.0, true),
+    )
+    .await
+    .unwrap();
     assert!(again.is_empty(), "{again:?}");
     assert_eq!(status(tasks["host-c"]).await.0, "pending");
     assert_eq!(status(tasks["shared"]).await.0, "pending");
@@ -178,13 +190,16 @@ async fn an_uploads_task_fails_when_its_worker_is_killed_and_its_host_stays_gone
     let file = data(3000, 37);
     let (id, _) = create(&http, &file, 1024, "digest");
     let task = send_all(&http, &id, &file, 1024);
-    assert_eq!(db.bb.task(task).await.unwrap().status.as_str(), "pending");
+    assert_eq!(
+        db.bb.operator().task(task).await.unwrap().status.as_str(),
+        "pending"
+    );
     let mut worker = worker;
     worker.signal(nix::sys::signal::Signal::SIGKILL);
     worker.wait_exit(Duration::from_secs(10)).expect("killed");
     // The reaper marks it gone after its silence, then the deadline passes.
     common::procs::wait_status(&db.bb, task, "failed", Duration::from_secs(60)).await;
-    let t = db.bb.task(task).await.unwrap();
+    let t = db.bb.operator().task(task).await.unwrap();
     let error = t.error.unwrap_or_default();
     assert!(
         error.contains(&format!("upload {id} is on host ")) && error.contains("gone since"),

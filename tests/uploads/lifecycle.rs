@@ -283,7 +283,7 @@ async fn a_shared_uploads_task_is_bound_to_no_host_and_runs_on_another() {
 
     // B reads the file A received, whole.
     wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
-    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
     assert_eq!(result["sha256"], sha(&file));
     assert_eq!(result["matches"], true);
     assert_eq!(result["pid"], b.pid());

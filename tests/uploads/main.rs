@@ -248,7 +248,7 @@ async fn ran_whole_sha(db: &TestDb, stdout: &[u8], file_sha: &str) -> Value {
     let task = String::from_utf8_lossy(stdout).trim().to_string();
     let task = uuid::Uuid::parse_str(&task).unwrap_or_else(|_| panic!("no task id: {task:?}"));
     common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(120)).await;
-    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
     assert_eq!(result["sha256"], file_sha);
     assert_eq!(result["matches"], true);
     result

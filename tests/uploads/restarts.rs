@@ -82,7 +82,7 @@ async fn a_whole_file_a_crash_left_unrecorded_is_recorded_whatever_its_layout() 
         assert_eq!(code, 200, "{state}");
         let task = uuid::Uuid::parse_str(state["task"].as_str().unwrap()).unwrap();
         common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(30)).await;
-        let result = db.bb.task(task).await.unwrap().result.unwrap();
+        let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
         assert_eq!(result["sha256"], sha(bytes), "{id}");
         assert_eq!(result["matches"], true);
     }
@@ -288,7 +288,7 @@ async fn a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request() {
     assert_eq!(tasks.len(), 1, "{tasks:?}");
     let task = uuid::Uuid::parse_str(tasks.first().unwrap()).unwrap();
     common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(60)).await;
-    let result = db.bb.task(task).await.unwrap().result.unwrap();
+    let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
     assert_eq!(result["sha256"], sha(&file));
     assert_eq!(result["matches"], true);
     assert_eq!(result["pid"], new_pid);

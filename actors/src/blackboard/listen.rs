@@ -34,14 +34,18 @@ impl Blackboard {
     /// never the record: when the session drops, `Listener::recv` returns `None` and the
     /// owner reconnects and rescans the tables. [`Blackboard::listen_session`] does that
     /// reconnecting.
-    pub async fn listen(&self, channels: &[String]) -> Result<Listener> {
+    pub(crate) async fn listen(&self, channels: &[String]) -> Result<Listener> {
         self.listen_as(channels, None).await
     }
 
     /// [`Blackboard::listen`] with the session's `application_name` set to `name`, so
     /// that others can tell from `pg_stat_activity` whether it is there (a worker's
     /// session: see [`Registration::session`](super::Registration::session)).
-    pub async fn listen_as(&self, channels: &[String], name: Option<&str>) -> Result<Listener> {
+    pub(crate) async fn listen_as(
+        &self,
+        channels: &[String],
+        name: Option<&str>,
+    ) -> Result<Listener> {
         let mut config = self.config.clone();
         if let Some(name) = name {
             config.application_name(name);
@@ -93,7 +97,7 @@ impl Blackboard {
 
     /// A LISTEN session on `channels` that reconnects by itself; `owner` names it in the
     /// logs (e.g. `planner`). Nothing connects until the first [`ListenSession::next`].
-    pub fn listen_session<S: AsRef<str>>(
+    pub(crate) fn listen_session<S: AsRef<str>>(
         &self,
         owner: impl Into<String>,
         channels: &[S],
@@ -134,7 +138,7 @@ impl Blackboard {
     }
 }
 
-/// A LISTEN session; see [`Blackboard::listen`].
+/// A LISTEN session on a connection of its own; see [`FeedBoard::listen`](super::FeedBoard::listen).
 pub struct Listener {
     _client: tokio_postgres::Client,
     rx: mpsc::UnboundedReceiver<std::result::Result<Notification, tokio_postgres::Error>>,
@@ -199,14 +203,15 @@ pub enum ListenEvent {
     Lost(Error),
 }
 
-/// A LISTEN session that reconnects forever, with backoff; made by
-/// [`Blackboard::listen_session`]. Call [`ListenSession::next`] in a loop:
+/// A LISTEN session that reconnects forever, with backoff; made by the `listen_session`
+/// of the role that needs one (the planner's, a worker's, the feed's). Call
+/// [`ListenSession::next`] in a loop:
 ///
 /// ```no_run
 /// # async fn follow(bb: artex_actors::Blackboard) {
 /// use artex_actors::blackboard::{ListenEvent, TASKS_CHANNEL};
 ///
-/// let mut session = bb.listen_session("planner", &[TASKS_CHANNEL]);
+/// let mut session = bb.planner().listen_session("planner", &[TASKS_CHANNEL]);
 /// loop {
 ///     match session.next().await {
 ///         // Connected: notifications may have been missed; look at the tables.
@@ -286,7 +291,7 @@ impl ListenSession {
     }
 
     /// The same session, opened with `application_name` = `name` (see
-    /// [`Blackboard::listen_as`]).
+    /// `Blackboard::listen_as`).
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self

@@ -1,7 +1,7 @@
-//! The migrations runner and the schema range check. [`Blackboard::migrate`] applies
+//! The migrations runner and the schema range check. [`MaintenanceBoard::migrate`](super::MaintenanceBoard::migrate) applies
 //! `migrations/V<n>__<name>.sql` in order, each in its own transaction, under an advisory
 //! lock so that concurrent processes migrate once; only `artex migrate`, `artex up` and
-//! `artex db start` call it. Every other process calls [`Blackboard::check_schema`]: it
+//! `artex db start` call it. Every other process calls [`MaintenanceBoard::check_schema`](super::MaintenanceBoard::check_schema): it
 //! runs only if the database's schema lies within what its build supports.
 //!
 //! # Compatibility, and how it is recorded
@@ -16,7 +16,7 @@
 //! `V<k>` runs when every migration it knows is applied (with the same text) and floor ≤ k.
 //! See migrations/README.md for the expand → deploy → contract procedure.
 
-use super::Blackboard;
+pub use crate::error::SchemaMismatch;
 use crate::error::{Error, Result};
 
 /// One migration file, compiled into the binary.
@@ -255,72 +255,6 @@ pub struct SchemaStatus {
     pub unknown: Vec<String>,
 }
 
-/// Why a build cannot run against a database's schema. [`SchemaMismatch::describe`]
-/// says it for any build; `Display` says it for this one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SchemaMismatch {
-    /// The database has no `artex.schema_migrations`: never migrated.
-    NoSchema,
-    /// A migration the build needs is not applied (`V<n>__<name>`).
-    Missing {
-        /// The first one missing.
-        migration: String,
-    },
-    /// The database applied another text under a number the build knows.
-    Differs {
-        /// The build's migration (`V<n>__<name>`).
-        migration: String,
-        /// What the database has instead.
-        why: String,
-    },
-    /// A contraction the build predates.
-    Contracted {
-        /// The migration that raised the floor (`V<n>__<name>`).
-        migration: String,
-        /// Builds must know at least this one.
-        compatible_from: i32,
-        /// The newest migration the build knows.
-        knows: i32,
-    },
-}
-
-impl SchemaMismatch {
-    /// The one-line explanation, with `build` ("this build", "the new build") as the
-    /// subject, and what to do.
-    pub fn describe(&self, build: &str) -> String {
-        match self {
-            SchemaMismatch::NoSchema => "the database has no artex schema \
-                (no artex.schema_migrations): run `artex migrate` first"
-                .to_string(),
-            SchemaMismatch::Missing { migration } => format!(
-                "{build} needs migration {migration}, which the database does not have: run \
-                 `artex migrate` with {build} first"
-            ),
-            SchemaMismatch::Differs { migration, why } => format!(
-                "migration {migration} of {build} is not the one the database applied ({why}); \
-                 released migrations are append-only"
-            ),
-            SchemaMismatch::Contracted {
-                migration,
-                compatible_from,
-                knows,
-            } => format!(
-                "the database has migration {migration}, which only builds that know \
-                 V{compatible_from} or newer run against; {build} knows up to V{knows}: run a \
-                 newer build"
-            ),
-        }
-    }
-}
-
-impl std::fmt::Display for SchemaMismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.describe("this build"))
-    }
-}
-
-impl std::error::Error for SchemaMismatch {}
-
 /// Whether a build that needs `needs` (in order, oldest first) runs against a database
 /// that applied `applied`: every needed migration applied with the same text, and no
 /// applied contraction newer than the build. Applied migrations the build does not know
@@ -375,12 +309,12 @@ pub fn check_range(applied: &[Applied], needs: &[Needed]) -> Result<SchemaStatus
     })
 }
 
-const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
+pub(super) const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
 
 /// The runner's own table. `compatible_from` came after the first releases: added by the
 /// runner when missing, and read so that a database without it still works (see
 /// [`READ_APPLIED`]).
-const CREATE_TABLE: &str = "create table if not exists artex.schema_migrations (
+pub(super) const CREATE_TABLE: &str = "create table if not exists artex.schema_migrations (
          version integer primary key,
          name text not null,
          checksum text not null,
@@ -391,12 +325,12 @@ const CREATE_TABLE: &str = "create table if not exists artex.schema_migrations (
 /// `compatible_from` existed reads as null (its column is missing), so a build can check
 /// it without altering it; null counts as the row's own version (older runners refused any
 /// schema newer than they knew: nothing older ever ran against those migrations).
-const READ_APPLIED: &str = "select version, name, checksum,
+pub(super) const READ_APPLIED: &str = "select version, name, checksum,
          coalesce((to_jsonb(m) ->> 'compatible_from')::integer, version)
      from artex.schema_migrations m
      order by version";
 
-fn applied_from(rows: &[tokio_postgres::Row]) -> Vec<Applied> {
+pub(super) fn applied_from(rows: &[tokio_postgres::Row]) -> Vec<Applied> {
     rows.iter()
         .map(|r| Applied {
             version: r.get(0),
@@ -407,69 +341,7 @@ fn applied_from(rows: &[tokio_postgres::Row]) -> Vec<Applied> {
         .collect()
 }
 
-impl Blackboard {
-    /// Applies every migration not yet applied. Safe to call from several processes at once.
-    /// Refuses a database contracted beyond this build (and so applies nothing there), and
-    /// one whose applied migrations were edited.
-    pub async fn migrate(&self) -> Result<MigrationReport> {
-        // A connection of its own, closed afterwards: a migration (or the wait for another
-        // process's) may outlast the statement timeout, which is lifted for this session
-        // only and never handed back to the pool.
-        let mut client = deadpool_postgres::Object::take(self.pool.get().await?);
-        client
-            .batch_execute(&format!(
-                "set statement_timeout = 0;
-                 create schema if not exists artex;
-                 {CREATE_TABLE}"
-            ))
-            .await
-            .or_else(|e| {
-                // Two processes racing on "create ... if not exists" can collide on the
-                // catalog; the loser retries below under the lock.
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })?;
-        client
-            .execute("select pg_advisory_lock($1)", &[&LOCK_KEY])
-            .await?;
-        let result = apply_all(&mut client).await;
-        let unlock = client
-            .execute("select pg_advisory_unlock($1)", &[&LOCK_KEY])
-            .await;
-        let report = result?;
-        unlock?;
-        Ok(report)
-    }
-
-    /// The migrations the database applied, oldest first; `None` when it was never
-    /// migrated. Reads only.
-    pub async fn applied_migrations(&self) -> Result<Option<Vec<Applied>>> {
-        let client = self.client().await?;
-        match client.query(READ_APPLIED, &[]).await {
-            Ok(rows) => Ok(Some(applied_from(&rows))),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-                Ok(None)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Checks that this build runs against the database's schema (see [`check_range`]);
-    /// planners, workers and one-shot commands call it at start instead of migrating.
-    /// Reads only: a refused process leaves the database as it found it.
-    pub async fn check_schema(&self) -> Result<SchemaStatus> {
-        let applied = self
-            .applied_migrations()
-            .await?
-            .ok_or(SchemaMismatch::NoSchema)?;
-        Ok(check_range(&applied, &needed())?)
-    }
-}
-
-async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationReport> {
+pub(super) async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationReport> {
     client
         .batch_execute(&format!(
             "{CREATE_TABLE};

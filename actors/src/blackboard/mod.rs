@@ -1,11 +1,28 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
-//! module tree (one file per party: tasks, planner, worker, and what the planner's
-//! wake-ups carry to workers (carried), a hot upgrade's moves (handover); planner shards;
-//! flows and their pages (flow_list); the events feed, where it ends now (feed_head) and
-//! its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters may send;
-//! overview, the roster and statistics the HTTP API shows; uploads, files received by
-//! workers), prepared through deadpool's statement cache; nothing else in the runtime
+//! module tree, prepared through deadpool's statement cache; nothing else in the runtime
 //! writes SQL.
+//!
+//! # Role handles
+//! [`Blackboard`] is the connection (pools, and what opens LISTEN sessions); what may be
+//! run on it is reached through the handle of one role, each exposing only that role's
+//! statements, each statement in its role's file:
+//!
+//! | handle | who holds it | its statements |
+//! |---|---|---|
+//! | [`PlannerBoard`] ([`Blackboard::planner`]) | Scanner, Assigner, Reaper, ShardKeeper | `planner/`: dispatch rounds, reaper sweeps, shard leases |
+//! | [`WorkerBoard`] ([`Blackboard::worker`]) | a worker process: its actor, handlers, uploads, hot upgrade | `worker/`: registration, heartbeats, intake, outcomes, leases, checkpoints, task transfer, uploads |
+//! | [`OperatorBoard`] ([`Blackboard::operator`]) | the CLI, the HTTP API, the dashboard | `operator/`: submit, read, list, control, retry, roster, statistics, input limits |
+//! | [`FeedBoard`] ([`Blackboard::feed`]) | `/events`, `events tail`, followers | `feed/`: history after a position, cursors, the head, logical decoding |
+//! | [`MaintenanceBoard`] ([`Blackboard::maintenance`]) | the planner's Maintenance, `artex migrate`, start-up checks | `maintenance.rs` (history partitions, pruning, retention) and `migrate.rs` (the schema) |
+//!
+//! Each role's module says which of its statements need a session (a LISTEN, a
+//! replication slot, a migration's advisory lock) and which are one transaction: the line
+//! along which a transaction pooler can carry them.
+//!
+//! Shared types live beside the roles: `tasks.rs` (a task and its history as read),
+//! `flows/` (a flow as submitted and as read), `inputs.rs` (what submitters may send),
+//! `carried.rs` (what a wake-up carries), `listen.rs` (LISTEN sessions), `admin.rs`
+//! (databases made and dropped, for the embedded cluster and tests).
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -13,22 +30,16 @@
 
 pub mod admin;
 pub mod carried;
-mod events;
-mod feed;
-mod feed_head;
-pub mod flow_list;
+pub mod feed;
 mod flows;
-mod handover;
 mod inputs;
 mod listen;
-mod logical;
+pub mod maintenance;
 mod migrate;
-mod overview;
-mod planner;
-mod shards;
+pub mod operator;
+pub mod planner;
 mod tasks;
-mod uploads;
-mod worker;
+pub mod worker;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -36,8 +47,10 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-pub use events::{ConsumerCursor, EventBatch, EventPosition, Retention, TaskEvent, EVENTS_CHANNEL};
-pub use feed::{EventFeed, FeedStart};
+pub use feed::{
+    parse_change, ConsumerCursor, DecodedTransaction, EventBatch, EventFeed, EventPosition,
+    FeedBoard, FeedStart, Retention, RowChange, TaskEvent, EVENTS_CHANNEL,
+};
 pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
@@ -47,23 +60,24 @@ pub use inputs::{
     KIND_CHARSET, MAX_KIND_BYTES,
 };
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
-pub use logical::{parse_change, DecodedTransaction, RowChange};
+pub use maintenance::MaintenanceBoard;
 pub use migrate::{
     check_range, fingerprint, needed, Applied, Change, Migration, MigrationReport, Needed,
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
-pub use overview::{
-    MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
+pub use operator::{
+    FlowSummary, MinuteCount, OperatorBoard, Percentiles, RecentStats, Stats, TaskFilter,
+    WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
-pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, RosterEntry};
-pub use shards::{
-    agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
+pub use planner::{
+    agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, ReapParams,
+    ReapReport, RosterEntry, ShardBoard, ShardRow, StrandedTask, TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
-pub use uploads::{NewUpload, StrandedTask, UploadRow};
+pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 pub use worker::{
-    AssignedRead, AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState,
+    AssignedRead, AssignedTask, AttemptRecord, NewUpload, Outcome, Registration, Step, UploadRow,
+    WorkerBoard, WorkerState,
 };
 
 use crate::error::{Error, Result};
@@ -191,6 +205,32 @@ impl Blackboard {
         let client = self.pool.get().await?;
         client.simple_query("select 1").await?;
         Ok(())
+    }
+
+    /// The planner's handle: dispatch rounds, reaper sweeps, shard leases.
+    pub fn planner(&self) -> PlannerBoard {
+        PlannerBoard { bb: self.clone() }
+    }
+
+    /// A worker process's handle: its registration, intake, outcomes, leases, task
+    /// transfer and uploads.
+    pub fn worker(&self) -> WorkerBoard {
+        WorkerBoard { bb: self.clone() }
+    }
+
+    /// An operator's handle (CLI, HTTP API, dashboard): submit, read, list, control.
+    pub fn operator(&self) -> OperatorBoard {
+        OperatorBoard { bb: self.clone() }
+    }
+
+    /// The change feed's handle: the history in final order, cursors, LISTEN sessions.
+    pub fn feed(&self) -> FeedBoard {
+        FeedBoard { bb: self.clone() }
+    }
+
+    /// Maintenance's handle: the schema and the history's bounds.
+    pub fn maintenance(&self) -> MaintenanceBoard {
+        MaintenanceBoard { bb: self.clone() }
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client> {

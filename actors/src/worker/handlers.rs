@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
-use crate::blackboard::{AssignedTask, Blackboard};
+use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
 
 /// A failed attempt, as a handler reports it. It is retried with backoff while the task's
@@ -146,7 +146,7 @@ impl Registry {
     pub(super) fn attempt(
         &self,
         task: AssignedTask,
-        bb: Blackboard,
+        bb: WorkerBoard,
         suspend: Arc<AtomicBool>,
         default_timeout: Duration,
     ) -> impl Future<Output = Result<serde_json::Value, Attempt>> + 'static {
@@ -204,7 +204,7 @@ pub struct TaskContext {
     epoch: i64,
     attempt: i32,
     checkpoint: Option<serde_json::Value>,
-    bb: Blackboard,
+    bb: WorkerBoard,
     suspend: Arc<AtomicBool>,
 }
 
@@ -257,7 +257,7 @@ impl TaskContext {
 
     /// The results of this task's upstream tasks in its flow, by task name (empty outside
     /// a flow). Read from the blackboard when asked, not copied into the payload: see
-    /// [`Blackboard::upstream_results`].
+    /// [`WorkerBoard::upstream_results`].
     pub async fn upstream_results(&self) -> Result<BTreeMap<String, serde_json::Value>, TaskError> {
         self.bb
             .upstream_results(self.id)

@@ -36,7 +36,7 @@ use uuid::Uuid;
 use crate::blackboard::carried::carries_assignments;
 pub use crate::blackboard::WorkerState;
 use crate::blackboard::{
-    AssignedTask, AttemptRecord, Blackboard, ListenEvent, Outcome, Registration, Step,
+    AssignedTask, AttemptRecord, ListenEvent, Outcome, Registration, Step, WorkerBoard,
     CANCEL_PAYLOAD, TASKS_CHANNEL,
 };
 use crate::supervisor::ActorStats;
@@ -138,7 +138,7 @@ impl Running {
 
 /// The Worker actor.
 pub struct Worker {
-    bb: Blackboard,
+    bb: WorkerBoard,
     config: WorkerConfig,
     registry: Registry,
     stats: ActorStats,
@@ -189,7 +189,7 @@ impl Worker {
     /// A worker running `registry`'s kinds with `config`. Call [`Worker::register`] first,
     /// so a missing database fails the start instead of the first heartbeat.
     pub fn new(
-        bb: Blackboard,
+        bb: WorkerBoard,
         config: WorkerConfig,
         registry: Registry,
         stats: ActorStats,
@@ -253,7 +253,7 @@ impl Worker {
 
     /// Registers (or re-registers) the worker as online.
     pub async fn register(
-        bb: &Blackboard,
+        bb: &WorkerBoard,
         config: &WorkerConfig,
         registry: &Registry,
     ) -> crate::Result {

@@ -27,7 +27,7 @@ pub(super) async fn workers(
     Ok(HttpResponse::Ok().json(json!({ "workers": workers, "more": more })))
 }
 
-/// `GET /api/v1/stats?window_minutes=&sample=`: see `Blackboard::stats_sampled` (bounded
+/// `GET /api/v1/stats?window_minutes=&sample=`: see `OperatorBoard::stats_sampled` (bounded
 /// reads only; the dashboard asks for a smaller sample than the default).
 pub(super) async fn stats(
     _: CanRead,
@@ -49,7 +49,7 @@ pub(super) async fn events_head(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
-    let head = state.bb.events_head().await?;
+    let head = state.feed.events_head().await?;
     Ok(HttpResponse::Ok().json(json!({ "after": head.to_string() })))
 }
 

@@ -20,7 +20,7 @@ mod tasks;
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
 use artex_actors::blackboard::{check_kind, payload_text_len, KnownKind};
-use artex_actors::Blackboard;
+use artex_actors::blackboard::{FeedBoard, OperatorBoard};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
@@ -41,8 +41,10 @@ pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 /// What the API's routes need.
 #[derive(Clone)]
 pub struct ApiState {
-    /// The blackboard.
-    pub bb: Blackboard,
+    /// The operator's statements (submit, read, list, control).
+    pub bb: OperatorBoard,
+    /// The change feed's (where it ends now).
+    pub feed: FeedBoard,
     /// The largest request body accepted, bytes.
     pub max_body_bytes: usize,
 }
@@ -457,7 +459,7 @@ struct Submitted<'a> {
 /// the limit in force (the database refuses a larger one too; here the message names
 /// the field and the payload is never sent), and each kind declared by some worker
 /// unless allowed (a typo would wait for ever).
-async fn check_submission(bb: &Blackboard, tasks: &[Submitted<'_>]) -> Result<(), ApiError> {
+async fn check_submission(bb: &OperatorBoard, tasks: &[Submitted<'_>]) -> Result<(), ApiError> {
     let limit = bb.limits().await?.max_payload_bytes;
     for t in tasks {
         let bytes = payload_text_len(t.payload);

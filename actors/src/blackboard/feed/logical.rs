@@ -21,7 +21,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::Blackboard;
+use super::FeedBoard;
 use crate::error::{Error, Result};
 
 /// One transaction decoded from the slot.
@@ -55,9 +55,6 @@ const SLOT_EXISTS: &str = "select plugin, database = current_database()
 const CREATE_SLOT: &str =
     "select lsn::text from pg_create_logical_replication_slot($1, 'test_decoding')";
 
-const SLOT_POSITION: &str = "select confirmed_flush_lsn::text from pg_replication_slots
-    where slot_name = $1";
-
 // Whole transactions only: the limit is checked after each commit.
 const PEEK: &str = "select lsn::text, xid::text::int8, data
     from pg_logical_slot_peek_changes($1, null, $2::int4,
@@ -68,11 +65,11 @@ const ADVANCE: &str = "select end_lsn::text from pg_replication_slot_advance($1,
 const DROP_SLOT: &str = "select pg_drop_replication_slot(slot_name) from pg_replication_slots
     where slot_name = $1";
 
-impl Blackboard {
+impl FeedBoard {
     /// Creates logical slot `slot` (plugin `test_decoding`) in this database unless it
     /// exists; returns whether it created it. Needs `wal_level = logical`.
     pub async fn ensure_logical_slot(&self, slot: &str) -> Result<bool> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(SLOT_EXISTS).await?;
         if let Some(r) = client.query_opt(&stmt, &[&slot]).await? {
             let plugin: Option<String> = r.try_get(0)?;
@@ -107,18 +104,6 @@ impl Blackboard {
         }
     }
 
-    /// The slot's confirmed LSN: where the next read starts from. `None` if no such slot.
-    pub async fn logical_slot_position(&self, slot: &str) -> Result<Option<String>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(SLOT_POSITION).await?;
-        Ok(client
-            .query_opt(&stmt, &[&slot])
-            .await?
-            .map(|r| r.try_get::<_, Option<String>>(0))
-            .transpose()?
-            .flatten())
-    }
-
     /// Reads (without consuming) the transactions after the slot's confirmed LSN, whole
     /// ones, stopping after the one in which about `max_changes` rows were reached.
     pub async fn peek_logical(
@@ -126,7 +111,7 @@ impl Blackboard {
         slot: &str,
         max_changes: i32,
     ) -> Result<Vec<DecodedTransaction>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(PEEK).await?;
         let rows = client.query(&stmt, &[&slot, &max_changes]).await?;
         let mut out = Vec::new();
@@ -166,7 +151,7 @@ impl Blackboard {
     /// Confirms everything up to `lsn` (a transaction's `commit_lsn`): the next read
     /// starts after it.
     pub async fn advance_logical_slot(&self, slot: &str, lsn: &str) -> Result {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(ADVANCE).await?;
         client.query_one(&stmt, &[&slot, &lsn]).await?;
         Ok(())
@@ -174,7 +159,7 @@ impl Blackboard {
 
     /// Drops the slot (it stops holding WAL); returns whether it existed.
     pub async fn drop_logical_slot(&self, slot: &str) -> Result<bool> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(DROP_SLOT).await?;
         Ok(!client.query(&stmt, &[&slot]).await?.is_empty())
     }

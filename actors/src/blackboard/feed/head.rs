@@ -3,7 +3,7 @@
 //! of reading the whole kept feed first.
 
 use super::events::{parse_xid, EventPosition};
-use super::Blackboard;
+use super::FeedBoard;
 use crate::error::Result;
 
 // The last deliverable event: written by a transaction older than every one in flight
@@ -11,17 +11,17 @@ use crate::error::Result;
 // a transaction at or above the horizon, so its position is above this one: a reader
 // starting here misses nothing committed after it looked. Walks the (xid, id) index
 // backwards, past the few entries of transactions in flight.
-pub(super) const FEED_HEAD: &str = "select e.xid::text, e.id from artex.task_transitions e
+pub(crate) const FEED_HEAD: &str = "select e.xid::text, e.id from artex.task_transitions e
     where e.xid < pg_snapshot_xmin(pg_current_snapshot())
     order by e.xid desc, e.id desc
     limit 1";
 
-impl Blackboard {
+impl FeedBoard {
     /// The position of the last event deliverable now (`None` when there is none): read
     /// it, then the state you follow, then follow the feed after it, and no change made
     /// after the state was read is missed.
     pub async fn feed_head(&self) -> Result<Option<EventPosition>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(FEED_HEAD).await?;
         let Some(row) = client.query_opt(&stmt, &[]).await? else {
             return Ok(None);

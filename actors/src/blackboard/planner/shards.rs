@@ -9,7 +9,8 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Blackboard, InTransaction};
+use super::PlannerBoard;
+use crate::blackboard::InTransaction;
 use crate::error::{Error, Result};
 
 /// The shard count of `--shards auto` when the blackboard has none yet: enough for 16
@@ -175,7 +176,7 @@ const TAKE: &str = "with free as materialized (
 const RESIGN: &str = "with gone as (delete from artex.planners where id = $1)
     update artex.planner_shards set owner = null, lease_until = null where owner = $1";
 
-impl Blackboard {
+impl PlannerBoard {
     /// Agrees on the planner shard count for planner `me` wishing `wanted` (`None`: the
     /// one there is); see [`agree_count`]. Creates or rebuilds the shards when the rule
     /// says so. Returns the count.
@@ -185,7 +186,7 @@ impl Blackboard {
         wanted: Option<i32>,
         now: Option<DateTime<Utc>>,
     ) -> Result<i32> {
-        let client = InTransaction::new(self.client().await?);
+        let client = InTransaction::new(self.bb.client().await?);
         client.batch_execute("begin").await?;
         client.batch_execute(LOCK_SHARDS).await?;
         let stmt = client.prepare_cached(SHARD_COUNT).await?;
@@ -233,7 +234,7 @@ impl Blackboard {
         lease_secs: f64,
         now: Option<DateTime<Utc>>,
     ) -> Result<ShardBoard> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(CHECK_IN).await?;
         client
             .execute(&stmt, &[&me, &count, &lease_secs, &now])
@@ -268,7 +269,7 @@ impl Blackboard {
             return Ok(Vec::new());
         }
         let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RENEW).await?;
         let rows = client
             .query(&stmt, &[&me, &shards, &epochs, &now, &lease_secs])
@@ -284,7 +285,7 @@ impl Blackboard {
             return Ok(Vec::new());
         }
         let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RELEASE).await?;
         let rows = client.query(&stmt, &[&me, &shards, &epochs]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
@@ -301,7 +302,7 @@ impl Blackboard {
         if shards.is_empty() {
             return Ok(Vec::new());
         }
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(TAKE).await?;
         let rows = client
             .query(&stmt, &[&me, &shards, &now, &lease_secs])
@@ -323,7 +324,7 @@ impl Blackboard {
     /// Planner `me` stops: gives back every shard it owns and leaves the live planners.
     /// Answers with how many shards it gave back.
     pub async fn resign_shards(&self, me: &str) -> Result<u64> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RESIGN).await?;
         Ok(client.execute(&stmt, &[&me]).await?)
     }

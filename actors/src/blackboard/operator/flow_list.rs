@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::flows::FlowState;
-use super::{Blackboard, TaskStatus};
+use super::OperatorBoard;
+use crate::blackboard::flows::FlowState;
+use crate::blackboard::TaskStatus;
 use crate::error::{Error, Result};
 
 /// One flow of a page: what `flow show` says of it, without its tasks.
@@ -40,10 +41,10 @@ pub(super) const FLOWS_PAGE: &str = "with page as materialized (
             where t.flow_id = p.id group by 1) c), '{}')
     from page p order by p.id desc";
 
-impl Blackboard {
+impl OperatorBoard {
     /// At most `limit` flows with ids below `after` (all when `None`), newest first.
     pub async fn flows_page(&self, after: Option<Uuid>, limit: i64) -> Result<Vec<FlowSummary>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(FLOWS_PAGE).await?;
         let rows = client.query(&stmt, &[&after, &limit]).await?;
         rows.iter()

@@ -3,10 +3,10 @@
 //! skip locked`, then one compare-and-set update; the chosen workers are woken right
 //! after the commit, in the same round trip), and the reaper's sweeps.
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{Blackboard, InTransaction};
+use super::PlannerBoard;
+use crate::blackboard::InTransaction;
 use crate::error::Result;
 
 /// An online, live worker as the planner sees it.
@@ -72,19 +72,6 @@ impl AssignReport {
     pub fn more_may_fit(&self) -> bool {
         self.assigned > 0 && self.assigned as i64 >= self.limit && self.limit < self.free_capacity
     }
-}
-
-/// What one reaper sweep did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReapReport {
-    /// Workers newly marked `gone`.
-    pub workers_gone: Vec<String>,
-    /// Tasks taken back from expired leases or gone workers, now pending again.
-    pub requeued: usize,
-    /// Tasks that ran out of retries and ended (`timeout`).
-    pub ended: usize,
-    /// Rows of workers gone long ago that were deleted.
-    pub workers_pruned: u64,
 }
 
 // The roster is a read of the workers table: what a worker holds is kept by the
@@ -194,52 +181,6 @@ const WAKE: &str = "with held as materialized (
     select count(distinct w.id), count(pg_notify(w.channel, notes.payload))
     from notes join artex.workers w on w.id = notes.worker";
 
-// Takes back held tasks whose lease ran out. Running tasks count a failed attempt (and
-// end as `timeout` past their budget); assigned tasks never started, so they go back
-// without one. A worker declared gone keeps its tasks until their leases run out all
-// the same: gone may mean cut off, not dead, and a cut-off worker stops its handlers
-// only just before its leases end (it fences itself); taking a task back earlier would
-// run it in two places at once.
-const RECLAIM: &str = "with stale as materialized (
-        select id from artex.tasks
-        where status in ('assigned', 'running')
-          and lease_until < coalesce($1::timestamptz, now())
-        order by lease_until
-        limit $3
-        for update skip locked
-    )
-    update artex.tasks t
-    set status = case when t.status = 'running' and t.retries + 1 > t.max_retries
-                      then 'timeout'::artex.task_status else 'pending' end,
-        retries = t.retries + (t.status = 'running')::int,
-        run_at = coalesce($1::timestamptz, now())
-                 + artex.retry_delay(t.retries, $5::float8, $6::float8),
-        error = case when t.status = 'running'
-                     then 'lease lost by worker ' || t.assigned_to else t.error end
-    from artex.set_context($4, case when cardinality($2::text[]) > 0
-                               then 'worker gone or lease expired' else 'lease expired' end) ctx,
-         stale
-    where ctx and t.id = stale.id
-    returning t.status::text";
-
-// Worker rows are locked in id order, as assignments lock them.
-const MARK_GONE: &str = "with silent as materialized (
-        select id from artex.workers
-        where state <> 'gone'
-          and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
-        order by id
-        for update
-    )
-    update artex.workers w set state = 'gone'
-    from silent where w.id = silent.id
-    returning w.id";
-
-const PRUNE_WORKERS: &str = "delete from artex.workers
-    where state = 'gone'
-      and last_seen < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
-      and not exists (select 1 from artex.tasks t
-                      where t.assigned_to = workers.id and t.status in ('assigned', 'running'))";
-
 /// Rolls back a round whose read failed; the connection goes back to the pool only if
 /// the rollback went through. Returns the read's error.
 async fn abandon(client: InTransaction, e: tokio_postgres::Error) -> crate::Error {
@@ -311,32 +252,7 @@ where
     Ok(report)
 }
 
-/// Limits of one reaper sweep.
-#[derive(Debug, Clone)]
-pub struct ReapParams {
-    /// "Now" for the sweep (tests move the clock); the database's clock when `None`.
-    pub now: Option<DateTime<Utc>>,
-    /// A worker silent for longer is gone.
-    pub worker_timeout_secs: f64,
-    /// Rows of gone workers older than this are deleted.
-    pub prune_after_secs: f64,
-    /// At most this many tasks taken back per sweep.
-    pub batch: i64,
-    /// Retry backoff base and cap, milliseconds.
-    pub retry_base_ms: f64,
-    /// Cap of the backoff.
-    pub retry_cap_ms: f64,
-    /// Whether to judge liveness in this sweep: mark silent workers gone and take back
-    /// expired leases. A reaper that could not see the database lately must not count
-    /// its own blindness as the workers' silence (see `reaper::Sight`): it passes `false`
-    /// until it has seen them long enough again.
-    pub judge_liveness: bool,
-    /// A pending task bound to a host whose workers are all gone and silent this long
-    /// fails: its file is on that host only (see `upload_guard`).
-    pub upload_host_deadline_secs: f64,
-}
-
-impl Blackboard {
+impl PlannerBoard {
     /// One planner round whose roster rides with its claim (one statement, one round
     /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
     /// hold, locks up to `batch` runnable tasks of the kinds the ones with a free slot
@@ -355,7 +271,7 @@ impl Blackboard {
     where
         F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
     {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let read = client.prepare_cached(DISPATCH).await?;
         let client = InTransaction::new(client);
         let (begun, rows) = futures_util::future::join(
@@ -392,60 +308,6 @@ impl Blackboard {
             assign_and_wake(client, actor, lease_secs, &claimed, |c| plan(c, &roster)).await?;
         report.free_capacity = free;
         report.limit = free.min(batch);
-        Ok(report)
-    }
-
-    /// One reaper sweep: mark silent workers gone, take back their tasks and every task
-    /// whose lease expired, and delete rows of workers gone long ago.
-    pub async fn reap(&self, actor: &str, p: &ReapParams) -> Result<ReapReport> {
-        if p.batch < 1 {
-            return Err(crate::Error::Invalid(format!(
-                "reap batch: {}; expected at least 1",
-                p.batch
-            )));
-        }
-        let client = self.client().await?;
-        let mut report = ReapReport::default();
-        let stmt = client.prepare_cached(PRUNE_WORKERS).await?;
-        report.workers_pruned = client
-            .execute(&stmt, &[&p.now, &p.prune_after_secs])
-            .await?;
-        if !p.judge_liveness {
-            return Ok(report);
-        }
-        let stmt = client.prepare_cached(MARK_GONE).await?;
-        for row in client
-            .query(&stmt, &[&p.now, &p.worker_timeout_secs])
-            .await?
-        {
-            report.workers_gone.push(row.try_get(0)?);
-        }
-        let stmt = client.prepare_cached(RECLAIM).await?;
-        loop {
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &p.now,
-                        &report.workers_gone,
-                        &p.batch,
-                        &actor,
-                        &p.retry_base_ms,
-                        &p.retry_cap_ms,
-                    ],
-                )
-                .await?;
-            for r in &rows {
-                if r.try_get::<_, String>(0)? == "pending" {
-                    report.requeued += 1;
-                } else {
-                    report.ended += 1;
-                }
-            }
-            if (rows.len() as i64) < p.batch {
-                break;
-            }
-        }
         Ok(report)
     }
 }

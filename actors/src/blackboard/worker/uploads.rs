@@ -4,12 +4,11 @@
 //! the worker's sweeper needs to delete files whose task ended, and the reaper's failing
 //! of tasks whose file's host is gone for good. See migrations/V9__uploads.sql and V11__stranded_uploads.sql.
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::tasks::NewTask;
-use super::Blackboard;
+use super::WorkerBoard;
+use crate::blackboard::tasks::NewTask;
 use crate::error::{Error, Result};
 
 /// A whole, checked file on a worker's disk, about to be recorded.
@@ -33,17 +32,6 @@ pub struct NewUpload {
     pub shared: bool,
     /// The flow its task joins, as a root task named `upload:<id>`.
     pub flow: Option<Uuid>,
-}
-
-/// A task failed because the only host holding its file is gone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StrandedTask {
-    /// The task.
-    pub id: Uuid,
-    /// The host it was bound to.
-    pub host: String,
-    /// The error it failed with.
-    pub error: String,
 }
 
 /// An upload as recorded.
@@ -161,42 +149,7 @@ const FLOW_OPEN: &str = "select exists (select 1 from artex.flows where id = $1)
         exists (select 1 from artex.tasks where flow_id = $1
                 and status not in ('succeeded', 'failed', 'timeout', 'canceled'))";
 
-// Pending tasks bound to a host none of whose workers is live, nor was heard from within
-// $3 seconds of $4 (the database's clock when null): the file they name lies on that
-// host's disk only, so they can never run, and fail with the reason (migrations/V11).
-// A worker marked gone is the reaper's judgement, made only with its eyes open; the
-// deadline on top lets a host come back from a reboot first. `skip locked`: two
-// planners' reapers never fight, and a task an assigner holds waits for the next sweep.
-// The partial index `tasks_pending_by_host` finds the few rows bound to a host.
-const FAIL_STRANDED: &str = "with stranded as (
-        select t.id,
-               (select max(w.last_seen) from artex.workers w where w.host = t.host) as seen
-        from artex.tasks t
-        where t.status = 'pending' and t.host is not null
-          and not exists (
-              select 1 from artex.workers w
-              where w.host = t.host
-                and (w.state <> 'gone'
-                     or w.last_seen > coalesce($4, now()) - make_interval(secs => $3)))
-        order by t.id
-        limit $5
-        for update of t skip locked
-    )
-    update artex.tasks t
-    set status = 'failed',
-        error = format('%s is on host %s, %s; no other worker can read it (uploads on '
-                       'storage the whole fleet sees: run the workers with --upload-shared)',
-                       coalesce('upload ' || (t.payload->'upload'->>'id'), 'its file'),
-                       t.host,
-                       coalesce('gone since '
-                                || to_char(s.seen at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS')
-                                || ' UTC',
-                                'gone (none of its workers is on record)'))
-    from stranded s, artex.set_context($1, $2) ctx
-    where t.id = s.id and ctx and t.status = 'pending'
-    returning t.id, t.host, t.error";
-
-impl Blackboard {
+impl WorkerBoard {
     /// Records `upload` and submits `task` naming it, in one transaction: exactly once per
     /// upload id. Returns the task's id and whether this call wrote it.
     pub async fn record_upload(
@@ -206,7 +159,7 @@ impl Blackboard {
         actor: &str,
     ) -> Result<(Uuid, bool)> {
         task.validate()?;
-        let mut client = self.client().await?;
+        let mut client = self.bb.client().await?;
         let tx = client.transaction().await?;
         if let Some(flow) = upload.flow {
             let lock = tx.prepare_cached(LOCK_FLOW).await?;
@@ -251,7 +204,7 @@ impl Blackboard {
 
     /// The upload `id`, if recorded.
     pub async fn upload(&self, id: Uuid) -> Result<Option<UploadRow>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(UPLOAD).await?;
         let Some(r) = client.query_opt(&stmt, &[&id]).await? else {
             return Ok(None);
@@ -276,7 +229,7 @@ impl Blackboard {
         folder: &str,
         keep_secs: f64,
     ) -> Result<Vec<(Uuid, String)>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(ENDED).await?;
         client
             .query(&stmt, &[&host, &keep_secs, &folder])
@@ -288,49 +241,14 @@ impl Blackboard {
 
     /// Marks these uploads' files deleted.
     pub async fn mark_uploads_deleted(&self, ids: &[Uuid]) -> Result<u64> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(MARK_DELETED).await?;
         Ok(client.execute(&stmt, &[&ids]).await?)
     }
 
-    /// Fails (at most `batch`) pending tasks bound to a host whose workers are all gone
-    /// and silent for `deadline_secs` (at `now`, or the database's clock): nothing but
-    /// that host can read their file. Returns them.
-    pub async fn fail_stranded(
-        &self,
-        actor: &str,
-        deadline_secs: f64,
-        now: Option<DateTime<Utc>>,
-        batch: i64,
-    ) -> Result<Vec<StrandedTask>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(FAIL_STRANDED).await?;
-        client
-            .query(
-                &stmt,
-                &[
-                    &actor,
-                    &"its upload's host is gone past the deadline",
-                    &deadline_secs,
-                    &now,
-                    &batch,
-                ],
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(StrandedTask {
-                    id: r.try_get(0)?,
-                    host: r.try_get(1)?,
-                    error: r.try_get(2)?,
-                })
-            })
-            .collect()
-    }
-
     /// Whether flow `id` is unfinished (`Some(true)`), ended (`Some(false)`) or unknown.
     pub async fn flow_open(&self, id: Uuid) -> Result<Option<bool>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(FLOW_OPEN).await?;
         let r = client.query_one(&stmt, &[&id]).await?;
         let (exists, open): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
@@ -339,7 +257,7 @@ impl Blackboard {
 
     /// Which of `ids` are recorded (complete or deleted).
     pub async fn uploads_known(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(KNOWN).await?;
         client
             .query(&stmt, &[&ids])

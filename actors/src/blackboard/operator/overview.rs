@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Blackboard, TaskStatus, WorkerState};
+use super::OperatorBoard;
+use crate::blackboard::{TaskStatus, WorkerState};
 use crate::error::Result;
 
 /// A worker as the blackboard knows it.
@@ -138,8 +139,6 @@ const WORKERS: &str = "select id, host, pid, version, binary_sha256, http_addr, 
         kinds, capacity, held, inflight, started_at, last_seen
     from artex.workers order by id limit $1";
 
-const SET_BINARY: &str = "update artex.workers set binary_sha256 = $2 where id = $1";
-
 /// Per status, at most `$1` entries of `tasks_status_id` each: one capped subquery per
 /// status, each naming its status, so that each is planned as a walk of that status's
 /// entries (a plan made for any status would walk the primary key, filtering, which for
@@ -202,10 +201,10 @@ const BACKLOG: &str = "select coalesce($1::timestamptz, now()),
          where status = 'pending' and run_at <= coalesce($1::timestamptz, now())
          order by id limit 1)";
 
-impl Blackboard {
+impl OperatorBoard {
     /// At most `limit` workers, by id.
     pub async fn workers(&self, limit: i64) -> Result<Vec<WorkerView>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(WORKERS).await?;
         let rows = client.query(&stmt, &[&limit]).await?;
         rows.iter()
@@ -229,21 +228,13 @@ impl Blackboard {
             .collect()
     }
 
-    /// Records the sha256 (64 lowercase hex digits) of the binary worker `id` runs.
-    pub async fn set_worker_binary(&self, id: &str, sha256: &str) -> Result {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(SET_BINARY).await?;
-        client.execute(&stmt, &[&id, &sha256]).await?;
-        Ok(())
-    }
-
     /// Tasks by status (capped), and what the tasks finished in the last
     /// `window_minutes` before `now` (the database's clock by default) say.
     pub async fn stats(&self, window_minutes: u32, now: Option<DateTime<Utc>>) -> Result<Stats> {
         self.stats_sampled(window_minutes, now, RECENT_SAMPLE).await
     }
 
-    /// As [`Blackboard::stats`], reading at most `sample` (1 to [`RECENT_SAMPLE`]) recently
+    /// As [`OperatorBoard::stats`], reading at most `sample` (1 to [`RECENT_SAMPLE`]) recently
     /// finished tasks: the cost of the recent figures is linear in it (at 1,000,000 tasks
     /// a sample of 20,000 costs a fifth of the default's), which a page refreshed at every
     /// event cares about.
@@ -254,7 +245,7 @@ impl Blackboard {
         sample: i64,
     ) -> Result<Stats> {
         let sample = sample.clamp(1, RECENT_SAMPLE);
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(&status_counts_sql()).await?;
         let mut by_status = BTreeMap::new();
         let mut capped = Vec::new();
@@ -317,12 +308,12 @@ impl Blackboard {
     }
 }
 
-impl Blackboard {
+impl OperatorBoard {
     /// PostgreSQL's plans for the other listings the HTTP API makes (the roster, the
     /// statistics, a flow's tasks, a task's history), by name, one line per node: the
     /// tests show each walks an index.
     pub async fn explain_overview(&self) -> Result<Vec<(&'static str, Vec<String>)>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let id = uuid::Uuid::nil();
         let limit = 1001i64;
         let window = 900.0f64;
@@ -335,7 +326,7 @@ impl Blackboard {
             Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
         ); 9] = [
             ("stats: backlog", BACKLOG, vec![&none]),
-            ("events: head", super::feed_head::FEED_HEAD, vec![]),
+            ("events: head", crate::blackboard::feed::FEED_HEAD, vec![]),
             ("flows", super::flow_list::FLOWS_PAGE, vec![&no_id, &limit]),
             ("workers", WORKERS, vec![&limit]),
             ("stats: by status", &by_status, vec![&STATUS_COUNT_CAP]),
@@ -346,7 +337,11 @@ impl Blackboard {
             ),
             ("flow", super::flows::FLOW, vec![&id]),
             ("flow: tasks", super::flows::FLOW_TASKS, vec![&id]),
-            ("task: transitions", super::tasks::TRANSITIONS, vec![&id]),
+            (
+                "task: transitions",
+                crate::blackboard::tasks::TRANSITIONS,
+                vec![&id],
+            ),
         ];
         let mut plans = Vec::new();
         for (name, sql, params) in reads {

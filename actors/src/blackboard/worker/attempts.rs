@@ -1,98 +1,17 @@
-//! A worker's SQL: register and heartbeat (its [`WorkerState`]), read what was assigned
-//! to it, record starts and outcomes in batches (a start after the fact, or together with the outcome: see
-//! migrations/V3__batched_hot_path.sql), renew leases, save checkpoints,
-//! release what it will not run. Every write to a task names the lease epoch the worker
-//! holds: a worker that lost its lease changes nothing.
+//! A worker's hot path: read what was assigned to it, record starts and outcomes in
+//! batches (a start after the fact, or together with the outcome: see
+//! migrations/V3__batched_hot_path.sql), renew leases, save checkpoints, release what it
+//! will not run, and read a flow task's upstream results. Every write to a task names the
+//! lease epoch the worker holds: a worker that lost its lease changes nothing.
 
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
 use uuid::Uuid;
 
-use super::carried::ReadSnapshot;
-use super::{Blackboard, EVENTS_CHANNEL, TASKS_CHANNEL};
+use super::WorkerBoard;
+use crate::blackboard::carried::ReadSnapshot;
+use crate::blackboard::{EVENTS_CHANNEL, TASKS_CHANNEL};
 use crate::error::{Error, Result};
-
-/// A worker's state in the roster, mirroring the `artex.worker_state` enum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkerState {
-    /// Takes work: the planner assigns to it.
-    Online,
-    /// Finishing what it runs and taking nothing new (graceful stop).
-    Draining,
-    /// Handing its work over to a new process (hot upgrade).
-    Upgrading,
-    /// Stopped, or declared gone by the reaper (its tasks were taken back).
-    Gone,
-}
-
-impl WorkerState {
-    /// Every state, in the order of the enum.
-    pub const ALL: [WorkerState; 4] = [
-        WorkerState::Online,
-        WorkerState::Draining,
-        WorkerState::Upgrading,
-        WorkerState::Gone,
-    ];
-
-    /// The name used in the database and in `/status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Online => "online",
-            WorkerState::Draining => "draining",
-            WorkerState::Upgrading => "upgrading",
-            WorkerState::Gone => "gone",
-        }
-    }
-}
-
-impl std::fmt::Display for WorkerState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for WorkerState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        WorkerState::ALL
-            .into_iter()
-            .find(|w| w.as_str() == s)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "unknown worker state '{s}'; expected one of: {}",
-                    WorkerState::ALL.map(|w| w.as_str()).join(", ")
-                ))
-            })
-    }
-}
-
-/// How a worker introduces itself.
-#[derive(Debug, Clone)]
-pub struct Registration {
-    /// Unique per process: `host:pid:suffix`.
-    pub id: String,
-    /// Host name.
-    pub host: String,
-    /// Process id.
-    pub pid: i32,
-    /// Its build version.
-    pub version: String,
-    /// Where its HTTP server listens.
-    pub http_addr: Option<String>,
-    /// The NOTIFY channel it listens on for assignments.
-    pub channel: String,
-    /// The kinds it runs.
-    pub kinds: Vec<String>,
-    /// How many tasks it runs at once.
-    pub capacity: i32,
-    /// The `application_name` of its LISTEN session: while no backend with that name
-    /// exists (the process died, its host is cut off) planners give it nothing. `None`
-    /// for a worker without a session (a tool, a simulation).
-    pub session: Option<String>,
-    /// The lease it renews, milliseconds: assignments to it get the same. `None`: the
-    /// planner's `--assign-lease-ms`.
-    pub lease_ms: Option<i32>,
-}
 
 /// A task assigned to a worker, as the worker reads it (or takes it over in a hot
 /// upgrade): with what its handler needs, and the epoch to name in every write.
@@ -241,39 +160,6 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
     })
 }
 
-// Registering adds capacity: wake the planners.
-const REGISTER: &str = "with r as (insert into artex.workers
-        (id, host, pid, version, http_addr, channel, kinds, capacity, session, lease_ms,
-         state, last_seen)
-    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'online', now())
-    on conflict (id) do update set
-        version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
-        kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
-        lease_ms = excluded.lease_ms,
-        state = 'online', last_seen = now()
-    returning 1)
-    select pg_notify('artex_tasks', '') from r";
-
-// A heartbeat also writes the worker's capacity ($3), which moves with its local queue's
-// depth; when it grows, the planners are woken: there are free slots to fill. It refreshes
-// `held`, shown in the workers' list, from the two counters the planners read (see
-// migrations/V12__held_released_apart.sql).
-const HEARTBEAT: &str = "with before as (select capacity from artex.workers where id = $1),
-    beat as (
-        update artex.workers w set last_seen = now(), inflight = $2, capacity = $3,
-            held = least(greatest(w.taken - coalesce(
-                (select r.released from artex.worker_released r where r.worker = w.id), 0),
-                0), 2147483647)::int4
-        where id = $1
-        returning state::text
-    )
-    select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end
-    from beat, before";
-
-const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
-        last_seen = now()
-    where id = $1";
-
 // What the worker holds and has not read yet is what it reads: no write, no lock (the
 // tasks are its own, fenced by their epoch). It reads up to its capacity in start order
 // and skips the ones it already has.
@@ -367,86 +253,16 @@ const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
     where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($3::uuid[])
     returning t.id";
 
-impl Blackboard {
-    /// Inserts or revives the worker's row as [`WorkerState::Online`].
-    pub async fn register_worker(&self, r: &Registration) -> Result {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(REGISTER).await?;
-        client
-            .execute(
-                &stmt,
-                &[
-                    &r.id,
-                    &r.host,
-                    &r.pid,
-                    &r.version,
-                    &r.http_addr,
-                    &r.channel,
-                    &r.kinds,
-                    &r.capacity,
-                    &r.session,
-                    &r.lease_ms,
-                ],
-            )
-            .await?;
-        Ok(())
-    }
+const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
+    from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
+    where d.task_id = $1 and u.status = 'succeeded'";
 
-    /// Refreshes `last_seen` and sets the worker's `capacity` (without waiting for the
-    /// WAL flush; a grown capacity wakes the planners); returns the state the row holds —
-    /// [`WorkerState::Gone`] means the reaper gave this worker up and took its tasks
-    /// back — or `None` if the row was deleted. A capacity below what the worker holds
-    /// is fine: it is assigned nothing until it holds less.
-    pub async fn heartbeat(
-        &self,
-        worker: &str,
-        inflight: i32,
-        capacity: i32,
-    ) -> Result<Option<WorkerState>> {
-        let client = self.relaxed_client().await?;
-        let stmt = client.prepare_cached(HEARTBEAT).await?;
-        client
-            .query_opt(&stmt, &[&worker, &inflight, &capacity.max(1)])
-            .await?
-            .map(|r| r.try_get::<_, &str>(0)?.parse())
-            .transpose()
-    }
-
-    /// Sets the worker's state.
-    pub async fn set_worker_state(&self, worker: &str, state: WorkerState) -> Result {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(SET_STATE).await?;
-        client.execute(&stmt, &[&worker, &state.as_str()]).await?;
-        Ok(())
-    }
-
-    /// Up to `limit` tasks assigned to `worker` and not started, in start order. A read:
-    /// the handler may start at once, its start is recorded with [`Blackboard::record`].
-    pub async fn fetch_assigned(&self, worker: &str, limit: i64) -> Result<Vec<AssignedTask>> {
-        self.fetch_assigned_within(worker, limit, i64::MAX, true)
-            .await
-    }
-
-    /// Like [`Blackboard::fetch_assigned`], reading only as many as fit in `max_bytes` of
-    /// payload (JSON text), in order; with `holds_nothing`, the first one comes even if
-    /// it alone is larger.
-    pub async fn fetch_assigned_within(
-        &self,
-        worker: &str,
-        limit: i64,
-        max_bytes: i64,
-        holds_nothing: bool,
-    ) -> Result<Vec<AssignedTask>> {
-        Ok(self
-            .read_assigned(worker, limit, max_bytes, holds_nothing)
-            .await?
-            .map(|r| r.tasks)
-            .unwrap_or_default())
-    }
-
-    /// [`Blackboard::fetch_assigned_within`], with the snapshot the read saw and the
-    /// database's clock while it ran (what a worker needs to take the tasks its wake-ups
-    /// carry: see [`carried`](super::carried)). `None` when there is nothing to read.
+impl WorkerBoard {
+    /// Up to `limit` tasks assigned to `worker` and not started, in start order, as many as
+    /// fit in `max_bytes` of payload (JSON text; with `holds_nothing`, the first one comes
+    /// even if it alone is larger), with the snapshot the read saw and the database's clock
+    /// while it ran (what a worker needs to take the tasks its wake-ups
+    /// carry: see [`carried`](crate::blackboard::carried)). `None` when there is nothing to read.
     pub async fn read_assigned(
         &self,
         worker: &str,
@@ -457,7 +273,7 @@ impl Blackboard {
         if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
             return Ok(None);
         }
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(FETCH).await?;
         let rows = client
             .query(&stmt, &[&worker, &limit, &max_bytes, &holds_nothing])
@@ -502,7 +318,7 @@ impl Blackboard {
             delays.push(delay as f64);
             started_ago.push(c.started_ago_ms);
         }
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RECORD).await?;
         let rows = client
             .query(
@@ -521,7 +337,7 @@ impl Blackboard {
             )
             .await?;
         if !rows.is_empty() {
-            self.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
+            self.bb.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
         }
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
@@ -541,7 +357,7 @@ impl Blackboard {
         }
         let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
         let epochs: Vec<i64> = held.iter().map(|h| h.1).collect();
-        let client = self.relaxed_client().await?;
+        let client = self.bb.relaxed_client().await?;
         let stmt = client.prepare_cached(RENEW).await?;
         let rows = client
             .query(&stmt, &[&worker, &lease_secs, &ids, &epochs])
@@ -558,7 +374,7 @@ impl Blackboard {
         epoch: i64,
         checkpoint: &serde_json::Value,
     ) -> Result<bool> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(CHECKPOINT).await?;
         Ok(client
             .query_opt(&stmt, &[&id, &epoch, checkpoint])
@@ -574,35 +390,31 @@ impl Blackboard {
         reason: &str,
         running: &[Uuid],
     ) -> Result<Vec<Uuid>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RELEASE_ASSIGNED).await?;
         let rows = client.query(&stmt, &[&worker, &reason, &running]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::WorkerState;
-
-    #[test]
-    fn a_worker_state_reads_back_what_it_writes() {
-        for state in WorkerState::ALL {
-            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
-            assert_eq!(state.to_string(), state.as_str());
-            assert_eq!(
-                serde_json::to_value(state).unwrap(),
-                serde_json::Value::from(state.as_str())
-            );
-        }
-    }
-
-    #[test]
-    fn an_unknown_worker_state_is_refused_with_the_ones_expected() {
-        let e = "Online".parse::<WorkerState>().unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "unknown worker state 'Online'; expected one of: online, draining, upgrading, gone"
-        );
+    /// The results of task `id`'s upstream tasks, by their names in the flow (empty for
+    /// a task without upstream tasks). Read when asked rather than copied into the
+    /// payload at promotion: the payload stays the user's input, a handler that needs no
+    /// upstream results pays nothing, and a wide fan-in does not copy every upstream
+    /// result into one row.
+    pub async fn upstream_results(&self, id: Uuid) -> Result<BTreeMap<String, serde_json::Value>> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(UPSTREAM_RESULTS).await?;
+        client
+            .query(&stmt, &[&id])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<_, Option<String>>(0)?.unwrap_or_default(),
+                    r.try_get::<_, Option<serde_json::Value>>(1)?
+                        .unwrap_or(serde_json::Value::Null),
+                ))
+            })
+            .collect()
     }
 }

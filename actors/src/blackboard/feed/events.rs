@@ -13,13 +13,12 @@
 //! from before V10 that the outbox no longer had (`xid = 1`). See migrations/V2__flows.sql
 //! and V10__one_history.sql.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Blackboard, TaskStatus};
+use super::FeedBoard;
+use crate::blackboard::TaskStatus;
 use crate::error::{Error, Result};
 
 /// The NOTIFY channel on which new events are announced (a wake-up hint only).
@@ -159,25 +158,7 @@ const RETENTION: &str = "select extract(epoch from keep)::float8, pruned_xid::te
         pruned_at
     from artex.event_retention";
 
-const SET_RETENTION: &str = "update artex.event_retention
-    set keep = make_interval(secs => $1::float8)";
-
-// The partitions of history up to three slices ahead of `$1` (V10's function: it moves
-// rows the default partition caught, and takes an advisory lock so planners never race).
-const MAKE_PARTITIONS: &str =
-    "select p from artex.make_history_partitions(coalesce($1::timestamptz, now()), null) p";
-
-// Whole partitions past the retention, oldest first, unless a live consumer still needs
-// them (for up to one more retention); raises `pruned_*` past each.
-const DROP_PARTITIONS: &str =
-    "select p from artex.drop_history_partitions(coalesce($1::timestamptz, now())) p";
-
-// Finished tasks past the retention that no unfinished flow needs, oldest first, at most
-// `$2` (and flows left empty).
-const PRUNE_TASKS: &str =
-    "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
-
-pub(super) fn parse_xid(s: &str) -> Result<u64> {
+pub(crate) fn parse_xid(s: &str) -> Result<u64> {
     s.parse()
         .map_err(|_| Error::Invalid(format!("unexpected transaction id '{s}' from the database")))
 }
@@ -201,10 +182,10 @@ fn event_from_row(r: &tokio_postgres::Row) -> Result<TaskEvent> {
     })
 }
 
-impl Blackboard {
+impl FeedBoard {
     /// Up to `limit` deliverable events after `after`, in feed order.
     pub async fn events_after(&self, after: EventPosition, limit: i64) -> Result<EventBatch> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(READ).await?;
         let xid = after.xid.to_string();
         let rows = client.query(&stmt, &[&xid, &after.id, &limit]).await?;
@@ -227,7 +208,7 @@ impl Blackboard {
 
     /// A consumer's cursor, if it ever acknowledged anything.
     pub async fn consumer_cursor(&self, consumer: &str) -> Result<Option<ConsumerCursor>> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(CURSOR).await?;
         client
             .query_opt(&stmt, &[&consumer])
@@ -251,7 +232,7 @@ impl Blackboard {
         if consumer.is_empty() {
             return Err(Error::Invalid("consumer: must not be empty".into()));
         }
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(ACK).await?;
         let xid = position.xid.to_string();
         client
@@ -262,14 +243,14 @@ impl Blackboard {
 
     /// Deletes a consumer's cursor; returns whether it existed.
     pub async fn forget_consumer(&self, consumer: &str) -> Result<bool> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(FORGET).await?;
         Ok(client.execute(&stmt, &[&consumer]).await? > 0)
     }
 
     /// The retention setting and how far pruning went.
     pub async fn event_retention(&self) -> Result<Retention> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(RETENTION).await?;
         let r = client.query_one(&stmt, &[]).await?;
         Ok(Retention {
@@ -280,45 +261,5 @@ impl Blackboard {
             },
             pruned_at: r.try_get(3)?,
         })
-    }
-
-    /// Sets how long history (the feed's events, finished tasks) is kept, and how long
-    /// a silent consumer counts as live.
-    pub async fn set_event_retention(&self, keep: Duration) -> Result {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(SET_RETENTION).await?;
-        client.execute(&stmt, &[&keep.as_secs_f64()]).await?;
-        Ok(())
-    }
-
-    /// Makes the history's partitions up to three slices ahead of `now` (the database's
-    /// clock by default); returns the partitions made.
-    pub async fn make_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(MAKE_PARTITIONS).await?;
-        let rows = client.query(&stmt, &[&now]).await?;
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-    }
-
-    /// Drops the history's partitions past the retention (V10's `drop_history_partitions`);
-    /// returns the partitions dropped.
-    pub async fn drop_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(DROP_PARTITIONS).await?;
-        let rows = client.query(&stmt, &[&now]).await?;
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-    }
-
-    /// Deletes up to `batch` finished tasks past the retention that no unfinished flow
-    /// needs; returns how many.
-    pub async fn prune_finished_tasks(
-        &self,
-        now: Option<DateTime<Utc>>,
-        batch: i32,
-    ) -> Result<u64> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(PRUNE_TASKS).await?;
-        let n: i64 = client.query_one(&stmt, &[&now, &batch]).await?.try_get(0)?;
-        Ok(n as u64)
     }
 }

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use super::events::{EventBatch, EventPosition, EVENTS_CHANNEL};
-use super::{Blackboard, Listener};
+use super::FeedBoard;
+use crate::blackboard::Listener;
 use crate::error::{Error, Result};
 
 /// While events are held back behind an older transaction still in flight, how soon a
@@ -51,7 +52,7 @@ pub enum FeedStart {
 /// A reader of the feed: reads batches after its position, waits for more (NOTIFY, with
 /// a poll as the safety net), and acknowledges to a durable cursor when it has one.
 pub struct EventFeed {
-    bb: Blackboard,
+    bb: FeedBoard,
     consumer: Option<String>,
     position: EventPosition,
     wakeups: Wakeups,
@@ -75,7 +76,7 @@ impl EventFeed {
     /// moves it to the oldest kept event; a consumer seen for the first time starts
     /// there without complaint.
     pub async fn open(
-        bb: Blackboard,
+        bb: FeedBoard,
         start: FeedStart,
         accept_gap: bool,
         poll: Duration,
@@ -233,8 +234,8 @@ mod tests {
     use uuid::Uuid;
 
     use super::super::events::TaskEvent;
-    use super::super::TaskStatus;
     use super::*;
+    use crate::blackboard::TaskStatus;
 
     fn batch(events: usize, held_back: bool) -> EventBatch {
         let event = |i: usize| TaskEvent {

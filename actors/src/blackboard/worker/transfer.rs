@@ -2,8 +2,8 @@
 //! one held (fenced by the epoch each was held at, bumping it so the old one can write
 //! nothing more), and the tasks assigned to the old one and not started move over.
 
-use super::worker::{assigned_from_row, AssignedTask};
-use super::Blackboard;
+use super::attempts::{assigned_from_row, AssignedTask};
+use super::WorkerBoard;
 use crate::error::Result;
 use uuid::Uuid;
 
@@ -35,7 +35,7 @@ const MOVE_ASSIGNED: &str = "with moved as (
                       where w.id = $2 and exists (select 1 from moved))
     from moved";
 
-impl Blackboard {
+impl WorkerBoard {
     /// Takes over running tasks that worker `from` held at the given epochs; returns the
     /// ones taken, with their saved checkpoints (the blackboard's, which is the truth).
     pub async fn take_over(
@@ -50,7 +50,7 @@ impl Blackboard {
         }
         let ids: Vec<Uuid> = tasks.iter().map(|t| t.0).collect();
         let epochs: Vec<i64> = tasks.iter().map(|t| t.1).collect();
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(TAKE_OVER).await?;
         let rows = client
             .query(&stmt, &[&from, &to, &lease_secs, &ids, &epochs])
@@ -68,7 +68,7 @@ impl Blackboard {
         lease_secs: f64,
         running: &[Uuid],
     ) -> Result<i64> {
-        let client = self.client().await?;
+        let client = self.bb.client().await?;
         let stmt = client.prepare_cached(MOVE_ASSIGNED).await?;
         let row = client
             .query_one(&stmt, &[&from, &to, &lease_secs, &running])

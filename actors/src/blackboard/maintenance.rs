@@ -1,0 +1,145 @@
+//! Maintenance's statements: the schema (apply migrations, read and check what was
+//! applied), and keeping the history bounded (partitions made ahead and dropped past the
+//! retention, finished tasks pruned with them).
+//!
+//! [`MaintenanceBoard::migrate`] needs a **session**: it holds an advisory lock and lifts
+//! the statement timeout on a connection of its own, closed afterwards, so it runs against
+//! the server directly, never through a transaction pooler. Every other statement here is
+//! one transaction.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::migrate::{
+    applied_from, apply_all, check_range, needed, Applied, MigrationReport, SchemaMismatch,
+    SchemaStatus, CREATE_TABLE, LOCK_KEY, READ_APPLIED,
+};
+use super::Blackboard;
+use crate::error::Result;
+
+const SET_RETENTION: &str = "update artex.event_retention
+    set keep = make_interval(secs => $1::float8)";
+
+// The partitions of history up to three slices ahead of `$1` (V10's function: it moves
+// rows the default partition caught, and takes an advisory lock so planners never race).
+const MAKE_PARTITIONS: &str =
+    "select p from artex.make_history_partitions(coalesce($1::timestamptz, now()), null) p";
+
+// Whole partitions past the retention, oldest first, unless a live consumer still needs
+// them (for up to one more retention); raises `pruned_*` past each.
+const DROP_PARTITIONS: &str =
+    "select p from artex.drop_history_partitions(coalesce($1::timestamptz, now())) p";
+
+// Finished tasks past the retention that no unfinished flow needs, oldest first, at most
+// `$2` (and flows left empty).
+const PRUNE_TASKS: &str =
+    "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
+
+/// Maintenance's handle on the blackboard: see the [module](self).
+#[derive(Debug, Clone)]
+pub struct MaintenanceBoard {
+    pub(super) bb: Blackboard,
+}
+
+impl MaintenanceBoard {
+    /// Applies every migration not yet applied. Safe to call from several processes at once.
+    /// Refuses a database contracted beyond this build (and so applies nothing there), and
+    /// one whose applied migrations were edited.
+    pub async fn migrate(&self) -> Result<MigrationReport> {
+        // A connection of its own, closed afterwards: a migration (or the wait for another
+        // process's) may outlast the statement timeout, which is lifted for this session
+        // only and never handed back to the pool.
+        let mut client = deadpool_postgres::Object::take(self.bb.pool.get().await?);
+        client
+            .batch_execute(&format!(
+                "set statement_timeout = 0;
+                 create schema if not exists artex;
+                 {CREATE_TABLE}"
+            ))
+            .await
+            .or_else(|e| {
+                // Two processes racing on "create ... if not exists" can collide on the
+                // catalog; the loser retries below under the lock.
+                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
+        client
+            .execute("select pg_advisory_lock($1)", &[&LOCK_KEY])
+            .await?;
+        let result = apply_all(&mut client).await;
+        let unlock = client
+            .execute("select pg_advisory_unlock($1)", &[&LOCK_KEY])
+            .await;
+        let report = result?;
+        unlock?;
+        Ok(report)
+    }
+
+    /// The migrations the database applied, oldest first; `None` when it was never
+    /// migrated. Reads only.
+    pub async fn applied_migrations(&self) -> Result<Option<Vec<Applied>>> {
+        let client = self.bb.client().await?;
+        match client.query(READ_APPLIED, &[]).await {
+            Ok(rows) => Ok(Some(applied_from(&rows))),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Checks that this build runs against the database's schema (see [`check_range`]);
+    /// planners, workers and one-shot commands call it at start instead of migrating.
+    /// Reads only: a refused process leaves the database as it found it.
+    pub async fn check_schema(&self) -> Result<SchemaStatus> {
+        let applied = self
+            .applied_migrations()
+            .await?
+            .ok_or(SchemaMismatch::NoSchema)?;
+        Ok(check_range(&applied, &needed())?)
+    }
+
+    /// Sets how long history (the feed's events, finished tasks) is kept, and how long
+    /// a silent consumer counts as live.
+    pub async fn set_event_retention(&self, keep: Duration) -> Result {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(SET_RETENTION).await?;
+        client.execute(&stmt, &[&keep.as_secs_f64()]).await?;
+        Ok(())
+    }
+
+    /// Makes the history's partitions up to three slices ahead of `now` (the database's
+    /// clock by default); returns the partitions made.
+    pub async fn make_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(MAKE_PARTITIONS).await?;
+        let rows = client.query(&stmt, &[&now]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Drops the history's partitions past the retention (V10's `drop_history_partitions`);
+    /// returns the partitions dropped.
+    pub async fn drop_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(DROP_PARTITIONS).await?;
+        let rows = client.query(&stmt, &[&now]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Deletes up to `batch` finished tasks past the retention that no unfinished flow
+    /// needs; returns how many.
+    pub async fn prune_finished_tasks(
+        &self,
+        now: Option<DateTime<Utc>>,
+        batch: i32,
+    ) -> Result<u64> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(PRUNE_TASKS).await?;
+        let n: i64 = client.query_one(&stmt, &[&now, &batch]).await?.try_get(0)?;
+        Ok(n as u64)
+    }
+}

@@ -1,0 +1,27 @@
+//! An operator's statements, for the CLI, the HTTP API and the dashboard: submit tasks
+//! and flows (`tasks.rs`, `flows.rs`), read and list them (`flow_list.rs`), control them
+//! (pause, resume, cancel, retry), the roster and statistics (`overview.rs`), and the
+//! input limits and known kinds (`inputs.rs`).
+//!
+//! Every statement here is one transaction on a pooled connection; none needs a session.
+
+mod flow_list;
+mod flows;
+mod inputs;
+mod overview;
+mod tasks;
+
+pub use flow_list::FlowSummary;
+pub use overview::{
+    MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
+};
+pub use tasks::TaskFilter;
+
+use super::Blackboard;
+
+/// An operator's handle on the blackboard: only the statements of the CLI, the HTTP API
+/// and the dashboard. Made by [`Blackboard::operator`].
+#[derive(Debug, Clone)]
+pub struct OperatorBoard {
+    pub(super) bb: Blackboard,
+}

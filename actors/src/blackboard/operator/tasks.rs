@@ -1,0 +1,318 @@
+//! An operator's statements on tasks: submit them (one or a batch, in one statement),
+//! read one with its history, list pages of them by [`TaskFilter`] (keyset pagination,
+//! one index walk per page), retry one that ended without success.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::OperatorBoard;
+use crate::blackboard::tasks::{
+    preview_from_row, task_from_row, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow,
+    TASK_COLUMNS, TRANSITIONS,
+};
+use crate::error::{Error, Result};
+
+/// The columns of a preview: the task's columns with payload, result, error and
+/// checkpoint as their first `$1` characters and their size in bytes. Each JSON value is
+/// turned into text once, in the lateral subquery (`offset 0` keeps the planner from
+/// inlining it into both uses); that conversion is what a large value costs (~0.4 s per
+/// 100 MB), so with `$1 = 0` it is skipped and only whether each value is there is read.
+/// `left` and `octet_length` of a text column read only what they need.
+macro_rules! preview_select {
+    ($from:literal) => {
+        concat!(
+            "select t.id, t.kind, t.status::text,
+                    left(v.payload, $1), octet_length(v.payload), true,
+                    left(v.result, $1), octet_length(v.result), t.result is not null,
+                    left(t.error, $1), octet_length(t.error), t.error is not null,
+                    t.assigned_to, t.lease_until, t.lease_epoch, t.retries, t.max_retries,
+                    t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
+                    left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
+                    t.created_at, t.updated_at, t.started_at, t.finished_at
+             from ",
+            $from,
+            " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
+                                        case when $1 > 0 then t.result::text end as result,
+                                        case when $1 > 0 then t.checkpoint::text end
+                                            as checkpoint
+                                 offset 0) v"
+        )
+    };
+}
+
+/// Which tasks a page lists (`GET /api/v1/tasks`): every filter given must hold. Pages
+/// are newest first by id (ids artex creates are time-ordered UUIDv7s) and continue
+/// after the last id of the previous page: keyset pagination, one index walk per page
+/// however deep (migrations/V8__api_indexes.sql).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// In this status.
+    pub status: Option<TaskStatus>,
+    /// Of this kind.
+    pub kind: Option<String>,
+    /// Of this flow.
+    pub flow: Option<Uuid>,
+    /// Held (assigned or running) by this worker now.
+    pub worker: Option<String>,
+    /// With an id below this one: the last id of the previous page.
+    pub after: Option<Uuid>,
+    /// At most this many.
+    pub limit: i64,
+}
+
+impl TaskFilter {
+    /// The page's statement: the filters given (each an index's leading column), newest
+    /// first by id; `$1` is the cut (see [`TaskPreview`]). Only the page's rows are read
+    /// whole, after the page is chosen. One statement per set of filters given, so each
+    /// is planned for what it filters on (a `$n is null or …` test would let a generic
+    /// plan fall back to a scan of the whole table).
+    fn page_sql(&self) -> String {
+        let mut conds = Vec::new();
+        let mut n = 1;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        if self.status.is_some() {
+            conds.push(format!("status = ${}::text::artex.task_status", next()));
+        }
+        if self.kind.is_some() {
+            conds.push(format!("kind = ${}", next()));
+        }
+        if self.flow.is_some() {
+            conds.push(format!("flow_id = ${}", next()));
+        }
+        if self.worker.is_some() {
+            // Only held tasks have a holder: said outright, the partial index `tasks_held`
+            // serves.
+            conds.push(format!(
+                "assigned_to = ${} and status in ('assigned', 'running')",
+                next()
+            ));
+        }
+        if self.after.is_some() {
+            conds.push(format!("id < ${}", next()));
+        }
+        let limit = next();
+        let filter = if conds.is_empty() {
+            String::new()
+        } else {
+            format!(" where {}", conds.join(" and "))
+        };
+        let page = format!("(select * from artex.tasks{filter} order by id desc limit ${limit}) t");
+        format!(
+            "{} order by t.id desc",
+            preview_select!("{page}").replace("{page}", &page)
+        )
+    }
+
+    /// The page's parameters after the cut, in [`TaskFilter::page_sql`]'s order.
+    fn page_params<'a>(
+        &'a self,
+        status: &'a Option<&'static str>,
+    ) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        if let Some(s) = status {
+            params.push(s);
+        }
+        if let Some(k) = &self.kind {
+            params.push(k);
+        }
+        if let Some(f) = &self.flow {
+            params.push(f);
+        }
+        if let Some(w) = &self.worker {
+            params.push(w);
+        }
+        if let Some(a) = &self.after {
+            params.push(a);
+        }
+        params.push(&self.limit);
+        params
+    }
+}
+
+const SUBMIT: &str = "insert into artex.tasks
+        (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+    select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
+           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key
+    from artex.set_context($1, $2) ctx,
+         unnest($3::uuid[], $4::text[], $5::jsonb[], $6::int4[], $7::timestamptz[],
+                $8::int4[], $9::int4[], $10::text[])
+           as v(id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+    where ctx";
+
+/// One task, large values cut to `$1` characters.
+const TASK_PREVIEW: &str = concat!(preview_select!("artex.tasks t"), " where t.id = $2");
+
+// A retry is a new task: `failed`, `timeout` and `canceled` are terminal in the status
+// machine (`artex.transition_allowed`), so a finished task's history, finish time and
+// the flow cascades that followed it stay true. The copy carries the original's kind,
+// payload and settings, and its creation row in the audit trail names the original.
+const RETRY: &str = "insert into artex.tasks
+        (id, kind, payload, priority, max_retries, timeout_ms, shard_key)
+    select $3, o.kind, o.payload, o.priority, o.max_retries, o.timeout_ms, o.shard_key
+    from artex.set_context($1, $2) ctx, artex.tasks o
+    where ctx and o.id = $4 and o.status in ('failed', 'timeout', 'canceled')
+      and o.flow_id is null
+    returning id";
+
+const RETRY_REFUSED: &str = "select status::text, flow_id from artex.tasks where id = $1";
+
+impl OperatorBoard {
+    /// Inserts one task; returns its id.
+    pub async fn submit(&self, task: &NewTask, actor: &str) -> Result<Uuid> {
+        let ids = self.submit_many(std::slice::from_ref(task), actor).await?;
+        Ok(ids[0])
+    }
+
+    /// Inserts many tasks in one statement (one audit insert, one NOTIFY); returns their
+    /// ids in order. All or nothing.
+    pub async fn submit_many(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Uuid>> {
+        for (i, t) in tasks.iter().enumerate() {
+            t.validate()
+                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
+        }
+        // Time-ordered ids keep the primary key's inserts on the rightmost pages.
+        let ids: Vec<Uuid> = tasks.iter().map(|_| Uuid::now_v7()).collect();
+        let kinds: Vec<&str> = tasks.iter().map(|t| t.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = tasks.iter().map(|t| &t.payload).collect();
+        let priorities: Vec<i32> = tasks.iter().map(|t| t.priority).collect();
+        let run_ats: Vec<Option<DateTime<Utc>>> = tasks.iter().map(|t| t.run_at).collect();
+        let max_retries: Vec<Option<i32>> = tasks.iter().map(|t| t.max_retries).collect();
+        let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
+        let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(SUBMIT).await?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &actor,
+                    &"submitted",
+                    &ids,
+                    &kinds,
+                    &payloads,
+                    &priorities,
+                    &run_ats,
+                    &max_retries,
+                    &timeouts,
+                    &shard_keys,
+                ],
+            )
+            .await?;
+        Ok(ids)
+    }
+
+    /// One task, or `TaskNotFound`.
+    pub async fn task(&self, id: Uuid) -> Result<TaskRow> {
+        let client = self.bb.client().await?;
+        let sql = format!("select {TASK_COLUMNS} from artex.tasks where id = $1");
+        let stmt = client.prepare_cached(&sql).await?;
+        match client.query_opt(&stmt, &[&id]).await? {
+            Some(row) => task_from_row(&row),
+            None => Err(Error::TaskNotFound(id)),
+        }
+    }
+
+    /// A task's audit trail, oldest first.
+    pub async fn transitions(&self, id: Uuid) -> Result<Vec<TransitionRow>> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(TRANSITIONS).await?;
+        let rows = client.query(&stmt, &[&id]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TransitionRow {
+                    from_status: r
+                        .try_get::<_, Option<String>>(0)?
+                        .map(|s| s.parse())
+                        .transpose()?,
+                    to_status: r.try_get::<_, String>(1)?.parse()?,
+                    reason: r.try_get(2)?,
+                    actor: r.try_get(3)?,
+                    worker: r.try_get(4)?,
+                    lease_epoch: r.try_get(5)?,
+                    at: r.try_get(6)?,
+                    assigned_at: r.try_get(7)?,
+                })
+            })
+            .collect()
+    }
+
+    /// One task with values longer than `cut` characters cut (see [`TaskPreview`]), or
+    /// `TaskNotFound`. A cut of 0 reads none of its JSON values.
+    pub async fn task_preview(&self, id: Uuid, cut: i32) -> Result<TaskPreview> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(TASK_PREVIEW).await?;
+        match client.query_opt(&stmt, &[&cut, &id]).await? {
+            Some(row) => preview_from_row(&row),
+            None => Err(Error::TaskNotFound(id)),
+        }
+    }
+
+    /// A page of tasks (see [`TaskFilter`]), values longer than `cut` characters cut
+    /// (see [`TaskPreview`]).
+    pub async fn tasks_page(&self, filter: &TaskFilter, cut: i32) -> Result<Vec<TaskPreview>> {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(&filter.page_sql()).await?;
+        let status = filter.status.map(TaskStatus::as_str);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        params.extend(filter.page_params(&status));
+        let rows = client.query(&stmt, &params).await?;
+        rows.iter().map(preview_from_row).collect()
+    }
+
+    /// PostgreSQL's plan for [`OperatorBoard::tasks_page`] with `filter`, one line per
+    /// node: how a listing finds its rows (the tests show each walks an index).
+    pub async fn explain_tasks_page(&self, filter: &TaskFilter) -> Result<Vec<String>> {
+        let client = self.bb.client().await?;
+        let sql = format!("explain {}", filter.page_sql());
+        let status = filter.status.map(TaskStatus::as_str);
+        let cut = 0i32;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        params.extend(filter.page_params(&status));
+        let rows = client.query(&sql, &params).await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<_, String>(0)?))
+            .collect()
+    }
+
+    /// Retries a task that ended without success (`failed`, `timeout`, `canceled`) as a
+    /// new task with its kind, payload, priority, retries and timeout, recording
+    /// `reason` and the original's id in the new task's history; returns the new id.
+    /// `TaskNotFound` for an unknown id; `Refused` for any other status, and for a
+    /// task of a flow (its downstream tasks were canceled with it: resubmit the flow).
+    pub async fn retry(&self, id: Uuid, actor: &str, reason: Option<&str>) -> Result<Uuid> {
+        let new_id = Uuid::now_v7();
+        let reason = match reason {
+            Some(r) => format!("retry of task {id}: {r}"),
+            None => format!("retry of task {id}"),
+        };
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(RETRY).await?;
+        if let Some(row) = client
+            .query_opt(&stmt, &[&actor, &reason, &new_id, &id])
+            .await?
+        {
+            return Ok(row.try_get(0)?);
+        }
+        let stmt = client.prepare_cached(RETRY_REFUSED).await?;
+        let Some(row) = client.query_opt(&stmt, &[&id]).await? else {
+            return Err(Error::TaskNotFound(id));
+        };
+        let status: String = row.try_get(0)?;
+        let flow: Option<Uuid> = row.try_get(1)?;
+        Err(Error::Refused(match flow {
+            Some(flow) if matches!(status.as_str(), "failed" | "timeout" | "canceled") => {
+                format!(
+                    "cannot retry task {id}: it belongs to flow {flow}, whose downstream tasks \
+                     ended with it; submit the flow again"
+                )
+            }
+            _ => format!(
+                "cannot retry task {id}: it is {status}; retry applies to failed, timeout or \
+                 canceled tasks"
+            ),
+        }))
+    }
+}

@@ -1,0 +1,40 @@
+//! The planner's statements: a dispatch round (the roster of workers with spare capacity
+//! and the claim of runnable tasks in one read, the assignment and the chosen workers'
+//! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), and planner
+//! shards owned through leases (`shards.rs`).
+//!
+//! Every statement here is one transaction on a pooled connection (a dispatch round's
+//! read and write share theirs, begun by hand); no session state outlives it. The one
+//! session a planner holds is the Scanner's LISTEN ([`PlannerBoard::listen_session`]).
+
+mod dispatch;
+mod reap;
+mod shards;
+
+pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, DISPATCH};
+pub use reap::{ReapParams, ReapReport, StrandedTask};
+pub use shards::{
+    agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
+};
+
+use super::{Blackboard, ListenSession};
+
+/// The planner's handle on the blackboard (Scanner, Assigner, Reaper, ShardKeeper): only
+/// the statements of a planner. Made by [`Blackboard::planner`].
+#[derive(Debug, Clone)]
+pub struct PlannerBoard {
+    pub(super) bb: Blackboard,
+}
+
+impl PlannerBoard {
+    /// A LISTEN session on `channels` that reconnects by itself (see
+    /// [`ListenSession`]): the Scanner's wake-ups. A session: it needs a connection of
+    /// its own, not one of a transaction pooler.
+    pub fn listen_session<S: AsRef<str>>(
+        &self,
+        owner: impl Into<String>,
+        channels: &[S],
+    ) -> ListenSession {
+        self.bb.listen_session(owner, channels)
+    }
+}

@@ -1,0 +1,259 @@
+//! A worker's statements, and the boundary the connection budget routes through a pooler.
+//! This file: register, heartbeat and state (its [`WorkerState`]), its binary's digest;
+//! `attempts.rs`: read what was assigned to it, record starts and outcomes in batches,
+//! renew leases, save checkpoints, release what it will not run, read a flow task's
+//! upstream results; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
+//! received in chunks, recorded with their task, and swept. Every write to a task names
+//! the lease epoch the worker holds: a worker that lost its lease changes nothing.
+//!
+//! # Sessions and transactions
+//! Every statement of [`WorkerBoard`] is **one transaction** on a pooled connection and
+//! leaves no session state behind it, except:
+//! - [`WorkerBoard::listen_session`]: a LISTEN, which needs a **session** (a connection
+//!   of its own for as long as it listens; a transaction pooler cannot carry it);
+//! - heartbeats, lease renewals and wake-ups ([`WorkerBoard::heartbeat`],
+//!   [`WorkerBoard::renew_leases`], the wake-ups after [`WorkerBoard::record`]) go through
+//!   the relaxed pool, whose connections commit with `synchronous_commit = off` set at
+//!   log-in: a session setting, which a transaction pooler would not keep.
+
+mod attempts;
+mod transfer;
+mod uploads;
+
+pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Step};
+pub use uploads::{NewUpload, UploadRow};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Blackboard, ListenSession};
+use crate::error::{Error, Result};
+
+/// The worker's handle on the blackboard: only the statements a worker process runs
+/// (its actor, its handlers' context, its uploads, its side of a hot upgrade). Made by
+/// [`Blackboard::worker`]; see the [module](self) for which need a session.
+#[derive(Debug, Clone)]
+pub struct WorkerBoard {
+    pub(super) bb: Blackboard,
+}
+
+/// A worker's state in the roster, mirroring the `artex.worker_state` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    /// Takes work: the planner assigns to it.
+    Online,
+    /// Finishing what it runs and taking nothing new (graceful stop).
+    Draining,
+    /// Handing its work over to a new process (hot upgrade).
+    Upgrading,
+    /// Stopped, or declared gone by the reaper (its tasks were taken back).
+    Gone,
+}
+
+impl WorkerState {
+    /// Every state, in the order of the enum.
+    pub const ALL: [WorkerState; 4] = [
+        WorkerState::Online,
+        WorkerState::Draining,
+        WorkerState::Upgrading,
+        WorkerState::Gone,
+    ];
+
+    /// The name used in the database and in `/status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Online => "online",
+            WorkerState::Draining => "draining",
+            WorkerState::Upgrading => "upgrading",
+            WorkerState::Gone => "gone",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkerState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        WorkerState::ALL
+            .into_iter()
+            .find(|w| w.as_str() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown worker state '{s}'; expected one of: {}",
+                    WorkerState::ALL.map(|w| w.as_str()).join(", ")
+                ))
+            })
+    }
+}
+
+/// How a worker introduces itself.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Unique per process: `host:pid:suffix`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: i32,
+    /// Its build version.
+    pub version: String,
+    /// Where its HTTP server listens.
+    pub http_addr: Option<String>,
+    /// The NOTIFY channel it listens on for assignments.
+    pub channel: String,
+    /// The kinds it runs.
+    pub kinds: Vec<String>,
+    /// How many tasks it runs at once.
+    pub capacity: i32,
+    /// The `application_name` of its LISTEN session: while no backend with that name
+    /// exists (the process died, its host is cut off) planners give it nothing. `None`
+    /// for a worker without a session (a tool, a simulation).
+    pub session: Option<String>,
+    /// The lease it renews, milliseconds: assignments to it get the same. `None`: the
+    /// planner's `--assign-lease-ms`.
+    pub lease_ms: Option<i32>,
+}
+
+// Registering adds capacity: wake the planners.
+const REGISTER: &str = "with r as (insert into artex.workers
+        (id, host, pid, version, http_addr, channel, kinds, capacity, session, lease_ms,
+         state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'online', now())
+    on conflict (id) do update set
+        version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
+        kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
+        lease_ms = excluded.lease_ms,
+        state = 'online', last_seen = now()
+    returning 1)
+    select pg_notify('artex_tasks', '') from r";
+
+// A heartbeat also writes the worker's capacity ($3), which moves with its local queue's
+// depth; when it grows, the planners are woken: there are free slots to fill. It refreshes
+// `held`, shown in the workers' list, from the two counters the planners read (see
+// migrations/V12__held_released_apart.sql).
+const HEARTBEAT: &str = "with before as (select capacity from artex.workers where id = $1),
+    beat as (
+        update artex.workers w set last_seen = now(), inflight = $2, capacity = $3,
+            held = least(greatest(w.taken - coalesce(
+                (select r.released from artex.worker_released r where r.worker = w.id), 0),
+                0), 2147483647)::int4
+        where id = $1
+        returning state::text
+    )
+    select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end
+    from beat, before";
+
+const SET_BINARY: &str = "update artex.workers set binary_sha256 = $2 where id = $1";
+
+const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
+        last_seen = now()
+    where id = $1";
+
+impl WorkerBoard {
+    /// A LISTEN session on `channels` that reconnects by itself (see [`ListenSession`]):
+    /// the worker's wake-ups. A session: a connection of its own, not a pooler's.
+    pub fn listen_session<S: AsRef<str>>(
+        &self,
+        owner: impl Into<String>,
+        channels: &[S],
+    ) -> ListenSession {
+        self.bb.listen_session(owner, channels)
+    }
+
+    /// Sends the wake-ups of a hot-path write right after its commit (see
+    /// [`Blackboard::wake`]).
+    pub(crate) fn wake(&self, channels: &[&str]) {
+        self.bb.wake(channels)
+    }
+
+    /// Inserts or revives the worker's row as [`WorkerState::Online`].
+    pub async fn register_worker(&self, r: &Registration) -> Result {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(REGISTER).await?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &r.id,
+                    &r.host,
+                    &r.pid,
+                    &r.version,
+                    &r.http_addr,
+                    &r.channel,
+                    &r.kinds,
+                    &r.capacity,
+                    &r.session,
+                    &r.lease_ms,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Refreshes `last_seen` and sets the worker's `capacity` (without waiting for the
+    /// WAL flush; a grown capacity wakes the planners); returns the state the row holds —
+    /// [`WorkerState::Gone`] means the reaper gave this worker up and took its tasks
+    /// back — or `None` if the row was deleted. A capacity below what the worker holds
+    /// is fine: it is assigned nothing until it holds less.
+    pub async fn heartbeat(
+        &self,
+        worker: &str,
+        inflight: i32,
+        capacity: i32,
+    ) -> Result<Option<WorkerState>> {
+        let client = self.bb.relaxed_client().await?;
+        let stmt = client.prepare_cached(HEARTBEAT).await?;
+        client
+            .query_opt(&stmt, &[&worker, &inflight, &capacity.max(1)])
+            .await?
+            .map(|r| r.try_get::<_, &str>(0)?.parse())
+            .transpose()
+    }
+
+    /// Sets the worker's state.
+    pub async fn set_worker_state(&self, worker: &str, state: WorkerState) -> Result {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(SET_STATE).await?;
+        client.execute(&stmt, &[&worker, &state.as_str()]).await?;
+        Ok(())
+    }
+
+    /// Records the sha256 (64 lowercase hex digits) of the binary worker `id` runs.
+    pub async fn set_worker_binary(&self, id: &str, sha256: &str) -> Result {
+        let client = self.bb.client().await?;
+        let stmt = client.prepare_cached(SET_BINARY).await?;
+        client.execute(&stmt, &[&id, &sha256]).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerState;
+
+    #[test]
+    fn a_worker_state_reads_back_what_it_writes() {
+        for state in WorkerState::ALL {
+            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
+            assert_eq!(state.to_string(), state.as_str());
+            assert_eq!(
+                serde_json::to_value(state).unwrap(),
+                serde_json::Value::from(state.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_worker_state_is_refused_with_the_ones_expected() {
+        let e = "Online".parse::<WorkerState>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown worker state 'Online'; expected one of: online, draining, upgrading, gone"
+        );
+    }
+}
