@@ -73,12 +73,18 @@ pub enum ApiError {
     /// The task's or flow's state does not allow it (409).
     #[error("{0}")]
     Conflict(String),
-    /// The body is larger than the limit (413).
-    #[error("the request body is larger than the limit of {limit} bytes")]
-    TooLarge {
-        /// The limit.
-        limit: usize,
-    },
+    /// The body is larger than the limit, or than the chunk it is sent as (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body does not match its sha256 (422, no `field`): nothing of it was kept.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The body stopped arriving (408).
+    #[error("{0}")]
+    Timeout(String),
+    /// No room left on this worker's disk for what is declared (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// The database could not be reached in time (503).
     #[error("{0}")]
     Unavailable(String),
@@ -102,14 +108,29 @@ impl ApiError {
         }
     }
 
+    fn over_limit(limit: usize) -> Self {
+        ApiError::TooLarge(format!(
+            "the request body is larger than the limit of {limit} bytes"
+        ))
+    }
+
     fn field(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { field, .. } | ApiError::Unprocessable { field, .. } => {
                 field.as_deref()
             }
-            ApiError::TooLarge { .. } => Some("body"),
+            ApiError::TooLarge(_) => Some("body"),
             _ => None,
         }
+    }
+
+    /// Refused while the body may still be arriving: the rest of it is not read, so the
+    /// connection is closed after the answer.
+    fn refuses_body(&self) -> bool {
+        matches!(
+            self,
+            ApiError::TooLarge(_) | ApiError::Mismatch(_) | ApiError::Timeout(_)
+        )
     }
 }
 
@@ -120,15 +141,21 @@ impl ResponseError for ApiError {
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Mismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code())
-            .json(json!({ "error": self.to_string(), "field": self.field() }))
+        let mut answer = HttpResponse::build(self.status_code());
+        if self.refuses_body() {
+            answer.force_close();
+        }
+        answer.json(json!({ "error": self.to_string(), "field": self.field() }))
     }
 }
 
@@ -288,7 +315,7 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::TooLarge { limit });
+        return Err(ApiError::over_limit(limit));
     }
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
@@ -297,7 +324,7 @@ async fn read_body(
             message: format!("reading the request body: {e}"),
         })?;
         if body.len() + chunk.len() > limit {
-            return Err(ApiError::TooLarge { limit });
+            return Err(ApiError::over_limit(limit));
         }
         body.extend_from_slice(&chunk);
     }
