@@ -3,19 +3,24 @@
 //! the live feed (and where its head is). The dashboard's page is registered with them.
 //! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
 //! worker started with `--api` (`artex up` always). Stateless: every route reads or
-//! writes the blackboard, and holds no SQL. Described in `docs/openapi.json` (served at
-//! `/api/v1/openapi.json`), which a test holds to the routes registered here.
+//! writes the blackboard, and holds no SQL. Every worker also serves the uploads
+//! ([`worker_routes`]), which are kept on its disk. Described in `docs/openapi.json`
+//! (served at `/api/v1/openapi.json`), which a test holds to the routes registered here.
 //!
 //! Errors are JSON, `{"error": …, "field": …}` (`field` names the offending field or
 //! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
-//! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 409 a
-//! control the task's state does not allow, 413 a body over the limit, 422 well-formed
-//! input the blackboard refuses (a kind no worker declared, a payload over the limit, an
-//! invalid flow), 503 the database unreachable. A refused request writes nothing.
+//! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 408 an
+//! upload's body that stopped arriving, 409 a control the task's state does not allow
+//! (or an upload's), 413 a body over the limit, 422 well-formed input the blackboard
+//! refuses (a kind no worker declared, a payload over the limit, an invalid flow) or an
+//! upload's content that does not match its sha256, 503 the database unreachable, 507
+//! no room for an upload. A refused request writes nothing; after a 408, 413 or a
+//! mismatch the connection is closed (the rest of the body is not read).
 
 mod cluster;
 mod flows;
 mod tasks;
+mod uploads;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
@@ -193,7 +198,8 @@ impl From<artex_actors::Error> for ApiError {
 
 /// Where routes go: actix's [`web::ServiceConfig`] registers them, a [`RouteList`]
 /// writes them down. Both are fed by the same functions ([`api_routes`],
-/// [`serve_routes`]), so the list is what is served (the OpenAPI test reads it).
+/// [`serve_routes`], [`worker_routes`]), so the list is what is served (the OpenAPI test
+/// reads it).
 pub trait Routes {
     /// Adds `method path` served by `handler`.
     fn add<F, Args>(&mut self, method: Method, path: &'static str, handler: F)
@@ -275,6 +281,21 @@ pub fn serve_routes(r: &mut impl Routes) {
     r.add(Method::GET, "/health", cluster::health);
     r.add(Method::GET, "/events", events::events);
     api_routes(r);
+}
+
+/// The API routes only a worker serves, with `--api` or without: uploads (they need
+/// `web::Data<Arc<Uploads>>`), kept on the worker's own disk, which `artex serve` has
+/// not.
+pub fn worker_routes(r: &mut impl Routes) {
+    use Method as M;
+    r.add(M::POST, "/api/v1/uploads", uploads::create);
+    r.add(M::GET, "/api/v1/uploads/{id}", uploads::show);
+    r.add(M::POST, "/api/v1/uploads/{id}/complete", uploads::complete);
+    r.add(
+        M::PUT,
+        "/api/v1/uploads/{id}/chunks/{n}",
+        uploads::put_chunk,
+    );
 }
 
 /// The JSON answer for an unknown route (404) on `artex serve`.
