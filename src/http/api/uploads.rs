@@ -27,7 +27,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{field_of, ApiError};
+use super::{field_of, read_body, ApiError};
 use crate::http::auth::CanWrite;
 use crate::uploads::{check_sha256, CreateRequest, UploadError, Uploads};
 
@@ -86,14 +86,11 @@ fn parse_id(s: &str) -> Result<Uuid, UploadError> {
 
 pub(super) async fn create(
     _: CanWrite,
-    body: web::Bytes,
+    req: HttpRequest,
+    body: web::Payload,
     uploads: web::Data<Arc<Uploads>>,
 ) -> Result<HttpResponse, ApiError> {
-    if body.len() > MAX_CREATE_BODY {
-        return Err(ApiError::TooLarge(format!(
-            "the request is larger than {MAX_CREATE_BODY} bytes"
-        )));
-    }
+    let body = read_body(&req, body, MAX_CREATE_BODY).await?;
     let req: CreateRequest = serde_json::from_slice(&body)
         .map_err(|e| UploadError::Invalid(format!("the request: {e}")))?;
     let meta = uploads.create(req).await?;
@@ -116,16 +113,13 @@ pub(super) async fn show(
 
 pub(super) async fn complete(
     _: CanWrite,
+    req: HttpRequest,
     path: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
     uploads: web::Data<Arc<Uploads>>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
-    if body.len() > MAX_COMPLETE_BODY {
-        return Err(ApiError::TooLarge(format!(
-            "the request is larger than {MAX_COMPLETE_BODY} bytes"
-        )));
-    }
+    let body = read_body(&req, body, MAX_COMPLETE_BODY).await?;
     let given = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
