@@ -1,9 +1,9 @@
 //! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
 //! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
 //! `/events` (the change feed as Server-Sent Events), `/api/v1/uploads` (chunked
-//! uploads), and with `--api` the HTTP API ([`api`], which `artex serve` serves on its
-//! own) with the web dashboard ([`dashboard`], at `/`). Routes hold no SQL: they ask the
-//! Worker actor, or the blackboard.
+//! uploads, [`api::worker_routes`]), and with `--api` the HTTP API ([`api`], which
+//! `artex serve` serves on its own) with the web dashboard ([`dashboard`], at `/`).
+//! Routes hold no SQL: they ask the Worker actor, or the blackboard.
 
 pub mod api;
 pub mod auth;
@@ -11,7 +11,6 @@ pub mod dashboard;
 pub mod events;
 pub mod probe;
 pub mod upgrade;
-pub mod uploads;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -77,8 +76,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/metrics", web::get().to(metrics))
         .route("/events", web::get().to(events::events))
         .route("/upgrade", web::put().to(upgrade::upgrade))
-        .route("/upgrade", web::post().to(upgrade::upgrade))
-        .configure(uploads::routes);
+        .route("/upgrade", web::post().to(upgrade::upgrade));
+    api::worker_routes(cfg);
 }
 
 async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

@@ -3,19 +3,24 @@
 //! the live feed (and where its head is). The dashboard's page is registered with them.
 //! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
 //! worker started with `--api` (`artex up` always). Stateless: every route reads or
-//! writes the blackboard, and holds no SQL. Described in `docs/openapi.json` (served at
-//! `/api/v1/openapi.json`), which a test holds to the routes registered here.
+//! writes the blackboard, and holds no SQL. Every worker also serves the uploads
+//! ([`worker_routes`]), which are kept on its disk. Described in `docs/openapi.json`
+//! (served at `/api/v1/openapi.json`), which a test holds to the routes registered here.
 //!
 //! Errors are JSON, `{"error": …, "field": …}` (`field` names the offending field or
 //! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
-//! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 409 a
-//! control the task's state does not allow, 413 a body over the limit, 422 well-formed
-//! input the blackboard refuses (a kind no worker declared, a payload over the limit, an
-//! invalid flow), 503 the database unreachable. A refused request writes nothing.
+//! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 408 an
+//! upload's body that stopped arriving, 409 a control the task's state does not allow
+//! (or an upload's), 413 a body over the limit, 422 well-formed input the blackboard
+//! refuses (a kind no worker declared, a payload over the limit, an invalid flow) or an
+//! upload's content that does not match its sha256, 503 the database unreachable, 507
+//! no room for an upload. A refused request writes nothing; after a 408, 413 or a
+//! mismatch the connection is closed (the rest of the body is not read).
 
 mod cluster;
 mod flows;
 mod tasks;
+mod uploads;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
@@ -75,12 +80,18 @@ pub enum ApiError {
     /// The task's or flow's state does not allow it (409).
     #[error("{0}")]
     Conflict(String),
-    /// The body is larger than the limit (413).
-    #[error("the request body is larger than the limit of {limit} bytes")]
-    TooLarge {
-        /// The limit.
-        limit: usize,
-    },
+    /// The body is larger than the limit, or than the chunk it is sent as (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body does not match its sha256 (422, no `field`): nothing of it was kept.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The body stopped arriving (408).
+    #[error("{0}")]
+    Timeout(String),
+    /// No room left on this worker's disk for what is declared (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// The database could not be reached in time (503).
     #[error("{0}")]
     Unavailable(String),
@@ -104,14 +115,29 @@ impl ApiError {
         }
     }
 
+    fn over_limit(limit: usize) -> Self {
+        ApiError::TooLarge(format!(
+            "the request body is larger than the limit of {limit} bytes"
+        ))
+    }
+
     fn field(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { field, .. } | ApiError::Unprocessable { field, .. } => {
                 field.as_deref()
             }
-            ApiError::TooLarge { .. } => Some("body"),
+            ApiError::TooLarge(_) => Some("body"),
             _ => None,
         }
+    }
+
+    /// Refused while the body may still be arriving: the rest of it is not read, so the
+    /// connection is closed after the answer.
+    fn refuses_body(&self) -> bool {
+        matches!(
+            self,
+            ApiError::TooLarge(_) | ApiError::Mismatch(_) | ApiError::Timeout(_)
+        )
     }
 }
 
@@ -122,15 +148,21 @@ impl ResponseError for ApiError {
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Mismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code())
-            .json(json!({ "error": self.to_string(), "field": self.field() }))
+        let mut answer = HttpResponse::build(self.status_code());
+        if self.refuses_body() {
+            answer.force_close();
+        }
+        answer.json(json!({ "error": self.to_string(), "field": self.field() }))
     }
 }
 
@@ -168,7 +200,8 @@ impl From<artex_actors::Error> for ApiError {
 
 /// Where routes go: actix's [`web::ServiceConfig`] registers them, a [`RouteList`]
 /// writes them down. Both are fed by the same functions ([`api_routes`],
-/// [`serve_routes`]), so the list is what is served (the OpenAPI test reads it).
+/// [`serve_routes`], [`worker_routes`]), so the list is what is served (the OpenAPI test
+/// reads it).
 pub trait Routes {
     /// Adds `method path` served by `handler`.
     fn add<F, Args>(&mut self, method: Method, path: &'static str, handler: F)
@@ -252,6 +285,21 @@ pub fn serve_routes(r: &mut impl Routes) {
     api_routes(r);
 }
 
+/// The API routes only a worker serves, with `--api` or without: uploads (they need
+/// `web::Data<Arc<Uploads>>`), kept on the worker's own disk, which `artex serve` has
+/// not.
+pub fn worker_routes(r: &mut impl Routes) {
+    use Method as M;
+    r.add(M::POST, "/api/v1/uploads", uploads::create);
+    r.add(M::GET, "/api/v1/uploads/{id}", uploads::show);
+    r.add(M::POST, "/api/v1/uploads/{id}/complete", uploads::complete);
+    r.add(
+        M::PUT,
+        "/api/v1/uploads/{id}/chunks/{n}",
+        uploads::put_chunk,
+    );
+}
+
 /// The JSON answer for an unknown route (404) on `artex serve`.
 pub async fn no_route(req: HttpRequest) -> HttpResponse {
     ApiError::NotFound(format!(
@@ -290,7 +338,7 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::TooLarge { limit });
+        return Err(ApiError::over_limit(limit));
     }
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
@@ -299,7 +347,7 @@ async fn read_body(
             message: format!("reading the request body: {e}"),
         })?;
         if body.len() + chunk.len() > limit {
-            return Err(ApiError::TooLarge { limit });
+            return Err(ApiError::over_limit(limit));
         }
         body.extend_from_slice(&chunk);
     }

@@ -1,12 +1,15 @@
 //! `/api/v1/uploads`: large files sent to this worker in chunks, each acknowledged only
 //! once it is on disk and fsynced, resumable by asking what is missing. The write scope
-//! is required. The work is the store's (`crate::uploads`); this maps it to HTTP.
+//! is required. The work is the store's (`crate::uploads`); this maps it to HTTP, and its
+//! refusals to the API's [`ApiError`]. Every worker serves these routes
+//! ([`super::worker_routes`]).
 //!
 //! - `POST /api/v1/uploads` `{"size", "sha256"?, "name"?, "chunk_size"?, "task": {"kind",
 //!   "payload"?, "priority"?, "flow"?}}` → 201 `{"id", "chunk_size", "chunks"}` (507 over
 //!   quota; 422 `{"error", "field": "task.flow"}` for a flow that is unknown or ended);
 //! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
-//!   "chunk", "received", "missing", "task"}`; 422 if the hash differs (not stored);
+//!   "chunk", "received", "missing", "state", "task"}`; 422 if the hash differs (not
+//!   stored);
 //! - `POST /api/v1/uploads/{id}/complete` (body `{"sha256"}` when the upload declared
 //!   none) → the task, once every chunk is there (with a sha256 declared, the last chunk
 //!   does this by itself; 409 when already complete or chunks are missing, 422 for a
@@ -14,16 +17,18 @@
 //! - `GET /api/v1/uploads/{id}` → `{"state", "received", "missing", "task", "sha256", …}`.
 //!
 //! The sha256 may be left for `complete` so that a client sends while it hashes: the
-//! file is read once before its first byte goes out otherwise.
+//! file is read once before its first byte goes out otherwise. A 422 without `field`
+//! says the content did not match its sha256 (clients rely on it: the whole file's
+//! mismatch discards the upload).
 
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::auth::CanWrite;
+use super::{field_of, read_body, ApiError};
+use crate::http::auth::CanWrite;
 use crate::uploads::{check_sha256, CreateRequest, UploadError, Uploads};
 
 /// Largest `POST /api/v1/uploads` body (the task's payload is in it).
@@ -32,6 +37,18 @@ const MAX_CREATE_BODY: usize = 2 * 1024 * 1024;
 /// Largest `complete` body (a sha256 and some room).
 const MAX_COMPLETE_BODY: usize = 4096;
 
+/// The fields a refusal of a declaration or of `complete` may name (its message starts
+/// `field: …`).
+const FIELDS: &[&str] = &[
+    "size",
+    "sha256",
+    "name",
+    "chunk_size",
+    "task.kind",
+    "task.payload",
+    "task.flow",
+];
+
 /// The body of `complete`: the whole file's sha256, when the upload declared none.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,61 +56,41 @@ struct CompleteBody {
     sha256: Option<String>,
 }
 
-impl ResponseError for UploadError {
-    fn status_code(&self) -> StatusCode {
-        match self {
-            UploadError::Invalid(_) => StatusCode::BAD_REQUEST,
-            UploadError::NotFound(_) => StatusCode::NOT_FOUND,
-            UploadError::Conflict(_) => StatusCode::CONFLICT,
-            UploadError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            UploadError::Mismatch(_) | UploadError::Unprocessable { .. } => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            UploadError::Quota(_) => StatusCode::INSUFFICIENT_STORAGE,
-            UploadError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
-            UploadError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+impl From<UploadError> for ApiError {
+    fn from(e: UploadError) -> Self {
+        let message = e.to_string();
+        match e {
+            UploadError::Invalid(_) => ApiError::BadRequest {
+                field: field_of(&message, FIELDS),
+                message,
+            },
+            UploadError::NotFound(_) => ApiError::NotFound(message),
+            UploadError::Conflict(_) => ApiError::Conflict(message),
+            UploadError::TooLarge(_) => ApiError::TooLarge(message),
+            UploadError::Unprocessable { field, .. } => ApiError::Unprocessable {
+                field: Some(field.into()),
+                message,
+            },
+            UploadError::Mismatch(_) => ApiError::Mismatch(message),
+            UploadError::Quota(_) => ApiError::InsufficientStorage(message),
+            UploadError::Timeout(_) => ApiError::Timeout(message),
+            UploadError::Internal(_) => ApiError::Internal(message),
         }
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut r = HttpResponse::build(self.status_code());
-        if matches!(
-            self,
-            UploadError::Timeout(_) | UploadError::TooLarge(_) | UploadError::Mismatch(_)
-        ) {
-            // The rest of a refused body may still come: this connection is done.
-            r.force_close();
-        }
-        let field = match self {
-            UploadError::Unprocessable { field, .. } => Some(*field),
-            _ => None,
-        };
-        r.json(json!({ "error": self.to_string(), "field": field }))
     }
 }
 
-/// Registers the routes.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/api/v1/uploads", web::post().to(create))
-        .route("/api/v1/uploads/{id}", web::get().to(show))
-        .route("/api/v1/uploads/{id}/complete", web::post().to(complete))
-        .route("/api/v1/uploads/{id}/chunks/{n}", web::put().to(put_chunk));
-}
-
+/// An upload's id; anything else names no upload (404, as an unknown one).
 fn parse_id(s: &str) -> Result<Uuid, UploadError> {
     Uuid::parse_str(s).map_err(|_| UploadError::NotFound(format!("{s:?} (not an upload id)")))
 }
 
-async fn create(
+pub(super) async fn create(
     _: CanWrite,
-    body: web::Bytes,
+    req: HttpRequest,
+    body: web::Payload,
     uploads: web::Data<Arc<Uploads>>,
-) -> Result<HttpResponse, UploadError> {
-    if body.len() > MAX_CREATE_BODY {
-        return Err(UploadError::TooLarge(format!(
-            "the request is larger than {MAX_CREATE_BODY} bytes"
-        )));
-    }
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&req, body, MAX_CREATE_BODY).await?;
     let req: CreateRequest = serde_json::from_slice(&body)
         .map_err(|e| UploadError::Invalid(format!("the request: {e}")))?;
     let meta = uploads.create(req).await?;
@@ -105,27 +102,24 @@ async fn create(
     })))
 }
 
-async fn show(
+pub(super) async fn show(
     _: CanWrite,
     path: web::Path<String>,
     uploads: web::Data<Arc<Uploads>>,
-) -> Result<HttpResponse, UploadError> {
+) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
     Ok(HttpResponse::Ok().json(uploads.progress(id).await?))
 }
 
-async fn complete(
+pub(super) async fn complete(
     _: CanWrite,
+    req: HttpRequest,
     path: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
     uploads: web::Data<Arc<Uploads>>,
-) -> Result<HttpResponse, UploadError> {
+) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&path)?;
-    if body.len() > MAX_COMPLETE_BODY {
-        return Err(UploadError::TooLarge(format!(
-            "the request is larger than {MAX_COMPLETE_BODY} bytes"
-        )));
-    }
+    let body = read_body(&req, body, MAX_COMPLETE_BODY).await?;
     let given = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -140,14 +134,10 @@ async fn complete(
 /// A chunk for an upload whose folder is gone: if it was completed (by another request;
 /// its task may have run and its file been swept since), nothing is missing and the
 /// chunk is acknowledged with the task, as any re-sent chunk of a whole file; else 404.
-async fn done_before(
-    uploads: &Arc<Uploads>,
-    id: Uuid,
-    n: u64,
-) -> Result<HttpResponse, UploadError> {
+async fn done_before(uploads: &Arc<Uploads>, id: Uuid, n: u64) -> Result<HttpResponse, ApiError> {
     let progress = uploads.progress(id).await?;
     let Some(task) = progress.task else {
-        return Err(UploadError::NotFound(id.to_string()));
+        return Err(UploadError::NotFound(id.to_string()).into());
     };
     Ok(HttpResponse::Ok().force_close().json(json!({
         "ack": true,
@@ -159,17 +149,20 @@ async fn done_before(
     })))
 }
 
-async fn put_chunk(
+pub(super) async fn put_chunk(
     _: CanWrite,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     body: web::Payload,
     uploads: web::Data<Arc<Uploads>>,
-) -> Result<HttpResponse, UploadError> {
+) -> Result<HttpResponse, ApiError> {
     let (id, n) = path.into_inner();
     let id = parse_id(&id)?;
     let n: u64 = n.parse().map_err(|_| {
-        UploadError::Invalid(format!("chunk {n:?}: expected a chunk number (0, 1, …)"))
+        ApiError::bad(
+            "n",
+            format!("chunk {n:?}: expected a chunk number (0, 1, …)"),
+        )
     })?;
     let meta = match uploads.meta(id).await {
         Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
@@ -180,20 +173,25 @@ async fn put_chunk(
     let sha = header("chunk-sha256")
         .and_then(|h| check_sha256(h).ok())
         .ok_or_else(|| {
-            UploadError::Invalid(format!(
-                "chunk {n}: the Chunk-Sha256 header must hold the chunk's sha256 (64 hex digits)"
-            ))
+            ApiError::bad(
+                "Chunk-Sha256",
+                format!(
+                    "chunk {n}: the Chunk-Sha256 header must hold the chunk's sha256 \
+                     (64 hex digits)"
+                ),
+            )
         })?;
     match header("content-length").map(|l| l.trim().parse::<u64>()) {
         Some(Ok(l)) if l > expected => {
-            return Err(UploadError::TooLarge(format!(
+            return Err(ApiError::TooLarge(format!(
                 "chunk {n}: {l} bytes; this chunk has {expected}"
             )))
         }
         Some(Ok(l)) if l < expected => {
-            return Err(UploadError::Invalid(format!(
-                "chunk {n}: {l} bytes; this chunk has {expected}"
-            )))
+            return Err(ApiError::BadRequest {
+                field: Some("body".into()),
+                message: format!("chunk {n}: {l} bytes; this chunk has {expected}"),
+            })
         }
         _ => {}
     }
