@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use artex_actors::blackboard::WorkerState;
 use artex_actors::worker::{
-    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover, Worker,
+    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, Worker,
 };
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
@@ -415,7 +415,7 @@ impl Upgrader {
         self.handed_over.store(true, Ordering::Release);
         let handover = self
             .worker
-            .send(SuspendForHandover {
+            .send(SuspendForTransfer {
                 deadline: self.suspend_deadline,
             })
             .await
