@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::channel::ChannelListener;
 use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::spawn::{self, SpawnOptions};
 use artex_upgrade::{notify, subreaper, StopSignal, StopSignals};
@@ -291,7 +291,7 @@ impl Master {
         let hs = ensure_private_dir(&self.dir, UPGRADE_FOLDER)
             .map_err(|e| e.to_string())
             .and_then(|()| {
-                HandoverListener::bind(&socket_dir).map_err(|e| format!("handover socket: {e}"))
+                ChannelListener::bind(&socket_dir).map_err(|e| format!("handover socket: {e}"))
             })
             .map_err(Start::Failed)?;
         // A package upgrade may have replaced (or removed) our binary on disk.
@@ -365,7 +365,7 @@ impl Master {
     /// the new worker's id once it has taken over.
     async fn handover(
         &self,
-        hs: &HandoverListener,
+        hs: &ChannelListener,
         child: &mut Child,
         pid: u32,
     ) -> std::result::Result<String, HandoverError> {

@@ -395,7 +395,7 @@ async fn drain(
 /// Binds the worker's HTTP listener, unless this process was spawned by a hot upgrade
 /// (it then receives its predecessor's listening socket through the handover).
 pub fn bind_http_unless_spawned(addr: &str) -> Result<Option<std::net::TcpListener>> {
-    if std::env::var_os(artex_upgrade::HANDOVER_ENV).is_some() {
+    if std::env::var_os(artex_upgrade::CHANNEL_ENV).is_some() {
         return Ok(None);
     }
     bind_http(addr).map(Some)

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use actix::Addr;
 use artex_actors::worker::{ResumeReport, ResumeTasks, Worker};
-use artex_upgrade::handover::{self, Channel};
+use artex_upgrade::channel::{self, Channel};
 use artex_upgrade::spawn;
 
 use super::protocol::{HandoverError, Msg};
@@ -22,15 +22,15 @@ impl Successor {
     /// The handover channel, from `ARTEX_HANDOVER_SOCKET`, when this process was spawned
     /// by an upgrade (or by `artex master`); `Hello` is said on it.
     pub async fn connect_if_spawned() -> Result<Option<Successor>, HandoverError> {
-        let Some(path) = std::env::var_os(spawn::HANDOVER_ENV) else {
+        let Some(path) = std::env::var_os(spawn::CHANNEL_ENV) else {
             return Ok(None);
         };
-        let mut ch = handover::connect(Path::new(&path)).await?;
+        let mut ch = channel::connect(Path::new(&path)).await?;
         ch.send(
             &Msg::Hello {
                 pid: std::process::id(),
                 version: crate::VERSION.to_string(),
-                protocol: handover::PROTOCOL_VERSION,
+                protocol: channel::PROTOCOL_VERSION,
             },
             &[],
         )

@@ -6,7 +6,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use artex_actors::worker::ResumeReport;
-use artex_upgrade::handover::{self, Channel, HandoverListener};
+use artex_upgrade::channel::{self, Channel, ChannelListener};
 use uuid::Uuid;
 
 use super::protocol::{describe_exit, HandoverError, Msg};
@@ -21,7 +21,7 @@ pub struct OldSide<'a> {
 impl<'a> OldSide<'a> {
     /// Accepts the child's connection (its pid checked) and its `Hello`.
     pub async fn accept(
-        hs: &HandoverListener,
+        hs: &ChannelListener,
         child: &'a mut tokio::process::Child,
         pid: u32,
         deadline: tokio::time::Instant,
@@ -40,9 +40,9 @@ impl<'a> OldSide<'a> {
             deadline,
         };
         match old.recv().await? {
-            Msg::Hello { protocol, .. } if protocol == handover::PROTOCOL_VERSION => Ok(old),
+            Msg::Hello { protocol, .. } if protocol == channel::PROTOCOL_VERSION => Ok(old),
             m => Err(HandoverError::unexpected(
-                format!("hello with protocol {}", handover::PROTOCOL_VERSION),
+                format!("hello with protocol {}", channel::PROTOCOL_VERSION),
                 &m,
             )),
         }

@@ -17,7 +17,7 @@ use artex_actors::worker::{
 };
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
-use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::channel::ChannelListener;
 use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::{bundle, spawn, Limits, VerifyingKey};
 use serde::Serialize;
@@ -274,7 +274,7 @@ impl Upgrader {
             .send(GetId)
             .await
             .map_err(|e| UpgradeError::Internal(format!("worker actor: {e}")))?;
-        let hs = HandoverListener::bind(&gen_dir.join("handover"))
+        let hs = ChannelListener::bind(&gen_dir.join("handover"))
             .map_err(|e| UpgradeError::Internal(format!("handover socket: {e}")))?;
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         // Process groups, and why the child gets one of its own only for a while: a
