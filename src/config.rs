@@ -86,7 +86,7 @@ pub struct WorkerArgs {
     /// Tasks held beyond --concurrency in a local queue: read in one batch with the
     /// others, so starts and completions are written in large batches and no slot waits
     /// for a planner round trip. A queued task is `assigned` to this worker (leased,
-    /// renewed); a drain gives it back unstarted, a hot upgrade hands it over. Without
+    /// renewed); a drain gives it back unstarted, a hot upgrade's task transfer moves it. Without
     /// this flag the queue sizes itself: about what the worker finishes in 100 ms at
     /// its measured rate (or in two refills by the planner, if those take longer),
     /// between 4 and 2,000 — deep for short tasks, shallow for long ones so one worker
@@ -144,9 +144,16 @@ pub struct WorkerArgs {
     #[arg(long, env = "ARTEX_UPGRADE_BODY_TIMEOUT_MS", default_value_t = 10_000,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub upgrade_body_timeout_ms: u64,
-    /// How long resumable tasks have to reach a checkpoint during a handover, milliseconds.
-    #[arg(long, env = "ARTEX_HANDOVER_SUSPEND_MS", default_value_t = 10_000)]
-    pub handover_suspend_ms: u64,
+    /// How long resumable tasks have to reach a checkpoint during the task transfer of a
+    /// hot upgrade, milliseconds.
+    // The flag keeps its first name: an upgrade starts the new build with the old one's
+    // arguments, so a flag renamed in either build would fail an upgrade forward or back.
+    #[arg(
+        long = "handover-suspend-ms",
+        env = "ARTEX_HANDOVER_SUSPEND_MS",
+        default_value_t = 10_000
+    )]
+    pub transfer_suspend_ms: u64,
     /// Also serve the HTTP API (`/api/v1/…`, as `artex serve`) on this worker's port,
     /// through the worker's own pool; `artex up` always does.
     #[arg(long, env = "ARTEX_API")]

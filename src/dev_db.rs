@@ -361,7 +361,8 @@ impl Cluster {
 
     fn give_to_server(&self, path: &Path) -> Result {
         if let Some((uid, gid)) = self.run_as {
-            chown(path, Some(uid), Some(gid)).map_err(|e| io_error("handing over", path, e))?;
+            chown(path, Some(uid), Some(gid))
+                .map_err(|e| io_error("giving to the server's user", path, e))?;
         }
         Ok(())
     }

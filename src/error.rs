@@ -16,9 +16,11 @@ pub enum Error {
     /// The PostgreSQL server binaries are not installed.
     #[error("{0}")]
     PostgresMissing(String),
-    /// A hot upgrade's handover failed on this (the new) side: a failure, not bad input.
+    /// A hot upgrade failed on this (the new) side of the upgrade channel (listener pass
+    /// or task transfer): a failure, not bad input. Boxed, so that this module names no
+    /// module above it; `hot_upgrade` converts its `ChannelError` into it.
     #[error(transparent)]
-    Handover(#[from] crate::hot_upgrade::HandoverError),
+    UpgradeChannel(Box<dyn std::error::Error + Send + Sync>),
     /// `artex master` could not bring its worker generation up.
     #[error("artex master: {0}")]
     Master(String),
@@ -53,7 +55,7 @@ impl Error {
     /// The process exit code for this error (README, "Exit codes"): 2 for bad input (the
     /// message names the option or value), 3 for a cluster not running (`db status`), 4
     /// and 5 for a task or flow waited for that failed (or timed out) or was canceled, 1
-    /// for every failure (database, network, handover, files). 0 is success.
+    /// for every failure (database, network, upgrade channel, files). 0 is success.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,

@@ -18,23 +18,28 @@
 //! ```
 //!
 //! # Layout
-//! Arrows point down only: a module uses those below it, never one above.
+//! Arrows point down only: a module uses (names in a `crate::` path, doc links included)
+//! only those below it in this list, never one above. Inside `cli/` the command groups
+//! are siblings.
 //! - [`cli`]: the `artex` command line, one file per command group.
 //! - [`runtime`]: `run_planner` and `run_worker`, each run until a shutdown future
 //!   resolves (testable in-process), and the connection to the blackboard.
-//! - [`http`]: the worker's HTTP routes and the API of `artex serve` (no SQL).
-//! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
+//! - [`http`]: the worker's HTTP routes and the API of `artex serve` (no SQL); its
+//!   `/upgrade` route only passes the request to [`hot_upgrade`].
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
-//! - [`hot_upgrade`]: the app side of a hot upgrade: old side, new side, their protocol,
-//!   and the schema a bundle's build needs, checked before it is spawned.
+//! - [`hot_upgrade`]: the app side of a hot upgrade, every step from one module root
+//!   (its documentation walks them): the bundle received and checked, the upgrade
+//!   channel's old and new side (listener pass, task transfer), rollback, and the drain
+//!   of the old process.
+//! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
+//! - [`handlers`]: the stock binary's task kinds.
 //! - [`process`]: host name, worker id, the binary's digest, stop signals, the service
-//!   manager, generation folders.
+//!   manager.
+//! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
 //! - [`config`]: flags and `ARTEX_*` variables, with defaults.
 //! - [`tokens`]: bearer tokens: from files, from headers, compared in constant time.
-//! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
-//! - [`handlers`]: the stock binary's task kinds.
-//! - [`error`]: the app's error type and exit codes; the one module that names those
-//!   above it, as it wraps their error types (`#[from]`).
+//! - [`error`]: the app's error type and exit codes; it names no module of the app
+//!   (a module's own error converts into it where that module is defined).
 #![forbid(unsafe_code)]
 
 pub mod cli;

@@ -1,7 +1,7 @@
 //! `artex master`: a stable parent for supervisors that cannot follow a PID change
 //! (supervisord, runit), after HAProxy's master-worker mode. It holds the HTTP listener,
-//! starts a worker generation through the ordinary handover (as an "old side" with no
-//! tasks), adopts the later generations that hot upgrades start (child subreaper),
+//! starts a worker generation through the ordinary upgrade channel (as an "old side":
+//! a listener pass, no task transfer), adopts the later generations that hot upgrades start (child subreaper),
 //! respawns one when the generation dies, and forwards SIGTERM / SIGUSR2 to all of them.
 //!
 //! Every generation of one lineage shares the process group of the first (an upgrade
@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::channel::ChannelListener;
 use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::spawn::{self, SpawnOptions};
 use artex_upgrade::{notify, subreaper, StopSignal, StopSignals};
@@ -23,11 +23,11 @@ use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::error::{Error, Result};
-use crate::hot_upgrade::{HandoverError, OldSide, UPGRADE_FOLDER};
+use crate::hot_upgrade::{ChannelError, OldSide, UPGRADE_FOLDER};
 use crate::process::notify_service;
 
 /// The worker id a generation started by the master is told it takes over from (it has
-/// no tasks to hand over).
+/// no tasks to transfer).
 pub const MASTER_WORKER: &str = "master";
 
 /// A generation that lived this long was healthy: its death does not grow the backoff.
@@ -52,7 +52,7 @@ pub struct MasterConfig {
     pub generation_args: Vec<OsString>,
     /// The HTTP listener the generations serve.
     pub listener: std::net::TcpListener,
-    /// Private folder for the handover sockets (the upgrade folder).
+    /// Private folder for the upgrade channel sockets (the upgrade folder).
     pub dir: PathBuf,
     /// How long a generation has to get ready (`--upgrade-ready-ms`).
     pub ready_deadline: Duration,
@@ -160,7 +160,7 @@ struct Master {
     gen_args: Vec<OsString>,
     listener: std::net::TcpListener,
     http_addr: String,
-    /// Private folder for the handover sockets (the upgrade folder).
+    /// Private folder for the upgrade channel sockets (the upgrade folder).
     dir: PathBuf,
     ready_deadline: Duration,
     stop_deadline: Duration,
@@ -218,7 +218,8 @@ enum Start {
 
 impl Master {
     fn new(config: MasterConfig) -> Result<Self> {
-        // The master always hands over through this folder: check it before anything.
+        // The master always passes the listener through this folder: check it before
+        // anything.
         ensure_private_dir(&config.dir, UPGRADE_FOLDER)?;
         let http_addr = config
             .listener
@@ -279,7 +280,7 @@ impl Master {
         }
     }
 
-    /// Starts generation `number` in a new process group and hands it the listener.
+    /// Starts generation `number` in a new process group and passes it the listener.
     async fn start_generation(
         &self,
         number: u64,
@@ -288,10 +289,11 @@ impl Master {
         let socket_dir = self
             .dir
             .join(format!("master-{}-{number}", std::process::id()));
-        let hs = ensure_private_dir(&self.dir, UPGRADE_FOLDER)
+        let channel = ensure_private_dir(&self.dir, UPGRADE_FOLDER)
             .map_err(|e| e.to_string())
             .and_then(|()| {
-                HandoverListener::bind(&socket_dir).map_err(|e| format!("handover socket: {e}"))
+                ChannelListener::bind(&socket_dir)
+                    .map_err(|e| format!("upgrade channel socket: {e}"))
             })
             .map_err(Start::Failed)?;
         // A package upgrade may have replaced (or removed) our binary on disk.
@@ -305,7 +307,7 @@ impl Master {
             process_group: Some(0),
             ..SpawnOptions::default()
         };
-        let mut child = match spawn::spawn_with(&exe, hs.path(), &self.gen_args, &options) {
+        let mut child = match spawn::spawn_with(&exe, channel.path(), &self.gen_args, &options) {
             Ok(c) => c,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&socket_dir);
@@ -320,11 +322,11 @@ impl Master {
             "starting a worker generation"
         );
         let outcome = {
-            let handover = self.handover(&hs, &mut child, pid);
-            tokio::pin!(handover);
+            let passed = self.pass_listener(&channel, &mut child, pid);
+            tokio::pin!(passed);
             loop {
                 tokio::select! {
-                    r = &mut handover => break r.map_err(|e| Start::Failed(e.to_string())),
+                    r = &mut passed => break r.map_err(|e| Start::Failed(e.to_string())),
                     sig = signals.next() => match sig {
                         StopSignal::Drain => tracing::info!("SIGUSR2 ignored: a generation is starting"),
                         stop => break Err(Start::Stopped(stop)),
@@ -332,7 +334,7 @@ impl Master {
                 }
             }
         };
-        drop(hs);
+        drop(channel);
         let _ = std::fs::remove_dir_all(&socket_dir);
         match outcome {
             Ok(worker_id) => {
@@ -361,16 +363,16 @@ impl Master {
         }
     }
 
-    /// The old side of the handover, with nothing to hand over but the listener: returns
-    /// the new worker's id once it has taken over.
-    async fn handover(
+    /// The old side of the upgrade channel, with nothing to pass but the listener:
+    /// returns the new worker's id once it has taken over.
+    async fn pass_listener(
         &self,
-        hs: &HandoverListener,
+        channel: &ChannelListener,
         child: &mut Child,
         pid: u32,
-    ) -> std::result::Result<String, HandoverError> {
+    ) -> std::result::Result<String, ChannelError> {
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
-        let mut old = OldSide::accept(hs, child, pid, deadline).await?;
+        let mut old = OldSide::accept(channel, child, pid, deadline).await?;
         let worker_id = old.ready(&self.http_addr, MASTER_WORKER).await?;
         old.pass_listener(self.listener.as_fd()).await?;
         // The generation stays the leader of its own group: that group is the lineage.

@@ -1,6 +1,6 @@
 //! What a process needs to know about itself and its surroundings: its host name and
 //! identity, the digest of its own binary, stop signals as one shutdown that every part
-//! can wait on, messages to the service manager, and its generation folder.
+//! can wait on, and messages to the service manager.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -102,21 +102,5 @@ impl Shutdown {
 pub fn notify_service(r: std::result::Result<bool, artex_upgrade::Error>) {
     if let Err(e) = r {
         tracing::warn!(error = %e, "cannot notify the service manager");
-    }
-}
-
-/// The marker file that makes an upgrade's folder a generation folder.
-pub const GENERATION_MARKER: &str = ".artex-generation";
-
-/// A generation unpacked by an upgrade runs from its own folder; once it exits, the
-/// folder has no further use (Linux keeps the running binary alive until then).
-pub fn remove_own_generation() {
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("gen-") && dir.join(GENERATION_MARKER).exists() {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-        }
     }
 }

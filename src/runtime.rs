@@ -2,8 +2,9 @@
 //! caller passes the blackboard, the settings, the listener and a shutdown future, so a
 //! test (or a user's binary) can run a planner or a worker in-process and stop it.
 //! [`run_planner`] starts the Scanner, Assigner, Reaper and Maintenance (and with `--shards auto` the
-//! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, takes over
-//! from a predecessor when spawned by a hot upgrade, and drains on shutdown.
+//! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, runs the new
+//! side of a hot upgrade when one spawned it (`hot_upgrade::NewSide`: listener pass, task
+//! transfer), and drains on shutdown.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,15 +25,12 @@ use artex_actors::Blackboard;
 
 use crate::config::{ms, DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::error::{Error, Result};
-use crate::hot_upgrade::{Successor, UpgradeSettings, Upgrader};
+use crate::hot_upgrade::generation::remove_own_generation;
+use crate::hot_upgrade::{self, NewSide, UpgradeSettings, Upgrader};
 use crate::http::auth::Access;
-use crate::process::{hostname, notify_service, remove_own_generation, worker_id, BinaryDigest};
+use crate::process::{hostname, notify_service, worker_id, BinaryDigest};
 use crate::uploads::Uploads;
 use crate::{dev_db, http, VERSION};
-
-/// After a handover, how long accepted connections get to send their request before
-/// the old process stops serving HTTP.
-const HANDOVER_ACCEPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How long a stopping planner tries to give its shards back (`--shards auto`).
 const RESIGN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -177,7 +175,8 @@ pub async fn run_planner(
 /// Runs a worker with `registry`'s handlers until `shutdown` resolves; then drains (see
 /// [`Drain`]) and returns what the drain did. It serves HTTP on `listener`; with `None`
 /// it must have been spawned by a hot upgrade (`ARTEX_HANDOVER_SOCKET`), and receives the
-/// listening socket and its predecessor's tasks through the handover.
+/// listening socket (the listener pass) and its predecessor's tasks (the task transfer)
+/// over the upgrade channel.
 pub async fn run_worker(
     bb: Blackboard,
     args: &WorkerArgs,
@@ -192,8 +191,8 @@ pub async fn run_worker(
     }
     let upgrade = UpgradeSettings::from_args(args)?;
     let access = Access::from_args(&args.access)?;
-    let mut successor = Successor::connect_if_spawned().await?;
-    let http_addr = match (&mut successor, &listener) {
+    let mut new_side = NewSide::connect_if_spawned().await?;
+    let http_addr = match (&mut new_side, &listener) {
         (Some(s), _) => s.welcome().await?.0,
         (None, Some(l)) => l
             .local_addr()
@@ -201,27 +200,27 @@ pub async fn run_worker(
             .to_string(),
         (None, None) => {
             return Err(Error::Invalid(
-                "no HTTP listener and no handover socket to receive one from".into(),
+                "no HTTP listener and no upgrade channel to receive one from".into(),
             ))
         }
     };
     let config = worker_config(args, &http_addr);
     Worker::register(&bb.worker(), &config, &registry).await?;
-    // A successor receives the socket only now, registered: one that cannot reach the
+    // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
-    let listener = match (listener, &mut successor) {
+    let listener = match (listener, &mut new_side) {
         (Some(l), _) => l,
-        (None, Some(s)) => s.ready(&config.id).await?,
+        (None, Some(s)) => s.receive_listener(&config.id).await?,
         (None, None) => unreachable!("checked above"),
     };
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
         concurrency = config.concurrency, prefetch = ?config.prefetch,
-        lease_ms = args.lease_ms, drain_ms = args.drain_ms, successor = successor.is_some(),
+        lease_ms = args.lease_ms, drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(),
         upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
         "worker registered; listening");
     let (b, c, r, s) = (bb.worker(), config.clone(), registry, stats.clone());
     let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
-    let handed_over = Arc::new(AtomicBool::new(false));
+    let listener_passed = Arc::new(AtomicBool::new(false));
     let binary_sha256 = BinaryDigest::start();
     record_binary(&bb, &config.id, &binary_sha256);
     let upgrader = Arc::new(Upgrader {
@@ -235,19 +234,19 @@ pub async fn run_worker(
         dir: upgrade.dir,
         ready_deadline: ms(args.upgrade_ready_ms),
         body_timeout: ms(args.upgrade_body_timeout_ms),
-        suspend_deadline: ms(args.handover_suspend_ms),
+        suspend_deadline: ms(args.transfer_suspend_ms),
         lease_secs: ms(args.lease_ms).as_secs_f64(),
         limits: artex_upgrade::Limits::default(),
         binary_sha256: binary_sha256.clone(),
         in_progress: AtomicBool::new(false),
-        handed_over: handed_over.clone(),
+        listener_passed: listener_passed.clone(),
     });
     let state = http::AppState {
         worker: worker.clone(),
         stats,
         version: VERSION.to_string(),
         binary_sha256,
-        handed_over: handed_over.clone(),
+        listener_passed: listener_passed.clone(),
         db: http::probe::DbProbe::start(bb.clone()),
     };
     let events =
@@ -293,34 +292,21 @@ pub async fn run_worker(
     .run();
     let handle = server.handle();
     let serving = actix::spawn(server);
-    if let Some(mut s) = successor {
-        let report = s.take_over(&worker).await?;
-        tracing::info!(
-            resumed = report.resumed.len(),
-            conflicts = report.conflicts.len(),
-            "took over from the previous generation"
-        );
-        // Under systemd (Type=notify, NotifyAccess=all) this process is the service now.
-        notify_service(artex_upgrade::notify::mainpid(std::process::id()));
+    if let Some(s) = new_side {
+        s.take_tasks(&worker).await?;
     }
     notify_service(artex_upgrade::notify::ready());
     notify_service(artex_upgrade::notify::status(&format!(
         "serving on {http_addr}"
     )));
     shutdown.await;
-    let report = if handed_over.load(Ordering::Acquire) {
-        // The successor serves the socket: stop accepting here first (in-flight requests
-        // finish, idle keep-alive connections close), then finish the remaining tasks.
+    let report = if listener_passed.load(Ordering::Acquire) {
+        // The successor serves the socket: stop serving here first, then finish the
+        // remaining tasks.
         notify_service(artex_upgrade::notify::status(
-            "handed over; finishing the last tasks",
+            "upgraded; draining: finishing the last tasks",
         ));
-        // Stop accepting first: the successor takes every new connection from the shared
-        // queue. Connections this process accepted a moment ago may not have sent their
-        // request yet, and a graceful stop would close them as idle; give them a grace
-        // period to arrive, then stop (in-flight requests finish).
-        handle.pause().await;
-        tokio::time::sleep(HANDOVER_ACCEPT_GRACE).await;
-        handle.stop(true).await;
+        hot_upgrade::drain::stop_serving(&handle).await;
         let report = drain(&worker, &config, args).await?;
         let _ = serving.await;
         report
@@ -400,9 +386,9 @@ async fn drain(
 }
 
 /// Binds the worker's HTTP listener, unless this process was spawned by a hot upgrade
-/// (it then receives its predecessor's listening socket through the handover).
+/// (it then receives its predecessor's listening socket: the listener pass).
 pub fn bind_http_unless_spawned(addr: &str) -> Result<Option<std::net::TcpListener>> {
-    if std::env::var_os(artex_upgrade::HANDOVER_ENV).is_some() {
+    if hot_upgrade::spawned_by_upgrade() {
         return Ok(None);
     }
     bind_http(addr).map(Some)

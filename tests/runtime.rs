@@ -35,7 +35,7 @@ async fn wait_all_finished(c: &Client, timeout: Duration) {
 /// The history rows that stand for an assignment (since V10): the start of one
 /// (`assigned > running`, which names its worker and epoch), or, for an assignment that
 /// ended without a start, its own row (`pending > assigned`). Each assignment has exactly
-/// one of them; a handover's `assigned > assigned` row is not one.
+/// one of them; a task transfer's `assigned > assigned` row is not one.
 const ASSIGNMENT_ROWS: &str = "((from_status = 'pending' and to_status = 'assigned')
      or (from_status = 'assigned' and to_status = 'running'))";
 

@@ -307,7 +307,7 @@ async fn audit_trails(c: &Client, order: &str) -> Vec<String> {
 
 // V10 merges the audit trail and the outbox into one history. A database full of
 // old-format rows — a consumer mid-stream, events it has not read, the head of the
-// outbox already pruned, assignments and handovers only the audit had — keeps every row
+// outbox already pruned, assignments and task transfers only the audit had — keeps every row
 // a consumer has not read at its position, and its audit trail.
 #[tokio::test]
 async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row() {
@@ -316,7 +316,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     migrated_up_to(&c, 9).await;
     // Old-format history written by V9's triggers, one transaction per step as the
     // runtime writes it: tasks that ran (one in a combined write, as workers record short
-    // tasks), failed, were given back, handed over.
+    // tasks), failed, were given back, moved by a task transfer.
     for step in [
         "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
          values ('w1', 'h', 1, 'v', 'w_1', '{echo}', 10)",

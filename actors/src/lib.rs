@@ -16,7 +16,7 @@
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
 //!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
 //!   rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
-//!   [`worker::handover`] the worker's side of a hot upgrade.
+//!   [`worker::transfer`] the worker's side of a hot upgrade's task transfer.
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.

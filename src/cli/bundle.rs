@@ -197,7 +197,7 @@ fn info(bundle: &Path, public_key: &Path, json: bool) -> Result {
     println!("version:   {}", manifest.version);
     println!("target:    {}", manifest.target);
     println!("sha256:    {}", manifest.binary_sha256);
-    println!("protocol:  {}", manifest.handover_protocol);
+    println!("protocol:  {}", manifest.channel_protocol);
     if let Some(t) = &manifest.created_at {
         println!("created:   {t}");
     }

@@ -1,48 +1,52 @@
-//! The old side of the handover protocol with a spawned child, step by step, each step
-//! bounded by the child's exit and one deadline. Used by hot upgrades ([`super::Upgrader`])
-//! and by `artex master` (which hands over a listener and no tasks).
+//! The old side of the upgrade channel with a spawned child, step by step (hello, ready,
+//! listener pass, task transfer), each step bounded by the child's exit and one deadline.
+//! Used by hot upgrades (the upgrader) and by `artex master` (which passes a listener
+//! and transfers no tasks).
 
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use artex_actors::worker::ResumeReport;
-use artex_upgrade::handover::{self, Channel, HandoverListener};
+use artex_upgrade::channel::{self, Channel, ChannelListener};
 use uuid::Uuid;
 
-use super::protocol::{describe_exit, HandoverError, Msg};
+use super::channel::{describe_exit, ChannelError, Msg};
 
-/// A handover in progress, seen from the process that hands over.
+/// An upgrade in progress, seen from the process that gives its place up.
 pub struct OldSide<'a> {
     ch: Channel,
     child: &'a mut tokio::process::Child,
     deadline: tokio::time::Instant,
+    /// Where the exchange is, for the message if the child exits now.
+    step: &'static str,
 }
 
 impl<'a> OldSide<'a> {
     /// Accepts the child's connection (its pid checked) and its `Hello`.
     pub async fn accept(
-        hs: &HandoverListener,
+        listener: &ChannelListener,
         child: &'a mut tokio::process::Child,
         pid: u32,
         deadline: tokio::time::Instant,
-    ) -> Result<OldSide<'a>, HandoverError> {
+    ) -> Result<OldSide<'a>, ChannelError> {
         let ch = tokio::select! {
-            r = hs.accept(pid) => r?,
-            st = child.wait() => return Err(HandoverError::ChildExited {
+            r = listener.accept(pid) => r?,
+            st = child.wait() => return Err(ChannelError::ChildExited {
                 step: "before connecting",
                 status: describe_exit(st),
             }),
-            _ = tokio::time::sleep_until(deadline) => return Err(HandoverError::Timeout { step: "connect" }),
+            _ = tokio::time::sleep_until(deadline) => return Err(ChannelError::Timeout { step: "connect" }),
         };
         let mut old = OldSide {
             ch,
             child,
             deadline,
+            step: "before the listener pass",
         };
         match old.recv().await? {
-            Msg::Hello { protocol, .. } if protocol == handover::PROTOCOL_VERSION => Ok(old),
-            m => Err(HandoverError::unexpected(
-                format!("hello with protocol {}", handover::PROTOCOL_VERSION),
+            Msg::Hello { protocol, .. } if protocol == channel::PROTOCOL_VERSION => Ok(old),
+            m => Err(ChannelError::unexpected(
+                format!("hello with protocol {}", channel::PROTOCOL_VERSION),
                 &m,
             )),
         }
@@ -53,7 +57,7 @@ impl<'a> OldSide<'a> {
         &mut self,
         http_addr: &str,
         old_worker: &str,
-    ) -> Result<String, HandoverError> {
+    ) -> Result<String, ChannelError> {
         self.send(
             &Msg::Welcome {
                 http_addr: http_addr.into(),
@@ -64,27 +68,29 @@ impl<'a> OldSide<'a> {
         .await?;
         match self.recv().await? {
             Msg::Ready { worker_id } => Ok(worker_id),
-            m => Err(HandoverError::unexpected("ready", &m)),
+            m => Err(ChannelError::unexpected("ready", &m)),
         }
     }
 
-    /// `Listener` (the socket passed with SCM_RIGHTS) → `Serving`.
-    pub async fn pass_listener(&mut self, listener: BorrowedFd<'_>) -> Result<(), HandoverError> {
+    /// The listener pass: `Listener` (the socket passed with SCM_RIGHTS) → `Serving`.
+    pub async fn pass_listener(&mut self, listener: BorrowedFd<'_>) -> Result<(), ChannelError> {
+        self.step = "during the listener pass";
         self.send(&Msg::Listener, &[listener]).await?;
         match self.recv().await? {
             Msg::Serving => Ok(()),
-            m => Err(HandoverError::unexpected("serving", &m)),
+            m => Err(ChannelError::unexpected("serving", &m)),
         }
     }
 
-    /// `Transfer` → `TakenOver`: what the child took over. With `join_group`, the child
-    /// moves into that process group before it answers.
+    /// The task transfer: `Transfer` → `TakenOver`, what the child took over. With
+    /// `join_group`, the child moves into that process group before it answers.
     pub async fn transfer(
         &mut self,
         from: &str,
         tasks: Vec<(Uuid, i64)>,
         join_group: Option<u32>,
-    ) -> Result<ResumeReport, HandoverError> {
+    ) -> Result<ResumeReport, ChannelError> {
+        self.step = "during the task transfer";
         self.send(
             &Msg::Transfer {
                 from: from.into(),
@@ -96,17 +102,18 @@ impl<'a> OldSide<'a> {
         .await?;
         match self.recv().await? {
             Msg::TakenOver { report } => Ok(report),
-            m => Err(HandoverError::unexpected("taken_over", &m)),
+            m => Err(ChannelError::unexpected("taken_over", &m)),
         }
     }
 
-    async fn send(&mut self, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), HandoverError> {
+    async fn send(&mut self, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
         Ok(self.ch.send(msg, fds).await?)
     }
 
-    async fn recv(&mut self) -> Result<Msg, HandoverError> {
-        let exited = |st| HandoverError::ChildExited {
-            step: "during the handover",
+    async fn recv(&mut self) -> Result<Msg, ChannelError> {
+        let step = self.step;
+        let exited = |st| ChannelError::ChildExited {
+            step,
             status: describe_exit(st),
         };
         tokio::select! {
@@ -115,11 +122,11 @@ impl<'a> OldSide<'a> {
                 // A broken channel usually means the child died: say how, if it did.
                 Err(e) => match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
                     Ok(st) => Err(exited(st)),
-                    Err(_) => Err(HandoverError::Broken(e)),
+                    Err(_) => Err(ChannelError::Broken(e)),
                 },
             },
             st = self.child.wait() => Err(exited(st)),
-            _ = tokio::time::sleep_until(self.deadline) => Err(HandoverError::Timeout { step: "get ready" }),
+            _ = tokio::time::sleep_until(self.deadline) => Err(ChannelError::Timeout { step: "get ready" }),
         }
     }
 }

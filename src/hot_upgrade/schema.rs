@@ -7,7 +7,7 @@ use artex_actors::blackboard::{check_range, needed, Needed, SchemaMismatch};
 use artex_actors::Blackboard;
 use artex_upgrade::{Schema, SchemaMigration};
 
-use super::UpgradeError;
+use super::error::UpgradeError;
 
 /// This build's schema: every migration it knows, all of which it needs.
 pub fn this_build() -> Schema {

@@ -1,8 +1,9 @@
-//! The engine behind `/upgrade`: checks the caller, verifies and unpacks the bundle,
-//! spawns the new binary, runs the old side of the handover with it (socket, then
-//! tasks), and on any failure before `TakenOver` rolls everything back: the child and
+//! The old process's side of an upgrade, the engine behind `/upgrade`: [`Upgrader::run`]
+//! checks the caller, receives, verifies and unpacks the bundle, spawns the new binary,
+//! runs the old side of the upgrade channel with it (the listener pass, then the task
+//! transfer), and on any failure before `TakenOver` rolls everything back: the child and
 //! whatever it started (its own process group) are killed, its tasks come back, the
-//! suspended ones resume here.
+//! suspended ones resume here. On success it starts this process's drain.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -13,22 +14,26 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use artex_actors::blackboard::WorkerState;
 use artex_actors::worker::{
-    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover, Worker,
+    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, Worker,
 };
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
-use artex_upgrade::handover::HandoverListener;
+use artex_upgrade::channel::ChannelListener;
 use artex_upgrade::private_dir::ensure_private_dir;
 use artex_upgrade::{bundle, spawn, Limits, VerifyingKey};
+use futures_util::Stream;
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::channel::ChannelError;
+use super::error::UpgradeError;
+use super::generation::GENERATION_MARKER;
 use super::old_side::OldSide;
-use super::protocol::HandoverError;
+use super::receive::{self, Form, MAX_UPLOAD};
 use super::schema;
 use crate::config::WorkerArgs;
 use crate::error::{Error, Result};
-use crate::process::{BinaryDigest, GENERATION_MARKER};
+use crate::process::BinaryDigest;
 use crate::tokens;
 
 /// How the upgrade folder is named in errors.
@@ -92,7 +97,7 @@ pub struct Upgrader {
     pub public_key: Option<VerifyingKey>,
     /// Bearer token the caller must present; upgrades are refused without one.
     pub token: Option<String>,
-    /// A duplicate of the HTTP listening socket, to hand to the successor.
+    /// A duplicate of the HTTP listening socket, for the listener pass.
     pub listener: std::net::TcpListener,
     /// Where bundles are received and generations unpacked.
     pub dir: PathBuf,
@@ -110,39 +115,9 @@ pub struct Upgrader {
     pub binary_sha256: BinaryDigest,
     /// Set while an upgrade runs (a second one gets 409).
     pub in_progress: AtomicBool,
-    /// Set once a successor took over: this process only finishes what it runs.
-    pub handed_over: Arc<AtomicBool>,
-}
-
-/// Why an upgrade did not happen, with the HTTP status that says so.
-#[derive(Debug)]
-pub enum UpgradeError {
-    /// 403: no key or token configured.
-    NotConfigured(String),
-    /// 401: missing or wrong token.
-    Unauthorized,
-    /// 409: another upgrade is running.
-    InProgress,
-    /// 409: the new build cannot run against the database's schema (the message names
-    /// the migration and what to run); nothing was spawned.
-    Schema(String),
-    /// 413: bundle larger than allowed.
-    TooLarge(u64),
-    /// 408: the upload stalled or took too long (what and how far is said).
-    Timeout(String),
-    /// 400: the bundle was refused (what was wrong is said).
-    BadBundle(String),
-    /// 500: the new process failed; everything was rolled back.
-    RolledBack {
-        /// What went wrong.
-        why: String,
-        /// The child's pid, if it was spawned.
-        child_pid: Option<u32>,
-        /// Milliseconds from upload received to rollback complete.
-        elapsed_ms: u64,
-    },
-    /// 500: something on this side failed before anything changed.
-    Internal(String),
+    /// Set once the listener pass is done (and cleared by a rollback): the successor
+    /// serves the socket too, and this process only finishes what it runs.
+    pub listener_passed: Arc<AtomicBool>,
 }
 
 /// A completed (or unnecessary) upgrade.
@@ -181,11 +156,11 @@ pub struct Timings {
     pub ready: u64,
     /// New process accepting on the socket.
     pub serving: u64,
-    /// Tasks handed over; this process drains next.
+    /// Task transfer done; this process drains next.
     pub taken_over: u64,
 }
 
-/// How far a handover got: what a rollback has to put back.
+/// How far an upgrade got: what a rollback has to put back.
 #[derive(Default)]
 struct Progress {
     /// The new worker's id, once it registered.
@@ -196,7 +171,81 @@ struct Progress {
     moved: i64,
 }
 
+/// What an upgrade needs of its `/upgrade` request's headers (the route reads them).
+pub struct UpgradeRequest<'a> {
+    /// `Authorization`: the bearer token.
+    pub authorization: Option<&'a str>,
+    /// `Content-Length`, if the caller said.
+    pub content_length: Option<&'a str>,
+    /// `Content-Type`: a raw ZIP, or a multipart form.
+    pub content_type: Option<&'a str>,
+}
+
+/// Holds the one upgrade slot ([`Upgrader::in_progress`]); frees it however the upgrade
+/// ends: answered, failed, or dropped with the connection.
+struct Slot<'a>(&'a AtomicBool);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Removes a folder when dropped (the received upload, whatever became of it).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 impl Upgrader {
+    /// A whole upgrade, old side, for one `/upgrade` request: authenticates the caller,
+    /// refuses a second upgrade while one runs, receives the bundle ([`receive`]), runs
+    /// the upgrade itself ([`Upgrader::upgrade`]), and once the new process took over
+    /// starts this process's drain.
+    pub async fn run<S, E>(
+        &self,
+        req: UpgradeRequest<'_>,
+        body: S,
+    ) -> Result<UpgradeReport, UpgradeError>
+    where
+        S: Stream<Item = Result<actix_web::web::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let received = Instant::now();
+        self.authorize(req.authorization)?;
+        let declared = req
+            .content_length
+            .and_then(|l| l.trim().parse::<u64>().ok());
+        if declared.is_some_and(|l| l > MAX_UPLOAD) {
+            return Err(UpgradeError::TooLarge(MAX_UPLOAD));
+        }
+        let form = Form::of(req.content_type.unwrap_or("")).map_err(UpgradeError::BadBundle)?;
+        let _slot = self.begin()?;
+        let incoming = self
+            .fresh_dir("incoming")
+            .map_err(|e| UpgradeError::Internal(format!("upload folder: {e}")))?;
+        let _incoming = RemoveOnDrop(incoming.clone());
+        let zip = receive::receive(body, &incoming, form, self.body_timeout).await?;
+        let report = self.upgrade(&zip, received).await?;
+        if report.status == "upgraded" {
+            // The drain of this process, exactly as an operator's SIGUSR2 would start it;
+            // the HTTP server finishes this response before it stops.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGUSR2);
+        }
+        Ok(report)
+    }
+
+    /// Takes the one upgrade slot, or says another upgrade runs (409).
+    fn begin(&self) -> Result<Slot<'_>, UpgradeError> {
+        self.in_progress
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| Slot(&self.in_progress))
+            .map_err(|_| UpgradeError::InProgress)
+    }
+
     /// Checks configuration and the bearer token, in that order.
     pub fn authorize(&self, header: Option<&str>) -> Result<(), UpgradeError> {
         let (Some(_), Some(token)) = (&self.public_key, &self.token) else {
@@ -228,8 +277,9 @@ impl Upgrader {
         Ok(dir)
     }
 
-    /// Runs an upgrade from the bundle at `zip` (received at `received`). The caller holds
-    /// `in_progress`.
+    /// Runs an upgrade from the bundle at `zip` (received at `received`): unpacks and
+    /// verifies it, spawns its binary, passes the listener, transfers the tasks, or rolls
+    /// back. The caller holds `in_progress`.
     pub async fn upgrade(
         &self,
         zip: &Path,
@@ -274,8 +324,8 @@ impl Upgrader {
             .send(GetId)
             .await
             .map_err(|e| UpgradeError::Internal(format!("worker actor: {e}")))?;
-        let hs = HandoverListener::bind(&gen_dir.join("handover"))
-            .map_err(|e| UpgradeError::Internal(format!("handover socket: {e}")))?;
+        let channel = ChannelListener::bind(&gen_dir.join("channel"))
+            .map_err(|e| UpgradeError::Internal(format!("upgrade channel socket: {e}")))?;
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         // Process groups, and why the child gets one of its own only for a while: a
         // rollback must end the child *and everything it started* (a script's background
@@ -296,7 +346,7 @@ impl Upgrader {
             process_group: Some(0),
             ..spawn::SpawnOptions::default()
         };
-        let mut child = spawn::spawn_with(&verified.binary, hs.path(), &args, &options)
+        let mut child = spawn::spawn_with(&verified.binary, channel.path(), &args, &options)
             .map_err(|e| UpgradeError::Internal(format!("spawning the new binary: {e}")))?;
         let child_pid = child.id().unwrap_or(0);
         tracing::info!(child_pid, version = %verified.manifest.version, "upgrade: new process spawned");
@@ -304,29 +354,31 @@ impl Upgrader {
         // Until `TakenOver`, any failure rolls back; `progress` says how far it got.
         let mut progress = Progress::default();
         let deadline = tokio::time::Instant::now() + self.ready_deadline;
-        let handed = async {
-            let mut old = OldSide::accept(&hs, &mut child, child_pid, deadline).await?;
-            self.hand_over(
+        let outcome = async {
+            let mut old = OldSide::accept(&channel, &mut child, child_pid, deadline).await?;
+            let child_worker = self
+                .pass_listener(&mut old, &old_worker, &mut progress, &mut timings, &ms)
+                .await?;
+            self.transfer_tasks(
                 &mut old,
                 &old_worker,
+                &child_worker,
                 our_group,
                 &mut progress,
-                &mut timings,
-                &ms,
             )
             .await
         }
         .await;
-        match handed {
+        match outcome {
             Ok(taken) => {
                 timings.taken_over = ms(Instant::now());
-                self.handed_over.store(true, Ordering::Release);
+                self.listener_passed.store(true, Ordering::Release);
                 warn_if_not_in_group(child_pid, our_group);
                 tracing::info!(
                     child_pid,
                     resumed = taken.resumed.len(),
                     moved = progress.moved,
-                    "upgrade: the new process took over; this one drains"
+                    "upgrade: task transfer done, the new process took over; this one drains"
                 );
                 report.status = "upgraded";
                 report.new_pid = Some(child_pid);
@@ -339,7 +391,7 @@ impl Upgrader {
             }
             Err(why) => {
                 tracing::error!(child_pid, %why, "upgrade failed; rolling back");
-                self.handed_over.store(false, Ordering::Release);
+                self.listener_passed.store(false, Ordering::Release);
                 // The group is the child's own (see above), never ours.
                 let grace = Duration::from_secs(2);
                 let stopped = if child_pid > 1 {
@@ -388,18 +440,17 @@ impl Upgrader {
         }
     }
 
-    /// The handover proper, once the child said `Hello`: it gets ready, receives the
-    /// socket, this process suspends its resumable tasks and moves its unstarted ones,
-    /// and the child takes the suspended ones over.
-    async fn hand_over(
+    /// The listener pass, once the child said `Hello`: it gets ready (registered in the
+    /// blackboard, its id returned), then receives the listening socket. From then on
+    /// both processes accept on it.
+    async fn pass_listener(
         &self,
         old: &mut OldSide<'_>,
         old_worker: &str,
-        our_group: u32,
         progress: &mut Progress,
         timings: &mut Timings,
         ms: &impl Fn(Instant) -> u64,
-    ) -> Result<ResumeReport, HandoverError> {
+    ) -> Result<String, ChannelError> {
         let http_addr = self
             .listener
             .local_addr()
@@ -411,29 +462,43 @@ impl Upgrader {
         old.pass_listener(self.listener.as_fd()).await?;
         timings.serving = ms(Instant::now());
         // From here the successor serves this socket too: this process reports ready
-        // while it hands over (a draining 503 would fail callers for no reason).
-        self.handed_over.store(true, Ordering::Release);
-        let handover = self
+        // while the upgrade finishes (a draining 503 would fail callers for no reason).
+        self.listener_passed.store(true, Ordering::Release);
+        Ok(child_worker)
+    }
+
+    /// The task transfer: this process suspends its resumable tasks at a checkpoint and
+    /// moves its unstarted ones to `child_worker` in the blackboard (fenced), and the
+    /// child takes the suspended ones over; it moves into `our_group` before it answers.
+    async fn transfer_tasks(
+        &self,
+        old: &mut OldSide<'_>,
+        old_worker: &str,
+        child_worker: &str,
+        our_group: u32,
+        progress: &mut Progress,
+    ) -> Result<ResumeReport, ChannelError> {
+        let suspended = self
             .worker
-            .send(SuspendForHandover {
+            .send(SuspendForTransfer {
                 deadline: self.suspend_deadline,
             })
             .await
-            .map_err(|source| HandoverError::Actor {
+            .map_err(|source| ChannelError::Actor {
                 step: "suspending tasks",
                 source,
             })?;
-        progress.suspended = handover.suspended;
-        // Everything else assigned here moves; what runs on here and what is handed
-        // over below stays put.
-        let mut keep = handover.staying;
+        progress.suspended = suspended.suspended;
+        // Everything else assigned here moves; what runs on here and what is transferred
+        // below stays put.
+        let mut keep = suspended.staying;
         keep.extend(progress.suspended.iter().map(|(id, _)| *id));
         progress.moved = self
             .bb
             .worker()
-            .move_assigned(old_worker, &child_worker, self.lease_secs, &keep)
+            .move_assigned(old_worker, child_worker, self.lease_secs, &keep)
             .await
-            .map_err(|source| HandoverError::Blackboard {
+            .map_err(|source| ChannelError::Blackboard {
                 step: "moving unstarted tasks",
                 source,
             })?;
@@ -441,7 +506,7 @@ impl Upgrader {
             .await
     }
 
-    /// Puts back what a failed handover had changed (the child is dead by now): the
+    /// Puts back what a failed upgrade had changed (the child is dead by now): the
     /// tasks that reached it come back here, it is marked gone, suspended tasks resume
     /// here and the worker takes new work again. What cannot be put back is left to
     /// the reaper, and said.
@@ -487,9 +552,9 @@ impl Upgrader {
     }
 }
 
-/// A successor built before process groups were handed back ignores `join_group` and
+/// A successor built before process groups were given back ignores `join_group` and
 /// stays in the group it was spawned in: it works, but a supervisor tracking our group
-/// (`artex master`) no longer sees it. The handover is complete by now, so say so.
+/// (`artex master`) no longer sees it. The task transfer is complete by now, so say so.
 fn warn_if_not_in_group(child_pid: u32, group: u32) {
     let Ok(pid) = i32::try_from(child_pid) else {
         return;
@@ -501,7 +566,7 @@ fn warn_if_not_in_group(child_pid: u32, group: u32) {
             child_group = g.as_raw(),
             group,
             "the new process did not move into this process group (a build older than \
-             the group hand-back?); a supervisor tracking the group will not see it"
+             the move into this group?); a supervisor tracking the group will not see it"
         ),
         Err(e) => tracing::warn!(child_pid, error = %e, "cannot read the new process's group"),
     }

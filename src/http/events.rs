@@ -4,8 +4,8 @@
 //! it saw in `Last-Event-ID` (browsers' EventSource does it by itself) and resumes right
 //! after it; `?after=XID-ID` does the same for a first connection. Without either, the
 //! stream starts at the oldest kept event. A position older than the pruned events is
-//! answered 410 Gone rather than with a silent gap. When the worker drains or hands its
-//! socket to a successor (hot upgrade), the stream ends and the client's reconnection
+//! answered 410 Gone rather than with a silent gap. When the worker drains (after a
+//! hot upgrade's listener pass too), the stream ends and the client's reconnection
 //! lands on whoever serves the port then: an open stream never holds a shutdown back.
 //!
 //! Bounded whatever clients do: it needs the read scope; at most `--max-event-streams`
@@ -107,7 +107,7 @@ enum Phase {
 }
 
 /// The SSE stream of task events. Served by workers (`app`: it ends when the worker
-/// drains or hands over) and by `artex serve` (no worker: it ends at
+/// drains, after a listener pass too) and by `artex serve` (no worker: it ends at
 /// [`EventsState::stop`]).
 pub async fn events(
     _: CanRead,
@@ -211,7 +211,7 @@ struct Stream {
 /// The next piece of the stream: a batch of events, a keep-alive comment, or (when the
 /// database fails) an error event that ends the stream; the client reconnects with its
 /// `Last-Event-ID` and loses nothing. Whether this process is leaving is looked at
-/// every poll, so an open stream never holds a drain or a handover back for longer.
+/// every poll, so an open stream never holds a drain or an upgrade back for longer.
 async fn next_chunk(
     feed: &mut EventFeed,
     app: Option<&AppState>,
@@ -255,12 +255,13 @@ async fn next_chunk(
     }
 }
 
-/// Whether this worker stops serving: draining, or handed over to a successor.
+/// Whether this worker stops serving: draining, or past the listener pass of a hot
+/// upgrade.
 async fn leaving(app: Option<&AppState>) -> bool {
     let Some(app) = app else {
         return false;
     };
-    if app.handed_over.load(Ordering::Acquire) {
+    if app.listener_passed.load(Ordering::Acquire) {
         return true;
     }
     match app.worker.send(GetStatus).await {

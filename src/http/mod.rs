@@ -32,8 +32,9 @@ pub struct AppState {
     pub version: String,
     /// sha256 of the running binary.
     pub binary_sha256: crate::process::BinaryDigest,
-    /// Set once a successor took over the socket and the tasks.
-    pub handed_over: Arc<AtomicBool>,
+    /// Set once the listener pass of a hot upgrade is done: a successor serves the
+    /// socket too, and this process drains.
+    pub listener_passed: Arc<AtomicBool>,
     /// The database's health, from a recent real round trip.
     pub db: probe::DbProbe,
 }
@@ -95,10 +96,10 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
             s.database_error.as_deref().unwrap_or("unknown error")
         ));
     }
-    let handed_over = state.handed_over.load(Ordering::Acquire);
+    let listener_passed = state.listener_passed.load(Ordering::Acquire);
     // After a hot upgrade the service is the successor's, which serves this same socket;
     // this process only finishes its last requests and tasks, so it stays "ready".
-    if s.state != artex_actors::worker::WorkerState::Online && !handed_over {
+    if s.state != artex_actors::worker::WorkerState::Online && !listener_passed {
         reasons.push(format!("worker is {}", s.state));
     }
     let body = json!({
@@ -107,7 +108,8 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "worker": s.id,
         "pid": std::process::id(),
         "version": state.version,
-        "handed_over": handed_over,
+        // The key keeps its first name: monitors of `/health` read it.
+        "handed_over": listener_passed,
     });
     Ok(if reasons.is_empty() {
         HttpResponse::Ok().json(body)

@@ -135,7 +135,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
 
     let mut pids = vec![gen0.pid()];
     let mut spawned = KillAll(Vec::new());
-    let mut handover_ms = Vec::new();
+    let mut upgrade_ms = Vec::new();
     // Descriptors of each new generation at the same point of its life (its predecessor
     // just exited, load running): a leak grows with every generation.
     let mut fds = Vec::new();
@@ -155,7 +155,7 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         } else {
             wait_gone(old, Duration::from_secs(30)).await;
         }
-        handover_ms.push(started.elapsed().as_millis() as u64);
+        upgrade_ms.push(started.elapsed().as_millis() as u64);
         let (_, status) = http_get(&http, "/status").unwrap();
         let status: Value = serde_json::from_str(&status).unwrap();
         assert_eq!(status["pid"], new, "the port is served by the new process");
@@ -190,10 +190,10 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
         traffic.await.unwrap()
     };
     let (ok, failed) = load.stop();
-    handover_ms.sort();
+    upgrade_ms.sort();
     eprintln!(
-        "UPGRADE-METRICS handover_ms={handover_ms:?} median_ms={} requests_ok={ok} failed={failed:?} tasks_submitted={submitted} fds={fds:?}",
-        handover_ms[2]
+        "UPGRADE-METRICS upgrade_ms={upgrade_ms:?} median_ms={} requests_ok={ok} failed={failed:?} tasks_submitted={submitted} fds={fds:?}",
+        upgrade_ms[2]
     );
     assert!(
         failed.is_empty(),

@@ -209,7 +209,7 @@ async fn a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request() {
         (parts(&uploads) >= 10).then_some(())
     })
     .await;
-    // One chunk in flight across the handover: its body starts with the old process and
+    // One chunk in flight across the listener pass: its body starts with the old process and
     // ends only once the new one has taken over, so the old one must finish it.
     let upgraded = Arc::new(AtomicBool::new(false));
     let slow = {
@@ -297,7 +297,7 @@ async fn a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request() {
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
 }
 
-/// The chunk whose body crosses the handover.
+/// The chunk whose body crosses the listener pass.
 const SLOW_CHUNK: u64 = 101;
 
 /// PUTs chunk `n`, its body a piece at a time: half of it, then one piece every 20 ms

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
 
+use crate::channel::PROTOCOL_VERSION;
 use crate::error::{Error, Result};
-use crate::handover::PROTOCOL_VERSION;
 
 /// Entry name of the signed manifest.
 pub const MANIFEST_NAME: &str = "manifest.json";
@@ -45,8 +45,12 @@ pub struct Manifest {
     pub version: String,
     /// Target triple the binary was built for (see [`TARGET`]).
     pub target: String,
-    /// Handover protocol the binary speaks; must equal [`PROTOCOL_VERSION`].
-    pub handover_protocol: u32,
+    /// Version of the upgrade channel's protocol the binary speaks; must equal
+    /// [`PROTOCOL_VERSION`]. Named `handover_protocol` in the signed JSON, as every bundle
+    /// made so far says it: renaming the key would make old and new builds refuse each
+    /// other's bundles.
+    #[serde(rename = "handover_protocol")]
+    pub channel_protocol: u32,
     /// Lowercase hex SHA-256 of the `artex` entry.
     pub binary_sha256: String,
     /// When the bundle was made, RFC 3339 in UTC; informational only.
@@ -296,7 +300,7 @@ fn write_bundle(
     let manifest = Manifest {
         version: manifest_version.to_owned(),
         target: TARGET.to_owned(),
-        handover_protocol: PROTOCOL_VERSION,
+        channel_protocol: PROTOCOL_VERSION,
         binary_sha256: hex::encode(hasher.finalize()),
         created_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -386,10 +390,10 @@ pub fn unpack(
 
     let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
         .map_err(|source| Error::ManifestInvalid { source })?;
-    if manifest.handover_protocol != PROTOCOL_VERSION {
+    if manifest.channel_protocol != PROTOCOL_VERSION {
         return Err(Error::ProtocolMismatch {
             expected: PROTOCOL_VERSION,
-            found: manifest.handover_protocol,
+            found: manifest.channel_protocol,
         });
     }
     if manifest.target != TARGET {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 /// Shorthand for results of this crate.
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong while draining, notifying, unpacking, handing over or
-/// spawning.
+/// Everything that can go wrong while listening for signals, notifying, unpacking,
+/// spawning, or talking on the upgrade channel.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A signal listener could not be installed (no tokio runtime, or the OS refused).
@@ -283,68 +283,68 @@ pub enum Error {
         /// Digest of the bytes written.
         found: String,
     },
-    /// The bundle speaks another handover protocol.
-    #[error("bundle speaks handover protocol {found}, this process speaks {expected}")]
+    /// The bundle speaks another upgrade channel protocol.
+    #[error("bundle speaks upgrade channel protocol {found}, this process speaks {expected}")]
     ProtocolMismatch {
         /// This crate's protocol version.
         expected: u32,
         /// The manifest's.
         found: u32,
     },
-    /// A folder that must be private to this user (the upgrade folder, a handover
-    /// directory) cannot be made so, or exists and is not.
+    /// A folder that must be private to this user (the upgrade folder, an upgrade
+    /// channel directory) cannot be made so, or exists and is not.
     #[error("{what} {path} refused: {reason}")]
     DirInvalid {
-        /// Which folder: "upgrade folder", "handover directory".
+        /// Which folder: "upgrade folder", "upgrade channel directory".
         what: &'static str,
         /// The folder.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
     },
-    /// Something already occupies the handover socket's path.
-    #[error("handover socket {path} cannot be bound: {reason}")]
-    HandoverSocketInUse {
+    /// Something already occupies the upgrade channel socket's path.
+    #[error("upgrade channel socket {path} cannot be bound: {reason}")]
+    ChannelSocketInUse {
         /// The socket path.
         path: PathBuf,
         /// What is there.
         reason: String,
     },
     /// A connection came from a process other than the spawned child.
-    #[error("handover connection refused: expected pid {expected}, peer is {found:?}")]
+    #[error("upgrade channel connection refused: expected pid {expected}, peer is {found:?}")]
     PeerRefused {
         /// The pid that was expected.
         expected: u32,
         /// The peer's pid per SO_PEERCRED, if the kernel knew it.
         found: Option<u32>,
     },
-    /// The kernel did not report which process listens on the handover socket.
-    #[error("cannot tell which process listens on handover socket {path}")]
+    /// The kernel did not report which process listens on the upgrade channel socket.
+    #[error("cannot tell which process listens on upgrade channel socket {path}")]
     PeerUnknown {
         /// The socket path.
         path: PathBuf,
     },
     /// A message could not be serialized into a frame.
-    #[error("cannot encode handover frame: {0}")]
+    #[error("cannot encode upgrade channel frame: {0}")]
     FrameEncode(serde_json::Error),
     /// A frame body could not be parsed as the expected message type.
-    #[error("cannot decode handover frame of {size} bytes: {source}")]
+    #[error("cannot decode upgrade channel frame of {size} bytes: {source}")]
     FrameDecode {
         /// Frame body size.
         size: usize,
         /// What the JSON parser reported.
         source: serde_json::Error,
     },
-    /// A frame is bigger than [`crate::handover::MAX_FRAME_BYTES`].
-    #[error("handover frame of {size} bytes exceeds the {limit}-byte limit")]
+    /// A frame is bigger than [`crate::channel::MAX_FRAME_BYTES`].
+    #[error("upgrade channel frame of {size} bytes exceeds the {limit}-byte limit")]
     FrameTooLarge {
         /// Frame body size (declared, on receive).
         size: u64,
         /// The limit.
         limit: usize,
     },
-    /// A frame carries more descriptors than [`crate::handover::MAX_FDS_PER_FRAME`].
-    #[error("handover frame carries {count} file descriptors, limit is {limit}")]
+    /// A frame carries more descriptors than [`crate::channel::MAX_FDS_PER_FRAME`].
+    #[error("upgrade channel frame carries {count} file descriptors, limit is {limit}")]
     TooManyFds {
         /// Descriptors in the frame (so far, on receive).
         count: usize,
@@ -352,20 +352,20 @@ pub enum Error {
         limit: usize,
     },
     /// The kernel truncated a frame's control data, so some descriptors were lost.
-    #[error("handover frame's control data was truncated; descriptors were lost")]
+    #[error("upgrade channel frame's control data was truncated; descriptors were lost")]
     ControlTruncated,
-    /// Writing to the handover socket failed.
-    #[error("cannot send on handover socket: {0}")]
-    HandoverSend(std::io::Error),
-    /// Reading from the handover socket failed.
-    #[error("cannot receive on handover socket: {0}")]
-    HandoverRecv(std::io::Error),
+    /// Writing to the upgrade channel socket failed.
+    #[error("cannot send on the upgrade channel: {0}")]
+    ChannelSend(std::io::Error),
+    /// Reading from the upgrade channel socket failed.
+    #[error("cannot receive on the upgrade channel: {0}")]
+    ChannelRecv(std::io::Error),
     /// The peer closed the connection cleanly between frames.
-    #[error("handover peer closed the connection")]
-    HandoverClosed,
+    #[error("upgrade channel peer closed the connection")]
+    ChannelClosed,
     /// The peer closed the connection in the middle of a frame.
-    #[error("handover peer closed the connection mid-frame: got {got} of {expected} bytes")]
-    HandoverTruncated {
+    #[error("upgrade channel peer closed the connection mid-frame: got {got} of {expected} bytes")]
+    ChannelTruncated {
         /// Frame bytes received (header included).
         got: usize,
         /// Frame bytes expected so far (header included).

@@ -1,7 +1,8 @@
 //! systemd's `sd_notify` protocol without libsystemd.
 //!
-//! Under `Type=notify`, systemd waits for `READY=1` and follows `MAINPID=` when the old
-//! process hands the service over to its successor; both are one datagram to
+//! Under `Type=notify`, systemd waits for `READY=1` and follows `MAINPID=` when the
+//! successor becomes the service's main process (systemd's MAINPID hand-over, our
+//! main-PID pass); both are one datagram to
 //! `$NOTIFY_SOCKET`. Outside systemd the variable is unset and every call is a no-op.
 
 use std::ffi::{OsStr, OsString};

@@ -1,5 +1,5 @@
 //! Folders only this user can enter: where bundles are received, generations unpacked and
-//! handover sockets bound. In a shared temp folder anyone can create a path first, as a
+//! upgrade channel sockets bound. In a shared temp folder anyone can create a path first, as a
 //! symlink or a folder of their own, so an existing folder is trusted only if it is a real
 //! directory, ours, and closed to group and others.
 
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// Creates `dir` (and missing parents) with mode 0700 if missing, then checks it: a
 /// directory (a symlink is refused, even to a good directory: whoever made it can point it
 /// elsewhere later), owned by our effective uid, no group or other permission bit. `what`
-/// names the folder in the error ("upgrade folder", "handover directory").
+/// names the folder in the error ("upgrade folder", "upgrade channel directory").
 ///
 /// Once it passes, nobody else can change what is inside; whether it can be renamed away
 /// depends on its parent, which for the temp folder is sticky (only the owner may).

@@ -1,9 +1,9 @@
 //! Starting the next generation and, on rollback, stopping it and everything it started
 //! for good; once it took over, moving it into its predecessor's process group.
 //!
-//! The child learns where to connect from `ARTEX_HANDOVER_SOCKET`, shares our stdout and
-//! stderr (so the supervisor's log capture keeps working), and inherits no other
-//! descriptor: everything it should own, it receives over the handover socket.
+//! The child learns where to connect from [`CHANNEL_ENV`], shares our stdout and stderr
+//! (so the supervisor's log capture keeps working), and inherits no other descriptor:
+//! everything it should own, it receives over the upgrade channel.
 
 use std::ffi::OsString;
 use std::io;
@@ -18,8 +18,11 @@ use tokio::process::{Child, Command};
 
 use crate::error::{Error, Result};
 
-/// Environment variable carrying the handover socket's path to the new process.
-pub const HANDOVER_ENV: &str = "ARTEX_HANDOVER_SOCKET";
+/// Environment variable carrying the upgrade channel socket's path to the new process.
+/// Its name is older than the word "upgrade channel" and stays: builds on either side of
+/// an upgrade (forward or back) must agree on it, or the new process would not know it
+/// was spawned by one.
+pub const CHANNEL_ENV: &str = "ARTEX_HANDOVER_SOCKET";
 
 /// Linux's `CLOSE_RANGE_CLOEXEC` (include/uapi/linux/close_range.h); libc does not
 /// export it for Linux.
@@ -28,17 +31,17 @@ const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 /// `close_range` (before 5.11), where RLIMIT_NOFILE can be in the millions.
 const FALLBACK_MAX_FD: libc::c_int = 65_536;
 
-/// Starts `binary` with `args`, `HANDOVER_ENV=handover_socket` and `env` on top of our
+/// Starts `binary` with `args`, `CHANNEL_ENV=channel_socket` and `env` on top of our
 /// own environment.
 ///
 /// stdin is /dev/null; stdout and stderr are inherited. Descriptors std and tokio create
 /// are close-on-exec already, but ones inherited from our own parent (a supervisor, a
 /// jobserver, a C library) may not be, so the child marks every descriptor above 2
 /// close-on-exec just before exec. The child is not killed when the handle is dropped:
-/// after a successful handover it is the service.
+/// after a successful upgrade it is the service.
 pub fn spawn(
     binary: &Path,
-    handover_socket: &Path,
+    channel_socket: &Path,
     args: &[OsString],
     env: &[(OsString, OsString)],
 ) -> Result<Child> {
@@ -46,7 +49,7 @@ pub fn spawn(
         env: env.to_vec(),
         ..SpawnOptions::default()
     };
-    spawn_with(binary, handover_socket, args, &options)
+    spawn_with(binary, channel_socket, args, &options)
 }
 
 /// What [`spawn_with`] can do beyond [`spawn`]'s defaults.
@@ -66,7 +69,7 @@ pub struct SpawnOptions {
 /// [`spawn`], with the environment and process group chosen by `options`.
 pub fn spawn_with(
     binary: &Path,
-    handover_socket: &Path,
+    channel_socket: &Path,
     args: &[OsString],
     options: &SpawnOptions,
 ) -> Result<Child> {
@@ -76,7 +79,7 @@ pub fn spawn_with(
         command.env_remove(key);
     }
     command
-        .env(HANDOVER_ENV, handover_socket)
+        .env(CHANNEL_ENV, channel_socket)
         .envs(options.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
@@ -240,7 +243,7 @@ mod tests {
     async fn the_child_gets_the_socket_path_and_extra_env() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
-        let socket = dir.path().join("handover.sock");
+        let socket = dir.path().join("channel.sock");
         let script = format!(
             "printf '%s|%s|%s' \"$ARTEX_HANDOVER_SOCKET\" \"$EXTRA\" \"$1\" > '{}'",
             out.display()

@@ -37,7 +37,7 @@ impl Handler<Drain> for Worker {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
-        // Tasks stopped for a handover that did not take them: back to the planner (a
+        // Tasks stopped for a task transfer that did not take them: back to the planner (a
         // release counts no attempt, so the retry figures play no part).
         for (id, epoch) in std::mem::take(&mut self.suspended) {
             self.outbox.push(AttemptRecord {

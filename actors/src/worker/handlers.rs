@@ -244,12 +244,12 @@ impl TaskContext {
                 if self.suspend.load(Ordering::Acquire) {
                     // A hot upgrade asked this task to move: its progress is saved, so
                     // stop here; the new process resumes from this checkpoint.
-                    return Err(TaskError::new("suspended for handover"));
+                    return Err(TaskError::new("suspended for a task transfer"));
                 }
                 Ok(())
             }
             Ok(false) => Err(TaskError::new(
-                "lease lost: the task was taken back or handed over",
+                "lease lost: the task was taken back or transferred",
             )),
             Err(e) => Err(TaskError::new(format!("saving checkpoint: {e}"))),
         }

@@ -35,8 +35,8 @@ impl Handler<Carried> for Worker {
 
     fn handle(&mut self, msg: Carried, ctx: &mut Context<Self>) {
         if self.draining {
-            // Still `assigned` in the blackboard: the drain gives them back, a handover
-            // moves them.
+            // Still `assigned` in the blackboard: the drain gives them back, a task
+            // transfer moves them.
             return;
         }
         let Some(last) = self.last_read.clone() else {

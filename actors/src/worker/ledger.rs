@@ -96,7 +96,7 @@ impl Ledger {
         self.take(key)
     }
 
-    /// A handed-over task taken over by this worker (hot upgrade, new side): held, as if
+    /// A task moved to this worker by a task transfer (hot upgrade, new side): held, as if
     /// a read had taken it.
     pub fn took_over(&mut self, key: Key) {
         self.entries.insert(key, Entry::Held);
@@ -109,16 +109,16 @@ impl Ledger {
         self.entries.insert(key, Entry::LetGo { reads: self.reads });
     }
 
-    /// A queued task dropped before it ran (the worker is draining or handing over):
-    /// forgotten at once, since it is still `assigned` in the blackboard, where the drain
-    /// gives it back or the handover moves it.
+    /// A queued task dropped before it ran (the worker is draining, or suspending for a
+    /// task transfer): forgotten at once, since it is still `assigned` in the blackboard,
+    /// where the drain gives it back or the task transfer moves it.
     pub fn dropped_unrun(&mut self, key: Key) {
         self.entries.remove(&key);
     }
 
     /// The tasks taken and not let go: queued, running, suspended, or finished with the
     /// outcome not written yet. With the queue emptied, what a drain must not give back
-    /// and a handover must not move: their start may not be written, so they may still
+    /// and a task transfer must not move: their start may not be written, so they may still
     /// read `assigned`.
     pub fn outcome_unwritten(&self) -> Vec<Uuid> {
         self.entries

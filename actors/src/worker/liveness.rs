@@ -71,7 +71,7 @@ impl Worker {
                         !gone
                     });
                     for (id, epoch) in &lost {
-                        // The task was taken back (reaper) or handed over: stop running it
+                        // The task was taken back (reaper) or transferred: stop running it
                         // here; whatever it would write would be fenced off anyway.
                         if let Some(r) = act.running.get(id) {
                             if r.epoch == *epoch {

@@ -11,17 +11,18 @@
 //! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
 //! keeps it from taking a task twice, `intake.rs` reads its assignments or takes
 //! the ones a wake-up carries (and judges when it may), [`depth`] sizes its queue, [`status`] is what it
-//! shows, and [`drain`] and [`handover`] are how it stops.
+//! shows, and [`drain`] and [`transfer`] (the task transfer of a hot
+//! upgrade) are how it stops.
 
 pub mod depth;
 pub mod drain;
 mod fence;
 pub mod handlers;
-pub mod handover;
 mod intake;
 mod ledger;
 mod liveness;
 pub mod status;
+pub mod transfer;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,9 +48,11 @@ use handlers::Attempt;
 pub use handlers::{
     HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler, UploadFile,
 };
-pub use handover::{GetId, Handover, ResumeReport, ResumeTasks, ResumeWork, SuspendForHandover};
 use ledger::Ledger;
 pub use status::{GetStatus, RunningTask, WorkerStatus};
+pub use transfer::{
+    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport,
+};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -401,7 +404,7 @@ impl Worker {
                     for c in batch.iter().filter(|c| !written.contains(&c.id)) {
                         act.fenced_off += 1;
                         if c.step.is_start() {
-                            // Taken back or handed over before its start was written:
+                            // Taken back or transferred before its start was written:
                             // stop the handler; whatever it would write is fenced off.
                             if let Some(r) = act.running.get(&c.id).filter(|r| r.epoch == c.epoch) {
                                 tracing::warn!(task = %c.id, epoch = c.epoch, "lease lost before the start was written; stopping the handler");
@@ -558,8 +561,8 @@ impl Handler<TaskFinished> for Worker {
             return;
         }
         if r.suspend.load(Ordering::Acquire) && msg.result.is_err() {
-            // Stopped at a checkpoint for a handover: no outcome, the task moves on.
-            tracing::info!(task = %msg.id, kind = %r.kind, "task suspended for handover");
+            // Stopped at a checkpoint for a task transfer: no outcome, the task moves on.
+            tracing::info!(task = %msg.id, kind = %r.kind, "task suspended for a task transfer");
             self.suspended.push((msg.id, r.epoch));
             self.check_suspended();
             return;

@@ -62,7 +62,7 @@ fn manifest_for(binary: &[u8]) -> Manifest {
     Manifest {
         version: "1.2.3".into(),
         target: TARGET.into(),
-        handover_protocol: PROTOCOL_VERSION,
+        channel_protocol: PROTOCOL_VERSION,
         binary_sha256: hex::encode(Sha256::digest(binary)),
         created_at: None,
         schema: None,
@@ -151,7 +151,7 @@ fn a_created_bundle_round_trips_and_runs() {
     assert_eq!(manifest.version, "9.9.9");
     assert_eq!(manifest.schema, Some(schema));
     assert_eq!(manifest.target, TARGET);
-    assert_eq!(manifest.handover_protocol, PROTOCOL_VERSION);
+    assert_eq!(manifest.channel_protocol, PROTOCOL_VERSION);
     assert_eq!(manifest.binary_sha256, hex::encode(Sha256::digest(BINARY)));
     let stamp = manifest.created_at.clone().unwrap();
     assert!(stamp.len() == 20 && stamp.ends_with('Z'), "{stamp}");
@@ -631,7 +631,8 @@ fn malformed_signature_is_refused() {
 #[test]
 fn a_manifest_from_before_the_schema_field_still_verifies() {
     let scene = Scene::new();
-    // The exact shape older `artex bundle create` signed: no "schema" key.
+    // The exact shape older `artex bundle create` signed: no "schema" key, and the
+    // protocol under its JSON name, `handover_protocol`.
     let manifest = format!(
         r#"{{"version": "0.1.0", "target": "{TARGET}", "handover_protocol": {PROTOCOL_VERSION},
             "binary_sha256": "{}"}}"#,
@@ -647,7 +648,7 @@ fn a_manifest_from_before_the_schema_field_still_verifies() {
 fn wrong_protocol_version_is_refused() {
     let scene = Scene::new();
     let mut m = manifest_for(BINARY);
-    m.handover_protocol = PROTOCOL_VERSION + 1;
+    m.channel_protocol = PROTOCOL_VERSION + 1;
     let manifest = serde_json::to_vec(&m).unwrap();
     let sig = sign(&scene.key, &manifest);
     scene.write(&bundle_of(BINARY, &manifest, &sig));

@@ -1,4 +1,4 @@
-//! Handover tests over real Unix sockets: descriptors passed in-process and to a real
+//! Upgrade channel tests over real Unix sockets: descriptors passed in-process and to a real
 //! child process, peer-credential refusal, frame limits, and descriptor ownership.
 
 use super::*;
@@ -17,12 +17,12 @@ struct Hello {
     port: u16,
 }
 
-const CHILD_ENV: &str = "ARTEX_HANDOVER_TEST_CHILD_SOCKET";
+const CHILD_ENV: &str = "ARTEX_CHANNEL_TEST_CHILD_SOCKET";
 const LIMIT: Duration = Duration::from_secs(20);
 
 async fn pair() -> (tempfile::TempDir, Channel, Channel) {
     let dir = tempfile::tempdir().unwrap();
-    let listener = HandoverListener::bind(&dir.path().join("h")).unwrap();
+    let listener = ChannelListener::bind(&dir.path().join("h")).unwrap();
     let path = listener.path().to_owned();
     let client = tokio::spawn(async move { connect(&path).await.unwrap() });
     let server = listener.accept(std::process::id()).await.unwrap();
@@ -104,7 +104,7 @@ async fn received_descriptors_are_cloexec_and_closed_on_drop() {
 #[tokio::test]
 async fn a_connection_from_another_process_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let listener = HandoverListener::bind(&dir.path().join("h")).unwrap();
+    let listener = ChannelListener::bind(&dir.path().join("h")).unwrap();
     let path = listener.path().to_owned();
     let client = tokio::spawn(async move {
         let mut channel = connect(&path).await.unwrap();
@@ -121,7 +121,7 @@ async fn a_connection_from_another_process_is_refused() {
     }
     // The refused peer is disconnected, not left hanging.
     let seen = tokio::time::timeout(LIMIT, client).await.unwrap().unwrap();
-    assert!(matches!(seen, Err(Error::HandoverClosed)), "{seen:?}");
+    assert!(matches!(seen, Err(Error::ChannelClosed)), "{seen:?}");
 }
 
 #[tokio::test]
@@ -155,7 +155,7 @@ async fn eof_mid_frame_is_an_error_and_eof_between_frames_is_closed() {
     assert!(
         matches!(
             err,
-            Error::HandoverTruncated {
+            Error::ChannelTruncated {
                 got: 14,
                 expected: 104
             }
@@ -166,7 +166,7 @@ async fn eof_mid_frame_is_an_error_and_eof_between_frames_is_closed() {
     let (_dir, old, mut new) = pair().await;
     drop(old);
     let err = new.recv::<String>().await.unwrap_err();
-    assert!(matches!(err, Error::HandoverClosed), "{err:?}");
+    assert!(matches!(err, Error::ChannelClosed), "{err:?}");
 }
 
 #[tokio::test]
@@ -187,15 +187,15 @@ async fn bind_insists_on_a_private_directory_and_replaces_stale_sockets() {
     let open = root.path().join("open");
     fs::create_dir(&open).unwrap();
     fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let err = HandoverListener::bind(&open).unwrap_err();
+    let err = ChannelListener::bind(&open).unwrap_err();
     assert!(matches!(err, Error::DirInvalid { .. }), "{err:?}");
 
     let fresh = root.path().join("fresh");
-    let listener = HandoverListener::bind(&fresh).unwrap();
+    let listener = ChannelListener::bind(&fresh).unwrap();
     assert_eq!(fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
     // A second bind while the first listens must not steal the socket.
-    let err = HandoverListener::bind(&fresh).unwrap_err();
-    assert!(matches!(err, Error::HandoverSocketInUse { .. }), "{err:?}");
+    let err = ChannelListener::bind(&fresh).unwrap_err();
+    assert!(matches!(err, Error::ChannelSocketInUse { .. }), "{err:?}");
     drop(listener);
     assert!(
         !fresh.join(SOCKET_NAME).exists(),
@@ -205,7 +205,7 @@ async fn bind_insists_on_a_private_directory_and_replaces_stale_sockets() {
     // A stale socket left by a crash (bound, never listened) is replaced.
     let stale = std::os::unix::net::UnixDatagram::bind(fresh.join(SOCKET_NAME)).unwrap();
     drop(stale);
-    let again = HandoverListener::bind(&fresh).unwrap();
+    let again = ChannelListener::bind(&fresh).unwrap();
     let path = again.path().to_owned();
     let client = tokio::spawn(async move { connect(&path).await.map(|c| c.peer_pid()) });
     again.accept(std::process::id()).await.unwrap();
@@ -220,7 +220,7 @@ fn open_fd_count() -> usize {
 /// this test binary with the socket path in the environment.
 #[tokio::test]
 #[ignore = "helper: started in a child process by a_real_child_process_receives_the_listener"]
-async fn handover_child() {
+async fn channel_child() {
     let path = std::env::var_os(CHILD_ENV).expect("run only by the cross-process test");
     let mut channel = connect(Path::new(&path)).await.unwrap();
     let before = open_fd_count();
@@ -242,23 +242,23 @@ async fn handover_child() {
 #[tokio::test]
 async fn a_real_child_process_receives_the_listener() {
     let dir = tempfile::tempdir().unwrap();
-    let handover = HandoverListener::bind(&dir.path().join("h")).unwrap();
+    let listener = ChannelListener::bind(&dir.path().join("h")).unwrap();
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "handover::tests::handover_child",
+            "channel::tests::channel_child",
             "--ignored",
             "--test-threads=1",
             "--nocapture",
         ])
-        .env(CHILD_ENV, handover.path())
+        .env(CHILD_ENV, listener.path())
         // The child's own test-harness report would read as ours; keep it for failures.
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let child_pid = child.id().unwrap();
-    let mut channel = tokio::time::timeout(LIMIT, handover.accept(child_pid))
+    let mut channel = tokio::time::timeout(LIMIT, listener.accept(child_pid))
         .await
         .unwrap()
         .unwrap();

@@ -1,11 +1,13 @@
-//! The messages the old and the new process exchange over the handover socket, in the
-//! order they are sent, and what can go wrong between them.
+//! The messages the old and the new process exchange over the upgrade channel, in the
+//! order they are sent, and what can go wrong between them. The messages are the wire
+//! format between two builds (the old one may be older or newer than the new one):
+//! their names and fields do not change; a new field must be optional on both sides.
 
 use artex_actors::worker::ResumeReport;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// One message of the handover protocol (both directions).
+/// One message on the upgrade channel (both directions).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Msg {
@@ -15,7 +17,7 @@ pub enum Msg {
         pid: u32,
         /// Child build version.
         version: String,
-        /// Handover protocol it speaks.
+        /// Upgrade channel protocol it speaks.
         protocol: u32,
     },
     /// Parent → child: where it will serve, and whose tasks it will take.
@@ -30,11 +32,13 @@ pub enum Msg {
         /// The new worker's id.
         worker_id: String,
     },
-    /// Parent → child: the listening socket (attached as a file descriptor).
+    /// Parent → child: the listener pass, the listening socket attached as a file
+    /// descriptor.
     Listener,
     /// Child → parent: accepting on the socket.
     Serving,
-    /// Parent → child: take over these running tasks (held by `from` at these epochs).
+    /// Parent → child: the task transfer, these running tasks (held by `from` at these
+    /// epochs) to take over.
     Transfer {
         /// Old worker id.
         from: String,
@@ -48,19 +52,21 @@ pub enum Msg {
     },
     /// Child → parent: what it took over.
     TakenOver {
-        /// The takeover's report.
+        /// What the task transfer resumed, and its conflicts.
         report: ResumeReport,
     },
 }
 
-/// Why a handover failed, on either side. On the old side every one of them rolls the
-/// upgrade back; on the new side the process exits with a failure (exit code 1).
+/// Why the exchange on the upgrade channel failed, on either side. On the old side every
+/// one of them rolls the upgrade back; on the new side the process exits with a failure
+/// (exit code 1).
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
-    /// The new process ended before the handover was done.
+pub enum ChannelError {
+    /// The new process ended before the task transfer was done.
     #[error("the new process exited {step} ({status})")]
     ChildExited {
-        /// Where the handover was: "before connecting", "during the handover".
+        /// Where the upgrade was: "before connecting", "before the listener pass",
+        /// "during the listener pass", "during the task transfer".
         step: &'static str,
         /// Its exit status, as the OS reports it.
         status: String,
@@ -72,7 +78,7 @@ pub enum HandoverError {
         step: &'static str,
     },
     /// The peer sent a message out of order: a bug or a different protocol.
-    #[error("handover: expected {expected}, got {got}")]
+    #[error("upgrade channel: expected {expected}, got {got}")]
     Unexpected {
         /// The message the protocol calls for.
         expected: String,
@@ -80,10 +86,10 @@ pub enum HandoverError {
         got: String,
     },
     /// The socket failed (connect, send, receive, peer check).
-    #[error("handover channel: {0}")]
+    #[error("upgrade channel: {0}")]
     Channel(#[from] artex_upgrade::Error),
     /// The new process broke the channel without exiting.
-    #[error("the new process broke the handover: {0}")]
+    #[error("the new process broke the upgrade channel: {0}")]
     Broken(artex_upgrade::Error),
     /// The new process could not move into its predecessor's process group.
     #[error("{0}")]
@@ -106,10 +112,10 @@ pub enum HandoverError {
     },
 }
 
-impl HandoverError {
+impl ChannelError {
     /// `expected` came as something else.
     pub(super) fn unexpected(expected: impl Into<String>, got: &Msg) -> Self {
-        HandoverError::Unexpected {
+        ChannelError::Unexpected {
             expected: expected.into(),
             got: format!("{got:?}"),
         }
@@ -121,5 +127,14 @@ pub(crate) fn describe_exit(st: std::io::Result<std::process::ExitStatus>) -> St
     match st {
         Ok(s) => s.to_string(),
         Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+/// On the new side a failed exchange ends the process (exit code 1) through the app's
+/// error. The conversion lives here, not in `error.rs`, so that arrows point down only:
+/// `crate::error` names no module of the app.
+impl From<ChannelError> for crate::Error {
+    fn from(e: ChannelError) -> Self {
+        crate::Error::UpgradeChannel(Box::new(e))
     }
 }

@@ -1,7 +1,7 @@
-//! Hot upgrade, worker side: the old process suspends resumable tasks at a checkpoint
-//! and tells what stays ([`SuspendForHandover`] → [`Handover`]); the new one takes them
-//! over and resumes them ([`ResumeTasks`] → [`ResumeReport`]); a rollback has the old one
-//! take work again ([`ResumeWork`]).
+//! The task transfer of a hot upgrade, worker side: the old process suspends resumable
+//! tasks at a checkpoint and tells what stays ([`SuspendForTransfer`] →
+//! [`SuspendReport`]); the new one takes them over and resumes them ([`ResumeTasks`] →
+//! [`ResumeReport`]); a rollback has the old one take work again ([`ResumeWork`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -14,19 +14,19 @@ use uuid::Uuid;
 use super::Worker;
 use crate::blackboard::WorkerState;
 
-/// Hot upgrade, old side: stop taking work and bring every resumable running task to a
+/// Task transfer, old side: stop taking work and bring every resumable running task to a
 /// stop at its next checkpoint (aborting those that do not reach one by `deadline`).
-/// Answers with the tasks to hand over and the ones that keep running here.
+/// Answers with the tasks to transfer and the ones that keep running here.
 #[derive(Message)]
-#[rtype(result = "Handover")]
-pub struct SuspendForHandover {
+#[rtype(result = "SuspendReport")]
+pub struct SuspendForTransfer {
     /// How long resumable tasks may take to reach a checkpoint.
     pub deadline: Duration,
 }
 
-/// What a worker suspending for a hot upgrade answers.
+/// What a worker suspending for a task transfer answers.
 #[derive(Debug, Clone, Default)]
-pub struct Handover {
+pub struct SuspendReport {
     /// Stopped at a checkpoint (or at the deadline), to resume in the new process: (task
     /// id, epoch held).
     pub suspended: Vec<(Uuid, i64)>,
@@ -36,10 +36,10 @@ pub struct Handover {
     pub staying: Vec<Uuid>,
 }
 
-impl Handler<SuspendForHandover> for Worker {
-    type Result = ResponseActFuture<Self, Handover>;
+impl Handler<SuspendForTransfer> for Worker {
+    type Result = ResponseActFuture<Self, SuspendReport>;
 
-    fn handle(&mut self, msg: SuspendForHandover, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: SuspendForTransfer, ctx: &mut Context<Self>) -> Self::Result {
         self.draining = true;
         self.pump(ctx);
         for r in self.running.values() {
@@ -70,7 +70,7 @@ impl Handler<SuspendForHandover> for Worker {
                         act.suspended.push((id, r.epoch));
                     }
                 }
-                Handover {
+                SuspendReport {
                     suspended: std::mem::take(&mut act.suspended),
                     staying: act.ledger.outcome_unwritten(),
                 }
@@ -79,8 +79,8 @@ impl Handler<SuspendForHandover> for Worker {
     }
 }
 
-/// Take over running tasks that worker `from` held at the given epochs (hot upgrade, new
-/// side; or the old side itself after a rollback) and resume each from its checkpoint.
+/// Take over running tasks that worker `from` held at the given epochs (task transfer,
+/// new side; or the old side itself after a rollback) and resume each from its checkpoint.
 #[derive(Message)]
 #[rtype(result = "crate::Result<ResumeReport>")]
 pub struct ResumeTasks {
@@ -115,12 +115,12 @@ impl Handler<ResumeTasks> for Worker {
                     let mut report = ResumeReport::default();
                     for (id, _) in &asked {
                         if !taken.iter().any(|t| t.id == *id) {
-                            tracing::warn!(task = %id, "handover conflict: the blackboard no longer has this task at that epoch");
+                            tracing::warn!(task = %id, "task transfer conflict: the blackboard no longer has this task at that epoch");
                             report.conflicts.push(*id);
                         }
                     }
                     for t in taken {
-                        tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a handed-over task from its checkpoint");
+                        tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
                         report.resumed.push(t.id);
                         act.ledger.took_over((t.id, t.epoch));
                         act.hold_until(&t, sent);
@@ -169,7 +169,7 @@ impl Handler<GetId> for Worker {
 }
 
 impl Worker {
-    /// Wakes a waiting handover once no resumable task is still on its way to a checkpoint.
+    /// Wakes a waiting task transfer once no resumable task is still on its way to a checkpoint.
     pub(super) fn check_suspended(&mut self) {
         let waiting = self
             .running

@@ -1,6 +1,7 @@
-//! The Unix socket protocol between the old process (which listens) and the new one
-//! (which connects): length-prefixed JSON frames, each able to carry file descriptors
-//! (SCM_RIGHTS) such as the HTTP listening socket, so the port never stops accepting.
+//! The upgrade channel: the Unix socket between the old process (which listens) and the
+//! new one (which connects), and its framed protocol: length-prefixed JSON frames, each
+//! able to carry file descriptors (SCM_RIGHTS). It carries the listener pass (the HTTP
+//! listening socket, so the port never stops accepting) and the task transfer.
 //!
 //! A frame is a u32 big-endian length and that many bytes of JSON. Descriptors travel as
 //! ancillary data on the frame's first byte; the receiver never reads past the end of
@@ -22,10 +23,10 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::error::{Error, Result};
 use crate::private_dir::ensure_private_dir;
 
-/// Version of the handover protocol; a bundle's manifest must declare the same.
+/// Version of the upgrade channel's protocol; a bundle's manifest must declare the same.
 pub const PROTOCOL_VERSION: u32 = 1;
-/// File name of the socket inside the directory given to [`HandoverListener::bind`].
-pub const SOCKET_NAME: &str = "handover.sock";
+/// File name of the socket inside the directory given to [`ChannelListener::bind`].
+pub const SOCKET_NAME: &str = "channel.sock";
 /// Largest frame body either side sends or accepts.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 /// Most descriptors one frame may carry: Linux's own per-message limit (SCM_MAX_FD).
@@ -37,27 +38,27 @@ const HEADER_BYTES: usize = 4;
 ///
 /// The socket file is removed when the listener is dropped.
 #[derive(Debug)]
-pub struct HandoverListener {
+pub struct ChannelListener {
     listener: UnixListener,
     path: PathBuf,
 }
 
-impl HandoverListener {
-    /// Listens on `dir/handover.sock`. `dir` is created with mode 0700 if missing; if it
+impl ChannelListener {
+    /// Listens on `dir/channel.sock`. `dir` is created with mode 0700 if missing; if it
     /// exists it must be a directory owned by this user with no group or other access,
     /// since anyone who can connect could ask for our listening socket. A leftover socket
     /// nobody listens on (from a crashed generation) is replaced. Must be called inside a
     /// tokio runtime.
     pub fn bind(dir: &Path) -> Result<Self> {
-        ensure_private_dir(dir, "handover directory")?;
+        ensure_private_dir(dir, "upgrade channel directory")?;
         let path = dir.join(SOCKET_NAME);
         remove_stale_socket(&path)?;
         let listener = UnixListener::bind(&path)
-            .map_err(|source| Error::io("binding handover socket", &path, source))?;
+            .map_err(|source| Error::io("binding the upgrade channel socket", &path, source))?;
         Ok(Self { listener, path })
     }
 
-    /// Where the socket is; pass it to the new process (see `spawn::HANDOVER_ENV`).
+    /// Where the socket is; pass it to the new process (see `spawn::CHANNEL_ENV`).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -66,11 +67,13 @@ impl HandoverListener {
     /// from `expected_pid` (the child just spawned). Any other peer is disconnected and
     /// reported as [`Error::PeerRefused`]; the caller may accept again.
     pub async fn accept(&self, expected_pid: u32) -> Result<Channel> {
-        let (stream, _) = self
-            .listener
-            .accept()
-            .await
-            .map_err(|source| Error::io("accepting on handover socket", &self.path, source))?;
+        let (stream, _) = self.listener.accept().await.map_err(|source| {
+            Error::io(
+                "accepting on the upgrade channel socket",
+                &self.path,
+                source,
+            )
+        })?;
         let cred = stream
             .peer_cred()
             .map_err(|source| Error::io("reading peer credentials on", &self.path, source))?;
@@ -80,7 +83,7 @@ impl HandoverListener {
                 expected_pid,
                 found_pid = ?found,
                 uid = cred.uid(),
-                "refused handover connection from unexpected process"
+                "refused an upgrade channel connection from an unexpected process"
             );
             return Err(Error::PeerRefused {
                 expected: expected_pid,
@@ -94,7 +97,7 @@ impl HandoverListener {
     }
 }
 
-impl Drop for HandoverListener {
+impl Drop for ChannelListener {
     fn drop(&mut self) {
         // Leave nothing that the next generation's bind would mistake for a live socket.
         let _ = fs::remove_file(&self.path);
@@ -105,7 +108,7 @@ fn remove_stale_socket(path: &Path) -> Result {
     let Ok(meta) = path.symlink_metadata() else {
         return Ok(());
     };
-    let in_use = |reason: &str| Error::HandoverSocketInUse {
+    let in_use = |reason: &str| Error::ChannelSocketInUse {
         path: path.to_owned(),
         reason: reason.to_owned(),
     };
@@ -117,17 +120,21 @@ fn remove_stale_socket(path: &Path) -> Result {
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => Err(in_use("another process is listening on it")),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => fs::remove_file(path)
-            .map_err(|source| Error::io("removing stale handover socket", path, source)),
-        Err(source) => Err(Error::io("probing existing handover socket", path, source)),
+            .map_err(|source| Error::io("removing a stale upgrade channel socket", path, source)),
+        Err(source) => Err(Error::io(
+            "probing an existing upgrade channel socket",
+            path,
+            source,
+        )),
     }
 }
 
 /// The new process's end: connects to the socket the old process named in
-/// `ARTEX_HANDOVER_SOCKET`. Must be called inside a tokio runtime.
+/// [`crate::spawn::CHANNEL_ENV`]. Must be called inside a tokio runtime.
 pub async fn connect(path: &Path) -> Result<Channel> {
     let stream = UnixStream::connect(path)
         .await
-        .map_err(|source| Error::io("connecting to handover socket", path, source))?;
+        .map_err(|source| Error::io("connecting to the upgrade channel socket", path, source))?;
     let cred = stream
         .peer_cred()
         .map_err(|source| Error::io("reading peer credentials on", path, source))?;
@@ -140,7 +147,7 @@ pub async fn connect(path: &Path) -> Result<Channel> {
     Ok(Channel { stream, peer_pid })
 }
 
-/// One connected end of the handover socket, exchanging typed frames.
+/// One connected end of the upgrade channel, exchanging typed frames.
 #[derive(Debug)]
 pub struct Channel {
     stream: UnixStream,
@@ -205,9 +212,9 @@ impl Channel {
                     .map_err(io::Error::from)
                 })
                 .await
-                .map_err(Error::HandoverSend)?;
+                .map_err(Error::ChannelSend)?;
             if n == 0 {
-                return Err(Error::HandoverSend(io::ErrorKind::WriteZero.into()));
+                return Err(Error::ChannelSend(io::ErrorKind::WriteZero.into()));
             }
             sent += n;
         }
@@ -216,7 +223,7 @@ impl Channel {
 
     /// Receives one frame and the descriptors that came with it, owned (closed on drop)
     /// and close-on-exec. A clean close before a frame starts is
-    /// [`Error::HandoverClosed`]; one in the middle is [`Error::HandoverTruncated`].
+    /// [`Error::ChannelClosed`]; one in the middle is [`Error::ChannelTruncated`].
     /// Not cancel-safe: a dropped receive may lose part of a frame.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<(T, Vec<OwnedFd>)> {
         let mut fds = Vec::new();
@@ -251,7 +258,7 @@ impl Channel {
                 .stream
                 .async_io(Interest::READABLE, || recv_chunk(fd, &mut buf[filled..]))
                 .await
-                .map_err(Error::HandoverRecv)?;
+                .map_err(Error::ChannelRecv)?;
             let received = received?;
             if fds.len() + received.len() > MAX_FDS_PER_FRAME {
                 return Err(Error::TooManyFds {
@@ -263,9 +270,9 @@ impl Channel {
             if n == 0 {
                 let got = already + filled;
                 return Err(if got == 0 {
-                    Error::HandoverClosed
+                    Error::ChannelClosed
                 } else {
-                    Error::HandoverTruncated {
+                    Error::ChannelTruncated {
                         got,
                         expected: already + buf.len(),
                     }
