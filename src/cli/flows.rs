@@ -1,15 +1,18 @@
 //! `artex flow submit|show|list`: flows are DAGs of named tasks; what a flow does lives
 //! in the blackboard (`artex_actors::blackboard::flows`), this file reads the file and
-//! prints.
+//! prints, and follows a flow's changes until it has finished (`show --follow`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
-use artex_actors::blackboard::{FlowSpec, FlowTaskSpec, FlowView};
+use artex_actors::blackboard::{FlowSpec, FlowState, FlowTaskSpec, FlowView, TaskStatus};
+use artex_actors::Blackboard;
 use clap::Subcommand;
 use uuid::Uuid;
 
+use super::follow::{feed_from_now, next_events, transition};
 use super::inputs::{check_submission, Submitted};
-use super::{connect_one_shot, parse_id, print_json, time_text};
+use super::{connect_one_shot, parse_id, print_json, print_json_line, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -153,7 +156,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
         FlowCommand::Show { id, json, follow } => {
             let bb = connect_one_shot(db).await?;
             if follow {
-                return super::follow::follow_flow(&bb, id, json).await;
+                return follow_flow(&bb, id, json).await;
             }
             let flow = bb.flow(id).await?;
             if json {
@@ -167,7 +170,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
 }
 
 /// The flow as `artex flow show` prints it for people.
-pub(super) fn print_flow(f: &FlowView) {
+fn print_flow(f: &FlowView) {
     let time = time_text;
     println!("flow:     {} ({})", f.id, f.name);
     println!("state:    {}", f.state);
@@ -195,5 +198,76 @@ pub(super) fn print_flow(f: &FlowView) {
             time(t.finished_at),
             t.depends_on.join(", ")
         );
+    }
+}
+
+fn flow_finished(state: FlowState) -> bool {
+    matches!(
+        state,
+        FlowState::Succeeded | FlowState::Failed | FlowState::Canceled
+    )
+}
+
+fn statuses(f: &FlowView) -> Vec<TaskStatus> {
+    f.tasks.iter().map(|t| t.status).collect()
+}
+
+/// `artex flow show --follow`: flow `id` (as `flow show` shows it), then each change of
+/// its tasks as it happens, until the flow has finished: people get a line per change
+/// and a summary, `json` a JSON line of the whole flow at the start and after every
+/// change. The result is the flow's outcome (README, "Exit codes").
+async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
+    let mut feed = feed_from_now(bb).await?;
+    let mut flow = bb.flow(id).await?;
+    if json {
+        print_json_line(&flow)?;
+    } else {
+        print_flow(&flow);
+    }
+    let names: HashMap<Uuid, String> = flow.tasks.iter().map(|t| (t.id, t.name.clone())).collect();
+    let width = names.values().map(String::len).max().unwrap_or(1);
+    // What the feed has told of each task: the follow ends once the flow has finished
+    // and the feed has told every task's last change (or stayed quiet for a while after
+    // it finished: the table has the last word).
+    let mut told: HashMap<Uuid, TaskStatus> = flow.tasks.iter().map(|t| (t.id, t.status)).collect();
+    let caught_up = |flow: &FlowView, told: &HashMap<Uuid, TaskStatus>| {
+        flow.tasks
+            .iter()
+            .all(|t| told.get(&t.id) == Some(&t.status))
+    };
+    while !(flow_finished(flow.state) && caught_up(&flow, &told)) {
+        let events = next_events(&mut feed, |e| e.flow_id == Some(id)).await?;
+        for e in &events {
+            told.insert(e.task_id, e.to);
+            if !json {
+                println!(
+                    "  {}  {:<width$}  {}",
+                    time_text(Some(e.at)),
+                    names.get(&e.task_id).map(String::as_str).unwrap_or("?"),
+                    transition(e.from, e.to, e.reason.as_deref())
+                );
+            }
+        }
+        let now = bb.flow(id).await?;
+        if json && (statuses(&now) != statuses(&flow) || now.state != flow.state) {
+            print_json_line(&now)?;
+        }
+        flow = now;
+        if events.is_empty() && flow_finished(flow.state) {
+            break;
+        }
+    }
+    if !json {
+        let counts: Vec<String> = flow
+            .counts
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
+        println!("flow {id}: {} ({})", flow.state, counts.join(", "));
+    }
+    match flow.state {
+        FlowState::Failed => Err(Error::EndedFailed(format!("flow {id} failed"))),
+        FlowState::Canceled => Err(Error::EndedCanceled(format!("flow {id} canceled"))),
+        _ => Ok(()),
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! # Layout
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
-//! - `follow`: `submit --wait` and `flow show --follow`, driven by the change feed.
-//! - `flows`: `flow submit|show|list`.
+//! - `flows`: `flow submit|show|list`, `flow show --follow`.
+//! - `follow`: the change feed followed until a task or flow ends (`submit --wait`, and
+//!   what `flow show --follow` is made of).
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
