@@ -1,9 +1,10 @@
 //! A task or flow watched until it ends: `artex submit --wait` here, and the pieces `artex
-//! flow show --follow` (in `flows`) is made of. The change feed ([`EventFeed`], woken by NOTIFY) says when something happened;
-//! the tables say what is true: each event about it (or, as a safety net, a quiet
-//! [`RECHECK`]) leads to a fresh read. The feed is joined at its head, read before the
-//! state, so nothing that happens after the first read is missed and the kept history
-//! is not read at all.
+//! flow show --follow` (in `flows`) is made of. The change feed ([`EventFeed`], woken by
+//! NOTIFY) says when something happened; the tables say what is true: each event about
+//! it (or, as a safety net, a quiet [`RECHECK`]) leads to a fresh read. The feed is
+//! joined at its head, read before the state, so nothing that happens after the first
+//! read is missed and the kept history is not read at all. The wait ends early, with
+//! [`Error::OutputClosed`], when the reader of standard output goes away.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use artex_actors::Blackboard;
 use uuid::Uuid;
 
 use super::progress::step;
+use super::stdout::Reader;
 use crate::error::{Error, Result};
 
 /// The feed's safety-net poll when no notification comes.
@@ -34,15 +36,17 @@ pub(super) async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
     Ok(feed)
 }
 
-/// The next events `mine` selects, waiting for them up to [`RECHECK`] (then none).
-/// Connection failures are waited out: the feed's position only moves on success.
+/// The next events `mine` selects, waiting for them up to [`RECHECK`] (then none), or
+/// until `reader` goes away ([`Error::OutputClosed`]). Connection failures are waited
+/// out: the feed's position only moves on success.
 pub(super) async fn next_events(
     feed: &mut EventFeed,
+    reader: &Reader,
     mine: impl Fn(&TaskEvent) -> bool,
 ) -> Result<Vec<TaskEvent>> {
     let until = Instant::now() + RECHECK;
     loop {
-        match feed.follow(BATCH, until).await {
+        match reader.unless_gone(feed.follow(BATCH, until)).await? {
             Ok(batch) => {
                 let events: Vec<TaskEvent> = batch.events.into_iter().filter(&mine).collect();
                 if !events.is_empty() || Instant::now() >= until {
@@ -54,7 +58,7 @@ pub(super) async fn next_events(
                 if Instant::now() >= until {
                     return Ok(Vec::new());
                 }
-                tokio::time::sleep(POLL).await;
+                reader.unless_gone(tokio::time::sleep(POLL)).await?;
             }
             Err(e) => return Err(e.into()),
         }
@@ -71,9 +75,11 @@ pub(super) fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Optio
 }
 
 /// Waits until task `id` has ended, telling each change on standard error; returns the
-/// task as it ended.
+/// task as it ended. Standard output has the task's id: if its reader goes away, so does
+/// the wait ([`Error::OutputClosed`]).
 pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     let started = Instant::now();
+    let reader = Reader::watch();
     let mut feed = feed_from_now(bb).await?;
     let mut task = bb.task(id).await?;
     let holder = |t: &TaskRow| {
@@ -89,7 +95,7 @@ pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     let mut told = task.status;
     let mut first = true;
     while !(task.status.is_terminal() && told == task.status) {
-        let events = next_events(&mut feed, |e| e.task_id == id).await?;
+        let events = next_events(&mut feed, &reader, |e| e.task_id == id).await?;
         for e in &events {
             // The first event may be the change the first read already showed.
             if !(first && e.to == told) {

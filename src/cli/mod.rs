@@ -5,7 +5,8 @@
 //! messages go to standard error, results to standard output. Exit codes
 //! ([`crate::error::Error::exit_code`]): 0 success, 1 failure (database, network, files,
 //! a handover), 2 bad input (the message names the option or value), 3 not running
-//! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled.
+//! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled,
+//! 141 standard output was closed before the result was all written (`| head`: quietly).
 //!
 //! # Layout
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
@@ -22,6 +23,8 @@
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
 //! - `cluster`: `workers`, `stats`.
 //! - `progress`: progress on standard error, shared by the commands that take time.
+//! - `stdout`: results on standard output, a closed pipe an error (not a panic), and the
+//!   watch for a reader going away.
 
 mod bundle;
 mod cluster;
@@ -33,9 +36,11 @@ mod inputs;
 mod master;
 mod progress;
 mod run;
+mod stdout;
 mod tasks;
 mod upload;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use artex_actors::blackboard::Control;
@@ -49,6 +54,7 @@ use crate::config::{DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::dev_db::ClusterOptions;
 use crate::error::{Error, Result};
 use crate::runtime::{connect, connect_unchecked};
+use stdout::{print_json, print_json_line};
 
 /// artex: an actor-model task runtime with PostgreSQL as the blackboard.
 #[derive(Debug, Parser)]
@@ -182,8 +188,12 @@ pub fn main_with(registry: Registry) -> ExitCode {
     init_logging(default_log);
     let code = match actix::System::new().block_on(dispatch(cli, registry)) {
         Ok(()) => 0,
+        // The reader of our output went away (`| head -1` has its line): no failure to
+        // tell, and a pipe's exit code (141, as SIGPIPE would have it) says it.
+        Err(e @ Error::OutputClosed) => e.exit_code(),
         Err(e) => {
-            eprintln!("artex: error: {e}");
+            // Standard error may be gone too (`|& head`): then there is nobody to tell.
+            let _ = writeln!(std::io::stderr(), "artex: error: {e}");
             e.exit_code()
         }
     };
@@ -292,26 +302,6 @@ fn existing_database(db: &DbConfig) -> Result {
         )));
     }
     Ok(())
-}
-
-/// Prints `value` as one JSON document (the output of `--json`).
-fn print_json(value: &impl serde::Serialize) -> Result {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
-    println!("{text}");
-    Ok(())
-}
-
-/// Prints `value` as one line of JSON and flushes it (a stream of JSON lines: a reader
-/// sees each as it comes).
-fn print_json_line(value: &impl serde::Serialize) -> Result {
-    use std::io::Write;
-    let text = serde_json::to_string(value)
-        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")
-        .and_then(|()| out.flush())
-        .map_err(|e| Error::io("writing to standard output", e))
 }
 
 /// Who the history records for changes made from the command line.
