@@ -75,7 +75,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run everything locally: embedded PostgreSQL (unless --database-url), migrations, a
-    /// planner and a worker with its HTTP port.
+    /// planner and a worker with its HTTP port (the dashboard, the API, /health …).
+    // Its own default port (the worker's is any free one): the dashboard's URL stays put.
+    #[command(mut_arg("http", |a| a
+        .default_value(run::UP_HTTP)
+        .help("HTTP address: the dashboard, the API, /health, /status, /metrics; port 0 \
+               picks a free port")))]
     Up {
         #[command(flatten)]
         worker: WorkerArgs,

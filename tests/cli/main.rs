@@ -9,6 +9,7 @@
 //! - `waiting`: `submit --wait` and `flow show --follow`.
 //! - `bundles`: `bundle create`.
 //! - `pipes`: output into a pipe whose reader has gone (`| head -1`): quiet, exit 141.
+//! - `up`: `artex up`'s banner and default port.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,6 +19,7 @@ mod embedded_cluster;
 mod input;
 mod output;
 mod pipes;
+mod up;
 mod waiting;
 
 use std::path::Path;
