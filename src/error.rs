@@ -35,6 +35,11 @@ pub enum Error {
     /// `submit --wait`, `flow show --follow`: the task or flow ended canceled (exit 5).
     #[error("{0}")]
     EndedCanceled(String),
+    /// Standard output was closed before the result was all written: the reader of a
+    /// pipe went away (`artex tasks | head -1`). Exit 141, as a program killed by
+    /// SIGPIPE, and no message: nothing went wrong that a person needs told.
+    #[error("standard output closed")]
+    OutputClosed,
     /// Input that cannot be accepted; the message names what and where.
     #[error("{0}")]
     Invalid(String),
@@ -54,14 +59,17 @@ pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 impl Error {
     /// The process exit code for this error (README, "Exit codes"): 2 for bad input (the
     /// message names the option or value), 3 for a cluster not running (`db status`), 4
-    /// and 5 for a task or flow waited for that failed (or timed out) or was canceled, 1
-    /// for every failure (database, network, upgrade channel, files). 0 is success.
+    /// and 5 for a task or flow waited for that failed (or timed out) or was canceled, 141
+    /// when standard output was closed before everything was written (128 + SIGPIPE, what
+    /// a shell reports for a program a closed pipe ended), 1 for every failure (database,
+    /// network, upgrade channel, files). 0 is success.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,
             Error::NotRunning(_) => 3,
             Error::EndedFailed(_) => 4,
             Error::EndedCanceled(_) => 5,
+            Error::OutputClosed => 141,
             Error::Actors(artex_actors::Error::Invalid(_)) => 2,
             Error::Actors(artex_actors::Error::TaskNotFound(_)) => 2,
             Error::Actors(artex_actors::Error::FlowNotFound(_)) => 2,

@@ -11,6 +11,7 @@ use clap::Subcommand;
 
 use super::print_json;
 use super::progress::{step, Progress};
+use super::stdout::outln;
 use crate::error::{Error, Result};
 
 /// How long the packaged binary gets to print its schema.
@@ -94,12 +95,11 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             if json {
                 return print_json(&serde_json::json!({"secret": secret, "public": public}));
             }
-            println!(
+            outln!(
                 "secret key: {}\npublic key: {}",
                 secret.display(),
                 public.display()
-            );
-            Ok(())
+            )
         }
         BundleCommand::Create {
             binary,
@@ -156,13 +156,12 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
                 Some(m) => format!("needs migrations up to V{}__{}", m.version, m.name),
                 None => "schema not recorded".to_string(),
             };
-            println!(
+            outln!(
                 "{} (version {}, {needs}, sha256 {})",
                 out.display(),
                 manifest.version,
                 manifest.binary_sha256
-            );
-            Ok(())
+            )
         }
     }
 }
@@ -190,25 +189,25 @@ fn info(bundle: &Path, public_key: &Path, json: bool) -> Result {
             "path": bundle, "bytes": bytes, "manifest": manifest,
         }));
     }
-    println!(
+    outln!(
         "bundle:    {} ({bytes} bytes), signature valid",
         bundle.display()
-    );
-    println!("version:   {}", manifest.version);
-    println!("target:    {}", manifest.target);
-    println!("sha256:    {}", manifest.binary_sha256);
-    println!("protocol:  {}", manifest.channel_protocol);
+    )?;
+    outln!("version:   {}", manifest.version)?;
+    outln!("target:    {}", manifest.target)?;
+    outln!("sha256:    {}", manifest.binary_sha256)?;
+    outln!("protocol:  {}", manifest.channel_protocol)?;
     if let Some(t) = &manifest.created_at {
-        println!("created:   {t}");
+        outln!("created:   {t}")?;
     }
     match manifest.schema.as_ref().and_then(|s| s.needs.last()) {
-        Some(m) => println!(
+        Some(m) => outln!(
             "schema:    needs migrations up to V{}__{}",
-            m.version, m.name
+            m.version,
+            m.name
         ),
-        None => println!("schema:    not recorded"),
+        None => outln!("schema:    not recorded"),
     }
-    Ok(())
 }
 
 /// Asks `binary` which schema it needs: `BINARY schema --json`, run with no input, no

@@ -5,6 +5,7 @@
 use clap::Args;
 use serde_json::json;
 
+use super::stdout::outln;
 use super::{connect_one_shot, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::Result;
@@ -45,12 +46,17 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
         eprintln!("no worker has registered yet");
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  SHA256",
-        "ID", "STATE", "PID", "VERSION", "HELD/CAP", "LAST SEEN"
-    );
+        "ID",
+        "STATE",
+        "PID",
+        "VERSION",
+        "HELD/CAP",
+        "LAST SEEN"
+    )?;
     for w in &workers {
-        println!(
+        outln!(
             "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {}",
             w.id,
             w.state.as_str(),
@@ -62,7 +68,7 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
                 .as_deref()
                 .map(|s| &s[..s.len().min(12)])
                 .unwrap_or("-")
-        );
+        )?;
     }
     if more {
         eprintln!("(more than {}; --limit N to see more)", args.limit);
@@ -86,35 +92,35 @@ pub(crate) async fn stats(db: &DbConfig, args: StatsArgs) -> Result {
             format!("{n}{plus} {s}")
         })
         .collect();
-    println!(
+    outln!(
         "tasks:       {}",
         if counts.is_empty() {
             "none".to_string()
         } else {
             counts.join(", ")
         }
-    );
+    )?;
     let r = &stats.recent;
-    println!(
+    outln!(
         "finished:    {} in the last {} min ({:.1}/min{})",
         r.finished,
         r.window_minutes,
         r.throughput_per_minute,
         if r.sampled { ", sampled" } else { "" }
-    );
+    )?;
     let ms = |v: Option<f64>| {
         v.map(|v| format!("{v:.0} ms"))
             .unwrap_or_else(|| "-".into())
     };
     for (name, p) in [("queue", &r.queue_ms), ("run", &r.run_ms)] {
-        println!(
+        outln!(
             "{:<12} p50 {}, p95 {}, p99 {}, max {}",
             format!("{name}:"),
             ms(p.p50),
             ms(p.p95),
             ms(p.p99),
             ms(p.max)
-        );
+        )?;
     }
     Ok(())
 }

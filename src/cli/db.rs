@@ -4,6 +4,7 @@
 use artex_actors::blackboard::{Change, MIGRATIONS};
 use clap::Subcommand;
 
+use super::stdout::outln;
 use super::{connect_to_migrate, print_json};
 use crate::config::DbConfig;
 use crate::dev_db::{start_embedded, Cluster, ClusterOptions, ClusterState, DATABASE};
@@ -18,15 +19,16 @@ pub(crate) async fn migrate(db: &DbConfig, json: bool) -> Result {
             "applied": report.applied, "already": report.already, "newer": report.newer,
         }));
     }
-    println!(
+    outln!(
         "schema up to date (applied now: {:?}, already: {:?})",
-        report.applied, report.already
-    );
+        report.applied,
+        report.already
+    )?;
     if !report.newer.is_empty() {
-        println!(
+        outln!(
             "newer than this build, expansions it runs against: {}",
             report.newer.join(", ")
-        );
+        )?;
     }
     Ok(())
 }
@@ -38,14 +40,14 @@ pub(crate) fn schema(json: bool) -> Result {
     if json {
         let text = serde_json::to_string(&crate::hot_upgrade::schema::this_build())
             .map_err(|e| Error::Invalid(format!("encoding the schema: {e}")))?;
-        println!("{text}");
+        outln!("{text}")?;
         return Ok(());
     }
-    println!(
+    outln!(
         "artex {} needs every migration below applied (`artex migrate` with this build) and \
          runs against newer ones that only expand the schema:",
         crate::VERSION
-    );
+    )?;
     for m in MIGRATIONS {
         let change = match m.change {
             Change::Expand => "expand".to_string(),
@@ -53,7 +55,7 @@ pub(crate) fn schema(json: bool) -> Result {
                 format!("contract: builds that know V{compatible_from} or newer")
             }
         };
-        println!("  {}  {change}", m.label());
+        outln!("  {}  {change}", m.label())?;
     }
     Ok(())
 }
@@ -125,8 +127,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
                     "started": started,
                 }));
             }
-            println!("{}", cluster.url(DATABASE));
-            Ok(())
+            outln!("{}", cluster.url(DATABASE))
         }
         DbCommand::Stop { json } => {
             let cluster = Cluster::new(opts(None, false))?;
@@ -134,9 +135,9 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
             if json {
                 print_json(&serde_json::json!({ "stopped": stopped }))?;
             } else if stopped {
-                println!("stopped");
+                outln!("stopped")?;
             } else {
-                println!("not running");
+                outln!("not running")?;
             }
             Ok(())
         }
@@ -159,7 +160,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
             match state {
                 ClusterState::Absent => {
                     if !json {
-                        println!("absent: no cluster in {}", db.data_dir.display());
+                        outln!("absent: no cluster in {}", db.data_dir.display())?;
                     }
                     Err(Error::NotRunning(
                         "no cluster yet; create it with: artex db start".into(),
@@ -167,7 +168,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
                 }
                 ClusterState::Stopped => {
                     if !json {
-                        println!("stopped: {}", cluster.data_dir().display());
+                        outln!("stopped: {}", cluster.data_dir().display())?;
                     }
                     Err(Error::NotRunning(
                         "the cluster is stopped; start it with: artex db start".into(),
@@ -175,7 +176,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
                 }
                 ClusterState::Running(pid) => {
                     if !json {
-                        println!("running: pid {pid}, {}", cluster.url(DATABASE));
+                        outln!("running: pid {pid}, {}", cluster.url(DATABASE))?;
                     }
                     Ok(())
                 }
@@ -192,8 +193,7 @@ pub(crate) async fn db(db: &DbConfig, command: DbCommand) -> Result {
             if json {
                 return print_json(&serde_json::json!({ "url": cluster.url(DATABASE) }));
             }
-            println!("{}", cluster.url(DATABASE));
-            Ok(())
+            outln!("{}", cluster.url(DATABASE))
         }
     }
 }

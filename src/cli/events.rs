@@ -12,6 +12,7 @@ use artex_actors::Blackboard;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
+use super::stdout::{outln, write_error, Reader};
 use super::{connect_one_shot, print_json, time_text};
 use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
@@ -114,15 +115,14 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             if json {
                 return print_json(&r);
             }
-            println!(
+            outln!(
                 "keep history {}s; feed pruned through {}{}",
                 r.keep_secs,
                 r.pruned_through,
                 r.pruned_at
                     .map(|t| format!(" (last pruned {})", time_text(Some(t))))
                     .unwrap_or_default()
-            );
-            Ok(())
+            )
         }
         EventsCommand::Prune { json } => {
             // What the planners' Maintenance actors do every run, now.
@@ -133,7 +133,7 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
                     "tasks_pruned": r.tasks_pruned,
                 }));
             }
-            println!(
+            outln!(
                 "dropped {} history partition(s){}; deleted {} finished task(s)",
                 r.partitions_dropped.len(),
                 if r.partitions_dropped.is_empty() {
@@ -142,21 +142,18 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
                     format!(" ({})", r.partitions_dropped.join(", "))
                 },
                 r.tasks_pruned
-            );
-            Ok(())
+            )
         }
         EventsCommand::Forget { consumer } => {
             if bb.feed().forget_consumer(&consumer).await? {
-                println!("forgot consumer '{consumer}'");
-                Ok(())
+                outln!("forgot consumer '{consumer}'")
             } else {
                 Err(Error::Invalid(format!("no consumer named '{consumer}'")))
             }
         }
         EventsCommand::DropSlot { slot } => {
             if bb.feed().drop_logical_slot(&slot).await? {
-                println!("dropped slot '{slot}'");
-                Ok(())
+                outln!("dropped slot '{slot}'")
             } else {
                 Err(Error::Invalid(format!(
                     "no replication slot named '{slot}'"
@@ -177,10 +174,9 @@ const ACK_RETRY: Duration = Duration::from_millis(5);
 const HOLD_MAX: Duration = Duration::from_secs(5);
 
 fn write_line(out: &mut impl Write, v: &impl serde::Serialize) -> Result {
-    serde_json::to_writer(&mut *out, v)
-        .map_err(|e| Error::io("writing an event", std::io::Error::other(e)))?;
-    out.write_all(b"\n")
-        .map_err(|e| Error::io("writing an event", e))
+    // A failed write comes back as the io::Error it was (a closed pipe stays one).
+    serde_json::to_writer(&mut *out, v).map_err(|e| write_error(e.into()))?;
+    out.write_all(b"\n").map_err(write_error)
 }
 
 async fn tail(bb: Blackboard, args: TailArgs) -> Result {
@@ -194,6 +190,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
     if args.follow {
         feed.listen().await?;
     }
+    let reader = Reader::watch();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut said_alive = Instant::now();
@@ -208,7 +205,8 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
             } else {
                 (said_alive + ALIVE_EVERY).max(Instant::now() + poll)
             };
-            feed.follow(args.batch, until).await
+            // Stopped as soon as nobody reads: the next event may be hours away.
+            reader.unless_gone(feed.follow(args.batch, until)).await?
         } else {
             feed.next_batch(args.batch).await
         };
@@ -217,7 +215,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
             // Following through a database restart: the position only moves on success.
             Err(e) if args.follow && e.is_connection() => {
                 tracing::warn!(error = %e, "cannot read events; retrying");
-                tokio::time::sleep(poll).await;
+                reader.unless_gone(tokio::time::sleep(poll)).await?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -227,8 +225,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
                 write_line(&mut out, e)?;
             }
             // Acknowledged only once handed to the reader of our output.
-            out.flush()
-                .map_err(|e| Error::io("writing events to standard output", e))?;
+            out.flush().map_err(write_error)?;
             unacked = true;
             held_since = None;
         }
@@ -313,6 +310,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
         tracing::info!(%slot, "created the logical replication slot");
     }
     let poll = Duration::from_millis(args.poll_ms);
+    let reader = Reader::watch();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let max = i32::try_from(args.batch).unwrap_or(i32::MAX);
@@ -321,7 +319,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
             Ok(t) => t,
             Err(e) if args.follow && e.is_connection() => {
                 tracing::warn!(error = %e, "cannot read the slot; retrying");
-                tokio::time::sleep(poll).await;
+                reader.unless_gone(tokio::time::sleep(poll)).await?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -330,7 +328,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
             if !args.follow {
                 return Ok(());
             }
-            tokio::time::sleep(poll).await;
+            reader.unless_gone(tokio::time::sleep(poll)).await?;
             continue;
         };
         for tx in &txs {
@@ -338,8 +336,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
                 write_line(&mut out, &line)?;
             }
         }
-        out.flush()
-            .map_err(|e| Error::io("writing events to standard output", e))?;
+        out.flush().map_err(write_error)?;
         // Confirmed only once written out: a consumer killed before this line reads these
         // transactions again. Retried rather than re-read, which would print them twice.
         loop {
@@ -351,7 +348,7 @@ async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {
                 Ok(()) => break,
                 Err(e) if args.follow && e.is_connection() => {
                     tracing::warn!(error = %e, "cannot confirm the slot's position; retrying");
-                    tokio::time::sleep(poll).await;
+                    reader.unless_gone(tokio::time::sleep(poll)).await?;
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -1,15 +1,19 @@
 //! `artex flow submit|show|list`: flows are DAGs of named tasks; what a flow does lives
 //! in the blackboard (`artex_actors::blackboard::flows`), this file reads the file and
-//! prints.
+//! prints, and follows a flow's changes until it has finished (`show --follow`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
-use artex_actors::blackboard::{FlowSpec, FlowTaskSpec, FlowView};
+use artex_actors::blackboard::{FlowSpec, FlowState, FlowTaskSpec, FlowView, TaskStatus};
+use artex_actors::Blackboard;
 use clap::Subcommand;
 use uuid::Uuid;
 
+use super::follow::{feed_from_now, next_events, transition};
 use super::inputs::{check_submission, Submitted};
-use super::{connect_one_shot, parse_id, print_json, time_text};
+use super::stdout::{outln, Reader};
+use super::{connect_one_shot, parse_id, print_json, print_json_line, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -112,8 +116,7 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
             if json {
                 return print_json(&serde_json::json!({ "id": id }));
             }
-            println!("{id}");
-            Ok(())
+            outln!("{id}")
         }
         FlowCommand::List { after, limit, json } => {
             let bb = connect_one_shot(db).await?;
@@ -129,21 +132,24 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
                 return Ok(());
             }
             let width = flows.iter().map(|f| f.name.len()).max().unwrap_or(4).max(4);
-            println!(
+            outln!(
                 "{:<36}  {:<width$}  {:<9}  {:<24}  TASKS",
-                "ID", "NAME", "STATE", "CREATED"
-            );
+                "ID",
+                "NAME",
+                "STATE",
+                "CREATED"
+            )?;
             for f in &flows {
                 let counts: Vec<String> =
                     f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-                println!(
+                outln!(
                     "{}  {:<width$}  {:<9}  {:<24}  {}",
                     f.id,
                     f.name,
                     f.state.to_string(),
                     time_text(Some(f.created_at)),
                     counts.join(", ")
-                );
+                )?;
             }
             if let Some(next) = next {
                 eprintln!("(more may follow: --after {next})");
@@ -153,13 +159,13 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
         FlowCommand::Show { id, json, follow } => {
             let bb = connect_one_shot(db).await?;
             if follow {
-                return super::follow::follow_flow(&bb, id, json).await;
+                return follow_flow(&bb, id, json).await;
             }
             let flow = bb.operator().flow(id).await?;
             if json {
                 print_json(&flow)?;
             } else {
-                print_flow(&flow);
+                print_flow(&flow)?;
             }
             Ok(())
         }
@@ -167,13 +173,13 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
 }
 
 /// The flow as `artex flow show` prints it for people.
-pub(super) fn print_flow(f: &FlowView) {
+fn print_flow(f: &FlowView) -> Result {
     let time = time_text;
-    println!("flow:     {} ({})", f.id, f.name);
-    println!("state:    {}", f.state);
-    println!("created:  {}", time(Some(f.created_at)));
+    outln!("flow:     {} ({})", f.id, f.name)?;
+    outln!("state:    {}", f.state)?;
+    outln!("created:  {}", time(Some(f.created_at)))?;
     let counts: Vec<String> = f.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    println!("tasks:    {}", counts.join(", "));
+    outln!("tasks:    {}", counts.join(", "))?;
     let width = f
         .tasks
         .iter()
@@ -181,12 +187,16 @@ pub(super) fn print_flow(f: &FlowView) {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!(
+    outln!(
         "  {:<width$}  {:<36}  {:<9}  {:<24}  {:<24}  DEPENDS ON",
-        "NAME", "ID", "STATUS", "STARTED", "FINISHED"
-    );
+        "NAME",
+        "ID",
+        "STATUS",
+        "STARTED",
+        "FINISHED"
+    )?;
     for t in &f.tasks {
-        println!(
+        outln!(
             "  {:<width$}  {}  {:<9}  {:<24}  {:<24}  {}",
             t.name,
             t.id,
@@ -194,6 +204,80 @@ pub(super) fn print_flow(f: &FlowView) {
             time(t.started_at),
             time(t.finished_at),
             t.depends_on.join(", ")
-        );
+        )?;
+    }
+    Ok(())
+}
+
+fn flow_finished(state: FlowState) -> bool {
+    matches!(
+        state,
+        FlowState::Succeeded | FlowState::Failed | FlowState::Canceled
+    )
+}
+
+fn statuses(f: &FlowView) -> Vec<TaskStatus> {
+    f.tasks.iter().map(|t| t.status).collect()
+}
+
+/// `artex flow show --follow`: flow `id` (as `flow show` shows it), then each change of
+/// its tasks as it happens, until the flow has finished: people get a line per change
+/// and a summary, `json` a JSON line of the whole flow at the start and after every
+/// change. The result is the flow's outcome (README, "Exit codes"), or
+/// [`Error::OutputClosed`] once the reader of standard output has gone.
+async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
+    let reader = Reader::watch();
+    let mut feed = feed_from_now(bb).await?;
+    let mut flow = bb.operator().flow(id).await?;
+    if json {
+        print_json_line(&flow)?;
+    } else {
+        print_flow(&flow)?;
+    }
+    let names: HashMap<Uuid, String> = flow.tasks.iter().map(|t| (t.id, t.name.clone())).collect();
+    let width = names.values().map(String::len).max().unwrap_or(1);
+    // What the feed has told of each task: the follow ends once the flow has finished
+    // and the feed has told every task's last change (or stayed quiet for a while after
+    // it finished: the table has the last word).
+    let mut told: HashMap<Uuid, TaskStatus> = flow.tasks.iter().map(|t| (t.id, t.status)).collect();
+    let caught_up = |flow: &FlowView, told: &HashMap<Uuid, TaskStatus>| {
+        flow.tasks
+            .iter()
+            .all(|t| told.get(&t.id) == Some(&t.status))
+    };
+    while !(flow_finished(flow.state) && caught_up(&flow, &told)) {
+        let events = next_events(&mut feed, &reader, |e| e.flow_id == Some(id)).await?;
+        for e in &events {
+            told.insert(e.task_id, e.to);
+            if !json {
+                outln!(
+                    "  {}  {:<width$}  {}",
+                    time_text(Some(e.at)),
+                    names.get(&e.task_id).map(String::as_str).unwrap_or("?"),
+                    transition(e.from, e.to, e.reason.as_deref())
+                )?;
+            }
+        }
+        let now = bb.operator().flow(id).await?;
+        if json && (statuses(&now) != statuses(&flow) || now.state != flow.state) {
+            print_json_line(&now)?;
+        }
+        flow = now;
+        if events.is_empty() && flow_finished(flow.state) {
+            break;
+        }
+    }
+    if !json {
+        let counts: Vec<String> = flow
+            .counts
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
+        outln!("flow {id}: {} ({})", flow.state, counts.join(", "))?;
+    }
+    match flow.state {
+        FlowState::Failed => Err(Error::EndedFailed(format!("flow {id} failed"))),
+        FlowState::Canceled => Err(Error::EndedCanceled(format!("flow {id} canceled"))),
+        _ => Ok(()),
     }
 }

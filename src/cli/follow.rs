@@ -1,21 +1,19 @@
-//! `artex submit --wait` and `artex flow show --follow`: a task or flow watched until it
-//! ends. The change feed ([`EventFeed`], woken by NOTIFY) says when something happened;
-//! the tables say what is true: each event about it (or, as a safety net, a quiet
-//! [`RECHECK`]) leads to a fresh read. The feed is joined at its head, read before the
-//! state, so nothing that happens after the first read is missed and the kept history
-//! is not read at all.
+//! A task or flow watched until it ends: `artex submit --wait` here, and the pieces `artex
+//! flow show --follow` (in `flows`) is made of. The change feed ([`EventFeed`], woken by
+//! NOTIFY) says when something happened; the tables say what is true: each event about
+//! it (or, as a safety net, a quiet [`RECHECK`]) leads to a fresh read. The feed is
+//! joined at its head, read before the state, so nothing that happens after the first
+//! read is missed and the kept history is not read at all. The wait ends early, with
+//! [`Error::OutputClosed`], when the reader of standard output goes away.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{
-    EventFeed, FeedStart, FlowState, FlowView, TaskEvent, TaskRow, TaskStatus,
-};
+use artex_actors::blackboard::{EventFeed, FeedStart, TaskEvent, TaskRow, TaskStatus};
 use artex_actors::Blackboard;
 use uuid::Uuid;
 
 use super::progress::step;
-use super::{print_json_line, time_text};
+use super::stdout::Reader;
 use crate::error::{Error, Result};
 
 /// The feed's safety-net poll when no notification comes.
@@ -28,7 +26,7 @@ const RECHECK: Duration = Duration::from_secs(5);
 const BATCH: i64 = 500;
 
 /// A reader of the feed from its head (now), listening before the caller's first read.
-async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
+pub(super) async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
     let start = match bb.feed().feed_head().await? {
         Some(head) => FeedStart::After(head),
         None => FeedStart::Beginning,
@@ -38,15 +36,17 @@ async fn feed_from_now(bb: &Blackboard) -> Result<EventFeed> {
     Ok(feed)
 }
 
-/// The next events `mine` selects, waiting for them up to [`RECHECK`] (then none).
-/// Connection failures are waited out: the feed's position only moves on success.
-async fn next_events(
+/// The next events `mine` selects, waiting for them up to [`RECHECK`] (then none), or
+/// until `reader` goes away ([`Error::OutputClosed`]). Connection failures are waited
+/// out: the feed's position only moves on success.
+pub(super) async fn next_events(
     feed: &mut EventFeed,
+    reader: &Reader,
     mine: impl Fn(&TaskEvent) -> bool,
 ) -> Result<Vec<TaskEvent>> {
     let until = Instant::now() + RECHECK;
     loop {
-        match feed.follow(BATCH, until).await {
+        match reader.unless_gone(feed.follow(BATCH, until)).await? {
             Ok(batch) => {
                 let events: Vec<TaskEvent> = batch.events.into_iter().filter(&mine).collect();
                 if !events.is_empty() || Instant::now() >= until {
@@ -58,14 +58,15 @@ async fn next_events(
                 if Instant::now() >= until {
                     return Ok(Vec::new());
                 }
-                tokio::time::sleep(POLL).await;
+                reader.unless_gone(tokio::time::sleep(POLL)).await?;
             }
             Err(e) => return Err(e.into()),
         }
     }
 }
 
-fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Option<&str>) -> String {
+/// A change as the followers tell it: `running -> pending: why`.
+pub(super) fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Option<&str>) -> String {
     format!(
         "{} -> {to}{}",
         from.map(|s| s.as_str()).unwrap_or("(new)"),
@@ -74,9 +75,11 @@ fn transition(from: Option<TaskStatus>, to: TaskStatus, reason: Option<&str>) ->
 }
 
 /// Waits until task `id` has ended, telling each change on standard error; returns the
-/// task as it ended.
+/// task as it ended. Standard output has the task's id: if its reader goes away, so does
+/// the wait ([`Error::OutputClosed`]).
 pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     let started = Instant::now();
+    let reader = Reader::watch();
     let mut feed = feed_from_now(bb).await?;
     let mut task = bb.operator().task(id).await?;
     let holder = |t: &TaskRow| {
@@ -92,7 +95,7 @@ pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     let mut told = task.status;
     let mut first = true;
     while !(task.status.is_terminal() && told == task.status) {
-        let events = next_events(&mut feed, |e| e.task_id == id).await?;
+        let events = next_events(&mut feed, &reader, |e| e.task_id == id).await?;
         for e in &events {
             // The first event may be the change the first read already showed.
             if !(first && e.to == told) {
@@ -134,77 +137,6 @@ pub(crate) fn task_outcome(task: &TaskRow) -> Result {
             "task {} canceled{error}",
             task.id
         ))),
-        _ => Ok(()),
-    }
-}
-
-fn flow_finished(state: FlowState) -> bool {
-    matches!(
-        state,
-        FlowState::Succeeded | FlowState::Failed | FlowState::Canceled
-    )
-}
-
-fn statuses(f: &FlowView) -> Vec<TaskStatus> {
-    f.tasks.iter().map(|t| t.status).collect()
-}
-
-/// Shows flow `id` (as `flow show` does), then each change of its tasks as it happens,
-/// until the flow has finished: people get a line per change and a summary, `json` a
-/// JSON line of the whole flow at the start and after every change. The result is the
-/// flow's outcome (README, "Exit codes").
-pub(crate) async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
-    let mut feed = feed_from_now(bb).await?;
-    let mut flow = bb.operator().flow(id).await?;
-    if json {
-        print_json_line(&flow)?;
-    } else {
-        super::flows::print_flow(&flow);
-    }
-    let names: HashMap<Uuid, String> = flow.tasks.iter().map(|t| (t.id, t.name.clone())).collect();
-    let width = names.values().map(String::len).max().unwrap_or(1);
-    // What the feed has told of each task: the follow ends once the flow has finished
-    // and the feed has told every task's last change (or stayed quiet for a [`RECHECK`]
-    // after it finished: the table has the last word).
-    let mut told: HashMap<Uuid, TaskStatus> = flow.tasks.iter().map(|t| (t.id, t.status)).collect();
-    let caught_up = |flow: &FlowView, told: &HashMap<Uuid, TaskStatus>| {
-        flow.tasks
-            .iter()
-            .all(|t| told.get(&t.id) == Some(&t.status))
-    };
-    while !(flow_finished(flow.state) && caught_up(&flow, &told)) {
-        let events = next_events(&mut feed, |e| e.flow_id == Some(id)).await?;
-        for e in &events {
-            told.insert(e.task_id, e.to);
-            if !json {
-                println!(
-                    "  {}  {:<width$}  {}",
-                    time_text(Some(e.at)),
-                    names.get(&e.task_id).map(String::as_str).unwrap_or("?"),
-                    transition(e.from, e.to, e.reason.as_deref())
-                );
-            }
-        }
-        let now = bb.operator().flow(id).await?;
-        if json && (statuses(&now) != statuses(&flow) || now.state != flow.state) {
-            print_json_line(&now)?;
-        }
-        flow = now;
-        if events.is_empty() && flow_finished(flow.state) {
-            break;
-        }
-    }
-    if !json {
-        let counts: Vec<String> = flow
-            .counts
-            .iter()
-            .map(|(s, n)| format!("{n} {s}"))
-            .collect();
-        println!("flow {id}: {} ({})", flow.state, counts.join(", "));
-    }
-    match flow.state {
-        FlowState::Failed => Err(Error::EndedFailed(format!("flow {id} failed"))),
-        FlowState::Canceled => Err(Error::EndedCanceled(format!("flow {id} canceled"))),
         _ => Ok(()),
     }
 }

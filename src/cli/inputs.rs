@@ -10,6 +10,7 @@ use artex_actors::Blackboard;
 use clap::Args;
 use serde_json::Value;
 
+use super::stdout::outln;
 use super::{connect_one_shot, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
@@ -38,8 +39,7 @@ pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
     if args.json {
         return print_json(&limits);
     }
-    println!("max_payload_bytes: {}", limits.max_payload_bytes);
-    Ok(())
+    outln!("max_payload_bytes: {}", limits.max_payload_bytes)
 }
 
 /// Runs `artex kinds`.
@@ -50,12 +50,12 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
         return print_json(&serde_json::json!({ "kinds": kinds }));
     }
     for k in &kinds {
-        println!(
+        outln!(
             "{:<24}  first seen {}  last seen {}",
             k.kind,
             time_text(Some(k.first_seen)),
             time_text(Some(k.last_seen))
-        );
+        )?;
     }
     if kinds.is_empty() {
         eprintln!("no worker has registered yet");

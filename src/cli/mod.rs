@@ -5,12 +5,14 @@
 //! messages go to standard error, results to standard output. Exit codes
 //! ([`crate::error::Error::exit_code`]): 0 success, 1 failure (database, network, files,
 //! a handover), 2 bad input (the message names the option or value), 3 not running
-//! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled.
+//! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled,
+//! 141 standard output was closed before the result was all written (`| head`: quietly).
 //!
 //! # Layout
 //! - `tasks`: `submit`, `task show`, `tasks`, `pause|resume|cancel`.
-//! - `follow`: `submit --wait` and `flow show --follow`, driven by the change feed.
-//! - `flows`: `flow submit|show|list`.
+//! - `flows`: `flow submit|show|list`, `flow show --follow`.
+//! - `follow`: the change feed followed until a task or flow ends (`submit --wait`, and
+//!   what `flow show --follow` is made of).
 //! - `events`: `events tail|retention|prune|forget|drop-slot`.
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
@@ -21,6 +23,8 @@
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
 //! - `cluster`: `workers`, `stats`.
 //! - `progress`: progress on standard error, shared by the commands that take time.
+//! - `stdout`: results on standard output, a closed pipe an error (not a panic), and the
+//!   watch for a reader going away.
 
 mod bundle;
 mod cluster;
@@ -32,9 +36,11 @@ mod inputs;
 mod master;
 mod progress;
 mod run;
+mod stdout;
 mod tasks;
 mod upload;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use artex_actors::blackboard::Control;
@@ -48,6 +54,7 @@ use crate::config::{DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::dev_db::ClusterOptions;
 use crate::error::{Error, Result};
 use crate::runtime::{connect, connect_unchecked};
+use stdout::{print_json, print_json_line};
 
 /// artex: an actor-model task runtime with PostgreSQL as the blackboard.
 #[derive(Debug, Parser)]
@@ -68,7 +75,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run everything locally: embedded PostgreSQL (unless --database-url), migrations, a
-    /// planner and a worker with its HTTP port.
+    /// planner and a worker with its HTTP port (the dashboard, the API, /health …).
+    // Its own default port (the worker's is any free one): the dashboard's URL stays put.
+    #[command(mut_arg("http", |a| a
+        .default_value(run::UP_HTTP)
+        .help("HTTP address: the dashboard, the API, /health, /status, /metrics; port 0 \
+               picks a free port")))]
     Up {
         #[command(flatten)]
         worker: WorkerArgs,
@@ -181,8 +193,12 @@ pub fn main_with(registry: Registry) -> ExitCode {
     init_logging(default_log);
     let code = match actix::System::new().block_on(dispatch(cli, registry)) {
         Ok(()) => 0,
+        // The reader of our output went away (`| head -1` has its line): no failure to
+        // tell, and a pipe's exit code (141, as SIGPIPE would have it) says it.
+        Err(e @ Error::OutputClosed) => e.exit_code(),
         Err(e) => {
-            eprintln!("artex: error: {e}");
+            // Standard error may be gone too (`|& head`): then there is nobody to tell.
+            let _ = writeln!(std::io::stderr(), "artex: error: {e}");
             e.exit_code()
         }
     };
@@ -291,26 +307,6 @@ fn existing_database(db: &DbConfig) -> Result {
         )));
     }
     Ok(())
-}
-
-/// Prints `value` as one JSON document (the output of `--json`).
-fn print_json(value: &impl serde::Serialize) -> Result {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
-    println!("{text}");
-    Ok(())
-}
-
-/// Prints `value` as one line of JSON and flushes it (a stream of JSON lines: a reader
-/// sees each as it comes).
-fn print_json_line(value: &impl serde::Serialize) -> Result {
-    use std::io::Write;
-    let text = serde_json::to_string(value)
-        .map_err(|e| Error::io("encoding JSON", std::io::Error::other(e)))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")
-        .and_then(|()| out.flush())
-        .map_err(|e| Error::io("writing to standard output", e))
 }
 
 /// Who the history records for changes made from the command line.

@@ -3,7 +3,7 @@
 //! lines a log or a script can read when it is not. `artex upload` and `artex bundle
 //! create` share it; `submit --wait` and `flow show --follow` print plain lines only.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -15,9 +15,10 @@ fn stderr_is_tty() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// One plain progress line, `artex: {what}`, on standard error.
+/// One plain progress line, `artex: {what}`, on standard error. Lost, not a panic, when
+/// standard error is closed (`artex submit --wait … |& head -1`): nobody reads it.
 pub(crate) fn step(what: impl std::fmt::Display) {
-    eprintln!("artex: {what}");
+    let _ = writeln!(std::io::stderr(), "artex: {what}");
 }
 
 /// Bytes of a known total done so far, drawn as `label done/total bytes  rate  ETA` on a
@@ -91,7 +92,8 @@ impl Progress {
         } else {
             format!("{}  ", self.label)
         };
-        eprint!(
+        let _ = write!(
+            std::io::stderr(),
             "\r{label}{done}/{} bytes  {:.1} MiB/s  ETA {eta:.0} s   ",
             self.total,
             rate / (1024.0 * 1024.0)
@@ -102,7 +104,7 @@ impl Progress {
     pub(crate) fn done(&self) {
         if self.tty {
             self.draw(self.done_bytes());
-            eprintln!();
+            let _ = writeln!(std::io::stderr());
         }
     }
 }

@@ -46,6 +46,14 @@ pub(crate) async fn serve(db: &DbConfig, serve: ServeArgs) -> Result {
     run_api(bb, &serve, listener, shutdown.wait()).await
 }
 
+/// `artex up`'s HTTP address unless `--http` says otherwise: a port that stays the same
+/// from one run to the next, so the dashboard's URL does too (a bookmark, a second
+/// shell's `curl`). 27839 spells ARTEX on a phone keypad; it is in no /etc/services,
+/// clear of the ports development servers take (3000, 5000, 8000, 8080 …), and below
+/// Linux's ephemeral range (32768–60999), so no outgoing connection is ever given it.
+/// `worker` and `master` keep a free port by default (several run on one host).
+pub(crate) const UP_HTTP: &str = "127.0.0.1:27839";
+
 /// Runs `artex up`: a planner and a worker (serving the HTTP API too) in this process,
 /// stopping together. The one long-running command that migrates: it is the local,
 /// single-process run, where nothing else shares the schema.
@@ -57,18 +65,21 @@ pub(crate) async fn up(
 ) -> Result {
     let shutdown = Shutdown::on_signals()?;
     worker.api = true;
+    // The port first: taken, it fails at once, before any PostgreSQL is started.
+    let listener = bind_http_unless_spawned(&worker.http).map_err(|e| port_taken(e, &worker))?;
     let bb = connect_unchecked(db).await?;
     let report = bb.maintenance().migrate().await?;
     if !report.applied.is_empty() {
         tracing::info!(applied = ?report.applied, "migrated the blackboard");
     }
-    let listener = bind_http_unless_spawned(&worker.http)?;
     let http = match &listener {
-        Some(l) => l
-            .local_addr()
-            .map_err(|e| Error::io("reading the HTTP address", e))?
-            .to_string(),
-        None => "the inherited socket".to_string(),
+        Some(l) => {
+            let addr = l
+                .local_addr()
+                .map_err(|e| Error::io("reading the HTTP address", e))?;
+            format!("http://{addr}/")
+        }
+        None => "the inherited socket's address (a hot upgrade's)".to_string(),
     };
     let stats = ActorStats::default();
     let (b, s, stop) = (bb.clone(), stats.clone(), shutdown.wait());
@@ -77,12 +88,32 @@ pub(crate) async fn up(
     let me = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "artex".into());
+    // The dashboard's URL first: it is what a newcomer opens.
     eprintln!(
-        "artex is up: worker HTTP on http://{http} (/health, /status, /metrics).\n\
+        "artex is up: a planner and a worker, in this process.\n  \
+           dashboard:  {http}\n  \
+           HTTP also:  /health, /status, /metrics, and the API under /api/v1\n\
          Submit a task from another shell:  {me} submit echo --payload '{{\"hello\":\"world\"}}'\n\
          Stop with Ctrl-C."
     );
     run_worker(bb, &worker, registry, listener, stats, shutdown.wait()).await?;
     let _ = planner_task.await;
     Ok(())
+}
+
+/// A taken port said as such: most likely another `artex up` holds it, and `--http`
+/// picks another (a second run on the same port would only give the dashboard's URL to
+/// whichever bound first, so there is no quiet fallback).
+fn port_taken(e: Error, worker: &WorkerArgs) -> Error {
+    match e {
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => Error::Io {
+            what: format!(
+                "{} is in use (another `artex up`?); choose another address with --http \
+                 (--http 127.0.0.1:0 takes any free port)",
+                worker.http
+            ),
+            source,
+        },
+        e => e,
+    }
 }

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::follow::{task_outcome, wait_task};
 use super::inputs::{check_submission, read_payload, Submitted};
 use super::progress::step;
+use super::stdout::outln;
 use super::{
     cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
 };
@@ -162,15 +163,13 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         return if args.json {
             print_json(&serde_json::json!({ "id": id }))
         } else {
-            println!("{id}");
-            Ok(())
+            outln!("{id}")
         };
     }
     if !args.json {
-        // The id first, so that a script (or a person) has it while the task runs.
-        println!("{id}");
-        std::io::Write::flush(&mut std::io::stdout())
-            .map_err(|e| crate::error::Error::io("writing to standard output", e))?;
+        // The id first (written out at once: standard output is line-buffered), so that a
+        // script (or a person) has it while the task runs.
+        outln!("{id}")?;
     }
     let ended = wait_task(&bb, id).await?;
     if args.json {
@@ -215,7 +214,7 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
             if json {
                 print_json(&serde_json::json!({ "task": task, "transitions": history }))?;
             } else {
-                print_task(&task, &history);
+                print_task(&task, &history)?;
             }
             Ok(())
         }
@@ -252,20 +251,23 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         eprintln!("no tasks");
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<36}  {:<9}  {:<12}  {:<12}  UPDATED",
-        "ID", "STATUS", "KIND", "ATTEMPTS"
-    );
+        "ID",
+        "STATUS",
+        "KIND",
+        "ATTEMPTS"
+    )?;
     for preview in &tasks {
         let t = &preview.task;
-        println!(
+        outln!(
             "{}  {:<9}  {:<12}  {:<12}  {}",
             t.id,
             t.status.as_str(),
             t.kind,
             attempts(t),
             time_text(Some(t.updated_at))
-        );
+        )?;
     }
     if let Some(next) = next {
         eprintln!("(more may follow: --after {next})");
@@ -297,9 +299,9 @@ pub(crate) async fn control(
         Control::Resume => "resumed",
         Control::Cancel => "canceled",
     };
-    println!("{verb} {what}");
+    outln!("{verb} {what}")?;
     for (id, status) in &report.changed {
-        println!("  {id}  {status}");
+        outln!("  {id}  {status}")?;
     }
     Ok(())
 }
@@ -326,7 +328,7 @@ fn cut_note(bytes: Option<i64>) -> String {
     }
 }
 
-fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
+fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
     let t = &preview.task;
     // A cut value is its first characters (a JSON string standing in for it).
     let shown = |field: &str, v: &serde_json::Value| match (preview.cut_of(field), v) {
@@ -334,15 +336,15 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
         _ => v.to_string(),
     };
     let time = time_text;
-    println!("id:          {}", t.id);
-    println!("kind:        {}", t.kind);
-    println!("status:      {}", t.status);
-    println!(
+    outln!("id:          {}", t.id)?;
+    outln!("kind:        {}", t.kind)?;
+    outln!("status:      {}", t.status)?;
+    outln!(
         "attempts:    {} (failed {}, retries allowed {})",
         attempts(t),
         t.retries,
         t.max_retries
-    );
+    )?;
     // Held: the worker holding it; finished: the one whose transition finished it.
     let worker = t.assigned_to.as_deref().or_else(|| {
         history
@@ -351,21 +353,21 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
             .find(|h| h.to_status == t.status)
             .and_then(|h| h.worker.as_deref())
     });
-    println!("worker:      {}", worker.unwrap_or("-"));
-    println!(
+    outln!("worker:      {}", worker.unwrap_or("-"))?;
+    outln!(
         "lease:       epoch {}, until {}",
         t.lease_epoch,
         time(t.lease_until)
-    );
-    println!("priority:    {}", t.priority);
-    println!("run_at:      {}", time(Some(t.run_at)));
-    println!("created:     {}", time(Some(t.created_at)));
-    println!("updated:     {}", time(Some(t.updated_at)));
-    println!("started:     {}", time(t.started_at));
-    println!("finished:    {}", time(t.finished_at));
-    println!("payload:     {}", shown("payload", &t.payload));
+    )?;
+    outln!("priority:    {}", t.priority)?;
+    outln!("run_at:      {}", time(Some(t.run_at)))?;
+    outln!("created:     {}", time(Some(t.created_at)))?;
+    outln!("updated:     {}", time(Some(t.updated_at)))?;
+    outln!("started:     {}", time(t.started_at))?;
+    outln!("finished:    {}", time(t.finished_at))?;
+    outln!("payload:     {}", shown("payload", &t.payload))?;
     if let Some(r) = &t.result {
-        println!("result:      {}", shown("result", r));
+        outln!("result:      {}", shown("result", r))?;
     }
     if let Some(e) = &t.error {
         // A task that succeeded after failing keeps its last error: say it is history.
@@ -375,22 +377,22 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
             "error:       "
         };
         match preview.cut_of("error") {
-            Some(cut) => println!("{label}{e}{}", cut_note(cut.bytes)),
-            None => println!("{label}{e}"),
+            Some(cut) => outln!("{label}{e}{}", cut_note(cut.bytes))?,
+            None => outln!("{label}{e}")?,
         }
     }
     if let Some(c) = &t.checkpoint {
-        println!("checkpoint:  {}", shown("checkpoint", c));
+        outln!("checkpoint:  {}", shown("checkpoint", c))?;
     }
     if let Some(f) = t.flow_id {
-        println!(
+        outln!(
             "flow:        {f} ({})",
             t.flow_task.as_deref().unwrap_or("-")
-        );
+        )?;
     }
-    println!("history:");
+    outln!("history:")?;
     for h in history {
-        println!(
+        outln!(
             "  {}  {:>9} -> {:<9}  by {}{}{}",
             time(Some(h.at)),
             h.from_status.map(|s| s.as_str()).unwrap_or("(new)"),
@@ -404,6 +406,7 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) {
                 .as_deref()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
-        );
+        )?;
     }
+    Ok(())
 }

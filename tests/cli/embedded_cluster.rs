@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common;
+use crate::pipes::{assert_quiet, into_closed_pipe};
 use crate::{artex, json_of, stderr, stdout};
 
 #[test]
@@ -70,6 +71,16 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
         }
     }
     let _stop = Stop(data.clone());
+    // Into a pipe whose reader has gone: quiet, exit 141 (every other command: `pipes`).
+    for args in [&["db", "url"][..], &["db", "url", "--json"]] {
+        assert_quiet(args, &into_closed_pipe(None, d, args));
+    }
+    let ended = into_closed_pipe(None, d, &["db", "start"]);
+    assert_eq!(ended.code, Some(141), "{ended:?}");
+    assert!(
+        ended.stderr.starts_with("already running:") && ended.stderr.lines().count() == 1,
+        "{ended:?}"
+    );
     let out = artex(None, d, &["db", "status"]);
     assert!(stdout(&out).starts_with("running"));
     assert_eq!(out.status.code(), Some(0));

@@ -8,6 +8,8 @@
 //! - `embedded_cluster`: the embedded PostgreSQL cluster's life.
 //! - `waiting`: `submit --wait` and `flow show --follow`.
 //! - `bundles`: `bundle create`.
+//! - `pipes`: output into a pipe whose reader has gone (`| head -1`): quiet, exit 141.
+//! - `up`: `artex up`'s banner and default port.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,6 +18,8 @@ mod bundles;
 mod embedded_cluster;
 mod input;
 mod output;
+mod pipes;
+mod up;
 mod waiting;
 
 use std::path::Path;
@@ -25,6 +29,13 @@ use common::TestDb;
 
 /// `artex ARGS…` against `url` (or the embedded cluster in `data_dir` when `url` is None).
 fn artex(url: Option<&str>, data_dir: Option<&Path>, args: &[&str]) -> Output {
+    artex_command(url, data_dir, args)
+        .output()
+        .expect("run artex")
+}
+
+/// The command [`artex`] runs, to be given its standard output.
+fn artex_command(url: Option<&str>, data_dir: Option<&Path>, args: &[&str]) -> Command {
     let mut cmd = Command::new(common::artex_bin());
     cmd.args(args)
         .env_remove("ARTEX_DATABASE_URL")
@@ -35,7 +46,7 @@ fn artex(url: Option<&str>, data_dir: Option<&Path>, args: &[&str]) -> Output {
     if let Some(d) = data_dir {
         cmd.env("ARTEX_DATA_DIR", d);
     }
-    cmd.output().expect("run artex")
+    cmd
 }
 
 fn stderr(o: &Output) -> String {

@@ -304,3 +304,31 @@ async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks(
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 1);
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
 }
+
+/// Its output a pipe whose reader has gone (a reader killed, `| head -0`): the file is
+/// still sent whole and its task runs, and the command ends quietly with exit 141.
+#[tokio::test]
+async fn a_cli_whose_reader_has_gone_sends_the_file_and_ends_quietly() {
+    let (db, dir, _uploads, f) = setup(&[]).await;
+    let (_t, token) = token_file();
+    let (path, _) = test_file(dir.path(), 3 << 20, 5);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = cli(&f.http, &path, dir.path(), &token, &[])
+        .stdout(writer)
+        .output()
+        .expect("artex upload ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    for sign in ["panicked", "backtrace", "Broken pipe", "error"] {
+        assert!(!stderr.contains(sign), "{stderr}");
+    }
+    assert!(stderr.contains("sent 1 chunks"), "{stderr}");
+    let c = db.client().await;
+    let task: uuid::Uuid = c
+        .query_one("select id from artex.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    common::procs::wait_status(&db.bb, task, "succeeded", Duration::from_secs(60)).await;
+}

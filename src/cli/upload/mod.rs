@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::progress::{step, Progress};
+use super::stdout::outln;
 use crate::error::{Error, Result};
 use body::{Body, Hashing, Part};
 
@@ -90,9 +91,8 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
     let state_path = state_file(&args.file, &args.to)?;
     let plan = match resumed(&client, &state_path, &version).await? {
         Some(Start::Done(task)) => {
-            println!("{task}");
             let _ = std::fs::remove_file(&state_path);
-            return Ok(());
+            return outln!("{task}");
         }
         Some(Start::Send(plan)) => plan,
         None => {
@@ -192,8 +192,7 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         retries.retried.load(Ordering::Relaxed)
     ));
     let _ = std::fs::remove_file(&state_path);
-    println!("{task}");
-    Ok(())
+    outln!("{task}")
 }
 
 /// Where sending starts: the upload's id and chunking, the chunks it misses, the sha256
