@@ -2,10 +2,10 @@
 //! module tree (one file per party: tasks, planner, worker, and what the planner's
 //! wake-ups carry to workers (carried), a hot upgrade's moves (handover); planner shards;
 //! flows and their pages (flow_list); the events feed, where it ends now (feed_head) and
-//! its logical decoding variant; LISTEN/NOTIFY; inputs, what submitters may send;
-//! overview, the roster and statistics the HTTP API shows; uploads, files received by
-//! workers), prepared through deadpool's statement cache; nothing else in the runtime
-//! writes SQL.
+//! its logical decoding variant; LISTEN/NOTIFY; inputs, the limit and the kinds a
+//! submission is checked against; overview, the roster and statistics the HTTP API
+//! shows; uploads, files received by workers), prepared through deadpool's statement
+//! cache; nothing else in the runtime writes SQL.
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
 //! the lease epoch, at PostgreSQL's default READ COMMITTED isolation; see docs/design.md,
@@ -42,10 +42,7 @@ pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
 };
-pub use inputs::{
-    check_kind, check_payload, payload_text_len, KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES,
-    KIND_CHARSET, MAX_KIND_BYTES,
-};
+pub use inputs::{KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
 pub use logical::{parse_change, DecodedTransaction, RowChange};
 pub use migrate::{
@@ -60,7 +57,12 @@ pub use planner::{AssignReport, Assignment, Claimed, ReapParams, ReapReport, Ros
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use tasks::{CutValue, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+pub use tasks::{CutValue, TaskFilter, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+// What a submission is, and its rules, live in `crate::submission`; named here too, where
+// the library's users have always found them.
+pub use crate::submission::{
+    check_kind, check_payload, payload_text_len, NewTask, KIND_CHARSET, MAX_KIND_BYTES,
+};
 pub use uploads::{NewUpload, StrandedTask, UploadRow};
 pub use worker::{
     AssignedRead, AssignedTask, AttemptRecord, Outcome, Registration, Step, WorkerState,

@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::tasks::NewTask;
 use super::Blackboard;
 use crate::error::{Error, Result};
+use crate::submission::NewTask;
 
 /// A whole, checked file on a worker's disk, about to be recorded.
 #[derive(Debug, Clone)]
