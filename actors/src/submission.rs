@@ -413,17 +413,44 @@ impl<'a> Submission<'a> {
     /// Whether some task's kind must be one a worker declared: only then does
     /// [`Facts::known_kinds`] matter.
     pub fn needs_known_kinds(&self) -> bool {
+        self.entries().iter().any(|e| !e.allow_unregistered_kind)
+    }
+
+    /// Each task as the checks against the facts see it.
+    fn entries(&self) -> Vec<Entry<'_>> {
         match self {
             Submission::Tasks {
                 tasks,
                 allow_unregistered_kind,
-            } => {
-                (0..tasks.len()).any(|i| !allow_unregistered_kind.get(i).copied().unwrap_or(false))
-            }
+            } => tasks
+                .iter()
+                .enumerate()
+                .map(|(at, t)| Entry {
+                    at,
+                    name: None,
+                    kind: &t.kind,
+                    payload: &t.payload,
+                    allow_unregistered_kind: allow_unregistered_kind
+                        .get(at)
+                        .copied()
+                        .unwrap_or(false),
+                })
+                .collect(),
             Submission::Flow {
+                spec,
                 allow_unregistered_kind,
-                ..
-            } => !allow_unregistered_kind,
+            } => spec
+                .tasks
+                .iter()
+                .enumerate()
+                .map(|(at, t)| Entry {
+                    at,
+                    name: Some(&t.name),
+                    kind: &t.kind,
+                    payload: &t.payload,
+                    allow_unregistered_kind: *allow_unregistered_kind,
+                })
+                .collect(),
         }
     }
 
@@ -454,57 +481,38 @@ impl<'a> Submission<'a> {
     /// is returned: shape, then sizes, then kinds, task by task.
     pub fn check(&self, facts: &Facts) -> std::result::Result<Vec<Vec<usize>>, Refusal> {
         let deps = self.check_shape()?;
-        let entries: Vec<(usize, Option<&str>, &str, &Value, bool)> = match self {
-            Submission::Tasks {
-                tasks,
-                allow_unregistered_kind,
-            } => tasks
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let allow = allow_unregistered_kind.get(i).copied().unwrap_or(false);
-                    (i, None, t.kind.as_str(), &t.payload, allow)
-                })
-                .collect(),
-            Submission::Flow {
-                spec,
-                allow_unregistered_kind,
-            } => spec
-                .tasks
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let name = Some(t.name.as_str());
-                    (
-                        i,
-                        name,
-                        t.kind.as_str(),
-                        &t.payload,
-                        *allow_unregistered_kind,
-                    )
-                })
-                .collect(),
-        };
-        for &(i, name, _, payload, _) in &entries {
-            let bytes = payload_text_len(payload);
-            // A limit of 0 or less cannot be set (the database's check); read as none.
-            let limit = facts.max_payload_bytes;
+        let entries = self.entries();
+        // A limit of 0 or less cannot be set (the database's check); read as none.
+        let limit = facts.max_payload_bytes;
+        for e in &entries {
+            let bytes = payload_text_len(e.payload);
             if limit > 0 && bytes > limit as usize {
                 let reason = Reason::PayloadTooLarge { bytes, limit };
-                return Err(Refusal::of_task(i, name, Field::Payload, reason));
+                return Err(Refusal::of_task(e.at, e.name, Field::Payload, reason));
             }
         }
-        for &(i, name, kind, _, allow) in &entries {
-            if !allow && !facts.known_kinds.iter().any(|k| k == kind) {
+        for e in entries.iter().filter(|e| !e.allow_unregistered_kind) {
+            if !facts.known_kinds.iter().any(|k| k == e.kind) {
                 let reason = Reason::UnknownKind {
-                    kind: kind.to_string(),
+                    kind: e.kind.to_string(),
                     known: listing(&facts.known_kinds),
                 };
-                return Err(Refusal::of_task(i, name, Field::Kind, reason));
+                return Err(Refusal::of_task(e.at, e.name, Field::Kind, reason));
             }
         }
         Ok(deps)
     }
+}
+
+/// One task of a submission, as the checks against the facts see it.
+struct Entry<'a> {
+    /// Its place in the batch or flow.
+    at: usize,
+    /// Its name, in a flow.
+    name: Option<&'a str>,
+    kind: &'a str,
+    payload: &'a Value,
+    allow_unregistered_kind: bool,
 }
 
 /// The kinds workers declared, for a message: at most [`KINDS_LISTED`], then "…".
