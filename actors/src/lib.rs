@@ -17,6 +17,8 @@
 //!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
 //!   rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
 //!   [`worker::transfer`] the worker's side of a hot upgrade's task transfer.
+//! - [`submission`]: what a new task, a batch or a flow is and every rule on it (pure);
+//!   the CLI, the HTTP API and uploads build a [`submission::Submission`] and check it.
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
@@ -33,6 +35,7 @@ pub mod maintenance;
 pub mod reaper;
 pub mod scanner;
 pub mod shard_keeper;
+pub mod submission;
 pub mod supervisor;
 pub mod upload_guard;
 pub mod worker;

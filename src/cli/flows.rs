@@ -5,13 +5,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use artex_actors::blackboard::{FlowSpec, FlowState, FlowTaskSpec, FlowView, TaskStatus};
+use artex_actors::blackboard::{FlowSpec, FlowState, FlowView, TaskStatus};
+use artex_actors::submission::{Refusal, Submission};
 use artex_actors::Blackboard;
 use clap::Subcommand;
 use uuid::Uuid;
 
 use super::follow::{feed_from_now, next_events, transition};
-use super::inputs::{check_submission, Submitted};
+use super::inputs::{check_submission, refusal_text};
 use super::stdout::{outln, Reader};
 use super::{connect_one_shot, parse_id, print_json, print_json_line, time_text};
 use crate::config::DbConfig;
@@ -80,11 +81,7 @@ fn read_flow_file(file: &PathBuf) -> Result<FlowSpec> {
             _ => Error::io(format!("reading {}", file.display()), e),
         })?
     };
-    let spec = FlowSpec::from_json(&text)
-        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
-    spec.validate()
-        .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
-    Ok(spec)
+    FlowSpec::from_json(&text).map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))
 }
 
 /// Runs `artex flow …`.
@@ -95,23 +92,23 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
             allow_unregistered_kind,
             json,
         } => {
-            // Refuse bad input before touching (or starting) any database.
             let spec = read_flow_file(&file)?;
-            let bb = connect_one_shot(db).await?;
-            let name = |t: &FlowTaskSpec, what: &str| {
-                format!("{}: task '{}': {what}", file.display(), t.name)
+            let submission = Submission::Flow {
+                spec: &spec,
+                allow_unregistered_kind,
             };
-            let checked: Vec<Submitted> = spec
-                .tasks
-                .iter()
-                .map(|t| Submitted {
-                    payload_name: name(t, "payload"),
-                    kind_name: name(t, "kind"),
-                    kind: &t.kind,
-                    payload: &t.payload,
-                })
-                .collect();
-            check_submission(&bb, &checked, allow_unregistered_kind).await?;
+            // A flow file's faults are named after the file as the library names them.
+            let refused = |r: Refusal| {
+                Error::Invalid(format!(
+                    "{}: {}",
+                    file.display(),
+                    refusal_text(&r, &r.place())
+                ))
+            };
+            // Refuse bad input before touching (or starting) any database.
+            submission.check_shape().map_err(refused)?;
+            let bb = connect_one_shot(db).await?;
+            check_submission(&bb, &submission, refused).await?;
             let id = bb.operator().submit_flow(&spec, actor).await?;
             if json {
                 return print_json(&serde_json::json!({ "id": id }));

@@ -1,11 +1,11 @@
 //! What the blackboard accepts, from the command line: `artex limits` (the payload size
 //! limit) and `artex kinds` (every kind a worker has declared), and the input handling
-//! `submit` and `flow submit` share — a payload given inline, as `@FILE` or `-`, and the
-//! checks against the blackboard made before anything is written.
+//! `submit` and `flow submit` share — a payload given inline, as `@FILE` or `-`, and how
+//! a refused submission (`artex_actors::submission`) is said on the command line.
 
 use std::io::Read;
 
-use artex_actors::blackboard::{check_kind, check_payload, payload_text_len, KnownKind};
+use artex_actors::submission::{Refusal, Submission};
 use artex_actors::Blackboard;
 use clap::Args;
 use serde_json::Value;
@@ -14,9 +14,6 @@ use super::stdout::outln;
 use super::{connect_one_shot, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
-
-/// How many known kinds a refusal lists before it says "…".
-const KINDS_LISTED: usize = 20;
 
 /// The arguments of `artex limits`.
 #[derive(Debug, Args)]
@@ -63,11 +60,23 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     Ok(())
 }
 
+/// A payload as given on the command line, and how messages name it.
+pub(crate) struct Payload {
+    /// The payload.
+    pub value: Value,
+    /// `--payload`, `--payload (file F)` or `--payload (standard input)`.
+    pub name: String,
+}
+
 /// The payload of `--payload ARG`: JSON inline, `@FILE` to read it from a file, `-` from
-/// standard input; `{}` without one. Errors name `--payload` and the file.
-pub(crate) fn read_payload(arg: Option<&str>) -> Result<Value> {
+/// standard input; `{}` without one. Errors name `--payload` and the file. Only the
+/// syntax is read here: the rules on a payload are the submission's.
+pub(crate) fn read_payload(arg: Option<&str>) -> Result<Payload> {
     let Some(arg) = arg else {
-        return Ok(Value::Object(Default::default()));
+        return Ok(Payload {
+            value: Value::Object(Default::default()),
+            name: "--payload".into(),
+        });
     };
     let (bytes, source) = if arg == "-" {
         let mut bytes = Vec::new();
@@ -85,76 +94,28 @@ pub(crate) fn read_payload(arg: Option<&str>) -> Result<Value> {
     // From bytes, so a file that is not UTF-8 is bad JSON (exit 2), not a read failure.
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::Invalid(format!("--payload{source}: not valid JSON: {e}")))?;
-    check_payload(&value).map_err(|e| Error::Invalid(format!("--payload{source}: {e}")))?;
-    Ok(value)
+    Ok(Payload {
+        value,
+        name: format!("--payload{source}"),
+    })
 }
 
-/// One task about to be submitted, as [`check_submission`] sees it.
-pub(crate) struct Submitted<'a> {
-    /// How messages name this task's payload: `--payload`, or the flow task's.
-    pub payload_name: String,
-    /// How messages name this task's kind.
-    pub kind_name: String,
-    /// Its kind.
-    pub kind: &'a str,
-    /// Its payload.
-    pub payload: &'a Value,
+/// A refused submission as the command line says it: `place` is how the command names
+/// the field (`--payload`, `kind`, `task 'b': kind`).
+pub(crate) fn refusal_text(r: &Refusal, place: &str) -> String {
+    r.message(place, "pass --allow-unregistered-kind")
 }
 
-/// Checks tasks against this blackboard before anything is written. The payload size:
-/// the database refuses an oversized payload too, but here the message names the option
-/// and the payload is never sent. The kind: some worker must have declared it, or the
-/// task would wait for a worker that may never come (a typo) — the CLI's rule, not the
-/// database's, lifted by `allow_unregistered` (submitting before the workers start).
+/// Checks `submission` against this blackboard before anything is written (its shape
+/// was checked before connecting): the payload limit, and the kinds workers declared —
+/// the CLI's rule, not the database's, lifted by `--allow-unregistered-kind`
+/// (submitting before the workers start). `refused` says a refusal.
 pub(crate) async fn check_submission(
     bb: &Blackboard,
-    tasks: &[Submitted<'_>],
-    allow_unregistered: bool,
+    submission: &Submission<'_>,
+    refused: impl Fn(Refusal) -> Error,
 ) -> Result {
-    let limit = bb.operator().limits().await?.max_payload_bytes;
-    for t in tasks {
-        let bytes = payload_text_len(t.payload);
-        if bytes > limit as usize {
-            return Err(Error::Invalid(format!(
-                "{}: {bytes} bytes, more than the limit of {limit} bytes \
-                 (an operator can raise it: artex limits --max-payload-bytes N)",
-                t.payload_name
-            )));
-        }
-    }
-    if allow_unregistered {
-        return Ok(());
-    }
-    let known = bb.operator().known_kinds().await?;
-    for t in tasks {
-        if !known.iter().any(|k| k.kind == t.kind) {
-            return Err(Error::Invalid(format!(
-                "{}: {:?} has never been declared by a worker ({}); check the name, or pass \
-                 --allow-unregistered-kind to submit it before its workers run",
-                t.kind_name,
-                t.kind,
-                listing(&known)
-            )));
-        }
-    }
+    let facts = bb.operator().submission_facts(submission).await?;
+    submission.check(&facts).map_err(refused)?;
     Ok(())
-}
-
-fn listing(known: &[KnownKind]) -> String {
-    if known.is_empty() {
-        return "no worker has registered yet".into();
-    }
-    // A kind registered through the library may be no name at all (a newline in it):
-    // such a kind cannot be submitted, and listing it would break the one-line message.
-    let names: Vec<&str> = known
-        .iter()
-        .map(|k| k.kind.as_str())
-        .filter(|k| check_kind(k).is_ok())
-        .collect();
-    let more = names.len() > KINDS_LISTED;
-    let mut names: Vec<&str> = names.into_iter().take(KINDS_LISTED).collect();
-    if more {
-        names.push("…");
-    }
-    format!("known kinds: {}", names.join(", "))
 }

@@ -6,19 +6,20 @@ use artex_actors::blackboard::{
     check_kind, Control, ControlTarget, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus,
     TransitionRow,
 };
+use artex_actors::submission::{Field, Refusal, Submission};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
 
 use super::follow::{task_outcome, wait_task};
-use super::inputs::{check_submission, read_payload, Submitted};
+use super::inputs::{check_submission, read_payload, refusal_text};
 use super::progress::step;
 use super::stdout::outln;
 use super::{
     cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
 };
 use crate::config::DbConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Without `--full`, values longer than this many characters are cut when shown.
 const CUT_CHARS: i32 = 1024;
@@ -43,11 +44,11 @@ pub(crate) struct SubmitArgs {
     /// Not before this time (RFC 3339, e.g. 2026-12-01T08:00:00Z).
     #[arg(long, value_parser = parse_time)]
     run_at: Option<DateTime<Utc>>,
-    /// Retries after the first attempt (default 3).
-    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..=1000))]
+    /// Retries after the first attempt, 0 to 1000 (default 3).
+    #[arg(long, allow_negative_numbers = true)]
     max_retries: Option<i32>,
-    /// Per-attempt handler timeout in milliseconds.
-    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(1..))]
+    /// Per-attempt handler timeout in milliseconds (positive).
+    #[arg(long, allow_negative_numbers = true)]
     timeout_ms: Option<i32>,
     /// Business shard key: tasks with one key go to one planner shard.
     #[arg(long)]
@@ -137,27 +138,33 @@ fn parse_kind(s: &str) -> std::result::Result<String, String> {
     check_kind(s).map(|()| s.to_string())
 }
 
+/// How `artex submit` names a field: its option (the kind is the argument).
+fn option_of(field: Field, payload: &str) -> String {
+    match field {
+        Field::Kind => "kind".into(),
+        Field::Payload => payload.into(),
+        other => format!("--{}", other.as_str().replace('_', "-")),
+    }
+}
+
 /// Runs `artex submit`.
 pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
+    let payload = read_payload(args.payload.as_deref())?;
     let task = NewTask {
         kind: args.kind,
-        payload: read_payload(args.payload.as_deref())?,
+        payload: payload.value,
         priority: args.priority,
         run_at: args.run_at,
         max_retries: args.max_retries,
         timeout_ms: args.timeout_ms,
         shard_key: args.shard_key,
     };
+    let submission = Submission::task(&task, args.allow_unregistered_kind);
+    let refused = |r: Refusal| Error::Invalid(refusal_text(&r, &option_of(r.field, &payload.name)));
     // Refuse bad input before touching (or starting) any database.
-    task.validate()?;
+    submission.check_shape().map_err(refused)?;
     let bb = connect_one_shot(db).await?;
-    let checked = Submitted {
-        payload_name: "--payload".into(),
-        kind_name: "kind".into(),
-        kind: &task.kind,
-        payload: &task.payload,
-    };
-    check_submission(&bb, &[checked], args.allow_unregistered_kind).await?;
+    check_submission(&bb, &submission, refused).await?;
     let id = bb.operator().submit(&task, &cli_actor()).await?;
     if !args.wait {
         return if args.json {

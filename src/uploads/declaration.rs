@@ -1,7 +1,12 @@
 //! What a client declares when it starts an upload (`POST /api/v1/uploads`), every
-//! field checked before anything is written; kept as the upload's `meta.json`.
+//! field checked before anything is written; kept as the upload's `meta.json`. The task
+//! it declares is checked as every submission is (`artex_actors::submission`): its shape
+//! here, the payload limit and the kinds workers declared when the upload starts.
 
+use artex_actors::blackboard::NewTask;
+use artex_actors::submission::{Field, Refusal, Submission};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::error::{Result, UploadError};
@@ -66,6 +71,57 @@ pub struct TaskSpec {
         deserialize_with = "flow_id"
     )]
     pub flow: Option<Uuid>,
+    /// Its kind may be one no worker declared yet (its workers start later). Asked when
+    /// the upload starts and not kept: `meta.json` stays readable by earlier builds.
+    #[serde(default, skip_serializing)]
+    pub allow_unregistered_kind: bool,
+}
+
+/// How an upload's refusals name a field of its task (`task.kind`), for the JSON
+/// `field` of a 422.
+pub fn task_field(field: Field) -> &'static str {
+    match field {
+        Field::Kind => "task.kind",
+        Field::Payload => "task.payload",
+        Field::Priority => "task.priority",
+        _ => "task",
+    }
+}
+
+/// A refused task as an upload words it.
+pub fn refusal_text(r: &Refusal) -> String {
+    r.message(
+        task_field(r.field),
+        "set \"allow_unregistered_kind\": true in the task",
+    )
+}
+
+impl Meta {
+    /// The task this upload submits once whole: the declared payload with the file
+    /// named in its `upload` field. `sha256` is the whole file's; before it is known, a
+    /// stand-in of the same length measures the payload as it will be.
+    pub fn task(&self, sha256: &str) -> NewTask {
+        let mut payload = match &self.task.payload {
+            Some(Value::Object(m)) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        payload.insert(
+            "upload".into(),
+            serde_json::json!({
+                "id": self.id, "size": self.size, "sha256": sha256, "name": self.name,
+            }),
+        );
+        NewTask {
+            priority: self.task.priority.unwrap_or(0),
+            ..NewTask::new(self.task.kind.clone(), Value::Object(payload))
+        }
+    }
+
+    /// The task as [`Meta::task`], its sha256 a stand-in if not declared yet.
+    pub fn task_to_check(&self) -> NewTask {
+        let stand_in = "0".repeat(64);
+        self.task(self.sha256.as_deref().unwrap_or(&stand_in))
+    }
 }
 
 /// `task.flow`: a UUID or null, refused with a message naming the field.
@@ -148,21 +204,16 @@ impl CreateRequest {
                 ));
             }
         }
-        artex_actors::blackboard::check_kind(&self.task.kind)
-            .map_err(|e| UploadError::Invalid(format!("task.kind: {e}")))?;
         match &self.task.payload {
-            None | Some(serde_json::Value::Null) => {}
-            Some(serde_json::Value::Object(m)) => {
-                if m.contains_key("upload") {
-                    return bad(
-                        "task.payload: has a field 'upload'; that field is the worker's \
-                         (it names the file)"
-                            .into(),
-                    );
-                }
-                artex_actors::blackboard::check_payload(&serde_json::Value::Object(m.clone()))
-                    .map_err(|e| UploadError::Invalid(format!("task.payload: {e}")))?;
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) if m.contains_key("upload") => {
+                return bad(
+                    "task.payload: has a field 'upload'; that field is the worker's \
+                     (it names the file)"
+                        .into(),
+                );
             }
+            Some(Value::Object(_)) => {}
             Some(other) => {
                 return bad(format!(
                     "task.payload: expected an object (the upload is added as its 'upload' \
@@ -170,7 +221,7 @@ impl CreateRequest {
                 ))
             }
         }
-        Ok(Meta {
+        let meta = Meta {
             id: Uuid::now_v7(),
             size: self.size,
             sha256,
@@ -180,7 +231,12 @@ impl CreateRequest {
             task: self.task,
             host: None,
             layout: LAYOUT,
-        })
+        };
+        // The rules that need nothing from the database; the rest when the upload starts.
+        Submission::task(&meta.task_to_check(), false)
+            .check_shape()
+            .map_err(|r| UploadError::Invalid(refusal_text(&r)))?;
+        Ok(meta)
     }
 }
 

@@ -7,7 +7,7 @@ use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
-use artex_actors::blackboard::{NewTask, NewUpload};
+use artex_actors::blackboard::NewUpload;
 use sha2::Digest;
 use uuid::Uuid;
 
@@ -195,20 +195,7 @@ impl Uploads {
                 meta.id
             )));
         };
-        let mut payload = match meta.task.payload.clone() {
-            Some(serde_json::Value::Object(m)) => m,
-            _ => serde_json::Map::new(),
-        };
-        payload.insert(
-            "upload".into(),
-            serde_json::json!({
-                "id": meta.id, "size": meta.size, "sha256": sha256, "name": meta.name,
-            }),
-        );
-        let task = NewTask {
-            priority: meta.task.priority.unwrap_or(0),
-            ..NewTask::new(meta.task.kind.clone(), serde_json::Value::Object(payload))
-        };
+        let task = meta.task(&sha256);
         let upload = NewUpload {
             id: meta.id,
             host: meta.host.clone().unwrap_or_else(|| self.host.clone()),

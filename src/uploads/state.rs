@@ -6,11 +6,12 @@ use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
+use artex_actors::submission::Submission;
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::data::WHOLE;
-use super::declaration::{CreateRequest, Meta, LAYOUT};
+use super::declaration::{refusal_text, task_field, CreateRequest, Meta, LAYOUT};
 use super::disk::{blocking, read_dir, sync_dir, write_durably};
 use super::error::{io, Result, UploadError};
 use super::Uploads;
@@ -45,6 +46,7 @@ impl Uploads {
             host: Some(self.host.clone()),
             ..req.check()?
         };
+        self.check_task(&meta).await?;
         if let Some(flow) = meta.task.flow {
             self.check_flow(flow).await?;
         }
@@ -71,6 +73,26 @@ impl Uploads {
             Ok(meta)
         })
         .await
+    }
+
+    /// The upload's task against the blackboard, as every submission is: its payload
+    /// (with the file named in it) within the limit, its kind one a worker declared
+    /// unless the task says its workers come later. Refused with 422 naming the field.
+    async fn check_task(&self, meta: &Meta) -> Result {
+        let task = meta.task_to_check();
+        let submission = Submission::task(&task, meta.task.allow_unregistered_kind);
+        let facts = self
+            .bb
+            .submission_facts(&submission)
+            .await
+            .map_err(|e| UploadError::Internal(format!("reading the blackboard: {e}")))?;
+        submission
+            .check(&facts)
+            .map_err(|r| UploadError::Unprocessable {
+                field: task_field(r.field),
+                message: refusal_text(&r),
+            })?;
+        Ok(())
     }
 
     /// The flow an upload's task is to join must exist and have a task not ended yet.

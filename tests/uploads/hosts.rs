@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::common;
 use crate::common::procs::{worker_http, Proc};
 use crate::common::TestDb;
-use crate::{create, data, send_all, token_file};
+use crate::{call, data, send_all, sha, token_file};
 
 /// Reaper settings for a direct run of the upload guard.
 fn guard_params(deadline_secs: f64, judge: bool) -> artex_actors::blackboard::ReapParams {
@@ -188,8 +188,20 @@ async fn an_uploads_task_fails_when_its_worker_is_killed_and_its_host_stays_gone
     );
     let http = worker_http(&db.client().await, &worker).await;
     let file = data(3000, 37);
-    let (id, _) = create(&http, &file, 1024, "digest");
-    let task = send_all(&http, &id, &file, 1024);
+    // No worker declared `digest`: the task says its workers come later.
+    let (code, body) = call(
+        &http,
+        "POST",
+        "/api/v1/uploads",
+        &[],
+        json!({"size": 3000, "sha256": sha(&file), "chunk_size": 1024,
+               "task": {"kind": "digest", "allow_unregistered_kind": true}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(code, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    let task = send_all(&http, id, &file, 1024);
     assert_eq!(
         db.bb.operator().task(task).await.unwrap().status.as_str(),
         "pending"

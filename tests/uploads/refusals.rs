@@ -185,3 +185,72 @@ async fn a_declaration_is_read_up_to_2_mib_and_refused_in_json_past_it() {
     );
     assert_eq!(entries(&uploads), 1, "the refused upload left something");
 }
+
+/// `POST /api/v1/uploads` for a 3,000-byte file whose task is `task`.
+fn start(http: &str, task: Value) -> (u16, Value) {
+    let file = data(3000, 11);
+    let body = json!({"size": 3000, "sha256": sha(&file), "name": "data.bin", "task": task});
+    call(
+        http,
+        "POST",
+        "/api/v1/uploads",
+        &[],
+        body.to_string().as_bytes(),
+    )
+}
+
+#[tokio::test]
+async fn a_task_no_worker_can_run_is_refused_before_any_byte_is_sent() {
+    let (db, _dir, uploads, f) = setup(&[]).await;
+    // A typo: the upload would complete, and its task wait for a worker that never comes.
+    let (code, body) = start(&f.http, json!({"kind": "digset"}));
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["field"], "task.kind", "{body}");
+    let m = body["error"].as_str().unwrap();
+    assert!(
+        m.starts_with("task.kind: \"digset\" has never been declared by a worker")
+            && m.contains("digest")
+            && m.contains("allow_unregistered_kind"),
+        "{m}"
+    );
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+    // Unless the task says its workers come later, as a submission may.
+    let (code, body) = start(
+        &f.http,
+        json!({"kind": "digset", "allow_unregistered_kind": true}),
+    );
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(entries(&uploads), 1);
+    drop(db);
+}
+
+#[tokio::test]
+async fn a_payload_over_the_limit_is_refused_as_the_api_refuses_it() {
+    let (db, _dir, uploads, f) = setup(&[]).await;
+    db.bb.operator().set_max_payload_bytes(400).await.unwrap();
+    let (code, body) = start(
+        &f.http,
+        json!({"kind": "digest", "payload": {"s": "x".repeat(1000)}}),
+    );
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["field"], "task.payload", "{body}");
+    let m = body["error"].as_str().unwrap();
+    assert!(m.contains("more than the limit of 400 bytes"), "{m}");
+    // What counts is the task's payload as written: with the file named in it (some 170
+    // bytes), 300 of the client's bytes do not fit under 400.
+    let (code, body) = start(
+        &f.http,
+        json!({"kind": "digest", "payload": {"s": "x".repeat(300)}}),
+    );
+    assert_eq!(
+        (code, &body["field"]),
+        (422, &json!("task.payload")),
+        "{body}"
+    );
+    assert_eq!(entries(&uploads), 0, "a refused upload left something");
+    let (code, body) = start(
+        &f.http,
+        json!({"kind": "digest", "payload": {"s": "x".repeat(100)}}),
+    );
+    assert_eq!(code, 201, "{body}");
+}

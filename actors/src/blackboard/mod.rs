@@ -20,7 +20,7 @@
 //! along which a transaction pooler can carry them.
 //!
 //! Shared types live beside the roles: `tasks.rs` (a task and its history as read),
-//! `flows/` (a flow as submitted and as read), `inputs.rs` (what submitters may send),
+//! `flows/` (a flow as submitted and as read), `inputs.rs` (the limit and the kinds a submission is checked against),
 //! `carried.rs` (what a wake-up carries), `listen.rs` (LISTEN sessions), `admin.rs`
 //! (databases made and dropped, for the embedded cluster and tests).
 //!
@@ -55,10 +55,7 @@ pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
     FlowView,
 };
-pub use inputs::{
-    check_kind, check_payload, payload_text_len, KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES,
-    KIND_CHARSET, MAX_KIND_BYTES,
-};
+pub use inputs::{KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
 pub use maintenance::MaintenanceBoard;
 pub use migrate::{
@@ -74,7 +71,12 @@ pub use planner::{
     agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, ReapParams,
     ReapReport, RosterEntry, ShardBoard, ShardRow, StrandedTask, TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use tasks::{CutValue, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
+// What a submission is, and its rules, live in `crate::submission`; named here too, where
+// the library's users have always found them.
+pub use crate::submission::{
+    check_kind, check_payload, payload_text_len, NewTask, KIND_CHARSET, MAX_KIND_BYTES,
+};
 pub use worker::{
     AssignedRead, AssignedTask, AttemptRecord, NewUpload, Outcome, Registration, Step, UploadRow,
     WorkerBoard, WorkerState,

@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::inputs::{check_kind, check_payload};
 use crate::error::{Error, Result};
 
 /// A task's status, mirroring the `artex.task_status` enum.
@@ -91,70 +90,6 @@ impl std::str::FromStr for TaskStatus {
                     TaskStatus::ALL.map(|t| t.as_str()).join(", ")
                 ))
             })
-    }
-}
-
-/// A task to submit. Only `kind` is required; the rest default as in the table.
-#[derive(Debug, Clone, Default)]
-pub struct NewTask {
-    /// The handler kind.
-    pub kind: String,
-    /// The handler's input.
-    pub payload: serde_json::Value,
-    /// Higher runs first; 0 by default.
-    pub priority: i32,
-    /// Not before this time; now by default.
-    pub run_at: Option<DateTime<Utc>>,
-    /// Retries after the first attempt; 3 by default.
-    pub max_retries: Option<i32>,
-    /// Per-attempt handler timeout in milliseconds; the handler's default otherwise.
-    pub timeout_ms: Option<i32>,
-    /// Business shard key: tasks with one key go to one planner shard.
-    pub shard_key: Option<String>,
-}
-
-impl NewTask {
-    /// A task of `kind` with `payload`, everything else default.
-    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
-        NewTask {
-            kind: kind.into(),
-            payload,
-            ..Default::default()
-        }
-    }
-
-    /// Checks what the database would refuse, with a message naming the field: the kind
-    /// is a name ([`check_kind`]), the payload holds no `\u0000` ([`check_payload`]). The
-    /// payload size limit is configured in the database, which enforces it.
-    pub fn validate(&self) -> Result {
-        check_kind(&self.kind).map_err(|e| Error::Invalid(format!("kind: {e}")))?;
-        check_payload(&self.payload).map_err(|e| Error::Invalid(format!("payload: {e}")))?;
-        if let Some(n) = self.max_retries {
-            if n < 0 {
-                return Err(Error::Invalid(format!(
-                    "max_retries: {n} is negative; expected 0 or more"
-                )));
-            }
-        }
-        if let Some(ms) = self.timeout_ms {
-            if ms <= 0 {
-                return Err(Error::Invalid(format!(
-                    "timeout_ms: {ms}; expected a positive number of milliseconds"
-                )));
-            }
-        }
-        match self.shard_key.as_deref() {
-            Some("") => return Err(Error::Invalid("shard_key: must not be empty".into())),
-            // PostgreSQL text cannot hold U+0000 either.
-            Some(k) if k.contains('\0') => {
-                return Err(Error::Invalid(
-                    "shard_key: contains the character \\u0000, which PostgreSQL cannot store"
-                        .into(),
-                ))
-            }
-            _ => {}
-        }
-        Ok(())
     }
 }
 

@@ -40,6 +40,10 @@ pub(crate) struct SendArgs {
     /// The task's priority.
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    /// Submit the task even if no worker has ever declared its kind (e.g. before the
+    /// workers start).
+    #[arg(long)]
+    allow_unregistered_kind: bool,
     /// The flow the task joins (the id of an unfinished flow).
     #[arg(long)]
     flow: Option<uuid::Uuid>,
@@ -96,12 +100,16 @@ pub(crate) async fn upload(args: SendArgs) -> Result {
         }
         Some(Start::Send(plan)) => plan,
         None => {
-            let declaration = json!({
+            let mut declaration = json!({
                 "size": size, "chunk_size": want_chunk,
                 "name": args.file.file_name().and_then(|n| n.to_str()),
                 "task": {"kind": args.kind, "payload": payload, "priority": args.priority,
                          "flow": args.flow},
             });
+            // Only when asked: a worker of an earlier build refuses a field it does not know.
+            if args.allow_unregistered_kind {
+                declaration["task"]["allow_unregistered_kind"] = true.into();
+            }
             let plan = started(&client, declaration, &args.file, want_chunk).await?;
             write_state(&state_path, &plan.id, &version)?;
             plan

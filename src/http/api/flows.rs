@@ -5,11 +5,12 @@
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::FlowSpec;
+use artex_actors::submission::{Reason, Submission};
 use serde_json::{json, Value};
 
 use super::{
-    actor, check_submission, field, field_of, only_fields, param, parse_int, parse_uuid, path_id,
-    query, submission, ApiError, ApiState, Submitted,
+    actor, check_submission, field, only_fields, param, parse_int, parse_uuid, path_id, query,
+    submission, ApiError, ApiState,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -26,8 +27,8 @@ const FLOW_TASK_FIELDS: &[&str] = &[
     "shard_key",
 ];
 
-/// Checks the shape of a flow (fields and their types), so that a wrong one is named;
-/// what they mean is `FlowSpec::validate`'s.
+/// Checks the syntax of a flow (fields and their types), so that a wrong one is named;
+/// the rules on what they hold are the submission's.
 fn check_shape(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     only_fields(obj, "", FLOW_FIELDS)?;
     field::<String>(obj, "", "name", "a string")?
@@ -109,46 +110,18 @@ pub(super) async fn submit(
     obj.remove("allow_unregistered_kind");
     let spec: FlowSpec = serde_json::from_value(value)
         .map_err(|e| ApiError::bad("body", format!("not a flow: {e}")))?;
-    spec.validate().map_err(|e| {
-        let message = e.to_string();
-        // Messages about one task start `task 'NAME': …`: name it by its place.
-        let at = spec
-            .tasks
-            .iter()
-            .position(|t| message.starts_with(&format!("task '{}'", t.name)));
-        let field = match at {
-            Some(i) => {
-                let rest = message
-                    .split_once("': ")
-                    .map(|(_, rest)| rest)
-                    .unwrap_or_default();
-                Some(
-                    match field_of(
-                        rest,
-                        &["kind", "payload", "max_retries", "timeout_ms", "shard_key"],
-                    ) {
-                        Some(f) => format!("tasks[{i}].{f}"),
-                        None => format!("tasks[{i}]"),
-                    },
-                )
-            }
-            None if message.starts_with("flow name") => Some("name".into()),
-            None => Some("tasks".into()),
-        };
-        ApiError::Unprocessable { field, message }
-    })?;
-    let checked: Vec<Submitted> = spec
-        .tasks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| Submitted {
-            prefix: format!("tasks[{i}]."),
-            kind: &t.kind,
-            payload: &t.payload,
-            allow_unregistered: allow_query || allow_body,
-        })
-        .collect();
-    check_submission(&state.bb, &checked).await?;
+    let submission = Submission::Flow {
+        spec: &spec,
+        allow_unregistered_kind: allow_query || allow_body,
+    };
+    // A task's fault is named by its place (`tasks[2].kind`), a fault of the flow's
+    // shape by the task it is found at (`tasks[2]`).
+    check_submission(&state.bb, &submission, |r| match (r.task, &r.reason) {
+        (Some(i), Reason::Flow(_)) => format!("tasks[{i}]"),
+        (Some(i), _) => format!("tasks[{i}].{}", r.field.as_str()),
+        (None, _) => r.field.as_str().to_string(),
+    })
+    .await?;
     let id = state.bb.submit_flow(&spec, &actor(&req)).await?;
     Ok(HttpResponse::Created()
         .insert_header((LOCATION, format!("/api/v1/flows/{id}")))

@@ -24,8 +24,8 @@ mod uploads;
 
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
-use artex_actors::blackboard::{check_kind, payload_text_len, KnownKind};
 use artex_actors::blackboard::{FeedBoard, OperatorBoard};
+use artex_actors::submission::{Refusal, Submission};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
@@ -493,83 +493,30 @@ fn path_id(raw: &str) -> Result<uuid::Uuid, ApiError> {
     parse_uuid(raw).map_err(|e| ApiError::bad("id", format!("id: {e}")))
 }
 
-/// One task (or flow task) about to be written, as [`check_submission`] sees it.
-struct Submitted<'a> {
-    /// How errors name it: `""`, `"[3]."`, `"tasks[2]."`.
-    prefix: String,
-    kind: &'a str,
-    payload: &'a Value,
-    /// Its kind may be one no worker declared yet.
-    allow_unregistered: bool,
-}
+/// How the API lets a kind no worker declared through.
+const ALLOW_UNREGISTERED: &str =
+    "set \"allow_unregistered_kind\": true (or ?allow_unregistered_kind=true)";
 
-/// Checks tasks against the blackboard before anything is written: each payload within
-/// the limit in force (the database refuses a larger one too; here the message names
-/// the field and the payload is never sent), and each kind declared by some worker
-/// unless allowed (a typo would wait for ever).
-async fn check_submission(bb: &OperatorBoard, tasks: &[Submitted<'_>]) -> Result<(), ApiError> {
-    let limit = bb.limits().await?.max_payload_bytes;
-    for t in tasks {
-        let bytes = payload_text_len(t.payload);
-        if bytes > limit as usize {
-            return Err(ApiError::refused(
-                format!("{}payload", t.prefix),
-                format!(
-                    "{}payload: {bytes} bytes, more than the limit of {limit} bytes (an \
-                     operator can raise it: artex limits --max-payload-bytes N)",
-                    t.prefix
-                ),
-            ));
+/// Checks a submission (`artex_actors::submission`) before anything is written: first
+/// the rules that need nothing from the database, then against the payload limit and
+/// the kinds workers declared. A refusal is 422 naming the field as `field` says this
+/// request names it (`kind`, `[3].payload`, `tasks[2].kind`). Returns, for a flow, what
+/// each task depends on.
+async fn check_submission(
+    bb: &OperatorBoard,
+    submission: &Submission<'_>,
+    field: impl Fn(&Refusal) -> String,
+) -> Result<Vec<Vec<usize>>, ApiError> {
+    let refused = |r: Refusal| {
+        let field = field(&r);
+        ApiError::Unprocessable {
+            message: r.message(&field, ALLOW_UNREGISTERED),
+            field: Some(field),
         }
-    }
-    if tasks.iter().all(|t| t.allow_unregistered) {
-        return Ok(());
-    }
-    let known = bb.known_kinds().await?;
-    for t in tasks.iter().filter(|t| !t.allow_unregistered) {
-        if !known.iter().any(|k| k.kind == t.kind) {
-            return Err(ApiError::refused(
-                format!("{}kind", t.prefix),
-                format!(
-                    "{}kind: {:?} has never been declared by a worker ({}); check the name, \
-                     or set \"allow_unregistered_kind\": true (or \
-                     ?allow_unregistered_kind=true) to submit it before its workers run",
-                    t.prefix,
-                    t.kind,
-                    listing(&known)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn listing(known: &[KnownKind]) -> String {
-    const LISTED: usize = 20;
-    let names: Vec<&str> = known
-        .iter()
-        .map(|k| k.kind.as_str())
-        .filter(|k| check_kind(k).is_ok())
-        .collect();
-    if names.is_empty() {
-        return "no worker has registered yet".into();
-    }
-    let more = if names.len() > LISTED { ", …" } else { "" };
-    format!(
-        "known kinds: {}{more}",
-        names
-            .into_iter()
-            .take(LISTED)
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
-/// Splits a validation message `field: what` into the field (one of `fields`) and the
-/// message, for errors that name a field in their text.
-fn field_of(message: &str, fields: &[&str]) -> Option<String> {
-    let (head, _) = message.split_once(':')?;
-    fields.contains(&head).then(|| head.to_string())
+    };
+    submission.check_shape().map_err(refused)?;
+    let facts = bb.submission_facts(submission).await?;
+    submission.check(&facts).map_err(refused)
 }
 
 /// `/health` of `artex serve`: ready when the database answered recently.

@@ -5,13 +5,13 @@
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_kind, Control, ControlTarget, NewTask, TaskFilter};
+use artex_actors::submission::{Submission, MAX_RETRIES};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use super::{
-    actor, check_submission, field, field_of, only_fields, param, parse_bool, parse_int,
-    parse_json, parse_uuid, path_id, query, read_body, submission, ApiError, ApiState, Submitted,
-    CUT_CHARS, MAX_BATCH,
+    actor, check_submission, field, only_fields, param, parse_bool, parse_int, parse_json,
+    parse_uuid, path_id, query, read_body, submission, ApiError, ApiState, CUT_CHARS, MAX_BATCH,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -27,16 +27,12 @@ const TASK_FIELDS: &[&str] = &[
     "allow_unregistered_kind",
 ];
 
-/// The fields `NewTask::validate` names at the start of its messages.
-const VALIDATED: &[&str] = &["kind", "payload", "max_retries", "timeout_ms", "shard_key"];
-
-/// Retries after the first attempt, at most (as `artex submit`).
-const MAX_RETRIES: i32 = 1000;
-
 /// A reason longer than this is refused (it is stored in every changed task's history).
 pub(super) const MAX_REASON_BYTES: usize = 10_000;
 
 /// The task at `v`, named `{prefix}…` in errors, and whether its kind may be unregistered.
+/// Only the syntax is read here (fields and their types); the rules on the values are
+/// the submission's.
 fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
     let Some(obj) = v.as_object() else {
         let name = prefix.trim_end_matches('.');
@@ -77,13 +73,7 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
                 })?,
         ),
     };
-    let max_retries: Option<i32> = field(obj, prefix, "max_retries", "an integer from 0 to 1000")?;
-    if let Some(n) = max_retries.filter(|n| !(0..=MAX_RETRIES).contains(n)) {
-        return Err(ApiError::refused(
-            format!("{prefix}max_retries"),
-            format!("{prefix}max_retries: {n}; expected 0 to {MAX_RETRIES}"),
-        ));
-    }
+    let expected_retries = format!("an integer from 0 to {MAX_RETRIES}");
     let task = NewTask {
         kind,
         payload: obj
@@ -93,17 +83,10 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
             .unwrap_or_else(|| json!({})),
         priority: field(obj, prefix, "priority", "a 32-bit integer")?.unwrap_or(0),
         run_at,
-        max_retries,
+        max_retries: field(obj, prefix, "max_retries", &expected_retries)?,
         timeout_ms: field(obj, prefix, "timeout_ms", "a positive 32-bit integer")?,
         shard_key: field(obj, prefix, "shard_key", "a string")?,
     };
-    task.validate().map_err(|e| {
-        let message = e.to_string();
-        ApiError::Unprocessable {
-            field: field_of(&message, VALIDATED).map(|f| format!("{prefix}{f}")),
-            message: format!("{prefix}{message}"),
-        }
-    })?;
     let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
     Ok((task, allow))
 }
@@ -144,27 +127,26 @@ pub(super) async fn submit(
     }
     let mut tasks = Vec::with_capacity(items.len());
     let mut allowed = Vec::with_capacity(items.len());
-    for (i, v) in items.iter().enumerate() {
-        let prefix = if batch {
+    let prefix = |i: usize| {
+        if batch {
             format!("[{i}].")
         } else {
             String::new()
-        };
-        let (task, allow) = parse_task(v, &prefix)?;
+        }
+    };
+    for (i, v) in items.iter().enumerate() {
+        let (task, allow) = parse_task(v, &prefix(i))?;
         tasks.push(task);
-        allowed.push((prefix, allow || allow_all));
+        allowed.push(allow || allow_all);
     }
-    let checked: Vec<Submitted> = tasks
-        .iter()
-        .zip(&allowed)
-        .map(|(t, (prefix, allow))| Submitted {
-            prefix: prefix.clone(),
-            kind: &t.kind,
-            payload: &t.payload,
-            allow_unregistered: *allow,
-        })
-        .collect();
-    check_submission(&state.bb, &checked).await?;
+    let submission = Submission::Tasks {
+        tasks: &tasks,
+        allow_unregistered_kind: allowed,
+    };
+    check_submission(&state.bb, &submission, |r| {
+        format!("{}{}", prefix(r.task.unwrap_or(0)), r.field.as_str())
+    })
+    .await?;
     let ids = state.bb.submit_many(&tasks, &actor(&req)).await?;
     Ok(if batch {
         HttpResponse::Created().json(json!({ "ids": ids }))

@@ -27,7 +27,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{field_of, read_body, ApiError};
+use super::{read_body, ApiError};
 use crate::http::auth::CanWrite;
 use crate::uploads::{check_sha256, CreateRequest, UploadError, Uploads};
 
@@ -214,4 +214,10 @@ pub(super) async fn put_chunk(
         "state": progress.state,
         "task": progress.task,
     })))
+}
+
+/// The field a refusal's message starts with (`size: …`), when it is one of `fields`.
+fn field_of(message: &str, fields: &[&str]) -> Option<String> {
+    let (head, _) = message.split_once(':')?;
+    fields.contains(&head).then(|| head.to_string())
 }

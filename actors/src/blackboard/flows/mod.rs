@@ -6,8 +6,8 @@
 //! resume and cancel a task or a whole flow; every control is audited with actor and
 //! reason like any other transition.
 //!
-//! This file holds the views, the controls and the SQL that runs them; flows/spec.rs
-//! parses and validates what is submitted, apart from the database.
+//! This file holds the views, the controls and the SQL that runs them; what is submitted
+//! and its rules are `crate::submission`'s, a flow's state flows/spec.rs's.
 
 mod spec;
 
@@ -19,7 +19,8 @@ use uuid::Uuid;
 
 use super::TaskStatus;
 
-pub use spec::{FlowSpec, FlowState, FlowTaskSpec};
+pub use crate::submission::{FlowSpec, FlowTaskSpec};
+pub use spec::FlowState;
 
 /// One task of a flow as stored.
 #[derive(Debug, Clone, Serialize)]

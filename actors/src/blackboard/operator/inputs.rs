@@ -1,13 +1,11 @@
 //! What an operator reads and sets about inputs: the payload limit, and the kinds some
-//! worker declared (a submission of another kind is refused).
+//! worker declared (a submission of another kind is refused); the reads are shared with
+//! every submitter (`blackboard/inputs.rs`).
 
 use super::OperatorBoard;
 use crate::blackboard::inputs::{KnownKind, Limits};
 use crate::error::Result;
-
-/// The limits; a row deleted by hand reads as the defaults (as `artex.max_payload_bytes()`).
-const LIMITS: &str = "select artex.max_payload_bytes(),
-        coalesce((select updated_at from artex.limits where only_row), now())";
+use crate::submission::{Facts, Submission};
 
 /// Changes the payload limit; the upsert puts back a row deleted by hand.
 const SET_MAX_PAYLOAD_BYTES: &str = "insert into artex.limits (only_row, max_payload_bytes)
@@ -15,19 +13,21 @@ const SET_MAX_PAYLOAD_BYTES: &str = "insert into artex.limits (only_row, max_pay
     on conflict (only_row) do update set max_payload_bytes = excluded.max_payload_bytes,
         updated_at = now()";
 
-/// Every kind a worker has declared, by name (a few hundred rows at most).
-const KNOWN_KINDS: &str = "select kind, first_seen, last_seen from artex.kinds order by kind";
-
 impl OperatorBoard {
     /// The limits in force.
     pub async fn limits(&self) -> Result<Limits> {
-        let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(LIMITS).await?;
-        let row = client.query_one(&stmt, &[]).await?;
-        Ok(Limits {
-            max_payload_bytes: row.try_get(0)?,
-            updated_at: row.try_get(1)?,
-        })
+        self.bb.limits().await
+    }
+
+    /// Every kind a worker has ever declared (recorded by the database at each
+    /// registration), in name order.
+    pub async fn known_kinds(&self) -> Result<Vec<KnownKind>> {
+        self.bb.known_kinds().await
+    }
+
+    /// What checking `submission` needs: see [`Facts`].
+    pub async fn submission_facts(&self, submission: &Submission<'_>) -> Result<Facts> {
+        self.bb.submission_facts(submission).await
     }
 
     /// Sets the payload limit (bytes of JSON text; the database refuses 0 or less).
@@ -37,23 +37,6 @@ impl OperatorBoard {
         let stmt = client.prepare_cached(SET_MAX_PAYLOAD_BYTES).await?;
         client.execute(&stmt, &[&bytes]).await?;
         drop(client);
-        self.limits().await
-    }
-
-    /// Every kind a worker has ever declared (recorded by the database at each
-    /// registration), in name order.
-    pub async fn known_kinds(&self) -> Result<Vec<KnownKind>> {
-        let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(KNOWN_KINDS).await?;
-        let rows = client.query(&stmt, &[]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(KnownKind {
-                    kind: r.try_get(0)?,
-                    first_seen: r.try_get(1)?,
-                    last_seen: r.try_get(2)?,
-                })
-            })
-            .collect()
+        self.bb.limits().await
     }
 }

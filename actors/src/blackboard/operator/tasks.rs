@@ -7,10 +7,11 @@ use uuid::Uuid;
 
 use super::OperatorBoard;
 use crate::blackboard::tasks::{
-    preview_from_row, task_from_row, NewTask, TaskPreview, TaskRow, TaskStatus, TransitionRow,
-    TASK_COLUMNS, TRANSITIONS,
+    preview_from_row, task_from_row, TaskPreview, TaskRow, TaskStatus, TransitionRow, TASK_COLUMNS,
+    TRANSITIONS,
 };
 use crate::error::{Error, Result};
+use crate::submission::NewTask;
 
 /// The columns of a preview: the task's columns with payload, result, error and
 /// checkpoint as their first `$1` characters and their size in bytes. Each JSON value is

@@ -8,8 +8,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::WorkerBoard;
-use crate::blackboard::tasks::NewTask;
 use crate::error::{Error, Result};
+use crate::submission::{Facts, NewTask, Submission};
 
 /// A whole, checked file on a worker's disk, about to be recorded.
 #[derive(Debug, Clone)]
@@ -150,6 +150,12 @@ const FLOW_OPEN: &str = "select exists (select 1 from artex.flows where id = $1)
                 and status not in ('succeeded', 'failed', 'timeout', 'canceled'))";
 
 impl WorkerBoard {
+    /// What checking the task an upload will create needs (the payload limit, the kinds
+    /// workers declared): see [`Facts`].
+    pub async fn submission_facts(&self, submission: &Submission<'_>) -> Result<Facts> {
+        self.bb.submission_facts(submission).await
+    }
+
     /// Records `upload` and submits `task` naming it, in one transaction: exactly once per
     /// upload id. Returns the task's id and whether this call wrote it.
     pub async fn record_upload(
