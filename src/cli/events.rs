@@ -257,7 +257,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
 
 /// A history row the feed shows: inserted into `artex.task_transitions` (decoded under
 /// its partition's name, `artex.task_transitions_…`), a real status change (not an
-/// assignment nor a handover), as the table feed shows.
+/// assignment nor a task transfer), as the table feed shows.
 fn is_feed_row(c: &RowChange) -> bool {
     let from = c.row.get("from_status").and_then(Value::as_str);
     let to = c.row.get("to_status").and_then(Value::as_str);

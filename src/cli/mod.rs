@@ -4,7 +4,7 @@
 //! follows a feed), with the HTTP API's field names where both exist. Progress and
 //! messages go to standard error, results to standard output. Exit codes
 //! ([`crate::error::Error::exit_code`]): 0 success, 1 failure (database, network, files,
-//! a handover), 2 bad input (the message names the option or value), 3 not running
+//! a failed upgrade channel), 2 bad input (the message names the option or value), 3 not running
 //! (`db status`), 4 the task or flow waited for failed or timed out, 5 it was canceled,
 //! 141 standard output was closed before the result was all written (`| head`: quietly).
 //!

@@ -1,6 +1,6 @@
 //! `artex up`, `artex planner`, `artex worker`, `artex serve`: the long-running commands. Each installs
 //! the stop signals first (one [`Shutdown`] for the whole process: a SIGTERM during
-//! start-up is a clean stop, not a kill), binds what it serves and hands over to
+//! start-up is a clean stop, not a kill), binds what it serves and passes control to
 //! [`crate::runtime`].
 
 use artex_actors::supervisor::ActorStats;

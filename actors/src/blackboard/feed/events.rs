@@ -9,7 +9,7 @@
 //! can ever commit again, so what was delivered is a final prefix, and a cursor on
 //! `(xid, id)` never skips a row that commits late nor delivers one twice. (A cursor on
 //! `id` alone would: ids are drawn at insert, rows appear at commit, in another order.)
-//! The feed shows real status changes only: not assignments, not handovers, not history
+//! The feed shows real status changes only: not assignments, not task transfers, not history
 //! from before V10 that the outbox no longer had (`xid = 1`). See migrations/V2__flows.sql
 //! and V10__one_history.sql.
 
@@ -119,7 +119,7 @@ pub struct Retention {
 }
 
 // The feed's rows are real status changes at a position: `xid > 1` (see V10), not an
-// assignment nor a handover (audit-only rows). The (xid, id) index of each partition
+// assignment nor a task transfer (audit-only rows). The (xid, id) index of each partition
 // serves the row comparison and the order (a merge of the partitions' indexes); the
 // horizon is an init-plan computed once from the statement's own snapshot.
 const READ: &str = "select e.xid::text, e.id, e.task_id, e.flow_id, coalesce(e.kind, ''),

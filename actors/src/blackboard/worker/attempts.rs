@@ -73,7 +73,7 @@ pub enum Outcome {
         /// Backoff before the retry.
         retry_in_ms: i64,
     },
-    /// Not run to its end here (drain, handover): back to pending, no attempt counted.
+    /// Not run to its end here (drain, task transfer): back to pending, no attempt counted.
     Released,
 }
 

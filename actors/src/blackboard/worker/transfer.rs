@@ -1,13 +1,15 @@
-//! The blackboard's side of a hot upgrade: the new process takes over the tasks the old
-//! one held (fenced by the epoch each was held at, bumping it so the old one can write
-//! nothing more), and the tasks assigned to the old one and not started move over.
+//! The blackboard's side of a hot upgrade's **task transfer**: the new process takes over
+//! the tasks the old one held (fenced by the epoch each was held at, bumping it so the old
+//! one can write nothing more), and the tasks assigned to the old one and not started
+//! move over. The history's reasons keep their words ("handed over by/to …"): readers of
+//! the history and the feed match on them.
 
 use super::attempts::{assigned_from_row, AssignedTask};
 use super::WorkerBoard;
 use crate::error::Result;
 use uuid::Uuid;
 
-// Hot upgrade: moves held tasks from one worker to another, fenced by the epoch each was
+// Task transfer: moves held tasks from one worker to another, fenced by the epoch each was
 // held at, and bumps the epoch so the previous holder can write nothing more. Zero rows
 // for a task means a conflict (the reaper took it, or it was canceled): it stays where
 // the blackboard says it is.
