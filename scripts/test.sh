@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
-# installs PostgreSQL's server binaries, Chromium and its WebDriver (the dashboard's
-# browser tests) and cargo-nextest if missing, runs every test
+# installs PostgreSQL's server binaries, pgbouncer, Chromium and its WebDriver (the
+# dashboard's browser tests) and cargo-nextest if missing, runs every test
 # against one throwaway cluster, then stops and removes it. Extra arguments go to
 # `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
 set -euo pipefail
@@ -21,6 +21,11 @@ pg_bin() {
 if [ -z "$(pg_bin)" ]; then
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
+fi
+# tests/pooler.rs runs artex through a real pgbouncer (Debian's package).
+if [ ! -x /usr/sbin/pgbouncer ]; then
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer
 fi
 # tests/dashboard.rs drives a headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

@@ -105,6 +105,8 @@ fn pool_message(e: &deadpool_postgres::PoolError) -> String {
             "database: a pooled connection did not answer within the connect timeout".into()
         }
         PoolError::Backend(e) => db_message(e),
+        // The session settings sent right after logging in (blackboard::session_settings).
+        PoolError::PostCreateHook(deadpool_postgres::HookError::Backend(e)) => db_message(e),
         e => format!("database connection pool: {e}"),
     }
 }

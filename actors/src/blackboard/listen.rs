@@ -82,7 +82,8 @@ impl Blackboard {
                 }
             }
         });
-        let mut sql = String::new();
+        // The session's settings, then its channels: one round trip.
+        let mut sql = format!("{};", self.settings);
         for c in channels {
             sql.push_str(&format!("listen \"{}\";", c.replace('"', "\"\"")));
         }

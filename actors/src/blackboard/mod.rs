@@ -44,7 +44,9 @@ pub mod worker;
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{
+    ClientWrapper, Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod,
+};
 use tokio_postgres::NoTls;
 
 pub use feed::{
@@ -136,6 +138,8 @@ pub struct Blackboard {
     relaxed: Pool,
     config: tokio_postgres::Config,
     limits: DbLimits,
+    /// What every session sets right after logging in (see [`session_settings`]).
+    settings: String,
 }
 
 impl std::fmt::Debug for Blackboard {
@@ -173,32 +177,23 @@ impl Blackboard {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES)
             .tcp_user_timeout(TCP_USER_TIMEOUT);
-        // The server probes its side too: a backend whose client vanished without a word
-        // (a host cut off) ends, and with it what the client held (a worker's LISTEN
-        // session, by which planners see it is there).
-        let options = format!(
-            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={} \
-             -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={}",
-            config.get_options().unwrap_or(""),
-            limits.statement_timeout.as_millis(),
-            IDLE_IN_TRANSACTION_TIMEOUT.as_millis(),
-            KEEPALIVE_IDLE.as_secs(),
-            KEEPALIVE_INTERVAL.as_secs(),
-            KEEPALIVE_RETRIES
-        );
-        config.options(options.trim());
-        let pool = build_pool(config.clone(), limits.pool_size, &limits)?;
-        let mut relaxed_cfg = config.clone();
+        let settings = session_settings(&limits);
+        let pool = build_pool(config.clone(), limits.pool_size, &limits, settings.clone())?;
         // Heartbeats and lease renewals are rewritten every few seconds; losing the last
         // one in a crash costs nothing, so they do not wait for the WAL flush. Task
         // results never go through this pool.
-        relaxed_cfg.options(format!("{options} -c synchronous_commit=off"));
-        let relaxed = build_pool(relaxed_cfg, 2, &limits)?;
+        let relaxed = build_pool(
+            config.clone(),
+            2,
+            &limits,
+            format!("{settings}; set synchronous_commit = off"),
+        )?;
         Ok(Blackboard {
             pool,
             relaxed,
             config,
             limits,
+            settings,
         })
     }
 
@@ -244,7 +239,37 @@ impl Blackboard {
     }
 }
 
-fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) -> Result<Pool> {
+/// The settings every session of artex runs with, as one batch of `set`s sent right after
+/// logging in (by the pools' `post_create` hook, and by a LISTEN session before its
+/// `listen`). They used to go as the `options` startup parameter, which PostgreSQL takes
+/// but poolers do not: pgbouncer closes the connection ("unsupported startup parameter:
+/// options"), so artex could not be run through one at all. A `set` costs one round trip
+/// per new connection, and holds through a direct connection and pgbouncer's session
+/// mode alike (pgbouncer's `DISCARD ALL` at a client's end resets them, and the next
+/// client sets its own).
+///
+/// The server probes its side of TCP too: a backend whose client vanished without a word
+/// (a host cut off) ends, and with it what the client held (a worker's LISTEN session, by
+/// which planners see it is there).
+fn session_settings(limits: &DbLimits) -> String {
+    format!(
+        "set statement_timeout = {}; set idle_in_transaction_session_timeout = {}; \
+         set tcp_keepalives_idle = {}; set tcp_keepalives_interval = {}; \
+         set tcp_keepalives_count = {}",
+        limits.statement_timeout.as_millis(),
+        IDLE_IN_TRANSACTION_TIMEOUT.as_millis(),
+        KEEPALIVE_IDLE.as_secs(),
+        KEEPALIVE_INTERVAL.as_secs(),
+        KEEPALIVE_RETRIES
+    )
+}
+
+fn build_pool(
+    config: tokio_postgres::Config,
+    size: usize,
+    limits: &DbLimits,
+    settings: String,
+) -> Result<Pool> {
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -259,6 +284,15 @@ fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) ->
         // Creating covers the whole log-in, which the connect timeout does not.
         .create_timeout(Some(limits.connect_timeout))
         .recycle_timeout(Some(limits.connect_timeout))
+        .post_create(Hook::async_fn(move |client: &mut ClientWrapper, _| {
+            let settings = settings.clone();
+            Box::pin(async move {
+                client
+                    .batch_execute(&settings)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
         .build()
         .map_err(|e| Error::Url(e.to_string()))
 }

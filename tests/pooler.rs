@@ -1,0 +1,204 @@
+//! artex through pgbouncer (Debian's 1.18, `scripts/test.sh` installs it): a real
+//! pgbouncer in session mode in front of the test's database. Connecting at all used to
+//! fail ("unsupported startup parameter: options": artex sent its timeouts at log-in);
+//! the session settings now follow the log-in as `set`s, and hold through the pooler.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use artex_actors::blackboard::{Control, DbLimits, NewTask};
+use artex_actors::{Blackboard, Error};
+use common::procs::{wait_for, wait_status, Proc};
+use common::{cluster, run_cli, TestDb};
+use serde_json::json;
+
+/// Where Debian puts the binary.
+const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+
+/// A pgbouncer of this test's own on 127.0.0.1, pooling sessions to one database of the
+/// test cluster; stopped (and its folder removed) when dropped.
+struct Pgbouncer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Pgbouncer {
+    /// Starts pgbouncer in `pool_mode` for `database` and waits until it accepts.
+    async fn start(database: &str, pool_mode: &str) -> Pgbouncer {
+        assert!(
+            Path::new(PGBOUNCER).exists(),
+            "{PGBOUNCER} is missing: apt-get install -y pgbouncer (scripts/test.sh does)"
+        );
+        // Beside the cluster's folder, which the postgres user can reach (as root the
+        // cluster and pgbouncer both run as that user: pgbouncer refuses root too).
+        let parent = common::cluster_dir()
+            .parent()
+            .expect("the cluster folder has a parent")
+            .to_path_buf();
+        let dir = parent.join(format!("pgbouncer-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("pgbouncer folder");
+        let root = nix::unistd::geteuid().is_root();
+        if root {
+            let pg = nix::unistd::User::from_name("postgres")
+                .expect("reading the passwd file")
+                .expect("the postgres user (Debian's postgresql package makes it)");
+            nix::unistd::chown(&dir, Some(pg.uid), Some(pg.gid)).expect("chown pgbouncer folder");
+        }
+        // A free port, as the kernel hands them out; pgbouncer binds it right after.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let socket = cluster().socket_dir();
+        let ini = format!(
+            "[databases]\n\
+             {database} = host={} port=5432 user=postgres dbname={database}\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = any\n\
+             pool_mode = {pool_mode}\n\
+             max_client_conn = 200\n\
+             default_pool_size = 40\n\
+             logfile = {log}\n\
+             pidfile = {pid}\n",
+            socket.display(),
+            log = dir.join("pgbouncer.log").display(),
+            pid = dir.join("pgbouncer.pid").display(),
+        );
+        let ini_path = dir.join("pgbouncer.ini");
+        std::fs::write(&ini_path, ini).expect("writing pgbouncer.ini");
+        let mut cmd = if root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", PGBOUNCER]);
+            c
+        } else {
+            Command::new(PGBOUNCER)
+        };
+        let child = cmd
+            .arg(&ini_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting pgbouncer");
+        let bouncer = Pgbouncer { child, port, dir };
+        let url = bouncer.url(database);
+        wait_for("pgbouncer to accept", Duration::from_secs(20), || {
+            let url = url.clone();
+            async move {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .ok()?;
+                tokio::spawn(conn);
+                client.simple_query("select 1").await.ok().map(|_| ())
+            }
+        })
+        .await;
+        bouncer
+    }
+
+    /// A URL to `database` through this pgbouncer.
+    fn url(&self, database: &str) -> String {
+        format!("postgresql://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// What pgbouncer logged, for a failing assertion.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Pgbouncer {
+    fn drop(&mut self) {
+        // runuser passes SIGTERM on to pgbouncer and waits for it.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn through_pgbouncer_the_blackboard_connects_with_its_timeouts_in_force() {
+    let db = TestDb::new().await;
+    let bouncer = Pgbouncer::start(&db.name, "session").await;
+    let bb = Blackboard::connect_with(
+        &bouncer.url(&db.name),
+        DbLimits {
+            statement_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let task = bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({"via": "pgbouncer"})), "test")
+        .await
+        .unwrap_or_else(|e| panic!("submitting through pgbouncer: {e}\n{}", bouncer.log()));
+    assert_eq!(
+        db.bb.operator().task(task).await.unwrap().payload["via"],
+        "pgbouncer"
+    );
+    // The statement timeout holds through the pooler: a control that waits on a row lock
+    // another session holds is cancelled by the server after 300 ms, saying so.
+    let c = db.client().await;
+    c.batch_execute(&format!(
+        "begin; select 1 from artex.tasks where id = '{task}' for update"
+    ))
+    .await
+    .unwrap();
+    let err = bb
+        .operator()
+        .control(Control::Cancel, task, "test", None)
+        .await
+        .unwrap_err();
+    c.batch_execute("rollback").await.unwrap();
+    assert!(matches!(err, Error::Db(_)), "{err}");
+    assert!(err.to_string().contains("statement timeout"), "{err}");
+}
+
+#[tokio::test]
+async fn a_planner_and_a_worker_run_a_task_through_pgbouncer() {
+    let db = TestDb::new().await;
+    let bouncer = Pgbouncer::start(&db.name, "session").await;
+    let url = bouncer.url(&db.name);
+    let _planner = Proc::planner("pooled-planner", &url, &[]);
+    let worker = Proc::worker("pooled-worker", &url, &[]);
+    // Registered through the pooler, with the LISTEN session planners look for (by its
+    // application_name) to offer it work.
+    let c = db.client().await;
+    wait_for("the worker online", Duration::from_secs(30), || async {
+        let n: i64 = c
+            .query_one(
+                "select count(*) from artex.workers where state = 'online'",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (n == 1).then_some(())
+    })
+    .await;
+    let (code, out, err) = run_cli(&url, &["submit", "echo", "--payload", r#"{"n": 1}"#]);
+    assert_eq!(
+        code,
+        0,
+        "artex submit through pgbouncer: {err}\n{}",
+        bouncer.log()
+    );
+    let id: uuid::Uuid = out.trim().parse().expect("submit prints the id");
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+    assert!(
+        !worker.log_text().contains("unsupported startup parameter"),
+        "{}",
+        worker.log_text()
+    );
+}
