@@ -270,6 +270,7 @@ fn build_pool(
     limits: &DbLimits,
     settings: String,
 ) -> Result<Pool> {
+    let deadline = limits.connect_timeout;
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -284,13 +285,18 @@ fn build_pool(
         // Creating covers the whole log-in, which the connect timeout does not.
         .create_timeout(Some(limits.connect_timeout))
         .recycle_timeout(Some(limits.connect_timeout))
+        // Part of making a connection, so bounded like the log-in (which the pool's
+        // create timeout covers, and its hooks not).
         .post_create(Hook::async_fn(move |client: &mut ClientWrapper, _| {
             let settings = settings.clone();
             Box::pin(async move {
-                client
-                    .batch_execute(&settings)
-                    .await
-                    .map_err(HookError::Backend)
+                match tokio::time::timeout(deadline, client.batch_execute(&settings)).await {
+                    Ok(set) => set.map_err(HookError::Backend),
+                    Err(_) => Err(HookError::message(format!(
+                        "database: PostgreSQL did not answer the session settings within \
+                         the connect timeout ({deadline:?})"
+                    ))),
+                }
             })
         }))
         .build()
