@@ -74,8 +74,8 @@ impl EventsState {
         }
     }
 
-    /// Ends every open stream at its next poll (within [`POLL`]), telling the client to
-    /// reconnect: for a process without a worker that would say it is leaving.
+    /// Ends every open stream at its next poll (within `POLL`, half a second), telling the
+    /// client to reconnect: for a process without a worker that would say it is leaving.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
     }
