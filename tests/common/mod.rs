@@ -9,6 +9,7 @@
 
 pub mod bundles;
 pub mod fleet;
+pub mod http;
 pub mod procs;
 pub mod proxy;
 
