@@ -8,9 +8,10 @@ mod common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{Assignment, Control, NewTask, Registration};
+use artex_actors::blackboard::{Assignment, Control, NewTask};
 use artex_actors::Blackboard;
 use artex_actors::Error;
+use common::fixtures;
 use common::http::{Exchange, Request};
 use common::procs::{http_get, http_get_as, wait_for, worker_http, worker_id, Proc};
 use common::{count, PrivateCluster, TestDb, READ_TOKEN};
@@ -230,21 +231,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     let c = db.client().await;
     // One connection: whatever the next caller gets is the one the claim used.
     let bb = Blackboard::connect(&db.url, 1).unwrap();
-    bb.worker()
-        .register_worker(&Registration {
-            id: "w".into(),
-            host: "test".into(),
-            pid: 1,
-            version: "test".into(),
-            http_addr: None,
-            channel: "artex_w_w".into(),
-            kinds: vec!["echo".into()],
-            capacity: 10,
-            session: None,
-            lease_ms: None,
-        })
-        .await
-        .unwrap();
+    fixtures::worker(&bb, "w", &["echo"], 10).await;
     let task = bb
         .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
@@ -360,12 +347,12 @@ async fn eight_fifty_megabyte_payloads_keep_the_worker_within_its_memory_bound()
     const BOUND: u64 = 450 * 1024 * 1024;
     let db = TestDb::new().await;
     let c = db.client().await;
-    c.execute(
-        "update artex.limits set max_payload_bytes = $1",
-        &[&(64 * MB as i32)],
-    )
-    .await
-    .unwrap();
+    db.bb
+        .operator()
+        .set_max_payload_bytes(64 * MB as i32)
+        .await
+        .unwrap();
+    // Made in the database: 400 MB of payloads need not cross the wire twice.
     c.execute(
         "insert into artex.tasks (kind, payload) \
          select 'sleep', jsonb_build_object('ms', 10, 'blob', repeat('x', $1::int)) \

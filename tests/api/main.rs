@@ -31,6 +31,7 @@ use std::net::TcpListener;
 use artex::config::{AccessArgs, ServeArgs};
 use artex_actors::blackboard::Registration;
 use artex_actors::Blackboard;
+use common::fixtures;
 use common::http::{Request, Response};
 use common::{count, read_token_file, READ_TOKEN};
 use tokio_postgres::Client;
@@ -132,23 +133,10 @@ fn call(
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
-/// Registers a worker that declares `kinds` (so they are known kinds).
+/// Registers a worker that declares `kinds` (so they are known kinds), pid 4242.
 async fn declare(bb: &Blackboard, id: &str, kinds: &[&str]) {
-    bb.worker()
-        .register_worker(&Registration {
-            id: id.into(),
-            host: "test".into(),
-            pid: 4242,
-            version: "test".into(),
-            http_addr: None,
-            channel: format!("artex_w_{id}"),
-            kinds: kinds.iter().map(|k| k.to_string()).collect(),
-            capacity: 10,
-            session: None,
-            lease_ms: None,
-        })
-        .await
-        .expect("register a worker");
+    let r = fixtures::registration(id, kinds, 10);
+    fixtures::register(bb, &Registration { pid: 4242, ..r }).await;
 }
 
 /// What the blackboard holds: tasks, flows, history rows, consumers' cursors.

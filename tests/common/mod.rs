@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod bundles;
+pub mod fixtures;
 pub mod fleet;
 pub mod http;
 pub mod procs;
