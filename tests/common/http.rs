@@ -1,14 +1,16 @@
 //! The tests' one HTTP/1.1 client, over `std::net` (blocking: call it from a thread or
-//! `spawn_blocking` inside async tests). Every request says `Connection: close`, so an
-//! answer is read to the server's close; an event stream (it never closes) stops after
-//! its head. Beyond a plain request: any header, a bearer token, a JSON or raw body, a
-//! body sent in parts or never finished ([`Request::start`]), an event stream read line
-//! by line ([`Exchange::head`], [`Exchange::read_line`]), and how the answer ended.
+//! `spawn_blocking` inside async tests). Requests say `Connection: close` (but for
+//! [`Request::keep_alive`]), so an answer is read to the server's close; an event stream
+//! (it never closes) stops after its head. Beyond a plain request: any header, a bearer
+//! token, a JSON or raw body, a body sent in parts or never finished
+//! ([`Request::length`], [`Exchange::write`]), an event stream read line by line
+//! ([`Exchange::head`], [`Exchange::read_line`]), and how the answer ended ([`Ended`]).
 //!
-//! Raw sockets stay only where the bytes on the wire are what a test is about (the fault
-//! proxy in `proxy.rs`, the fake server in `uploads/client.rs`), and curl where the
-//! request must come from another network namespace (`fleet.rs`) or curl itself is the
-//! client under test (`upgrade/main.rs`).
+//! Raw sockets stay only where they are not a client: the fault proxy (`proxy.rs`) and
+//! the fake server of `uploads/client.rs`. curl stays where the request must come from
+//! another network namespace (`fleet.rs`), from processes of its own (the load loops of
+//! `upgrade/under_load.rs`), or where curl is what is tested: operators upgrade with
+//! `curl -T` and `curl -F` (`upgrade/main.rs`, `upgrade/hostile.rs`).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
