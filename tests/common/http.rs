@@ -34,9 +34,11 @@ pub struct Request {
     close: bool,
 }
 
-/// An answer: status (0 when the server closed without one), headers, body (chunked
-/// encoding undone), and how reading it ended.
+/// An answer: protocol and status (`""` and 0 when the server closed without one),
+/// headers, body (chunked encoding undone), and how reading it ended.
 pub struct Response {
+    /// As the status line names it: `HTTP/1.1`.
+    pub version: String,
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -57,6 +59,7 @@ pub enum Ended {
 /// A status line and headers, read before the body.
 #[derive(Debug)]
 pub struct Head {
+    pub version: String,
     pub status: u16,
     pub headers: Vec<(String, String)>,
 }
@@ -192,6 +195,7 @@ impl Exchange {
     /// answers cut short, not failures to answer).
     fn read_head(&mut self) -> io::Result<(Head, Option<io::Error>)> {
         let mut head = Head {
+            version: String::new(),
             status: 0,
             headers: Vec::new(),
         };
@@ -208,11 +212,9 @@ impl Exchange {
             let line = line.trim_end_matches(['\r', '\n']);
             if first {
                 first = false;
-                head.status = line
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|c| c.parse().ok())
-                    .unwrap_or(0);
+                let mut words = line.split_whitespace();
+                head.version = words.next().unwrap_or("").to_string();
+                head.status = words.next().and_then(|c| c.parse().ok()).unwrap_or(0);
             } else if line.is_empty() {
                 return Ok((head, None));
             } else if let Some((k, v)) = line.split_once(':') {
@@ -243,6 +245,7 @@ impl Exchange {
     pub fn response(&mut self) -> io::Result<Response> {
         let (head, cut) = self.read_head()?;
         let mut r = Response {
+            version: head.version,
             status: head.status,
             headers: head.headers,
             body: Vec::new(),
@@ -331,6 +334,7 @@ impl std::fmt::Debug for Response {
     /// The body as text: what a failed assertion should show.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Response")
+            .field("version", &self.version)
             .field("status", &self.status)
             .field("headers", &self.headers)
             .field("body", &self.text())
