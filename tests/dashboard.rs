@@ -12,13 +12,12 @@
 mod browser;
 mod common;
 
-use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use browser::Browser;
 use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
+use common::http::{Request, Response};
 use common::procs::{serve_address, wait_for, worker_http, worker_id, Proc};
 use common::proxy::Proxy;
 use common::{TestDb, READ_TOKEN};
@@ -33,32 +32,33 @@ fn write_token_file(dir: &Path) -> String {
     f.to_string_lossy().into_owned()
 }
 
-/// `curl` with `args` (a request it bounds to two minutes); (HTTP code, body). The code
-/// is 0 when no answer came.
-fn curl<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "120", "-w", "\n%{http_code}"])
-        .args(args)
-        .output()
-        .expect("curl must be installed");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+/// `method path` to `addr` with the write token and `body` as JSON, answered within two
+/// minutes; (HTTP code, JSON body, else its text). The code is 0 when no answer came.
+fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut request = Request::new(method, path)
+        .bearer(WRITE_TOKEN)
+        .timeout(Duration::from_secs(120));
+    if let Some(b) = &body {
+        request = request.json(b);
+    }
+    match request.send(addr) {
+        Ok(r) => {
+            let body = serde_json::from_slice(&r.body).unwrap_or(Value::String(r.text()));
+            (r.status, body)
+        }
+        Err(e) => (0, Value::String(e.to_string())),
+    }
 }
 
-/// `curl` to `addr` with the write token; (HTTP code, JSON body).
-fn call(method: &str, addr: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let auth = format!("Authorization: Bearer {WRITE_TOKEN}");
-    let mut args = vec!["-X", method, "-H", &auth];
-    let json = body.map(|b| b.to_string());
-    if let Some(b) = &json {
-        args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+/// `GET http://{addr}{path}` with `extra` request headers, no token.
+fn get(addr: &str, path: &str, extra: &[(&str, &str)]) -> Response {
+    let mut request = Request::get(path).timeout(Duration::from_secs(120));
+    for (k, v) in extra {
+        request = request.header(k, v);
     }
-    let url = format!("http://{addr}{path}");
-    args.push(&url);
-    let (code, body) = curl(args);
-    let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
-    (code, body)
+    request
+        .send(addr)
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
 fn created(r: (u16, Value)) -> Value {
@@ -122,51 +122,29 @@ impl Cluster {
     }
 }
 
-/// `GET http://{addr}{path}` with `extra` request headers: (HTTP code, response headers).
-fn headers(addr: &str, path: &str, extra: &[&str]) -> (u16, String) {
-    let mut args = vec!["-D", "-", "-o", "/dev/null"];
-    for h in extra {
-        args.extend(["-H", h]);
-    }
-    let url = format!("http://{addr}{path}");
-    args.push(&url);
-    curl(args)
-}
-
-/// The value of header `name` in `headers`.
-fn header(headers: &str, name: &str) -> Option<String> {
-    headers.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-    })
-}
-
 #[tokio::test]
 async fn the_page_and_its_assets_are_served_under_a_strict_policy_and_cached_by_digest() {
     let db = TestDb::new().await;
     let cluster = Cluster::start(&db, &[]).await;
     let addr = &cluster.addr;
     // Open: the page holds no data, and asks for a token itself.
-    let (code, page) = curl([format!("http://{addr}/")]);
-    assert_eq!(code, 200, "{page}");
-    let strict = |h: &str| {
-        header(h, "content-security-policy").is_some_and(|p| {
+    let page = get(addr, "/", &[]);
+    assert_eq!(page.status, 200, "{page:?}");
+    let page = page.text();
+    let strict = |h: &Response| {
+        h.header("content-security-policy").is_some_and(|p| {
             p.contains("default-src 'none'")
                 && p.contains("script-src 'self'")
                 && p.contains("frame-ancestors 'none'")
-        }) && header(h, "x-content-type-options").as_deref() == Some("nosniff")
+        }) && h.header("x-content-type-options") == Some("nosniff")
     };
-    let (code, h) = headers(addr, "/", &[]);
-    assert_eq!(code, 200, "{h}");
-    assert!(strict(&h), "{h}");
-    assert_eq!(
-        header(&h, "cache-control").as_deref(),
-        Some("no-cache"),
-        "{h}"
-    );
-    let etag = header(&h, "etag").expect("the page's ETag");
-    let (code, h) = headers(addr, "/", &[&format!("If-None-Match: {etag}")]);
-    assert_eq!(code, 304, "{h}");
+    let h = get(addr, "/", &[]);
+    assert_eq!(h.status, 200, "{h:?}");
+    assert!(strict(&h), "{h:?}");
+    assert_eq!(h.header("cache-control"), Some("no-cache"), "{h:?}");
+    let etag = h.header("etag").expect("the page's ETag");
+    let h = get(addr, "/", &[("If-None-Match", etag)]);
+    assert_eq!(h.status, 304, "{h:?}");
 
     // An asset by the URL the page names (its digest): kept for good; by any other URL,
     // checked again every time.
@@ -174,29 +152,31 @@ async fn the_page_and_its_assets_are_served_under_a_strict_policy_and_cached_by_
         .split('"')
         .find(|s| s.starts_with("/ui/core.js?v="))
         .unwrap_or_else(|| panic!("core.js named by its digest: {page}"));
-    let (code, h) = headers(addr, versioned, &[]);
-    assert_eq!(code, 200, "{h}");
-    assert!(strict(&h), "{h}");
+    let h = get(addr, versioned, &[]);
+    assert_eq!(h.status, 200, "{h:?}");
+    assert!(strict(&h), "{h:?}");
     assert!(
-        header(&h, "cache-control").is_some_and(|c| c.contains("immutable")),
-        "{h}"
+        h.header("cache-control")
+            .is_some_and(|c| c.contains("immutable")),
+        "{h:?}"
     );
     assert!(
-        header(&h, "content-type").is_some_and(|t| t.starts_with("text/javascript")),
-        "{h}"
+        h.header("content-type")
+            .is_some_and(|t| t.starts_with("text/javascript")),
+        "{h:?}"
     );
     for other in ["/ui/core.js", "/ui/core.js?v=0123456789abcdef"] {
-        let (code, h) = headers(addr, other, &[]);
-        assert_eq!(code, 200, "{other}: {h}");
+        let h = get(addr, other, &[]);
+        assert_eq!(h.status, 200, "{other}: {h:?}");
         assert_eq!(
-            header(&h, "cache-control").as_deref(),
+            h.header("cache-control"),
             Some("no-cache"),
-            "{other}: {h}"
+            "{other}: {h:?}"
         );
     }
-    let (code, h) = headers(addr, "/ui/nothing.js", &[]);
-    assert_eq!(code, 404, "{h}");
-    assert!(strict(&h), "{h}");
+    let h = get(addr, "/ui/nothing.js", &[]);
+    assert_eq!(h.status, 404, "{h:?}");
+    assert!(strict(&h), "{h:?}");
 }
 
 /// The number the overview shows for `status`.
@@ -456,13 +436,13 @@ async fn a_hot_upgrade_shows_on_the_workers_page_as_a_new_generation() {
     .await;
     b.mark_page().await;
 
-    let (code, text) = curl([
-        "-H".into(),
-        format!("Authorization: Bearer {UPGRADE_TOKEN}"),
-        "-T".into(),
-        bundle.display().to_string(),
-        format!("http://{}/upgrade", cluster.addr),
-    ]);
+    let upgrade = Request::new("PUT", "/upgrade")
+        .bearer(UPGRADE_TOKEN)
+        .body(std::fs::read(&bundle).expect("the bundle"))
+        .timeout(Duration::from_secs(120))
+        .send(&cluster.addr)
+        .expect("an answer to the upgrade");
+    let (code, text) = (upgrade.status, upgrade.text());
     assert_eq!(code, 200, "upgrade: {text}");
     let c = db.client().await;
     let new: i32 = c
@@ -805,25 +785,17 @@ async fn a_remembered_upload_that_cannot_be_resumed_is_started_again() {
     b.close().await;
 }
 
-/// `curl -X PUT` of `body` as chunk `n` of upload `id` at `addr`, with its sha256; the
-/// HTTP code.
+/// `PUT` of `body` as chunk `n` of upload `id` at `addr`, with its sha256; the HTTP code
+/// (0 when no answer came).
 fn put_chunk(addr: &str, id: &str, n: u64, body: &[u8]) -> u16 {
     use sha2::{Digest, Sha256};
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("chunk");
-    std::fs::write(&f, body).unwrap();
-    curl([
-        "-X".into(),
-        "PUT".into(),
-        "-H".into(),
-        format!("Authorization: Bearer {WRITE_TOKEN}"),
-        "-H".into(),
-        format!("Chunk-Sha256: {}", hex::encode(Sha256::digest(body))),
-        "--data-binary".into(),
-        format!("@{}", f.display()),
-        format!("http://{addr}/api/v1/uploads/{id}/chunks/{n}"),
-    ])
-    .0
+    Request::new("PUT", &format!("/api/v1/uploads/{id}/chunks/{n}"))
+        .bearer(WRITE_TOKEN)
+        .header("Chunk-Sha256", &hex::encode(Sha256::digest(body)))
+        .body(body)
+        .timeout(Duration::from_secs(120))
+        .send(addr)
+        .map_or(0, |r| r.status)
 }
 
 #[tokio::test]

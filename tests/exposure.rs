@@ -5,13 +5,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{Assignment, Control, NewTask, Registration};
+use artex_actors::blackboard::{Assignment, Control, NewTask};
 use artex_actors::Blackboard;
 use artex_actors::Error;
+use common::fixtures;
+use common::http::{Exchange, Request};
 use common::procs::{http_get, http_get_as, wait_for, worker_http, worker_id, Proc};
 use common::{count, PrivateCluster, TestDb, READ_TOKEN};
 use dev_db_state::postmaster_and_children;
@@ -19,42 +20,20 @@ use futures_util::FutureExt;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-/// Opens `GET /events` with `token`; returns the status code and, on 200, the open
-/// stream (positioned after the headers).
-fn open_stream(addr: &str, token: Option<&str>) -> (u16, Option<BufReader<TcpStream>>) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET /events HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n{auth}\r\n"
-    )
-    .unwrap();
-    let mut reader = BufReader::new(s);
-    let mut status = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        if status == 0 {
-            status = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
-    (status, (status == 200).then_some(reader))
+/// Opens `GET /events` with `token`; returns the status code (0 if none came) and, on
+/// 200, the open stream (positioned after the headers).
+fn open_stream(addr: &str, token: Option<&str>) -> (u16, Option<Exchange>) {
+    let mut stream = Request::get("/events")
+        .header("Accept", "text/event-stream")
+        .bearer(token)
+        .start(addr)
+        .expect("connect");
+    let status = stream.head().map(|h| h.status).unwrap_or(0);
+    (status, (status == 200).then_some(stream))
 }
 
 /// Reads the stream until an event about `task` arrives.
-fn wait_event(stream: &mut BufReader<TcpStream>, task: &str) {
+fn wait_event(stream: &mut Exchange, task: &str) {
     let mut line = String::new();
     loop {
         line.clear();
@@ -130,7 +109,7 @@ async fn three_hundred_event_streams_leave_the_database_to_everyone_else() {
     let url = format!("{}&application_name=sse-worker", db.url);
     let w = Proc::worker("sse", &url, &["--max-event-streams", "300"]);
     let http = worker_http(&c, &w).await;
-    let streams: Vec<BufReader<TcpStream>> = (0..300)
+    let streams: Vec<Exchange> = (0..300)
         .map(|i| {
             let (code, stream) = open_stream(&http, Some(READ_TOKEN));
             assert_eq!(code, 200, "stream {i}");
@@ -252,21 +231,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     let c = db.client().await;
     // One connection: whatever the next caller gets is the one the claim used.
     let bb = Blackboard::connect(&db.url, 1).unwrap();
-    bb.worker()
-        .register_worker(&Registration {
-            id: "w".into(),
-            host: "test".into(),
-            pid: 1,
-            version: "test".into(),
-            http_addr: None,
-            channel: "artex_w_w".into(),
-            kinds: vec!["echo".into()],
-            capacity: 10,
-            session: None,
-            lease_ms: None,
-        })
-        .await
-        .unwrap();
+    fixtures::worker(&bb, "w", &["echo"], 10).await;
     let task = bb
         .operator()
         .submit(&NewTask::new("echo", json!({})), "test")
@@ -382,12 +347,12 @@ async fn eight_fifty_megabyte_payloads_keep_the_worker_within_its_memory_bound()
     const BOUND: u64 = 450 * 1024 * 1024;
     let db = TestDb::new().await;
     let c = db.client().await;
-    c.execute(
-        "update artex.limits set max_payload_bytes = $1",
-        &[&(64 * MB as i32)],
-    )
-    .await
-    .unwrap();
+    db.bb
+        .operator()
+        .set_max_payload_bytes(64 * MB as i32)
+        .await
+        .unwrap();
+    // Made in the database: 400 MB of payloads need not cross the wire twice.
     c.execute(
         "insert into artex.tasks (kind, payload) \
          select 'sleep', jsonb_build_object('ms', 10, 'blob', repeat('x', $1::int)) \

@@ -6,9 +6,9 @@
 mod common;
 
 use artex_actors::assigner::{Assigner, AssignerConfig};
-use artex_actors::blackboard::{NewTask, ReapParams, Registration};
+use artex_actors::blackboard::{NewTask, ReapParams};
 use artex_actors::reaper::Reaper;
-use common::TestDb;
+use common::{fixtures, TestDb};
 use serde_json::json;
 
 fn config() -> AssignerConfig {
@@ -18,21 +18,6 @@ fn config() -> AssignerConfig {
         lease_secs: 30.0,
         suspect_after_secs: 10.0,
         shards: (1, Vec::new()),
-    }
-}
-
-fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
-    Registration {
-        id: id.into(),
-        host: "test".into(),
-        pid: 1,
-        version: "test".into(),
-        http_addr: None,
-        channel: format!("artex_w_{id}"),
-        kinds: kinds.iter().map(|k| k.to_string()).collect(),
-        capacity,
-        session: None,
-        lease_ms: None,
     }
 }
 
@@ -52,16 +37,8 @@ fn reap_params(now: Option<chrono::DateTime<chrono::Utc>>) -> ReapParams {
 #[tokio::test]
 async fn one_assignment_round_fills_free_capacity_in_priority_order() {
     let db = TestDb::new().await;
-    db.bb
-        .worker()
-        .register_worker(&registration("w1", &["echo"], 3))
-        .await
-        .unwrap();
-    db.bb
-        .worker()
-        .register_worker(&registration("w2", &["echo", "sleep"], 2))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 3).await;
+    fixtures::worker(&db.bb, "w2", &["echo", "sleep"], 2).await;
     let mut tasks: Vec<NewTask> = (0..6)
         .map(|i| NewTask {
             priority: i,
@@ -99,11 +76,7 @@ async fn one_assignment_round_fills_free_capacity_in_priority_order() {
 #[tokio::test]
 async fn the_reaper_takes_back_expired_leases_and_silent_workers_tasks() {
     let db = TestDb::new().await;
-    db.bb
-        .worker()
-        .register_worker(&registration("w1", &["echo"], 10))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
     let ids = db
         .bb
         .operator()
@@ -161,11 +134,7 @@ fn rounds_start_small_after_idle_and_grow() {
     actix::System::new().block_on(async {
         use actix::Actor;
         let db = TestDb::new().await;
-        db.bb
-            .worker()
-            .register_worker(&registration("w1", &["echo"], 100_000))
-            .await
-            .unwrap();
+        fixtures::worker(&db.bb, "w1", &["echo"], 100_000).await;
         let submit = |n: usize| {
             let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new("echo", json!({}))).collect();
             let bb = db.bb.clone();
@@ -213,11 +182,7 @@ fn rounds_start_small_after_idle_and_grow() {
 #[tokio::test]
 async fn a_gone_workers_tasks_wait_for_their_leases_to_run_out() {
     let db = TestDb::new().await;
-    db.bb
-        .worker()
-        .register_worker(&registration("w1", &["echo"], 10))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
     let id = db
         .bb
         .operator()
@@ -254,11 +219,7 @@ async fn a_gone_workers_tasks_wait_for_their_leases_to_run_out() {
 async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
     use artex_actors::blackboard::carried::{carries_assignments, parse_carried};
     let db = TestDb::new().await;
-    db.bb
-        .worker()
-        .register_worker(&registration("w1", &["echo"], 10))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
     let mut listener = db
         .bb
         .feed()
@@ -327,11 +288,7 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
 async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
     use artex_actors::blackboard::{AttemptRecord, Outcome, Step};
     let db = TestDb::new().await;
-    db.bb
-        .worker()
-        .register_worker(&registration("w1", &["echo"], 2))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 2).await;
     let tasks: Vec<NewTask> = (0..5).map(|_| NewTask::new("echo", json!({}))).collect();
     db.bb.operator().submit_many(&tasks, "test").await.unwrap();
     assert_eq!(

@@ -13,12 +13,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use artex_actors::assigner::{Assigner, AssignerConfig};
-use artex_actors::blackboard::{NewTask, Registration};
+use artex_actors::blackboard::NewTask;
 use artex_actors::shard_keeper::{KeeperConfig, KeeperReport, ShardKeeper, ShardView};
 use artex_actors::{Blackboard, Error};
 use chrono::{DateTime, Utc};
 use common::procs::{wait_for, Proc};
-use common::TestDb;
+use common::{fixtures, TestDb};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio_postgres::Client;
@@ -258,21 +258,6 @@ async fn a_planner_wishing_another_shard_count_is_refused_while_others_are_live(
     assert!(a.serves().is_empty());
 }
 
-fn registration(id: &str) -> Registration {
-    Registration {
-        id: id.into(),
-        host: "test".into(),
-        pid: 1,
-        version: "test".into(),
-        http_addr: None,
-        channel: format!("artex_w_{id}"),
-        kinds: vec!["echo".into()],
-        capacity: 1000,
-        session: None,
-        lease_ms: None,
-    }
-}
-
 #[tokio::test]
 async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
     let db = TestDb::new().await;
@@ -286,11 +271,7 @@ async fn the_assigner_claims_only_the_shards_its_keeper_owns() {
     b.round(&db.bb, t0).await.unwrap();
     assert_eq!((a.serves(), b.serves()), (vec![0, 1], vec![2, 3]));
 
-    db.bb
-        .worker()
-        .register_worker(&registration("w1"))
-        .await
-        .unwrap();
+    fixtures::worker(&db.bb, "w1", &["echo"], 1000).await;
     let tasks: Vec<NewTask> = (0..40)
         .map(|i| NewTask {
             shard_key: Some(format!("site-{}", i % 10)),

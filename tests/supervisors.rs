@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
 use common::bundles::{Keys, TOKEN};
+use common::http::Request;
 use common::procs::{http_get, online_http, wait_for, Proc, FAST_WORKER};
 use common::TestDb;
 use nix::errno::Errno;
@@ -139,22 +140,19 @@ async fn tasks_flow(db: &TestDb, c: &Client, n: usize) {
     .await;
 }
 
-/// `curl -T bundle …/upgrade`; the JSON answer.
-fn curl_upgrade(addr: &str, bundle: &Path) -> Value {
-    let out = Command::new("curl")
-        .args(["-sS", "--fail-with-body", "--max-time", "60", "-T"])
-        .arg(bundle)
-        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-        .arg(format!("http://{addr}/upgrade"))
-        .output()
-        .unwrap();
-    let body = String::from_utf8_lossy(&out.stdout);
+/// `PUT bundle` to `/upgrade` (as `curl -T` would), which must succeed; the JSON answer.
+fn upgrade(addr: &str, bundle: &Path) -> Value {
+    let answer = Request::new("PUT", "/upgrade")
+        .bearer(TOKEN)
+        .body(std::fs::read(bundle).expect("the bundle"))
+        .timeout(Duration::from_secs(60))
+        .send(addr)
+        .unwrap_or_else(|e| panic!("upgrade of {addr}: {e}"));
     assert!(
-        out.status.success(),
-        "upgrade of {addr} failed: {body} {}",
-        String::from_utf8_lossy(&out.stderr)
+        (200..400).contains(&answer.status),
+        "upgrade of {addr} failed: {answer:?}"
     );
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    answer.json()
 }
 
 /// `artex master` with fast worker settings plus `extra`.
@@ -218,7 +216,7 @@ async fn master_keeps_its_pid_across_upgrades_and_stops_every_generation() {
     let mut serving = first;
     let mut seen = vec![first];
     for (zip, sha) in &bundles {
-        let answer = curl_upgrade(&addr, zip);
+        let answer = upgrade(&addr, zip);
         assert_eq!(answer["status"], "upgraded", "{answer}");
         assert_eq!(answer["old_pid"], serving, "{answer}");
         assert_eq!(answer["new_binary_sha256"], sha.as_str(), "{answer}");

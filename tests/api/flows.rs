@@ -17,7 +17,7 @@ async fn flows_are_submitted_shown_with_their_dag_and_controlled() {
         {"name": "transform", "kind": "echo", "depends_on": ["extract"]},
         {"name": "load", "kind": "echo", "depends_on": ["transform"], "priority": 3}]}"#;
     let created = api.w("POST", "/api/v1/flows", Some(flow));
-    assert_eq!(created.status, 201, "{}", created.text);
+    assert_eq!(created.status, 201, "{}", created.text());
     let id = id_of(&created);
     let shown = api.get(&format!("/api/v1/flows/{id}")).json();
     assert_eq!(shown["name"], "etl");
@@ -41,7 +41,7 @@ async fn flows_are_submitted_shown_with_their_dag_and_controlled() {
     assert_eq!(listed["tasks"].as_array().unwrap().len(), 3);
 
     let paused = api.w("POST", &format!("/api/v1/flows/{id}/pause"), None);
-    assert_eq!(paused.status, 200, "{}", paused.text);
+    assert_eq!(paused.status, 200, "{}", paused.text());
     assert_eq!(paused.json()["changed"].as_array().unwrap().len(), 3);
     assert_eq!(
         api.get(&format!("/api/v1/flows/{id}")).json()["state"],
@@ -114,7 +114,7 @@ async fn flows_are_submitted_shown_with_their_dag_and_controlled() {
         r#"{"name": "x", "allow_unregistered_kind": true,
             "tasks": [{"name": "b", "kind": "nope"}]}"#,
     );
-    assert_eq!(allowed.status, 201, "{}", allowed.text);
+    assert_eq!(allowed.status, 201, "{}", allowed.text());
 }
 
 #[tokio::test]
@@ -126,7 +126,7 @@ async fn flows_are_listed_newest_first_a_keyset_page_at_a_time() {
     for name in ["one", "two", "three"] {
         let body = format!(r#"{{"name": "{name}", "tasks": [{{"name": "a", "kind": "echo"}}]}}"#);
         let created = api.w("POST", "/api/v1/flows", Some(&body));
-        assert_eq!(created.status, 201, "{}", created.text);
+        assert_eq!(created.status, 201, "{}", created.text());
         ids.push(id_of(&created));
     }
     let first = api.get("/api/v1/flows?limit=2").json();

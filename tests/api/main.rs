@@ -26,16 +26,14 @@ mod overview;
 mod processes;
 mod tasks;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::net::TcpListener;
 
 use artex::config::{AccessArgs, ServeArgs};
 use artex_actors::blackboard::Registration;
 use artex_actors::Blackboard;
-use common::procs::dechunk;
+use common::fixtures;
+use common::http::{Request, Response};
 use common::{count, read_token_file, READ_TOKEN};
-use serde_json::Value;
 use tokio_postgres::Client;
 
 const WRITE_TOKEN: &str = "test-write-token";
@@ -91,16 +89,16 @@ impl Server {
         }
     }
 
-    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Answer {
+    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Response {
         call(&self.addr, method, path, token, body.map(str::as_bytes))
     }
 
     /// With the write token (which reads too).
-    fn w(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+    fn w(&self, method: &str, path: &str, body: Option<&str>) -> Response {
         self.call(method, path, Some(WRITE_TOKEN), body)
     }
 
-    fn get(&self, path: &str) -> Answer {
+    fn get(&self, path: &str) -> Response {
         self.call("GET", path, Some(READ_TOKEN), None)
     }
 }
@@ -116,119 +114,29 @@ impl Drop for Server {
     }
 }
 
-/// An HTTP answer: status, content type and body (JSON parsed when it is JSON).
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    content_type: String,
-    text: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.text))
-    }
-
-    /// Asserts a JSON error with `status` naming `field`; returns the message.
-    fn error(&self, status: u16, field: Option<&str>) -> String {
-        assert_eq!(self.status, status, "{}", self.text);
-        assert!(
-            self.content_type.starts_with("application/json"),
-            "{self:?}"
-        );
-        let v = self.json();
-        assert_eq!(v["field"].as_str(), field, "{}", self.text);
-        v["error"].as_str().expect("an error message").to_string()
-    }
-}
-
-/// One request on a fresh connection. An event stream's body is not read (it never
-/// ends): only its status and headers are.
-fn call(addr: &str, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> Answer {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let length = body
-        .map(|b| {
-            format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
-            )
-        })
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}{length}\r\n"
-    );
-    s.write_all(head.as_bytes()).expect("send head");
+/// One request on a fresh connection, with `token` as the bearer token and `body` as
+/// JSON. An event stream's body is not read (it never ends): only its status and headers
+/// are.
+fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+) -> Response {
+    let mut request = Request::new(method, path).bearer(token);
     if let Some(b) = body {
-        // The server may answer (413) and close before reading it all.
-        let _ = s.write_all(b);
+        request = request.header("Content-Type", "application/json").body(b);
     }
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 65536];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) if raw.is_empty() => panic!("{method} {path}: {e}"),
-            Err(_) => break,
-        }
-        // The head says so (a body, such as the OpenAPI document, may name the type).
-        let text = String::from_utf8_lossy(&raw);
-        if let Some((head, _)) = text.split_once("\r\n\r\n") {
-            if head.to_ascii_lowercase().contains("text/event-stream") {
-                break;
-            }
-        }
-    }
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let header = |name: &str| {
-        head.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-            })
-            .unwrap_or_default()
-    };
-    let text = if header("transfer-encoding").eq_ignore_ascii_case("chunked") {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Answer {
-        status,
-        content_type: header("content-type"),
-        text,
-    }
+    request
+        .send(addr)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
-/// Registers a worker that declares `kinds` (so they are known kinds).
+/// Registers a worker that declares `kinds` (so they are known kinds), pid 4242.
 async fn declare(bb: &Blackboard, id: &str, kinds: &[&str]) {
-    bb.worker()
-        .register_worker(&Registration {
-            id: id.into(),
-            host: "test".into(),
-            pid: 4242,
-            version: "test".into(),
-            http_addr: None,
-            channel: format!("artex_w_{id}"),
-            kinds: kinds.iter().map(|k| k.to_string()).collect(),
-            capacity: 10,
-            session: None,
-            lease_ms: None,
-        })
-        .await
-        .expect("register a worker");
+    let r = fixtures::registration(id, kinds, 10);
+    fixtures::register(bb, &Registration { pid: 4242, ..r }).await;
 }
 
 /// What the blackboard holds: tasks, flows, history rows, consumers' cursors.
@@ -241,6 +149,6 @@ async fn written(c: &Client) -> [i64; 4] {
     ]
 }
 
-fn id_of(a: &Answer) -> String {
+fn id_of(a: &Response) -> String {
     a.json()["id"].as_str().expect("an id").to_string()
 }

@@ -105,13 +105,13 @@ async fn the_openapi_description_matches_the_routes_served() {
                 a.status != 404 && a.status != 405 && a.status != 0,
                 "{method} {concrete}: {} {}",
                 a.status,
-                a.text
+                a.text()
             );
             assert!(
                 operation["responses"].get(a.status.to_string()).is_some(),
                 "{method} {concrete} answered {}, which docs/openapi.json does not list: {}",
                 a.status,
-                a.text
+                a.text()
             );
             documented += 1;
         }

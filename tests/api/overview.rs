@@ -54,6 +54,7 @@ async fn workers_and_statistics_are_read_from_the_blackboard() {
             200
         );
     }
+    // Plain SQL: no API dates a start (only a worker's start does, at its own time).
     c.execute(
         "update artex.tasks set started_at = created_at + interval '250 milliseconds'
          where status = 'canceled'",

@@ -22,7 +22,7 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
                  "timeout_ms": 1000, "shard_key": "site-1"}"#,
         ),
     );
-    assert_eq!(one.status, 201, "{}", one.text);
+    assert_eq!(one.status, 201, "{}", one.text());
     let id = id_of(&one);
     let t = db
         .bb
@@ -45,7 +45,7 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
                  {"kind": "echo"}]"#,
         ),
     );
-    assert_eq!(batch.status, 201, "{}", batch.text);
+    assert_eq!(batch.status, 201, "{}", batch.text());
     let ids: Vec<String> = batch.json()["ids"]
         .as_array()
         .unwrap()
@@ -106,7 +106,7 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
         &format!("/api/v1/tasks/{id}/pause"),
         Some(r#"{"reason": "hold on"}"#),
     );
-    assert_eq!(paused.status, 200, "{}", paused.text);
+    assert_eq!(paused.status, 200, "{}", paused.text());
     assert_eq!(paused.json()["changed"][0][1], "paused");
     assert_eq!(
         api.w("POST", &format!("/api/v1/tasks/{id}/resume"), None)
@@ -118,7 +118,7 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
         &format!("/api/v1/tasks/{id}/cancel"),
         Some(r#"{"reason": "not needed"}"#),
     );
-    assert_eq!(canceled.status, 200, "{}", canceled.text);
+    assert_eq!(canceled.status, 200, "{}", canceled.text());
     let history = api.get(&format!("/api/v1/tasks/{id}")).json()["transitions"].clone();
     let reasons: Vec<&str> = history
         .as_array()
@@ -137,7 +137,7 @@ async fn tasks_are_submitted_listed_shown_controlled_and_retried() {
         &format!("/api/v1/tasks/{id}/retry"),
         Some(r#"{"reason": "try again"}"#),
     );
-    assert_eq!(retried.status, 201, "{}", retried.text);
+    assert_eq!(retried.status, 201, "{}", retried.text());
     assert_eq!(retried.json()["retry_of"], id.as_str());
     let copy = db
         .bb
@@ -294,6 +294,6 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_written() {
         "/api/v1/tasks?allow_unregistered_kind=true",
         Some(r#"[{"kind": "later"}]"#),
     );
-    assert_eq!(a.status, 201, "{}", a.text);
+    assert_eq!(a.status, 201, "{}", a.text());
     assert_eq!(written(&c).await[0], before[0] + 2);
 }

@@ -4,7 +4,7 @@
 use artex_actors::blackboard::DISPATCH_SQL;
 use serde_json::Value;
 
-use crate::common::TestDb;
+use crate::common::{fixtures, TestDb};
 
 /// Whether a plan (EXPLAIN's JSON) walks the index `name` anywhere.
 fn uses_index(plan: &Value, name: &str) -> bool {
@@ -53,10 +53,9 @@ async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
 
     // A worker that runs both kinds, with room for every task: the claim's kinds come
     // from the roster.
+    fixtures::worker(&db.bb, "sim", &["echo", "sleep"], 100_000).await;
     c.batch_execute(&format!(
-        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-             values ('sim', 'sim', 1, 'test', 'artex_w_sim', array['echo', 'sleep'], 100000);
-         prepare claim(float8, int8, int4, int4[]) as {DISPATCH_SQL}"
+        "prepare claim(float8, int8, int4, int4[]) as {DISPATCH_SQL}"
     ))
     .await
     .unwrap();

@@ -5,7 +5,7 @@ use artex_actors::blackboard::{AssignedTask, Outcome, DISPATCH_SQL};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::TestDb;
+use crate::common::{fixtures, TestDb};
 use crate::{finish, msg, pair, start, status_of, task_in, transitions};
 
 async fn insert_task_with_budget(c: &Client, max_retries: i32) -> Uuid {
@@ -74,12 +74,7 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
         .get(0);
     assert_eq!(reason.as_deref(), Some("boom 1"), "the audit says why");
     // Not runnable before its backoff ends, though a worker has free slots for its kind.
-    c.batch_execute(
-        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-         values ('sim', 'sim', 1, 'test', 'artex_w_sim', array['echo'], 10)",
-    )
-    .await
-    .unwrap();
+    fixtures::worker(&db.bb, "sim", &["echo"], 10).await;
     let read = c
         .query(
             DISPATCH_SQL,

@@ -4,8 +4,9 @@
 use std::process::{Command, Output};
 
 use crate::common;
+use crate::common::fixtures;
 use crate::common::TestDb;
-use crate::{artex, register_worker, stderr, stdout};
+use crate::{artex, stderr, stdout};
 
 async fn task_count(db: &TestDb) -> i64 {
     db.client()
@@ -123,7 +124,7 @@ fn assert_refused(out: &Output, what: &str, expect: &str) {
 async fn kinds_a_worker_declared_are_accepted_and_others_only_when_allowed() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
-    register_worker(&db, &["echo", "resize.v2"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo", "resize.v2"], 1).await;
     let out = artex(url, None, &["kinds"]);
     assert!(stdout(&out).contains("resize.v2"), "{}", stdout(&out));
     let out = artex(url, None, &["submit", "resize.v2"]);
@@ -178,7 +179,7 @@ async fn a_real_worker_registers_its_kinds() {
 async fn the_payload_limit_is_the_databases_and_refused_payloads_write_nothing() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
-    register_worker(&db, &["echo"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
     let out = artex(url, None, &["limits"]);
     assert_eq!(stdout(&out).trim(), "max_payload_bytes: 1048576");
     let out = artex(url, None, &["limits", "--max-payload-bytes", "100"]);
@@ -232,7 +233,7 @@ async fn the_payload_limit_is_the_databases_and_refused_payloads_write_nothing()
 async fn payload_from_a_file_or_standard_input() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
-    register_worker(&db, &["echo"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("payload.json");
     std::fs::write(&file, r#"{"from": "file"}"#).unwrap();

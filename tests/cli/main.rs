@@ -25,8 +25,6 @@ mod waiting;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::TestDb;
-
 /// `artex ARGS…` against `url` (or the embedded cluster in `data_dir` when `url` is None).
 fn artex(url: Option<&str>, data_dir: Option<&Path>, args: &[&str]) -> Output {
     artex_command(url, data_dir, args)
@@ -55,20 +53,6 @@ fn stderr(o: &Output) -> String {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-/// Registers a worker row declaring `kinds`, as a worker's start-up does.
-async fn register_worker(db: &TestDb, kinds: &[&str]) {
-    let kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
-    db.client()
-        .await
-        .execute(
-            "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-             values ('w1', 'test', 1, 'test', 'artex_w1', $1, 1)",
-            &[&kinds],
-        )
-        .await
-        .unwrap();
 }
 
 fn json_of(out: &Output) -> serde_json::Value {

@@ -2,8 +2,9 @@
 //! `--full`, and `--json` as one document with the API's field names.
 
 use crate::common;
+use crate::common::fixtures;
 use crate::common::TestDb;
-use crate::{artex, json_of, register_worker, stderr, stdout};
+use crate::{artex, json_of, stderr, stdout};
 
 #[tokio::test]
 async fn show_and_list_cut_large_values_unless_full() {
@@ -150,7 +151,7 @@ async fn one_shot_output_says_what_happened_and_only_that() {
 async fn json_output_is_one_document_with_the_apis_fields() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
-    register_worker(&db, &["echo"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
 
     let v = json_of(&artex(url, None, &["submit", "echo", "--json"]));
     let id = v["id"].as_str().expect("submit: id").to_string();

@@ -12,8 +12,9 @@ use artex_actors::blackboard::NewTask;
 use serde_json::json;
 
 use crate::common::bundles::Keys;
+use crate::common::fixtures;
 use crate::common::TestDb;
-use crate::{artex, artex_command, json_of, register_worker, stderr, stdout};
+use crate::{artex, artex_command, json_of, stderr, stdout};
 
 /// How long a command may take to end once its reader has gone. Generous for a loaded
 /// machine: a command that misses it does not notice at all (it would wait for a write).
@@ -112,7 +113,7 @@ fn assert_ended_without_complaint(args: &[&str], ended: &Ended) {
 /// declared `echo`, and a consumer of the feed. Returns (the big task, the flow).
 async fn filled(db: &TestDb, dir: &Path) -> (String, String) {
     let url = Some(db.url.as_str());
-    register_worker(db, &["echo"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
     let tasks: Vec<NewTask> = (0..MANY).map(|_| NewTask::new("echo", json!({}))).collect();
     db.bb.operator().submit_many(&tasks, "test").await.unwrap();
     let big = NewTask::new("echo", json!({ "s": "y".repeat(200_000) }));
@@ -271,7 +272,7 @@ async fn followers_stop_as_soon_as_their_reader_has_gone() {
     let db = TestDb::new().await;
     let url = Some(db.url.as_str());
     let dir = tempfile::tempdir().unwrap();
-    register_worker(&db, &["echo"]).await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
     let file = dir.path().join("flow.json");
     std::fs::write(
         &file,

@@ -8,7 +8,9 @@
 #![allow(dead_code)]
 
 pub mod bundles;
+pub mod fixtures;
 pub mod fleet;
+pub mod http;
 pub mod procs;
 pub mod proxy;
 

@@ -2,14 +2,14 @@
 //! database, signal them, read their logs, talk HTTP to them, and wait on conditions in
 //! the blackboard (never sleep-and-hope).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+use super::http::Request;
 
 /// A running `artex` process; killed (SIGKILL) and reaped on drop. If the test is failing,
 /// its log is printed so the failure can be read.
@@ -206,48 +206,14 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
 }
 
 /// A plain HTTP/1.1 GET with `token` as the bearer token, if any; returns (status, body).
+/// `Err` if there was no whole answer within 10 s.
 pub fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    // Bodies here are small JSON or text; undo chunked encoding if used.
-    let body = if raw
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((status, body))
-}
-
-/// A chunked HTTP body, decoded.
-pub fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    let r = Request::get(path)
+        .bearer(token)
+        .timeout(Duration::from_secs(10))
+        .send(addr)?
+        .complete()?;
+    Ok((r.status, r.text()))
 }
 
 /// The id of the online worker row that process `p` registered.

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use artex_actors::blackboard::{EventPosition, NewTask, TaskStatus};
+use artex_actors::blackboard::{EventPosition, NewTask, ReapParams, TaskStatus};
 use serde_json::json;
 
 use crate::all_positions;
+use crate::common::fixtures;
 use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::{count, lines_of, TestDb};
 
@@ -97,27 +98,33 @@ async fn an_assignment_that_ends_without_a_start_keeps_its_row() {
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
-    c.batch_execute(
-        "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-         values ('w-test', 'h', 1, 'v', 'w_test', '{echo}', 4);
-         update artex.tasks set status = 'assigned', assigned_to = 'w-test',
-             lease_until = now() + interval '1 minute';",
-    )
-    .await
-    .unwrap();
+    fixtures::worker(&db.bb, "w-test", &["echo"], 4).await;
+    assert_eq!(fixtures::assign(&db.bb).await.assigned, 1);
     assert_eq!(
         count(&c, "select count(*) from artex.task_transitions").await,
         1,
         "an assignment alone writes no row"
     );
-    c.batch_execute(
-        "begin;
-         select artex.set_context('reaper', 'lease expired');
-         update artex.tasks set status = 'pending', retries = retries + 1;
-         commit",
-    )
-    .await
-    .unwrap();
+    // The reaper takes it back once its lease (a minute) has run out.
+    let reaped = db
+        .bb
+        .planner()
+        .reap(
+            "reaper",
+            &ReapParams {
+                now: Some(chrono::Utc::now() + chrono::Duration::minutes(2)),
+                worker_timeout_secs: 3600.0,
+                prune_after_secs: 86_400.0,
+                batch: 100,
+                retry_base_ms: 10.0,
+                retry_cap_ms: 100.0,
+                judge_liveness: true,
+                upload_host_deadline_secs: 3600.0,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(reaped.requeued, 1, "{reaped:?}");
     let trail = db.bb.operator().transitions(id).await.unwrap();
     let steps: Vec<String> = trail
         .iter()

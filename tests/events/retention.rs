@@ -117,7 +117,8 @@ async fn finished_tasks_past_the_retention_go_unless_an_unfinished_flow_needs_th
     let db = TestDb::new().await;
     let c = db.client().await;
     // A lone task and a flow that both finished; a flow with one task finished and one
-    // still blocked.
+    // still blocked. (Plain SQL: fixed ids, and `b` held blocked with nothing upstream,
+    // a state no API makes.)
     c.batch_execute(
         "insert into artex.flows (id, name) values
              ('00000000-0000-7000-8000-000000000001', 'done'),

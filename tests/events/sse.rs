@@ -1,8 +1,6 @@
 //! The feed over HTTP as Server-Sent Events, resumed after the Last-Event-ID it was
 //! given.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
@@ -12,56 +10,40 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::common::http::{Exchange, Request};
 use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::TestDb;
 
 /// A streaming GET: yields SSE events (id, data) as they arrive.
 struct Sse {
-    reader: BufReader<TcpStream>,
+    reader: Exchange,
     status: u16,
     body: String,
 }
 
 impl Sse {
     fn connect(addr: &str, path: &str, last_event_id: Option<&str>) -> Sse {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let extra = last_event_id
-            .map(|id| format!("Last-Event-ID: {id}\r\n"))
-            .unwrap_or_default();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nConnection: close\r\nAuthorization: Bearer {}\r\n{extra}\r\n",
-            common::READ_TOKEN
-        )
-        .unwrap();
-        let mut reader = BufReader::new(s);
-        let mut head = String::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            head.push_str(&line);
+        let mut request = Request::get(path)
+            .header("Accept", "text/event-stream")
+            .bearer(common::READ_TOKEN);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
         }
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
+        let mut reader = request.start(addr).unwrap();
+        let head = reader.head().unwrap();
         let mut body = String::new();
-        if status != 200 {
-            let _ = reader.read_to_string(&mut body);
+        if head.status != 200 {
+            body = String::from_utf8_lossy(&reader.read_body().0).into_owned();
         } else {
             assert!(
-                head.to_ascii_lowercase().contains("text/event-stream"),
-                "{head}"
+                head.header("content-type")
+                    .is_some_and(|t| t.to_ascii_lowercase().contains("text/event-stream")),
+                "{head:?}"
             );
         }
         Sse {
             reader,
-            status,
+            status: head.status,
             body,
         }
     }

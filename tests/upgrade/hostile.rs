@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::common;
 use crate::common::bundles::{Keys, TOKEN};
+use crate::common::http::{Ended, Exchange, Request};
 use crate::common::procs::{http_get, wait_for, worker_http, Proc};
 use crate::common::TestDb;
 use crate::{curl_upgrade, upgradable_worker, wait_gone, KillAll};
@@ -236,47 +237,32 @@ async fn hostile_bundles_and_bad_callers_are_refused_and_change_nothing() {
     assert_eq!(code, 500, "the never-ready bundle rolls back");
 }
 
-/// A raw PUT /upgrade that declares `declared` bytes and sends only `sent`, then waits
-/// for the answer (up to `wait`): (status code, JSON body, the socket, still open).
+/// A PUT /upgrade that declares `declared` bytes and sends only `sent`, then waits for
+/// the answer (up to `wait`): (status code, JSON body, the exchange, its socket still
+/// open). Not `Connection: close`: the server must close of its own accord.
 fn stalled_upload(
     addr: &str,
     declared: usize,
     sent: usize,
     wait: Duration,
-) -> (u16, Value, std::net::TcpStream) {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "PUT /upgrade HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
-         Content-Type: application/zip\r\nContent-Length: {declared}\r\n\r\n"
-    )
-    .unwrap();
-    s.write_all(&vec![b'P'; sent]).unwrap();
-    s.flush().unwrap();
-    s.set_read_timeout(Some(wait)).unwrap();
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
+) -> (u16, Value, Exchange) {
+    let mut s = Request::new("PUT", "/upgrade")
+        .keep_alive()
+        .bearer(TOKEN)
+        .header("Content-Type", "application/zip")
+        .length(declared)
+        .start(addr)
+        .unwrap();
+    s.write(&vec![b'P'; sent]).unwrap();
+    s.set_timeout(wait).unwrap();
     // Until the server closes (it must: the rest of the body will never come) or `wait`.
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) => panic!(
-                "no answer to the stalled upload within {wait:?}: {e}; got {:?}",
-                String::from_utf8_lossy(&raw)
-            ),
-        }
-    }
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    let body = serde_json::from_str(body).unwrap_or(Value::String(text.clone()));
-    (code, body, s)
+    let r = match s.response() {
+        Ok(r) if matches!(r.ended, Ended::Closed) => r,
+        Ok(r) => panic!("no close of the stalled upload within {wait:?}: {r:?}"),
+        Err(e) => panic!("no answer to the stalled upload within {wait:?}: {e}"),
+    };
+    let body = serde_json::from_slice(&r.body).unwrap_or_else(|_| Value::String(format!("{r:?}")));
+    (r.status, body, s)
 }
 
 #[tokio::test]

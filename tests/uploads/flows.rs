@@ -6,30 +6,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::common::fixtures;
 use crate::{call, data, entries, send_all, setup, sha};
-
-/// A flow with one task held `blocked` (so it is unfinished and running: were it paused,
-/// the flow would be paused and an upload's task would join it paused), by plain SQL.
-async fn open_flow(c: &tokio_postgres::Client) -> (uuid::Uuid, uuid::Uuid) {
-    let flow: uuid::Uuid = c
-        .query_one(
-            "insert into artex.flows (name) values ('f') returning id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let held: uuid::Uuid = c
-        .query_one(
-            "insert into artex.tasks (kind, status, flow_id, flow_task)
-             values ('echo', 'blocked', $1, 'held') returning id",
-            &[&flow],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    (flow, held)
-}
 
 #[tokio::test]
 async fn an_uploads_task_joins_the_flow_its_spec_names() {
@@ -51,13 +29,8 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
 
     // Refused, nothing written: no such flow; a flow whose tasks all ended; not an id.
     let ended: uuid::Uuid = {
-        let (flow, held) = open_flow(&c).await;
-        c.execute(
-            "update artex.tasks set status = 'canceled' where id = $1",
-            &[&held],
-        )
-        .await
-        .unwrap();
+        let (flow, held) = fixtures::raw::held_flow(&c).await;
+        fixtures::cancel(&db.bb, held).await;
         flow
     };
     for (flow, why) in [
@@ -78,7 +51,7 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
     assert_eq!(entries(&uploads), 0, "a refused upload left something");
 
     // An unfinished flow: the task joins it, named after the upload, and runs.
-    let (flow, _) = open_flow(&c).await;
+    let (flow, _) = fixtures::raw::held_flow(&c).await;
     let (code, body) = declare(json!(flow));
     assert_eq!(code, 201, "{body}");
     let id = body["id"].as_str().unwrap().to_string();
@@ -95,16 +68,11 @@ async fn an_uploads_task_joins_the_flow_its_spec_names() {
 
     // The flow ends while the upload is under way: the task is held paused, saying why,
     // not run in a flow that is over.
-    let (flow, held) = open_flow(&c).await;
+    let (flow, held) = fixtures::raw::held_flow(&c).await;
     let (code, body) = declare(json!(flow));
     assert_eq!(code, 201, "{body}");
     let id = body["id"].as_str().unwrap().to_string();
-    c.execute(
-        "update artex.tasks set status = 'canceled' where id = $1",
-        &[&held],
-    )
-    .await
-    .unwrap();
+    fixtures::cancel(&db.bb, held).await;
     let task = send_all(&f.http, &id, &file, 1024);
     let t = db.bb.operator().task(task).await.unwrap();
     assert_eq!(t.status.as_str(), "paused");

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::common;
 use crate::common::procs::{worker_http, Proc};
-use crate::common::TestDb;
+use crate::common::{fixtures, TestDb};
 use crate::{call, data, send_all, sha, token_file};
 
 /// Reaper settings for a direct run of the upload guard.
@@ -36,17 +36,7 @@ async fn a_task_whose_hosts_workers_are_gone_past_the_deadline_fails_saying_why(
         ("b:1:x", "host-b", "gone", "1 minute"),
         ("c:1:x", "host-c", "online", "1 second"),
     ] {
-        c.execute(
-            &format!(
-                "insert into artex.workers (id, host, pid, version, channel, kinds, capacity,
-                                            state, last_seen)
-                 values ($1, $2, 1, 't', 'ch', '{{digest}}', 1, $3::text::artex.worker_state,
-                         now() - interval '{ago}')"
-            ),
-            &[&id, &host, &state],
-        )
-        .await
-        .unwrap();
+        fixtures::raw::worker_seen(&c, id, host, state, ago).await;
     }
     let upload = uuid::Uuid::now_v7();
     let mut tasks = std::collections::BTreeMap::new();
@@ -57,15 +47,9 @@ async fn a_task_whose_hosts_workers_are_gone_past_the_deadline_fails_saying_why(
         Some("host-z"),
         None,
     ] {
-        let id: uuid::Uuid = c
-            .query_one(
-                "insert into artex.tasks (kind, payload, host) values ('digest', $1, $2)
-                 returning id",
-                &[&json!({"upload": {"id": upload}}), &host],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let id =
+            fixtures::raw::task_on_host(&c, "digest", &json!({"upload": {"id": upload}}), host)
+                .await;
         tasks.insert(host.unwrap_or("shared"), id);
     }
     let status = |id: uuid::Uuid| {

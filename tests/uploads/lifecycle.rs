@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::procs::{wait_for, wait_status, with_defaults, worker_http, Proc, FAST_WORKER};
-use crate::common::TestDb;
+use crate::common::{fixtures, TestDb};
 use crate::{call, chunk, create, data, entries, fleet, put, send_all, setup, sha, token_file};
 
 /// What the row of upload `id` says: its state, and seconds from its task's end to the
@@ -148,26 +148,10 @@ async fn files_of_another_folder_on_this_host_keep_none_of_this_folders_from_goi
     // tasks ended, that worker gone for good: not this worker's to delete, and
     // older than anything this one receives.
     for _ in 0..100 {
-        let (id, task) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-        c.execute(
-            "insert into artex.tasks (id, kind) values ($1, 'digest')",
-            &[&task],
-        )
-        .await
-        .unwrap();
-        c.execute(
-            "update artex.tasks set status = 'canceled' where id = $1",
-            &[&task],
-        )
-        .await
-        .unwrap();
-        c.execute(
-            "insert into artex.uploads (id, host, path, size, sha256, chunks, task_id)
-             values ($1, $2, $3, 1, repeat('a', 64), 1, $4)",
-            &[&id, &host, &format!("/another/folder/{id}/file"), &task],
-        )
-        .await
-        .unwrap();
+        let task = fixtures::task(&db.bb, "digest").await;
+        fixtures::cancel(&db.bb, task).await;
+        let id = uuid::Uuid::now_v7();
+        fixtures::raw::upload(&c, id, &host, &format!("/another/folder/{id}/file"), task).await;
     }
     let file = data(3000, 59);
     let (id, _) = create(&f.http, &file, 1024, "digest");

@@ -23,11 +23,10 @@ mod lifecycle;
 mod refusals;
 mod restarts;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
+use common::http::{Exchange, Request};
 use common::procs::{worker_http, Proc};
 use common::TestDb;
 use serde_json::{json, Value};
@@ -92,36 +91,23 @@ fn call(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Authorization: Bearer {WRITE_TOKEN}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let mut request = Request::new(method, path)
+        .bearer(WRITE_TOKEN)
+        .timeout(Duration::from_secs(60));
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        request = request.header(k, v);
     }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
     // The server may refuse before reading the body and close: that is an answer too.
-    let _ = s.write_all(body);
-    answer(&mut s)
+    answer(request.body(body).start(addr).expect("connect"))
 }
 
 /// Reads an answer to its end (the requests say `Connection: close`): (status, JSON body
 /// or Null; status 0 when the server closed without one).
-fn answer(s: &mut TcpStream) -> (u16, Value) {
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+fn answer(mut exchange: Exchange) -> (u16, Value) {
+    match exchange.response() {
+        Ok(r) => (r.status, r.json_or_null()),
+        Err(_) => (0, Value::Null),
+    }
 }
 
 fn sha(bytes: &[u8]) -> String {

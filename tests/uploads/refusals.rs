@@ -1,11 +1,9 @@
 //! Hostile input gets a clear 4xx and a full quota a 507, with nothing left behind.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use serde_json::{json, Value};
 
 use crate::common::count;
+use crate::common::http::Request;
 use crate::{call, chunk, create, data, entries, setup, sha};
 
 #[tokio::test]
@@ -89,15 +87,15 @@ async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
         b"",
     );
     assert_eq!(code, 409, "complete with chunks missing: {body}");
-    let mut s = TcpStream::connect(&f.http).unwrap();
-    write!(
-        s,
-        "GET /api/v1/uploads/{id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
+    // Without a token.
+    let anonymous = Request::get(&format!("/api/v1/uploads/{id}"))
+        .send(&f.http)
+        .unwrap();
+    assert_eq!(
+        (anonymous.version.as_str(), anonymous.status),
+        ("HTTP/1.1", 401),
+        "{anonymous:?}"
+    );
 
     let (code, state) = call(&f.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
     assert_eq!(code, 200);

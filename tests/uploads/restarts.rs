@@ -1,14 +1,13 @@
 //! A worker crashed, killed or hot-upgraded midway: no chunk lost, no request refused,
 //! a whole file left unrecorded recorded.
 
-use std::io::Write;
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::common::http::Request;
 use crate::common::procs::{wait_for, Proc};
 use crate::common::{count, TestDb};
 use crate::{
@@ -227,17 +226,13 @@ async fn a_hot_upgrade_midway_loses_no_chunk_and_refuses_no_request() {
     };
 
     // The upgrade, while chunks keep coming.
-    let token = common::bundles::TOKEN;
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "--max-time", "60", "-H"])
-        .arg(format!("Authorization: Bearer {token}"))
-        .arg("-T")
-        .arg(&bundle)
-        .arg(format!("http://{}/upgrade", f.http))
-        .output()
-        .expect("curl must be installed");
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("upgrade: {}", String::from_utf8_lossy(&out.stdout)));
+    let report = Request::new("PUT", "/upgrade")
+        .bearer(common::bundles::TOKEN)
+        .body(std::fs::read(&bundle).unwrap())
+        .timeout(Duration::from_secs(60))
+        .send(&f.http)
+        .unwrap_or_else(|e| panic!("upgrade: {e}"))
+        .json();
     assert_eq!(report["status"], "upgraded", "{report}");
     let new_pid = report["new_pid"].as_i64().unwrap() as i32;
     let _end_new = KillOnDrop(new_pid);
@@ -309,28 +304,25 @@ fn slow_put(
     bytes: &[u8],
     until: &std::sync::atomic::AtomicBool,
 ) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "PUT /api/v1/uploads/{id}/chunks/{n} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Authorization: Bearer {WRITE_TOKEN}\r\nChunk-Sha256: {}\r\nContent-Length: {}\r\n\r\n",
-        sha(bytes),
-        bytes.len()
-    )
-    .unwrap();
+    let mut s = Request::new("PUT", &format!("/api/v1/uploads/{id}/chunks/{n}"))
+        .bearer(WRITE_TOKEN)
+        .header("Chunk-Sha256", &sha(bytes))
+        .length(bytes.len())
+        .timeout(Duration::from_secs(60))
+        .start(addr)
+        .expect("connect");
     let (first, rest) = bytes.split_at(bytes.len() / 2);
-    s.write_all(first).unwrap();
+    s.write(first).unwrap();
     let mut rest = rest.chunks(64).peekable();
     while let Some(piece) = rest.next() {
         // Hold the last piece back until the new process has taken over.
         while rest.peek().is_none() && !until.load(std::sync::atomic::Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        s.write_all(piece).unwrap();
+        s.write(piece).unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
-    answer(&mut s)
+    answer(s)
 }
 
 /// A process the test did not start itself (a hot upgrade's new generation): killed at
