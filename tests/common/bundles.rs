@@ -55,6 +55,12 @@ impl Keys {
 
     /// A signed bundle of a copy of the artex binary with `variant` appended: (zip, sha256).
     pub fn variant_bundle(&self, variant: usize) -> (PathBuf, String) {
+        let bin = self.variant_binary(variant);
+        self.bundle_of_variant(&bin, variant)
+    }
+
+    /// A copy of the artex binary with `variant` appended, written and closed.
+    fn variant_binary(&self, variant: usize) -> PathBuf {
         let bin = self.path(&format!("artex-v{variant}"));
         std::fs::copy(super::artex_bin(), &bin).unwrap();
         let mut f = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
@@ -62,18 +68,28 @@ impl Keys {
         // Closed before `bundle create` runs it to ask for its schema: a file open for
         // writing cannot be executed (ETXTBSY).
         drop(f);
+        bin
+    }
+
+    fn bundle_of_variant(&self, bin: &Path, variant: usize) -> (PathBuf, String) {
         self.bundle_of(
-            &bin,
+            bin,
             &format!("0.1.0-v{variant}"),
             &format!("v{variant}.zip"),
         )
     }
 
-    /// `n` variant bundles, made in parallel.
+    /// `n` variant bundles: the binaries written one after the other, then bundled in
+    /// parallel. Written in parallel, a copy still open for writing in one thread was
+    /// inherited by a process another thread forked (until that one's exec closed it),
+    /// and running that copy then failed with "Text file busy" (ETXTBSY).
     pub fn variant_bundles(&self, n: usize) -> Vec<(PathBuf, String)> {
+        let bins: Vec<PathBuf> = (1..=n).map(|i| self.variant_binary(i)).collect();
         std::thread::scope(|s| {
-            let made: Vec<_> = (1..=n)
-                .map(|i| s.spawn(move || self.variant_bundle(i)))
+            let made: Vec<_> = bins
+                .iter()
+                .enumerate()
+                .map(|(i, bin)| s.spawn(move || self.bundle_of_variant(bin, i + 1)))
                 .collect();
             made.into_iter().map(|h| h.join().unwrap()).collect()
         })
