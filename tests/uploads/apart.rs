@@ -1,14 +1,14 @@
 //! Deployments on one host keep their uploads apart (issue 25): two blackboards' workers
 //! started as one user with the default `--upload-dir` each finish, run and sweep only
-//! their own uploads; and workers of one blackboard sharing its folder finish one upload
-//! once.
+//! their own uploads; an `--upload-dir` given to two blackboards keeps each upload with
+//! its own; and workers of one blackboard sharing its folder finish one upload once.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::procs::{wait_for, wait_status, with_defaults, worker_http, Proc, FAST_WORKER};
 use crate::common::{count, TestDb};
-use crate::{chunk, create, data, put, send_all, sha, token_file};
+use crate::{call, chunk, create, data, fleet, put, send_all, sha, token_file};
 
 /// A worker on `db` with the default upload folder (no `--upload-dir`), its `$TMPDIR`
 /// being `tmp`; `extra`: further flags.
@@ -184,4 +184,45 @@ async fn workers_of_one_blackboard_sharing_its_folder_finish_an_upload_once() {
     }
     let dir = default_folder(tmp.path(), blackboard_id(&db).await);
     assert_eq!(uploads_in(&dir), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn an_upload_dir_given_to_two_blackboards_keeps_each_uploads_with_its_own() {
+    let (a, b) = (TestDb::new().await, TestDb::new().await);
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let keep = ["--upload-keep-ms", "2000"];
+    let fa = fleet(&a, &uploads, &keep).await;
+    let fb = fleet(&b, &uploads, &keep).await;
+    let size = 4096;
+    let file = data(2 * size + 5, 4);
+    let (id, _) = create(&fa.http, &file, size as u64, "digest");
+    // Half sent: b's worker does not resume it, nor say how far it is.
+    let (code, body) = put(&fa.http, &id, 0, chunk(&file, size, 0));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = put(&fb.http, &id, 1, chunk(&file, size, 1));
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = call(&fb.http, "GET", &format!("/api/v1/uploads/{id}"), &[], b"");
+    assert_eq!(code, 404, "{body}");
+    let task = send_all(&fa.http, &id, &file, size);
+    wait_status(&a.bb, task, "succeeded", Duration::from_secs(60)).await;
+    let up = uuid::Uuid::parse_str(&id).unwrap();
+    wait_for("the file to be swept", Duration::from_secs(30), || async {
+        let row = a.bb.worker().upload(up).await.unwrap()?;
+        (row.state == "deleted").then_some(())
+    })
+    .await;
+    // b's sweeper saw the whole file for two seconds and more, and left it to a.
+    assert_eq!(recorded(&a).await, vec![id.clone()]);
+    assert_eq!(recorded(&b).await, Vec::<String>::new());
+    assert_eq!(
+        count(&b.client().await, "select count(*) from artex.tasks").await,
+        0
+    );
+    assert!(
+        fb.worker
+            .log_text()
+            .contains("upload of another blackboard in this folder: left alone"),
+        "b says why it leaves the upload alone"
+    );
 }
