@@ -185,8 +185,12 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct UploadArgs {
     /// Private folder (0700) of uploads in progress and of files waiting for their
-    /// task; `$TMPDIR/artex-uploads-<uid>` by default. Keep it across restarts and hot
-    /// upgrades (the new process resumes the uploads it finds there).
+    /// task; `$TMPDIR/artex-uploads-<uid>-<blackboard id>` by default (the id is made
+    /// when the database is migrated: deployments on one host never share a default
+    /// folder), used as given otherwise. Keep it across restarts and hot upgrades (the
+    /// new process resumes the uploads it finds there). Each upload names its blackboard
+    /// in its meta.json: a worker never finishes, resumes or sweeps another's, even in a
+    /// folder given to two.
     #[arg(long, env = "ARTEX_UPLOAD_DIR")]
     pub upload_dir: Option<PathBuf>,
     /// --upload-dir is on storage every worker of the fleet sees at the same path: an

@@ -259,12 +259,18 @@ pub async fn run_worker(
     if api.is_some() {
         tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
     }
+    // Uploads are this blackboard's only: its id keys the default folder and every
+    // upload's meta.json (other deployments on this host keep theirs apart).
+    let blackboard = bb.worker().blackboard_id().await?;
     let uploads = Uploads::open(
         crate::uploads::UploadSettings::from_args(&args.uploads),
         bb.worker(),
         config.host.clone(),
         config.id.clone(),
+        blackboard,
     )?;
+    tracing::info!(worker = %config.id, %blackboard, folder = %uploads.settings().dir.display(),
+        "uploads kept in their folder");
     let sweeping = actix::spawn(sweep_uploads(
         uploads.clone(),
         ms(args.uploads.upload_sweep_ms),

@@ -124,7 +124,7 @@ pub(super) fn discard_if_alone(dir: &Path, file: &File) {
 
 /// Locks `len` bytes from `offset` (0: to the end) of `file` for writing; waits for a
 /// conflicting lock when `wait`. Released when `file` is closed.
-fn range_lock(file: &File, offset: u64, len: u64, wait: bool) -> std::io::Result<()> {
+pub(super) fn range_lock(file: &File, offset: u64, len: u64, wait: bool) -> std::io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg};
     let too_far = || std::io::Error::other("offset out of range");
     let lock = nix::libc::flock {

@@ -37,6 +37,10 @@ pub struct Meta {
     /// record it, and the row names where it was received, not who swept it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The blackboard whose upload this is (`WorkerBoard::blackboard_id`); absent in
+    /// uploads of earlier builds. Workers of other blackboards leave it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blackboard: Option<Uuid>,
     /// How the upload is kept on disk ([`LAYOUT`]); absent in the first layout (a file
     /// per chunk, joined at the end), which this build does not resume.
     #[serde(default = "first_layout")]
@@ -230,6 +234,7 @@ impl CreateRequest {
             chunks,
             task: self.task,
             host: None,
+            blackboard: None,
             layout: LAYOUT,
         };
         // The rules that need nothing from the database; the rest when the upload starts.

@@ -15,6 +15,7 @@ use super::data::{marker, DATA, WHOLE};
 use super::declaration::Meta;
 use super::disk::{blocking, sync_dir, write_durably};
 use super::error::{io, Result, UploadError};
+use super::owner::lock_upload;
 use super::Uploads;
 
 impl Uploads {
@@ -26,11 +27,24 @@ impl Uploads {
         let me = self.clone();
         let m = meta.clone();
         let sealed = blocking(move || {
+            // One finisher at a time among the workers sharing the folder (and their
+            // requests): the others wait, then find it sealed and its row written.
+            let Some(lock) = lock_upload(&me.folder(m.id), true)? else {
+                return Err(UploadError::Internal(format!(
+                    "upload {}: not locked",
+                    m.id
+                )));
+            };
             // A sha256 left for `complete` may have been given since (by another request
             // or the other process of a hot upgrade): it is in `meta.json` once checked.
+            // Read again under the lock in any case: whose it is, as of now.
+            let fresh = me.meta_sync(m.id)?;
             let m = match m.sha256 {
-                Some(_) => m,
-                None => me.meta_sync(m.id)?,
+                Some(_) => Meta {
+                    blackboard: fresh.blackboard,
+                    ..m
+                },
+                None => fresh,
             };
             let got = me.received_sync(&m)?;
             if (got.len() as u64) < m.chunks || m.sha256.is_none() {
@@ -52,7 +66,7 @@ impl Uploads {
                     ),
                 });
             }
-            Ok(Some(sealed))
+            Ok(Some((sealed, lock)))
         })
         .await;
         let sealed = match sealed {
@@ -70,7 +84,8 @@ impl Uploads {
             other => other?,
         };
         match sealed {
-            Some(m) => self.record(&m).await.map(Some),
+            // The lock is held until the row is written.
+            Some((m, _lock)) => self.record(&m).await.map(Some),
             None => Ok(None),
         }
     }

@@ -20,6 +20,22 @@
 //! An upload started by an earlier build (layout 1: a file per chunk, joined at the end)
 //! is refused with 409 saying so, never read as this layout.
 //!
+//! # One blackboard's uploads only
+//! Several deployments may run on one host as one user (a test run and a real one, two
+//! teams' blackboards). The default folder is `$TMPDIR/artex-uploads-<uid>-<blackboard
+//! id>` (the id made when the database was migrated: `WorkerBoard::blackboard_id`), and
+//! every `meta.json` names its blackboard: an upload naming another one is never
+//! finished, resumed, recorded or swept here (a request for it is answered 404, as for an
+//! unknown upload: to this deployment it is one). `meta.json` of an earlier build names
+//! none: in an explicit `--upload-dir` such an upload is taken as this blackboard's, once
+//! (its `meta.json` stamped under its lock); in the default folder, which no earlier
+//! build wrote, it is another's.
+//!
+//! Workers of one blackboard on one host share its folder: whoever finishes, takes or
+//! sweeps an upload holds its `lock` file (an open-file-description lock, so one owner
+//! across processes and requests), and finds it gone once it gets the lock if the owner
+//! removed it.
+//!
 //! Names only ever come from the upload's id (a UUID this worker made) and chunk
 //! numbers: nothing a client sends becomes a path component. Two processes (the old and
 //! the new one of a hot upgrade) may serve one upload at once: a chunk is written only
@@ -35,6 +51,7 @@
 //! - `prefix`: the whole file's sha256 hashed ahead, chunk by chunk as they are marked;
 //! - `finish`: checking the whole file and recording the upload with its task, once;
 //! - `sweep`: expiring abandoned uploads, deleting files whose task ended;
+//! - `owner`: whose an upload is (its blackboard), and its lock;
 //! - `disk`: durable writes and the small file helpers the others share;
 //! - `error`: why a request is refused, mapped to a status by the HTTP layer.
 
@@ -44,6 +61,7 @@ mod declaration;
 mod disk;
 mod error;
 mod finish;
+mod owner;
 mod prefix;
 mod settings;
 mod state;
@@ -67,6 +85,14 @@ pub struct Uploads {
     bb: WorkerBoard,
     host: String,
     actor: String,
+    /// This blackboard's id: uploads naming another are not this worker's.
+    blackboard: Uuid,
+    /// With the default folder: the one earlier builds shared
+    /// (`$TMPDIR/artex-uploads-<uid>`), where files this blackboard recorded are still
+    /// deleted once their task ended (its row in this database says they are its own).
+    legacy: Option<PathBuf>,
+    /// Uploads of other blackboards already logged as left alone (one line each).
+    foreign: std::sync::Mutex<std::collections::HashSet<Uuid>>,
     /// One start at a time in this process: the room left under `--upload-max-bytes` is
     /// read, then taken by the new upload's `meta.json`; two starts at once would both
     /// find the same room. Taken on the disk task itself, which runs on whether or not
@@ -80,13 +106,23 @@ pub struct Uploads {
 }
 
 impl Uploads {
-    /// Opens (creating, private) the upload folder.
+    /// Opens (creating, private) the upload folder of blackboard `blackboard`: the
+    /// explicit one, or the default stem ended with `-<blackboard>`.
     pub fn open(
         settings: UploadSettings,
         bb: WorkerBoard,
         host: String,
         actor: String,
+        blackboard: Uuid,
     ) -> crate::error::Result<Arc<Uploads>> {
+        // As earlier builds resolved it (they recorded canonical paths); none if absent.
+        let legacy = (!settings.explicit)
+            .then(|| settings.dir.canonicalize().ok())
+            .flatten();
+        let settings = UploadSettings {
+            dir: settings::folder_of(&settings, blackboard),
+            ..settings
+        };
         artex_upgrade::private_dir::ensure_private_dir(&settings.dir, "upload folder")?;
         let dir = settings.dir.canonicalize().map_err(|e| {
             crate::error::Error::io(
@@ -99,6 +135,9 @@ impl Uploads {
             bb,
             host,
             actor,
+            blackboard,
+            legacy,
+            foreign: Default::default(),
             starting: std::sync::Mutex::new(()),
             finishing: tokio::sync::Mutex::new(()),
             prefixes: prefix::Prefixes::default(),

@@ -18,8 +18,13 @@ pub const MAX_NAME: usize = 255;
 /// Where and how uploads are kept (from `UploadArgs`).
 #[derive(Debug, Clone)]
 pub struct UploadSettings {
-    /// The private upload folder.
+    /// The private upload folder: `--upload-dir`, or by default the stem
+    /// `$TMPDIR/artex-uploads-<uid>`, which [`Uploads::open`](super::Uploads::open) ends
+    /// with `-<blackboard id>`.
     pub dir: PathBuf,
+    /// `dir` was given (`--upload-dir`): used as it is. An upload there whose `meta.json`
+    /// names no blackboard (an earlier build's) is taken as this blackboard's, once.
+    pub explicit: bool,
     /// On storage the whole fleet sees: tasks are bound to no host.
     pub shared: bool,
     /// Bytes all uploads on this folder may take (declared sizes, reserved on creation).
@@ -41,6 +46,7 @@ impl UploadSettings {
         let ms = crate::config::ms;
         UploadSettings {
             dir,
+            explicit: args.upload_dir.is_some(),
             shared: args.upload_shared,
             max_bytes: args.upload_max_bytes,
             expire: ms(args.upload_expire_ms),
@@ -48,4 +54,17 @@ impl UploadSettings {
             body_timeout: ms(args.upload_body_timeout_ms),
         }
     }
+}
+
+/// The folder `settings` name for blackboard `blackboard`: `--upload-dir` as given, or
+/// the default stem ended with `-<blackboard>` — a sibling of the folder earlier builds
+/// shared (`$TMPDIR/artex-uploads-<uid>`), not inside it, where their sweepers would
+/// take it for an abandoned upload.
+pub(super) fn folder_of(settings: &UploadSettings, blackboard: uuid::Uuid) -> PathBuf {
+    if settings.explicit {
+        return settings.dir.clone();
+    }
+    let mut name = settings.dir.as_os_str().to_owned();
+    name.push(format!("-{blackboard}"));
+    PathBuf::from(name)
 }

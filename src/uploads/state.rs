@@ -14,6 +14,7 @@ use super::data::WHOLE;
 use super::declaration::{refusal_text, task_field, CreateRequest, Meta, LAYOUT};
 use super::disk::{blocking, read_dir, sync_dir, write_durably};
 use super::error::{io, Result, UploadError};
+use super::owner::make_lock;
 use super::Uploads;
 
 /// Where an upload stands, as `GET /api/v1/uploads/{id}` shows it.
@@ -44,6 +45,7 @@ impl Uploads {
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<Meta> {
         let meta = Meta {
             host: Some(self.host.clone()),
+            blackboard: Some(self.blackboard),
             ..req.check()?
         };
         self.check_task(&meta).await?;
@@ -66,6 +68,7 @@ impl Uploads {
                 .mode(0o700)
                 .create(&dir)
                 .map_err(io(format!("creating {}", dir.display())))?;
+            make_lock(&dir)?;
             let text = serde_json::to_vec_pretty(&meta)
                 .map_err(|e| UploadError::Internal(format!("encoding the upload: {e}")))?;
             write_durably(&dir, "meta.json", &text)?;
@@ -127,9 +130,10 @@ impl Uploads {
     }
 
     /// The upload's declaration, refused (409) when an earlier build's layout wrote it:
-    /// its chunks are not where this build looks for them.
+    /// its chunks are not where this build looks for them. Another blackboard's upload
+    /// is `NotFound` (see `owner`).
     pub(super) fn meta_sync(&self, id: Uuid) -> Result<Meta> {
-        let meta = self.meta_any_layout(id)?;
+        let meta = self.own_meta(id)?;
         if meta.layout != LAYOUT {
             return Err(UploadError::Conflict(format!(
                 "upload {id} was started by an earlier artex whose files on disk are laid out \
@@ -144,13 +148,15 @@ impl Uploads {
     /// As [`Uploads::meta_sync`], but an earlier layout's upload whose file is whole is
     /// read too: a whole file is one file in every layout.
     fn meta_to_show(&self, id: Uuid) -> Result<Meta> {
-        match self.meta_any_layout(id)? {
+        match self.own_meta(id)? {
             m if m.layout == LAYOUT || self.folder(id).join(WHOLE).exists() => Ok(m),
             _ => self.meta_sync(id),
         }
     }
 
-    /// The upload's declaration, whichever layout wrote it.
+    /// The upload's declaration, whichever layout and whichever blackboard wrote it
+    /// (the quota counts every upload in the folder; everything else reads
+    /// `own_meta`).
     pub(super) fn meta_any_layout(&self, id: Uuid) -> Result<Meta> {
         let path = self.folder(id).join("meta.json");
         let text = match fs::read(&path) {

@@ -1,9 +1,10 @@
 //! The sweeper's work on this worker's folder: unfinished uploads untouched too long are
 //! removed, files whose task ended (and kept long enough) are deleted, and whole files a
-//! crash left unrecorded are recorded.
+//! crash left unrecorded are recorded. Each only for an upload of this blackboard, under
+//! its lock (skipped this round when another worker or request holds it).
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +12,7 @@ use uuid::Uuid;
 
 use super::disk::{blocking, newest_mtime, read_dir};
 use super::error::{io, Result, UploadError};
+use super::owner::lock_upload;
 use super::Uploads;
 
 /// What one sweep did.
@@ -53,9 +55,17 @@ impl Uploads {
             }
             if whole {
                 // A whole file is one file in every layout (an earlier build's too), its
-                // sha256 checked before it was named so.
+                // sha256 checked before it was named so. Recorded under its lock, and only
+                // if it is this blackboard's.
                 let me = self.clone();
-                if let Ok(meta) = blocking(move || me.meta_any_layout(id)).await {
+                let taken = blocking(move || {
+                    let Some(lock) = lock_upload(&me.folder(id), false)? else {
+                        return Ok(None);
+                    };
+                    Ok(Some((me.own_meta(id)?, lock)))
+                })
+                .await;
+                if let Ok(Some((meta, _lock))) = taken {
                     self.record(&meta).await?;
                     report.recorded += 1;
                 }
@@ -65,14 +75,12 @@ impl Uploads {
                 .and_then(|t| t.elapsed().ok())
                 .unwrap_or(Duration::MAX);
             if idle >= self.settings.expire {
-                let dir = self.folder(id);
-                blocking(move || {
-                    fs::remove_dir_all(&dir).map_err(io(format!("removing {}", dir.display())))
-                })
-                .await?;
-                tracing::info!(upload = %id, "abandoned upload removed");
-                expired.push(id);
-                report.expired += 1;
+                let me = self.clone();
+                if blocking(move || me.expire(id)).await? {
+                    tracing::info!(upload = %id, "abandoned upload removed");
+                    expired.push(id);
+                    report.expired += 1;
+                }
             }
         }
         // The folder's path and a '/', as `record` begins the file's path.
@@ -86,18 +94,15 @@ impl Uploads {
         for (id, path) in ended {
             let path = PathBuf::from(path);
             // Only ever a folder of this upload folder, whatever the row says.
-            let Some(dir) = path.parent().filter(|d| *d == self.folder(id)) else {
+            if path.parent() != Some(self.folder(id).as_path()) {
                 continue;
-            };
-            let dir = dir.to_owned();
-            blocking(move || match fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io(format!("removing {}", dir.display()))(e)),
-            })
-            .await?;
-            gone.push(id);
+            }
+            let me = self.clone();
+            if blocking(move || me.delete_ended(id)).await? {
+                gone.push(id);
+            }
         }
+        gone.extend(self.sweep_legacy().await?);
         self.prefixes.forget(&gone);
         self.prefixes.forget(&expired);
         if !gone.is_empty() {
@@ -108,5 +113,86 @@ impl Uploads {
             report.deleted = gone.len();
         }
         Ok(report)
+    }
+
+    /// Deletes the files this blackboard recorded in the folder earlier builds shared by
+    /// default, once their task ended: the row in this database proves them its own
+    /// (nothing else there is touched). Returns the uploads deleted.
+    async fn sweep_legacy(&self) -> Result<Vec<Uuid>> {
+        let Some(legacy) = &self.legacy else {
+            return Ok(Vec::new());
+        };
+        let folder = legacy.join("").to_string_lossy().into_owned();
+        let ended = self
+            .bb
+            .uploads_ended(&self.host, &folder, self.settings.keep.as_secs_f64())
+            .await
+            .map_err(|e| UploadError::Internal(format!("reading ended uploads: {e}")))?;
+        let mut gone = Vec::new();
+        for (id, path) in ended {
+            let dir = legacy.join(id.to_string());
+            if PathBuf::from(path).parent() != Some(dir.as_path()) {
+                continue;
+            }
+            blocking(move || remove(&dir)).await?;
+            gone.push(id);
+        }
+        Ok(gone)
+    }
+
+    /// Removes unfinished upload `id`, idle past `--upload-expire-ms`, if it is this
+    /// blackboard's and no other worker holds it; whether it did. A folder without
+    /// `meta.json` is no upload (made or removed halfway): it goes.
+    fn expire(&self, id: Uuid) -> Result<bool> {
+        let dir = self.folder(id);
+        let _lock = match lock_upload(&dir, false) {
+            Ok(Some(lock)) => lock,
+            Ok(None) => return Ok(false),
+            Err(UploadError::NotFound(_)) => return remove(&dir).map(|()| true),
+            Err(e) => return Err(e),
+        };
+        match self.own_meta(id) {
+            Ok(_) => {}
+            Err(UploadError::NotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        // A chunk may have come since the folder was listed.
+        let idle = newest_mtime(&dir)
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or(Duration::MAX);
+        if idle < self.settings.expire {
+            return Ok(false);
+        }
+        remove(&dir).map(|()| true)
+    }
+
+    /// Removes the file of upload `id`, whose task ended, if it is this blackboard's and
+    /// no other worker holds it; whether it is gone.
+    fn delete_ended(&self, id: Uuid) -> Result<bool> {
+        let dir = self.folder(id);
+        let lock = match lock_upload(&dir, false) {
+            Ok(Some(lock)) => Some(lock),
+            Ok(None) => return Ok(false),
+            // Gone already, or half: what is left goes.
+            Err(UploadError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        if lock.is_some() {
+            match self.own_meta(id) {
+                Ok(_) => {}
+                Err(UploadError::NotFound(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        remove(&dir).map(|()| true)
+    }
+}
+
+/// Removes an upload's folder (held locked by the caller, or no upload any more).
+fn remove(dir: &Path) -> Result {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(format!("removing {}", dir.display()))(e)),
     }
 }

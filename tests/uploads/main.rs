@@ -11,10 +11,12 @@
 //! - `hosts`: an upload's task fails when its host's workers are gone for good.
 //! - `flows`: an upload's task joins the flow its spec names.
 //! - `lifecycle`: abandoned uploads expire, files kept past their task, shared folders.
+//! - `apart`: deployments on one host keep their uploads apart (default folders).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod apart;
 mod chunks;
 mod client;
 mod flows;

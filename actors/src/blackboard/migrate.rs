@@ -168,6 +168,13 @@ pub const MIGRATIONS: &[Migration] = &[
             compatible_from: 12,
         },
     },
+    Migration {
+        version: 13,
+        name: "blackboard_identity",
+        sql: include_str!("../../../migrations/V13__blackboard_identity.sql"),
+        // A new table (the blackboard's id), which older builds never read.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -148,6 +148,19 @@ const HEARTBEAT: &str = "with before as (select capacity from artex.workers wher
     select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end
     from beat, before";
 
+// The blackboard's id (migrations/V13__blackboard_identity.sql). In a database copied from
+// another (its `made_in` is not this database's oid) it is first replaced by a new one, so
+// that the copy never passes for its source. Concurrent starts on a fresh copy: the first
+// update wins; the others wait for its row, find it made here, and change nothing.
+const RENEW_COPIED_ID: &str =
+    "update artex.blackboard b set id = gen_random_uuid(), made_in = d.oid,
+        created_at = now()
+    from pg_database d
+    where d.datname = current_database() and b.made_in <> d.oid
+    returning b.id";
+
+const BLACKBOARD_ID: &str = "select id from artex.blackboard";
+
 const SET_BINARY: &str = "update artex.workers set binary_sha256 = $2 where id = $1";
 
 const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
@@ -221,6 +234,22 @@ impl WorkerBoard {
         let stmt = client.prepare_cached(SET_STATE).await?;
         client.execute(&stmt, &[&worker, &state.as_str()]).await?;
         Ok(())
+    }
+
+    /// The blackboard's identity, made when the database was migrated: upload folders
+    /// and uploads are keyed by it, so that deployments on one host never take each
+    /// other's. A database copied from another gets an id of its own here, once (logged).
+    pub async fn blackboard_id(&self) -> Result<uuid::Uuid> {
+        let client = self.bb.client().await?;
+        let renew = client.prepare_cached(RENEW_COPIED_ID).await?;
+        if let Some(row) = client.query_opt(&renew, &[]).await? {
+            let id: uuid::Uuid = row.try_get(0)?;
+            tracing::warn!(blackboard = %id, "this database is a copy of another blackboard's \
+                (its id was made in another database): it has an id of its own from now on");
+            return Ok(id);
+        }
+        let stmt = client.prepare_cached(BLACKBOARD_ID).await?;
+        Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
     }
 
     /// Records the sha256 (64 lowercase hex digits) of the binary worker `id` runs.
