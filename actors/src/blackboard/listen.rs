@@ -82,12 +82,19 @@ impl Blackboard {
                 }
             }
         });
-        // The session's settings, then its channels: one round trip.
-        let mut sql = format!("{};", self.settings);
+        let mut sql = String::new();
         for c in channels {
             sql.push_str(&format!("listen \"{}\";", c.replace('"', "\"\"")));
         }
-        client.batch_execute(&sql).await?;
+        // The session's settings, then its channels, pipelined: one round trip, and the
+        // session shows its LISTENs as its last statement (pg_stat_activity.query).
+        let (set, listened) = futures_util::future::join(
+            client.batch_execute(&self.settings),
+            client.batch_execute(&sql),
+        )
+        .await;
+        set?;
+        listened?;
         Ok(Listener {
             _client: client,
             rx,
