@@ -113,7 +113,8 @@ impl ResponseError for Denied {
     fn error_response(&self) -> HttpResponse {
         HttpResponse::Unauthorized()
             .insert_header((WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")))
-            .json(json!({ "error": self.to_string() }))
+            // The API's Error shape (docs/openapi.json): `field` is always there.
+            .json(json!({ "error": self.to_string(), "field": null }))
     }
 }
 

@@ -57,7 +57,8 @@ impl ResponseError for ApiError {
         self.status
     }
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(json!({ "error": self.message }))
+        // The API's Error shape (docs/openapi.json): `field` is always there.
+        HttpResponse::build(self.status).json(json!({ "error": self.message, "field": null }))
     }
 }
 

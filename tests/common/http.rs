@@ -312,6 +312,8 @@ impl Response {
             "{self:?}"
         );
         let v = self.json();
+        // The Error schema requires `field`, null when no field is at fault.
+        assert!(v.get("field").is_some(), "no `field`: {}", self.text());
         assert_eq!(v["field"].as_str(), field, "{}", self.text());
         v["error"].as_str().expect("an error message").to_string()
     }
