@@ -83,13 +83,7 @@ impl Uploads {
                 }
             }
         }
-        // The folder's path and a '/', as `record` begins the file's path.
-        let folder = self.settings.dir.join("").to_string_lossy().into_owned();
-        let ended = self
-            .bb
-            .uploads_ended(&self.host, &folder, self.settings.keep.as_secs_f64())
-            .await
-            .map_err(|e| UploadError::Internal(format!("reading ended uploads: {e}")))?;
+        let ended = self.ended_in(&self.settings.dir).await?;
         let mut gone = Vec::new();
         for (id, path) in ended {
             let path = PathBuf::from(path);
@@ -115,6 +109,17 @@ impl Uploads {
         Ok(report)
     }
 
+    /// The uploads of this host recorded in `folder` whose task ended more than
+    /// `--upload-keep-ms` ago: (id, path).
+    async fn ended_in(&self, folder: &Path) -> Result<Vec<(Uuid, String)>> {
+        // The folder's path and a '/', as `record` begins the file's path.
+        let folder = folder.join("").to_string_lossy().into_owned();
+        self.bb
+            .uploads_ended(&self.host, &folder, self.settings.keep.as_secs_f64())
+            .await
+            .map_err(|e| UploadError::Internal(format!("reading ended uploads: {e}")))
+    }
+
     /// Deletes the files this blackboard recorded in the folder earlier builds shared by
     /// default, once their task ended: the row in this database proves them its own
     /// (nothing else there is touched). Returns the uploads deleted.
@@ -122,12 +127,7 @@ impl Uploads {
         let Some(legacy) = &self.legacy else {
             return Ok(Vec::new());
         };
-        let folder = legacy.join("").to_string_lossy().into_owned();
-        let ended = self
-            .bb
-            .uploads_ended(&self.host, &folder, self.settings.keep.as_secs_f64())
-            .await
-            .map_err(|e| UploadError::Internal(format!("reading ended uploads: {e}")))?;
+        let ended = self.ended_in(legacy).await?;
         let mut gone = Vec::new();
         for (id, path) in ended {
             let dir = legacy.join(id.to_string());
