@@ -8,13 +8,12 @@ mod common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{Assignment, Control, NewTask};
+use artex_actors::blackboard::{Assignment, NewTask};
 use artex_actors::Blackboard;
-use artex_actors::Error;
 use common::fixtures;
 use common::http::{Exchange, Request};
 use common::procs::{http_get, http_get_as, wait_for, worker_http, worker_id, Proc};
-use common::{count, PrivateCluster, TestDb, READ_TOKEN};
+use common::{assert_statement_timeout, count, PrivateCluster, TestDb, READ_TOKEN};
 use dev_db_state::postmaster_and_children;
 use futures_util::FutureExt;
 use nix::sys::signal::Signal;
@@ -275,11 +274,6 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     assert_eq!(again.assigned, 1);
     // A statement over the timeout is cancelled by the server, with a message that says
     // so: here an update waiting on a row lock another session holds.
-    c.batch_execute(&format!(
-        "begin; select 1 from artex.tasks where id = '{task}' for update"
-    ))
-    .await
-    .unwrap();
     let limited = Blackboard::connect_with(
         &db.url,
         artex_actors::blackboard::DbLimits {
@@ -288,14 +282,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         },
     )
     .unwrap();
-    let err = limited
-        .operator()
-        .control(Control::Cancel, task, "test", None)
-        .await
-        .unwrap_err();
-    c.batch_execute("rollback").await.unwrap();
-    assert!(matches!(err, Error::Db(_)), "{err}");
-    assert!(err.to_string().contains("statement timeout"), "{err}");
+    assert_statement_timeout(&c, &limited, task).await;
 }
 
 /// The processes of a running cluster: its postmaster and the postmaster's children.

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use artex_actors::blackboard::{Control, DbLimits, NewTask};
-use artex_actors::{Blackboard, Error};
+use artex_actors::blackboard::{DbLimits, NewTask};
+use artex_actors::Blackboard;
 use common::procs::{wait_for, wait_status, Proc};
-use common::{cluster, run_cli, TestDb};
+use common::{assert_statement_timeout, cluster, run_cli, TestDb};
 use serde_json::json;
 
 /// Where Debian puts the binary.
@@ -149,20 +149,7 @@ async fn through_pgbouncer_the_blackboard_connects_with_its_timeouts_in_force() 
     );
     // The statement timeout holds through the pooler: a control that waits on a row lock
     // another session holds is cancelled by the server after 300 ms, saying so.
-    let c = db.client().await;
-    c.batch_execute(&format!(
-        "begin; select 1 from artex.tasks where id = '{task}' for update"
-    ))
-    .await
-    .unwrap();
-    let err = bb
-        .operator()
-        .control(Control::Cancel, task, "test", None)
-        .await
-        .unwrap_err();
-    c.batch_execute("rollback").await.unwrap();
-    assert!(matches!(err, Error::Db(_)), "{err}");
-    assert!(err.to_string().contains("statement timeout"), "{err}");
+    assert_statement_timeout(&db.client().await, &bb, task).await;
 }
 
 #[tokio::test]

@@ -328,6 +328,29 @@ impl Drop for PrivateCluster {
     }
 }
 
+/// Asserts that `bb`'s statement timeout is in force: while `c` holds task `task`'s row
+/// lock, a cancel through `bb` (which waits on it) is cancelled by the server, saying so.
+pub async fn assert_statement_timeout(c: &Client, bb: &Blackboard, task: uuid::Uuid) {
+    c.batch_execute(&format!(
+        "begin; select 1 from artex.tasks where id = '{task}' for update"
+    ))
+    .await
+    .expect("locking the task's row");
+    let refused = bb
+        .operator()
+        .control(
+            artex_actors::blackboard::Control::Cancel,
+            task,
+            "test",
+            None,
+        )
+        .await;
+    c.batch_execute("rollback").await.expect("rollback");
+    let err = refused.expect_err("a cancel waiting on a held row lock outlasted the timeout");
+    assert!(matches!(err, artex_actors::Error::Db(_)), "{err}");
+    assert!(err.to_string().contains("statement timeout"), "{err}");
+}
+
 /// The single `bigint` a query returns (a count, mostly).
 pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
