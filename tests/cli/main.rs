@@ -55,6 +55,19 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
+/// Writes `spec` to `dir/flow.json` and submits it (`artex flow submit FILE --json`);
+/// returns the flow's id.
+fn submit_flow_file(url: Option<&str>, dir: &Path, spec: &str) -> String {
+    let file = dir.join("flow.json");
+    std::fs::write(&file, spec).expect("writing the flow file");
+    let v = json_of(&artex(
+        url,
+        None,
+        &["flow", "submit", file.to_str().unwrap(), "--json"],
+    ));
+    v["id"].as_str().expect("flow submit: id").to_string()
+}
+
 fn json_of(out: &Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", stderr(out));
     serde_json::from_str(&stdout(out))

@@ -4,7 +4,7 @@
 use crate::common;
 use crate::common::fixtures;
 use crate::common::TestDb;
-use crate::{artex, json_of, stderr, stdout};
+use crate::{artex, json_of, stderr, stdout, submit_flow_file};
 
 #[tokio::test]
 async fn show_and_list_cut_large_values_unless_full() {
@@ -171,19 +171,12 @@ async fn json_output_is_one_document_with_the_apis_fields() {
     assert_eq!(v["changed"][0][1], "paused", "{v}");
 
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("flow.json");
-    std::fs::write(
-        &file,
+    let flow = submit_flow_file(
+        url,
+        dir.path(),
         r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
             {"name": "b", "kind": "echo", "depends_on": ["a"]}]}"#,
-    )
-    .unwrap();
-    let v = json_of(&artex(
-        url,
-        None,
-        &["flow", "submit", file.to_str().unwrap(), "--json"],
-    ));
-    let flow = v["id"].as_str().expect("flow submit: id").to_string();
+    );
     let v = json_of(&artex(url, None, &["flow", "show", &flow, "--json"]));
     assert_eq!(v["id"], flow.as_str(), "{v}");
     assert_eq!(v["state"], "running", "{v}");

@@ -5,16 +5,17 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
 use serde_json::json;
 
 use crate::common::bundles::Keys;
 use crate::common::fixtures;
+use crate::common::procs::exit_within;
 use crate::common::TestDb;
-use crate::{artex, artex_command, json_of, stderr, stdout};
+use crate::{artex, artex_command, stderr, stdout, submit_flow_file};
 
 /// How long a command may take to end once its reader has gone. Generous for a loaded
 /// machine: a command that misses it does not notice at all (it would wait for a write).
@@ -68,27 +69,16 @@ fn read_then_close(url: Option<&str>, args: &[&str], lines: usize) -> Ended {
         assert!(read > 0, "{args:?}: output ended after {n} lines");
     }
     drop(out);
-    let code = exit_within(&mut child, DEADLINE)
-        .unwrap_or_else(|| panic!("{args:?} still runs {DEADLINE:?} after its reader went away"));
+    let Some(status) = exit_within(&mut child, DEADLINE) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{args:?} still runs {DEADLINE:?} after its reader went away");
+    };
+    let code = status.code();
     Ended {
         code,
         stderr: err.join().expect("stderr read"),
     }
-}
-
-/// The exit code of `child` once it has ended, None if it has not within `deadline`
-/// (then it is killed). `Some(None)`: ended by a signal.
-fn exit_within(child: &mut Child, deadline: Duration) -> Option<Option<i32>> {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if let Some(status) = child.try_wait().expect("wait for artex") {
-            return Some(status.code());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
 }
 
 /// Ended as the reader going away should end a command: exit 141, not a panic (101) nor a
@@ -124,19 +114,12 @@ async fn filled(db: &TestDb, dir: &Path) -> (String, String) {
         .await
         .unwrap()
         .to_string();
-    let file = dir.join("flow.json");
-    std::fs::write(
-        &file,
+    let flow = submit_flow_file(
+        url,
+        dir,
         r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
             {"name": "b", "kind": "echo", "depends_on": ["a"]}]}"#,
-    )
-    .unwrap();
-    let v = json_of(&artex(
-        url,
-        None,
-        &["flow", "submit", file.to_str().unwrap(), "--json"],
-    ));
-    let flow = v["id"].as_str().expect("flow submit: id").to_string();
+    );
     let out = artex(
         url,
         None,
@@ -273,18 +256,11 @@ async fn followers_stop_as_soon_as_their_reader_has_gone() {
     let url = Some(db.url.as_str());
     let dir = tempfile::tempdir().unwrap();
     fixtures::worker(&db.bb, "w1", &["echo"], 1).await;
-    let file = dir.path().join("flow.json");
-    std::fs::write(
-        &file,
-        r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#,
-    )
-    .unwrap();
-    let v = json_of(&artex(
+    let flow = submit_flow_file(
         url,
-        None,
-        &["flow", "submit", file.to_str().unwrap(), "--json"],
-    ));
-    let flow = v["id"].as_str().expect("flow submit: id").to_string();
+        dir.path(),
+        r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#,
+    );
     for args in [
         &["events", "tail", "--follow"][..],
         &["events", "tail", "--follow", "--consumer", "c"],

@@ -131,15 +131,8 @@ impl Proc {
         if self.exited.is_some() {
             return self.exited;
         }
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exited = Some(status);
-                return self.exited;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        self.exited = exit_within(&mut self.child, timeout);
+        self.exited
     }
 
     /// Everything it logged so far.
@@ -312,6 +305,20 @@ pub fn fd_count(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// `child`'s exit status once it has ended, `None` if it has not within `timeout`. std
+/// has no wait with a deadline, and a child's end sends nothing a test could await
+/// short of SIGCHLD handling: it is polled.
+pub fn exit_within(child: &mut std::process::Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 /// Waits until task `id` has status `status`; panics naming both after `timeout`.
