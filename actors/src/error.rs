@@ -20,6 +20,13 @@ pub enum Error {
         /// The deadline that passed.
         after: std::time::Duration,
     },
+    /// A statement ran past the statement timeout and was cancelled (see
+    /// `blackboard/sql.rs`).
+    #[error("canceling statement due to statement timeout: it ran past {after:?} (artex's --db-statement-timeout-ms)")]
+    StatementTimeout {
+        /// The timeout.
+        after: std::time::Duration,
+    },
     /// The database URL could not be used.
     #[error("database URL: {0}")]
     Url(String),
@@ -61,6 +68,14 @@ pub enum Error {
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The SQLSTATE PostgreSQL answered with, for an error of a statement.
+    pub fn code(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            Error::Db(e) => e.code(),
+            _ => None,
+        }
+    }
+
     /// Whether retrying on a fresh connection may succeed (the server restarted, the
     /// connection dropped).
     pub fn is_connection(&self) -> bool {
@@ -105,8 +120,6 @@ fn pool_message(e: &deadpool_postgres::PoolError) -> String {
             "database: a pooled connection did not answer within the connect timeout".into()
         }
         PoolError::Backend(e) => db_message(e),
-        // The session settings sent right after logging in (blackboard::session_settings).
-        PoolError::PostCreateHook(deadpool_postgres::HookError::Backend(e)) => db_message(e),
         e => format!("database connection pool: {e}"),
     }
 }

@@ -329,7 +329,8 @@ impl Drop for PrivateCluster {
 }
 
 /// Asserts that `bb`'s statement timeout is in force: while `c` holds task `task`'s row
-/// lock, a cancel through `bb` (which waits on it) is cancelled by the server, saying so.
+/// lock, a cancel through `bb` (which waits on it) is cancelled (a cancel request: the
+/// server ends the statement), saying so.
 pub async fn assert_statement_timeout(c: &Client, bb: &Blackboard, task: uuid::Uuid) {
     c.batch_execute(&format!(
         "begin; select 1 from artex.tasks where id = '{task}' for update"
@@ -347,7 +348,10 @@ pub async fn assert_statement_timeout(c: &Client, bb: &Blackboard, task: uuid::U
         .await;
     c.batch_execute("rollback").await.expect("rollback");
     let err = refused.expect_err("a cancel waiting on a held row lock outlasted the timeout");
-    assert!(matches!(err, artex_actors::Error::Db(_)), "{err}");
+    assert!(
+        matches!(err, artex_actors::Error::StatementTimeout { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("statement timeout"), "{err}");
 }
 

@@ -45,8 +45,7 @@ impl Blackboard {
     /// The limits in force.
     pub(crate) async fn limits(&self) -> Result<Limits> {
         let client = self.client().await?;
-        let stmt = client.prepare_cached(LIMITS).await?;
-        let row = client.query_one(&stmt, &[]).await?;
+        let row = client.query_one(LIMITS, &[]).await?;
         Ok(Limits {
             max_payload_bytes: row.try_get(0)?,
             updated_at: row.try_get(1)?,
@@ -57,8 +56,7 @@ impl Blackboard {
     /// registration), in name order.
     pub(crate) async fn known_kinds(&self) -> Result<Vec<KnownKind>> {
         let client = self.client().await?;
-        let stmt = client.prepare_cached(KNOWN_KINDS).await?;
-        let rows = client.query(&stmt, &[]).await?;
+        let rows = client.query(KNOWN_KINDS, &[]).await?;
         rows.iter()
             .map(|r| {
                 Ok(KnownKind {

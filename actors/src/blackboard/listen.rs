@@ -135,8 +135,7 @@ impl Blackboard {
         tokio::spawn(async move {
             let sent = async {
                 let client = bb.relaxed_client().await?;
-                let stmt = client.prepare_cached(NOTIFY_CHANNELS).await?;
-                client.execute(&stmt, &[&channels]).await?;
+                client.relaxed(NOTIFY_CHANNELS, &[&channels]).await?;
                 Ok::<_, Error>(())
             };
             if let Err(e) = sent.await {

@@ -2,10 +2,9 @@
 //! applied), and keeping the history bounded (partitions made ahead and dropped past the
 //! retention, finished tasks pruned with them).
 //!
-//! [`MaintenanceBoard::migrate`] needs a **session**: it holds an advisory lock and lifts
-//! the statement timeout on a connection of its own, closed afterwards, so it runs against
-//! the server directly, never through a transaction pooler. Every other statement here is
-//! one transaction.
+//! Every statement here is one transaction, [`MaintenanceBoard::migrate`]'s too: each
+//! step of a migration run takes a transaction-scoped lock (see `migrate.rs`), so
+//! migrating works through a transaction pooler as well.
 
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use chrono::{DateTime, Utc};
 
 use super::migrate::{
     applied_from, apply_all, check_range, needed, Applied, MigrationReport, SchemaMismatch,
-    SchemaStatus, CREATE_TABLE, LOCK_KEY, READ_APPLIED,
+    SchemaStatus, READ_APPLIED,
 };
 use super::Blackboard;
 use crate::error::Result;
@@ -47,36 +46,7 @@ impl MaintenanceBoard {
     /// Refuses a database contracted beyond this build (and so applies nothing there), and
     /// one whose applied migrations were edited.
     pub async fn migrate(&self) -> Result<MigrationReport> {
-        // A connection of its own, closed afterwards: a migration (or the wait for another
-        // process's) may outlast the statement timeout, which is lifted for this session
-        // only and never handed back to the pool.
-        let mut client = deadpool_postgres::Object::take(self.bb.pool.get().await?);
-        client
-            .batch_execute(&format!(
-                "set statement_timeout = 0;
-                 create schema if not exists artex;
-                 {CREATE_TABLE}"
-            ))
-            .await
-            .or_else(|e| {
-                // Two processes racing on "create ... if not exists" can collide on the
-                // catalog; the loser retries below under the lock.
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })?;
-        client
-            .execute("select pg_advisory_lock($1)", &[&LOCK_KEY])
-            .await?;
-        let result = apply_all(&mut client).await;
-        let unlock = client
-            .execute("select pg_advisory_unlock($1)", &[&LOCK_KEY])
-            .await;
-        let report = result?;
-        unlock?;
-        Ok(report)
+        apply_all(self.bb.client().await?.unbounded()).await
     }
 
     /// The migrations the database applied, oldest first; `None` when it was never
@@ -88,7 +58,7 @@ impl MaintenanceBoard {
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
                 Ok(None)
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -107,8 +77,9 @@ impl MaintenanceBoard {
     /// a silent consumer counts as live.
     pub async fn set_event_retention(&self, keep: Duration) -> Result {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SET_RETENTION).await?;
-        client.execute(&stmt, &[&keep.as_secs_f64()]).await?;
+        client
+            .execute(SET_RETENTION, &[&keep.as_secs_f64()])
+            .await?;
         Ok(())
     }
 
@@ -116,8 +87,7 @@ impl MaintenanceBoard {
     /// clock by default); returns the partitions made.
     pub async fn make_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(MAKE_PARTITIONS).await?;
-        let rows = client.query(&stmt, &[&now]).await?;
+        let rows = client.query(MAKE_PARTITIONS, &[&now]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
@@ -125,8 +95,7 @@ impl MaintenanceBoard {
     /// returns the partitions dropped.
     pub async fn drop_history_partitions(&self, now: Option<DateTime<Utc>>) -> Result<Vec<String>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(DROP_PARTITIONS).await?;
-        let rows = client.query(&stmt, &[&now]).await?;
+        let rows = client.query(DROP_PARTITIONS, &[&now]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
@@ -138,8 +107,10 @@ impl MaintenanceBoard {
         batch: i32,
     ) -> Result<u64> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(PRUNE_TASKS).await?;
-        let n: i64 = client.query_one(&stmt, &[&now, &batch]).await?.try_get(0)?;
+        let n: i64 = client
+            .query_one(PRUNE_TASKS, &[&now, &batch])
+            .await?
+            .try_get(0)?;
         Ok(n as u64)
     }
 }

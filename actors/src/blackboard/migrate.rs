@@ -16,6 +16,7 @@
 //! `V<k>` runs when every migration it knows is applied (with the same text) and floor ≤ k.
 //! See migrations/README.md for the expand → deploy → contract procedure.
 
+use super::{Conn, Tx};
 pub use crate::error::SchemaMismatch;
 use crate::error::{Error, Result};
 
@@ -316,8 +317,6 @@ pub fn check_range(applied: &[Applied], needs: &[Needed]) -> Result<SchemaStatus
     })
 }
 
-pub(super) const LOCK_KEY: i64 = 0x6172_7465_785f_6d69; // "artex_mi"
-
 /// The runner's own table. `compatible_from` came after the first releases: added by the
 /// runner when missing, and read so that a database without it still works (see
 /// [`READ_APPLIED`]).
@@ -348,15 +347,36 @@ pub(super) fn applied_from(rows: &[tokio_postgres::Row]) -> Vec<Applied> {
         .collect()
 }
 
-pub(super) async fn apply_all(client: &mut tokio_postgres::Client) -> Result<MigrationReport> {
-    client
-        .batch_execute(&format!(
-            "{CREATE_TABLE};
-             alter table artex.schema_migrations
-                 add column if not exists compatible_from integer"
-        ))
-        .await?;
-    let applied = applied_from(&client.query(READ_APPLIED, &[]).await?);
+// Each step of a migration run is one transaction under this transaction-scoped lock
+// (the key is "artex_mi", the one older builds took as a session lock)
+// (two processes migrating at once take turns; none holds anything across
+// transactions, so the run works through a transaction pooler too), with the statement
+// timeout lifted for it alone: a migration may take long.
+const BEGIN_LOCKED: &str = "begin; set local statement_timeout = 0;
+     select pg_advisory_xact_lock(7021802748184063337)";
+
+const RECORD_APPLIED: &str =
+    "insert into artex.schema_migrations (version, name, checksum, compatible_from)
+     values ($1, $2, $3, $4)";
+
+const IS_APPLIED: &str = "select 1 from artex.schema_migrations where version = $1";
+
+const FILL_COMPATIBLE_FROM: &str = "update artex.schema_migrations set compatible_from = $2
+     where version = $1 and compatible_from is null";
+
+/// Applies the migrations `conn`'s database lacks, each in a transaction of its own
+/// under the migration lock (see [`BEGIN_LOCKED`]).
+pub(super) async fn apply_all(conn: Conn) -> Result<MigrationReport> {
+    let tx = Tx::new(conn);
+    tx.batch(&format!(
+        "{BEGIN_LOCKED};
+         create schema if not exists artex;
+         {CREATE_TABLE};
+         alter table artex.schema_migrations add column if not exists compatible_from integer"
+    ))
+    .await?;
+    let applied = applied_from(&tx.query(READ_APPLIED, &[]).await?);
+    tx.batch("commit").await?;
     let needs = needed();
     match check_range(&applied, &needs) {
         Ok(_) | Err(SchemaMismatch::Missing { .. }) => {}
@@ -368,17 +388,20 @@ pub(super) async fn apply_all(client: &mut tokio_postgres::Client) -> Result<Mig
             report.already.push(m.version);
             continue;
         }
-        let tx = client.transaction().await?;
-        tx.batch_execute(m.sql)
-            .await
-            .map_err(|e| Error::Migration {
-                version: m.version,
-                name: m.name.into(),
-                why: Error::from(e).to_string(),
-            })?;
+        tx.batch(BEGIN_LOCKED).await?;
+        // Another process may have applied it while this one waited for the lock.
+        if tx.query_opt(IS_APPLIED, &[&m.version]).await?.is_some() {
+            tx.batch("commit").await?;
+            report.already.push(m.version);
+            continue;
+        }
+        tx.batch(m.sql).await.map_err(|e| Error::Migration {
+            version: m.version,
+            name: m.name.into(),
+            why: e.to_string(),
+        })?;
         tx.execute(
-            "insert into artex.schema_migrations (version, name, checksum, compatible_from)
-             values ($1, $2, $3, $4)",
+            RECORD_APPLIED,
             &[
                 &m.version,
                 &m.name,
@@ -387,20 +410,19 @@ pub(super) async fn apply_all(client: &mut tokio_postgres::Client) -> Result<Mig
             ],
         )
         .await?;
-        tx.commit().await?;
+        tx.batch("commit").await?;
         report.applied.push(m.version);
     }
     // Rows recorded before the column existed say what this build knows of them.
     for m in MIGRATIONS {
-        client
-            .execute(
-                "update artex.schema_migrations set compatible_from = $2
-                 where version = $1 and compatible_from is null",
-                &[&m.version, &m.change.compatible_from()],
-            )
-            .await?;
+        tx.execute(
+            FILL_COMPATIBLE_FROM,
+            &[&m.version, &m.change.compatible_from()],
+        )
+        .await?;
     }
-    let applied = applied_from(&client.query(READ_APPLIED, &[]).await?);
+    let applied = applied_from(&tx.query(READ_APPLIED, &[]).await?);
+    tx.ended();
     report.newer = check_range(&applied, &needs)?.unknown;
     Ok(report)
 }

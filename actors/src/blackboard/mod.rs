@@ -38,16 +38,17 @@ pub mod maintenance;
 mod migrate;
 pub mod operator;
 pub mod planner;
+mod sql;
 mod tasks;
 pub mod worker;
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{
-    ClientWrapper, Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod,
-};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
+
+pub(crate) use sql::{Conn, Tx};
 
 pub use feed::{
     parse_change, ConsumerCursor, DecodedTransaction, EventBatch, EventFeed, EventPosition,
@@ -103,8 +104,8 @@ pub struct DbLimits {
     pub connect_timeout: Duration,
     /// How long a caller waits for a free connection of the pool.
     pub pool_wait: Duration,
-    /// The server cancels any statement of artex that runs longer (`statement_timeout`;
-    /// migrations lift it for their own transaction).
+    /// A statement of artex that runs longer is cancelled (by a cancel request: see
+    /// `sql.rs`; migrations lift it for their own transaction).
     pub statement_timeout: Duration,
 }
 
@@ -126,19 +127,18 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 3;
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
-/// A session left idle inside a transaction (a bug, a hung process) is ended by the
-/// server after this long, so its row locks do not stall the fleet.
-const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A handle on the blackboard: two small pools (durable writes; relaxed writes for
-/// heartbeats and lease renewals) and what is needed to open LISTEN sessions.
+/// heartbeats, lease renewals and wake-ups) and what is needed to open LISTEN sessions.
+/// The pools keep no session state (see `sql.rs`): they work through a transaction
+/// pooler as well as directly.
 #[derive(Clone)]
 pub struct Blackboard {
     pool: Pool,
     relaxed: Pool,
     config: tokio_postgres::Config,
     limits: DbLimits,
-    /// What every session sets right after logging in (see [`session_settings`]).
+    /// What a LISTEN session sets right after logging in (see [`session_settings`]).
     settings: String,
 }
 
@@ -177,31 +177,22 @@ impl Blackboard {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES)
             .tcp_user_timeout(TCP_USER_TIMEOUT);
-        let settings = session_settings(&limits);
-        let pool = build_pool(config.clone(), limits.pool_size, &limits, settings.clone())?;
-        // Heartbeats and lease renewals are rewritten every few seconds; losing the last
-        // one in a crash costs nothing, so they do not wait for the WAL flush. Task
-        // results never go through this pool.
-        let relaxed = build_pool(
-            config.clone(),
-            2,
-            &limits,
-            format!("{settings}; set synchronous_commit = off"),
-        )?;
+        let pool = build_pool(config.clone(), limits.pool_size, &limits)?;
+        // Heartbeats, lease renewals and wake-ups have two connections of their own, so
+        // that a busy durable pool never delays the proof that a worker is alive.
+        let relaxed = build_pool(config.clone(), 2, &limits)?;
         Ok(Blackboard {
             pool,
             relaxed,
             config,
+            settings: session_settings(&limits),
             limits,
-            settings,
         })
     }
 
     /// Checks the database answers.
     pub async fn ping(&self) -> Result {
-        let client = self.pool.get().await?;
-        client.simple_query("select 1").await?;
-        Ok(())
+        self.client().await?.batch("select 1").await
     }
 
     /// The planner's handle: dispatch rounds, reaper sweeps, shard leases.
@@ -230,47 +221,46 @@ impl Blackboard {
         MaintenanceBoard { bb: self.clone() }
     }
 
-    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client> {
-        Ok(self.pool.get().await?)
+    /// A connection of the durable pool.
+    pub(crate) async fn client(&self) -> Result<Conn> {
+        Ok(Conn::new(
+            self.pool.get().await?,
+            self.limits.statement_timeout,
+        ))
     }
 
-    pub(crate) async fn relaxed_client(&self) -> Result<deadpool_postgres::Client> {
-        Ok(self.relaxed.get().await?)
+    /// A connection of the relaxed pool: run its statements with [`Conn::relaxed`].
+    pub(crate) async fn relaxed_client(&self) -> Result<Conn> {
+        Ok(Conn::new(
+            self.relaxed.get().await?,
+            self.limits.statement_timeout,
+        ))
     }
 }
 
-/// The settings every session of artex runs with, as one batch of `set`s sent right after
-/// logging in (by the pools' `post_create` hook, and by a LISTEN session before its
-/// `listen`). They used to go as the `options` startup parameter, which PostgreSQL takes
-/// but poolers do not: pgbouncer closes the connection ("unsupported startup parameter:
-/// options"), so artex could not be run through one at all. A `set` costs one round trip
-/// per new connection, and holds through a direct connection and pgbouncer's session
-/// mode alike (pgbouncer's `DISCARD ALL` at a client's end resets them, and the next
-/// client sets its own).
+/// The settings a LISTEN session runs with, as one batch of `set`s sent right after
+/// logging in (before its `listen`). A LISTEN session is a session by nature — its own
+/// connection to the server, never a transaction pooler's — so it may `set`; the pools
+/// do not (see `sql.rs`). They are not sent as the `options` startup parameter, which
+/// PostgreSQL takes but poolers do not: pgbouncer closes the connection ("unsupported
+/// startup parameter: options").
 ///
 /// The server probes its side of TCP too: a backend whose client vanished without a word
-/// (a host cut off) ends, and with it what the client held (a worker's LISTEN session, by
-/// which planners see it is there).
+/// (a host cut off) ends, and with it what the client held.
 fn session_settings(limits: &DbLimits) -> String {
     format!(
         "set statement_timeout = {}; set idle_in_transaction_session_timeout = {}; \
          set tcp_keepalives_idle = {}; set tcp_keepalives_interval = {}; \
          set tcp_keepalives_count = {}",
         limits.statement_timeout.as_millis(),
-        IDLE_IN_TRANSACTION_TIMEOUT.as_millis(),
+        sql::IDLE_IN_TRANSACTION_TIMEOUT.as_millis(),
         KEEPALIVE_IDLE.as_secs(),
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_RETRIES
     )
 }
 
-fn build_pool(
-    config: tokio_postgres::Config,
-    size: usize,
-    limits: &DbLimits,
-    settings: String,
-) -> Result<Pool> {
-    let deadline = limits.connect_timeout;
+fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) -> Result<Pool> {
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -285,60 +275,8 @@ fn build_pool(
         // Creating covers the whole log-in, which the connect timeout does not.
         .create_timeout(Some(limits.connect_timeout))
         .recycle_timeout(Some(limits.connect_timeout))
-        // Part of making a connection, so bounded like the log-in (which the pool's
-        // create timeout covers, and its hooks not).
-        .post_create(Hook::async_fn(move |client: &mut ClientWrapper, _| {
-            let settings = settings.clone();
-            Box::pin(async move {
-                match tokio::time::timeout(deadline, client.batch_execute(&settings)).await {
-                    Ok(set) => set.map_err(HookError::Backend),
-                    Err(_) => Err(HookError::message(format!(
-                        "database: PostgreSQL did not answer the session settings within \
-                         the connect timeout ({deadline:?})"
-                    ))),
-                }
-            })
-        }))
         .build()
         .map_err(|e| Error::Url(e.to_string()))
-}
-
-/// A pooled connection inside a transaction begun by hand (a pipelined `begin`). Unless
-/// [`InTransaction::ended`] is called after the commit or rollback, dropping it — an
-/// error path, a panic in a caller's closure, a future dropped mid-way — closes the
-/// connection instead of handing it back to the pool inside the transaction (the server
-/// then rolls the transaction back and frees its locks).
-pub(crate) struct InTransaction(Option<deadpool_postgres::Client>);
-
-impl InTransaction {
-    /// `client`, about to begin a transaction.
-    pub(crate) fn new(client: deadpool_postgres::Client) -> Self {
-        InTransaction(Some(client))
-    }
-
-    /// The transaction ended: the connection may go back to the pool.
-    pub(crate) fn ended(mut self) {
-        self.0.take();
-    }
-}
-
-impl std::ops::Deref for InTransaction {
-    type Target = deadpool_postgres::Client;
-
-    fn deref(&self) -> &Self::Target {
-        self.0
-            .as_ref()
-            .expect("only `ended` takes the client, and it consumes self")
-    }
-}
-
-impl Drop for InTransaction {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            tracing::warn!("a transaction was abandoned; closing its connection");
-            drop(deadpool_postgres::Object::take(client));
-        }
-    }
 }
 
 /// The URL with any password replaced by `***`, for logs and errors.

@@ -186,9 +186,8 @@ impl FeedBoard {
     /// Up to `limit` deliverable events after `after`, in feed order.
     pub async fn events_after(&self, after: EventPosition, limit: i64) -> Result<EventBatch> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(READ).await?;
         let xid = after.xid.to_string();
-        let rows = client.query(&stmt, &[&xid, &after.id, &limit]).await?;
+        let rows = client.query(READ, &[&xid, &after.id, &limit]).await?;
         let events = rows
             .iter()
             .map(event_from_row)
@@ -196,10 +195,9 @@ impl FeedBoard {
         let mut held_back = false;
         if (events.len() as i64) < limit {
             let last = events.last().map(|e| e.position).unwrap_or(after);
-            let stmt = client.prepare_cached(HELD_BACK).await?;
             let xid = last.xid.to_string();
             held_back = client
-                .query_one(&stmt, &[&xid, &last.id])
+                .query_one(HELD_BACK, &[&xid, &last.id])
                 .await?
                 .try_get(0)?;
         }
@@ -209,9 +207,8 @@ impl FeedBoard {
     /// A consumer's cursor, if it ever acknowledged anything.
     pub async fn consumer_cursor(&self, consumer: &str) -> Result<Option<ConsumerCursor>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(CURSOR).await?;
         client
-            .query_opt(&stmt, &[&consumer])
+            .query_opt(CURSOR, &[&consumer])
             .await?
             .map(|r| {
                 Ok(ConsumerCursor {
@@ -233,10 +230,9 @@ impl FeedBoard {
             return Err(Error::Invalid("consumer: must not be empty".into()));
         }
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(ACK).await?;
         let xid = position.xid.to_string();
         client
-            .execute(&stmt, &[&consumer, &xid, &position.id])
+            .execute(ACK, &[&consumer, &xid, &position.id])
             .await?;
         Ok(())
     }
@@ -244,15 +240,13 @@ impl FeedBoard {
     /// Deletes a consumer's cursor; returns whether it existed.
     pub async fn forget_consumer(&self, consumer: &str) -> Result<bool> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FORGET).await?;
-        Ok(client.execute(&stmt, &[&consumer]).await? > 0)
+        Ok(client.execute(FORGET, &[&consumer]).await? > 0)
     }
 
     /// The retention setting and how far pruning went.
     pub async fn event_retention(&self) -> Result<Retention> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RETENTION).await?;
-        let r = client.query_one(&stmt, &[]).await?;
+        let r = client.query_one(RETENTION, &[]).await?;
         Ok(Retention {
             keep_secs: r.try_get(0)?,
             pruned_through: EventPosition {

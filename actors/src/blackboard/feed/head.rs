@@ -22,8 +22,7 @@ impl FeedBoard {
     /// after the state was read is missed.
     pub async fn feed_head(&self) -> Result<Option<EventPosition>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FEED_HEAD).await?;
-        let Some(row) = client.query_opt(&stmt, &[]).await? else {
+        let Some(row) = client.query_opt(FEED_HEAD, &[]).await? else {
             return Ok(None);
         };
         Ok(Some(EventPosition {

@@ -70,8 +70,7 @@ impl FeedBoard {
     /// exists; returns whether it created it. Needs `wal_level = logical`.
     pub async fn ensure_logical_slot(&self, slot: &str) -> Result<bool> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SLOT_EXISTS).await?;
-        if let Some(r) = client.query_opt(&stmt, &[&slot]).await? {
+        if let Some(r) = client.query_opt(SLOT_EXISTS, &[&slot]).await? {
             let plugin: Option<String> = r.try_get(0)?;
             let here: Option<bool> = r.try_get(1)?;
             if plugin.as_deref() != Some("test_decoding") || here != Some(true) {
@@ -93,14 +92,13 @@ impl FeedBoard {
                  --logical)"
             )));
         }
-        let stmt = client.prepare_cached(CREATE_SLOT).await?;
-        match client.query_one(&stmt, &[&slot]).await {
+        match client.query_one(CREATE_SLOT, &[&slot]).await {
             Ok(_) => Ok(true),
             // Created by a concurrent consumer in the meantime.
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {
                 Ok(false)
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -112,8 +110,7 @@ impl FeedBoard {
         max_changes: i32,
     ) -> Result<Vec<DecodedTransaction>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(PEEK).await?;
-        let rows = client.query(&stmt, &[&slot, &max_changes]).await?;
+        let rows = client.query(PEEK, &[&slot, &max_changes]).await?;
         let mut out = Vec::new();
         let mut current: Option<DecodedTransaction> = None;
         for r in rows {
@@ -152,16 +149,14 @@ impl FeedBoard {
     /// starts after it.
     pub async fn advance_logical_slot(&self, slot: &str, lsn: &str) -> Result {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(ADVANCE).await?;
-        client.query_one(&stmt, &[&slot, &lsn]).await?;
+        client.query_one(ADVANCE, &[&slot, &lsn]).await?;
         Ok(())
     }
 
     /// Drops the slot (it stops holding WAL); returns whether it existed.
     pub async fn drop_logical_slot(&self, slot: &str) -> Result<bool> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(DROP_SLOT).await?;
-        Ok(!client.query(&stmt, &[&slot]).await?.is_empty())
+        Ok(!client.query(DROP_SLOT, &[&slot]).await?.is_empty())
     }
 }
 

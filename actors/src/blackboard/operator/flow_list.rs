@@ -45,8 +45,7 @@ impl OperatorBoard {
     /// At most `limit` flows with ids below `after` (all when `None`), newest first.
     pub async fn flows_page(&self, after: Option<Uuid>, limit: i64) -> Result<Vec<FlowSummary>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FLOWS_PAGE).await?;
-        let rows = client.query(&stmt, &[&after, &limit]).await?;
+        let rows = client.query(FLOWS_PAGE, &[&after, &limit]).await?;
         rows.iter()
             .map(|r| {
                 let counts: BTreeMap<String, usize> =

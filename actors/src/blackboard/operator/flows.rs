@@ -11,7 +11,7 @@ use super::OperatorBoard;
 use crate::blackboard::flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskView, FlowView,
 };
-use crate::blackboard::TaskStatus;
+use crate::blackboard::{TaskStatus, Tx};
 use crate::error::{Error, Result};
 
 const INSERT_FLOW: &str = "insert into artex.flows (id, name) values ($1, $2)";
@@ -146,13 +146,11 @@ impl OperatorBoard {
             }
         }
         let reason = format!("submitted in flow '{}'", spec.name);
-        let mut client = self.bb.client().await?;
-        let tx = client.transaction().await?;
-        let stmt = tx.prepare_cached(INSERT_FLOW).await?;
-        tx.execute(&stmt, &[&flow, &spec.name]).await?;
-        let stmt = tx.prepare_cached(INSERT_FLOW_TASKS).await?;
+        let tx = Tx::new(self.bb.client().await?);
+        tx.begin().await?;
+        tx.execute(INSERT_FLOW, &[&flow, &spec.name]).await?;
         tx.execute(
-            &stmt,
+            INSERT_FLOW_TASKS,
             &[
                 &actor,
                 &reason,
@@ -170,10 +168,9 @@ impl OperatorBoard {
         )
         .await?;
         if !dep_task.is_empty() {
-            let stmt = tx.prepare_cached(INSERT_DEPENDENCIES).await?;
-            tx.execute(&stmt, &[&dep_task, &dep_on]).await?;
-            let stmt = tx.prepare_cached(INSERT_WAITS).await?;
-            tx.execute(&stmt, &[&wait_task, &wait_left]).await?;
+            tx.execute(INSERT_DEPENDENCIES, &[&dep_task, &dep_on])
+                .await?;
+            tx.execute(INSERT_WAITS, &[&wait_task, &wait_left]).await?;
         }
         tx.commit().await?;
         Ok(flow)
@@ -183,15 +180,13 @@ impl OperatorBoard {
     /// `FlowNotFound`.
     pub async fn flow(&self, id: Uuid) -> Result<FlowView> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FLOW).await?;
-        let Some(row) = client.query_opt(&stmt, &[&id]).await? else {
+        let Some(row) = client.query_opt(FLOW, &[&id]).await? else {
             return Err(Error::FlowNotFound(id));
         };
         let name: String = row.try_get(0)?;
         let created_at: DateTime<Utc> = row.try_get(1)?;
-        let stmt = client.prepare_cached(FLOW_TASKS).await?;
         let tasks = client
-            .query(&stmt, &[&id])
+            .query(FLOW_TASKS, &[&id])
             .await?
             .iter()
             .map(|r| {
@@ -225,8 +220,7 @@ impl OperatorBoard {
     /// Whether `id` names a task or a flow; `Invalid` if neither.
     pub async fn control_target(&self, id: Uuid) -> Result<ControlTarget> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(TARGET).await?;
-        let row = client.query_one(&stmt, &[&id]).await?;
+        let row = client.query_one(TARGET, &[&id]).await?;
         match (row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?) {
             (true, _) => Ok(ControlTarget::Task(id)),
             (false, true) => Ok(ControlTarget::Flow(id)),
@@ -252,35 +246,30 @@ impl OperatorBoard {
         };
         let default_reason = format!("{} by operator", past_tense(control));
         let reason = reason.unwrap_or(&default_reason);
-        let mut client = self.bb.client().await?;
-        let tx = client.transaction().await?;
+        let tx = Tx::new(self.bb.client().await?);
+        tx.begin().await?;
         if let ControlTarget::Flow(flow) = target {
-            let lock = tx.prepare_cached(LOCK_FLOW_TO_CONTROL).await?;
-            tx.query(&lock, &[&flow]).await?;
+            tx.query(LOCK_FLOW_TO_CONTROL, &[&flow]).await?;
         }
         let sql = match control {
             Control::Pause => PAUSE,
             Control::Resume => {
-                let lock = tx
-                    .prepare_cached(&RESUME_LOCK_WAITS.replace("{col}", col))
+                tx.query(&RESUME_LOCK_WAITS.replace("{col}", col), &[&id])
                     .await?;
-                tx.query(&lock, &[&id]).await?;
                 RESUME
             }
             Control::Cancel => CANCEL,
         };
-        let stmt = tx.prepare_cached(&sql.replace("{col}", col)).await?;
-        let rows = tx.query(&stmt, &[&actor, &reason, &id]).await?;
+        let rows = tx
+            .query(&sql.replace("{col}", col), &[&actor, &reason, &id])
+            .await?;
         let changed = rows
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get::<_, String>(1)?.parse()?)))
             .collect::<Result<Vec<(Uuid, TaskStatus)>>>()?;
         if changed.is_empty() {
-            let stmt = tx
-                .prepare_cached(&STATUS_COUNTS.replace("{col}", col))
-                .await?;
             let counts: Vec<String> = tx
-                .query(&stmt, &[&id])
+                .query(&STATUS_COUNTS.replace("{col}", col), &[&id])
                 .await?
                 .iter()
                 .map(|r| {
@@ -291,7 +280,7 @@ impl OperatorBoard {
                     ))
                 })
                 .collect::<Result<_>>()?;
-            tx.rollback().await?;
+            tx.rollback().await;
             return Err(Error::Refused(match target {
                 ControlTarget::Task(_) => format!(
                     "cannot {} task {id}: it is {}; {} applies to {}",

@@ -34,8 +34,7 @@ impl OperatorBoard {
     /// Applies to tasks inserted from now on; stored tasks are not rechecked.
     pub async fn set_max_payload_bytes(&self, bytes: i32) -> Result<Limits> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SET_MAX_PAYLOAD_BYTES).await?;
-        client.execute(&stmt, &[&bytes]).await?;
+        client.execute(SET_MAX_PAYLOAD_BYTES, &[&bytes]).await?;
         drop(client);
         self.bb.limits().await
     }

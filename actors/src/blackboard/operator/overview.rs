@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::OperatorBoard;
+use crate::blackboard::sql::Param;
 use crate::blackboard::{TaskStatus, WorkerState};
 use crate::error::Result;
 
@@ -205,8 +206,7 @@ impl OperatorBoard {
     /// At most `limit` workers, by id.
     pub async fn workers(&self, limit: i64) -> Result<Vec<WorkerView>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(WORKERS).await?;
-        let rows = client.query(&stmt, &[&limit]).await?;
+        let rows = client.query(WORKERS, &[&limit]).await?;
         rows.iter()
             .map(|r| {
                 Ok(WorkerView {
@@ -246,10 +246,12 @@ impl OperatorBoard {
     ) -> Result<Stats> {
         let sample = sample.clamp(1, RECENT_SAMPLE);
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(&status_counts_sql()).await?;
         let mut by_status = BTreeMap::new();
         let mut capped = Vec::new();
-        for r in client.query(&stmt, &[&STATUS_COUNT_CAP]).await? {
+        for r in client
+            .query(&status_counts_sql(), &[&STATUS_COUNT_CAP])
+            .await?
+        {
             let status: String = r.try_get(0)?;
             let n: i64 = r.try_get(1)?;
             if n >= STATUS_COUNT_CAP {
@@ -258,8 +260,7 @@ impl OperatorBoard {
             by_status.insert(status, n);
         }
         debug_assert_eq!(by_status.len(), TaskStatus::ALL.len());
-        let stmt = client.prepare_cached(BACKLOG).await?;
-        let r = client.query_one(&stmt, &[&now]).await?;
+        let r = client.query_one(BACKLOG, &[&now]).await?;
         let clock: DateTime<Utc> = r.try_get(0)?;
         let oldest_due_at: Option<DateTime<Utc>> = r.try_get(1)?;
         let backlog = Backlog {
@@ -269,9 +270,8 @@ impl OperatorBoard {
             }),
         };
         let window_secs = f64::from(window_minutes) * 60.0;
-        let stmt = client.prepare_cached(RECENT).await?;
         let r = client
-            .query_one(&stmt, &[&window_secs, &sample, &now])
+            .query_one(RECENT, &[&window_secs, &sample, &now])
             .await?;
         let at: DateTime<Utc> = r.try_get(0)?;
         let finished: i64 = r.try_get(1)?;
@@ -320,11 +320,7 @@ impl OperatorBoard {
         let none: Option<DateTime<Utc>> = None;
         let by_status = status_counts_sql();
         let no_id: Option<uuid::Uuid> = None;
-        let reads: [(
-            &'static str,
-            &str,
-            Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
-        ); 9] = [
+        let reads: [(&'static str, &str, Vec<&dyn Param>); 9] = [
             ("stats: backlog", BACKLOG, vec![&none]),
             ("events: head", crate::blackboard::feed::FEED_HEAD, vec![]),
             ("flows", super::flow_list::FLOWS_PAGE, vec![&no_id, &limit]),

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::OperatorBoard;
+use crate::blackboard::sql::Param;
 use crate::blackboard::tasks::{
     preview_from_row, task_from_row, TaskPreview, TaskRow, TaskStatus, TransitionRow, TASK_COLUMNS,
     TRANSITIONS,
@@ -108,11 +109,8 @@ impl TaskFilter {
     }
 
     /// The page's parameters after the cut, in [`TaskFilter::page_sql`]'s order.
-    fn page_params<'a>(
-        &'a self,
-        status: &'a Option<&'static str>,
-    ) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+    fn page_params<'a>(&'a self, status: &'a Option<&'static str>) -> Vec<&'a dyn Param> {
+        let mut params: Vec<&dyn Param> = Vec::new();
         if let Some(s) = status {
             params.push(s);
         }
@@ -184,10 +182,9 @@ impl OperatorBoard {
         let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
         let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SUBMIT).await?;
         client
             .execute(
-                &stmt,
+                SUBMIT,
                 &[
                     &actor,
                     &"submitted",
@@ -209,8 +206,7 @@ impl OperatorBoard {
     pub async fn task(&self, id: Uuid) -> Result<TaskRow> {
         let client = self.bb.client().await?;
         let sql = format!("select {TASK_COLUMNS} from artex.tasks where id = $1");
-        let stmt = client.prepare_cached(&sql).await?;
-        match client.query_opt(&stmt, &[&id]).await? {
+        match client.query_opt(&sql, &[&id]).await? {
             Some(row) => task_from_row(&row),
             None => Err(Error::TaskNotFound(id)),
         }
@@ -219,8 +215,7 @@ impl OperatorBoard {
     /// A task's audit trail, oldest first.
     pub async fn transitions(&self, id: Uuid) -> Result<Vec<TransitionRow>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(TRANSITIONS).await?;
-        let rows = client.query(&stmt, &[&id]).await?;
+        let rows = client.query(TRANSITIONS, &[&id]).await?;
         rows.iter()
             .map(|r| {
                 Ok(TransitionRow {
@@ -244,8 +239,7 @@ impl OperatorBoard {
     /// `TaskNotFound`. A cut of 0 reads none of its JSON values.
     pub async fn task_preview(&self, id: Uuid, cut: i32) -> Result<TaskPreview> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(TASK_PREVIEW).await?;
-        match client.query_opt(&stmt, &[&cut, &id]).await? {
+        match client.query_opt(TASK_PREVIEW, &[&cut, &id]).await? {
             Some(row) => preview_from_row(&row),
             None => Err(Error::TaskNotFound(id)),
         }
@@ -255,11 +249,10 @@ impl OperatorBoard {
     /// (see [`TaskPreview`]).
     pub async fn tasks_page(&self, filter: &TaskFilter, cut: i32) -> Result<Vec<TaskPreview>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(&filter.page_sql()).await?;
         let status = filter.status.map(TaskStatus::as_str);
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        let mut params: Vec<&dyn Param> = vec![&cut];
         params.extend(filter.page_params(&status));
-        let rows = client.query(&stmt, &params).await?;
+        let rows = client.query(&filter.page_sql(), &params).await?;
         rows.iter().map(preview_from_row).collect()
     }
 
@@ -270,7 +263,7 @@ impl OperatorBoard {
         let sql = format!("explain {}", filter.page_sql());
         let status = filter.status.map(TaskStatus::as_str);
         let cut = 0i32;
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&cut];
+        let mut params: Vec<&dyn Param> = vec![&cut];
         params.extend(filter.page_params(&status));
         let rows = client.query(&sql, &params).await?;
         rows.iter()
@@ -290,15 +283,13 @@ impl OperatorBoard {
             None => format!("retry of task {id}"),
         };
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RETRY).await?;
         if let Some(row) = client
-            .query_opt(&stmt, &[&actor, &reason, &new_id, &id])
+            .query_opt(RETRY, &[&actor, &reason, &new_id, &id])
             .await?
         {
             return Ok(row.try_get(0)?);
         }
-        let stmt = client.prepare_cached(RETRY_REFUSED).await?;
-        let Some(row) = client.query_opt(&stmt, &[&id]).await? else {
+        let Some(row) = client.query_opt(RETRY_REFUSED, &[&id]).await? else {
             return Err(Error::TaskNotFound(id));
         };
         let status: String = row.try_get(0)?;

@@ -6,7 +6,7 @@
 use uuid::Uuid;
 
 use super::PlannerBoard;
-use crate::blackboard::InTransaction;
+use crate::blackboard::Tx;
 use crate::error::Result;
 
 /// An online, live worker as the planner sees it.
@@ -181,21 +181,12 @@ const WAKE: &str = "with held as materialized (
     select count(distinct w.id), count(pg_notify(w.channel, notes.payload))
     from notes join artex.workers w on w.id = notes.worker";
 
-/// Rolls back a round whose read failed; the connection goes back to the pool only if
-/// the rollback went through. Returns the read's error.
-async fn abandon(client: InTransaction, e: tokio_postgres::Error) -> crate::Error {
-    if client.batch_execute("rollback").await.is_ok() {
-        client.ended();
-    }
-    e.into()
-}
-
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
 /// `plan` matches them to workers; the assignments are written (compare-and-set on
 /// `pending`, each worker's slots under its row lock) and committed, and the chosen
 /// workers woken, in one round trip.
 async fn assign_and_wake<F>(
-    client: InTransaction,
+    client: Tx,
     actor: &str,
     lease_secs: f64,
     claimed: &[Claimed],
@@ -214,12 +205,9 @@ where
         plan(claimed)
     };
     if plan.is_empty() {
-        client.batch_execute("commit").await?;
-        client.ended();
+        client.commit().await?;
         return Ok(report);
     }
-    let assign = client.prepare_cached(ASSIGN).await?;
-    let wake = client.prepare_cached(WAKE).await?;
     let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
     let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
     let mut chosen = workers.clone();
@@ -229,11 +217,11 @@ where
     // rollback), then the chosen workers' wake-ups in a transaction of their own that
     // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
     let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
-        client.query(&assign, &[&actor, &ids, &workers, &lease_secs]),
-        client.batch_execute("commit"),
-        client.batch_execute("begin; set local synchronous_commit = off"),
-        client.query_one(&wake, &[&chosen, &ids]),
-        client.batch_execute("commit"),
+        client.query(ASSIGN, &[&actor, &ids, &workers, &lease_secs]),
+        client.batch("commit"),
+        client.batch("begin; set local synchronous_commit = off"),
+        client.query_one(WAKE, &[&chosen, &ids]),
+        client.batch("commit"),
     )
     .await;
     if committed.is_ok() && wake_committed.is_ok() {
@@ -242,7 +230,7 @@ where
     let rows = rows?;
     committed?;
     report.assigned = rows.len();
-    report.workers_notified = match woken.and_then(|r| r.try_get::<_, i64>(0)) {
+    report.workers_notified = match woken.and_then(|r| Ok(r.try_get::<_, i64>(0)?)) {
         Ok(n) => n as usize,
         Err(e) => {
             tracing::warn!(error = %e, "cannot wake the chosen workers; they will find their tasks at their next poll");
@@ -272,11 +260,10 @@ impl PlannerBoard {
         F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
     {
         let client = self.bb.client().await?;
-        let read = client.prepare_cached(DISPATCH).await?;
-        let client = InTransaction::new(client);
+        let client = Tx::new(client);
         let (begun, rows) = futures_util::future::join(
-            client.batch_execute("begin"),
-            client.query(&read, &[&alive_secs, &batch, &shards.0, &shards.1]),
+            client.begin(),
+            client.query(DISPATCH, &[&alive_secs, &batch, &shards.0, &shards.1]),
         )
         .await;
         let mut roster = Vec::new();
@@ -301,7 +288,9 @@ impl PlannerBoard {
             Ok(())
         });
         if let Err(e) = parsed {
-            return Err(abandon(client, e).await);
+            // The connection goes back to the pool only if the rollback went through.
+            client.rollback().await;
+            return Err(e);
         }
         let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
         let mut report =

@@ -150,26 +150,25 @@ impl PlannerBoard {
             )));
         }
         let client = self.bb.client().await?;
-        let mut report = ReapReport::default();
-        let stmt = client.prepare_cached(PRUNE_WORKERS).await?;
-        report.workers_pruned = client
-            .execute(&stmt, &[&p.now, &p.prune_after_secs])
-            .await?;
+        let mut report = ReapReport {
+            workers_pruned: client
+                .execute(PRUNE_WORKERS, &[&p.now, &p.prune_after_secs])
+                .await?,
+            ..ReapReport::default()
+        };
         if !p.judge_liveness {
             return Ok(report);
         }
-        let stmt = client.prepare_cached(MARK_GONE).await?;
         for row in client
-            .query(&stmt, &[&p.now, &p.worker_timeout_secs])
+            .query(MARK_GONE, &[&p.now, &p.worker_timeout_secs])
             .await?
         {
             report.workers_gone.push(row.try_get(0)?);
         }
-        let stmt = client.prepare_cached(RECLAIM).await?;
         loop {
             let rows = client
                 .query(
-                    &stmt,
+                    RECLAIM,
                     &[
                         &p.now,
                         &report.workers_gone,
@@ -205,10 +204,9 @@ impl PlannerBoard {
         batch: i64,
     ) -> Result<Vec<StrandedTask>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FAIL_STRANDED).await?;
         client
             .query(
-                &stmt,
+                FAIL_STRANDED,
                 &[
                     &actor,
                     &"its upload's host is gone past the deadline",

@@ -10,7 +10,7 @@
 use chrono::{DateTime, Utc};
 
 use super::PlannerBoard;
-use crate::blackboard::InTransaction;
+use crate::blackboard::Tx;
 use crate::error::{Error, Result};
 
 /// The shard count of `--shards auto` when the blackboard has none yet: enough for 16
@@ -186,26 +186,23 @@ impl PlannerBoard {
         wanted: Option<i32>,
         now: Option<DateTime<Utc>>,
     ) -> Result<i32> {
-        let client = InTransaction::new(self.bb.client().await?);
-        client.batch_execute("begin").await?;
-        client.batch_execute(LOCK_SHARDS).await?;
-        let stmt = client.prepare_cached(SHARD_COUNT).await?;
+        let client = Tx::new(self.bb.client().await?);
+        client.begin().await?;
+        client.batch(LOCK_SHARDS).await?;
         let row = client
-            .query_one(&stmt, &[&now, &wanted.unwrap_or(0), &me])
+            .query_one(SHARD_COUNT, &[&now, &wanted.unwrap_or(0), &me])
             .await?;
         let (existing, max_epoch, others_live): (i32, i64, bool) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
         let agreed = agree_count(wanted, existing, others_live);
         let count = match agreed {
             Err(e) => {
-                client.batch_execute("rollback").await?;
-                client.ended();
+                client.rollback().await;
                 return Err(e);
             }
             Ok(CountAgreement::Use(n)) => n,
             Ok(CountAgreement::Create(n)) => {
-                let stmt = client.prepare_cached(CREATE_SHARDS).await?;
-                client.execute(&stmt, &[&n, &max_epoch]).await?;
+                client.execute(CREATE_SHARDS, &[&n, &max_epoch]).await?;
                 n
             }
             Ok(CountAgreement::Recount(n)) => {
@@ -214,14 +211,14 @@ impl PlannerBoard {
                     to = n,
                     "planner shards: nobody live uses the old count; rebuilding the shards"
                 );
-                client.batch_execute(CLEAR_SHARDS).await?;
-                let stmt = client.prepare_cached(CREATE_SHARDS).await?;
-                client.execute(&stmt, &[&n, &(max_epoch + 1)]).await?;
+                client.batch(CLEAR_SHARDS).await?;
+                client
+                    .execute(CREATE_SHARDS, &[&n, &(max_epoch + 1)])
+                    .await?;
                 n
             }
         };
-        client.batch_execute("commit").await?;
-        client.ended();
+        client.commit().await?;
         Ok(count)
     }
 
@@ -235,17 +232,14 @@ impl PlannerBoard {
         now: Option<DateTime<Utc>>,
     ) -> Result<ShardBoard> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(CHECK_IN).await?;
         client
-            .execute(&stmt, &[&me, &count, &lease_secs, &now])
+            .execute(CHECK_IN, &[&me, &count, &lease_secs, &now])
             .await?;
-        let stmt = client.prepare_cached(LIVE_PLANNERS).await?;
         let mut board = ShardBoard::default();
-        for row in client.query(&stmt, &[&count, &now]).await? {
+        for row in client.query(LIVE_PLANNERS, &[&count, &now]).await? {
             board.planners.push(row.try_get(0)?);
         }
-        let stmt = client.prepare_cached(SHARDS).await?;
-        for row in client.query(&stmt, &[&now]).await? {
+        for row in client.query(SHARDS, &[&now]).await? {
             board.shards.push(ShardRow {
                 shard: row.try_get(0)?,
                 owner: row.try_get(1)?,
@@ -270,9 +264,8 @@ impl PlannerBoard {
         }
         let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RENEW).await?;
         let rows = client
-            .query(&stmt, &[&me, &shards, &epochs, &now, &lease_secs])
+            .query(RENEW, &[&me, &shards, &epochs, &now, &lease_secs])
             .await?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
@@ -286,8 +279,7 @@ impl PlannerBoard {
         }
         let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RELEASE).await?;
-        let rows = client.query(&stmt, &[&me, &shards, &epochs]).await?;
+        let rows = client.query(RELEASE, &[&me, &shards, &epochs]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
@@ -303,9 +295,8 @@ impl PlannerBoard {
             return Ok(Vec::new());
         }
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(TAKE).await?;
         let rows = client
-            .query(&stmt, &[&me, &shards, &now, &lease_secs])
+            .query(TAKE, &[&me, &shards, &now, &lease_secs])
             .await?;
         let mut taken: Vec<TakenShard> = rows
             .iter()
@@ -325,8 +316,7 @@ impl PlannerBoard {
     /// Answers with how many shards it gave back.
     pub async fn resign_shards(&self, me: &str) -> Result<u64> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RESIGN).await?;
-        Ok(client.execute(&stmt, &[&me]).await?)
+        client.execute(RESIGN, &[&me]).await
     }
 }
 

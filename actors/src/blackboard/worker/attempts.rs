@@ -274,9 +274,8 @@ impl WorkerBoard {
             return Ok(None);
         }
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FETCH).await?;
         let rows = client
-            .query(&stmt, &[&worker, &limit, &max_bytes, &holds_nothing])
+            .query(FETCH, &[&worker, &limit, &max_bytes, &holds_nothing])
             .await?;
         // The snapshot's row sorts first; the tasks follow in start order.
         let Some((first, tasks)) = rows.split_first() else {
@@ -319,10 +318,9 @@ impl WorkerBoard {
             started_ago.push(c.started_ago_ms);
         }
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RECORD).await?;
         let rows = client
             .query(
-                &stmt,
+                RECORD,
                 &[
                     &worker,
                     &ids,
@@ -358,9 +356,8 @@ impl WorkerBoard {
         let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
         let epochs: Vec<i64> = held.iter().map(|h| h.1).collect();
         let client = self.bb.relaxed_client().await?;
-        let stmt = client.prepare_cached(RENEW).await?;
         let rows = client
-            .query(&stmt, &[&worker, &lease_secs, &ids, &epochs])
+            .relaxed(RENEW, &[&worker, &lease_secs, &ids, &epochs])
             .await?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
@@ -375,9 +372,8 @@ impl WorkerBoard {
         checkpoint: &serde_json::Value,
     ) -> Result<bool> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(CHECKPOINT).await?;
         Ok(client
-            .query_opt(&stmt, &[&id, &epoch, checkpoint])
+            .query_opt(CHECKPOINT, &[&id, &epoch, checkpoint])
             .await?
             .is_some())
     }
@@ -391,8 +387,9 @@ impl WorkerBoard {
         running: &[Uuid],
     ) -> Result<Vec<Uuid>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(RELEASE_ASSIGNED).await?;
-        let rows = client.query(&stmt, &[&worker, &reason, &running]).await?;
+        let rows = client
+            .query(RELEASE_ASSIGNED, &[&worker, &reason, &running])
+            .await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
@@ -403,9 +400,8 @@ impl WorkerBoard {
     /// result into one row.
     pub async fn upstream_results(&self, id: Uuid) -> Result<BTreeMap<String, serde_json::Value>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(UPSTREAM_RESULTS).await?;
         client
-            .query(&stmt, &[&id])
+            .query(UPSTREAM_RESULTS, &[&id])
             .await?
             .iter()
             .map(|r| {

@@ -187,10 +187,9 @@ impl WorkerBoard {
     /// Inserts or revives the worker's row as [`WorkerState::Online`].
     pub async fn register_worker(&self, r: &Registration) -> Result {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(REGISTER).await?;
         client
             .execute(
-                &stmt,
+                REGISTER,
                 &[
                     &r.id,
                     &r.host,
@@ -220,10 +219,10 @@ impl WorkerBoard {
         capacity: i32,
     ) -> Result<Option<WorkerState>> {
         let client = self.bb.relaxed_client().await?;
-        let stmt = client.prepare_cached(HEARTBEAT).await?;
         client
-            .query_opt(&stmt, &[&worker, &inflight, &capacity.max(1)])
+            .relaxed(HEARTBEAT, &[&worker, &inflight, &capacity.max(1)])
             .await?
+            .first()
             .map(|r| r.try_get::<_, &str>(0)?.parse())
             .transpose()
     }
@@ -231,8 +230,9 @@ impl WorkerBoard {
     /// Sets the worker's state.
     pub async fn set_worker_state(&self, worker: &str, state: WorkerState) -> Result {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SET_STATE).await?;
-        client.execute(&stmt, &[&worker, &state.as_str()]).await?;
+        client
+            .execute(SET_STATE, &[&worker, &state.as_str()])
+            .await?;
         Ok(())
     }
 
@@ -241,22 +241,19 @@ impl WorkerBoard {
     /// other's. A database copied from another gets an id of its own here, once (logged).
     pub async fn blackboard_id(&self) -> Result<uuid::Uuid> {
         let client = self.bb.client().await?;
-        let renew = client.prepare_cached(RENEW_COPIED_ID).await?;
-        if let Some(row) = client.query_opt(&renew, &[]).await? {
+        if let Some(row) = client.query_opt(RENEW_COPIED_ID, &[]).await? {
             let id: uuid::Uuid = row.try_get(0)?;
             tracing::warn!(blackboard = %id, "this database is a copy of another blackboard's \
                 (its id was made in another database): it has an id of its own from now on");
             return Ok(id);
         }
-        let stmt = client.prepare_cached(BLACKBOARD_ID).await?;
-        Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
+        Ok(client.query_one(BLACKBOARD_ID, &[]).await?.try_get(0)?)
     }
 
     /// Records the sha256 (64 lowercase hex digits) of the binary worker `id` runs.
     pub async fn set_worker_binary(&self, id: &str, sha256: &str) -> Result {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(SET_BINARY).await?;
-        client.execute(&stmt, &[&id, &sha256]).await?;
+        client.execute(SET_BINARY, &[&id, &sha256]).await?;
         Ok(())
     }
 }

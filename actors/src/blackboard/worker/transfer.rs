@@ -53,9 +53,8 @@ impl WorkerBoard {
         let ids: Vec<Uuid> = tasks.iter().map(|t| t.0).collect();
         let epochs: Vec<i64> = tasks.iter().map(|t| t.1).collect();
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(TAKE_OVER).await?;
         let rows = client
-            .query(&stmt, &[&from, &to, &lease_secs, &ids, &epochs])
+            .query(TAKE_OVER, &[&from, &to, &lease_secs, &ids, &epochs])
             .await?;
         rows.iter().map(assigned_from_row).collect()
     }
@@ -71,9 +70,8 @@ impl WorkerBoard {
         running: &[Uuid],
     ) -> Result<i64> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(MOVE_ASSIGNED).await?;
         let row = client
-            .query_one(&stmt, &[&from, &to, &lease_secs, &running])
+            .query_one(MOVE_ASSIGNED, &[&from, &to, &lease_secs, &running])
             .await?;
         Ok(row.try_get(0)?)
     }

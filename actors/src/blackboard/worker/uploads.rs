@@ -8,6 +8,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::WorkerBoard;
+use crate::blackboard::Tx;
 use crate::error::{Error, Result};
 use crate::submission::{Facts, NewTask, Submission};
 
@@ -165,18 +166,16 @@ impl WorkerBoard {
         actor: &str,
     ) -> Result<(Uuid, bool)> {
         task.validate()?;
-        let mut client = self.bb.client().await?;
-        let tx = client.transaction().await?;
+        let tx = Tx::new(self.bb.client().await?);
+        tx.begin().await?;
         if let Some(flow) = upload.flow {
-            let lock = tx.prepare_cached(LOCK_FLOW).await?;
-            tx.query(&lock, &[&flow]).await?;
+            tx.query(LOCK_FLOW, &[&flow]).await?;
         }
-        let stmt = tx.prepare_cached(RECORD).await?;
         let task_id = Uuid::now_v7();
         for _ in 0..5 {
             let row = tx
                 .query_one(
-                    &stmt,
+                    RECORD,
                     &[
                         &actor,
                         &"upload complete",
@@ -211,8 +210,7 @@ impl WorkerBoard {
     /// The upload `id`, if recorded.
     pub async fn upload(&self, id: Uuid) -> Result<Option<UploadRow>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(UPLOAD).await?;
-        let Some(r) = client.query_opt(&stmt, &[&id]).await? else {
+        let Some(r) = client.query_opt(UPLOAD, &[&id]).await? else {
             return Ok(None);
         };
         Ok(Some(UploadRow {
@@ -236,9 +234,8 @@ impl WorkerBoard {
         keep_secs: f64,
     ) -> Result<Vec<(Uuid, String)>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(ENDED).await?;
         client
-            .query(&stmt, &[&host, &keep_secs, &folder])
+            .query(ENDED, &[&host, &keep_secs, &folder])
             .await?
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
@@ -248,15 +245,13 @@ impl WorkerBoard {
     /// Marks these uploads' files deleted.
     pub async fn mark_uploads_deleted(&self, ids: &[Uuid]) -> Result<u64> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(MARK_DELETED).await?;
-        Ok(client.execute(&stmt, &[&ids]).await?)
+        client.execute(MARK_DELETED, &[&ids]).await
     }
 
     /// Whether flow `id` is unfinished (`Some(true)`), ended (`Some(false)`) or unknown.
     pub async fn flow_open(&self, id: Uuid) -> Result<Option<bool>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(FLOW_OPEN).await?;
-        let r = client.query_one(&stmt, &[&id]).await?;
+        let r = client.query_one(FLOW_OPEN, &[&id]).await?;
         let (exists, open): (bool, bool) = (r.try_get(0)?, r.try_get(1)?);
         Ok(exists.then_some(open))
     }
@@ -264,9 +259,8 @@ impl WorkerBoard {
     /// Which of `ids` are recorded (complete or deleted).
     pub async fn uploads_known(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
         let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(KNOWN).await?;
         client
-            .query(&stmt, &[&ids])
+            .query(KNOWN, &[&ids])
             .await?
             .iter()
             .map(|r| Ok(r.try_get(0)?))
