@@ -78,6 +78,12 @@ pub struct WorkerArgs {
     /// HTTP address (/health, /status, /metrics); port 0 picks a free port.
     #[arg(long = "http", env = "ARTEX_HTTP", default_value = "127.0.0.1:0")]
     pub http: String,
+    /// Where planners reach this worker's HTTP port to push its wake-ups (`host:port`,
+    /// `POST /wake`): by default --http's address, or this host's name with its port when
+    /// --http listens on every address (0.0.0.0, [::]). A worker bound to loopback is
+    /// reached by planners on its host only; others find its tasks by its poll.
+    #[arg(long, env = "ARTEX_WAKE_ADDR")]
+    pub wake_addr: Option<String>,
     #[command(flatten)]
     pub access: AccessArgs,
     /// Handlers running at once.
@@ -108,7 +114,8 @@ pub struct WorkerArgs {
     /// Heartbeat interval in milliseconds.
     #[arg(long, env = "ARTEX_HEARTBEAT_MS", default_value_t = 2_000)]
     pub heartbeat_ms: u64,
-    /// Safety-net poll for missed assignment notifications, milliseconds.
+    /// Safety-net poll for missed wake-ups, milliseconds; once planners' pushes reach the
+    /// worker, it polls at most every 2 s.
     #[arg(long, env = "ARTEX_WORKER_POLL_MS", default_value_t = 200)]
     pub worker_poll_ms: u64,
     /// Handler timeout per attempt when neither task nor handler sets one, milliseconds.

@@ -20,6 +20,7 @@ use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
 use artex_actors::shard_keeper::{KeeperConfig, Resign, ShardKeeper, ShardView};
 use artex_actors::supervisor::ActorStats;
+use artex_actors::waker::Waker;
 use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
 use artex_actors::Blackboard;
 
@@ -118,10 +119,12 @@ pub async fn run_planner(
             Some((actor, view))
         }
     };
-    let (b, s) = (planner.clone(), stats.clone());
+    // Wake-ups of workers of this build are pushed to their HTTP ports.
+    let waker = Waker::start(planner.clone(), name.clone()).await?;
+    let (b, s, w) = (planner.clone(), stats.clone(), waker.clone());
     let view = keeper.as_ref().map(|(_, v)| v.clone());
     let assigner = Supervisor::start(move |_| {
-        let assigner = Assigner::new(b, assigner_cfg, s);
+        let assigner = Assigner::new(b, assigner_cfg, s).with_waker(w.clone());
         match view.clone() {
             Some(v) => assigner.with_leased_shards(v),
             None => assigner,
@@ -129,7 +132,7 @@ pub async fn run_planner(
     });
     let (b, s, a) = (planner.clone(), stats.clone(), assigner.clone());
     let poll = ms(args.planner_poll_ms);
-    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s));
+    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s).with_waker(waker.clone()));
     let params = ReapParams {
         now: None,
         worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
@@ -251,6 +254,10 @@ pub async fn run_worker(
     };
     let events =
         http::events::EventsState::start(bb.feed(), args.access.max_event_streams as usize);
+    let wake_target = http::wake::WakeTarget {
+        worker: config.id.clone(),
+        secret: bb.worker().wake_secret().await?,
+    };
     let api = args.api.then(|| http::api::ApiState {
         bb: bb.operator(),
         feed: bb.feed(),
@@ -282,6 +289,7 @@ pub async fn run_worker(
             .app_data(web::Data::new(events.clone()))
             .app_data(web::Data::new(upgrader.clone()))
             .app_data(web::Data::new(uploads.clone()))
+            .app_data(web::Data::new(wake_target.clone()))
             .configure(http::routes)
             .configure(|cfg| {
                 if let Some(api) = &api {
@@ -300,6 +308,8 @@ pub async fn run_worker(
     let serving = actix::spawn(server);
     if let Some(s) = new_side {
         s.take_tasks(&worker).await?;
+        // The unstarted tasks moved here were announced on no channel it listens on.
+        worker.do_send(artex_actors::worker::Wake);
     }
     notify_service(artex_upgrade::notify::ready());
     notify_service(artex_upgrade::notify::status(&format!(
@@ -363,6 +373,11 @@ fn worker_config(args: &WorkerArgs, http_addr: &str) -> WorkerConfig {
         host,
         version: VERSION.to_string(),
         http_addr: Some(http_addr.to_string()),
+        wake_addr: Some(
+            args.wake_addr
+                .clone()
+                .unwrap_or_else(|| wake_addr(http_addr, &hostname())),
+        ),
         concurrency: args.concurrency,
         prefetch: args.prefetch,
         queue_max_bytes: usize::try_from(args.queue_max_bytes).unwrap_or(usize::MAX),
@@ -372,6 +387,15 @@ fn worker_config(args: &WorkerArgs, http_addr: &str) -> WorkerConfig {
         default_timeout: ms(args.task_timeout_ms),
         retry_base: ms(args.retry_base_ms),
         retry_cap: ms(args.retry_cap_ms),
+    }
+}
+
+/// Where planners push a worker's wake-ups when `--wake-addr` is not given: its HTTP
+/// address, with this host's name for an address that listens everywhere.
+fn wake_addr(http_addr: &str, host: &str) -> String {
+    match http_addr.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => format!("{host}:{}", a.port()),
+        _ => http_addr.to_string(),
     }
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use artex_actors::blackboard::{Assignment, NewTask};
+use artex_actors::blackboard::{Assignment, NewTask, Round};
 use artex_actors::Blackboard;
 use common::fixtures;
 use common::http::{Exchange, Request};
@@ -16,6 +16,17 @@ use common::procs::{http_get, http_get_as, wait_for, worker_http, worker_id, Pro
 use common::{assert_statement_timeout, count, PrivateCluster, TestDb, READ_TOKEN};
 use dev_db_state::postmaster_and_children;
 use futures_util::FutureExt;
+
+/// A dispatch round of planner `p`: 10 tasks, all shards, a 30 s lease, workers heard
+/// from within 10 minutes.
+const ROUND: Round<'static> = Round {
+    actor: "p",
+    batch: 10,
+    shards: (1, &[]),
+    lease_secs: 30.0,
+    alive_secs: 600.0,
+    unreachable: &[],
+};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
@@ -237,7 +248,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
         .await
         .unwrap();
     let planner = bb.planner();
-    let claim = planner.dispatch("p", 10, (1, &[]), 30.0, 600.0, |_, _| -> Vec<Assignment> {
+    let claim = planner.dispatch(&ROUND, |_, _| -> Vec<Assignment> {
         panic!("a planning bug")
     });
     let outcome = std::panic::AssertUnwindSafe(claim).catch_unwind().await;
@@ -260,7 +271,7 @@ async fn a_claim_abandoned_mid_transaction_never_goes_back_to_the_pool_open() {
     );
     let again = bb
         .planner()
-        .dispatch("p", 10, (1, &[]), 30.0, 600.0, |claimed, _| {
+        .dispatch(&ROUND, |claimed, _| {
             claimed
                 .iter()
                 .map(|t| Assignment {

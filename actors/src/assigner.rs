@@ -1,7 +1,8 @@
 //! The Assigner: gives runnable tasks to online workers that run their kind and have
 //! spare capacity. One `run_once` is one transaction: read the roster and lock a batch of
 //! runnable tasks (`for update skip locked`) in one statement, match them, write the
-//! assignments with a compare-and-set, and wake each chosen worker with one NOTIFY. With leased planner
+//! assignments with a compare-and-set, and wake each chosen worker (a NOTIFY, or a push
+//! over HTTP by the [`Waker`] after the commit). With leased planner
 //! shards (`--shards auto`) the shards it claims are re-read from the
 //! [`ShardView`] each round; owning none (or no longer sure of its leases) it claims
 //! nothing.
@@ -11,10 +12,11 @@ use std::collections::{BinaryHeap, HashMap};
 
 use actix::prelude::*;
 
-use crate::blackboard::{AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry};
+use crate::blackboard::{AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry, Round};
 use crate::error::Result;
 use crate::shard_keeper::ShardView;
 use crate::supervisor::{guarded, ActorStats};
+use crate::waker::Waker;
 
 /// How the planner assigns.
 #[derive(Debug, Clone)]
@@ -131,6 +133,9 @@ pub struct Assigner {
     ramp: i64,
     /// Leased shards (`--shards auto`), kept by the ShardKeeper; `None`: `config.shards`.
     leased: Option<ShardView>,
+    /// Pushes the wake-ups of workers woken over HTTP; `None`: they find their tasks by
+    /// polling (tests that drive rounds by hand).
+    waker: Option<Waker>,
 }
 
 /// The first round's batch after idle.
@@ -146,7 +151,15 @@ impl Assigner {
             stats,
             ramp,
             leased: None,
+            waker: None,
         }
+    }
+
+    /// Pushes each round's wake-ups with `waker`, and gives its unreachable workers
+    /// nothing.
+    pub fn with_waker(mut self, waker: Waker) -> Self {
+        self.waker = Some(waker);
+        self
     }
 
     /// Serves the shards `view` holds at the start of each round, not `config.shards`.
@@ -157,16 +170,25 @@ impl Assigner {
 
     /// One assignment round; see the module doc.
     pub async fn run_once(bb: &PlannerBoard, config: &AssignerConfig) -> Result<AssignReport> {
+        Assigner::run_excluding(bb, config, &[]).await
+    }
+
+    /// One assignment round that gives `unreachable` workers nothing.
+    async fn run_excluding(
+        bb: &PlannerBoard,
+        config: &AssignerConfig,
+        unreachable: &[String],
+    ) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
-        bb.dispatch(
-            &config.actor,
-            config.batch,
-            (config.shards.0, &config.shards.1),
-            config.lease_secs,
-            config.suspect_after_secs,
-            plan,
-        )
-        .await
+        let round = Round {
+            actor: &config.actor,
+            batch: config.batch,
+            shards: (config.shards.0, &config.shards.1),
+            lease_secs: config.lease_secs,
+            alive_secs: config.suspect_after_secs,
+            unreachable,
+        };
+        bb.dispatch(&round, plan).await
     }
 }
 
@@ -204,28 +226,40 @@ impl Handler<AssignNow> for Assigner {
             shards,
             ..self.config.clone()
         };
+        let waker = self.waker.clone();
+        let unreachable = waker.as_ref().map(Waker::unreachable).unwrap_or_default();
         Box::pin(
-            async move { guarded("assigner", Assigner::run_once(&bb, &config)).await }
-                .into_actor(self)
-                .map(|res, act, ctx| match res {
-                    Ok(Ok(report)) => {
-                        act.stats.ran("assigner");
-                        if report.claimed == 0 {
-                            act.ramp = RAMP_START.min(act.config.batch);
-                        } else if report.assigned as i64 >= act.ramp {
-                            act.ramp = act.config.batch;
-                        }
-                        Ok(report)
+            async move {
+                guarded(
+                    "assigner",
+                    Assigner::run_excluding(&bb, &config, &unreachable),
+                )
+                .await
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| match res {
+                Ok(Ok(report)) => {
+                    act.stats.ran("assigner");
+                    if let Some(waker) = &waker {
+                        waker.deliver(report.pushes.clone());
+                        waker.greet(&report.reachable);
                     }
-                    Ok(Err(e)) => {
-                        act.stats.failed("assigner");
-                        Err(e)
+                    if report.claimed == 0 {
+                        act.ramp = RAMP_START.min(act.config.batch);
+                    } else if report.assigned as i64 >= act.ramp {
+                        act.ramp = act.config.batch;
                     }
-                    Err(panic) => {
-                        ctx.stop();
-                        Err(crate::Error::Invalid(format!("assigner panicked: {panic}")))
-                    }
-                }),
+                    Ok(report)
+                }
+                Ok(Err(e)) => {
+                    act.stats.failed("assigner");
+                    Err(e)
+                }
+                Err(panic) => {
+                    ctx.stop();
+                    Err(crate::Error::Invalid(format!("assigner panicked: {panic}")))
+                }
+            }),
         )
     }
 }

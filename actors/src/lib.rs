@@ -21,6 +21,8 @@
 //!   the CLI, the HTTP API and uploads build a [`submission::Submission`] and check it.
 //! - [`shard_keeper`]: planner shards owned through leases (`--shards auto`), and the
 //!   view of them the Assigner serves.
+//! - [`waker`]: the planner's pushes of wake-ups to workers over HTTP, and which workers
+//!   it could not reach.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
@@ -38,6 +40,7 @@ pub mod shard_keeper;
 pub mod submission;
 pub mod supervisor;
 pub mod upload_guard;
+pub mod waker;
 pub mod worker;
 
 pub use blackboard::Blackboard;

@@ -1,6 +1,7 @@
 //! The Scanner: notices runnable work and drives the Assigner. Woken by NOTIFY on
 //! `artex_tasks` (new tasks, freed capacity) with a poll as the safety net — NOTIFY is a
-//! hint, the tables are the truth. Wake-ups that arrive while a round runs fold into one
+//! hint, the tables are the truth. It also listens on `artex_wake` for canceled tasks
+//! held by workers woken over HTTP, and has the [`Waker`] pass each cancel on. Wake-ups that arrive while a round runs fold into one
 //! more round, so a burst of notifications costs one extra round, not one each.
 
 use std::time::Duration;
@@ -10,6 +11,11 @@ use actix::prelude::*;
 use crate::assigner::{AssignNow, Assigner};
 use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, TASKS_CHANNEL};
 use crate::supervisor::ActorStats;
+use crate::waker::Waker;
+
+/// The channel on which the database announces a canceled task held by a worker woken
+/// over HTTP (payload `cancel:<worker id>`; migrations/V14).
+pub const WAKE_CHANNEL: &str = "artex_wake";
 
 /// The Scanner actor.
 pub struct Scanner {
@@ -19,6 +25,7 @@ pub struct Scanner {
     stats: ActorStats,
     in_flight: bool,
     again: bool,
+    waker: Option<Waker>,
 }
 
 impl Scanner {
@@ -37,7 +44,14 @@ impl Scanner {
             stats,
             in_flight: false,
             again: false,
+            waker: None,
         }
+    }
+
+    /// Passes cancels announced on [`WAKE_CHANNEL`] on to their workers with `waker`.
+    pub fn with_waker(mut self, waker: Waker) -> Self {
+        self.waker = Some(waker);
+        self
     }
 
     /// Starts an assignment round, or, if one is running, asks for another right after it
@@ -88,12 +102,31 @@ impl Actor for Scanner {
         ctx.run_interval(self.poll, |act, ctx| act.start_round(ctx));
         // The LISTEN session: reconnects forever; after each (re)connect, a round catches
         // whatever was notified while it was away.
-        let mut session = self.bb.listen_session("planner", &[TASKS_CHANNEL]);
+        let mut session = self
+            .bb
+            .listen_session("planner", &[TASKS_CHANNEL, WAKE_CHANNEL]);
         let me = ctx.address();
+        let waker = self.waker.clone();
         async move {
             loop {
                 match session.next().await {
-                    ListenEvent::Connected | ListenEvent::Notified(_) => me.do_send(Wake),
+                    ListenEvent::Connected => me.do_send(Wake),
+                    ListenEvent::Notified(batch) => {
+                        let mut tasks = false;
+                        for n in batch {
+                            match n.payload.strip_prefix("cancel:") {
+                                Some(worker) if n.channel == WAKE_CHANNEL => {
+                                    if let Some(waker) = &waker {
+                                        waker.cancel(worker).await;
+                                    }
+                                }
+                                _ => tasks = true,
+                            }
+                        }
+                        if tasks {
+                            me.do_send(Wake);
+                        }
+                    }
                     ListenEvent::Lost(_) => {}
                 }
             }

@@ -1,6 +1,6 @@
 //! The worker's HTTP surface: `/health` (ready or not, and why), `/status` (who this
 //! process is and what it runs), `/metrics` (Prometheus text), `/upgrade` (hot upgrade),
-//! `/events` (the change feed as Server-Sent Events), `/api/v1/uploads` (chunked
+//! `/events` (the change feed as Server-Sent Events), `/wake` (planners' pushes), `/api/v1/uploads` (chunked
 //! uploads, [`api::worker_routes`]), and with `--api` the HTTP API ([`api`], which
 //! `artex serve` serves on its own) with the web dashboard ([`dashboard`], at `/`).
 //! Routes hold no SQL: they ask the Worker actor, or the blackboard.
@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod events;
 pub mod probe;
 pub mod upgrade;
+pub mod wake;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -78,7 +79,12 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/metrics", web::get().to(metrics))
         .route("/events", web::get().to(events::events))
         .route("/upgrade", web::put().to(upgrade::upgrade))
-        .route("/upgrade", web::post().to(upgrade::upgrade));
+        .route("/upgrade", web::post().to(upgrade::upgrade))
+        .service(
+            web::resource("/wake")
+                .app_data(web::PayloadConfig::new(wake::MAX_WAKE_BYTES))
+                .route(web::post().to(wake::wake)),
+        );
     api::worker_routes(cfg);
 }
 

@@ -13,7 +13,7 @@ use artex_actors::Blackboard;
 use uuid::Uuid;
 
 /// A worker's registration as a tool would make it: host and version `test`, pid 1, no
-/// HTTP address, no LISTEN session, the planner's lease.
+/// HTTP address, no LISTEN session nor push address, the planner's lease.
 pub fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
     Registration {
         id: id.into(),
@@ -26,6 +26,7 @@ pub fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
         capacity,
         session: None,
         lease_ms: None,
+        wake_addr: None,
     }
 }
 

@@ -15,6 +15,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use super::Blackboard;
 use crate::error::{Error, Result};
 
+const WAKE_SECRET: &str = "select wake_secret from artex.blackboard";
+
 // One statement sends every channel's wake-up (an empty payload: "look again").
 const NOTIFY_CHANNELS: &str = "select count(pg_notify(c, '')) from unnest($1::text[]) c";
 
@@ -119,6 +121,12 @@ impl Blackboard {
             backoff: ListenSession::MIN_BACKOFF,
             retry_at: None,
         }
+    }
+
+    /// The bearer token of planners' wake-up pushes to workers (migrations/V14).
+    pub(crate) async fn wake_secret(&self) -> Result<String> {
+        let client = self.client().await?;
+        Ok(client.query_one(WAKE_SECRET, &[]).await?.try_get(0)?)
     }
 
     /// Sends the wake-ups of a hot-path write right after its commit (see

@@ -176,6 +176,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // A new table (the blackboard's id), which older builds never read.
         change: Change::Expand,
     },
+    Migration {
+        version: 14,
+        name: "wake_over_http",
+        sql: include_str!("../../../migrations/V14__wake_over_http.sql"),
+        // A nullable column and one with a default; the trigger treats workers that
+        // older builds register (no wake_addr) as before.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -71,8 +71,9 @@ pub use operator::{
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
 pub use planner::{
-    agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, ReapParams,
-    ReapReport, RosterEntry, ShardBoard, ShardRow, StrandedTask, TakenShard, DEFAULT_SHARD_COUNT,
+    agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, Push, ReapParams,
+    ReapReport, RosterEntry, Round, ShardBoard, ShardRow, StrandedTask, TakenShard,
+    DEFAULT_SHARD_COUNT,
 };
 pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 // What a submission is, and its rules, live in `crate::submission`; named here too, where

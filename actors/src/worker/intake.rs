@@ -107,6 +107,7 @@ impl Worker {
             return;
         }
         self.fetching = true;
+        self.read_at = Instant::now();
         self.fetch_again = false;
         let read = self.ledger.start_read();
         let bb = self.bb.clone();

@@ -65,6 +65,11 @@ pub struct WorkerConfig {
     pub version: String,
     /// Where its HTTP server listens.
     pub http_addr: Option<String>,
+    /// Where planners push its wake-ups (`host:port` of its HTTP server, `POST /wake`):
+    /// it then holds no LISTEN session, and its poll slows down once pushes arrive (see
+    /// [`PUSHED_POLL`]). `None`: it LISTENs on its channel, as workers of older builds
+    /// and library users without an HTTP server do.
+    pub wake_addr: Option<String>,
     /// Handlers running at once.
     pub concurrency: usize,
     /// Tasks held beyond `concurrency`: read in one batch with the others and queued here
@@ -79,7 +84,7 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// Heartbeat interval.
     pub heartbeat: Duration,
-    /// Safety-net poll for assignments whose NOTIFY was missed.
+    /// Safety-net poll for assignments whose wake-up was missed.
     pub poll: Duration,
     /// Timeout of an attempt when neither the task nor its handler sets one.
     pub default_timeout: Duration,
@@ -108,6 +113,13 @@ impl WorkerConfig {
         (d * (0.5 + fastrand::f64() * 0.5)) as i64
     }
 }
+
+/// A worker woken by pushes polls at least this far apart once a push has reached it:
+/// planners push every assignment (and give back what they could not announce), so the
+/// poll only covers a planner that died between its commit and its push. Until a push
+/// arrives — no planner may reach its address — it polls every
+/// [`WorkerConfig::poll`].
+pub const PUSHED_POLL: Duration = Duration::from_secs(2);
 
 struct Running {
     kind: String,
@@ -186,6 +198,10 @@ pub struct Worker {
     /// What its latest finished read saw: which carried tasks it may take, and how long
     /// their leases surely run (see `blackboard::carried`).
     last_read: Option<intake::LastRead>,
+    /// A planner's push reached it (see [`PUSHED_POLL`]).
+    pushed: bool,
+    /// When its last read of its assignments was sent.
+    read_at: Instant,
 }
 
 impl Worker {
@@ -227,6 +243,8 @@ impl Worker {
             gave_back: None,
             ran_dry: false,
             last_read: None,
+            pushed: false,
+            read_at: Instant::now(),
         }
     }
 
@@ -249,7 +267,9 @@ impl Worker {
             kinds: registry.kinds(),
             capacity: (config.concurrency + config.prefetch.unwrap_or(depth::MIN_DEPTH)).max(1)
                 as i32,
-            session: Some(config.session_name()),
+            // A worker woken by pushes holds no LISTEN session.
+            session: config.wake_addr.is_none().then(|| config.session_name()),
+            wake_addr: config.wake_addr.clone(),
             lease_ms: i32::try_from(config.lease.as_millis()).ok(),
         }
     }
@@ -455,14 +475,33 @@ impl Actor for Worker {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.config.poll, |act, ctx| act.fetch(ctx));
+        ctx.run_interval(self.config.poll, |act, ctx| act.poll(ctx));
         ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
         ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
         ctx.run_interval(fence::FENCE_TICK, |act, ctx| act.fence(ctx));
         if self.depth.is_auto() {
             ctx.run_interval(depth::TICK, |act, ctx| act.resize(ctx));
         }
-        // After each (re)connect, a read catches whatever was assigned while it was away.
+        if self.config.wake_addr.is_none() {
+            self.listen(ctx);
+        }
+        self.fetch(ctx);
+    }
+}
+
+impl Worker {
+    /// The safety-net poll: a read of its assignments, unless pushes reach it and it read
+    /// less than [`PUSHED_POLL`] ago.
+    fn poll(&mut self, ctx: &mut Context<Self>) {
+        if self.pushed && self.read_at.elapsed() < PUSHED_POLL {
+            return;
+        }
+        self.fetch(ctx);
+    }
+
+    /// Follows its LISTEN session (a worker without a push address): after each
+    /// (re)connect, a read catches whatever was assigned while it was away.
+    fn listen(&mut self, ctx: &mut Context<Self>) {
         let mut session = self
             .bb
             .listen_session("worker", &[self.config.channel()])
@@ -479,20 +518,10 @@ impl Actor for Worker {
                         me.do_send(Wake)
                     }
                     ListenEvent::Notified(batch) => {
-                        let (with_tasks, plain): (Vec<_>, Vec<_>) = batch
-                            .into_iter()
-                            .partition(|n| carries_assignments(&n.payload));
-                        if !with_tasks.is_empty() {
-                            me.do_send(intake::Carried(
-                                with_tasks.into_iter().map(|n| n.payload).collect(),
-                            ));
-                        }
-                        if !plain.is_empty() {
-                            me.do_send(Wake);
-                        }
-                        if plain.iter().any(|n| n.payload == CANCEL_PAYLOAD) {
-                            me.do_send(CheckLeases);
-                        }
+                        me.do_send(WakeUps {
+                            payloads: batch.into_iter().map(|n| n.payload).collect(),
+                            pushed: false,
+                        });
                     }
                     ListenEvent::Lost(_) => {}
                 }
@@ -500,7 +529,42 @@ impl Actor for Worker {
         }
         .into_actor(self)
         .spawn(ctx);
-        self.fetch(ctx);
+    }
+}
+
+/// Wake-ups that reached the worker, by NOTIFY or pushed by a planner (`POST /wake`):
+/// their payloads, in the order sent — tasks carried (see `blackboard::carried`), a
+/// plain "look again" (empty), or [`CANCEL_PAYLOAD`].
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct WakeUps {
+    /// The payloads.
+    pub payloads: Vec<String>,
+    /// Pushed by a planner (not a NOTIFY).
+    pub pushed: bool,
+}
+
+impl Handler<WakeUps> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: WakeUps, ctx: &mut Context<Self>) {
+        if msg.pushed && !self.pushed {
+            tracing::info!(worker = %self.config.id, "planners reach this worker: it polls every {PUSHED_POLL:?} now");
+            self.pushed = true;
+        }
+        let (with_tasks, plain): (Vec<_>, Vec<_>) = msg
+            .payloads
+            .into_iter()
+            .partition(|p| carries_assignments(p));
+        if !with_tasks.is_empty() {
+            ctx.notify(intake::Carried(with_tasks));
+        }
+        if plain.iter().any(|p| p == CANCEL_PAYLOAD) {
+            ctx.notify(CheckLeases);
+        }
+        if !plain.is_empty() {
+            ctx.notify(Wake);
+        }
     }
 }
 

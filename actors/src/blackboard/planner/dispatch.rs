@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use super::PlannerBoard;
+use super::{PlannerBoard, Push};
 use crate::blackboard::Tx;
 use crate::error::Result;
 
@@ -54,6 +54,11 @@ pub struct Assignment {
 /// What one claim-and-assign cycle did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AssignReport {
+    /// The wake-ups to push to workers that take them over HTTP (see `waker`): the
+    /// round's write notified the others itself.
+    pub pushes: Vec<Push>,
+    /// The roster's workers that take pushes, with their addresses (id, `host:port`).
+    pub reachable: Vec<(String, String)>,
     /// Runnable tasks locked by the claim.
     pub claimed: usize,
     /// Tasks assigned (written and committed).
@@ -92,12 +97,13 @@ impl AssignReport {
 pub const DISPATCH: &str = "with roster as materialized (
         select w.id, w.kinds, w.capacity,
                least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
-               w.host
+               w.host, w.wake_addr
         from artex.workers w left join artex.worker_released r on r.worker = w.id
         where w.state = 'online'
           and w.last_seen > now() - make_interval(secs => $1::float8)
           and (w.session is null
                or w.session in (select application_name from pg_stat_activity))
+          and w.id <> all($5::text[])
     ),
     claimed as (
         select id, kind, host from artex.tasks
@@ -110,10 +116,11 @@ pub const DISPATCH: &str = "with roster as materialized (
                                from roster r))
         for update skip locked
     )
-    select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text
+    select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
+           r.wake_addr
     from roster r
     union all
-    select null, null, null, null, null, c.id, c.kind, c.host from claimed c";
+    select null, null, null, null, null, c.id, c.kind, c.host, null from claimed c";
 
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
@@ -151,6 +158,9 @@ const ASSIGN: &str = "with room as materialized (
 // order, in notifications of at most ~7,500 bytes (NOTIFY takes < 8,000); a task
 // longer than 1,000 bytes as JSON is not carried: its worker also gets a plain wake-up
 // and reads it. A chosen worker with nothing left to carry gets a plain wake-up too.
+// A worker woken over HTTP (its `wake_addr`, migrations/V14) is not notified here: its
+// payloads come back as rows, which the planner pushes after the commit (`waker`); the
+// others are notified on their channels by this statement.
 const WAKE: &str = "with held as materialized (
         select t.assigned_to as worker,
                json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
@@ -178,8 +188,11 @@ const WAKE: &str = "with held as materialized (
         select id, '' from artex.workers
         where id = any($1::text[]) and id not in (select worker from held)
     )
-    select count(distinct w.id), count(pg_notify(w.channel, notes.payload))
-    from notes join artex.workers w on w.id = notes.worker";
+    select w.id, w.wake_addr,
+           case when w.wake_addr is not null then notes.payload end,
+           case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end
+    from notes join artex.workers w on w.id = notes.worker
+    order by w.id";
 
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
 /// `plan` matches them to workers; the assignments are written (compare-and-set on
@@ -220,7 +233,7 @@ where
         client.query(ASSIGN, &[&actor, &ids, &workers, &lease_secs]),
         client.batch("commit"),
         client.batch("begin; set local synchronous_commit = off"),
-        client.query_one(WAKE, &[&chosen, &ids]),
+        client.query(WAKE, &[&chosen, &ids]),
         client.batch("commit"),
     )
     .await;
@@ -230,54 +243,115 @@ where
     let rows = rows?;
     committed?;
     report.assigned = rows.len();
-    report.workers_notified = match woken.and_then(|r| Ok(r.try_get::<_, i64>(0)?)) {
-        Ok(n) => n as usize,
+    match woken.and_then(|rows| pushes_of(&rows)) {
+        Ok((mut pushes, notified)) => {
+            // Each push names the tasks it announces: given back if it cannot be sent.
+            for p in &mut pushes {
+                p.tasks = plan
+                    .iter()
+                    .filter(|a| a.worker == p.worker)
+                    .map(|a| a.task)
+                    .collect();
+            }
+            report.workers_notified = notified + pushes.len();
+            report.pushes = pushes;
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot wake the chosen workers; they will find their tasks at their next poll");
-            0
         }
-    };
+    }
     Ok(report)
+}
+
+/// What a dispatch round is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Round<'a> {
+    /// The planner's name in the history.
+    pub actor: &'a str,
+    /// At most this many tasks.
+    pub batch: i64,
+    /// `(count, mine)`: the planner shards it claims from; `(1, [])` for all.
+    pub shards: (i32, &'a [i32]),
+    /// The lease given with an assignment to a worker that states none, seconds.
+    pub lease_secs: f64,
+    /// Workers heard from within this many seconds are offered work.
+    pub alive_secs: f64,
+    /// Workers whose last push failed: offered nothing.
+    pub unreachable: &'a [String],
+}
+
+/// The rows of WAKE as pushes (one per worker woken over HTTP, its payloads in order),
+/// and how many workers the statement notified itself.
+fn pushes_of(rows: &[tokio_postgres::Row]) -> Result<(Vec<Push>, usize)> {
+    let mut pushes: Vec<Push> = Vec::new();
+    let mut notified = std::collections::BTreeSet::new();
+    for r in rows {
+        let worker: String = r.try_get(0)?;
+        let Some(addr) = r.try_get::<_, Option<String>>(1)? else {
+            notified.insert(worker);
+            continue;
+        };
+        let payload: String = r.try_get(2)?;
+        match pushes.last_mut() {
+            Some(p) if p.worker == worker => p.payloads.push(payload),
+            _ => pushes.push(Push {
+                worker,
+                addr,
+                payloads: vec![payload],
+                tasks: Vec::new(),
+            }),
+        }
+    }
+    Ok((pushes, notified.len()))
 }
 
 impl PlannerBoard {
     /// One planner round whose roster rides with its claim (one statement, one round
     /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
-    /// hold, locks up to `batch` runnable tasks of the kinds the ones with a free slot
+    /// hold (but none of `unreachable`, whose last push failed), locks up to `batch` runnable tasks of the kinds the ones with a free slot
     /// run (never more than the free slots), lets `plan` match them, then writes the
     /// assignments and wakes the chosen workers. The report says the roster's free
     /// capacity and the limit the claim had.
-    pub async fn dispatch<F>(
-        &self,
-        actor: &str,
-        batch: i64,
-        shards: (i32, &[i32]),
-        lease_secs: f64,
-        alive_secs: f64,
-        plan: F,
-    ) -> Result<AssignReport>
+    pub async fn dispatch<F>(&self, round: &Round<'_>, plan: F) -> Result<AssignReport>
     where
         F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
     {
+        let Round {
+            actor,
+            batch,
+            shards,
+            lease_secs,
+            alive_secs,
+            unreachable,
+        } = *round;
         let client = self.bb.client().await?;
         let client = Tx::new(client);
         let (begun, rows) = futures_util::future::join(
             client.begin(),
-            client.query(DISPATCH, &[&alive_secs, &batch, &shards.0, &shards.1]),
+            client.query(
+                DISPATCH,
+                &[&alive_secs, &batch, &shards.0, &shards.1, &unreachable],
+            ),
         )
         .await;
         let mut roster = Vec::new();
         let mut claimed = Vec::new();
+        let mut reachable = Vec::new();
         let parsed = begun.and(rows).and_then(|rows| {
             for r in &rows {
                 match r.try_get::<_, Option<String>>(0)? {
-                    Some(id) => roster.push(RosterEntry {
-                        id,
-                        kinds: r.try_get(1)?,
-                        capacity: r.try_get(2)?,
-                        held: r.try_get(3)?,
-                        host: r.try_get(4)?,
-                    }),
+                    Some(id) => {
+                        if let Some(addr) = r.try_get::<_, Option<String>>(8)? {
+                            reachable.push((id.clone(), addr));
+                        }
+                        roster.push(RosterEntry {
+                            id,
+                            kinds: r.try_get(1)?,
+                            capacity: r.try_get(2)?,
+                            held: r.try_get(3)?,
+                            host: r.try_get(4)?,
+                        })
+                    }
                     None => claimed.push(Claimed {
                         id: r.try_get(5)?,
                         kind: r.try_get(6)?,
@@ -297,6 +371,7 @@ impl PlannerBoard {
             assign_and_wake(client, actor, lease_secs, &claimed, |c| plan(c, &roster)).await?;
         report.free_capacity = free;
         report.limit = free.min(batch);
+        report.reachable = reachable;
         Ok(report)
     }
 }

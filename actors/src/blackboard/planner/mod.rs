@@ -1,7 +1,8 @@
 //! The planner's statements: a dispatch round (the roster of workers with spare capacity
 //! and the claim of runnable tasks in one read, the assignment and the chosen workers'
-//! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), and planner
-//! shards owned through leases (`shards.rs`).
+//! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), planner
+//! shards owned through leases (`shards.rs`), and what pushing wake-ups over HTTP needs
+//! (`wake.rs`).
 //!
 //! Every statement here is one transaction on a pooled connection (a dispatch round's
 //! read and write share theirs, begun by hand); no session state outlives it. The one
@@ -10,12 +11,14 @@
 mod dispatch;
 mod reap;
 mod shards;
+mod wake;
 
-pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, DISPATCH};
+pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, DISPATCH};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
+pub use wake::Push;
 
 use super::{Blackboard, ListenSession};
 

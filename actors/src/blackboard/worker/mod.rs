@@ -117,17 +117,20 @@ pub struct Registration {
     /// The lease it renews, milliseconds: assignments to it get the same. `None`: the
     /// planner's `--assign-lease-ms`.
     pub lease_ms: Option<i32>,
+    /// Where planners push its wake-ups (`host:port`; see migrations/V14); `None` for a
+    /// worker woken by NOTIFY on its channel.
+    pub wake_addr: Option<String>,
 }
 
 // Registering adds capacity: wake the planners.
 const REGISTER: &str = "with r as (insert into artex.workers
         (id, host, pid, version, http_addr, channel, kinds, capacity, session, lease_ms,
-         state, last_seen)
-    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'online', now())
+         wake_addr, state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'online', now())
     on conflict (id) do update set
         version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
         kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
-        lease_ms = excluded.lease_ms,
+        lease_ms = excluded.lease_ms, wake_addr = excluded.wake_addr,
         state = 'online', last_seen = now()
     returning 1)
     select pg_notify('artex_tasks', '') from r";
@@ -184,6 +187,11 @@ impl WorkerBoard {
         self.bb.wake(channels)
     }
 
+    /// The bearer token planners' wake-up pushes carry (`POST /wake`).
+    pub async fn wake_secret(&self) -> Result<String> {
+        self.bb.wake_secret().await
+    }
+
     /// Inserts or revives the worker's row as [`WorkerState::Online`].
     pub async fn register_worker(&self, r: &Registration) -> Result {
         let client = self.bb.client().await?;
@@ -201,6 +209,7 @@ impl WorkerBoard {
                     &r.capacity,
                     &r.session,
                     &r.lease_ms,
+                    &r.wake_addr,
                 ],
             )
             .await?;

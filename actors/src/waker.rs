@@ -1,0 +1,396 @@
+//! The Waker: the planner's side of wake-ups pushed over HTTP (migrations/V14,
+//! docs/design.md "Wake-ups"). A worker of this build holds no LISTEN session; the
+//! planner that assigned it tasks pushes what its NOTIFY would have carried to its HTTP
+//! port (`POST /wake`), over a keep-alive connection of its own per worker, with the
+//! blackboard's wake secret as bearer token.
+//!
+//! A push that cannot be delivered (connection refused or reset, no answer within
+//! [`PUSH_TIMEOUT`], an error status) makes the worker **unreachable** for this planner:
+//! its announced tasks that it has not started go back to `pending` at once (a
+//! compare-and-set: a start it wrote first wins), the planner's rounds give it nothing
+//! (the roster excludes it), and the Waker probes it every [`PROBE_EVERY`] with a plain
+//! wake-up until one is answered. A killed worker is so excluded by the first round
+//! after its death, as its vanished LISTEN backend used to exclude it.
+//!
+//! Pushes to one worker go in order, one request at a time; pushes that queue up meanwhile
+//! go together in the next request. A push is a hint like a NOTIFY: the worker's poll
+//! finds what a planner that died between its commit and its push left announced.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::blackboard::{PlannerBoard, Push, CANCEL_PAYLOAD};
+
+/// How long to reach a worker's port.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a worker has to answer a push.
+pub const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often an unreachable worker is probed.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// A worker unreachable this long is forgotten (its link ends): a worker that comes back
+/// registers under a new id.
+pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+/// The largest answer head read from a worker.
+const MAX_HEAD: usize = 8 * 1024;
+
+/// The planner's pushes: cheap to clone, shared by the Assigner and the Scanner.
+#[derive(Clone)]
+pub struct Waker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bb: PlannerBoard,
+    /// This planner's name in the history (recalled tasks).
+    actor: String,
+    secret: Mutex<String>,
+    /// Each known worker's queue of pushes (its link task reads it) and address.
+    links: Mutex<HashMap<String, Link>>,
+    /// Workers whose last push failed, since when.
+    unreachable: Mutex<HashMap<String, Instant>>,
+}
+
+struct Link {
+    addr: String,
+    tx: mpsc::UnboundedSender<Push>,
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waker")
+            .field("unreachable", &self.unreachable())
+            .finish()
+    }
+}
+
+impl Waker {
+    /// A Waker pushing as `actor`, with the blackboard's wake secret (read now).
+    pub async fn start(bb: PlannerBoard, actor: impl Into<String>) -> crate::Result<Waker> {
+        let secret = bb.wake_secret().await?;
+        Ok(Waker {
+            inner: Arc::new(Inner {
+                bb,
+                actor: actor.into(),
+                secret: Mutex::new(secret),
+                links: Mutex::new(HashMap::new()),
+                unreachable: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The workers whose last push failed: the rounds give them nothing.
+    pub fn unreachable(&self) -> Vec<String> {
+        lock(&self.inner.unreachable).keys().cloned().collect()
+    }
+
+    /// Pushes a round's wake-ups, each to its worker, in order.
+    pub fn deliver(&self, pushes: Vec<Push>) {
+        for p in pushes {
+            self.send(p);
+        }
+    }
+
+    /// A plain wake-up to each worker of the roster not pushed to before: a worker polls
+    /// often until a push reaches it, rarely after (see `worker::PUSHED_POLL`).
+    pub fn greet(&self, reachable: &[(String, String)]) {
+        let new: Vec<&(String, String)> = {
+            let links = lock(&self.inner.links);
+            reachable
+                .iter()
+                .filter(|(id, addr)| links.get(id).is_none_or(|l| &l.addr != addr))
+                .collect()
+        };
+        for (worker, addr) in new {
+            self.send(Push {
+                worker: worker.clone(),
+                addr: addr.clone(),
+                payloads: vec![String::new()],
+                tasks: Vec::new(),
+            });
+        }
+    }
+
+    /// Tells `worker` that a task it holds was canceled (the planners' `artex_wake`
+    /// channel said so): it checks its leases and stops that handler.
+    pub async fn cancel(&self, worker: &str) {
+        let known = lock(&self.inner.links).get(worker).map(|l| l.addr.clone());
+        let addr = match known {
+            Some(a) => Some(a),
+            None => self.inner.bb.wake_addr(worker).await.unwrap_or_else(|e| {
+                tracing::warn!(%worker, error = %e, "cannot read the worker's address to pass a cancel on; it sees it at its next renewal");
+                None
+            }),
+        };
+        if let Some(addr) = addr {
+            self.send(Push {
+                worker: worker.to_string(),
+                addr,
+                payloads: vec![CANCEL_PAYLOAD.to_string()],
+                tasks: Vec::new(),
+            });
+        }
+    }
+
+    /// Queues `p` on its worker's link, starting the link if needed.
+    fn send(&self, p: Push) {
+        let mut links = lock(&self.inner.links);
+        let p = match links.get(&p.worker) {
+            Some(link) if link.addr == p.addr => match link.tx.send(p) {
+                Ok(()) => return,
+                // The link ended (forgotten): start another.
+                Err(mpsc::error::SendError(p)) => p,
+            },
+            _ => p,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = p.worker.clone();
+        let addr = p.addr.clone();
+        tx.send(p).expect("the receiver is right here");
+        links.insert(
+            worker.clone(),
+            Link {
+                addr: addr.clone(),
+                tx,
+            },
+        );
+        tokio::spawn(link(self.inner.clone(), worker, addr, rx));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these maps leaves them consistent (single inserts/removes).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One worker's pushes, in order, over one keep-alive connection.
+async fn link(
+    inner: Arc<Inner>,
+    worker: String,
+    addr: String,
+    mut rx: mpsc::UnboundedReceiver<Push>,
+) {
+    let mut conn: Option<BufStream<TcpStream>> = None;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(p) = rx.try_recv() {
+            batch.push(p);
+        }
+        let payloads: Vec<&str> = batch
+            .iter()
+            .flat_map(|p| p.payloads.iter().map(String::as_str))
+            .collect();
+        let body = serde_json::to_string(&payloads).expect("strings serialize");
+        match push(&inner, &mut conn, &addr, &worker, &body).await {
+            Ok(()) => {
+                if lock(&inner.unreachable).remove(&worker).is_some() {
+                    tracing::info!(%worker, %addr, "worker reachable again");
+                }
+            }
+            Err(why) => {
+                conn = None;
+                let first_failure = lock(&inner.unreachable)
+                    .insert(worker.clone(), Instant::now())
+                    .is_none();
+                if first_failure {
+                    tracing::warn!(%worker, %addr, %why, "cannot push a wake-up: the worker gets nothing until it answers again");
+                }
+                let tasks: Vec<Uuid> = batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
+                recall(&inner, &worker, &tasks).await;
+                if !probe(&inner, &mut conn, &worker, &addr).await {
+                    break;
+                }
+            }
+        }
+    }
+    // Forgotten (or the Waker is gone): a later push starts a new link.
+    let mut links = lock(&inner.links);
+    if links.get(&worker).is_some_and(|l| l.addr == addr) {
+        links.remove(&worker);
+    }
+    lock(&inner.unreachable).remove(&worker);
+}
+
+/// Gives back the announced tasks the worker has not started.
+async fn recall(inner: &Inner, worker: &str, tasks: &[Uuid]) {
+    if tasks.is_empty() {
+        return;
+    }
+    match inner.bb.recall(&inner.actor, worker, tasks).await {
+        Ok(back) if !back.is_empty() => {
+            tracing::info!(%worker, recalled = back.len(), "tasks whose wake-up was not delivered are pending again")
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(%worker, error = %e, "cannot give back tasks whose wake-up was not delivered; the reaper will when their leases end")
+        }
+    }
+}
+
+/// Probes an unreachable worker with plain wake-ups until one is answered (true) or it
+/// has been unreachable for [`FORGET_AFTER`] (false).
+async fn probe(
+    inner: &Inner,
+    conn: &mut Option<BufStream<TcpStream>>,
+    worker: &str,
+    addr: &str,
+) -> bool {
+    let since = Instant::now();
+    while since.elapsed() < FORGET_AFTER {
+        tokio::time::sleep(PROBE_EVERY).await;
+        if push(inner, conn, addr, worker, "[\"\"]").await.is_ok() {
+            lock(&inner.unreachable).remove(worker);
+            tracing::info!(%worker, %addr, "worker reachable again");
+            return true;
+        }
+        *conn = None;
+    }
+    tracing::info!(%worker, %addr, "worker unreachable for {FORGET_AFTER:?}; forgetting it");
+    false
+}
+
+/// Why a push failed.
+#[derive(Debug)]
+enum PushError {
+    Io(std::io::Error),
+    Timeout,
+    Status(u16),
+}
+
+impl std::fmt::Display for PushError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PushError::Io(e) => write!(f, "{e}"),
+            PushError::Timeout => write!(f, "no answer within {PUSH_TIMEOUT:?}"),
+            PushError::Status(s) => write!(f, "answered HTTP {s}"),
+        }
+    }
+}
+
+/// Sends one push and reads its answer: 2xx is delivered. A kept-alive connection the
+/// worker closed meanwhile, one a hot upgrade's other process took (421), or a secret
+/// that changed (401) get one more try on a fresh connection.
+async fn push(
+    inner: &Inner,
+    conn: &mut Option<BufStream<TcpStream>>,
+    addr: &str,
+    worker: &str,
+    body: &str,
+) -> Result<(), PushError> {
+    let mut last = PushError::Timeout;
+    for _ in 0..2 {
+        let reused = conn.is_some();
+        if conn.is_none() {
+            let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| PushError::Timeout)?
+                .map_err(PushError::Io)?;
+            let _ = stream.set_nodelay(true);
+            *conn = Some(BufStream::new(stream));
+        }
+        let secret = lock(&inner.secret).clone();
+        let stream = conn.as_mut().expect("connected above");
+        let answer =
+            tokio::time::timeout(PUSH_TIMEOUT, exchange(stream, addr, worker, &secret, body)).await;
+        match answer {
+            Ok(Ok((status, keep))) if (200..300).contains(&status) => {
+                if !keep {
+                    *conn = None;
+                }
+                return Ok(());
+            }
+            Ok(Ok((421, _))) => {
+                *conn = None;
+                last = PushError::Status(421);
+            }
+            Ok(Ok((401, _))) => {
+                *conn = None;
+                last = PushError::Status(401);
+                match inner.bb.wake_secret().await {
+                    Ok(s) => *lock(&inner.secret) = s,
+                    Err(_) => return Err(last),
+                }
+            }
+            Ok(Ok((status, _))) => return Err(PushError::Status(status)),
+            Ok(Err(e)) if reused => {
+                *conn = None;
+                last = PushError::Io(e);
+            }
+            Ok(Err(e)) => return Err(PushError::Io(e)),
+            Err(_) => return Err(PushError::Timeout),
+        }
+    }
+    Err(last)
+}
+
+/// Writes the request, reads the answer's status and body; says whether the connection
+/// stays open.
+async fn exchange(
+    stream: &mut BufStream<TcpStream>,
+    addr: &str,
+    worker: &str,
+    secret: &str,
+    body: &str,
+) -> std::io::Result<(u16, bool)> {
+    let head = format!(
+        "POST /wake HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {secret}\r\n\
+         Artex-Worker: {worker}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await?;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    let mut read = 0;
+    let mut status = None;
+    let mut length = 0usize;
+    let mut keep = true;
+    loop {
+        line.clear();
+        let n = stream.read_line(&mut line).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the worker closed the connection",
+            ));
+        }
+        read += n;
+        if read > MAX_HEAD {
+            return Err(bad("answer head too long"));
+        }
+        let l = line.trim_end();
+        if status.is_none() {
+            status = Some(
+                l.split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse::<u16>().ok())
+                    .ok_or_else(|| bad("not an HTTP status line"))?,
+            );
+            continue;
+        }
+        if l.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = l.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse().map_err(|_| bad("bad content-length"))?;
+            } else if name.eq_ignore_ascii_case("connection") {
+                keep = !value.eq_ignore_ascii_case("close");
+            }
+        }
+    }
+    if length > MAX_HEAD {
+        return Err(bad("answer body too long"));
+    }
+    let mut rest = vec![0u8; length];
+    stream.read_exact(&mut rest).await?;
+    Ok((status.expect("read above"), keep))
+}
