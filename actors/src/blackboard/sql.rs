@@ -228,6 +228,12 @@ impl Conn {
                     {
                         Err(Error::StatementTimeout { after })
                     }
+                    // A pooler may end a client whose statement it was asked to cancel
+                    // while it waited for a server connection (pgbouncer does).
+                    Err(e) if e.is_closed() => {
+                        self.broken.store(true, Ordering::Relaxed);
+                        Err(Error::StatementTimeout { after })
+                    }
                     // It ended on its own meanwhile.
                     done => Ok(done?),
                 };
