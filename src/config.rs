@@ -18,6 +18,17 @@ pub struct DbConfig {
         hide_env_values = true
     )]
     pub database_url: Option<String>,
+    /// A URL whose connections keep their session, for LISTEN (a planner's wake-ups,
+    /// `/events` followers): PostgreSQL itself, or a pgbouncer database in
+    /// `pool_mode = session`. Needed when --database-url is a transaction pooler, which
+    /// cannot carry a LISTEN; defaults to --database-url.
+    #[arg(
+        long,
+        env = "ARTEX_LISTEN_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    pub listen_database_url: Option<String>,
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
     #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
     pub data_dir: PathBuf,

@@ -68,7 +68,15 @@ pub async fn connect_unchecked(db: &DbConfig) -> Result<Blackboard> {
     let limits = db.limits();
     tracing::info!(database = %artex_actors::blackboard::mask_password(&url),
         limits = ?limits, "blackboard");
-    Ok(Blackboard::connect_with(&url, limits)?)
+    let bb = Blackboard::connect_with(&url, limits)?;
+    Ok(match &db.listen_database_url {
+        Some(listen) => {
+            tracing::info!(listen = %artex_actors::blackboard::mask_password(listen),
+                "LISTEN sessions");
+            bb.listening_at(listen)?
+        }
+        None => bb,
+    })
 }
 
 /// How often the planner's Maintenance actor keeps history bounded: often enough for

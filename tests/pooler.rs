@@ -18,8 +18,9 @@ use serde_json::json;
 /// Where Debian puts the binary.
 const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 
-/// A pgbouncer of this test's own on 127.0.0.1, pooling sessions to one database of the
-/// test cluster; stopped (and its folder removed) when dropped.
+/// A pgbouncer of this test's own on 127.0.0.1 pooling one database of the test cluster
+/// in the pool mode asked for, and in session mode under the name `<database>_session`
+/// (for LISTEN); stopped (and its folder removed) when dropped.
 struct Pgbouncer {
     child: Child,
     port: u16,
@@ -27,8 +28,9 @@ struct Pgbouncer {
 }
 
 impl Pgbouncer {
-    /// Starts pgbouncer in `pool_mode` for `database` and waits until it accepts.
-    async fn start(database: &str, pool_mode: &str) -> Pgbouncer {
+    /// Starts pgbouncer in `pool_mode` for `database`, at most `pool_size` server
+    /// connections for it (and 2 for its session alias), and waits until it accepts.
+    async fn start(database: &str, pool_mode: &str, pool_size: u32) -> Pgbouncer {
         assert!(
             Path::new(PGBOUNCER).exists(),
             "{PGBOUNCER} is missing: apt-get install -y pgbouncer (scripts/test.sh does)"
@@ -56,7 +58,10 @@ impl Pgbouncer {
         let socket = cluster().socket_dir();
         let ini = format!(
             "[databases]\n\
-             {database} = host={} port=5432 user=postgres dbname={database}\n\
+             {database} = host={socket} port=5432 user=postgres dbname={database} \
+             pool_size={pool_size}\n\
+             {database}_session = host={socket} port=5432 user=postgres dbname={database} \
+             pool_mode=session pool_size=2\n\
              [pgbouncer]\n\
              listen_addr = 127.0.0.1\n\
              listen_port = {port}\n\
@@ -67,7 +72,7 @@ impl Pgbouncer {
              default_pool_size = 40\n\
              logfile = {log}\n\
              pidfile = {pid}\n",
-            socket.display(),
+            socket = socket.display(),
             log = dir.join("pgbouncer.log").display(),
             pid = dir.join("pgbouncer.pid").display(),
         );
@@ -129,7 +134,7 @@ impl Drop for Pgbouncer {
 #[tokio::test]
 async fn through_pgbouncer_the_blackboard_connects_with_its_timeouts_in_force() {
     let db = TestDb::new().await;
-    let bouncer = Pgbouncer::start(&db.name, "session").await;
+    let bouncer = Pgbouncer::start(&db.name, "session", 40).await;
     let bb = Blackboard::connect_with(
         &bouncer.url(&db.name),
         DbLimits {
@@ -155,7 +160,7 @@ async fn through_pgbouncer_the_blackboard_connects_with_its_timeouts_in_force() 
 #[tokio::test]
 async fn a_planner_and_a_worker_run_a_task_through_pgbouncer() {
     let db = TestDb::new().await;
-    let bouncer = Pgbouncer::start(&db.name, "session").await;
+    let bouncer = Pgbouncer::start(&db.name, "session", 40).await;
     let url = bouncer.url(&db.name);
     let _planner = Proc::planner("pooled-planner", &url, &[]);
     let worker = Proc::worker("pooled-worker", &url, &[]);
@@ -188,4 +193,110 @@ async fn a_planner_and_a_worker_run_a_task_through_pgbouncer() {
         "{}",
         worker.log_text()
     );
+}
+
+#[tokio::test]
+async fn a_planner_and_workers_run_through_pgbouncer_in_transaction_mode_in_its_budget() {
+    let db = TestDb::new().await;
+    // Three server connections for every statement of a planner, three workers and the
+    // CLI; the planner's LISTEN goes through the session alias.
+    let bouncer = Pgbouncer::start(&db.name, "transaction", 3).await;
+    let url = bouncer.url(&db.name);
+    let listen = bouncer.url(&format!("{}_session", db.name));
+    let _planner = Proc::planner("txn-planner", &url, &["--listen-database-url", &listen]);
+    let workers: Vec<Proc> = (0..3)
+        .map(|i| Proc::worker(&format!("txn-worker-{i}"), &url, &[]))
+        .collect();
+    let c = db.client().await;
+    wait_for("the workers online", Duration::from_secs(30), || async {
+        let n: i64 = c
+            .query_one(
+                "select count(*) from artex.workers where state = 'online'",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (n == 3).then_some(())
+    })
+    .await;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let (code, out, err) = run_cli(
+            &url,
+            &["submit", "echo", "--payload", &format!(r#"{{"n": {n}}}"#)],
+        );
+        assert_eq!(
+            code,
+            0,
+            "artex submit through pgbouncer: {err}\n{}",
+            bouncer.log()
+        );
+        ids.push(
+            out.trim()
+                .parse::<uuid::Uuid>()
+                .expect("submit prints the id"),
+        );
+    }
+    c.execute(
+        "insert into artex.tasks (kind, payload) \
+         select 'echo', jsonb_build_object('n', g) from generate_series(20, 499) g",
+        &[],
+    )
+    .await
+    .expect("inserting tasks");
+    for id in &ids {
+        wait_status(&db.bb, *id, "succeeded", Duration::from_secs(60)).await;
+    }
+    wait_for("all 500 tasks done", Duration::from_secs(60), || async {
+        let n: i64 = c
+            .query_one(
+                "select count(*) from artex.tasks where status = 'succeeded'",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (n == 500).then_some(())
+    })
+    .await;
+    let (once, starts): (i64, i64) = {
+        let r = c
+            .query_one(
+                "select count(distinct task_id), count(*) from artex.task_transitions \
+                 where to_status = 'running'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(
+        (once, starts),
+        (500, 500),
+        "every task started exactly once"
+    );
+    // The budget: the pool's three server connections and the planner's LISTEN session,
+    // nothing per worker (no LISTEN session of a worker's own).
+    let backends: Vec<String> = c
+        .query(
+            "select coalesce(application_name, '') from pg_stat_activity \
+             where datname = current_database() and pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(backends.len() <= 3 + 2, "backends: {backends:?}");
+    assert!(
+        !backends.iter().any(|a| a.starts_with("artex-listen:")),
+        "a worker holds a LISTEN session: {backends:?}"
+    );
+    // Wake-ups reached the workers over HTTP (a pooler cannot carry their LISTEN).
+    for w in &workers {
+        let log = w.log_text();
+        assert!(log.contains("planners reach this worker"), "{log}");
+    }
 }

@@ -48,7 +48,7 @@ impl Blackboard {
         channels: &[String],
         name: Option<&str>,
     ) -> Result<Listener> {
-        let mut config = self.config.clone();
+        let mut config = self.listen_config.clone();
         if let Some(name) = name {
             config.application_name(name);
         }

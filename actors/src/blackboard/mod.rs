@@ -137,7 +137,8 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Blackboard {
     pool: Pool,
     relaxed: Pool,
-    config: tokio_postgres::Config,
+    /// Where LISTEN sessions connect: the pools' URL, or [`Blackboard::listening_at`]'s.
+    listen_config: tokio_postgres::Config,
     limits: DbLimits,
     /// What a LISTEN session sets right after logging in (see [`session_settings`]).
     settings: String,
@@ -171,13 +172,7 @@ impl Blackboard {
         if config.get_application_name().is_none() {
             config.application_name("artex");
         }
-        config
-            .connect_timeout(limits.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(KEEPALIVE_IDLE)
-            .keepalives_interval(KEEPALIVE_INTERVAL)
-            .keepalives_retries(KEEPALIVE_RETRIES)
-            .tcp_user_timeout(TCP_USER_TIMEOUT);
+        keep_alive(&mut config, &limits);
         let pool = build_pool(config.clone(), limits.pool_size, &limits)?;
         // Heartbeats, lease renewals and wake-ups have two connections of their own, so
         // that a busy durable pool never delays the proof that a worker is alive.
@@ -185,10 +180,24 @@ impl Blackboard {
         Ok(Blackboard {
             pool,
             relaxed,
-            config,
+            listen_config: config,
             settings: session_settings(&limits),
             limits,
         })
+    }
+
+    /// The same blackboard, opening its LISTEN sessions through `url` (one whose
+    /// connections keep their session) while its pools use the first URL: a transaction
+    /// pooler carries every statement but cannot carry a LISTEN.
+    pub fn listening_at(mut self, url: &str) -> Result<Self> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| Error::Url(format!("{e} (in {})", mask_password(url))))?;
+        if config.get_application_name().is_none() {
+            config.application_name("artex");
+        }
+        keep_alive(&mut config, &self.limits);
+        self.listen_config = config;
+        Ok(self)
     }
 
     /// Checks the database answers.
@@ -259,6 +268,18 @@ fn session_settings(limits: &DbLimits) -> String {
         KEEPALIVE_INTERVAL.as_secs(),
         KEEPALIVE_RETRIES
     )
+}
+
+/// Deadlines toward the server on `config`'s connections: the connect timeout, and TCP
+/// keepalives, so that a dead peer shows as an error, not as silence.
+fn keep_alive(config: &mut tokio_postgres::Config, limits: &DbLimits) {
+    config
+        .connect_timeout(limits.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_RETRIES)
+        .tcp_user_timeout(TCP_USER_TIMEOUT);
 }
 
 fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) -> Result<Pool> {
