@@ -32,13 +32,17 @@
 #          a process or LISTEN session, which the roster accepts): assignment throughput,
 #          rounds, and the cost of the round's read (roster + claim). Target: 2,000
 #          workers at least half the rate of 10.
+#   fleet  ARTEX_BENCH_FLEET_WORKERS (default 500) real workers and 2 planners through a
+#          real pgbouncer in transaction mode (pool of 40): RSS per idle worker, what the idle
+#          fleet costs PostgreSQL per worker, W1 from idle with the backends sampled
+#          throughout, W2; against 10 workers connected directly (issue 22).
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload, fleet;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -61,7 +65,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload,fleet},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -187,6 +191,7 @@ procs=()
 cleanup() {
     local rc=$?
     stop_runtime
+    if declare -F stop_bouncer >/dev/null; then stop_bouncer; fi
     if [ -n "${link_ns:-}" ]; then ip netns del "$link_ns" 2>/dev/null || true; fi
     "$artex" db stop --data-dir "$tmp/db" >/dev/null 2>&1 || true
     if [ "$rc" -ne 0 ]; then
@@ -674,7 +679,7 @@ for fleet in 10 2000; do
         select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $slots
         from generate_series(1, $fleet) g" -c "analyze artex.workers"
     insert_tasks $db "$w1" noop
-    dispatch_ms=$(query_ms $db "prepare dispatch as $dispatch_sql" "execute dispatch(600, 2000, 1, '{}')")
+    dispatch_ms=$(query_ms $db "prepare dispatch as $dispatch_sql" "execute dispatch(600, 2000, 1, '{}', '{}')")
     ARTEX_DATABASE_URL=$(db_url $db) "$artex" planner --worker-suspect-ms 600000 \
         --worker-timeout-ms 600000 >>"$tmp/log/$db.planner" 2>&1 &
     procs+=($!)
@@ -998,5 +1003,172 @@ upload_link_bench() { # folder db
 }
 if want upload; then
     upload_bench
+fi
+# ---- fleet: hundreds of real workers through pgbouncer in transaction mode (issue 22) ----
+# A real pgbouncer (transaction mode, default_pool_size 40; a session-mode alias of 4 for
+# the planners' LISTEN) in front of the cluster; ARTEX_BENCH_FLEET_WORKERS real `artex
+# worker` processes (default 500; concurrency 10, default flags otherwise) and 2 planners,
+# all through it. Reported: RSS per idle worker; what the idle fleet costs PostgreSQL
+# (heartbeats and polls: transactions and CPU per worker per second); W1 from idle
+# (20,000 tasks) with PostgreSQL's backends sampled every 100 ms throughout; W2 through the
+# pooler; and the same W1 and W2 with 10 workers connected directly, for the ratios.
+fleet_n=${ARTEX_BENCH_FLEET_WORKERS:-500}
+$quick && fleet_n=${ARTEX_BENCH_FLEET_WORKERS:-20}
+# The pgbouncer of database $1 (its session alias is ${1}_session), on a free port:
+# its URLs in $bouncer_url and $bouncer_listen_url.
+start_bouncer() { # db
+    local dir="$tmp/bouncer" socket port
+    mkdir -p "$dir"
+    socket=$(python3 -c 'import sys, urllib.parse as u; q = u.parse_qs(u.urlparse(sys.argv[1]).query); print(q["host"][0], q["port"][0])' "$url")
+    read -r socket port <<<"$socket"
+    bouncer_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+$1 = host=$socket port=$port user=postgres dbname=$1 pool_size=40
+${1}_session = host=$socket port=$port user=postgres dbname=$1 pool_mode=session pool_size=4
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bouncer_port
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = 40
+max_client_conn = 20000
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+    if [ "$(id -u)" = 0 ]; then
+        chown -R postgres "$dir"
+        (ulimit -n 65536; exec runuser -u postgres -- pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
+    else
+        (ulimit -n "$(ulimit -Hn)"; exec pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
+    fi
+    bouncer_pid=$!
+    bouncer_url="postgresql://postgres@127.0.0.1:$bouncer_port/$1"
+    bouncer_listen_url="postgresql://postgres@127.0.0.1:$bouncer_port/${1}_session"
+    for _ in $(seq 100); do psql "$bouncer_url" -XAtqc 'select 1' >/dev/null 2>&1 && return 0; sleep 0.1; done
+    die "pgbouncer did not start: $(tail -n 5 "$dir/pgbouncer.log")"
+}
+stop_bouncer() {
+    [ -n "${bouncer_pid:-}" ] || return 0
+    kill -TERM "$bouncer_pid" 2>/dev/null || true
+    wait "$bouncer_pid" 2>/dev/null || true
+    bouncer_pid=''
+}
+# Samples the cluster's client backends (every session but this sampler and the
+# server's own processes) every 100 ms into $tmp/backends.$1 until $tmp/sampling.$1 goes.
+sample_backends() { # label
+    : >"$tmp/backends.$1"
+    touch "$tmp/sampling.$1"
+    sql postgres -c "do \$\$ begin while pg_stat_file('$tmp/sampling.$1', true) is not null loop
+        raise notice 'backends %', (select count(*) from pg_stat_activity
+            where backend_type = 'client backend' and pid <> pg_backend_pid());
+        perform pg_sleep(0.1); commit;
+    end loop; end \$\$" 2>>"$tmp/backends.$1" &
+    sampler=$!
+}
+stop_sampling() { # label → the most backends seen
+    rm -f "$tmp/sampling.$1"
+    wait "$sampler" 2>/dev/null || true
+    sed -nE 's/.*backends ([0-9]+).*/\1/p' "$tmp/backends.$1" | sort -n | tail -n 1
+}
+# The fleet of $2 workers and 2 planners on database $1 through URL $3 (planners LISTEN
+# through $4); returns once every worker is online.
+start_fleet() { # db workers url listen_url
+    ulimit -n "$(ulimit -Hn)" # a planner keeps a connection to each worker
+    for p in 1 2; do
+        ARTEX_DATABASE_URL=$3 ARTEX_LISTEN_DATABASE_URL=$4 "$artex" planner \
+            >>"$tmp/log/$1.planner$p" 2>&1 &
+        procs+=($!)
+    done
+    for i in $(seq "$2"); do
+        ARTEX_DATABASE_URL=$3 "$tmp/artex-bench" worker --concurrency 10 \
+            >>"$tmp/log/$1.worker$i" 2>&1 &
+        procs+=($!)
+        # Start in waves, so that start-up does not starve what already runs.
+        [ $((i % 50)) = 0 ] && sleep 1
+    done
+    wait_until "$1" "$(online "$2")" 600
+}
+# W1 from idle on the running fleet of database $1: tasks/s from first start to last
+# finish, the most backends seen meanwhile.
+fleet_w1() { # db label
+    sql "$1" -c checkpoint
+    sample_backends "$2"
+    sql "$1" -c "insert into artex.tasks (kind, run_at)
+        select 'noop', now() + interval '$w1idle_lead s' from generate_series(1, $w1)"
+    wait_until "$1" "$unfinished" 900
+    fleet_backends=$(stop_sampling "$2")
+    check_all_succeeded "$1" "$w1"
+    fleet_rate=$(sql "$1" -c "select round($w1 / extract(epoch from max(finished_at) - min(started_at))) from artex.tasks")
+}
+# W2 on the running fleet: 300 `stamp` tasks 20 ms apart; p50 and p99 enqueue → handler.
+fleet_w2() { # db
+    sql "$1" -c "delete from artex.tasks"
+    sql "$1" -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
+        perform pg_sleep(0.02); commit;
+        insert into artex.tasks (id, kind, payload)
+            values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', i <= $w2_warm));
+        commit;
+    end loop; end \$\$"
+    wait_until "$1" "$unfinished" 120
+    read -r fleet_w2_p50 fleet_w2_p99 <<<"$(sql "$1" -F' ' -c "select
+            round(percentile_cont(0.5) within group (order by ms)::numeric, 2),
+            round(percentile_cont(0.99) within group (order by ms)::numeric, 2)
+        from (select (result->>'t_us')::float8 / 1000 - extract(epoch from created_at) * 1000 ms
+              from artex.tasks where payload->>'warmup' = 'false') t")"
+}
+if want fleet; then
+command -v pgbouncer >/dev/null || die "fleet: pgbouncer is not installed (apt-get install -y pgbouncer)"
+# Direct: 10 workers and 2 planners connected to PostgreSQL itself.
+db=bench_fleet_direct
+new_db $db
+start_fleet $db 10 "$(db_url $db)" "$(db_url $db)"
+fleet_w1 $db direct
+direct_rate=$fleet_rate
+result fleet_direct_10_workers_w1_tasks_per_s "$direct_rate" tasks/s
+result fleet_direct_10_workers_max_backends "$fleet_backends" backends
+fleet_w2 $db
+direct_w2=$fleet_w2_p50
+result fleet_direct_w2_enqueue_to_handler_ms_p50 "$fleet_w2_p50" ms
+result fleet_direct_w2_enqueue_to_handler_ms_p99 "$fleet_w2_p99" ms
+stop_runtime
+wait_idle $db
+drop_db $db
+# Through pgbouncer: the fleet.
+db=bench_fleet
+new_db $db
+start_bouncer $db
+t0=$EPOCHREALTIME
+start_fleet $db "$fleet_n" "$bouncer_url" "$bouncer_listen_url"
+echo "# fleet: $fleet_n workers online after $(calc "$EPOCHREALTIME - $t0" 1) s"
+sleep 10 # past start-up: queues at their minimum, polls slowed by the first pushes
+rss=0
+for p in "${procs[@]:2}"; do rss=$((rss + $(awk '/^VmRSS/ { print $2 }' "/proc/$p/status"))); done
+result fleet_rss_kb_per_idle_worker "$((rss / fleet_n))" kB
+# The idle fleet for 20 s: heartbeats (every 2 s), polls (every 2 s once pushed), nothing
+# else; what PostgreSQL commits and spends on it, per worker.
+read -r commits0 _ _ <<<"$(counters $db)"
+pg0=$(pg_cpu_s)
+sleep 20
+read -r commits1 _ _ <<<"$(counters $db)"
+pg1=$(pg_cpu_s)
+result fleet_idle_pg_transactions_per_worker_per_s "$(calc "($commits1 - $commits0) / 20 / $fleet_n" 3)" transactions
+result fleet_idle_pg_cpu_us_per_worker_per_s "$(calc "($pg1 - $pg0) * 1e6 / 20 / $fleet_n")" us
+result fleet_idle_pg_cpu_share "$(calc "($pg1 - $pg0) / 20" 3)" cores
+fleet_w1 $db pooled
+throughput "fleet_${fleet_n}_workers_w1_tasks_per_s" "$fleet_rate"
+result fleet_max_backends "$fleet_backends" backends
+result fleet_w1_vs_direct_10_workers "$(calc "$fleet_rate / $direct_rate" 2)" ratio
+fleet_w2 $db
+result fleet_w2_enqueue_to_handler_ms_p50 "$fleet_w2_p50" ms
+result fleet_w2_enqueue_to_handler_ms_p99 "$fleet_w2_p99" ms
+result fleet_w2_p50_vs_direct "$(calc "$fleet_w2_p50 / $direct_w2" 2)" ratio
+errors=$(cat "$tmp"/log/$db.* | grep -c ' ERROR ' || true)
+result fleet_error_lines "$errors" lines
+stop_runtime
+stop_bouncer
+wait_idle $db
+drop_db $db
 fi
 echo "# done"

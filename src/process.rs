@@ -1,5 +1,5 @@
 //! What a process needs to know about itself and its surroundings: its host name and
-//! identity, the digest of its own binary, stop signals as one shutdown that every part
+//! identity, the digest of its own binary, its open files limit, stop signals as one shutdown that every part
 //! can wait on, and messages to the service manager.
 
 use std::future::Future;
@@ -9,6 +9,22 @@ use artex_upgrade::StopSignal;
 use sha2::Digest;
 
 use crate::error::Result;
+
+/// Raises this process's limit of open files to the most it may have (the hard limit):
+/// a planner holds a connection to every worker it pushes wake-ups to, and a fleet of a
+/// thousand workers is past the usual soft limit of 1,024. Says what it could not do.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read the open files limit"),
+    }
+}
 
 /// This host's name.
 pub fn hostname() -> String {

@@ -95,6 +95,8 @@ pub async fn run_planner(
     // Unique like a worker's id (`host:pid:suffix`): with `--shards auto` it owns shard
     // leases, and two planners sharing a name would each take the other's for its own.
     let name = format!("planner:{}", worker_id(&hostname()));
+    // A connection to each worker it pushes wake-ups to.
+    crate::process::raise_open_files_limit();
     let shards = match args.shard {
         Some((i, n)) => (n, vec![i]),
         None => (1, Vec::new()),
