@@ -78,7 +78,13 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     let read = c
         .query(
             DISPATCH_SQL,
-            &[&600.0f64, &10i64, &1i32, &Vec::<i32>::new()],
+            &[
+                &600.0f64,
+                &10i64,
+                &1i32,
+                &Vec::<i32>::new(),
+                &Vec::<String>::new(),
+            ],
         )
         .await
         .unwrap();
