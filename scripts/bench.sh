@@ -1039,7 +1039,7 @@ pidfile = $dir/pgbouncer.pid
 INI
     if [ "$(id -u)" = 0 ]; then
         chown -R postgres "$dir"
-        (ulimit -n 65536; exec runuser -u postgres -- pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
+        (ulimit -n "$(ulimit -Hn)"; exec runuser -u postgres -- pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
     else
         (ulimit -n "$(ulimit -Hn)"; exec pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
     fi
@@ -1055,22 +1055,22 @@ stop_bouncer() {
     wait "$bouncer_pid" 2>/dev/null || true
     bouncer_pid=''
 }
-# Samples the cluster's client backends (every session but this sampler and the
+# Samples the cluster's client backends (every session but the sampler's own and the
 # server's own processes) every 100 ms into $tmp/backends.$1 until $tmp/sampling.$1 goes.
 sample_backends() { # label
     : >"$tmp/backends.$1"
     touch "$tmp/sampling.$1"
-    sql postgres -c "do \$\$ begin while pg_stat_file('$tmp/sampling.$1', true) is not null loop
-        raise notice 'backends %', (select count(*) from pg_stat_activity
-            where backend_type = 'client backend' and pid <> pg_backend_pid());
-        perform pg_sleep(0.1); commit;
-    end loop; end \$\$" 2>>"$tmp/backends.$1" &
+    while [ -f "$tmp/sampling.$1" ]; do
+        sql postgres -c "select count(*) from pg_stat_activity
+            where backend_type = 'client backend' and pid <> pg_backend_pid()" >>"$tmp/backends.$1"
+        sleep 0.1
+    done &
     sampler=$!
 }
-stop_sampling() { # label → the most backends seen
+stop_sampling() { # label: the most backends seen, in $fleet_backends
     rm -f "$tmp/sampling.$1"
     wait "$sampler" 2>/dev/null || true
-    sed -nE 's/.*backends ([0-9]+).*/\1/p' "$tmp/backends.$1" | sort -n | tail -n 1
+    fleet_backends=$(sort -n "$tmp/backends.$1" | tail -n 1)
 }
 # The fleet of $2 workers and 2 planners on database $1 through URL $3 (planners LISTEN
 # through $4); returns once every worker is online.
@@ -1098,7 +1098,7 @@ fleet_w1() { # db label
     sql "$1" -c "insert into artex.tasks (kind, run_at)
         select 'noop', now() + interval '$w1idle_lead s' from generate_series(1, $w1)"
     wait_until "$1" "$unfinished" 900
-    fleet_backends=$(stop_sampling "$2")
+    stop_sampling "$2"
     check_all_succeeded "$1" "$w1"
     fleet_rate=$(sql "$1" -c "select round($w1 / extract(epoch from max(finished_at) - min(started_at))) from artex.tasks")
 }

@@ -218,12 +218,24 @@ pub async fn run_worker(
         }
     };
     let config = worker_config(args, &http_addr);
-    Worker::register(&bb.worker(), &config, &registry).await?;
+    let mut registration = Worker::registration(&config, &registry);
+    if new_side.is_some() {
+        // Until the listener pass, pushes to this address reach the old process: it
+        // takes none until then (its poll finds what it is given meanwhile).
+        registration.wake_addr = None;
+    }
+    bb.worker().register_worker(&registration).await?;
     // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
     let listener = match (listener, &mut new_side) {
         (Some(l), _) => l,
-        (None, Some(s)) => s.receive_listener(&config.id).await?,
+        (None, Some(s)) => {
+            let listener = s.receive_listener(&config.id).await?;
+            bb.worker()
+                .set_wake_addr(&config.id, config.wake_addr.as_deref())
+                .await?;
+            listener
+        }
         (None, None) => unreachable!("checked above"),
     };
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),

@@ -164,6 +164,8 @@ const RENEW_COPIED_ID: &str =
 
 const BLACKBOARD_ID: &str = "select id from artex.blackboard";
 
+const SET_WAKE_ADDR: &str = "update artex.workers set wake_addr = $2 where id = $1";
+
 const SET_BINARY: &str = "update artex.workers set binary_sha256 = $2 where id = $1";
 
 const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker_state,
@@ -190,6 +192,13 @@ impl WorkerBoard {
     /// The bearer token planners' wake-up pushes carry (`POST /wake`).
     pub async fn wake_secret(&self) -> Result<String> {
         self.bb.wake_secret().await
+    }
+
+    /// Sets where planners push the worker's wake-ups (`None`: nowhere; it polls).
+    pub async fn set_wake_addr(&self, worker: &str, addr: Option<&str>) -> Result {
+        let client = self.bb.client().await?;
+        client.execute(SET_WAKE_ADDR, &[&worker, &addr]).await?;
+        Ok(())
     }
 
     /// Inserts or revives the worker's row as [`WorkerState::Online`].
