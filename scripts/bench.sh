@@ -1039,7 +1039,9 @@ pidfile = $dir/pgbouncer.pid
 INI
     if [ "$(id -u)" = 0 ]; then
         chown -R postgres "$dir"
-        (ulimit -n "$(ulimit -Hn)"; exec runuser -u postgres -- pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
+        # runuser's PAM session sets the soft limit back: raise it inside.
+        runuser -u postgres -- sh -c "ulimit -n \$(ulimit -Hn); exec pgbouncer $dir/pgbouncer.ini" \
+            >>"$tmp/log/pgbouncer" 2>&1 &
     else
         (ulimit -n "$(ulimit -Hn)"; exec pgbouncer "$dir/pgbouncer.ini") >>"$tmp/log/pgbouncer" 2>&1 &
     fi

@@ -28,9 +28,11 @@ use uuid::Uuid;
 use crate::blackboard::{PlannerBoard, Push, CANCEL_PAYLOAD};
 
 /// How long to reach a worker's port.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long a worker has to answer a push.
-pub const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a worker has to answer a push: a process that is alive answers at once, but
+/// on a host starved of CPU (hundreds of workers starting on two cores) it may take
+/// seconds; a killed one is refused at once, whatever this is.
+pub const PUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an unreachable worker is probed.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// A worker unreachable this long is forgotten (its link ends): a worker that comes back
