@@ -1150,6 +1150,7 @@ for p in "${procs[@]:2}"; do rss=$((rss + $(awk '/^VmRSS/ { print $2 }' "/proc/$
 result fleet_rss_kb_per_idle_worker "$((rss / fleet_n))" kB
 # The idle fleet for 20 s: heartbeats (every 2 s), polls (every 2 s once pushed), nothing
 # else; what PostgreSQL commits and spends on it, per worker.
+if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
 read -r commits0 _ _ <<<"$(counters $db)"
 pg0=$(pg_cpu_s)
 sleep 20
@@ -1158,6 +1159,7 @@ pg1=$(pg_cpu_s)
 result fleet_idle_pg_transactions_per_worker_per_s "$(calc "($commits1 - $commits0) / 20 / $fleet_n" 3)" transactions
 result fleet_idle_pg_cpu_us_per_worker_per_s "$(calc "($pg1 - $pg0) * 1e6 / 20 / $fleet_n")" us
 result fleet_idle_pg_cpu_share "$(calc "($pg1 - $pg0) / 20" 3)" cores
+if [ "$profile" = 1 ]; then statements $db "the idle fleet, 20 s (per task = per worker)" "$fleet_n"; fi
 fleet_w1 $db pooled
 throughput "fleet_${fleet_n}_workers_w1_tasks_per_s" "$fleet_rate"
 result fleet_max_backends "$fleet_backends" backends

@@ -1,5 +1,8 @@
 //! What `/health` says about the database: the result of a real round trip made every
-//! [`PROBE_EVERY`] through the process's own pool, each bounded by [`PROBE_DEADLINE`].
+//! [`PROBE_EVERY`] through the process's own pool, each bounded by [`PROBE_DEADLINE`] —
+//! unless the process's own statements were answered within the last [`PROBE_EVERY`]
+//! (a worker's heartbeats and polls are): a thousand workers do not ping the database a
+//! thousand times a second to say what their work already shows.
 //! A server that hangs (SIGSTOP, a dead network) or has no connection left for us turns
 //! `/health` 503 within [`STALE_AFTER`], and back to 200 at the first answer after.
 
@@ -39,10 +42,14 @@ impl DbProbe {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let answer = match tokio::time::timeout(PROBE_DEADLINE, bb.ping()).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no answer within {PROBE_DEADLINE:?}")),
+                let answer = if bb.last_answer().is_some_and(|ago| ago < PROBE_EVERY) {
+                    Ok(())
+                } else {
+                    match tokio::time::timeout(PROBE_DEADLINE, bb.ping()).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {PROBE_DEADLINE:?}")),
+                    }
                 };
                 let Some(last) = weak.upgrade() else { return };
                 let mut last = last.lock().unwrap_or_else(|p| p.into_inner());

@@ -43,6 +43,7 @@ mod tasks;
 pub mod worker;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -142,6 +143,8 @@ pub struct Blackboard {
     limits: DbLimits,
     /// What a LISTEN session sets right after logging in (see [`session_settings`]).
     settings: String,
+    /// When the server last answered a statement of these pools.
+    heard: Arc<sql::Heard>,
 }
 
 impl std::fmt::Debug for Blackboard {
@@ -183,6 +186,7 @@ impl Blackboard {
             listen_config: config,
             settings: session_settings(&limits),
             limits,
+            heard: sql::Heard::new(),
         })
     }
 
@@ -231,11 +235,18 @@ impl Blackboard {
         MaintenanceBoard { bb: self.clone() }
     }
 
+    /// How long ago PostgreSQL last answered a statement of this blackboard's pools (its
+    /// clones' included), if it ever did.
+    pub fn last_answer(&self) -> Option<Duration> {
+        self.heard.ago()
+    }
+
     /// A connection of the durable pool.
     pub(crate) async fn client(&self) -> Result<Conn> {
         Ok(Conn::new(
             self.pool.get().await?,
             self.limits.statement_timeout,
+            self.heard.clone(),
         ))
     }
 
@@ -244,6 +255,7 @@ impl Blackboard {
         Ok(Conn::new(
             self.relaxed.get().await?,
             self.limits.statement_timeout,
+            self.heard.clone(),
         ))
     }
 }

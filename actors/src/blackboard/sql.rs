@@ -21,8 +21,9 @@
 //!   [`Error::StatementTimeout`]. A connection whose statement does not come back even
 //!   then is closed, not handed back to the pool.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::Future;
@@ -114,6 +115,42 @@ impl<T: Typed + ToSql + Sync> Param for &[T] {
     }
 }
 
+/// When PostgreSQL last answered a statement of this process's pools: a process that
+/// talks to the database all the time needs no extra round trip to know it answers
+/// (`/health`'s probe asks only when nothing else did lately).
+#[derive(Debug)]
+pub(crate) struct Heard {
+    start: Instant,
+    /// Milliseconds from `start` to the last answer, plus one (0: never).
+    last: AtomicU64,
+}
+
+impl Heard {
+    pub(crate) fn new() -> Arc<Heard> {
+        Arc::new(Heard {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        })
+    }
+
+    fn note(&self) {
+        let ms = self.start.elapsed().as_millis() as u64 + 1;
+        self.last.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the last answer came, if one did.
+    pub(crate) fn ago(&self) -> Option<Duration> {
+        match self.last.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(
+                self.start
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(ms - 1)),
+            ),
+        }
+    }
+}
+
 /// A pooled connection; every statement of artex runs through one (see the
 /// [module](self)).
 pub(crate) struct Conn {
@@ -122,14 +159,20 @@ pub(crate) struct Conn {
     timeout: Option<Duration>,
     /// A statement did not come back from its cancel: close the connection on drop.
     broken: AtomicBool,
+    heard: Arc<Heard>,
 }
 
 impl Conn {
-    pub(crate) fn new(client: deadpool_postgres::Client, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        client: deadpool_postgres::Client,
+        timeout: Duration,
+        heard: Arc<Heard>,
+    ) -> Self {
         Conn {
             client: Some(client),
             timeout: Some(timeout),
             broken: AtomicBool::new(false),
+            heard,
         }
     }
 
@@ -212,6 +255,9 @@ impl Conn {
         };
         tokio::pin!(call);
         if let Ok(done) = tokio::time::timeout(after, &mut call).await {
+            if !matches!(&done, Err(e) if e.is_closed()) {
+                self.heard.note();
+            }
             return Ok(done?);
         }
         // The cancel request goes on a connection of its own; the statement then ends
