@@ -43,11 +43,16 @@ impl Uploads {
         })
         .await?;
         let ids: Vec<Uuid> = local.iter().map(|(id, _, _)| *id).collect();
-        let known = self
-            .bb
-            .uploads_known(&ids)
-            .await
-            .map_err(|e| UploadError::Internal(format!("reading uploads: {e}")))?;
+        // An empty folder has nothing to sweep: no question to the database (a fleet's
+        // idle workers would ask every few seconds each).
+        let known = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.bb
+                .uploads_known(&ids)
+                .await
+                .map_err(|e| UploadError::Internal(format!("reading uploads: {e}")))?
+        };
         let mut expired = Vec::new();
         for (id, whole, touched) in local {
             if known.contains(&id) {
@@ -83,7 +88,11 @@ impl Uploads {
                 }
             }
         }
-        let ended = self.ended_in(&self.settings.dir).await?;
+        let ended = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.ended_in(&self.settings.dir).await?
+        };
         let mut gone = Vec::new();
         for (id, path) in ended {
             let path = PathBuf::from(path);
@@ -127,6 +136,13 @@ impl Uploads {
         let Some(legacy) = &self.legacy else {
             return Ok(Vec::new());
         };
+        let folder = legacy.clone();
+        let empty = blocking(move || Ok(read_dir(&folder)?.into_iter().flatten().next().is_none()))
+            .await
+            .unwrap_or(false);
+        if empty {
+            return Ok(Vec::new());
+        }
         let ended = self.ended_in(legacy).await?;
         let mut gone = Vec::new();
         for (id, path) in ended {
