@@ -1151,11 +1151,15 @@ result fleet_rss_kb_per_idle_worker "$((rss / fleet_n))" kB
 # The idle fleet for 20 s: heartbeats (every 2 s), polls (every 2 s once pushed), nothing
 # else; what PostgreSQL commits and spends on it, per worker.
 if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
+workers_cpu() { local t=0; for p in "${procs[@]:2}"; do t=$(calc "$t + $(cpu_s "$p")" 2); done; echo "$t"; }
 read -r commits0 _ _ <<<"$(counters $db)"
 pg0=$(pg_cpu_s)
+w0=$(workers_cpu)
 sleep 20
 read -r commits1 _ _ <<<"$(counters $db)"
 pg1=$(pg_cpu_s)
+w1cpu=$(workers_cpu)
+result fleet_idle_worker_cpu_us_per_worker_per_s "$(calc "($w1cpu - $w0) * 1e6 / 20 / $fleet_n")" us
 result fleet_idle_pg_transactions_per_worker_per_s "$(calc "($commits1 - $commits0) / 20 / $fleet_n" 3)" transactions
 result fleet_idle_pg_cpu_us_per_worker_per_s "$(calc "($pg1 - $pg0) * 1e6 / 20 / $fleet_n")" us
 result fleet_idle_pg_cpu_share "$(calc "($pg1 - $pg0) / 20" 3)" cores
