@@ -3,7 +3,8 @@
 //! planners never overfill a worker; a PostgreSQL outage re-runs no task and marks no
 //! live worker gone; a killed worker stops receiving work at once; a worker cut off from
 //! PostgreSQL stops its handler before its lease can expire, and the task finishes once,
-//! elsewhere. No run leaves a deadlock in the server's log. Each test prints its figures
+//! elsewhere — these three through pgbouncer in transaction mode (the fleet's setup: no
+//! worker holds a session). No run leaves a deadlock in the server's log. Each test prints its figures
 //! (`FIGURE name=value`), which README's reliability section quotes.
 
 mod common;
@@ -151,7 +152,10 @@ async fn two_and_three_planners_never_give_a_worker_more_than_its_capacity() {
 async fn a_postgres_outage_re_runs_no_task_and_marks_no_live_worker_gone() {
     let fleet = Fleet::new(&["db", "p1", "w1", "w2"]);
     let db = fleet.start_postgres("db").await;
-    let url = db.url_from_fleet();
+    // Through pgbouncer in transaction mode, as a fleet runs: the liveness rules hold
+    // with no session per worker.
+    let pooler = db.start_pgbouncer(10);
+    let (url, listen) = (pooler.url(), pooler.listen_url());
     let c = db.client().await;
     // Leases of 30 s (the default), renewed every 10 s: the outage outlasts both the
     // planner's worker timeout (5 s here) and a renewal interval.
@@ -159,7 +163,7 @@ async fn a_postgres_outage_re_runs_no_task_and_marks_no_live_worker_gone() {
     let w1 = fleet.worker("w1", "w1", &url, &lease);
     let w2 = fleet.worker("w2", "w2", &url, &lease);
     let ids = [worker_id(&c, &w1).await, worker_id(&c, &w2).await];
-    let _p = fleet.planner("p1", "p1", &url, &[]);
+    let _p = fleet.planner("p1", "p1", &url, &["--listen-database-url", &listen]);
     submit(&c, "sleep", serde_json::json!({ "ms": 15000 }), 8).await;
     wait_for("the 8 tasks to run", Duration::from_secs(20), || async {
         let running: i64 = c
@@ -210,13 +214,16 @@ async fn a_postgres_outage_re_runs_no_task_and_marks_no_live_worker_gone() {
 async fn a_killed_worker_gets_no_assignment_a_second_after_its_death() {
     let fleet = Fleet::new(&["db", "p1", "w1", "w2"]);
     let db = fleet.start_postgres("db").await;
-    let url = db.url_from_fleet();
+    // Through pgbouncer in transaction mode, as a fleet runs: the liveness rules hold
+    // with no session per worker.
+    let pooler = db.start_pgbouncer(10);
+    let (url, listen) = (pooler.url(), pooler.listen_url());
     let c = db.client().await;
     let w1 = fleet.worker("w1", "w1", &url, &[]);
     let w2 = fleet.worker("w2", "w2", &url, &[]);
     let victim = worker_id(&c, &w1).await;
     worker_id(&c, &w2).await;
-    let _p = fleet.planner("p1", "p1", &url, &[]);
+    let _p = fleet.planner("p1", "p1", &url, &["--listen-database-url", &listen]);
     // A steady trickle: 20 tasks every 50 ms for 6 s, the kill after 2 s.
     let mut killed_at: Option<DateTime<Utc>> = None;
     let started = Instant::now();
@@ -260,12 +267,25 @@ async fn a_killed_worker_gets_no_assignment_a_second_after_its_death() {
 async fn a_worker_cut_off_stops_its_handler_before_its_lease_expires() {
     let fleet = Fleet::new(&["db", "p1", "w1", "w2"]);
     let db = fleet.start_postgres("db").await;
-    let url = db.url_from_fleet();
+    // Through pgbouncer in transaction mode, as a fleet runs: the liveness rules hold
+    // with no session per worker.
+    let pooler = db.start_pgbouncer(10);
+    let (url, listen) = (pooler.url(), pooler.listen_url());
     let c = db.client().await;
     // Leases of 6 s, given and renewed.
     let w1 = fleet.worker("w1", "w1", &url, &["--lease-ms", "6000"]);
     let cut_id = worker_id(&c, &w1).await;
-    let _p = fleet.planner("p1", "p1", &url, &["--assign-lease-ms", "6000"]);
+    let _p = fleet.planner(
+        "p1",
+        "p1",
+        &url,
+        &[
+            "--assign-lease-ms",
+            "6000",
+            "--listen-database-url",
+            &listen,
+        ],
+    );
     submit(&c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
     let task: uuid::Uuid = wait_for("the task to run on w1", Duration::from_secs(20), || async {
         c.query_opt(
