@@ -35,10 +35,14 @@
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
+#   replica  W1 (20,000 tasks, 1 planner + 2 workers) on a database of 1,000,000 finished
+#          tasks while a dashboard's requests (the `dash` part's, in a loop) go to
+#          `artex serve --read-database-url` on a streaming standby of this cluster, then
+#          to one on the primary; each as a ratio to W1 with no dashboard load.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, replica, upload;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -61,7 +65,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,replica,upload},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -184,9 +188,13 @@ mkdir "$tmp/log"
 cp target/release/artex target/release/examples/artex-bench target/release/examples/latency-floor "$tmp/"
 artex="$tmp/artex"
 procs=()
+keep_procs=() # started once for a whole part (the replica part's `artex serve`s)
+standby=''    # the replica part's standby's PGDATA, while it runs
 cleanup() {
     local rc=$?
+    procs+=("${keep_procs[@]}")
     stop_runtime
+    if [ -n "$standby" ]; then as_pg "$pgbin/pg_ctl" stop -m immediate -D "$standby" >/dev/null 2>&1 || true; fi
     if [ -n "${link_ns:-}" ]; then ip netns del "$link_ns" 2>/dev/null || true; fi
     "$artex" db stop --data-dir "$tmp/db" >/dev/null 2>&1 || true
     if [ "$rc" -ne 0 ]; then
@@ -811,10 +819,9 @@ dash_ms() { # url → median ms of 7 GETs
     for _ in 1 2 3 4 5 6 7; do curl -fsS -o /dev/null -w '%{time_total}\n' "$1"; done \
         | sort -n | sed -n 4p | awk '{ printf "%.1f", $1 * 1000 }'
 }
-dash_bench() {
-    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
-    $quick && n=20000
-    new_db $db
+# $2 tasks in database $1 as a busy hour leaves them (see above).
+fill_busy_hour() { # db count
+    local db=$1 n=$2
     sql $db -c "set session_replication_role = replica" -c "
         insert into artex.tasks (id, kind, status, created_at, updated_at, started_at,
                                  finished_at, error)
@@ -827,6 +834,12 @@ dash_bench() {
                             case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
                                  else 'succeeded' end as s) x" \
         -c "vacuum analyze artex.tasks" -c checkpoint
+}
+dash_bench() {
+    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
+    $quick && n=20000
+    new_db $db
+    fill_busy_hour $db $n
     serve_api $db --public-read
     addr=$serve_addr
     echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
@@ -848,6 +861,110 @@ dash_bench() {
 }
 if want dash; then
     dash_bench
+fi
+# ---- replica: W1 while a dashboard reads a streaming replica, or the primary ------------
+# A hot standby of this cluster (pg_basebackup, streaming, asynchronous, on its own
+# socket), a database of ARTEX_BENCH_REPLICA_TASKS finished tasks (default 1,000,000, as
+# `dash` makes them), and two `artex serve`: one with --read-database-url on the standby,
+# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers) runs three times:
+# with no dashboard load, with the dashboard's requests (`dash`'s, one client in a loop)
+# against the replica's serve, and against the primary's. Each W1 as tasks/s and as a
+# ratio to the one without load; the dashboard's requests/s beside it. The standby runs
+# on the same two cores as everything else: what it costs the box, it costs W1 too.
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+dash_paths=(/ "/api/v1/stats?sample=20000" /api/v1/stats /api/v1/events/head "/api/v1/tasks?limit=50"
+    "/api/v1/tasks?status=failed&limit=50" "/api/v1/tasks?kind=etl&limit=50" "/api/v1/flows?limit=100" /api/v1/workers)
+dash_loop() { # addr count_file: the dashboard's requests, one after the other, until killed
+    while :; do
+        for p in "${dash_paths[@]}"; do
+            curl -fsS -o /dev/null "http://$1$p" && echo >>"$2"
+        done
+    done
+}
+replica_w1() { # db label [serve address for the dashboard load]
+    local load='' count="$tmp/replica.count" t0 t1 rate reqs
+    sql "$1" -c "insert into artex.tasks (id, kind) select bench.uuid7(), 'noop' from generate_series(1, $w1)" \
+        -c "vacuum analyze artex.tasks"
+    wait_replayed
+    : >"$count"
+    if [ -n "${3:-}" ]; then
+        dash_loop "$3" "$count" &
+        load=$!
+        sleep 1 # the load running before W1 starts
+    fi
+    t0=$EPOCHREALTIME
+    start_runtime "$1" 2
+    wait_until "$1" "$unfinished" 600
+    t1=$EPOCHREALTIME
+    stop_runtime
+    if [ -n "$load" ]; then kill "$load"; wait "$load" 2>/dev/null || true; fi
+    rate=$(sql "$1" -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks
+        where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($t0)")
+    reqs=$(wc -l <"$count")
+    echo "# replica: W1 $2: $(calc "$rate") tasks/s; dashboard requests: $reqs in $(calc "$t1 - $t0" 1) s"
+    result "replica_w1_tasks_per_s_$2" "$(calc "$rate")" tasks/s
+    if [ -n "${3:-}" ]; then
+        result "replica_dash_requests_per_s_$2" "$(calc "$reqs / ($t1 - $t0)" 1)" requests/s
+    fi
+    w1_rate=$rate
+}
+# Until the standby has replayed everything the primary has written.
+wait_replayed() {
+    local target; target=$(sql postgres -c "select pg_current_wal_lsn()")
+    for _ in $(seq 1200); do
+        [ "$(psql "$standby_url" -XAtq -c "select pg_last_wal_replay_lsn() >= '$target'")" = t ] && return 0
+        sleep 0.05
+    done
+    die "the standby did not replay up to $target"
+}
+replica_bench() {
+    local db=bench_replica n=${ARTEX_BENCH_REPLICA_TASKS:-1000000} home="$tmp/standby" replica_addr primary_addr
+    local base with_replica with_primary
+    $quick && n=20000
+    [ -n "$pgbin" ] || die "replica: no /usr/lib/postgresql/*/bin (pg_basebackup, pg_ctl)"
+    mkdir "$home"
+    [ "$(id -u)" = 0 ] && chown postgres "$home"
+    as_pg "$pgbin/pg_basebackup" -D "$home/pg" -R -X stream -c fast -h "$tmp/db/pg" -p 5432 -U postgres
+    echo "unix_socket_directories = '$home/pg'" >>"$home/pg/postgresql.auto.conf"
+    standby="$home/pg"
+    as_pg "$pgbin/pg_ctl" start -w -D "$standby" -l "$home/log" >/dev/null
+    standby_url="host=$standby port=5432 user=postgres dbname=postgres"
+    new_db $db
+    fill_busy_hour $db $n
+    wait_replayed
+    echo "# replica: $n tasks, a streaming standby ($(psql "$standby_url" -XAtq -c "select pg_is_in_recovery()")), W1 $w1 tasks with 2 workers"
+    serve_api $db --public-read --read-database-url "host=$standby port=5432 user=postgres dbname=$db"
+    replica_addr=$serve_addr
+    serve_api $db --public-read
+    primary_addr=$serve_addr
+    keep_procs=("${procs[@]}")
+    procs=()
+    # Warm-up: each serve's connections and statements, the caches of both servers.
+    for a in "$replica_addr" "$primary_addr"; do
+        for p in "${dash_paths[@]}"; do curl -fsS -o /dev/null "http://$a$p"; done
+    done
+    [ "$(curl -fsS -o /dev/null -D - "http://$replica_addr/api/v1/tasks?limit=1" | tr -d '\r' \
+        | sed -n 's/^artex-read-from: //Ip')" = replica ] || die "replica: the serve does not read the replica"
+    replica_w1 $db no_dashboard
+    base=$w1_rate
+    replica_w1 $db dashboard_on_replica "$replica_addr"
+    with_replica=$w1_rate
+    replica_w1 $db dashboard_on_primary "$primary_addr"
+    with_primary=$w1_rate
+    result replica_w1_ratio_dashboard_on_replica "$(calc "$with_replica / $base" 2)" "ratio (target >= 0.9)"
+    result replica_w1_ratio_dashboard_on_primary "$(calc "$with_primary / $base" 2)" ratio
+    local lag; lag=$(curl -fsS "http://$replica_addr/api/v1/replica")
+    echo "# replica: lag at the end: $lag"
+    procs=("${keep_procs[@]}")
+    keep_procs=()
+    stop_runtime
+    as_pg "$pgbin/pg_ctl" stop -m fast -D "$standby" >/dev/null
+    standby=''
+    drop_db $db
+}
+if want replica; then
+    replica_bench
 fi
 # ---- Upload: a 1 GiB file over loopback, artex upload vs curl -T to a plain sink (issue 15)
 # `artex upload` (10 MiB chunks, --parallel at its default) to a worker on this host, from
