@@ -926,6 +926,8 @@ replica_bench() {
     mkdir "$home"
     [ "$(id -u)" = 0 ] && chown postgres "$home"
     as_pg "$pgbin/pg_basebackup" -D "$home/pg" -R -X stream -c fast -h "$tmp/db/pg" -p 5432 -U postgres
+    # The primary's socket lock lives in its data folder and comes with the copy.
+    rm -f "$home/pg/.s.PGSQL.5432.lock"
     echo "unix_socket_directories = '$home/pg'" >>"$home/pg/postgresql.auto.conf"
     standby="$home/pg"
     as_pg "$pgbin/pg_ctl" start -w -D "$standby" -l "$home/log" >/dev/null

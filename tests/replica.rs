@@ -3,9 +3,14 @@
 //! cluster, so the shared test cluster cannot have one per test), real `artex serve` and
 //! CLI processes. With the standby's replay paused, lists show what the replica has and
 //! the primary has more: reads come from the replica, writes and the feed from the
-//! primary, an operator's change is in the next read that asks for it, and the lag is
-//! shown. One pair serves every part (each part costs a second or two to set up).
+//! primary, an operator's change is in the next read that asks for it (through the API
+//! and on the dashboard's page after a click), and the lag is shown. One pair serves
+//! every part (setting one up costs a few seconds).
 
+// The dashboard's tests use the rest of it.
+#[allow(dead_code)]
+#[path = "common/browser.rs"]
+mod browser;
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
@@ -15,6 +20,7 @@ use std::time::Duration;
 
 use artex::dev_db::{find_server_binaries, Cluster, ClusterOptions};
 use artex_actors::Blackboard;
+use browser::Browser;
 use common::http::Request;
 use common::procs::{serve_address, wait_for, Proc};
 use common::{connect, run_cli, READ_TOKEN};
@@ -250,6 +256,7 @@ async fn operators_read_from_the_replica() {
             "127.0.0.1:0",
             "--write-token-file",
             write_file.to_str().expect("path"),
+            "--public-read",
             "--read-database-url",
             &pair.replica_url,
         ],
@@ -259,13 +266,15 @@ async fn operators_read_from_the_replica() {
     let task =
         |n: u32| json!({ "kind": "echo", "payload": { "n": n }, "allow_unregistered_kind": true });
 
-    // A task submitted through the API, once replayed, is listed from the replica.
-    let (a, lsn_a) = post(&addr, "/api/v1/tasks", task(1));
+    // Tasks submitted through the API, once replayed, are listed from the replica.
+    let (a, _) = post(&addr, "/api/v1/tasks", task(1));
     let a = a["id"].as_str().expect("id").to_string();
-    replayed(&standby, &lsn_a).await;
+    let (c, lsn_c0) = post(&addr, "/api/v1/tasks", task(3));
+    let c = c["id"].as_str().expect("id").to_string();
+    replayed(&standby, &lsn_c0).await;
     let (page, from, _) = get(&addr, "/api/v1/tasks", None);
     assert_eq!(from.as_deref(), Some("replica"));
-    assert_eq!(ids(&page), [a.as_str()]);
+    assert_eq!(ids(&page), [c.as_str(), a.as_str()]);
 
     // Replay paused: the replica stands still while the primary moves on.
     pause_replay(&standby).await;
@@ -279,17 +288,21 @@ async fn operators_read_from_the_replica() {
         .await
         .expect("count")
         .get(0);
-    assert_eq!(on_primary, 2);
+    assert_eq!(on_primary, 3);
 
     // Lists, pages and statistics come from the replica: without B.
     let (page, from, _) = get(&addr, "/api/v1/tasks", None);
     assert_eq!(from.as_deref(), Some("replica"));
-    assert_eq!(ids(&page), [a.as_str()], "the paused replica lists only A");
+    assert_eq!(
+        ids(&page),
+        [c.as_str(), a.as_str()],
+        "the paused replica lists no B"
+    );
     let (_, _, status) = get(&addr, &format!("/api/v1/tasks/{b}"), None);
     assert_eq!(status, 404, "the paused replica has no B");
     let (stats, from, _) = get(&addr, "/api/v1/stats", None);
     assert_eq!(from.as_deref(), Some("replica"));
-    assert_eq!(stats["by_status"]["pending"], 1);
+    assert_eq!(stats["by_status"]["pending"], 2);
     // …and say how far behind it is.
     let lag = &stats["replica"];
     assert_eq!(lag["in_recovery"], true, "{stats}");
@@ -358,17 +371,17 @@ async fn operators_read_from_the_replica() {
     let cli_ids = |out: &str| ids(&serde_json::from_str(out).expect("JSON"));
     let (code, out, err) = cli(&["tasks", "--json"], true);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(cli_ids(&out), [a.as_str()]);
+    assert_eq!(cli_ids(&out), [c.as_str(), a.as_str()]);
     let (code, out, err) = cli(&["tasks", "--json"], false);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(cli_ids(&out), [b.as_str(), a.as_str()]);
+    assert_eq!(cli_ids(&out), [b.as_str(), c.as_str(), a.as_str()]);
     let (code, _, err) = cli(&["task", "show", &b], true);
     assert_ne!(code, 0, "the replica has no B yet");
     assert!(err.contains("no task"), "{err}");
     let (code, out, err) = cli(&["stats", "--json"], true);
     assert_eq!(code, 0, "{err}");
     let stats: Value = serde_json::from_str(&out).expect("JSON");
-    assert_eq!(stats["by_status"]["pending"], 1);
+    assert_eq!(stats["by_status"]["pending"], 2);
     assert!(stats["replica"]["lag_bytes"].as_u64().expect("lag") > 0);
     for args in [&["workers", "--json"][..], &["flow", "list", "--json"]] {
         let (code, _, err) = cli(args, true);
@@ -376,6 +389,38 @@ async fn operators_read_from_the_replica() {
     }
     let (code, _, err) = cli(&["cancel", &b], true);
     assert_eq!(code, 0, "a write goes to the primary: {err}");
+
+    // The dashboard: a task the replica shows pending is paused with its button, and
+    // the page after the click shows it paused although the replica still lags; the
+    // overview shows the lag.
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{addr}/#/tasks/{c}")).await;
+    browser
+        .until(
+            "C shown pending",
+            "return !!document.querySelector('#task-status [data-status=pending]')",
+        )
+        .await;
+    browser.click("button[data-action=pause]").await;
+    browser.confirm().await;
+    browser.give_token(WRITE_TOKEN).await;
+    browser
+        .until(
+            "C shown paused after the click",
+            "return !!document.querySelector('#task-status [data-status=paused]')",
+        )
+        .await;
+    let (stale, _, _) = get(&addr, &format!("/api/v1/tasks/{c}"), None);
+    assert_eq!(stale["task"]["status"], "pending", "the replica still lags");
+    browser.goto(&format!("http://{addr}/#/")).await;
+    browser
+        .until(
+            "the overview's replica lag",
+            "return !!document.querySelector('[data-metric=replica-lag]')",
+        )
+        .await;
+    browser.assert_no_errors().await;
+    browser.close().await;
 
     // Replay resumed: once the replica has replayed the cancel, it serves the read that
     // asks for it, and shows both.

@@ -18,10 +18,6 @@ use super::{FlowSummary, OperatorBoard, Stats, TaskFilter, WorkerView};
 use crate::blackboard::{Blackboard, DbLimits, FlowView, TaskPreview, TaskRow, TransitionRow};
 use crate::error::Result;
 
-/// How far the primary has written its WAL: what a replica can have received, for its
-/// lag.
-const PRIMARY_POSITION: &str = "select pg_current_wal_lsn()";
-
 /// Where the primary inserts its next WAL record: every transaction committed before
 /// this statement ran has its commit record before it, whether or not the commit waited
 /// for the flush (`synchronous_commit = off` acknowledges first), which the written
@@ -51,7 +47,7 @@ pub struct ReplicaLag {
     /// Whether the replica is a standby replaying the primary's WAL (false: it is a
     /// primary itself, and the figures below are absent).
     pub in_recovery: bool,
-    /// The primary's WAL position when asked.
+    /// The primary's WAL position when asked (where its next record goes).
     #[serde(serialize_with = "text")]
     pub primary_lsn: WalPosition,
     /// What the replica has replayed.
@@ -136,7 +132,7 @@ impl Replica {
     }
 
     /// Whether the replica has replayed the primary's WAL up to `lsn` (a position from
-    /// [`OperatorBoard::wal_position`]): its reads then show every write committed
+    /// [`OperatorBoard::written_position`]): its reads then show every write committed
     /// before it. False on a server that is no standby.
     pub async fn replayed(&self, lsn: WalPosition) -> Result<bool> {
         let client = self.bb.client().await?;
@@ -148,7 +144,10 @@ impl Replica {
     pub async fn lag(&self, primary: &OperatorBoard) -> Result<ReplicaLag> {
         // The primary first: a replica read after it is at least as far along as when
         // the primary was read, so the lag is never understated by the reads' order.
-        let primary_lsn = primary.wal_position().await?;
+        // The insert position, not the written one: a commit acknowledged before its
+        // record was written (`synchronous_commit = off`) is missing from the replica
+        // as much as any other.
+        let primary_lsn = primary.written_position().await?;
         let client = self.bb.client().await?;
         let stmt = client.prepare_cached(REPLAY).await?;
         let r = client.query_one(&stmt, &[]).await?;
@@ -178,14 +177,6 @@ impl Replica {
 }
 
 impl OperatorBoard {
-    /// How far the primary has written its WAL now (what a replica's lag is measured
-    /// against).
-    pub async fn wal_position(&self) -> Result<WalPosition> {
-        let client = self.bb.client().await?;
-        let stmt = client.prepare_cached(PRIMARY_POSITION).await?;
-        Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
-    }
-
     /// A WAL position that a replica has replayed only once it shows every write
     /// committed before this call: to be read after an operator's write, and handed to
     /// [`Replica::replayed`] by the read that must show it.
