@@ -185,7 +185,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-bench.XXXXXX")
 chmod 0755 "$tmp" # as root, the server runs as postgres and must reach its folder
 mkdir "$tmp/log"
 # Copies, so that a rebuild by someone else during the run changes nothing.
-cp target/release/artex target/release/examples/artex-bench target/release/examples/latency-floor "$tmp/"
+rel=${CARGO_TARGET_DIR:-target}/release
+cp "$rel/artex" "$rel/examples/artex-bench" "$rel/examples/latency-floor" "$tmp/"
 artex="$tmp/artex"
 procs=()
 keep_procs=() # started once for a whole part (the replica part's `artex serve`s)
@@ -784,7 +785,7 @@ api_http() { # addr tasks batch → tasks/s
 if want api; then
     if $quick; then api_single=400 api_batched=4000; else api_single=20000 api_batched=200000; fi
     cargo build --release --quiet --example api-load
-    cp target/release/examples/api-load "$tmp/"
+    cp "$rel/examples/api-load" "$tmp/"
     db=bench_api
     new_db $db
     sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
@@ -865,11 +866,12 @@ fi
 # ---- replica: W1 while a dashboard reads a streaming replica, or the primary ------------
 # A hot standby of this cluster (pg_basebackup, streaming, asynchronous, on its own
 # socket), a database of ARTEX_BENCH_REPLICA_TASKS finished tasks (default 1,000,000, as
-# `dash` makes them), and two `artex serve`: one with --read-database-url on the standby,
-# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers) runs three times:
+# `dash` makes them, its pending ones paused), and two `artex serve`: one with --read-database-url on the standby,
+# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers) runs four times:
 # with no dashboard load, with the dashboard's requests (`dash`'s, one client in a loop)
-# against the replica's serve, and against the primary's. Each W1 as tasks/s and as a
-# ratio to the one without load; the dashboard's requests/s beside it. The standby runs
+# against the replica's serve, against the primary's, and with no load again. Each W1 as
+# tasks/s, and as a ratio to the mean of the two without load (the table grows by each
+# run's tasks, the box's other load drifts); the dashboard's requests/s beside it. The standby runs
 # on the same two cores as everything else: what it costs the box, it costs W1 too.
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -887,12 +889,12 @@ replica_w1() { # db label [serve address for the dashboard load]
     sql "$1" -c "insert into artex.tasks (id, kind) select bench.uuid7(), 'noop' from generate_series(1, $w1)" \
         -c "vacuum analyze artex.tasks"
     wait_replayed
-    : >"$count"
     if [ -n "${3:-}" ]; then
         dash_loop "$3" "$count" &
         load=$!
         sleep 1 # the load running before W1 starts
     fi
+    : >"$count" # appended to with O_APPEND: emptied, it counts from here
     t0=$EPOCHREALTIME
     start_runtime "$1" 2
     wait_until "$1" "$unfinished" 600
@@ -925,7 +927,8 @@ replica_bench() {
     [ -n "$pgbin" ] || die "replica: no /usr/lib/postgresql/*/bin (pg_basebackup, pg_ctl)"
     mkdir "$home"
     [ "$(id -u)" = 0 ] && chown postgres "$home"
-    as_pg "$pgbin/pg_basebackup" -D "$home/pg" -R -X stream -c fast -h "$tmp/db/pg" -p 5432 -U postgres
+    as_pg "$pgbin/pg_basebackup" -D "$home/pg" -R -X stream -c fast -h "$tmp/db/pg" -p 5432 -U postgres \
+        2>>"$tmp/log/standby" # (it warns of the socket it skips)
     # The primary's socket lock lives in its data folder and comes with the copy.
     rm -f "$home/pg/.s.PGSQL.5432.lock"
     echo "unix_socket_directories = '$home/pg'" >>"$home/pg/postgresql.auto.conf"
@@ -934,6 +937,9 @@ replica_bench() {
     standby_url="host=$standby port=5432 user=postgres dbname=postgres"
     new_db $db
     fill_busy_hour $db $n
+    # Its pending 5% held (paused): W1's workers run only W1's tasks.
+    sql $db -c "set session_replication_role = replica" \
+        -c "update artex.tasks set status = 'paused' where status = 'pending'" -c "vacuum analyze artex.tasks"
     wait_replayed
     echo "# replica: $n tasks, a streaming standby ($(psql "$standby_url" -XAtq -c "select pg_is_in_recovery()")), W1 $w1 tasks with 2 workers"
     serve_api $db --public-read --read-database-url "host=$standby port=5432 user=postgres dbname=$db"
@@ -954,6 +960,8 @@ replica_bench() {
     with_replica=$w1_rate
     replica_w1 $db dashboard_on_primary "$primary_addr"
     with_primary=$w1_rate
+    replica_w1 $db no_dashboard_again
+    base=$(calc "($base + $w1_rate) / 2")
     result replica_w1_ratio_dashboard_on_replica "$(calc "$with_replica / $base" 2)" "ratio (target >= 0.9)"
     result replica_w1_ratio_dashboard_on_primary "$(calc "$with_primary / $base" 2)" ratio
     local lag; lag=$(curl -fsS "http://$replica_addr/api/v1/replica")
@@ -1026,7 +1034,7 @@ upload_stop_worker() {
 }
 upload_bench() {
     cargo build --release --example upload-sink
-    cp target/release/examples/upload-sink "$tmp/"
+    cp "$rel/examples/upload-sink" "$tmp/"
     local dir="$tmp/upload" big=$((1 << 30)) small=$((256 << 20)) db=bench_upload
     $quick && big=$((64 << 20)) small=$((16 << 20))
     mkdir -p "$dir"
