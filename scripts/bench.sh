@@ -867,11 +867,13 @@ fi
 # A hot standby of this cluster (pg_basebackup, streaming, asynchronous, on its own
 # socket), a database of ARTEX_BENCH_REPLICA_TASKS finished tasks (default 1,000,000, as
 # `dash` makes them, its pending ones paused), and two `artex serve`: one with --read-database-url on the standby,
-# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers) runs four times:
-# with no dashboard load, with the dashboard's requests (`dash`'s, one client in a loop)
-# against the replica's serve, against the primary's, and with no load again. Each W1 as
-# tasks/s, and as a ratio to the mean of the two without load (the table grows by each
-# run's tasks, the box's other load drifts); the dashboard's requests/s beside it. The standby runs
+# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers; a few seconds
+# each) runs in rounds of three — with no dashboard load, with the dashboard's requests
+# (`dash`'s, one client in a loop) against the replica's serve, against the primary's —
+# after one warm-up run; ARTEX_BENCH_REPLICA_ROUNDS rounds (default 5, interleaved, so
+# that the table's growth and the box's other load fall on all three alike). Each as the
+# median tasks/s, and as a ratio to the median without load; the dashboard's requests/s
+# beside it. The standby runs
 # on the same two cores as everything else: what it costs the box, it costs W1 too.
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -905,12 +907,10 @@ replica_w1() { # db label [serve address for the dashboard load]
         where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($t0)")
     reqs=$(wc -l <"$count")
     echo "# replica: W1 $2: $(calc "$rate") tasks/s; dashboard requests: $reqs in $(calc "$t1 - $t0" 1) s"
-    result "replica_w1_tasks_per_s_$2" "$(calc "$rate")" tasks/s
-    if [ -n "${3:-}" ]; then
-        result "replica_dash_requests_per_s_$2" "$(calc "$reqs / ($t1 - $t0)" 1)" requests/s
-    fi
-    w1_rate=$rate
+    echo "$rate" >>"$tmp/replica.w1.$2"
+    echo "$(calc "$reqs / ($t1 - $t0)" 2)" >>"$tmp/replica.dash.$2"
 }
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 # Until the standby has replayed everything the primary has written.
 wait_replayed() {
     local target; target=$(sql postgres -c "select pg_current_wal_lsn()")
@@ -954,14 +954,22 @@ replica_bench() {
     done
     [ "$(curl -fsS -o /dev/null -D - "http://$replica_addr/api/v1/tasks?limit=1" | tr -d '\r' \
         | sed -n 's/^artex-read-from: //Ip')" = replica ] || die "replica: the serve does not read the replica"
-    replica_w1 $db no_dashboard
-    base=$w1_rate
-    replica_w1 $db dashboard_on_replica "$replica_addr"
-    with_replica=$w1_rate
-    replica_w1 $db dashboard_on_primary "$primary_addr"
-    with_primary=$w1_rate
-    replica_w1 $db no_dashboard_again
-    base=$(calc "($base + $w1_rate) / 2")
+    replica_w1 $db warm_up
+    local rounds=${ARTEX_BENCH_REPLICA_ROUNDS:-5}
+    $quick && rounds=1
+    for _ in $(seq "$rounds"); do
+        replica_w1 $db no_dashboard
+        replica_w1 $db dashboard_on_replica "$replica_addr"
+        replica_w1 $db dashboard_on_primary "$primary_addr"
+    done
+    base=$(median <"$tmp/replica.w1.no_dashboard")
+    with_replica=$(median <"$tmp/replica.w1.dashboard_on_replica")
+    with_primary=$(median <"$tmp/replica.w1.dashboard_on_primary")
+    result replica_w1_tasks_per_s_no_dashboard "$(calc "$base")" "tasks/s (median of $rounds)"
+    result replica_w1_tasks_per_s_dashboard_on_replica "$(calc "$with_replica")" "tasks/s (median of $rounds)"
+    result replica_w1_tasks_per_s_dashboard_on_primary "$(calc "$with_primary")" "tasks/s (median of $rounds)"
+    result replica_dash_requests_per_s_on_replica "$(median <"$tmp/replica.dash.dashboard_on_replica")" "requests/s (median)"
+    result replica_dash_requests_per_s_on_primary "$(median <"$tmp/replica.dash.dashboard_on_primary")" "requests/s (median)"
     result replica_w1_ratio_dashboard_on_replica "$(calc "$with_replica / $base" 2)" "ratio (target >= 0.9)"
     result replica_w1_ratio_dashboard_on_primary "$(calc "$with_primary / $base" 2)" ratio
     local lag; lag=$(curl -fsS "http://$replica_addr/api/v1/replica")
