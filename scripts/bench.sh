@@ -873,18 +873,42 @@ fi
 # after one warm-up run; ARTEX_BENCH_REPLICA_ROUNDS rounds (default 5, interleaved, so
 # that the table's growth and the box's other load fall on all three alike). Each as the
 # median tasks/s, and as a ratio to the median without load; the dashboard's requests/s
-# beside it. The standby runs
+# (and any failed request) beside it. With ARTEX_BENCH_REPLICA_PIN=1 (and 2 cores or more)
+# the two sides stand in for two hosts: the primary, its serve, the planner and workers
+# on core 0, the standby, its serve and the dashboard's client on core 1 (taskset), in
+# all three runs alike; by default everything shares every core, the standby's replay
+# and queries included. The standby runs
 # on the same two cores as everything else: what it costs the box, it costs W1 too.
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 dash_paths=(/ "/api/v1/stats?sample=20000" /api/v1/stats /api/v1/events/head "/api/v1/tasks?limit=50"
     "/api/v1/tasks?status=failed&limit=50" "/api/v1/tasks?kind=etl&limit=50" "/api/v1/flows?limit=100" /api/v1/workers)
 dash_loop() { # addr count_file: the dashboard's requests, one after the other, until killed
+    local code
     while :; do
         for p in "${dash_paths[@]}"; do
-            curl -fsS -o /dev/null "http://$1$p" && echo >>"$2"
+            code=$(curl -sS -o "$2.body" -w '%{http_code}' "http://$1$p" 2>>"$2.failed" || true)
+            if [ "$code" = 200 ]; then
+                echo >>"$2"
+            else # counted and kept: a failure is a figure too
+                { echo "$code $p: $(head -c 300 "$2.body" 2>/dev/null)"; } >>"$2.failed"
+            fi
         done
     done
+}
+# With ARTEX_BENCH_REPLICA_PIN=1: moves process $2 (all its threads; what it starts later
+# inherits it) to core $1; nothing otherwise.
+pin() { # core pid…
+    [ "${ARTEX_BENCH_REPLICA_PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ] || return 0
+    local core=$1 p
+    shift
+    for p in "$@"; do taskset -a -cp "$core" "$p" >/dev/null; done
+}
+# The primary's postmaster and its processes (new backends inherit from the postmaster).
+pin_primary() { # cores
+    local pm; pm=$(head -n 1 "$tmp/db/pg/postmaster.pid")
+    # shellcheck disable=SC2046
+    pin "$1" "$pm" $(pgrep -P "$pm")
 }
 replica_w1() { # db label [serve address for the dashboard load]
     local load='' count="$tmp/replica.count" t0 t1 rate reqs
@@ -894,19 +918,27 @@ replica_w1() { # db label [serve address for the dashboard load]
     if [ -n "${3:-}" ]; then
         dash_loop "$3" "$count" &
         load=$!
+        pin 1 "$load"
         sleep 1 # the load running before W1 starts
     fi
     : >"$count" # appended to with O_APPEND: emptied, it counts from here
     t0=$EPOCHREALTIME
     start_runtime "$1" 2
+    pin 0 "${procs[@]}"
     wait_until "$1" "$unfinished" 600
     t1=$EPOCHREALTIME
     stop_runtime
-    if [ -n "$load" ]; then kill "$load"; wait "$load" 2>/dev/null || true; fi
+    if [ -n "$load" ]; then kill "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; fi
     rate=$(sql "$1" -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks
         where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($t0)")
     reqs=$(wc -l <"$count")
     echo "# replica: W1 $2: $(calc "$rate") tasks/s; dashboard requests: $reqs in $(calc "$t1 - $t0" 1) s"
+    if [ -s "$count.failed" ]; then
+        echo "# replica: failed dashboard requests ($2):"
+        sed 's/^/#   /' "$count.failed"
+        cat "$count.failed" >>"$tmp/replica.failures"
+        rm -f "$count.failed"
+    fi
     echo "$rate" >>"$tmp/replica.w1.$2"
     echo "$(calc "$reqs / ($t1 - $t0)" 2)" >>"$tmp/replica.dash.$2"
 }
@@ -934,6 +966,8 @@ replica_bench() {
     echo "unix_socket_directories = '$home/pg'" >>"$home/pg/postgresql.auto.conf"
     standby="$home/pg"
     as_pg "$pgbin/pg_ctl" start -w -D "$standby" -l "$home/log" >/dev/null
+    pin 1 "$(head -n 1 "$standby/postmaster.pid")" $(pgrep -P "$(head -n 1 "$standby/postmaster.pid")")
+    pin_primary 0
     standby_url="host=$standby port=5432 user=postgres dbname=postgres"
     new_db $db
     fill_busy_hour $db $n
@@ -944,8 +978,11 @@ replica_bench() {
     echo "# replica: $n tasks, a streaming standby ($(psql "$standby_url" -XAtq -c "select pg_is_in_recovery()")), W1 $w1 tasks with 2 workers"
     serve_api $db --public-read --read-database-url "host=$standby port=5432 user=postgres dbname=$db"
     replica_addr=$serve_addr
+    pin 1 "${procs[-1]}"
     serve_api $db --public-read
     primary_addr=$serve_addr
+    pin 0 "${procs[-1]}"
+    [ "${ARTEX_BENCH_REPLICA_PIN:-0}" = 1 ] && echo "# replica: pinned: the primary's side on core 0, the standby's on core 1"
     keep_procs=("${procs[@]}")
     procs=()
     # Warm-up: each serve's connections and statements, the caches of both servers.
@@ -972,6 +1009,8 @@ replica_bench() {
     result replica_dash_requests_per_s_on_primary "$(median <"$tmp/replica.dash.dashboard_on_primary")" "requests/s (median)"
     result replica_w1_ratio_dashboard_on_replica "$(calc "$with_replica / $base" 2)" "ratio (target >= 0.9)"
     result replica_w1_ratio_dashboard_on_primary "$(calc "$with_primary / $base" 2)" ratio
+    result replica_dash_failed_requests "$(cat "$tmp/replica.failures" 2>/dev/null | wc -l)" requests
+    pin_primary "0-$(($(nproc) - 1))"
     local lag; lag=$(curl -fsS "http://$replica_addr/api/v1/replica")
     echo "# replica: lag at the end: $lag"
     procs=("${keep_procs[@]}")
