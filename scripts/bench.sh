@@ -869,7 +869,7 @@ fi
 # `dash` makes them, its pending ones paused), and two `artex serve`: one with --read-database-url on the standby,
 # one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers; a few seconds
 # each) runs in rounds of three — with no dashboard load, with the dashboard's requests
-# (`dash`'s, one client in a loop) against the replica's serve, against the primary's —
+# (`dash`'s, one client in a loop, or ARTEX_BENCH_REPLICA_CLIENTS of them) against the replica's serve, against the primary's —
 # after one warm-up run; ARTEX_BENCH_REPLICA_ROUNDS rounds (default 5, interleaved, so
 # that the table's growth and the box's other load fall on all three alike). Each as the
 # median tasks/s, and as a ratio to the median without load; the dashboard's requests/s
@@ -884,14 +884,14 @@ as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 dash_paths=(/ "/api/v1/stats?sample=20000" /api/v1/stats /api/v1/events/head "/api/v1/tasks?limit=50"
     "/api/v1/tasks?status=failed&limit=50" "/api/v1/tasks?kind=etl&limit=50" "/api/v1/flows?limit=100" /api/v1/workers)
 dash_loop() { # addr count_file: the dashboard's requests, one after the other, until killed
-    local code
+    local code body="$2.body.$BASHPID"
     while :; do
         for p in "${dash_paths[@]}"; do
-            code=$(curl -sS -o "$2.body" -w '%{http_code}' "http://$1$p" 2>>"$2.failed" || true)
+            code=$(curl -sS -o "$body" -w '%{http_code}' "http://$1$p" 2>>"$2.failed" || true)
             if [ "$code" = 200 ]; then
                 echo >>"$2"
             else # counted and kept: a failure is a figure too
-                { echo "$code $p: $(head -c 300 "$2.body" 2>/dev/null)"; } >>"$2.failed"
+                { echo "$code $p: $(head -c 300 "$body" 2>/dev/null)"; } >>"$2.failed"
             fi
         done
     done
@@ -911,14 +911,16 @@ pin_primary() { # cores
     pin "$1" "$pm" $(pgrep -P "$pm")
 }
 replica_w1() { # db label [serve address for the dashboard load]
-    local load='' count="$tmp/replica.count" t0 t1 rate reqs
+    local load=() count="$tmp/replica.count" t0 t1 rate reqs
     sql "$1" -c "insert into artex.tasks (id, kind) select bench.uuid7(), 'noop' from generate_series(1, $w1)" \
         -c "vacuum analyze artex.tasks"
     wait_replayed
     if [ -n "${3:-}" ]; then
-        dash_loop "$3" "$count" &
-        load=$!
-        pin 1 "$load"
+        for _ in $(seq "${ARTEX_BENCH_REPLICA_CLIENTS:-1}"); do
+            dash_loop "$3" "$count" &
+            load+=($!)
+        done
+        pin 1 "${load[@]}"
         sleep 1 # the load running before W1 starts
     fi
     : >"$count" # appended to with O_APPEND: emptied, it counts from here
@@ -928,7 +930,7 @@ replica_w1() { # db label [serve address for the dashboard load]
     wait_until "$1" "$unfinished" 600
     t1=$EPOCHREALTIME
     stop_runtime
-    if [ -n "$load" ]; then kill "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; fi
+    if [ ${#load[@]} -gt 0 ]; then kill "${load[@]}" 2>/dev/null || true; wait "${load[@]}" 2>/dev/null || true; fi
     rate=$(sql "$1" -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks
         where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($t0)")
     reqs=$(wc -l <"$count")
