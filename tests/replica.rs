@@ -389,6 +389,15 @@ async fn operators_read_from_the_replica() {
     }
     let (code, _, err) = cli(&["cancel", &b], true);
     assert_eq!(code, 0, "a write goes to the primary: {err}");
+    let (code, _, err) = run_cli(
+        &pair.primary_url,
+        &["tasks", "--read-database-url", "mysql://replica/artex"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--read-database-url: 'mysql://' is not PostgreSQL"),
+        "{err}"
+    );
 
     // The dashboard: a task the replica shows pending is paused with its button, and
     // the page after the click shows it paused although the replica still lags; the

@@ -244,9 +244,9 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
     }
 }
 
-/// Refuses a `--database-url` that is no PostgreSQL URL before anything runs: bad input
-/// (exit 2) naming the option, not a connection failure later. Accepts `postgres://`,
-/// `postgresql://` and libpq's `key=value` form.
+/// Refuses a `--database-url` or `--read-database-url` that is no PostgreSQL URL before
+/// anything runs: bad input (exit 2) naming the option, not a connection failure later.
+/// Accepts `postgres://`, `postgresql://` and libpq's `key=value` form.
 fn check_database_url(db: &DbConfig) -> Result {
     for (option, url) in [
         ("--database-url", &db.database_url),
