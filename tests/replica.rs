@@ -22,7 +22,7 @@ use artex::dev_db::{find_server_binaries, Cluster, ClusterOptions};
 use artex_actors::Blackboard;
 use browser::Browser;
 use common::http::Request;
-use common::procs::{serve_address, wait_for, Proc};
+use common::procs::{serve_address, wait_for, worker_http, Proc};
 use common::{connect, run_cli, READ_TOKEN};
 use serde_json::{json, Value};
 use tokio_postgres::Client;
@@ -398,6 +398,18 @@ async fn operators_read_from_the_replica() {
         err.contains("--read-database-url: 'mysql://' is not PostgreSQL"),
         "{err}"
     );
+
+    // A worker's --api reads the replica too.
+    let worker = Proc::worker(
+        "worker",
+        &pair.primary_url,
+        &["--api", "--read-database-url", &pair.replica_url],
+    );
+    let worker_addr = worker_http(&primary, &worker).await;
+    let (page, from, _) = get(&worker_addr, "/api/v1/tasks", None);
+    assert_eq!(from.as_deref(), Some("replica"));
+    assert_eq!(ids(&page), [c.as_str(), a.as_str()], "the paused replica's");
+    drop(worker);
 
     // The dashboard: a task the replica shows pending is paused with its button, and
     // the page after the click shows it paused although the replica still lags; the
