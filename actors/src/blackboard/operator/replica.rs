@@ -254,3 +254,21 @@ impl ReadBoard {
         self.board.stats_sampled(window_minutes, now, sample).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(lsn: &str) -> WalPosition {
+        lsn.parse().expect("a WAL position")
+    }
+
+    #[test]
+    fn an_insert_position_past_a_page_header_is_the_page_boundary() {
+        // 0x2018 = a page of 8192 plus a short header; 0x4000000 starts a 16 MiB segment,
+        // whose first page has the long header.
+        assert_eq!(record_end(at("0/3002018")), at("0/3002000"));
+        assert_eq!(record_end(at("0/4000028")), at("0/4000000"));
+        assert_eq!(record_end(at("0/3000C88")), at("0/3000C88"));
+    }
+}
