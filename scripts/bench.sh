@@ -39,10 +39,14 @@
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
+#   replica  W1 (20,000 tasks, 1 planner + 2 workers) on a database of 1,000,000 finished
+#          tasks while a dashboard's requests (the `dash` part's, in a loop) go to
+#          `artex serve --read-database-url` on a streaming standby of this cluster, then
+#          to one on the primary; each as a ratio to W1 with no dashboard load.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, upload, fleet;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, replica, upload, fleet;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -65,7 +69,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,upload,fleet},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,replica,upload,fleet},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -185,13 +189,18 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-bench.XXXXXX")
 chmod 0755 "$tmp" # as root, the server runs as postgres and must reach its folder
 mkdir "$tmp/log"
 # Copies, so that a rebuild by someone else during the run changes nothing.
-cp target/release/artex target/release/examples/artex-bench target/release/examples/latency-floor "$tmp/"
+rel=${CARGO_TARGET_DIR:-target}/release
+cp "$rel/artex" "$rel/examples/artex-bench" "$rel/examples/latency-floor" "$tmp/"
 artex="$tmp/artex"
 procs=()
+keep_procs=() # started once for a whole part (the replica part's `artex serve`s)
+standby=''    # the replica part's standby's PGDATA, while it runs
 cleanup() {
     local rc=$?
+    procs+=("${keep_procs[@]}")
     stop_runtime
     if declare -F stop_bouncer >/dev/null; then stop_bouncer; fi
+    if [ -n "$standby" ]; then as_pg "$pgbin/pg_ctl" stop -m immediate -D "$standby" >/dev/null 2>&1 || true; fi
     if [ -n "${link_ns:-}" ]; then ip netns del "$link_ns" 2>/dev/null || true; fi
     "$artex" db stop --data-dir "$tmp/db" >/dev/null 2>&1 || true
     if [ "$rc" -ne 0 ]; then
@@ -781,7 +790,7 @@ api_http() { # addr tasks batch → tasks/s
 if want api; then
     if $quick; then api_single=400 api_batched=4000; else api_single=20000 api_batched=200000; fi
     cargo build --release --quiet --example api-load
-    cp target/release/examples/api-load "$tmp/"
+    cp "$rel/examples/api-load" "$tmp/"
     db=bench_api
     new_db $db
     sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
@@ -816,10 +825,9 @@ dash_ms() { # url → median ms of 7 GETs
     for _ in 1 2 3 4 5 6 7; do curl -fsS -o /dev/null -w '%{time_total}\n' "$1"; done \
         | sort -n | sed -n 4p | awk '{ printf "%.1f", $1 * 1000 }'
 }
-dash_bench() {
-    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
-    $quick && n=20000
-    new_db $db
+# $2 tasks in database $1 as a busy hour leaves them (see above).
+fill_busy_hour() { # db count
+    local db=$1 n=$2
     sql $db -c "set session_replication_role = replica" -c "
         insert into artex.tasks (id, kind, status, created_at, updated_at, started_at,
                                  finished_at, error)
@@ -832,6 +840,12 @@ dash_bench() {
                             case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
                                  else 'succeeded' end as s) x" \
         -c "vacuum analyze artex.tasks" -c checkpoint
+}
+dash_bench() {
+    local db=bench_dash n=${ARTEX_BENCH_DASH_TASKS:-1000000} addr='' ms
+    $quick && n=20000
+    new_db $db
+    fill_busy_hour $db $n
     serve_api $db --public-read
     addr=$serve_addr
     echo "# dash: $n tasks ($(sql $db -c "select string_agg(status || ' ' || n, ', ') from
@@ -853,6 +867,168 @@ dash_bench() {
 }
 if want dash; then
     dash_bench
+fi
+# ---- replica: W1 while a dashboard reads a streaming replica, or the primary ------------
+# A hot standby of this cluster (pg_basebackup, streaming, asynchronous, on its own
+# socket), a database of ARTEX_BENCH_REPLICA_TASKS finished tasks (default 1,000,000, as
+# `dash` makes them, its pending ones paused), and two `artex serve`: one with --read-database-url on the standby,
+# one on the primary alone. W1 ($w1 no-op tasks, 1 planner + 2 workers; a few seconds
+# each) runs in rounds of three — with no dashboard load, with the dashboard's requests
+# (`dash`'s, one client in a loop, or ARTEX_BENCH_REPLICA_CLIENTS of them) against the replica's serve, against the primary's —
+# after one warm-up run; ARTEX_BENCH_REPLICA_ROUNDS rounds (default 5, interleaved, so
+# that the table's growth and the box's other load fall on all three alike). Each as the
+# median tasks/s, and as a ratio to the median without load; the dashboard's requests/s
+# (and any failed request) beside it. With ARTEX_BENCH_REPLICA_PIN=1 (and 2 cores or more)
+# the two sides stand in for two hosts: the primary, its serve, the planner and workers
+# on core 0, the standby, its serve and the dashboard's client on core 1 (taskset), in
+# all three runs alike; by default everything shares every core, the standby's replay
+# and queries included. The standby runs
+# on the same two cores as everything else: what it costs the box, it costs W1 too.
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+dash_paths=(/ "/api/v1/stats?sample=20000" /api/v1/stats /api/v1/events/head "/api/v1/tasks?limit=50"
+    "/api/v1/tasks?status=failed&limit=50" "/api/v1/tasks?kind=etl&limit=50" "/api/v1/flows?limit=100" /api/v1/workers)
+dash_loop() { # addr count_file: the dashboard's requests, one after the other, until killed
+    local code body="$2.body.$BASHPID"
+    while :; do
+        for p in "${dash_paths[@]}"; do
+            code=$(curl -sS -o "$body" -w '%{http_code}' "http://$1$p" 2>>"$2.failed" || true)
+            if [ "$code" = 200 ]; then
+                echo >>"$2"
+            else # counted and kept: a failure is a figure too
+                { echo "$code $p: $(head -c 300 "$body" 2>/dev/null)"; } >>"$2.failed"
+            fi
+        done
+    done
+}
+# With ARTEX_BENCH_REPLICA_PIN=1: moves process $2 (all its threads; what it starts later
+# inherits it) to core $1; nothing otherwise.
+pin() { # core pid…
+    [ "${ARTEX_BENCH_REPLICA_PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ] || return 0
+    local core=$1 p
+    shift
+    for p in "$@"; do taskset -a -cp "$core" "$p" >/dev/null; done
+}
+# The primary's postmaster and its processes (new backends inherit from the postmaster).
+pin_primary() { # cores
+    local pm; pm=$(head -n 1 "$tmp/db/pg/postmaster.pid")
+    # shellcheck disable=SC2046
+    pin "$1" "$pm" $(pgrep -P "$pm")
+}
+replica_w1() { # db label [serve address for the dashboard load]
+    local load=() count="$tmp/replica.count" t0 t1 rate reqs
+    sql "$1" -c "insert into artex.tasks (id, kind) select bench.uuid7(), 'noop' from generate_series(1, $w1)" \
+        -c "vacuum analyze artex.tasks"
+    wait_replayed
+    if [ -n "${3:-}" ]; then
+        for _ in $(seq "${ARTEX_BENCH_REPLICA_CLIENTS:-1}"); do
+            dash_loop "$3" "$count" &
+            load+=($!)
+        done
+        pin 1 "${load[@]}"
+        sleep 1 # the load running before W1 starts
+    fi
+    : >"$count" # appended to with O_APPEND: emptied, it counts from here
+    t0=$EPOCHREALTIME
+    start_runtime "$1" 2
+    pin 0 "${procs[@]}"
+    wait_until "$1" "$unfinished" 600
+    t1=$EPOCHREALTIME
+    stop_runtime
+    if [ ${#load[@]} -gt 0 ]; then kill "${load[@]}" 2>/dev/null || true; wait "${load[@]}" 2>/dev/null || true; fi
+    rate=$(sql "$1" -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks
+        where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($t0)")
+    reqs=$(wc -l <"$count")
+    echo "# replica: W1 $2: $(calc "$rate") tasks/s; dashboard requests: $reqs in $(calc "$t1 - $t0" 1) s"
+    if [ -s "$count.failed" ]; then
+        echo "# replica: failed dashboard requests ($2):"
+        sed 's/^/#   /' "$count.failed"
+        cat "$count.failed" >>"$tmp/replica.failures"
+        rm -f "$count.failed"
+    fi
+    echo "$rate" >>"$tmp/replica.w1.$2"
+    echo "$(calc "$reqs / ($t1 - $t0)" 2)" >>"$tmp/replica.dash.$2"
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+# Until the standby has replayed everything the primary has written.
+wait_replayed() {
+    local target; target=$(sql postgres -c "select pg_current_wal_lsn()")
+    for _ in $(seq 1200); do
+        [ "$(psql "$standby_url" -XAtq -c "select pg_last_wal_replay_lsn() >= '$target'")" = t ] && return 0
+        sleep 0.05
+    done
+    die "the standby did not replay up to $target"
+}
+replica_bench() {
+    local db=bench_replica n=${ARTEX_BENCH_REPLICA_TASKS:-1000000} home="$tmp/standby" replica_addr primary_addr
+    local base with_replica with_primary
+    $quick && n=20000
+    [ -n "$pgbin" ] || die "replica: no /usr/lib/postgresql/*/bin (pg_basebackup, pg_ctl)"
+    mkdir "$home"
+    [ "$(id -u)" = 0 ] && chown postgres "$home"
+    as_pg "$pgbin/pg_basebackup" -D "$home/pg" -R -X stream -c fast -h "$tmp/db/pg" -p 5432 -U postgres \
+        2>>"$tmp/log/standby" # (it warns of the socket it skips)
+    # The primary's socket lock lives in its data folder and comes with the copy.
+    rm -f "$home/pg/.s.PGSQL.5432.lock"
+    echo "unix_socket_directories = '$home/pg'" >>"$home/pg/postgresql.auto.conf"
+    standby="$home/pg"
+    as_pg "$pgbin/pg_ctl" start -w -D "$standby" -l "$home/log" >/dev/null
+    pin 1 "$(head -n 1 "$standby/postmaster.pid")" $(pgrep -P "$(head -n 1 "$standby/postmaster.pid")")
+    pin_primary 0
+    standby_url="host=$standby port=5432 user=postgres dbname=postgres"
+    new_db $db
+    fill_busy_hour $db $n
+    # Its pending 5% held (paused): W1's workers run only W1's tasks.
+    sql $db -c "set session_replication_role = replica" \
+        -c "update artex.tasks set status = 'paused' where status = 'pending'" -c "vacuum analyze artex.tasks"
+    wait_replayed
+    echo "# replica: $n tasks, a streaming standby ($(psql "$standby_url" -XAtq -c "select pg_is_in_recovery()")), W1 $w1 tasks with 2 workers"
+    serve_api $db --public-read --read-database-url "host=$standby port=5432 user=postgres dbname=$db"
+    replica_addr=$serve_addr
+    pin 1 "${procs[-1]}"
+    serve_api $db --public-read
+    primary_addr=$serve_addr
+    pin 0 "${procs[-1]}"
+    [ "${ARTEX_BENCH_REPLICA_PIN:-0}" = 1 ] && echo "# replica: pinned: the primary's side on core 0, the standby's on core 1"
+    keep_procs=("${procs[@]}")
+    procs=()
+    # Warm-up: each serve's connections and statements, the caches of both servers.
+    for a in "$replica_addr" "$primary_addr"; do
+        for p in "${dash_paths[@]}"; do curl -fsS -o /dev/null "http://$a$p"; done
+    done
+    [ "$(curl -fsS -o /dev/null -D - "http://$replica_addr/api/v1/tasks?limit=1" | tr -d '\r' \
+        | sed -n 's/^artex-read-from: //Ip')" = replica ] || die "replica: the serve does not read the replica"
+    replica_w1 $db warm_up
+    local rounds=${ARTEX_BENCH_REPLICA_ROUNDS:-5}
+    $quick && rounds=1
+    for _ in $(seq "$rounds"); do
+        replica_w1 $db no_dashboard
+        replica_w1 $db dashboard_on_replica "$replica_addr"
+        replica_w1 $db dashboard_on_primary "$primary_addr"
+    done
+    base=$(median <"$tmp/replica.w1.no_dashboard")
+    with_replica=$(median <"$tmp/replica.w1.dashboard_on_replica")
+    with_primary=$(median <"$tmp/replica.w1.dashboard_on_primary")
+    result replica_w1_tasks_per_s_no_dashboard "$(calc "$base")" "tasks/s (median of $rounds)"
+    result replica_w1_tasks_per_s_dashboard_on_replica "$(calc "$with_replica")" "tasks/s (median of $rounds)"
+    result replica_w1_tasks_per_s_dashboard_on_primary "$(calc "$with_primary")" "tasks/s (median of $rounds)"
+    result replica_dash_requests_per_s_on_replica "$(median <"$tmp/replica.dash.dashboard_on_replica")" "requests/s (median)"
+    result replica_dash_requests_per_s_on_primary "$(median <"$tmp/replica.dash.dashboard_on_primary")" "requests/s (median)"
+    result replica_w1_ratio_dashboard_on_replica "$(calc "$with_replica / $base" 2)" "ratio (target >= 0.9)"
+    result replica_w1_ratio_dashboard_on_primary "$(calc "$with_primary / $base" 2)" ratio
+    result replica_dash_failed_requests "$(cat "$tmp/replica.failures" 2>/dev/null | wc -l)" requests
+    pin_primary "0-$(($(nproc) - 1))"
+    local lag; lag=$(curl -fsS "http://$replica_addr/api/v1/replica")
+    echo "# replica: lag at the end: $lag"
+    procs=("${keep_procs[@]}")
+    keep_procs=()
+    stop_runtime
+    as_pg "$pgbin/pg_ctl" stop -m fast -D "$standby" >/dev/null
+    standby=''
+    drop_db $db
+}
+if want replica; then
+    replica_bench
 fi
 # ---- Upload: a 1 GiB file over loopback, artex upload vs curl -T to a plain sink (issue 15)
 # `artex upload` (10 MiB chunks, --parallel at its default) to a worker on this host, from
@@ -912,7 +1088,7 @@ upload_stop_worker() {
 }
 upload_bench() {
     cargo build --release --example upload-sink
-    cp target/release/examples/upload-sink "$tmp/"
+    cp "$rel/examples/upload-sink" "$tmp/"
     local dir="$tmp/upload" big=$((1 << 30)) small=$((256 << 20)) db=bench_upload
     $quick && big=$((64 << 20)) small=$((16 << 20))
     mkdir -p "$dir"

@@ -29,6 +29,17 @@ pub struct DbConfig {
         hide_env_values = true
     )]
     pub listen_database_url: Option<String>,
+    /// PostgreSQL URL of a streaming replica of --database-url: operators' reads (lists,
+    /// pages, statistics of `serve`, a worker's --api, `tasks`, `task show`, `flow
+    /// list|show`, `stats`, `workers`) come from it; writes and the feed always from
+    /// --database-url. Other commands ignore it.
+    #[arg(
+        long,
+        env = "ARTEX_READ_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
+    pub read_database_url: Option<String>,
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
     #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
     pub data_dir: PathBuf,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use actix::Supervisor;
 use actix_web::{web, App, HttpServer};
 use artex_actors::assigner::{Assigner, AssignerConfig};
-use artex_actors::blackboard::ReapParams;
+use artex_actors::blackboard::{ReapParams, Replica};
 use artex_actors::maintenance::Maintenance;
 use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
@@ -77,6 +77,18 @@ pub async fn connect_unchecked(db: &DbConfig) -> Result<Blackboard> {
         }
         None => bb,
     })
+}
+
+/// The streaming replica of `--read-database-url`, if one is given (no connection is
+/// made until first use; the schema is the primary's, replicated).
+pub fn connect_replica(db: &DbConfig) -> Result<Option<Replica>> {
+    let Some(url) = &db.read_database_url else {
+        return Ok(None);
+    };
+    let limits = db.limits();
+    tracing::info!(replica = %artex_actors::blackboard::mask_password(url),
+        "operators' reads come from the replica; writes and the feed from the primary");
+    Ok(Some(Replica::connect_with(url, limits)?))
 }
 
 /// How often the planner's Maintenance actor keeps history bounded: often enough for
@@ -189,9 +201,11 @@ pub async fn run_planner(
 /// [`Drain`]) and returns what the drain did. It serves HTTP on `listener`; with `None`
 /// it must have been spawned by a hot upgrade (`ARTEX_HANDOVER_SOCKET`), and receives the
 /// listening socket (the listener pass) and its predecessor's tasks (the task transfer)
-/// over the upgrade channel.
+/// over the upgrade channel. With `--api`, the API's reads come from `replica` when
+/// there is one.
 pub async fn run_worker(
     bb: Blackboard,
+    replica: Option<Replica>,
     args: &WorkerArgs,
     registry: Registry,
     listener: Option<std::net::TcpListener>,
@@ -282,6 +296,7 @@ pub async fn run_worker(
     };
     let api = args.api.then(|| http::api::ApiState {
         bb: bb.operator(),
+        reads: http::api::reads::Reads::new(&bb.operator(), replica),
         feed: bb.feed(),
         max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
     });
@@ -468,9 +483,11 @@ fn record_binary(bb: &Blackboard, id: &str, digest: &BinaryDigest) {
 
 /// Serves the HTTP API (`artex serve`: `/api/v1/…`, `/health`, `/events`) on `listener`
 /// until `shutdown` resolves; then ends the open event streams and finishes the requests
-/// in flight. Stateless: everything it answers is read from or written to `bb`.
+/// in flight. Stateless: everything it answers is read from or written to `bb`, or read
+/// from `replica` (lists, pages, statistics) when there is one.
 pub async fn run_api(
     bb: Blackboard,
+    replica: Option<Replica>,
     args: &ServeArgs,
     listener: std::net::TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -481,6 +498,7 @@ pub async fn run_api(
         .map_err(|e| Error::io("reading the HTTP listener's address", e))?;
     let api = http::api::ApiState {
         bb: bb.operator(),
+        reads: http::api::reads::Reads::new(&bb.operator(), replica),
         feed: bb.feed(),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
     };

@@ -6,7 +6,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::stdout::outln;
-use super::{connect_one_shot, print_json, time_text};
+use super::{connect_one_shot, connect_reads, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::Result;
 
@@ -34,9 +34,9 @@ pub(crate) struct StatsArgs {
 
 /// Runs `artex workers`.
 pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
-    let bb = connect_one_shot(db).await?;
+    let bb = connect_reads(db).await?;
     // One more than asked says whether there are more.
-    let mut workers = bb.operator().workers(args.limit + 1).await?;
+    let mut workers = bb.workers(args.limit + 1).await?;
     let more = workers.len() as i64 > args.limit;
     workers.truncate(args.limit as usize);
     if args.json {
@@ -78,10 +78,20 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
 
 /// Runs `artex stats`.
 pub(crate) async fn stats(db: &DbConfig, args: StatsArgs) -> Result {
-    let bb = connect_one_shot(db).await?;
-    let stats = bb.operator().stats(args.window_minutes, None).await?;
+    let stats = connect_reads(db)
+        .await?
+        .stats(args.window_minutes, None)
+        .await?;
+    // How far behind the replica is takes the primary too.
+    let replica = match crate::runtime::connect_replica(db)? {
+        Some(replica) => Some(replica.lag(&connect_one_shot(db).await?.operator()).await?),
+        None => None,
+    };
     if args.json {
-        return print_json(&stats);
+        let mut body = serde_json::to_value(&stats)
+            .map_err(|e| crate::error::Error::Invalid(format!("encoding the statistics: {e}")))?;
+        body["replica"] = json!(replica);
+        return print_json(&body);
     }
     let counts: Vec<String> = stats
         .by_status
@@ -120,6 +130,18 @@ pub(crate) async fn stats(db: &DbConfig, args: StatsArgs) -> Result {
             ms(p.p95),
             ms(p.p99),
             ms(p.max)
+        )?;
+    }
+    if let Some(lag) = replica {
+        outln!(
+            "replica:     {} behind ({} WAL bytes; replayed up to {})",
+            ms(lag.lag_ms),
+            lag.lag_bytes
+                .map(|b| b.to_string())
+                .unwrap_or_else(|| "-".into()),
+            lag.replay_lsn
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "- (not a standby)".into())
         )?;
     }
     Ok(())

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::follow::{feed_from_now, next_events, transition};
 use super::inputs::{check_submission, refusal_text};
 use super::stdout::{outln, Reader};
-use super::{connect_one_shot, parse_id, print_json, print_json_line, time_text};
+use super::{connect_one_shot, connect_reads, parse_id, print_json, print_json_line, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -116,8 +116,8 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
             outln!("{id}")
         }
         FlowCommand::List { after, limit, json } => {
-            let bb = connect_one_shot(db).await?;
-            let flows = bb.operator().flows_page(after, limit).await?;
+            let bb = connect_reads(db).await?;
+            let flows = bb.flows_page(after, limit).await?;
             let next = (flows.len() as i64 == limit)
                 .then(|| flows.last().map(|f| f.id))
                 .flatten();
@@ -154,11 +154,12 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
             Ok(())
         }
         FlowCommand::Show { id, json, follow } => {
-            let bb = connect_one_shot(db).await?;
             if follow {
+                // Followed on the feed, which is the primary's: read beside it there.
+                let bb = connect_one_shot(db).await?;
                 return follow_flow(&bb, id, json).await;
             }
-            let flow = bb.operator().flow(id).await?;
+            let flow = connect_reads(db).await?.flow(id).await?;
             if json {
                 print_json(&flow)?;
             } else {

@@ -43,7 +43,7 @@ mod upload;
 use std::io::Write;
 use std::process::ExitCode;
 
-use artex_actors::blackboard::Control;
+use artex_actors::blackboard::{Control, ReadBoard};
 use artex_actors::worker::Registry;
 use artex_actors::Blackboard;
 use chrono::{DateTime, Utc};
@@ -244,13 +244,23 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
     }
 }
 
-/// Refuses a `--database-url` that is no PostgreSQL URL before anything runs: bad input
-/// (exit 2) naming the option, not a connection failure later. Accepts `postgres://`,
-/// `postgresql://` and libpq's `key=value` form.
+/// Refuses a `--database-url` or `--read-database-url` that is no PostgreSQL URL before
+/// anything runs: bad input (exit 2) naming the option, not a connection failure later.
+/// Accepts `postgres://`, `postgresql://` and libpq's `key=value` form.
 fn check_database_url(db: &DbConfig) -> Result {
-    let Some(url) = &db.database_url else {
-        return Ok(());
-    };
+    for (option, url) in [
+        ("--database-url", &db.database_url),
+        ("--read-database-url", &db.read_database_url),
+    ] {
+        if let Some(url) = url {
+            check_url(option, url)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `url`, given as `option`, unless it is a PostgreSQL URL.
+fn check_url(option: &str, url: &str) -> Result {
     if let Some((scheme, _)) = url.split_once("://") {
         if !matches!(scheme, "postgres" | "postgresql") {
             // Only a plain scheme is echoed: whatever else precedes "://" may be a secret.
@@ -265,7 +275,7 @@ fn check_database_url(db: &DbConfig) -> Result {
                 "its scheme".into()
             };
             return Err(Error::Invalid(format!(
-                "--database-url: {shown} is not PostgreSQL; expected \
+                "{option}: {shown} is not PostgreSQL; expected \
                  postgresql://user:password@host:port/database"
             )));
         }
@@ -273,7 +283,7 @@ fn check_database_url(db: &DbConfig) -> Result {
     // Parsing builds the pools' settings and connects nothing.
     match Blackboard::connect(url, 1) {
         Err(artex_actors::Error::Url(e)) => Err(Error::Invalid(format!(
-            "--database-url: {e}; expected postgresql://user:password@host:port/database \
+            "{option}: {e}; expected postgresql://user:password@host:port/database \
              or key=value pairs"
         ))),
         _ => Ok(()),
@@ -290,6 +300,20 @@ fn check_database_url(db: &DbConfig) -> Result {
 pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
     existing_database(db)?;
     connect(db).await
+}
+
+/// Connects a command that only reads (tasks, task show, flow list|show, stats,
+/// workers): to the replica of --read-database-url when one is given, without touching
+/// the primary (its schema is checked there: it is the primary's, replicated); else as
+/// [`connect_one_shot`].
+pub(crate) async fn connect_reads(db: &DbConfig) -> Result<ReadBoard> {
+    match crate::runtime::connect_replica(db)? {
+        Some(replica) => {
+            replica.check_schema().await?;
+            Ok(replica.reads())
+        }
+        None => Ok(connect_one_shot(db).await?.operator().reads()),
+    }
 }
 
 /// As [`connect_one_shot`], without the schema check: for `artex migrate`.

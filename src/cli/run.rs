@@ -10,8 +10,8 @@ use crate::config::{DbConfig, PlannerArgs, ServeArgs, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::process::Shutdown;
 use crate::runtime::{
-    bind_http, bind_http_unless_spawned, connect, connect_unchecked, run_api, run_planner,
-    run_worker,
+    bind_http, bind_http_unless_spawned, connect, connect_replica, connect_unchecked, run_api,
+    run_planner, run_worker,
 };
 
 /// Runs `artex planner`.
@@ -25,9 +25,11 @@ pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
 pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry) -> Result {
     let shutdown = Shutdown::on_signals()?;
     let bb = connect(db).await?;
+    let replica = connect_replica(db)?;
     let listener = bind_http_unless_spawned(&worker.http)?;
     run_worker(
         bb,
+        replica,
         &worker,
         registry,
         listener,
@@ -42,8 +44,9 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
 pub(crate) async fn serve(db: &DbConfig, serve: ServeArgs) -> Result {
     let shutdown = Shutdown::on_signals()?;
     let bb = connect(db).await?;
+    let replica = connect_replica(db)?;
     let listener = bind_http(&serve.http)?;
-    run_api(bb, &serve, listener, shutdown.wait()).await
+    run_api(bb, replica, &serve, listener, shutdown.wait()).await
 }
 
 /// `artex up`'s HTTP address unless `--http` says otherwise: a port that stays the same
@@ -96,7 +99,17 @@ pub(crate) async fn up(
          Submit a task from another shell:  {me} submit echo --payload '{{\"hello\":\"world\"}}'\n\
          Stop with Ctrl-C."
     );
-    run_worker(bb, &worker, registry, listener, stats, shutdown.wait()).await?;
+    let replica = connect_replica(db)?;
+    run_worker(
+        bb,
+        replica,
+        &worker,
+        registry,
+        listener,
+        stats,
+        shutdown.wait(),
+    )
+    .await?;
     let _ = planner_task.await;
     Ok(())
 }

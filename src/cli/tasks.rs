@@ -16,7 +16,8 @@ use super::inputs::{check_submission, read_payload, refusal_text};
 use super::progress::step;
 use super::stdout::outln;
 use super::{
-    cli_actor, connect_one_shot, parse_id, parse_task_id, parse_time, print_json, time_text,
+    cli_actor, connect_one_shot, connect_reads, parse_id, parse_task_id, parse_time, print_json,
+    time_text,
 };
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
@@ -205,16 +206,16 @@ fn cut_reasons(mut history: Vec<TransitionRow>) -> Vec<TransitionRow> {
 pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
     match command {
         TaskCommand::Show { id, json, full } => {
-            let bb = connect_one_shot(db).await?;
+            let bb = connect_reads(db).await?;
             let task = if full {
                 TaskPreview {
-                    task: bb.operator().task(id).await?,
+                    task: bb.task(id).await?,
                     cut: Vec::new(),
                 }
             } else {
-                bb.operator().task_preview(id, CUT_CHARS).await?
+                bb.task_preview(id, CUT_CHARS).await?
             };
-            let mut history = bb.operator().transitions(id).await?;
+            let mut history = bb.transitions(id).await?;
             if !full {
                 history = cut_reasons(history);
             }
@@ -230,7 +231,7 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
 
 /// Runs `artex tasks`.
 pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
-    let bb = connect_one_shot(db).await?;
+    let bb = connect_reads(db).await?;
     let filter = TaskFilter {
         status: args.status,
         kind: args.kind,
@@ -246,7 +247,7 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         (true, false) => CUT_CHARS,
         (false, false) => 0,
     };
-    let tasks = bb.operator().tasks_page(&filter, cut).await?;
+    let tasks = bb.tasks_page(&filter, cut).await?;
     // A full page may have more after it: its last id is where the next starts.
     let next = (tasks.len() as i64 == filter.limit)
         .then(|| tasks.last().map(|t| t.task.id))

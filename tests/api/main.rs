@@ -74,7 +74,7 @@ impl Server {
         let thread = std::thread::spawn(move || {
             actix::System::new().block_on(async move {
                 let bb = Blackboard::connect(&url, 4).expect("pool");
-                artex::runtime::run_api(bb, &args, listener, async {
+                artex::runtime::run_api(bb, None, &args, listener, async {
                     let _ = stopped.await;
                 })
                 .await

@@ -12,6 +12,7 @@
 //! | [`PlannerBoard`] ([`Blackboard::planner`]) | Scanner, Assigner, Reaper, ShardKeeper | `planner/`: dispatch rounds, reaper sweeps, shard leases |
 //! | [`WorkerBoard`] ([`Blackboard::worker`]) | a worker process: its actor, handlers, uploads, hot upgrade | `worker/`: registration, heartbeats, intake, outcomes, leases, checkpoints, task transfer, uploads |
 //! | [`OperatorBoard`] ([`Blackboard::operator`]) | the CLI, the HTTP API, the dashboard | `operator/`: submit, read, list, control, retry, roster, statistics, input limits |
+//! | [`ReadBoard`] ([`OperatorBoard::reads`], [`Replica::reads`]) | the same, for reads a streaming replica may serve | `operator/replica.rs`: the operator's reads only, the replica's lag |
 //! | [`FeedBoard`] ([`Blackboard::feed`]) | `/events`, `events tail`, followers | `feed/`: history after a position, cursors, the head, logical decoding |
 //! | [`MaintenanceBoard`] ([`Blackboard::maintenance`]) | the planner's Maintenance, `artex migrate`, start-up checks | `maintenance.rs` (history partitions, pruning, retention) and `migrate.rs` (the schema) |
 //!
@@ -67,8 +68,8 @@ pub use migrate::{
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
 pub use operator::{
-    FlowSummary, MinuteCount, OperatorBoard, Percentiles, RecentStats, Stats, TaskFilter,
-    WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
+    FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
+    ReplicaLag, Stats, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
 pub use planner::{

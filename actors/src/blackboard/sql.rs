@@ -74,6 +74,7 @@ typed! {
     Uuid => UUID, UUID_ARRAY;
     DateTime<Utc> => TIMESTAMPTZ, TIMESTAMPTZ_ARRAY;
     serde_json::Value => JSONB, JSONB_ARRAY;
+    tokio_postgres::types::PgLsn => PG_LSN, PG_LSN_ARRAY;
 }
 
 impl<T: Typed + ?Sized> Typed for &T {

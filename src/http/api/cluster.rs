@@ -21,14 +21,18 @@ pub(super) async fn workers(
     let q = query(&req, &["limit"])?;
     let limit = param(&q, "limit", |s| parse_int(s, 1, 10_000))?.unwrap_or(1000);
     // One more than asked says whether there are more.
-    let mut workers = state.bb.workers(limit + 1).await?;
+    let (bb, from) = state.reads.board(&req).await?;
+    let mut workers = bb.workers(limit + 1).await?;
     let more = workers.len() as i64 > limit;
     workers.truncate(limit as usize);
-    Ok(HttpResponse::Ok().json(json!({ "workers": workers, "more": more })))
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(json!({ "workers": workers, "more": more })))
 }
 
 /// `GET /api/v1/stats?window_minutes=&sample=`: see `OperatorBoard::stats_sampled` (bounded
-/// reads only; the dashboard asks for a smaller sample than the default).
+/// reads only; the dashboard asks for a smaller sample than the default), with the
+/// replica's lag (`replica`, null without one).
 pub(super) async fn stats(
     _: CanRead,
     req: HttpRequest,
@@ -37,8 +41,25 @@ pub(super) async fn stats(
     let q = query(&req, &["window_minutes", "sample"])?;
     let window = param(&q, "window_minutes", |s| parse_int(s, 1, 60))?.unwrap_or(15);
     let sample = param(&q, "sample", |s| parse_int(s, 1, RECENT_SAMPLE))?.unwrap_or(RECENT_SAMPLE);
-    let stats = state.bb.stats_sampled(window as u32, None, sample).await?;
-    Ok(HttpResponse::Ok().json(stats))
+    let (bb, from) = state.reads.board(&req).await?;
+    let stats = bb.stats_sampled(window as u32, None, sample).await?;
+    let replica = state.reads.lag().await?;
+    let mut body = serde_json::to_value(&stats)
+        .map_err(|e| ApiError::Internal(format!("encoding the statistics: {e}")))?;
+    body["replica"] = json!(replica);
+    Ok(HttpResponse::Ok().insert_header(from.header()).json(body))
+}
+
+/// `GET /api/v1/replica`: `{"replica": …}`, how far the replica of
+/// `--read-database-url` is behind the primary (null without one).
+pub(super) async fn replica(
+    _: CanRead,
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let replica = state.reads.lag().await?;
+    Ok(HttpResponse::Ok().json(json!({ "replica": replica })))
 }
 
 /// `GET /api/v1/events/head`: `{"after": "XID-ID"}`, the position of the newest event a

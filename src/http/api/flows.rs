@@ -123,7 +123,9 @@ pub(super) async fn submit(
     })
     .await?;
     let id = state.bb.submit_flow(&spec, &actor(&req)).await?;
-    Ok(HttpResponse::Created()
+    let mut answer = HttpResponse::Created();
+    state.reads.written(&mut answer).await;
+    Ok(answer
         .insert_header((LOCATION, format!("/api/v1/flows/{id}")))
         .json(json!({ "id": id })))
 }
@@ -138,11 +140,14 @@ pub(super) async fn list(
     let q = query(&req, &["limit", "after"])?;
     let limit = param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50);
     let after = param(&q, "after", parse_uuid)?;
-    let flows = state.bb.flows_page(after, limit).await?;
+    let (bb, from) = state.reads.board(&req).await?;
+    let flows = bb.flows_page(after, limit).await?;
     let next = (flows.len() as i64 == limit)
         .then(|| flows.last().map(|f| f.id))
         .flatten();
-    Ok(HttpResponse::Ok().json(json!({ "flows": flows, "next": next })))
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(json!({ "flows": flows, "next": next })))
 }
 
 /// `GET /api/v1/flows/{id}`: the flow, its state and counts, and each task with the
@@ -155,6 +160,7 @@ pub(super) async fn show(
 ) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id)?;
     query(&req, &[])?;
-    let flow = state.bb.flow(id).await?;
-    Ok(HttpResponse::Ok().json(flow))
+    let (bb, from) = state.reads.board(&req).await?;
+    let flow = bb.flow(id).await?;
+    Ok(HttpResponse::Ok().insert_header(from.header()).json(flow))
 }

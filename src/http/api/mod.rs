@@ -19,6 +19,7 @@
 
 mod cluster;
 mod flows;
+pub mod reads;
 mod tasks;
 mod uploads;
 
@@ -46,8 +47,12 @@ pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 /// What the API's routes need.
 #[derive(Clone)]
 pub struct ApiState {
-    /// The operator's statements (submit, read, list, control).
+    /// The operator's statements (submit, control, and the reads a write depends on):
+    /// the primary's.
     pub bb: OperatorBoard,
+    /// Lists, pages and statistics: the replica's with `--read-database-url`, else the
+    /// primary's.
+    pub reads: reads::Reads,
     /// The change feed's (where it ends now).
     pub feed: FeedBoard,
     /// The largest request body accepted, bytes.
@@ -274,6 +279,7 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/openapi.json", openapi);
     r.add(M::GET, "/api/v1/flows", flows::list);
     r.add(M::GET, "/api/v1/events/head", cluster::events_head);
+    r.add(M::GET, "/api/v1/replica", cluster::replica);
     r.pages(crate::http::dashboard::routes);
 }
 

@@ -148,10 +148,12 @@ pub(super) async fn submit(
     })
     .await?;
     let ids = state.bb.submit_many(&tasks, &actor(&req)).await?;
+    let mut answer = HttpResponse::Created();
+    state.reads.written(&mut answer).await;
     Ok(if batch {
-        HttpResponse::Created().json(json!({ "ids": ids }))
+        answer.json(json!({ "ids": ids }))
     } else {
-        HttpResponse::Created()
+        answer
             .insert_header((LOCATION, format!("/api/v1/tasks/{}", ids[0])))
             .json(json!({ "id": ids[0] }))
     })
@@ -186,11 +188,14 @@ pub(super) async fn list(
     };
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
     let cut = if full { i32::MAX } else { CUT_CHARS };
-    let page = state.bb.tasks_page(&filter, cut).await?;
+    let (bb, from) = state.reads.board(&req).await?;
+    let page = bb.tasks_page(&filter, cut).await?;
     let next = (page.len() as i64 == filter.limit)
         .then(|| page.last().map(|t| t.task.id))
         .flatten();
-    Ok(HttpResponse::Ok().json(json!({ "tasks": page, "next": next })))
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(json!({ "tasks": page, "next": next })))
 }
 
 /// `GET /api/v1/tasks/{id}?full=`: the task and its history, oldest first.
@@ -203,11 +208,11 @@ pub(super) async fn show(
     let id = path_id(&id)?;
     let q = query(&req, &["full"])?;
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
-    let task = state
-        .bb
+    let (bb, from) = state.reads.board(&req).await?;
+    let task = bb
         .task_preview(id, if full { i32::MAX } else { CUT_CHARS })
         .await?;
-    let mut history = state.bb.transitions(id).await?;
+    let mut history = bb.transitions(id).await?;
     if !full {
         // A failure's reason is its error: as large as the error can be.
         for h in &mut history {
@@ -218,7 +223,9 @@ pub(super) async fn show(
             }
         }
     }
-    Ok(HttpResponse::Ok().json(json!({ "task": task, "transitions": history })))
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(json!({ "task": task, "transitions": history })))
 }
 
 /// The optional `{"reason": …}` body of a control.
@@ -303,7 +310,9 @@ pub(super) async fn control(
         .bb
         .control(control, id, &actor(&req), reason.as_deref())
         .await?;
-    Ok(HttpResponse::Ok().json(report))
+    let mut answer = HttpResponse::Ok();
+    state.reads.written(&mut answer).await;
+    Ok(answer.json(report))
 }
 
 /// The handler of `POST /api/v1/{tasks|flows}/{id}/pause|resume|cancel` (write scope):
@@ -336,7 +345,9 @@ pub(super) async fn retry(
     let id = path_id(&id)?;
     let reason = read_reason(&req, body, &state).await?;
     let new = state.bb.retry(id, &actor(&req), reason.as_deref()).await?;
-    Ok(HttpResponse::Created()
+    let mut answer = HttpResponse::Created();
+    state.reads.written(&mut answer).await;
+    Ok(answer
         .insert_header((LOCATION, format!("/api/v1/tasks/{new}")))
         .json(json!({ "id": new, "retry_of": id })))
 }

@@ -1,7 +1,8 @@
 //! An operator's statements, for the CLI, the HTTP API and the dashboard: submit tasks
 //! and flows (`tasks.rs`, `flows.rs`), read and list them (`flow_list.rs`), control them
 //! (pause, resume, cancel, retry), the roster and statistics (`overview.rs`), and the
-//! input limits and known kinds (`inputs.rs`).
+//! input limits and known kinds (`inputs.rs`), and the reads a streaming replica serves
+//! (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
 
@@ -9,12 +10,14 @@ mod flow_list;
 mod flows;
 mod inputs;
 mod overview;
+mod replica;
 mod tasks;
 
 pub use flow_list::FlowSummary;
 pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
+pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
 pub use tasks::TaskFilter;
 
 use super::Blackboard;

@@ -96,15 +96,26 @@ class ApiError extends Error {
   }
 }
 
+// Read-your-writes when reads come from a replica: a change's answer carries the
+// primary's WAL position (Artex-Lsn); the reads of the next half minute send it back
+// (Artex-After-Lsn), and the server answers them from wherever that change is visible.
+A.written = null;
+const WRITTEN_FOR_MS = 30000;
+
 // One API call: JSON in and out; a 401 asks for the scope's token and tries again.
 A.api = async function api(method, path, body) {
   const scope = method === "GET" ? "read" : "write";
   for (;;) {
     const headers = A.authHeaders(scope);
     if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method === "GET" && A.written && Date.now() - A.written.at < WRITTEN_FOR_MS) {
+      headers["Artex-After-Lsn"] = A.written.lsn;
+    }
     const res = await fetch(path, {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store",
     });
+    const lsn = method === "GET" ? null : res.headers.get("Artex-Lsn");
+    if (lsn) A.written = { lsn, at: Date.now() };
     const text = await res.text();
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch (_) { data = { error: text }; }

@@ -57,7 +57,12 @@
           h("div", { class: "card", "data-metric": "backlog" },
             h("div", { class: "n" }, backlog.age_ms === null || backlog.age_ms === undefined ? "-" : A.ms(backlog.age_ms)),
             h("div", { class: "l" }, "backlog age (oldest runnable pending task)")),
-          h("div", { class: "card" }, h("div", { class: "n" }, latest.finished || 0), h("div", { class: "l" }, "finished this minute"))),
+          h("div", { class: "card" }, h("div", { class: "n" }, latest.finished || 0), h("div", { class: "l" }, "finished this minute")),
+          s.replica
+            ? h("div", { class: "card", "data-metric": "replica-lag", title: "replayed up to " + (s.replica.replay_lsn || "-") + " of the primary's " + s.replica.primary_lsn },
+              h("div", { class: "n" }, A.ms(s.replica.lag_ms)),
+              h("div", { class: "l" }, "replica lag (" + (s.replica.lag_bytes === null ? "not a standby" : s.replica.lag_bytes + " WAL bytes behind") + "); lists and counts come from it"))
+            : null),
         h("h2", {}, "By kind (finished in the window)"),
         kinds.length
           ? h("div", { class: "table" }, h("table", {},
