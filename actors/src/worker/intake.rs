@@ -135,6 +135,7 @@ impl Worker {
                     // Near the budget, the next task may not have fitted.
                     act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
                     let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
+                    act.read_found(new.len());
                     for t in &new {
                         act.hold_until(t, sent);
                     }

@@ -117,8 +117,10 @@ impl WorkerConfig {
 /// A worker woken by pushes polls at least this far apart once a push has reached it:
 /// planners push every assignment (and give back what they could not announce), so the
 /// poll only covers a planner that died between its commit and its push. Until a push
-/// arrives — no planner may reach its address — it polls every
-/// [`WorkerConfig::poll`].
+/// arrives — no planner may reach its address — it polls every [`WorkerConfig::poll`]
+/// while its reads find tasks, and backs off to this while they find none: a thousand
+/// idle workers starting at once would otherwise read 5,000 times a second before the
+/// planners' greetings reach them.
 pub const PUSHED_POLL: Duration = Duration::from_secs(2);
 
 struct Running {
@@ -204,6 +206,8 @@ pub struct Worker {
     read_at: Instant,
     /// When the poll last came due.
     polled_at: Instant,
+    /// The poll's period now (see [`PUSHED_POLL`]).
+    poll_every: Duration,
 }
 
 impl Worker {
@@ -216,6 +220,7 @@ impl Worker {
         stats: ActorStats,
     ) -> Self {
         let depth = QueueDepth::new(config.prefetch, Instant::now());
+        let poll = config.poll;
         Worker {
             bb,
             config,
@@ -248,6 +253,7 @@ impl Worker {
             pushed: false,
             read_at: Instant::now(),
             polled_at: Instant::now(),
+            poll_every: poll,
         }
     }
 
@@ -499,16 +505,31 @@ impl Worker {
         if self.depth.is_auto() {
             self.resize(ctx);
         }
-        if self.polled_at.elapsed() >= self.config.poll {
+        if self.polled_at.elapsed() >= self.poll_every {
             self.polled_at = Instant::now();
             self.poll(ctx);
         }
     }
 
+    /// A read of its assignments found `found` new tasks: a worker woken by pushes that
+    /// none has reached yet polls every [`WorkerConfig::poll`] while reads find tasks, and
+    /// backs off (doubling) to [`PUSHED_POLL`] while they find none.
+    fn read_found(&mut self, found: usize) {
+        self.poll_every = if self.config.wake_addr.is_none() {
+            self.config.poll
+        } else if self.pushed {
+            PUSHED_POLL.max(self.config.poll)
+        } else if found > 0 {
+            self.config.poll
+        } else {
+            (self.poll_every * 2).clamp(self.config.poll, PUSHED_POLL.max(self.config.poll))
+        };
+    }
+
     /// The safety-net poll: a read of its assignments, unless pushes reach it and it read
     /// less than [`PUSHED_POLL`] ago.
     fn poll(&mut self, ctx: &mut Context<Self>) {
-        if self.pushed && self.read_at.elapsed() < PUSHED_POLL {
+        if self.read_at.elapsed() < self.poll_every {
             return;
         }
         self.fetch(ctx);
@@ -566,6 +587,7 @@ impl Handler<WakeUps> for Worker {
         if msg.pushed && !self.pushed {
             tracing::info!(worker = %self.config.id, "planners reach this worker: it polls every {PUSHED_POLL:?} now");
             self.pushed = true;
+            self.poll_every = PUSHED_POLL.max(self.config.poll);
         }
         let (with_tasks, plain): (Vec<_>, Vec<_>) = msg
             .payloads
