@@ -1321,24 +1321,35 @@ t0=$EPOCHREALTIME
 start_fleet $db "$fleet_n" "$bouncer_url" "$bouncer_listen_url"
 echo "# fleet: $fleet_n workers online after $(calc "$EPOCHREALTIME - $t0" 1) s"
 sleep 10 # past start-up: queues at their minimum, polls slowed by the first pushes
-rss=0
-for p in "${procs[@]:2}"; do rss=$((rss + $(awk '/^VmRSS/ { print $2 }' "/proc/$p/status"))); done
-result fleet_rss_kb_per_idle_worker "$((rss / fleet_n))" kB
+rss_files=()
+for p in "${procs[@]:2}"; do rss_files+=("/proc/$p/status"); done
+result fleet_rss_kb_per_idle_worker "$(awk -v n="$fleet_n" '/^VmRSS/ { s += $2 } END { printf "%d", s / n }' "${rss_files[@]}")" kB
+# RSS counts the pages a worker shares with the others (the binary, the libraries): what
+# each adds is its private memory.
+result fleet_private_kb_per_idle_worker "$(for p in "${procs[@]:2}"; do echo "/proc/$p/smaps_rollup"; done | xargs awk '/^(Private_Clean|Private_Dirty):/ { s += $2 } END { printf "%d", s / '"$fleet_n"' }')" kB
 # The idle fleet for 20 s: heartbeats (every 2 s), polls (every 2 s once pushed), nothing
 # else; what PostgreSQL commits and spends on it, per worker.
 if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
-workers_cpu() { local t=0; for p in "${procs[@]:2}"; do t=$(calc "$t + $(cpu_s "$p")" 2); done; echo "$t"; }
+# One awk over every worker's /proc/PID/stat (a loop of a thousand processes would
+# stretch the window it measures).
+workers_cpu() {
+    local files=()
+    for p in "${procs[@]:2}"; do files+=("/proc/$p/stat"); done
+    awk -v hz="$(getconf CLK_TCK)" '{ s += $14 + $15 } END { printf "%.2f", s / hz }' "${files[@]}"
+}
+w0=$(workers_cpu)
 read -r commits0 _ _ <<<"$(counters $db)"
 pg0=$(pg_cpu_s)
-w0=$(workers_cpu)
+t_idle=$EPOCHREALTIME
 sleep 20
 read -r commits1 _ _ <<<"$(counters $db)"
 pg1=$(pg_cpu_s)
 w1cpu=$(workers_cpu)
-result fleet_idle_worker_cpu_us_per_worker_per_s "$(calc "($w1cpu - $w0) * 1e6 / 20 / $fleet_n")" us
-result fleet_idle_pg_transactions_per_worker_per_s "$(calc "($commits1 - $commits0) / 20 / $fleet_n" 3)" transactions
-result fleet_idle_pg_cpu_us_per_worker_per_s "$(calc "($pg1 - $pg0) * 1e6 / 20 / $fleet_n")" us
-result fleet_idle_pg_cpu_share "$(calc "($pg1 - $pg0) / 20" 3)" cores
+idle_s=$(calc "$EPOCHREALTIME - $t_idle" 2)
+result fleet_idle_worker_cpu_us_per_worker_per_s "$(calc "($w1cpu - $w0) * 1e6 / $idle_s / $fleet_n")" us
+result fleet_idle_pg_transactions_per_worker_per_s "$(calc "($commits1 - $commits0) / $idle_s / $fleet_n" 3)" transactions
+result fleet_idle_pg_cpu_us_per_worker_per_s "$(calc "($pg1 - $pg0) * 1e6 / $idle_s / $fleet_n")" us
+result fleet_idle_pg_cpu_share "$(calc "($pg1 - $pg0) / $idle_s" 3)" cores
 if [ "$profile" = 1 ]; then statements $db "the idle fleet, 20 s (per task = per worker)" "$fleet_n"; fi
 fleet_w1 $db pooled
 throughput "fleet_${fleet_n}_workers_w1_tasks_per_s" "$fleet_rate"
