@@ -123,6 +123,11 @@ impl WorkerConfig {
 /// planners' greetings reach them.
 pub const PUSHED_POLL: Duration = Duration::from_secs(2);
 
+/// How often an idle worker (holding no task) looks at its timers: a task it is given
+/// meets its first self-fencing check within this, well inside the fencing margin of
+/// any lease (a fifth of it).
+pub const IDLE_TICK: Duration = Duration::from_millis(500);
+
 struct Running {
     kind: String,
     epoch: i64,
@@ -484,10 +489,8 @@ impl Actor for Worker {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // One timer for what runs every tenth of a second (self-fencing, the queue's
-        // sizing) and the poll: a thousand idle workers on one host wake ten times a
-        // second each, not twenty-five.
-        ctx.run_interval(fence::FENCE_TICK.min(depth::TICK), |act, ctx| act.tick(ctx));
+        // One timer for self-fencing, the queue's sizing and the poll (see `tick`).
+        self.tick(ctx);
         ctx.run_interval(self.config.heartbeat, |act, ctx| act.heartbeat(ctx));
         ctx.run_interval(self.config.lease / 3, |act, ctx| act.renew(ctx));
         if self.config.wake_addr.is_none() {
@@ -498,8 +501,10 @@ impl Actor for Worker {
 }
 
 impl Worker {
-    /// Every tenth of a second: self-fencing, the queue's sizing, and the safety-net
-    /// poll when it is due.
+    /// Self-fencing, the queue's sizing, and the safety-net poll when it is due; again
+    /// in a tenth of a second while the worker holds tasks, in [`IDLE_TICK`] while it
+    /// holds none (a thousand idle workers on one host would otherwise wake ten
+    /// thousand times a second between them for nothing).
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.fence(ctx);
         if self.depth.is_auto() {
@@ -509,6 +514,13 @@ impl Worker {
             self.polled_at = Instant::now();
             self.poll(ctx);
         }
+        let busy = self.held() > 0 || !self.outbox.is_empty() || !self.running.is_empty();
+        let next = if busy {
+            fence::FENCE_TICK.min(depth::TICK)
+        } else {
+            IDLE_TICK.min(self.poll_every)
+        };
+        ctx.run_later(next, |act, ctx| act.tick(ctx));
     }
 
     /// A read of its assignments found `found` new tasks: a worker woken by pushes that
