@@ -274,6 +274,7 @@ fn check_database_url(db: &DbConfig) -> Result {
     match Blackboard::connect(url, 1) {
         Err(artex_actors::Error::Url(e)) => Err(Error::Invalid(format!(
             "--database-url: {e}; expected postgresql://user:password@host:port/database \
+             (several hosts: host1:port1,host2:port2 with ?target_session_attrs=read-write) \
              or key=value pairs"
         ))),
         _ => Ok(()),

@@ -2,6 +2,8 @@
 //! [`PROBE_EVERY`] through the process's own pool, each bounded by [`PROBE_DEADLINE`].
 //! A server that hangs (SIGSTOP, a dead network) or has no connection left for us turns
 //! `/health` 503 within [`STALE_AFTER`], and back to 200 at the first answer after.
+//! The round trip asks the server who it is, so `/health` also says which host the
+//! process writes to (after a failover, the new primary's).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -19,6 +21,8 @@ pub const STALE_AFTER: Duration = Duration::from_millis(3_000);
 struct Last {
     answered: Instant,
     error: Option<String>,
+    /// `host:port` of the server that answered last.
+    host: Option<String>,
 }
 
 /// The database's health as this process sees it; cheap to clone.
@@ -32,6 +36,7 @@ impl DbProbe {
         let probe = DbProbe(Arc::new(Mutex::new(Last {
             answered: Instant::now(),
             error: None,
+            host: None,
         })));
         let weak: Weak<Mutex<Last>> = Arc::downgrade(&probe.0);
         actix::spawn(async move {
@@ -39,23 +44,31 @@ impl DbProbe {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let answer = match tokio::time::timeout(PROBE_DEADLINE, bb.ping()).await {
-                    Ok(Ok(())) => Ok(()),
+                let answer = match tokio::time::timeout(PROBE_DEADLINE, bb.database_host()).await {
+                    Ok(Ok(host)) => Ok(host),
                     Ok(Err(e)) => Err(e.to_string()),
                     Err(_) => Err(format!("no answer within {PROBE_DEADLINE:?}")),
                 };
                 let Some(last) = weak.upgrade() else { return };
                 let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
                 match answer {
-                    Ok(()) => {
+                    Ok(host) => {
                         last.answered = Instant::now();
                         last.error = None;
+                        last.host = Some(host);
                     }
                     Err(e) => last.error = Some(e),
                 }
             }
         });
         probe
+    }
+
+    /// `host:port` of the database server that answered last (the primary this process
+    /// writes to), if any did.
+    pub fn host(&self) -> Option<String> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.host.clone()
     }
 
     /// `Ok` if the database answered recently; otherwise why not.

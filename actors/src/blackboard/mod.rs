@@ -38,6 +38,7 @@ pub mod maintenance;
 mod migrate;
 pub mod operator;
 pub mod planner;
+pub(crate) mod primary;
 mod tasks;
 pub mod worker;
 
@@ -73,6 +74,7 @@ pub use planner::{
     agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, ReapParams,
     ReapReport, RosterEntry, ShardBoard, ShardRow, StrandedTask, TakenShard, DEFAULT_SHARD_COUNT,
 };
+pub use primary::mask_password;
 pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 // What a submission is, and its rules, live in `crate::submission`; named here too, where
 // the library's users have always found them.
@@ -177,6 +179,7 @@ impl Blackboard {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES)
             .tcp_user_timeout(TCP_USER_TIMEOUT);
+        primary::share_deadlines(&mut config, &limits);
         let settings = session_settings(&limits);
         let pool = build_pool(config.clone(), limits.pool_size, &limits, settings.clone())?;
         // Heartbeats and lease renewals are rewritten every few seconds; losing the last
@@ -271,6 +274,7 @@ fn build_pool(
     settings: String,
 ) -> Result<Pool> {
     let deadline = limits.connect_timeout;
+    let note_server = primary::note_server(&config, deadline);
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -299,6 +303,8 @@ fn build_pool(
                 }
             })
         }))
+        .post_create(note_server)
+        .pre_recycle(primary::drop_condemned())
         .build()
         .map_err(|e| Error::Url(e.to_string()))
 }
@@ -339,34 +345,4 @@ impl Drop for InTransaction {
             drop(deadpool_postgres::Object::take(client));
         }
     }
-}
-
-/// The URL with any password replaced by `***`, for logs and errors.
-pub fn mask_password(url: &str) -> String {
-    // postgresql://user:secret@host/db → postgresql://user:***@host/db
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        if let Some(at) = rest.find('@') {
-            let userinfo = &rest[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &rest[at..]
-                );
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for part in url.split(['&', '?', ' ']) {
-        if let Some(v) = part.strip_prefix("password=") {
-            out.push((v, "***"));
-        }
-    }
-    let mut masked = url.to_string();
-    for (v, m) in out {
-        masked = masked.replace(&format!("password={v}"), &format!("password={m}"));
-    }
-    masked
 }
