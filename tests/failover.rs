@@ -20,6 +20,10 @@
 //! and may be lost in a failover: no task is taken back from a live worker (no lease
 //! expiry, no worker declared gone), which is what shows their loss re-ran nothing.
 //! Figures are printed as `FIGURE failover_…=` lines (README quotes them). Needs root.
+//!
+//! A second, smaller test shows the pools' side alone on a cluster of its own: a session
+//! refused as read-only (SQLSTATE 25006, a demoted primary) is closed, not handed out
+//! again, and writes resume on a new one.
 
 mod common;
 
@@ -239,6 +243,124 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
         t0.elapsed().as_secs_f64()
     );
     drop(planners);
+}
+
+/// A primary demoted under open connections answers every write with SQLSTATE 25006
+/// (read-only) and would for ever: after the first such refusal the pool drops the
+/// connection (and any other made before it), and once a writable server is there the
+/// next write goes through a new connection. The demotion is simulated on a cluster of
+/// the test's own (`default_transaction_read_only` for every session, as pg_auto_failover
+/// holds a node read-only), so no other test sees it.
+#[tokio::test]
+async fn connections_refused_as_read_only_are_dropped_and_writes_resume_on_new_ones() {
+    use artex::dev_db::{Cluster, ClusterOptions};
+    use artex_actors::blackboard::NewTask;
+    use tokio_postgres::error::SqlState;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let cluster = Cluster::new(ClusterOptions {
+        unsafe_fast: true,
+        ..ClusterOptions::new(dir.path().join("c"))
+    })
+    .expect("PostgreSQL binaries");
+    cluster.start().expect("a cluster of the test's own");
+    let url = cluster.url("postgres");
+    // One durable connection: the one that meets the refusal.
+    let bb = Blackboard::connect(&url, 1).expect("pool");
+    bb.maintenance().migrate().await.expect("migrating");
+    let admin = common::connect(&url).await;
+    admin
+        .batch_execute("set default_transaction_read_only = off")
+        .await
+        .unwrap();
+    let submit = |i: i32| {
+        let bb = bb.clone();
+        async move {
+            bb.operator()
+                .submit(&NewTask::new("noop", json!({ "i": i })), "test")
+                .await
+        }
+    };
+    let artex_backends = || async {
+        admin
+            .query(
+                "select pid from pg_stat_activity where application_name = 'artex'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, i32>(0))
+            .collect::<Vec<i32>>()
+    };
+    submit(0).await.expect("a write on the primary");
+    let before = artex_backends().await;
+    assert!(!before.is_empty());
+
+    admin
+        .batch_execute("alter system set default_transaction_read_only = on")
+        .await
+        .unwrap();
+    // (ALTER SYSTEM refuses to run in the implicit transaction of a multi-statement batch.)
+    admin
+        .batch_execute("select pg_reload_conf()")
+        .await
+        .unwrap();
+    // The pooled session reads the new setting at its next statement, once signalled.
+    let mut i = 0;
+    let refusal = wait_for(
+        "a write refused as read-only",
+        Duration::from_secs(10),
+        || {
+            i += 1;
+            let attempt = submit(i);
+            async move { attempt.await.err() }
+        },
+    )
+    .await;
+    assert!(
+        matches!(&refusal, artex_actors::Error::Db(e)
+            if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)),
+        "{refusal:?}"
+    );
+
+    admin
+        .batch_execute("alter system reset default_transaction_read_only")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("select pg_reload_conf()")
+        .await
+        .unwrap();
+    // The refused session is not handed out again (the pool holds one connection: it
+    // would be), so the writes that follow go through a new one.
+    let mut i = 1_000;
+    wait_for(
+        "a write once the server takes writes",
+        Duration::from_secs(10),
+        || {
+            i += 1;
+            let attempt = submit(i);
+            async move { attempt.await.ok() }
+        },
+    )
+    .await;
+    wait_for(
+        "the refused session to be closed",
+        Duration::from_secs(10),
+        || async {
+            let now = artex_backends().await;
+            before.iter().all(|p| !now.contains(p)).then_some(())
+        },
+    )
+    .await;
+    drop(bb);
+    cluster.stop().expect("stopping the cluster");
 }
 
 /// What every case needs.
