@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
-# installs PostgreSQL's server binaries, pgbouncer, Chromium and its WebDriver (the
+# installs PostgreSQL's server binaries, pgbouncer, pg_auto_failover, Chromium and its WebDriver (the
 # dashboard's browser tests) and cargo-nextest if missing, runs every test
 # against one throwaway cluster, then stops and removes it. Extra arguments go to
 # `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
@@ -26,6 +26,12 @@ fi
 if [ ! -x /usr/sbin/pgbouncer ]; then
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer
+fi
+# tests/failover.rs runs a pg_auto_failover formation (a monitor and two nodes).
+if [ ! -x /usr/bin/pg_autoctl ] || ! ls /usr/lib/postgresql/*/lib/pgautofailover.so >/dev/null 2>&1; then
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+        postgresql-15-auto-failover pg-auto-failover-cli
 fi
 # tests/dashboard.rs drives a headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

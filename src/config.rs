@@ -9,8 +9,11 @@ use clap::Args;
 /// Where the blackboard is.
 #[derive(Debug, Clone, Args)]
 pub struct DbConfig {
-    /// PostgreSQL URL (e.g. postgresql://user:pass@host/db). Without one, artex runs its
-    /// own private cluster in --data-dir.
+    /// PostgreSQL URL (e.g. postgresql://user:pass@host/db), or libpq's key=value form.
+    /// It may name several hosts, the primary found among them
+    /// (postgresql://a:5432,b:5432/db?target_session_attrs=read-write): after a failover
+    /// every process reconnects to the new one. Without a URL, artex runs its own private
+    /// cluster in --data-dir.
     #[arg(
         long,
         env = "ARTEX_DATABASE_URL",

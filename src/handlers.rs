@@ -2,7 +2,9 @@
 //! `checkpoint` (which saves its progress after every step and resumes from it, in
 //! whatever process runs it next) and `gather` (a flow task that returns its upstream
 //! tasks' results), and `digest` (the sha256 of the file its task was uploaded with, read
-//! where the worker holds it).
+//! where the worker holds it), and `journal` / `journal-checkpoint` (which append the
+//! start and end of every execution to a side file, so that a test can see executions of
+//! one task overlap or repeat; the second checkpoints each step like `checkpoint`).
 
 use std::time::Duration;
 
@@ -39,7 +41,85 @@ pub fn stock() -> Registry {
     });
     r.register_resumable("checkpoint", checkpoint);
     r.register("digest", digest);
+    r.register("journal", |ctx: TaskContext| journal(ctx, false));
+    r.register_resumable("journal-checkpoint", |ctx: TaskContext| journal(ctx, true));
     r
+}
+
+/// Sleeps `steps` × `ms` (checkpointing each step when `checkpoints`, resuming from the
+/// last one), and appends `<task> <attempt> <pid> start <unix ms>` to the payload's
+/// `file` when it begins and `… end <unix ms> <how>` when it ends, however it ends (also
+/// when its future is dropped: an abort, a lost lease). One `write` per line to a file
+/// opened for appending: lines of several processes never interleave.
+async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskError> {
+    let file = ctx
+        .payload()
+        .get("file")
+        .and_then(Value::as_str)
+        .ok_or_else(|| TaskError::new("payload field 'file': expected a path"))?
+        .to_string();
+    let steps = field_u64(ctx.payload(), "steps")?.unwrap_or(1);
+    let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(100);
+    let who = format!("{} {} {}", ctx.id(), ctx.attempt(), std::process::id());
+    let mut entry = JournalEntry::begin(file, who)?;
+    let mut done = ctx
+        .checkpoint()
+        .and_then(|c| c.get("done"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    while done < steps {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        done += 1;
+        if checkpoints {
+            ctx.save_checkpoint(json!({ "done": done })).await?;
+        }
+    }
+    entry.how = "ok";
+    Ok(json!({ "steps": steps, "pid": std::process::id() }))
+}
+
+/// One execution in a `journal` file: its start written now, its end when dropped.
+struct JournalEntry {
+    file: String,
+    who: String,
+    how: &'static str,
+}
+
+impl JournalEntry {
+    fn begin(file: String, who: String) -> Result<Self, TaskError> {
+        journal_line(&file, &format!("{who} start {}\n", unix_ms()))?;
+        Ok(JournalEntry {
+            file,
+            who,
+            how: "stopped",
+        })
+    }
+}
+
+impl Drop for JournalEntry {
+    fn drop(&mut self) {
+        let line = format!("{} end {} {}\n", self.who, unix_ms(), self.how);
+        if let Err(e) = journal_line(&self.file, &line) {
+            tracing::warn!(file = %self.file, error = %e, "journal: could not write an end");
+        }
+    }
+}
+
+fn journal_line(file: &str, line: &str) -> Result<(), TaskError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)?;
+    f.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 async fn checkpoint(mut ctx: TaskContext) -> Result<Value, TaskError> {

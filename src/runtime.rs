@@ -33,6 +33,31 @@ use crate::process::{hostname, notify_service, worker_id, BinaryDigest};
 use crate::uploads::Uploads;
 use crate::{dev_db, http, VERSION};
 
+/// Runs `op` again while it fails for want of the database (every 250 ms), until
+/// `within` has passed; with `None`, once.
+pub async fn retry_unreachable<T, Fut>(
+    within: Option<Duration>,
+    what: &str,
+    mut op: impl FnMut() -> Fut,
+) -> artex_actors::Result<T>
+where
+    Fut: Future<Output = artex_actors::Result<T>>,
+{
+    let end = within.map(|d| tokio::time::Instant::now() + d);
+    loop {
+        match op().await {
+            Err(e)
+                if e.is_connection()
+                    && end.is_some_and(|end| tokio::time::Instant::now() < end) =>
+            {
+                tracing::warn!(error = %e, "{what}: the database is unreachable; trying again");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// How long a stopping planner tries to give its shards back (`--shards auto`).
 const RESIGN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -238,7 +263,15 @@ pub async fn run_worker(
         // takes none until then (its poll finds what it is given meanwhile).
         registration.wake_addr = None;
     }
-    bb.worker().register_worker(&registration).await?;
+    // A hot upgrade's new process may meet a primary failover: it waits for the new
+    // primary within the time the old one gives it to be ready, rather than exiting
+    // (and being rolled back). Registering again is an upsert.
+    let patience = new_side.as_ref().map(|_| ms(args.upgrade_ready_ms));
+    let board = bb.worker();
+    retry_unreachable(patience, "registering", || {
+        board.register_worker(&registration)
+    })
+    .await?;
     // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
     let listener = match (listener, &mut new_side) {
@@ -305,7 +338,10 @@ pub async fn run_worker(
     }
     // Uploads are this blackboard's only: its id keys the default folder and every
     // upload's meta.json (other deployments on this host keep theirs apart).
-    let blackboard = bb.worker().blackboard_id().await?;
+    let blackboard = retry_unreachable(patience, "reading the blackboard's id", || {
+        board.blackboard_id()
+    })
+    .await?;
     let uploads = Uploads::open(
         crate::uploads::UploadSettings::from_args(&args.uploads),
         bb.worker(),

@@ -8,7 +8,7 @@ use uuid::Uuid;
 pub enum Error {
     /// PostgreSQL refused or failed a statement; the database's own message is kept.
     #[error("{}", db_message(.0))]
-    Db(#[from] tokio_postgres::Error),
+    Db(tokio_postgres::Error),
     /// No connection could be had from the pool.
     #[error("{}", pool_message(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
@@ -62,6 +62,15 @@ pub enum Error {
     /// An actor is gone (stopped or restarting) and did not take the message.
     #[error("actor unavailable: {0}")]
     Mailbox(#[from] actix::MailboxError),
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // A lost primary (closed, cut off, demoted) is seen here first; the pools then
+        // drop the connections that lead to it (blackboard::primary).
+        crate::blackboard::primary::noticed(&e);
+        Error::Db(e)
+    }
 }
 
 /// `Result` with this crate's error.

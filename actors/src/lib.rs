@@ -5,8 +5,9 @@
 //! - [`blackboard`]: every SQL statement of artex, reached through one handle per role
 //!   ([`blackboard::PlannerBoard`], [`blackboard::WorkerBoard`],
 //!   [`blackboard::OperatorBoard`], [`blackboard::FeedBoard`],
-//!   [`blackboard::MaintenanceBoard`]), the migrations runner, and LISTEN sessions that
-//!   reconnect by themselves ([`blackboard::ListenSession`]).
+//!   [`blackboard::MaintenanceBoard`]), the migrations runner, LISTEN sessions that
+//!   reconnect by themselves ([`blackboard::ListenSession`]), and `blackboard/primary.rs`,
+//!   which follows the primary of a multi-host URL across a failover.
 //! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`]: the planner's actors.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
@@ -26,7 +27,9 @@
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
-//! - [`error`]: this crate's error type (a leaf: it names no module above it).
+//! - [`error`]: this crate's error type (a leaf but for one call: every PostgreSQL error
+//!   it converts is shown to `blackboard::primary`, which drops the connections that
+//!   lead to a lost primary).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -284,6 +284,7 @@ fn check_url(option: &str, url: &str) -> Result {
     match Blackboard::connect(url, 1) {
         Err(artex_actors::Error::Url(e)) => Err(Error::Invalid(format!(
             "{option}: {e}; expected postgresql://user:password@host:port/database \
+             (several hosts: host1:port1,host2:port2 with ?target_session_attrs=read-write) \
              or key=value pairs"
         ))),
         _ => Ok(()),

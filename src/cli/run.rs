@@ -24,7 +24,11 @@ pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
 /// Runs `artex worker`.
 pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry) -> Result {
     let shutdown = Shutdown::on_signals()?;
-    let bb = connect(db).await?;
+    let bb = if crate::hot_upgrade::spawned_by_upgrade() {
+        connect_within(db, crate::config::ms(worker.upgrade_ready_ms)).await?
+    } else {
+        connect(db).await?
+    };
     let replica = connect_replica(db)?;
     let listener = bind_http_unless_spawned(&worker.http)?;
     run_worker(
@@ -38,6 +42,26 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
     )
     .await
     .map(|_| ())
+}
+
+/// [`connect`], tried again while the database is unreachable, until `deadline`: the new
+/// process of a hot upgrade that meets a primary failover (no primary for a few seconds)
+/// waits for the new primary within the time the old process gives it to become ready,
+/// rather than exiting at once and being rolled back.
+async fn connect_within(
+    db: &DbConfig,
+    deadline: std::time::Duration,
+) -> Result<artex_actors::Blackboard> {
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        match connect(db).await {
+            Err(Error::Actors(e)) if e.is_connection() && tokio::time::Instant::now() < end => {
+                tracing::warn!(error = %e, "the database is unreachable; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Runs `artex serve`.

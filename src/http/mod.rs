@@ -117,6 +117,8 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "version": state.version,
         // The key keeps its first name: monitors of `/health` read it.
         "handed_over": listener_passed,
+        // Which server the process writes to: after a failover, the new primary.
+        "database_host": state.db.host(),
     });
     Ok(if reasons.is_empty() {
         HttpResponse::Ok().json(body)

@@ -5,6 +5,8 @@
 //! thousand times a second to say what their work already shows.
 //! A server that hangs (SIGSTOP, a dead network) or has no connection left for us turns
 //! `/health` 503 within [`STALE_AFTER`], and back to 200 at the first answer after.
+//! The round trip asks the server who it is, so `/health` also says which host the
+//! process writes to (after a failover, the new primary's).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -15,6 +17,9 @@ use artex_actors::Blackboard;
 pub const PROBE_EVERY: Duration = Duration::from_millis(1_000);
 /// How long one question may take before it counts as no answer.
 pub const PROBE_DEADLINE: Duration = Duration::from_millis(2_000);
+/// The server's name (`/health`'s `database_host`) is asked at least every this many
+/// probes, even while the process's own statements show that the database answers.
+const HOST_EVERY: u32 = 5;
 /// With no answer for this long, the process is not ready.
 pub const STALE_AFTER: Duration = Duration::from_millis(3_000);
 
@@ -22,6 +27,8 @@ pub const STALE_AFTER: Duration = Duration::from_millis(3_000);
 struct Last {
     answered: Instant,
     error: Option<String>,
+    /// `host:port` of the server that answered last.
+    host: Option<String>,
 }
 
 /// The database's health as this process sees it; cheap to clone.
@@ -35,18 +42,29 @@ impl DbProbe {
         let probe = DbProbe(Arc::new(Mutex::new(Last {
             answered: Instant::now(),
             error: None,
+            host: None,
         })));
         let weak: Weak<Mutex<Last>> = Arc::downgrade(&probe.0);
         actix::spawn(async move {
             let mut tick = tokio::time::interval(PROBE_EVERY);
+            let mut ticks: u32 = 0;
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let answer = if bb.last_answer().is_some_and(|ago| ago < PROBE_EVERY) {
-                    Ok(())
+                // The process's own statements answered within the last tick say the
+                // database answers; the server's name is asked every HOST_EVERY ticks.
+                ticks += 1;
+                let known = weak
+                    .upgrade()
+                    .is_some_and(|l| l.lock().unwrap_or_else(|p| p.into_inner()).host.is_some());
+                let answer = if known
+                    && ticks % HOST_EVERY != 0
+                    && bb.last_answer().is_some_and(|ago| ago < PROBE_EVERY)
+                {
+                    Ok(None)
                 } else {
-                    match tokio::time::timeout(PROBE_DEADLINE, bb.ping()).await {
-                        Ok(Ok(())) => Ok(()),
+                    match tokio::time::timeout(PROBE_DEADLINE, bb.database_host()).await {
+                        Ok(Ok(host)) => Ok(Some(host)),
                         Ok(Err(e)) => Err(e.to_string()),
                         Err(_) => Err(format!("no answer within {PROBE_DEADLINE:?}")),
                     }
@@ -54,15 +72,25 @@ impl DbProbe {
                 let Some(last) = weak.upgrade() else { return };
                 let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
                 match answer {
-                    Ok(()) => {
+                    Ok(host) => {
                         last.answered = Instant::now();
                         last.error = None;
+                        if host.is_some() {
+                            last.host = host;
+                        }
                     }
                     Err(e) => last.error = Some(e),
                 }
             }
         });
         probe
+    }
+
+    /// `host:port` of the database server that answered last (the primary this process
+    /// writes to), if any did.
+    pub fn host(&self) -> Option<String> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.host.clone()
     }
 
     /// `Ok` if the database answered recently; otherwise why not.

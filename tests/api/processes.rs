@@ -79,6 +79,21 @@ async fn artex_serve_and_artex_up_serve_the_api() {
     let health = call(&addr, "GET", "/health", None, None);
     assert_eq!(health.status, 200, "{}", health.text());
     assert_eq!(health.json()["ready"], true);
+    // Which server the process writes to (from the probe's round trip each second): the
+    // test cluster, through its Unix socket.
+    let host = wait_for(
+        "/health to name the database",
+        Duration::from_secs(10),
+        || {
+            let addr = addr.clone();
+            async move {
+                let h = call(&addr, "GET", "/health", None, None).json();
+                h["database_host"].as_str().map(str::to_string)
+            }
+        },
+    )
+    .await;
+    assert!(host.starts_with("local:"), "database_host: {host}");
     let shown = call(
         &addr,
         "GET",

@@ -10,6 +10,7 @@
 pub mod bundles;
 pub mod fixtures;
 pub mod fleet;
+pub mod formation;
 pub mod http;
 pub mod procs;
 pub mod proxy;

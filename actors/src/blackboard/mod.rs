@@ -39,6 +39,7 @@ pub mod maintenance;
 mod migrate;
 pub mod operator;
 pub mod planner;
+pub(crate) mod primary;
 mod sql;
 mod tasks;
 pub mod worker;
@@ -77,6 +78,7 @@ pub use planner::{
     ReapReport, RosterEntry, Round, ShardBoard, ShardRow, StrandedTask, TakenShard,
     DEFAULT_SHARD_COUNT,
 };
+pub use primary::mask_password;
 pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 // What a submission is, and its rules, live in `crate::submission`; named here too, where
 // the library's users have always found them.
@@ -177,6 +179,7 @@ impl Blackboard {
             config.application_name("artex");
         }
         keep_alive(&mut config, &limits);
+        primary::share_deadlines(&mut config, &limits);
         let pool = build_pool(config.clone(), limits.pool_size, &limits)?;
         // Heartbeats, lease renewals and wake-ups have two connections of their own, so
         // that a busy durable pool never delays the proof that a worker is alive.
@@ -296,6 +299,7 @@ fn keep_alive(config: &mut tokio_postgres::Config, limits: &DbLimits) {
 }
 
 fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) -> Result<Pool> {
+    let note_server = primary::note_server(&config, limits.connect_timeout);
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -310,36 +314,8 @@ fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) ->
         // Creating covers the whole log-in, which the connect timeout does not.
         .create_timeout(Some(limits.connect_timeout))
         .recycle_timeout(Some(limits.connect_timeout))
+        .post_create(note_server)
+        .pre_recycle(primary::drop_condemned())
         .build()
         .map_err(|e| Error::Url(e.to_string()))
-}
-
-/// The URL with any password replaced by `***`, for logs and errors.
-pub fn mask_password(url: &str) -> String {
-    // postgresql://user:secret@host/db → postgresql://user:***@host/db
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        if let Some(at) = rest.find('@') {
-            let userinfo = &rest[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &rest[at..]
-                );
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for part in url.split(['&', '?', ' ']) {
-        if let Some(v) = part.strip_prefix("password=") {
-            out.push((v, "***"));
-        }
-    }
-    let mut masked = url.to_string();
-    for (v, m) in out {
-        masked = masked.replace(&format!("password={v}"), &format!("password={m}"));
-    }
-    masked
 }

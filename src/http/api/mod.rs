@@ -525,13 +525,20 @@ async fn check_submission(
     submission.check(&facts).map_err(refused)
 }
 
-/// `/health` of `artex serve`: ready when the database answered recently.
+/// `/health` of `artex serve`: ready when the database answered recently, and which
+/// server answered (`database_host`).
 pub(crate) fn health_body(probe: &super::probe::DbProbe) -> HttpResponse {
+    let host = probe.host();
     match probe.verdict() {
-        Ok(()) => HttpResponse::Ok().json(json!({ "ready": true, "reasons": [] })),
+        Ok(()) => HttpResponse::Ok().json(json!({
+            "ready": true,
+            "reasons": [],
+            "database_host": host,
+        })),
         Err(why) => HttpResponse::ServiceUnavailable().json(json!({
             "ready": false,
             "reasons": [why],
+            "database_host": host,
         })),
     }
 }
