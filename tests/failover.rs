@@ -17,7 +17,7 @@
 //! ran to its end twice (the side file); the first task finished on the new primary within
 //! detection + 10 s; a node that comes back rejoins as a standby and no artex process is
 //! connected to it. Heartbeats and lease renewals commit with `synchronous_commit = off`
-//! and may be lost in a failover: no task is taken back from a live worker (no lease
+//! and may be lost in a failover: no running task is taken back from a live worker (no lease
 //! expiry, no worker declared gone), which is what shows their loss re-ran nothing.
 //! Figures are printed as `FIGURE failover_…=` lines (README quotes them). Needs root.
 //!
