@@ -61,6 +61,8 @@ pub struct Formation {
     pub nodes: [Node; 2],
     /// Their addresses on the fleet, in the same order.
     addrs: [String; 2],
+    /// The network namespaces of the monitor's and the nodes' hosts.
+    namespaces: Vec<String>,
     bin: PathBuf,
 }
 
@@ -103,6 +105,10 @@ impl Formation {
                 fleet.addr(nodes[0]).to_string(),
                 fleet.addr(nodes[1]).to_string(),
             ],
+            namespaces: [monitor, nodes[0], nodes[1]]
+                .iter()
+                .map(|h| fleet.netns(h).to_string())
+                .collect(),
             bin,
             dir,
         };
@@ -459,6 +465,19 @@ impl Drop for Formation {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
+        }
+        // Everything on the formation's hosts first (keepers, servers): a server still
+        // writing into its folder would keep the folder from being removed.
+        for ns in &self.namespaces {
+            let pids = Command::new("ip")
+                .args(["netns", "pids", ns])
+                .stderr(Stdio::null())
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for pid in pids.split_whitespace().filter_map(|p| p.parse().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
         }
         for n in self
             .nodes
