@@ -58,7 +58,7 @@ impl DbProbe {
                     .upgrade()
                     .is_some_and(|l| l.lock().unwrap_or_else(|p| p.into_inner()).host.is_some());
                 let answer = if known
-                    && ticks % HOST_EVERY != 0
+                    && !ticks.is_multiple_of(HOST_EVERY)
                     && bb.last_answer().is_some_and(|ago| ago < PROBE_EVERY)
                 {
                     Ok(None)
