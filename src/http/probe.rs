@@ -61,7 +61,9 @@ impl DbProbe {
                     && !ticks.is_multiple_of(HOST_EVERY)
                     && bb.last_answer().is_some_and(|ago| ago < PROBE_EVERY)
                 {
-                    Ok(None)
+                    // The server its newest connection reached (a failover condemns the
+                    // old ones, so that is the new primary).
+                    Ok(bb.last_server())
                 } else {
                     match tokio::time::timeout(PROBE_DEADLINE, bb.database_host()).await {
                         Ok(Ok(host)) => Ok(Some(host)),

@@ -148,6 +148,8 @@ pub struct Blackboard {
     settings: String,
     /// When the server last answered a statement of these pools.
     heard: Arc<sql::Heard>,
+    /// The pools' hosts, as `primary` keys the server they last reached.
+    hosts: String,
 }
 
 impl std::fmt::Debug for Blackboard {
@@ -184,6 +186,7 @@ impl Blackboard {
         // Heartbeats, lease renewals and wake-ups have two connections of their own, so
         // that a busy durable pool never delays the proof that a worker is alive.
         let relaxed = build_pool(config.clone(), 2, &limits)?;
+        let hosts = primary::host_list(&config);
         Ok(Blackboard {
             pool,
             relaxed,
@@ -191,6 +194,7 @@ impl Blackboard {
             settings: session_settings(&limits),
             limits,
             heard: sql::Heard::new(),
+            hosts,
         })
     }
 
@@ -243,6 +247,12 @@ impl Blackboard {
     /// clones' included), if it ever did.
     pub fn last_answer(&self) -> Option<Duration> {
         self.heard.ago()
+    }
+
+    /// The server (`host:port`) the pools' newest connection reached: the primary this
+    /// process writes to, as of its last log-in (`None` before the first).
+    pub fn last_server(&self) -> Option<String> {
+        primary::last_server(&self.hosts)
     }
 
     /// A connection of the durable pool.

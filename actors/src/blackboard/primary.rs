@@ -180,8 +180,14 @@ impl Blackboard {
     }
 }
 
+/// The server the pools of a URL naming `hosts` (see [`host_list`]) last connected to.
+pub(super) fn last_server(hosts: &str) -> Option<String> {
+    let last = LAST_SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    last.as_ref().and_then(|m| m.get(hosts).cloned())
+}
+
 /// The hosts (and ports) a config names, for logs: `a:5432,b:5433`.
-fn host_list(config: &tokio_postgres::Config) -> String {
+pub(super) fn host_list(config: &tokio_postgres::Config) -> String {
     let ports = config.get_ports();
     let port = |i: usize| {
         ports
