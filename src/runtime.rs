@@ -278,9 +278,20 @@ pub async fn run_worker(
         (Some(l), _) => l,
         (None, Some(s)) => {
             let listener = s.receive_listener(&config.id).await?;
-            bb.worker()
-                .set_wake_addr(&config.id, config.wake_addr.as_deref())
-                .await?;
+            // Pushes may come now. Not a reason to fail the upgrade if the database is
+            // away (a failover): until it is recorded, the poll finds this worker's tasks.
+            let (board, id, addr) = (bb.worker(), config.id.clone(), config.wake_addr.clone());
+            actix::spawn(async move {
+                let recorded = retry_unreachable(
+                    Some(Duration::from_secs(60)),
+                    "recording where planners push wake-ups",
+                    || board.set_wake_addr(&id, addr.as_deref()),
+                )
+                .await;
+                if let Err(e) = recorded {
+                    tracing::warn!(error = %e, "cannot record where planners push wake-ups; this worker polls for its tasks");
+                }
+            });
             listener
         }
         (None, None) => unreachable!("checked above"),

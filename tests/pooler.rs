@@ -276,8 +276,8 @@ async fn a_planner_and_workers_run_through_pgbouncer_in_transaction_mode_in_its_
         (500, 500),
         "every task started exactly once"
     );
-    // The budget: the pool's three server connections and the planner's LISTEN session,
-    // nothing per worker (no LISTEN session of a worker's own).
+    // The budget: the pool's three server connections and the session alias's two (the
+    // planner's LISTEN), nothing per worker (no LISTEN session of a worker's own).
     let backends: Vec<String> = c
         .query(
             "select coalesce(application_name, '') from pg_stat_activity \
@@ -289,7 +289,9 @@ async fn a_planner_and_workers_run_through_pgbouncer_in_transaction_mode_in_its_
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert!(backends.len() <= 3 + 2, "backends: {backends:?}");
+    // Plus the test's own: its blackboard's pool (the waits above) and, at times, one
+    // more of its sessions.
+    assert!(backends.len() <= 3 + 2 + 2, "backends: {backends:?}");
     assert!(
         !backends.iter().any(|a| a.starts_with("artex-listen:")),
         "a worker holds a LISTEN session: {backends:?}"
