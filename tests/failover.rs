@@ -38,7 +38,7 @@ use artex_actors::Blackboard;
 use common::bundles::{Keys, TOKEN};
 use common::fleet::Fleet;
 use common::formation::Formation;
-use common::procs::{wait_for, Proc};
+use common::procs::{wait_for, wait_online, Proc};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
@@ -107,18 +107,7 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
         &[],
     );
     let primary = formation.client(0).await;
-    wait_for("3 workers online", Duration::from_secs(60), || async {
-        let n: i64 = primary
-            .query_one(
-                "select count(*) from artex.workers where state = 'online'",
-                &[],
-            )
-            .await
-            .ok()?
-            .get(0);
-        (n == 3).then_some(())
-    })
-    .await;
+    wait_online(&primary, 3, Duration::from_secs(60)).await;
     drop(primary);
 
     let env = Env {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::{DbLimits, NewTask};
 use artex_actors::Blackboard;
-use common::procs::{wait_for, wait_status, Proc};
+use common::procs::{wait_for, wait_online, wait_status, Proc};
 use common::{assert_statement_timeout, cluster, run_cli, TestDb};
 use serde_json::json;
 
@@ -164,21 +164,9 @@ async fn a_planner_and_a_worker_run_a_task_through_pgbouncer() {
     let url = bouncer.url(&db.name);
     let _planner = Proc::planner("pooled-planner", &url, &[]);
     let worker = Proc::worker("pooled-worker", &url, &[]);
-    // Registered through the pooler, with the LISTEN session planners look for (by its
-    // application_name) to offer it work.
+    // Registered through the pooler.
     let c = db.client().await;
-    wait_for("the worker online", Duration::from_secs(30), || async {
-        let n: i64 = c
-            .query_one(
-                "select count(*) from artex.workers where state = 'online'",
-                &[],
-            )
-            .await
-            .ok()?
-            .get(0);
-        (n == 1).then_some(())
-    })
-    .await;
+    wait_online(&c, 1, Duration::from_secs(30)).await;
     let (code, out, err) = run_cli(&url, &["submit", "echo", "--payload", r#"{"n": 1}"#]);
     assert_eq!(
         code,
@@ -208,18 +196,7 @@ async fn a_planner_and_workers_run_through_pgbouncer_in_transaction_mode_in_its_
         .map(|i| Proc::worker(&format!("txn-worker-{i}"), &url, &[]))
         .collect();
     let c = db.client().await;
-    wait_for("the workers online", Duration::from_secs(30), || async {
-        let n: i64 = c
-            .query_one(
-                "select count(*) from artex.workers where state = 'online'",
-                &[],
-            )
-            .await
-            .ok()?
-            .get(0);
-        (n == 3).then_some(())
-    })
-    .await;
+    wait_online(&c, 3, Duration::from_secs(30)).await;
     let mut ids = Vec::new();
     for n in 0..20 {
         let (code, out, err) = run_cli(

@@ -242,6 +242,22 @@ pub async fn worker_http(c: &tokio_postgres::Client, p: &Proc) -> String {
         .get(0)
 }
 
+/// Waits until exactly `n` workers are online (registered, not draining or gone).
+pub async fn wait_online(c: &tokio_postgres::Client, n: i64, timeout: Duration) {
+    wait_for(&format!("{n} workers online"), timeout, || async {
+        let online: i64 = c
+            .query_one(
+                "select count(*) from artex.workers where state = 'online'",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (online == n).then_some(())
+    })
+    .await
+}
+
 /// The HTTP address of the first online worker, once one is (in master mode: the
 /// master's port, whichever generation serves it).
 pub async fn online_http(c: &tokio_postgres::Client) -> String {
