@@ -1,6 +1,6 @@
 //! The blackboard: the one shared, transactional state. ALL of artex's SQL lives in this
-//! module tree, prepared through deadpool's statement cache; nothing else in the runtime
-//! writes SQL.
+//! module tree, sent unnamed through `sql.rs` (so that a transaction pooler carries it);
+//! nothing else in the runtime writes SQL.
 //!
 //! # Role handles
 //! [`Blackboard`] is the connection (pools, and what opens LISTEN sessions); what may be

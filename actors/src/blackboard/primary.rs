@@ -114,7 +114,7 @@ pub(super) fn drop_condemned() -> Hook {
     })
 }
 
-/// The pools' `post_create` hook (after the session settings): asks the new connection
+/// The pools' `post_create` hook: asks the new connection
 /// which server it reached and logs it when that is not where this URL's pools wrote
 /// before, so an operator sees the move to a new primary in each process's log.
 pub(super) fn note_server(config: &tokio_postgres::Config, deadline: Duration) -> Hook {

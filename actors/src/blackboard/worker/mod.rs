@@ -8,13 +8,13 @@
 //!
 //! # Sessions and transactions
 //! Every statement of [`WorkerBoard`] is **one transaction** on a pooled connection and
-//! leaves no session state behind it, except:
-//! - [`WorkerBoard::listen_session`]: a LISTEN, which needs a **session** (a connection
-//!   of its own for as long as it listens; a transaction pooler cannot carry it);
-//! - heartbeats, lease renewals and wake-ups ([`WorkerBoard::heartbeat`],
-//!   [`WorkerBoard::renew_leases`], the wake-ups after [`WorkerBoard::record`]) go through
-//!   the relaxed pool, whose connections commit with `synchronous_commit = off` set at
-//!   log-in: a session setting, which a transaction pooler would not keep.
+//! leaves no session state behind it (a transaction pooler carries them all), except
+//! [`WorkerBoard::listen_session`]: a LISTEN, which needs a **session** (a connection of
+//! its own for as long as it listens). Only workers without a push address use it (see
+//! `waker`). Heartbeats, lease renewals and wake-ups ([`WorkerBoard::heartbeat`],
+//! [`WorkerBoard::renew_leases`], the wake-ups after [`WorkerBoard::record`]) go through
+//! the relaxed pool and commit with `set local synchronous_commit = off` in their own
+//! transaction (`sql.rs`).
 
 mod attempts;
 mod transfer;
