@@ -446,3 +446,119 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     assert_eq!(after.len(), outbox.len() - 10 + 1);
     assert_eq!(after.last().unwrap().1, format!("{id} new>pending"));
 }
+
+/// The runnable tasks, counted through the runnable index (`tasks_runnable`).
+async fn runnable(c: &Client) -> i64 {
+    count(
+        c,
+        "select count(*) from artex.tasks where listed = 'pending'",
+    )
+    .await
+}
+
+// V15 rebuilds `artex.tasks` with the generated column `listed` and replaces the indexes
+// on `status`. A database holding tasks in every status keeps every row as it was, the
+// column says each task's status where it should, and the runtime then claims and starts
+// the runnable ones through the new indexes.
+#[tokio::test]
+async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    migrated_up_to(&c, 14).await;
+    let step = |status: &str, i: i32| {
+        format!(
+            "update artex.tasks set status = '{status}',
+                 assigned_to = case when '{status}' = 'assigned' then 'w1' else assigned_to end,
+                 lease_until = case when '{status}' = 'assigned'
+                                    then now() + interval '5 minutes' else lease_until end
+             where (payload->>'i')::int = {i}"
+        )
+    };
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload, priority, run_at)
+         select 'echo', jsonb_build_object('i', i), i % 3,
+                case when i = 3 then now() + interval '1 hour' else now() end
+         from generate_series(1, 12) i;
+         insert into artex.tasks (kind, payload, status) values
+             ('echo', '{\"i\": 13}', 'paused'), ('echo', '{\"i\": 14}', 'blocked');",
+    )
+    .await
+    .unwrap();
+    // 1–3 pending (3 not due), 4 assigned, 5 running, 6 succeeded, 7 failed, 8 timeout,
+    // 9 canceled, 10 paused, 11 assigned then given back, 12 canceled while held.
+    for (i, path) in [
+        (4, &["assigned"][..]),
+        (5, &["assigned", "running"]),
+        (6, &["assigned", "running", "succeeded"]),
+        (7, &["assigned", "running", "failed"]),
+        (8, &["assigned", "timeout"]),
+        (9, &["canceled"]),
+        (10, &["paused"]),
+        (11, &["assigned", "pending"]),
+        (12, &["assigned", "running", "canceled"]),
+    ] {
+        for s in path {
+            c.batch_execute(&step(s, i)).await.unwrap();
+        }
+    }
+    const ROWS: &str = "select (to_jsonb(t) - 'listed')::text from artex.tasks t order by id";
+    let before: Vec<String> = c
+        .query(ROWS, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let statuses = count(&c, "select count(distinct status) from artex.tasks").await;
+    assert_eq!(statuses, 9, "every status is in the database");
+
+    let (code, out, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(applied(&c).await, (1..=knows()).collect::<Vec<_>>());
+
+    let after: Vec<String> = c
+        .query(ROWS, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(after, before, "every task as it was");
+    assert_eq!(runnable(&c).await, 4);
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where assigned_to is not null"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks
+             where listed is distinct from case when status in ('assigned', 'running')
+                                                then null else status end"
+        )
+        .await,
+        0,
+        "listed is the status of every task listed by it"
+    );
+
+    // The runtime goes on from there: the due pending tasks are claimed and started, the
+    // held ones stay their holder's.
+    common::fixtures::worker(&db.bb, "w2", &["echo"], 10).await;
+    let report = common::fixtures::assign(&db.bb).await;
+    assert_eq!(report.assigned, 3, "{report:?}");
+    let started = common::start_assigned(&db.bb, "w2", 10).await;
+    assert_eq!(started.len(), 3);
+    assert_eq!(runnable(&c).await, 1);
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where assigned_to = 'w2'"
+        )
+        .await,
+        3
+    );
+}

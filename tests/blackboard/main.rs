@@ -16,6 +16,7 @@
 mod common;
 
 mod fencing;
+mod hot;
 mod inserts;
 mod leases;
 mod plans;

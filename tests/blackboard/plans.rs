@@ -1,5 +1,6 @@
-//! Query plans at scale: the claim walks the runnable index on 100,000 tasks, and the
-//! trigger does not join a bulk update's old and new rows in a nested loop.
+//! Query plans at scale: the claim reads only the tasks it takes and walks a queue of
+//! 100,000 in its order, and the trigger does not join a bulk update's old and new rows
+//! in a nested loop.
 
 use artex_actors::blackboard::DISPATCH_SQL;
 use serde_json::Value;
@@ -18,14 +19,29 @@ fn uses_index(plan: &Value, name: &str) -> bool {
     }
 }
 
+/// Rows of `relation` a plan (EXPLAIN ANALYZE's JSON) looked up, over all its loops.
+fn rows_read(plan: &Value, relation: &str) -> f64 {
+    match plan {
+        Value::Object(o) => {
+            let here = if o.get("Relation Name").and_then(Value::as_str) == Some(relation) {
+                o["Actual Rows"].as_f64().unwrap_or(0.0) * o["Actual Loops"].as_f64().unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            here + o.values().map(|v| rows_read(v, relation)).sum::<f64>()
+        }
+        Value::Array(a) => a.iter().map(|v| rows_read(v, relation)).sum(),
+        _ => 0.0,
+    }
+}
+
 #[tokio::test]
-async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
+async fn the_claim_reads_only_the_tasks_it_takes_and_walks_a_large_queue_in_order() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // 99,000 tasks that are not runnable and 1,000 that are. (Paused at insert, which is
     // legal: moving 99,000 rows in one UPDATE would hit the trigger's quadratic join, see
-    // `a_bulk_update_does_not_join_old_and_new_rows_in_a_nested_loop`. The index's predicate does not
-    // care which non-pending status a row has.)
+    // `a_bulk_update_does_not_join_old_and_new_rows_in_a_nested_loop`.)
     c.batch_execute(
         "insert into artex.tasks (kind, payload, priority, status)
              select 'echo', jsonb_build_object('n', g), g % 3, 'paused'
@@ -61,26 +77,56 @@ async fn the_claim_query_uses_the_runnable_index_on_100k_tasks() {
     .unwrap();
     // The scanner's arguments: every shard, then two shards of four (several planners).
     // artex sends the statement unnamed (blackboard/sql.rs), so every round is planned
-    // with its own values, a custom plan: it must use the index, sharded or not. The
-    // generic plans (a named prepared statement settles on one) must too.
+    // with its own values, a custom plan; the generic plans (a named prepared statement
+    // settles on one) must behave too.
     let cases = [
         ("force_custom_plan", "600, 100, 1, '{}', '{}'"),
         ("force_generic_plan", "600, 100, 1, '{}', '{}'"),
         ("force_generic_plan", "600, 100, 4, '{0,2}', '{}'"),
         ("force_custom_plan", "600, 100, 4, '{0,2}', '{}'"),
     ];
+    let plan = |mode: &'static str, args: &'static str, analyze: bool| {
+        let c = &c;
+        async move {
+            c.batch_execute(&format!("begin; set local plan_cache_mode = {mode}"))
+                .await
+                .unwrap();
+            let options = if analyze { "analyze, " } else { "" };
+            let plan: Value = c
+                .query_one(
+                    &format!("explain ({options}format json) execute claim({args})"),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            c.batch_execute("rollback").await.unwrap();
+            plan
+        }
+    };
+    // Whatever the plan, the queue is ordered and cut before a task's row is read: the
+    // claim reads (and locks) no more task rows than it takes.
     for (mode, args) in cases {
-        c.batch_execute(&format!("set plan_cache_mode = {mode}"))
-            .await
-            .unwrap();
-        let plan: Value = c
-            .query_one(&format!("explain (format json) execute claim({args})"), &[])
-            .await
-            .unwrap()
-            .get(0);
+        let plan = plan(mode, args, true).await;
+        let read = rows_read(&plan, "tasks");
+        assert!(
+            read <= 100.0,
+            "{mode}, claim({args}) read {read} task rows to take 100:\n{plan:#}"
+        );
+    }
+    // A queue of 100,000 is walked in its order, not sorted whole.
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload, priority)
+             select 'echo', jsonb_build_object('n', g), g % 3 from generate_series(1, 99000) g;
+         analyze artex.tasks;",
+    )
+    .await
+    .unwrap();
+    for (mode, args) in cases {
+        let plan = plan(mode, args, false).await;
         assert!(
             uses_index(&plan, "tasks_runnable"),
-            "{mode}, claim({args}) does not use tasks_runnable:\n{plan:#}"
+            "{mode}, claim({args}) does not walk tasks_runnable:\n{plan:#}"
         );
     }
 }

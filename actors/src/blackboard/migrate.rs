@@ -184,6 +184,17 @@ pub const MIGRATIONS: &[Migration] = &[
         // older builds register (no wake_addr) as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 15,
+        name: "hot_task_rows",
+        sql: include_str!("../../../migrations/V15__hot_task_rows.sql"),
+        // Replaces the indexes older builds claim, read assignments and list by (their
+        // statements, naming `status`, would read the whole table): builds from V15 on
+        // name `listed` and the holder instead.
+        change: Change::Contract {
+            compatible_from: 15,
+        },
+    },
 ];
 
 /// What `migrate` did.

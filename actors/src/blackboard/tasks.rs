@@ -70,6 +70,23 @@ impl TaskStatus {
             TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Timeout | TaskStatus::Canceled
         )
     }
+
+    /// Whether a task in this status has a holder (assigned, running). Lists of these
+    /// walk the held set (`tasks_holder`); every other status is in `tasks_listed`, on
+    /// the generated column `listed` (migrations/V15__hot_task_rows.sql).
+    pub fn is_held(self) -> bool {
+        matches!(self, TaskStatus::Assigned | TaskStatus::Running)
+    }
+
+    /// The condition that lists the tasks of this status through an index, given the
+    /// SQL that names the status (a literal, or a parameter cast to the enum).
+    pub fn list_condition(self, status_sql: &str) -> String {
+        if self.is_held() {
+            format!("assigned_to is not null and status = {status_sql}")
+        } else {
+            format!("listed = {status_sql}")
+        }
+    }
 }
 
 impl std::fmt::Display for TaskStatus {

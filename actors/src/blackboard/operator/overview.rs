@@ -140,17 +140,19 @@ const WORKERS: &str = "select id, host, pid, version, binary_sha256, http_addr, 
         kinds, capacity, held, inflight, started_at, last_seen
     from artex.workers order by id limit $1";
 
-/// Per status, at most `$1` entries of `tasks_status_id` each: one capped subquery per
-/// status, each naming its status, so that each is planned as a walk of that status's
-/// entries (a plan made for any status would walk the primary key, filtering, which for
-/// a rare status is the whole table).
+/// Per status, at most `$1` entries each (of `tasks_listed`, or of the held set
+/// `tasks_holder` for assigned and running: see [`TaskStatus::list_condition`]): one
+/// capped subquery per status, each naming its status, so that each is planned as a walk
+/// of that status's entries (a plan made for any status would walk the primary key,
+/// filtering, which for a rare status is the whole table).
 fn status_counts_sql() -> String {
     TaskStatus::ALL
         .iter()
         .map(|s| {
             format!(
                 "select '{s}'::text, (select count(*) from (select 1 from artex.tasks
-                     where status = '{s}' order by id limit $1) x)"
+                     where {} order by id limit $1) x)",
+                s.list_condition(&format!("'{s}'"))
             )
         })
         .collect::<Vec<_>>()
@@ -195,11 +197,11 @@ const RECENT: &str = "with recent as materialized (
                 'max', max(ms)) from run)";
 
 /// The oldest pending task whose time has come, by id (ids are time-ordered): a walk of
-/// `tasks_status_id` from its oldest pending entry, stopping at the first due one (it
+/// `tasks_listed` from its oldest pending entry, stopping at the first due one (it
 /// passes over delayed tasks not yet due). `$1`: now (the database's clock by default).
 const BACKLOG: &str = "select coalesce($1::timestamptz, now()),
         (select greatest(created_at, run_at) from artex.tasks
-         where status = 'pending' and run_at <= coalesce($1::timestamptz, now())
+         where listed = 'pending' and run_at <= coalesce($1::timestamptz, now())
          order by id limit 1)";
 
 impl OperatorBoard {

@@ -75,8 +75,8 @@ impl TaskFilter {
             n += 1;
             n
         };
-        if self.status.is_some() {
-            conds.push(format!("status = ${}::text::artex.task_status", next()));
+        if let Some(status) = self.status {
+            conds.push(status.list_condition(&format!("${}::text::artex.task_status", next())));
         }
         if self.kind.is_some() {
             conds.push(format!("kind = ${}", next()));

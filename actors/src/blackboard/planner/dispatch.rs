@@ -89,7 +89,9 @@ impl AssignReport {
 //
 // One planner round's read in one statement: the roster and the claim ride together, so
 // a round costs one round trip before its write instead of two. The claim locks runnable
-// tasks through the partial index `tasks_runnable` (`for update skip locked`), of the
+// tasks through the partial index `tasks_runnable` (`for update skip locked`; it names
+// `listed`, not `status`, so that a task's later updates stay HOT: see
+// migrations/V15__hot_task_rows.sql), of the
 // kinds of workers with a free slot, at most $2 or the free slots in all. Roster rows
 // come first (task columns null), then the claimed tasks (roster columns null).
 /// The planner round's read (public so the benchmark can time it and a test can prove
@@ -107,7 +109,7 @@ pub const DISPATCH: &str = "with roster as materialized (
     ),
     claimed as (
         select id, kind, host from artex.tasks
-        where status = 'pending' and run_at <= now()
+        where listed = 'pending' and run_at <= now()
           and kind = any(array(select distinct unnest(r.kinds) from roster r
                                where r.capacity > r.held))
           and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))

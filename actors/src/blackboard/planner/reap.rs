@@ -27,10 +27,12 @@ pub struct ReapReport {
 // without one. A worker declared gone keeps its tasks until their leases run out all
 // the same: gone may mean cut off, not dead, and a cut-off worker stops its handlers
 // only just before its leases end (it fences itself); taking a task back earlier would
-// run it in two places at once.
+// run it in two places at once. The held set is walked through `tasks_holder` and each
+// lease's end read from its row: an index on `lease_until` would make every renewal
+// write an index entry (migrations/V15__hot_task_rows.sql).
 const RECLAIM: &str = "with stale as materialized (
         select id from artex.tasks
-        where status in ('assigned', 'running')
+        where assigned_to is not null and status in ('assigned', 'running')
           and lease_until < coalesce($1::timestamptz, now())
         order by lease_until
         limit $3
@@ -110,12 +112,12 @@ pub struct StrandedTask {
 // A worker marked gone is the reaper's judgement, made only with its eyes open; the
 // deadline on top lets a host come back from a reboot first. `skip locked`: two
 // planners' reapers never fight, and a task an assigner holds waits for the next sweep.
-// The partial index `tasks_pending_by_host` finds the few rows bound to a host.
+// The partial index `tasks_pending_on_host` finds the few rows bound to a host.
 const FAIL_STRANDED: &str = "with stranded as (
         select t.id,
                (select max(w.last_seen) from artex.workers w where w.host = t.host) as seen
         from artex.tasks t
-        where t.status = 'pending' and t.host is not null
+        where t.listed = 'pending' and t.host is not null
           and not exists (
               select 1 from artex.workers w
               where w.host = t.host
