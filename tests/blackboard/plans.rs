@@ -201,3 +201,32 @@ async fn a_bulk_update_does_not_join_old_and_new_rows_in_a_nested_loop() {
         "auto_explain reported {joins} joins of old_rows"
     );
 }
+
+/// Whitespace runs as one space: the texts compared below are the same statement.
+fn squeezed(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test]
+async fn the_plan_cached_functions_run_the_statements_the_code_names() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let statements = artex_actors::blackboard::plan_cached_statements();
+    assert_eq!(statements.len(), 5);
+    for (function, statement) in statements {
+        let source: String = c
+            .query_one(
+                "select prosrc from pg_proc
+                 where proname = $1 and pronamespace = 'artex'::regnamespace",
+                &[&function],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("artex.{function}: {e}"))
+            .get(0);
+        assert!(
+            squeezed(&source).contains(&format!("return query {};", squeezed(statement))),
+            "artex.{function} does not run the code's statement: a changed constant needs \
+             a migration that replaces the function.\nfunction:\n{source}\nconstant:\n{statement}"
+        );
+    }
+}

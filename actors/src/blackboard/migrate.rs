@@ -195,6 +195,13 @@ pub const MIGRATIONS: &[Migration] = &[
             compatible_from: 15,
         },
     },
+    Migration {
+        version: 16,
+        name: "plan_cached_hot_path",
+        sql: include_str!("../../../migrations/V16__plan_cached_hot_path.sql"),
+        // Functions only, which older builds never call.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

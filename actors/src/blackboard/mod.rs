@@ -73,6 +73,17 @@ pub use operator::{
     ReplicaLag, Stats, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
+
+/// The hot path's statements that run inside plan-cached functions
+/// (migrations/V16__plan_cached_hot_path.sql): (function in schema `artex`, the text of
+/// its one statement). The functions must run exactly these texts (a test compares).
+pub fn plan_cached_statements() -> Vec<(&'static str, &'static str)> {
+    planner::PLAN_CACHED
+        .iter()
+        .chain(worker::PLAN_CACHED.iter())
+        .copied()
+        .collect()
+}
 pub use planner::{
     agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, Push, ReapParams,
     ReapReport, RosterEntry, Round, ShardBoard, ShardRow, StrandedTask, TakenShard,

@@ -196,6 +196,18 @@ const WAKE: &str = "with held as materialized (
     from notes join artex.workers w on w.id = notes.worker
     order by w.id";
 
+// The three statements above run as plan-cached functions (migrations/V16, whose
+// statements are these constants' texts: `tests/blackboard/plans.rs` compares them).
+/// (function, statement) of the round's plan-cached statements.
+pub(crate) const PLAN_CACHED: [(&str, &str); 3] = [
+    ("dispatch_round", DISPATCH),
+    ("assign_round", ASSIGN),
+    ("wake_round", WAKE),
+];
+const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5)";
+const ASSIGN_CALL: &str = "select * from artex.assign_round($1, $2, $3, $4)";
+const WAKE_CALL: &str = "select * from artex.wake_round($1, $2)";
+
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
 /// `plan` matches them to workers; the assignments are written (compare-and-set on
 /// `pending`, each worker's slots under its row lock) and committed, and the chosen
@@ -232,10 +244,10 @@ where
     // rollback), then the chosen workers' wake-ups in a transaction of their own that
     // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
     let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
-        client.query(ASSIGN, &[&actor, &ids, &workers, &lease_secs]),
+        client.query(ASSIGN_CALL, &[&actor, &ids, &workers, &lease_secs]),
         client.batch("commit"),
         client.batch("begin; set local synchronous_commit = off"),
-        client.query(WAKE, &[&chosen, &ids]),
+        client.query(WAKE_CALL, &[&chosen, &ids]),
         client.batch("commit"),
     )
     .await;
@@ -331,7 +343,7 @@ impl PlannerBoard {
         let (begun, rows) = futures_util::future::join(
             client.begin(),
             client.query(
-                DISPATCH,
+                DISPATCH_CALL,
                 &[&alive_secs, &batch, &shards.0, &shards.1, &unreachable],
             ),
         )

@@ -13,6 +13,7 @@ mod reap;
 mod shards;
 mod wake;
 
+pub(crate) use dispatch::PLAN_CACHED;
 pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, DISPATCH};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
 pub use shards::{

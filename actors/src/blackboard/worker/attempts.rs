@@ -257,6 +257,14 @@ const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
     from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
     where d.task_id = $1 and u.status = 'succeeded'";
 
+// FETCH and RECORD run as plan-cached functions (migrations/V16, whose statements are
+// these constants' texts: `tests/blackboard/plans.rs` compares them).
+/// (function, statement) of the worker's plan-cached statements.
+pub(crate) const PLAN_CACHED: [(&str, &str); 2] =
+    [("read_assigned", FETCH), ("record_attempts", RECORD)];
+const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
+const RECORD_CALL: &str = "select * from artex.record_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
 impl WorkerBoard {
     /// Up to `limit` tasks assigned to `worker` and not started, in start order, as many as
     /// fit in `max_bytes` of payload (JSON text; with `holds_nothing`, the first one comes
@@ -275,7 +283,7 @@ impl WorkerBoard {
         }
         let client = self.bb.client().await?;
         let rows = client
-            .query(FETCH, &[&worker, &limit, &max_bytes, &holds_nothing])
+            .query(FETCH_CALL, &[&worker, &limit, &max_bytes, &holds_nothing])
             .await?;
         // The snapshot's row sorts first; the tasks follow in start order.
         let Some((first, tasks)) = rows.split_first() else {
@@ -320,7 +328,7 @@ impl WorkerBoard {
         let client = self.bb.client().await?;
         let rows = client
             .query(
-                RECORD,
+                RECORD_CALL,
                 &[
                     &worker,
                     &ids,

@@ -20,6 +20,7 @@ mod attempts;
 mod transfer;
 mod uploads;
 
+pub(crate) use attempts::PLAN_CACHED;
 pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Step};
 pub use uploads::{NewUpload, UploadRow};
 
