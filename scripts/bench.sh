@@ -36,6 +36,9 @@
 #          real pgbouncer in transaction mode (pool of 40): RSS per idle worker, what the idle
 #          fleet costs PostgreSQL per worker, W1 from idle with the backends sampled
 #          throughout, W2; against 10 workers connected directly (issue 22).
+#   unique what a unique key costs a submission: 20,000 tasks in batches of 100 without
+#          keys (one insert a batch), with distinct keys (each through `artex.submit`), and
+#          the same keys again (all duplicates): tasks/s and WAL bytes per task.
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
@@ -46,7 +49,7 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, api, dash, replica, upload, fleet;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, unique, api, dash, replica, upload, fleet;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -69,7 +72,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,api,dash,replica,upload,fleet},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,unique,api,dash,replica,upload,fleet},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -768,6 +771,36 @@ wal_by_table $db "$lsn1" "$lsn2" run $w1
 sql postgres -c "alter system reset wal_keep_size" -c "select pg_reload_conf()" >/dev/null
 drop_db $db
 fi
+# ---- Unique keys: what a key costs a submission (issue 24) ------------------------------
+# 20,000 tasks in batches of 100, one transaction a batch, as artex sends them: without
+# keys one insert a batch (the plain path); with distinct keys each task through
+# `artex.submit` (the key's lock and lookup, then the insert); then the same keys again,
+# every one a duplicate (a lookup, nothing written). Tasks/s and WAL bytes per task.
+unique_round() { # db label sql-of-one-batch($b = batch number)
+    local wal0 t0 t1 wal1
+    read -r _ wal0 _ <<<"$(counters "$1")"
+    t0=$EPOCHREALTIME
+    sql "$1" -c "do \$\$ declare b int; begin for b in 1..$((w1 / 100)) loop
+        $3; commit; end loop; end \$\$"
+    t1=$EPOCHREALTIME
+    read -r _ wal1 _ <<<"$(counters "$1")"
+    result "unique_${2}_tasks_per_s" "$(calc "$w1 / ($t1 - $t0)")" tasks/s
+    result "unique_${2}_wal_bytes_per_task" "$(calc "($wal1 - $wal0) / $w1")" bytes
+}
+if want unique; then
+db=bench_unique
+new_db $db
+sql $db -c "checkpoint" >/dev/null
+unique_round $db no_key "insert into artex.tasks (kind) select 'noop' from generate_series(1, 100)"
+sql $db -c "checkpoint" >/dev/null
+unique_round $db distinct_keys "perform count(*) from generate_series(1, 100) g cross join lateral
+    artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)"
+unique_round $db duplicates "perform count(*) from generate_series(1, 100) g cross join lateral
+    artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)"
+[ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 2)) ] || die "unique: duplicates were written"
+drop_db $db
+fi
+
 # ---- API: submit throughput through `artex serve` vs plain SQL --------------------------
 # The same no-op tasks submitted through `POST /api/v1/tasks` (`artex serve --http`,
 # examples/api-load.rs: 4 concurrent clients on keep-alive connections) and inserted

@@ -121,6 +121,11 @@ pub struct NewTask {
     pub timeout_ms: Option<i32>,
     /// Business shard key: tasks with one key go to one planner shard.
     pub shard_key: Option<String>,
+    /// While a task with this key is unfinished (or finished within `unique_for`), a
+    /// submission with it writes nothing and gets that task's id (migrations/V17).
+    pub unique_key: Option<String>,
+    /// With `unique_key`: a task with the key that finished within this long counts too.
+    pub unique_for: Option<std::time::Duration>,
 }
 
 impl NewTask {
@@ -262,6 +267,10 @@ pub enum Field {
     TimeoutMs,
     /// A task's shard key.
     ShardKey,
+    /// A task's unique key.
+    UniqueKey,
+    /// How long a finished task keeps its unique key.
+    UniqueFor,
     /// The flow's name.
     FlowName,
     /// A flow task's name.
@@ -283,6 +292,8 @@ impl Field {
             Field::MaxRetries => "max_retries",
             Field::TimeoutMs => "timeout_ms",
             Field::ShardKey => "shard_key",
+            Field::UniqueKey => "unique_key",
+            Field::UniqueFor => "unique_for",
             Field::FlowName | Field::TaskName => "name",
             Field::DependsOn => "depends_on",
             Field::Tasks => "tasks",
@@ -523,6 +534,8 @@ struct TaskFields<'a> {
     max_retries: Option<i32>,
     timeout_ms: Option<i32>,
     shard_key: Option<&'a str>,
+    unique_key: Option<&'a str>,
+    unique_for: Option<std::time::Duration>,
 }
 
 impl<'a> From<&'a NewTask> for TaskFields<'a> {
@@ -533,6 +546,8 @@ impl<'a> From<&'a NewTask> for TaskFields<'a> {
             max_retries: t.max_retries,
             timeout_ms: t.timeout_ms,
             shard_key: t.shard_key.as_deref(),
+            unique_key: t.unique_key.as_deref(),
+            unique_for: t.unique_for,
         }
     }
 }
@@ -545,9 +560,14 @@ impl<'a> From<&'a FlowTaskSpec> for TaskFields<'a> {
             max_retries: t.max_retries,
             timeout_ms: t.timeout_ms,
             shard_key: t.shard_key.as_deref(),
+            unique_key: None,
+            unique_for: None,
         }
     }
 }
+
+/// The longest unique key, in bytes (the column's check).
+pub const MAX_UNIQUE_KEY_BYTES: usize = 200;
 
 /// The first field of a task that breaks a rule, and why.
 fn task_rules<'a>(t: impl Into<TaskFields<'a>>) -> std::result::Result<(), (Field, String)> {
@@ -567,14 +587,42 @@ fn task_rules<'a>(t: impl Into<TaskFields<'a>>) -> std::result::Result<(), (Fiel
         ));
     }
     match t.shard_key {
-        Some("") => Err((Field::ShardKey, "must not be empty".into())),
+        Some("") => return Err((Field::ShardKey, "must not be empty".into())),
         // PostgreSQL text cannot hold U+0000 either.
-        Some(k) if k.contains('\0') => Err((
-            Field::ShardKey,
-            "contains the character \\u0000, which PostgreSQL cannot store".into(),
-        )),
-        _ => Ok(()),
+        Some(k) if k.contains('\0') => {
+            return Err((
+                Field::ShardKey,
+                "contains the character \\u0000, which PostgreSQL cannot store".into(),
+            ))
+        }
+        _ => {}
     }
+    match t.unique_key {
+        Some("") => return Err((Field::UniqueKey, "must not be empty".into())),
+        Some(k) if k.contains('\0') => {
+            return Err((
+                Field::UniqueKey,
+                "contains the character \\u0000, which PostgreSQL cannot store".into(),
+            ))
+        }
+        Some(k) if k.len() > MAX_UNIQUE_KEY_BYTES => {
+            return Err((
+                Field::UniqueKey,
+                format!(
+                    "{} bytes long, at most {MAX_UNIQUE_KEY_BYTES} allowed",
+                    k.len()
+                ),
+            ))
+        }
+        _ => {}
+    }
+    if t.unique_for.is_some() && t.unique_key.is_none() {
+        return Err((
+            Field::UniqueFor,
+            "needs a unique_key: the window is how long a finished task keeps its key".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The flow's rules (see [`FlowSpec::validate`]); per task, what it depends on.

@@ -19,7 +19,7 @@ use super::{
     cli_actor, connect_one_shot, connect_reads, parse_id, parse_task_id, parse_time, print_json,
     time_text,
 };
-use crate::config::DbConfig;
+use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
 
 /// Without `--full`, values longer than this many characters are cut when shown.
@@ -54,6 +54,14 @@ pub(crate) struct SubmitArgs {
     /// Business shard key: tasks with one key go to one planner shard.
     #[arg(long)]
     shard_key: Option<String>,
+    /// While a task with this key is unfinished, submit nothing and print that task's id
+    /// (saying it is the existing one).
+    #[arg(long)]
+    unique_key: Option<String>,
+    /// With --unique-key: a task with the key that finished within this long (e.g. 10m,
+    /// 2h) counts too.
+    #[arg(long, value_parser = parse_duration, requires = "unique_key")]
+    unique_for: Option<std::time::Duration>,
     /// Wait until the task has ended, telling each change on standard error; the exit
     /// code is its outcome: 0 succeeded, 4 failed or timed out, 5 canceled.
     #[arg(long)]
@@ -159,6 +167,8 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         max_retries: args.max_retries,
         timeout_ms: args.timeout_ms,
         shard_key: args.shard_key,
+        unique_key: args.unique_key,
+        unique_for: args.unique_for,
     };
     let submission = Submission::task(&task, args.allow_unregistered_kind);
     let refused = |r: Refusal| Error::Invalid(refusal_text(&r, &option_of(r.field, &payload.name)));
@@ -166,10 +176,20 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     submission.check_shape().map_err(refused)?;
     let bb = connect_one_shot(db).await?;
     check_submission(&bb, &submission, refused).await?;
-    let id = bb.operator().submit(&task, &cli_actor()).await?;
+    let submitted = bb
+        .operator()
+        .submit_all(std::slice::from_ref(&task), &cli_actor())
+        .await?[0];
+    let id = submitted.id;
+    if submitted.duplicate && !args.json {
+        step(format!(
+            "{id} is the existing task with unique key {:?}: nothing submitted",
+            task.unique_key.as_deref().unwrap_or_default()
+        ));
+    }
     if !args.wait {
         return if args.json {
-            print_json(&serde_json::json!({ "id": id }))
+            print_json(&serde_json::json!({ "id": id, "duplicate": submitted.duplicate }))
         } else {
             outln!("{id}")
         };
@@ -397,6 +417,9 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
             "flow:        {f} ({})",
             t.flow_task.as_deref().unwrap_or("-")
         )?;
+    }
+    if let Some(k) = &t.unique_key {
+        outln!("unique key:  {k}")?;
     }
     outln!("history:")?;
     for h in history {

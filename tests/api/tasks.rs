@@ -297,3 +297,60 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_written() {
     assert_eq!(a.status, 201, "{}", a.text());
     assert_eq!(written(&c).await[0], before[0] + 2);
 }
+
+#[tokio::test]
+async fn a_unique_key_answers_the_existing_task_with_200_and_writes_nothing() {
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let body = r#"{"kind": "echo", "unique_key": "order-9", "unique_for": "10m"}"#;
+    let first = api.w("POST", "/api/v1/tasks", Some(body));
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(first.json()["duplicate"], false);
+    let c = db.client().await;
+    let before = written(&c).await;
+    let second = api.w("POST", "/api/v1/tasks", Some(body));
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["duplicate"], true);
+    assert_eq!(id_of(&second), id_of(&first));
+    assert_eq!(written(&c).await, before, "a duplicate writes nothing");
+    let shown = api.get(&format!("/api/v1/tasks/{}", id_of(&first))).json();
+    assert_eq!(shown["task"]["unique_key"], "order-9");
+    // A batch: one flag per task, 201 because one was written.
+    let batch = api.w(
+        "POST",
+        "/api/v1/tasks",
+        Some(r#"[{"kind": "echo", "unique_key": "order-9"}, {"kind": "echo", "unique_key": "order-10"}]"#),
+    );
+    assert_eq!(batch.status, 201, "{}", batch.text());
+    assert_eq!(batch.json()["duplicate"], json!([true, false]));
+    assert_eq!(
+        batch.json()["ids"][0].as_str(),
+        Some(id_of(&first).as_str())
+    );
+    // Bad keys and windows are refused naming the field, with nothing written.
+    let before = written(&c).await;
+    for (body, field) in [
+        (r#"{"kind": "echo", "unique_key": ""}"#, "unique_key"),
+        (r#"{"kind": "echo", "unique_key": 7}"#, "unique_key"),
+        (
+            r#"{"kind": "echo", "unique_key": "k", "unique_for": "soon"}"#,
+            "unique_for",
+        ),
+        (r#"{"kind": "echo", "unique_for": "10m"}"#, "unique_for"),
+        (
+            r#"[{"kind": "echo"}, {"kind": "echo", "unique_key": ""}]"#,
+            "[1].unique_key",
+        ),
+    ] {
+        let r = api.w("POST", "/api/v1/tasks", Some(body));
+        assert!(
+            r.status == 400 || r.status == 422,
+            "{body}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_eq!(r.json()["field"], field, "{body}: {}", r.text());
+    }
+    assert_eq!(written(&c).await, before);
+}

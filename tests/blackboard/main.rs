@@ -22,6 +22,7 @@ mod leases;
 mod plans;
 mod retries;
 mod status_machine;
+mod unique;
 
 use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, ReapParams, Step};
 use chrono::{DateTime, Utc};

@@ -281,3 +281,60 @@ async fn payload_from_a_file_or_standard_input() {
     assert_eq!(stderr(&out).trim().lines().count(), 1);
     assert_eq!(task_count(&db).await, 2);
 }
+
+#[tokio::test]
+async fn a_unique_key_prints_the_existing_task_and_submits_nothing() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    fixtures::worker(&db.bb, "w1", &["send-receipt"], 1).await;
+    let args = ["submit", "send-receipt", "--unique-key", "receipt-42"];
+    let first = artex(url, None, &args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let id = stdout(&first).trim().to_string();
+    assert!(stderr(&first).is_empty(), "{}", stderr(&first));
+    let again = artex(url, None, &args);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again).trim(), id, "the existing task's id");
+    assert!(
+        stderr(&again).contains(&format!(
+            "{id} is the existing task with unique key \"receipt-42\""
+        )),
+        "{}",
+        stderr(&again)
+    );
+    let json = artex(url, None, &[&args[..], &["--json"]].concat());
+    let printed: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(printed, serde_json::json!({"id": id, "duplicate": true}));
+    assert_eq!(task_count(&db).await, 1);
+    let shown = artex(url, None, &["task", "show", &id]);
+    assert!(
+        stdout(&shown).contains("unique key:  receipt-42"),
+        "{}",
+        stdout(&shown)
+    );
+    // A window needs a key, and a bad one is refused naming the option.
+    let out = artex(
+        url,
+        None,
+        &["submit", "send-receipt", "--unique-for", "10m"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--unique-key"), "{}", stderr(&out));
+    let out = artex(
+        url,
+        None,
+        &[
+            "submit",
+            "send-receipt",
+            "--unique-key",
+            "k",
+            "--unique-for",
+            "soon",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--unique-for"), "{}", stderr(&out));
+    let out = artex(url, None, &["submit", "send-receipt", "--unique-key", ""]);
+    assert_refused(&out, "", "--unique-key: must not be empty");
+    assert_eq!(task_count(&db).await, 1);
+}

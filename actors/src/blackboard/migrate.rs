@@ -202,6 +202,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // Functions only, which older builds never call.
         change: Change::Expand,
     },
+    Migration {
+        version: 17,
+        name: "unique_tasks_and_submit",
+        sql: include_str!("../../../migrations/V17__unique_tasks_and_submit.sql"),
+        // A nullable column older builds never set (so its checks never refuse their
+        // inserts), indexes on it, and functions.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -68,9 +68,11 @@ pub use migrate::{
     check_range, fingerprint, needed, Applied, Change, Migration, MigrationReport, Needed,
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
+pub use operator::submit_in;
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
-    ReplicaLag, Stats, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
+    ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,
+    STATUS_COUNT_CAP,
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
 

@@ -157,6 +157,8 @@ pub struct TaskRow {
     pub started_at: Option<DateTime<Utc>>,
     /// Ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// While it is unfinished, no other task gets this key (migrations/V17).
+    pub unique_key: Option<String>,
 }
 
 /// One row of a task's audit trail.
@@ -183,7 +185,8 @@ pub struct TransitionRow {
 
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
     assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
-    shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at";
+    shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at, \
+    unique_key";
 
 pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
     Ok(TaskRow {
@@ -209,6 +212,7 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         updated_at: r.try_get(19)?,
         started_at: r.try_get(20)?,
         finished_at: r.try_get(21)?,
+        unique_key: r.try_get(22)?,
     })
 }
 
@@ -298,6 +302,7 @@ pub(crate) fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
         updated_at: r.try_get(27)?,
         started_at: r.try_get(28)?,
         finished_at: r.try_get(29)?,
+        unique_key: r.try_get(30)?,
     };
     Ok(TaskPreview { task, cut })
 }

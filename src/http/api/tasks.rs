@@ -24,6 +24,8 @@ const TASK_FIELDS: &[&str] = &[
     "max_retries",
     "timeout_ms",
     "shard_key",
+    "unique_key",
+    "unique_for",
     "allow_unregistered_kind",
 ];
 
@@ -86,13 +88,25 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
         max_retries: field(obj, prefix, "max_retries", &expected_retries)?,
         timeout_ms: field(obj, prefix, "timeout_ms", "a positive 32-bit integer")?,
         shard_key: field(obj, prefix, "shard_key", "a string")?,
+        unique_key: field(obj, prefix, "unique_key", "a string")?,
+        unique_for: match field::<String>(obj, prefix, "unique_for", "a duration (a string)")? {
+            None => None,
+            Some(s) => Some(crate::config::parse_duration(&s).map_err(|e| {
+                ApiError::bad(
+                    format!("{prefix}unique_for"),
+                    format!("{prefix}unique_for: {e}"),
+                )
+            })?),
+        },
     };
     let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
     Ok((task, allow))
 }
 
-/// `POST /api/v1/tasks`: one task (an object; 201 `{"id"}`) or a batch (an array;
-/// 201 `{"ids"}`, all or nothing).
+/// `POST /api/v1/tasks`: one task (an object; 201 `{"id", "duplicate": false}`, or 200
+/// `{"id", "duplicate": true}` when a task with its `unique_key` is unfinished: that
+/// task's id, nothing written) or a batch (an array; `{"ids", "duplicate"}` with one flag
+/// per task, 201 if any was written, else 200; all or nothing).
 pub(super) async fn submit(
     _: CanWrite,
     req: HttpRequest,
@@ -147,15 +161,21 @@ pub(super) async fn submit(
         format!("{}{}", prefix(r.task.unwrap_or(0)), r.field.as_str())
     })
     .await?;
-    let ids = state.bb.submit_many(&tasks, &actor(&req)).await?;
-    let mut answer = HttpResponse::Created();
+    let submitted = state.bb.submit_all(&tasks, &actor(&req)).await?;
+    let ids: Vec<_> = submitted.iter().map(|s| s.id).collect();
+    let duplicate: Vec<bool> = submitted.iter().map(|s| s.duplicate).collect();
+    let mut answer = if duplicate.iter().all(|&d| d) {
+        HttpResponse::Ok()
+    } else {
+        HttpResponse::Created()
+    };
     state.reads.written(&mut answer).await;
     Ok(if batch {
-        answer.json(json!({ "ids": ids }))
+        answer.json(json!({ "ids": ids, "duplicate": duplicate }))
     } else {
         answer
             .insert_header((LOCATION, format!("/api/v1/tasks/{}", ids[0])))
-            .json(json!({ "id": ids[0] }))
+            .json(json!({ "id": ids[0], "duplicate": duplicate[0] }))
     })
 }
 

@@ -30,7 +30,7 @@ macro_rules! preview_select {
                     t.assigned_to, t.lease_until, t.lease_epoch, t.retries, t.max_retries,
                     t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
                     left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
-                    t.created_at, t.updated_at, t.started_at, t.finished_at
+                    t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key
              from ",
             $from,
             " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
@@ -131,6 +131,74 @@ impl TaskFilter {
     }
 }
 
+/// What a submission did: the task's id, and whether that is an existing task with the
+/// same unique key (then nothing was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Submitted {
+    /// The new task, or the existing one.
+    pub id: Uuid,
+    /// True when a task with the submission's unique key was unfinished (or finished
+    /// within its window): its id is `id`, and nothing was written.
+    pub duplicate: bool,
+}
+
+// A batch in which a task carries a unique key: each task through `artex.submit`
+// (migrations/V17), in the batch's order, in this one statement's transaction — the key's
+// lock and lookup are the function's, and a later task of the batch with an earlier
+// one's key finds it. The kinds were checked by the caller (allow_unregistered_kind true
+// here, as for the plain batch below, which checks none).
+const SUBMIT_EACH: &str = "select s.id, s.duplicate
+    from unnest($3::text[], $4::jsonb[], $5::int4[], $6::timestamptz[], $7::int4[],
+                $8::int4[], $9::text[], $10::text[], $11::float8[]) with ordinality
+             as v(kind, payload, priority, run_at, max_retries, timeout_ms, shard_key,
+                  unique_key, unique_for_secs, n)
+    cross join lateral artex.submit(v.kind, v.payload, v.priority, v.run_at, v.max_retries,
+        v.timeout_ms, v.shard_key, v.unique_key, make_interval(secs => v.unique_for_secs),
+        true, $1, $2) s
+    order by v.n";
+
+// One task in the caller's own transaction (`submit_in`): `artex.submit` with every check,
+// the kinds workers declared included unless the caller allows any.
+const SUBMIT_IN: &str = "select id, duplicate from artex.submit($1::text, $2::jsonb, $3::int4,
+    $4::timestamptz, $5::int4, $6::int4, $7::text, $8::text, make_interval(secs => $9::float8),
+    $10::bool, $11::text, 'submitted')";
+
+/// Submits `task` inside the caller's transaction `tx` (transactional enqueue): the task
+/// exists, and wakes a worker, only if the caller commits. The same checks as every other
+/// entry (the rules here, then `artex.submit`'s in the database: the kinds workers
+/// declared, unless `allow_unregistered_kind`). A task with a unique key that is already
+/// taken returns the existing task's id with `duplicate` set, and writes nothing.
+pub async fn submit_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    task: &NewTask,
+    actor: &str,
+    allow_unregistered_kind: bool,
+) -> Result<Submitted> {
+    task.validate()?;
+    let row = tx
+        .query_one(
+            SUBMIT_IN,
+            &[
+                &task.kind,
+                &task.payload,
+                &task.priority,
+                &task.run_at,
+                &task.max_retries,
+                &task.timeout_ms,
+                &task.shard_key,
+                &task.unique_key,
+                &task.unique_for.map(|d| d.as_secs_f64()),
+                &allow_unregistered_kind,
+                &actor,
+            ],
+        )
+        .await?;
+    Ok(Submitted {
+        id: row.try_get(0)?,
+        duplicate: row.try_get(1)?,
+    })
+}
+
 const SUBMIT: &str = "insert into artex.tasks
         (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
     select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
@@ -168,6 +236,81 @@ impl OperatorBoard {
     /// Inserts many tasks in one statement (one audit insert, one NOTIFY); returns their
     /// ids in order. All or nothing.
     pub async fn submit_many(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Uuid>> {
+        Ok(self
+            .submit_all(tasks, actor)
+            .await?
+            .into_iter()
+            .map(|s| s.id)
+            .collect())
+    }
+
+    /// As [`OperatorBoard::submit_many`], saying of each task whether it is an existing
+    /// one with the same unique key (see [`NewTask::unique_key`]).
+    pub async fn submit_all(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
+        if tasks.iter().any(|t| t.unique_key.is_some()) {
+            return self.submit_each(tasks, actor).await;
+        }
+        Ok(self
+            .submit_plain(tasks, actor)
+            .await?
+            .into_iter()
+            .map(|id| Submitted {
+                id,
+                duplicate: false,
+            })
+            .collect())
+    }
+
+    /// A batch with unique keys: each task through `artex.submit`, in one statement.
+    async fn submit_each(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
+        for (i, t) in tasks.iter().enumerate() {
+            t.validate()
+                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
+        }
+        let kinds: Vec<&str> = tasks.iter().map(|t| t.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = tasks.iter().map(|t| &t.payload).collect();
+        let priorities: Vec<i32> = tasks.iter().map(|t| t.priority).collect();
+        let run_ats: Vec<Option<DateTime<Utc>>> = tasks.iter().map(|t| t.run_at).collect();
+        let max_retries: Vec<Option<i32>> = tasks.iter().map(|t| t.max_retries).collect();
+        let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
+        let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+        let unique_keys: Vec<Option<&str>> =
+            tasks.iter().map(|t| t.unique_key.as_deref()).collect();
+        let windows: Vec<Option<f64>> = tasks
+            .iter()
+            .map(|t| t.unique_for.map(|d| d.as_secs_f64()))
+            .collect();
+        let client = self.bb.client().await?;
+        let rows = client
+            .query(
+                SUBMIT_EACH,
+                &[
+                    &actor,
+                    &"submitted",
+                    &kinds,
+                    &payloads,
+                    &priorities,
+                    &run_ats,
+                    &max_retries,
+                    &timeouts,
+                    &shard_keys,
+                    &unique_keys,
+                    &windows,
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Submitted {
+                    id: r.try_get(0)?,
+                    duplicate: r.try_get(1)?,
+                })
+            })
+            .collect()
+    }
+
+    /// A batch without unique keys: one insert.
+    async fn submit_plain(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Uuid>> {
         for (i, t) in tasks.iter().enumerate() {
             t.validate()
                 .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;

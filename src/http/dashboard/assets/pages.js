@@ -166,6 +166,7 @@
           h("dt", {}, "retries"), h("dd", {}, t.retries + " of " + t.max_retries),
           h("dt", {}, "priority"), h("dd", {}, t.priority),
           t.flow_id && [h("dt", {}, "flow"), h("dd", {}, h("a", { href: "#/flows/" + t.flow_id, class: "mono" }, t.flow_id), " ", t.flow_task || "")],
+          t.unique_key && [h("dt", {}, "unique key"), h("dd", { class: "mono", id: "task-unique-key" }, t.unique_key)],
           h("dt", {}, "created"), h("dd", {}, A.time(t.created_at)),
           h("dt", {}, "run at"), h("dd", {}, A.time(t.run_at)),
           h("dt", {}, "started"), h("dd", {}, A.time(t.started_at)),
