@@ -146,6 +146,10 @@ pub struct WorkerArgs {
     /// Handler timeout per attempt when neither task nor handler sets one, milliseconds.
     #[arg(long, env = "ARTEX_TASK_TIMEOUT_MS", default_value_t = 300_000)]
     pub task_timeout_ms: u64,
+    /// How long a canceled task's handler has to stop after it is told
+    /// (`ctx.cancelled()`) before the worker stops it, milliseconds.
+    #[arg(long, env = "ARTEX_CANCEL_GRACE_MS", default_value_t = 5_000)]
+    pub cancel_grace_ms: u64,
     /// First retry backoff in milliseconds (doubles per retry, with jitter).
     #[arg(long, env = "ARTEX_RETRY_BASE_MS", default_value_t = 1_000)]
     pub retry_base_ms: u64,

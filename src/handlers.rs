@@ -1,10 +1,13 @@
-//! The stock binary's task kinds, for demos and tests: `echo`, `sleep`, `fail`, `noop`,
+//! The stock binary's task kinds, for demos and tests: `echo`, `sleep` (which stops
+//! when its task is canceled), `fail`, `noop`,
 //! `checkpoint` (which saves its progress after every step and resumes from it, in
 //! whatever process runs it next) and `gather` (a flow task that returns its upstream
 //! tasks' results), and `digest` (the sha256 of the file its task was uploaded with, read
 //! where the worker holds it), and `journal` / `journal-checkpoint` (which append the
 //! start and end of every execution to a side file, so that a test can see executions of
-//! one task overlap or repeat; the second checkpoints each step like `checkpoint`).
+//! one task overlap or repeat; the second checkpoints each step like `checkpoint`; both
+//! stop when their task is canceled, ending `canceled` in the file, unless the payload
+//! says `"ignore_cancel": true`).
 
 use std::time::Duration;
 
@@ -25,8 +28,10 @@ pub fn stock() -> Registry {
     });
     r.register("sleep", |ctx: TaskContext| async move {
         let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(1000);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        Ok(json!({ "slept_ms": ms }))
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(ms)) => Ok(json!({ "slept_ms": ms })),
+            () = ctx.cancelled() => Err(TaskError::new("canceled")),
+        }
     });
     r.register("fail", |ctx: TaskContext| async move {
         // Fails its first `times` attempts (all of them without `times`), then succeeds.
@@ -60,6 +65,11 @@ async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskE
         .to_string();
     let steps = field_u64(ctx.payload(), "steps")?.unwrap_or(1);
     let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(100);
+    let honour_cancel = !ctx
+        .payload()
+        .get("ignore_cancel")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let who = format!("{} {} {}", ctx.id(), ctx.attempt(), std::process::id());
     let mut entry = JournalEntry::begin(file, who)?;
     let mut done = ctx
@@ -68,7 +78,18 @@ async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskE
         .and_then(Value::as_u64)
         .unwrap_or(0);
     while done < steps {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let step = tokio::time::sleep(Duration::from_millis(ms));
+        if honour_cancel {
+            tokio::select! {
+                () = step => {}
+                () = ctx.cancelled() => {
+                    entry.how = "canceled";
+                    return Err(TaskError::new("canceled"));
+                }
+            }
+        } else {
+            step.await;
+        }
         done += 1;
         if checkpoints {
             ctx.save_checkpoint(json!({ "done": done })).await?;

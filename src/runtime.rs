@@ -469,6 +469,7 @@ fn worker_config(args: &WorkerArgs, http_addr: &str) -> WorkerConfig {
         heartbeat: ms(args.heartbeat_ms),
         poll: ms(args.worker_poll_ms),
         default_timeout: ms(args.task_timeout_ms),
+        cancel_grace: ms(args.cancel_grace_ms),
         retry_base: ms(args.retry_base_ms),
         retry_cap: ms(args.retry_cap_ms),
     }

@@ -342,3 +342,26 @@ async fn the_readme_psql_example_submits_in_the_applications_transaction() {
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 1);
     assert_eq!(count(&c, "select count(*) from shop.orders").await, 1);
 }
+
+#[tokio::test]
+async fn batches_naming_the_same_keys_in_opposite_orders_never_deadlock() {
+    let db = TestDb::new().await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
+    for round in 0..20 {
+        let keys: Vec<String> = (0..5).map(|k| format!("r{round}-k{k}")).collect();
+        let forward: Vec<NewTask> = keys.iter().map(|k| keyed(k)).collect();
+        let backward: Vec<NewTask> = keys.iter().rev().map(|k| keyed(k)).collect();
+        let op = db.bb.operator();
+        let (a, b) = tokio::join!(op.submit_all(&forward, "a"), op.submit_all(&backward, "b"));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        // Whichever went first wrote all five; the other found them, in its own order.
+        let ids_a: Vec<Uuid> = a.iter().map(|s| s.id).collect();
+        let ids_b: Vec<Uuid> = b.iter().map(|s| s.id).rev().collect();
+        assert_eq!(ids_a, ids_b, "round {round}");
+        assert_eq!(
+            a.iter().chain(&b).filter(|s| !s.duplicate).count(),
+            5,
+            "round {round}: five tasks written"
+        );
+    }
+}

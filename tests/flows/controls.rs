@@ -225,3 +225,109 @@ async fn cancel_stops_a_running_handler_and_its_downstream() {
         0
     );
 }
+
+/// The `journal` file's end line of task `id`: (unix ms, how it ended).
+fn journal_end(file: &std::path::Path, id: Uuid) -> Option<(u128, String)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() == 6 && f[0] == id.to_string() && f[3] == "end")
+            .then(|| (f[4].parse().unwrap(), f[5].to_string()))
+    })
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_the_handler_and_one_that_ignores_it_is_stopped_at_the_grace() {
+    use artex_actors::blackboard::NewTask;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    // A 60 s lease is renewed every 20 s: only the cancel's push can reach the handlers
+    // within the waits below. The grace is 3 s.
+    let w = Proc::worker(
+        "worker",
+        &db.url,
+        &["--lease-ms", "60000", "--cancel-grace-ms", "3000"],
+    );
+    let _http = common::procs::worker_http(&c, &w).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal");
+    let journal = |ignore: bool| {
+        NewTask::new(
+            "journal",
+            json!({"file": file.to_str().unwrap(), "steps": 600, "ms": 100,
+                   "ignore_cancel": ignore}),
+        )
+    };
+    let heeds = db
+        .bb
+        .operator()
+        .submit(&journal(false), "test")
+        .await
+        .unwrap();
+    let ignores = db
+        .bb
+        .operator()
+        .submit(&journal(true), "test")
+        .await
+        .unwrap();
+    for id in [heeds, ignores] {
+        wait_status(&db.bb, id, TaskStatus::Running, Duration::from_secs(20)).await;
+    }
+
+    // Told: the handler sees ctx.cancelled() and ends on its own, well before the grace.
+    let asked = unix_ms();
+    let (code, _, err) = control(&db.url, "cancel", heeds, Some("customer left"));
+    assert_eq!(code, 0, "{err}");
+    let (ended, how) = wait_for("the handler to end", Duration::from_secs(10), || {
+        let file = file.clone();
+        async move { journal_end(&file, heeds) }
+    })
+    .await;
+    assert_eq!(how, "canceled", "it stopped itself, told of the cancel");
+    let took = ended.saturating_sub(asked);
+    println!("cancel to the handler's own stop: {took} ms (the CLI's start included)");
+    assert!(took < 3000, "ended at the grace ({took} ms), not when told");
+
+    // Not heeded: stopped when the grace is over.
+    let asked = unix_ms();
+    let (code, _, err) = control(&db.url, "cancel", ignores, Some("too slow"));
+    assert_eq!(code, 0, "{err}");
+    let (ended, how) = wait_for("the grace to stop it", Duration::from_secs(15), || {
+        let file = file.clone();
+        async move { journal_end(&file, ignores) }
+    })
+    .await;
+    assert_eq!(
+        how, "stopped",
+        "stopped by its worker, not ended on its own"
+    );
+    assert!(
+        ended.saturating_sub(asked) >= 3000,
+        "stopped {} ms after the cancel, before the grace of 3 s",
+        ended.saturating_sub(asked)
+    );
+
+    // Both canceled with the operator's reason; nothing the handlers returned recorded.
+    for (id, reason) in [(heeds, "customer left"), (ignores, "too slow")] {
+        let t = db.bb.operator().task(id).await.unwrap();
+        assert_eq!(t.status, TaskStatus::Canceled);
+        assert_eq!(t.result, None);
+        let last = db
+            .bb
+            .operator()
+            .transitions(id)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        assert_eq!(last.reason.as_deref(), Some(reason));
+    }
+}

@@ -78,6 +78,14 @@ impl Worker {
                 continue;
             };
             r.abort.abort();
+            if let Some(at) = r.canceled {
+                // Canceled, told, and still running past the grace: stopped, and nothing
+                // recorded (the task ended `canceled` already).
+                tracing::warn!(task = %id, epoch = r.epoch, kind = %r.kind,
+                    told_ms_ago = at.elapsed().as_millis() as u64,
+                    "a canceled task's handler ran past the grace: stopped");
+                continue;
+            }
             self.self_fenced += 1;
             tracing::warn!(task = %id, epoch = r.epoch, kind = %r.kind,
                 "lease not renewed in time: handler stopped before the lease could expire");

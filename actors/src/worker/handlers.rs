@@ -142,12 +142,13 @@ impl Registry {
 
     /// One attempt at `task`, ready to run: its handler called with its context, under
     /// its timeout, with panics caught. `suspend` is the flag a hot upgrade raises to stop
-    /// the attempt at its next checkpoint.
+    /// the attempt at its next checkpoint; `cancel` tells it the task was canceled.
     pub(super) fn attempt(
         &self,
         task: AssignedTask,
         bb: WorkerBoard,
         suspend: Arc<AtomicBool>,
+        cancel: Cancel,
         default_timeout: Duration,
     ) -> impl Future<Output = Result<serde_json::Value, Attempt>> + 'static {
         let handler = self.get(&task.kind);
@@ -162,6 +163,7 @@ impl Registry {
             checkpoint: task.checkpoint,
             bb,
             suspend,
+            cancel,
         };
         async move {
             let Some(handler) = handler else {
@@ -206,9 +208,59 @@ pub struct TaskContext {
     checkpoint: Option<serde_json::Value>,
     bb: WorkerBoard,
     suspend: Arc<AtomicBool>,
+    cancel: Cancel,
+}
+
+/// An operator's cancel of a running task, as its handler sees it: raised once, when the
+/// worker learns the task ended `canceled` (within a second of the cancel: the planners
+/// push it to the worker that holds the task).
+#[derive(Clone, Default)]
+pub(super) struct Cancel(Arc<CancelState>);
+
+#[derive(Default)]
+struct CancelState {
+    raised: AtomicBool,
+    raise: tokio::sync::Notify,
+}
+
+impl Cancel {
+    /// Tells the handler; every `cancelled()` waiting, and every later one, returns.
+    pub(super) fn raise(&self) {
+        self.0.raised.store(true, Ordering::Release);
+        self.0.raise.notify_waiters();
+    }
+
+    fn is_raised(&self) -> bool {
+        self.0.raised.load(Ordering::Acquire)
+    }
+
+    async fn raised(&self) {
+        let notified = self.0.raise.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read: a raise between the two is not missed.
+        notified.as_mut().enable();
+        if self.is_raised() {
+            return;
+        }
+        notified.await;
+    }
 }
 
 impl TaskContext {
+    /// Whether the task was canceled while this attempt runs: the handler should stop
+    /// (what it returns is not recorded; the task ended `canceled` with the operator's
+    /// reason). A handler still running `--cancel-grace-ms` after it was told is stopped.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_raised()
+    }
+
+    /// Returns when the task is canceled (at once if it was): select on it beside the
+    /// handler's work to stop cleanly,
+    /// `tokio::select! { r = work => r, _ = ctx.cancelled() => Err(TaskError::new("canceled")) }`.
+    pub async fn cancelled(&self) {
+        self.cancel.raised().await
+    }
+
     /// The task id.
     pub fn id(&self) -> Uuid {
         self.id

@@ -14,7 +14,11 @@ use crate::blackboard::WorkerState;
 
 impl Worker {
     pub(super) fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.held() == 0 || self.renewing {
+        if self.held() == 0 {
+            return;
+        }
+        if self.renewing {
+            self.renew_again = true;
             return;
         }
         self.renewing = true;
@@ -27,6 +31,7 @@ impl Worker {
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let lease = self.config.lease;
+        let running: HashSet<Uuid> = self.running.keys().copied().collect();
         let sent = Instant::now();
         // A renewal that does not come back within a third of the lease is as good as
         // failed (the host may be cut off: the call can hang until TCP gives up).
@@ -40,10 +45,24 @@ impl Worker {
                 what: "renewing leases",
                 after: lease / 3,
             }));
-            (res, held)
+            // Running tasks whose lease is gone: an operator's cancel is told to the
+            // handler, anything else (taken back, transferred) stops it at once.
+            let mut canceled = HashSet::new();
+            if let Ok(kept) = &res {
+                let kept: HashSet<Uuid> = kept.iter().map(|(id, _)| *id).collect();
+                let lost_running: Vec<Uuid> = held
+                    .iter()
+                    .map(|(id, _)| *id)
+                    .filter(|id| !kept.contains(id) && running.contains(id))
+                    .collect();
+                if let Ok(ids) = bb.canceled_among(&lost_running).await {
+                    canceled.extend(ids);
+                }
+            }
+            (res, held, canceled)
         }
         .into_actor(self)
-        .map(move |(res, held), act, ctx| {
+        .map(move |(res, held, canceled), act, ctx| {
             act.renewing = false;
             act.db_result(&res);
             match res {
@@ -70,7 +89,21 @@ impl Worker {
                         }
                         !gone
                     });
+                    let grace = act.config.cancel_grace;
                     for (id, epoch) in &lost {
+                        if let Some(r) = act.running.get_mut(id).filter(|r| r.epoch == *epoch) {
+                            if canceled.contains(id) {
+                                if r.canceled.is_none() {
+                                    tracing::info!(task = %id, epoch, kind = %r.kind, ?grace,
+                                        "task canceled: its handler is told, and stopped if it runs on past the grace");
+                                    r.canceled = Some(Instant::now());
+                                    r.cancel.raise();
+                                    // `fence` stops it when the grace is over.
+                                    act.leases.read((*id, *epoch), Instant::now(), grace + fence::margin(lease));
+                                }
+                                continue;
+                            }
+                        }
                         // The task was taken back (reaper) or transferred: stop running it
                         // here; whatever it would write would be fenced off anyway.
                         if let Some(r) = act.running.get(id) {
@@ -92,6 +125,9 @@ impl Worker {
             }
             act.check_suspended();
             act.check_drained();
+            if std::mem::take(&mut act.renew_again) {
+                act.renew(ctx);
+            }
         })
         .spawn(ctx);
     }

@@ -44,7 +44,7 @@ use crate::supervisor::ActorStats;
 use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
 use fence::LeaseClock;
-use handlers::Attempt;
+use handlers::{Attempt, Cancel};
 pub use handlers::{
     HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler, UploadFile,
 };
@@ -88,6 +88,8 @@ pub struct WorkerConfig {
     pub poll: Duration,
     /// Timeout of an attempt when neither the task nor its handler sets one.
     pub default_timeout: Duration,
+    /// How long a canceled task's handler has to stop once told before it is stopped.
+    pub cancel_grace: Duration,
     /// Retry backoff: base·2^retries, capped, with jitter.
     pub retry_base: Duration,
     /// Cap of the retry backoff.
@@ -137,6 +139,11 @@ struct Running {
     /// Its start is in a batch written or being written.
     start_sent: bool,
     abort: AbortHandle,
+    /// Tells the handler its task was canceled (`TaskContext::cancelled`).
+    cancel: Cancel,
+    /// When the worker learned the task was canceled: its handler is stopped if it has
+    /// not ended `cancel_grace` later, and what it returns is not recorded.
+    canceled: Option<Instant>,
     resumable: bool,
     suspend: Arc<AtomicBool>,
     /// Its payload's size, counted against the queue memory budget while it runs.
@@ -190,6 +197,9 @@ pub struct Worker {
     /// Tasks it stopped itself because it could not renew their lease in time.
     self_fenced: u64,
     renewing: bool,
+    /// A lease check was asked for (a cancel) while a renewal was in flight: another
+    /// follows it at once.
+    renew_again: bool,
     heartbeating: bool,
     /// The capacity changed while a heartbeat was in flight: send another when it
     /// returns, so the latest capacity is the one written.
@@ -249,6 +259,7 @@ impl Worker {
             leases: LeaseClock::default(),
             self_fenced: 0,
             renewing: false,
+            renew_again: false,
             heartbeating: false,
             beat_again: false,
             depth,
@@ -369,6 +380,7 @@ impl Worker {
         let id = task.id;
         let epoch = task.epoch;
         let suspend = Arc::new(AtomicBool::new(false));
+        let cancel = Cancel::default();
         tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
         self.running.insert(
             id,
@@ -380,14 +392,20 @@ impl Worker {
                 started: Instant::now(),
                 start_sent: false,
                 abort,
+                cancel: cancel.clone(),
+                canceled: None,
                 resumable: self.registry.is_resumable(&task.kind),
                 suspend: suspend.clone(),
                 payload_bytes: task.payload_bytes,
             },
         );
-        let attempt =
-            self.registry
-                .attempt(task, self.bb.clone(), suspend, self.config.default_timeout);
+        let attempt = self.registry.attempt(
+            task,
+            self.bb.clone(),
+            suspend,
+            cancel,
+            self.config.default_timeout,
+        );
         actix::spawn(async move {
             // Aborted means the lease was lost or the worker gave the task back: the
             // outcome is decided elsewhere, so nothing is reported.
@@ -671,6 +689,17 @@ impl Handler<TaskFinished> for Worker {
             return;
         };
         if r.epoch != msg.epoch {
+            return;
+        }
+        if let Some(at) = r.canceled {
+            // The task ended `canceled` in the blackboard already: what the handler
+            // returned is not an outcome (its write would be fenced off anyway).
+            tracing::info!(task = %msg.id, kind = %r.kind,
+                stopped_after_ms = at.elapsed().as_millis() as u64,
+                "a canceled task's handler stopped");
+            self.pump(ctx);
+            self.check_suspended();
+            self.check_drained();
             return;
         }
         if r.suspend.load(Ordering::Acquire) && msg.result.is_err() {

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::OperatorBoard;
-use crate::blackboard::sql::Param;
+use crate::blackboard::sql::{Param, Tx};
 use crate::blackboard::tasks::{
     preview_from_row, task_from_row, TaskPreview, TaskRow, TaskStatus, TransitionRow, TASK_COLUMNS,
     TRANSITIONS,
@@ -141,6 +141,12 @@ pub struct Submitted {
     /// within its window): its id is `id`, and nothing was written.
     pub duplicate: bool,
 }
+
+// The batch's keys locked first, in one order for every batch: two batches naming the
+// same keys in different orders would otherwise each hold one and wait for the other
+// (the locks are the transaction's; `artex.submit` taking one again is a no-op).
+const LOCK_KEYS: &str = "select count(artex.lock_unique_key(k))
+    from (select distinct k from unnest($1::text[]) as u(k) where k is not null order by k) keys";
 
 // A batch in which a task carries a unique key: each task through `artex.submit`
 // (migrations/V17), in the batch's order, in this one statement's transaction — the key's
@@ -280,9 +286,12 @@ impl OperatorBoard {
             .iter()
             .map(|t| t.unique_for.map(|d| d.as_secs_f64()))
             .collect();
-        let client = self.bb.client().await?;
-        let rows = client
-            .query(
+        // One round trip: begin, the locks, the submissions, commit.
+        let client = Tx::new(self.bb.client().await?);
+        let (begun, locked, rows) = futures_util::future::join3(
+            client.begin(),
+            client.query(LOCK_KEYS, &[&unique_keys]),
+            client.query(
                 SUBMIT_EACH,
                 &[
                     &actor,
@@ -297,8 +306,13 @@ impl OperatorBoard {
                     &unique_keys,
                     &windows,
                 ],
-            )
-            .await?;
+            ),
+        )
+        .await;
+        begun?;
+        locked?;
+        let rows = rows?;
+        client.commit().await?;
         rows.iter()
             .map(|r| {
                 Ok(Submitted {

@@ -239,6 +239,10 @@ const RENEW: &str = "with lockable as materialized (
     select v.id, false from unnest($3::uuid[]) as v(id)
     where v.id not in (select id from lockable)";
 
+// By primary key; `canceled` is final, so a task found canceled stays so.
+const CANCELED_AMONG: &str =
+    "select id from artex.tasks where id = any($1::uuid[]) and status::text = 'canceled'";
+
 // A checkpoint is progress, so the task has started: it records the start if that was
 // not written yet.
 const CHECKPOINT: &str = "update artex.tasks t set checkpoint = $3, status = 'running'
@@ -370,6 +374,17 @@ impl WorkerBoard {
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
+    }
+
+    /// Which of `ids` (tasks whose lease this worker lost) ended `canceled`: their
+    /// handlers are told and given a grace, the others are stopped at once.
+    pub async fn canceled_among(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.bb.client().await?;
+        let rows = client.query(CANCELED_AMONG, &[&ids]).await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     /// Saves a running task's progress, durably. False if the lease was lost.
