@@ -35,13 +35,30 @@ pub fn stock() -> Registry {
     });
     r.register("fail", |ctx: TaskContext| async move {
         // Fails its first `times` attempts (all of them without `times`), then succeeds.
+        // `"then"` says what follows a failure: retry with backoff (the default),
+        // `"discard"` (failed now), `"retry_at"` (in `ms`), or `"snooze"` (for `ms`,
+        // no attempt counted, until the unix time in ms `until`, then it succeeds).
         let times = field_u64(ctx.payload(), "times")?;
+        let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(1000);
         let attempt = ctx.attempt() as u64;
+        let why = format!("failing on purpose (attempt {attempt})");
+        if ctx.payload().get("then").and_then(Value::as_str) == Some("snooze") {
+            let until = field_u64(ctx.payload(), "until")?.unwrap_or(0);
+            if (unix_ms() as u64) < until {
+                return Err(TaskError::snooze(Duration::from_millis(ms)));
+            }
+            return Ok(json!({ "succeeded_on_attempt": attempt }));
+        }
         match times {
             Some(t) if attempt > t => Ok(json!({ "succeeded_on_attempt": attempt })),
-            _ => Err(TaskError::new(format!(
-                "failing on purpose (attempt {attempt})"
-            ))),
+            _ => match ctx.payload().get("then").and_then(Value::as_str) {
+                Some("discard") => Err(TaskError::discard(why)),
+                Some("retry_at") => Err(TaskError::retry_at(
+                    chrono::Utc::now() + chrono::Duration::milliseconds(ms as i64),
+                    why,
+                )),
+                _ => Err(TaskError::new(why)),
+            },
         }
     });
     r.register_resumable("checkpoint", checkpoint);

@@ -797,3 +797,114 @@ async fn a_worker_without_prefetch_sizes_its_queue_to_its_pace() {
     .await;
     assert_no_double_run(&c).await;
 }
+
+/// A handler decides what follows its failure: discard (failed now, retries left),
+/// snooze (later, no attempt counted), retry at a time of its choosing; the history says
+/// which it was.
+#[tokio::test]
+async fn a_handler_discards_snoozes_or_retries_at_a_time_and_the_history_says_which() {
+    use artex_actors::blackboard::TaskStatus;
+    let db = TestDb::new().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let _w = Proc::worker("worker", &db.url, &["--retry-base-ms", "60000"]);
+    let op = db.bb.operator();
+    let task = |payload: serde_json::Value| NewTask {
+        max_retries: Some(3),
+        ..NewTask::new("fail", payload)
+    };
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 1200;
+    let discard = op
+        .submit(&task(json!({"then": "discard"})), "test")
+        .await
+        .unwrap();
+    let snooze = op
+        .submit(
+            &task(json!({"then": "snooze", "ms": 300, "until": until})),
+            "test",
+        )
+        .await
+        .unwrap();
+    // The backoff would be a minute (--retry-base-ms): only the handler's time brings it
+    // back within the wait.
+    let retry = op
+        .submit(
+            &task(json!({"times": 1, "then": "retry_at", "ms": 1500})),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_status(&db.bb, discard, TaskStatus::Failed, Duration::from_secs(20)).await;
+    wait_status(
+        &db.bb,
+        snooze,
+        TaskStatus::Succeeded,
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_status(
+        &db.bb,
+        retry,
+        TaskStatus::Succeeded,
+        Duration::from_secs(20),
+    )
+    .await;
+
+    let d = op.task(discard).await.unwrap();
+    assert_eq!(d.retries, 1, "one attempt, three retries left unused");
+    assert!(
+        d.error.as_deref().unwrap().starts_with("discarded: "),
+        "{:?}",
+        d.error
+    );
+    let reasons = |id| {
+        let op = op.clone();
+        async move {
+            op.transitions(id)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|t| (t.to_status, t.reason.unwrap_or_default(), t.at))
+                .collect::<Vec<_>>()
+        }
+    };
+    let d_history = reasons(discard).await;
+    assert!(
+        d_history
+            .iter()
+            .any(|(to, r, _)| *to == TaskStatus::Failed && r.starts_with("discarded: ")),
+        "{d_history:?}"
+    );
+
+    let s = op.task(snooze).await.unwrap();
+    assert_eq!(s.retries, 0, "a snooze counts no attempt");
+    let snoozes = reasons(snooze)
+        .await
+        .into_iter()
+        .filter(|(to, r, _)| *to == TaskStatus::Pending && r == "snoozed for 300 ms")
+        .count();
+    assert!(snoozes >= 2, "snoozed until its time came: {snoozes}");
+
+    let r = op.task(retry).await.unwrap();
+    assert_eq!(r.retries, 1, "the retry at a time counted its attempt");
+    let history = reasons(retry).await;
+    let failed_at = history
+        .iter()
+        .find(|(to, r, _)| *to == TaskStatus::Pending && r.starts_with("retry at "))
+        .map(|(_, _, at)| *at)
+        .unwrap_or_else(|| panic!("{history:?}"));
+    let rerun_at = history
+        .iter()
+        .filter(|(to, _, at)| *to == TaskStatus::Running && *at > failed_at)
+        .map(|(_, _, at)| *at)
+        .next()
+        .unwrap_or_else(|| panic!("{history:?}"));
+    assert!(
+        rerun_at - failed_at >= chrono::Duration::milliseconds(1400),
+        "rerun {} ms after the failure, before the time asked",
+        (rerun_at - failed_at).num_milliseconds()
+    );
+}

@@ -120,12 +120,28 @@ async fn filled(db: &TestDb, dir: &Path) -> (String, String) {
         r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
             {"name": "b", "kind": "echo", "depends_on": ["a"]}]}"#,
     );
-    let out = artex(
-        url,
-        None,
-        &["events", "tail", "--consumer", "c", "--batch", "10000"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+    // The consumer's cursor is written once it has read an event: right after the
+    // inserts the feed may show none yet (transactions still in flight hold it back), so
+    // read again until the cursor is there.
+    let c = db.client().await;
+    for tries in 0.. {
+        let out = artex(
+            url,
+            None,
+            &["events", "tail", "--consumer", "c", "--batch", "10000"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let cursors = crate::common::count(
+            &c,
+            "select count(*) from artex.event_cursors where consumer = 'c'",
+        )
+        .await;
+        if cursors == 1 {
+            break;
+        }
+        assert!(tries < 100, "the consumer's cursor was never written");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     (big, flow)
 }
 

@@ -16,27 +16,88 @@ use uuid::Uuid;
 use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
 
-/// A failed attempt, as a handler reports it. It is retried with backoff while the task's
-/// retry budget lasts.
+/// A failed attempt, as a handler reports it, and what follows it: by default it is
+/// retried with backoff while the task's retry budget lasts ([`TaskError::new`], or `?` on
+/// any error); the handler may instead end the task now ([`TaskError::discard`]), put it
+/// off without counting an attempt ([`TaskError::snooze`]), or retry it at a time of its
+/// choosing ([`TaskError::retry_at`]). The message is the task's error and the reason in
+/// its history, which so says which it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskError(pub String);
+pub struct TaskError {
+    message: String,
+    then: AfterError,
+}
+
+/// What the worker does after a handler's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterError {
+    /// Retried after the worker's backoff while the task's retries last, then `failed`.
+    Retry,
+    /// `failed` now, whatever retries are left.
+    Discard,
+    /// Run again after this long; no attempt counted.
+    Snooze(Duration),
+    /// Retried at this time (an attempt counted); `failed` if none is left.
+    RetryAt(chrono::DateTime<chrono::Utc>),
+}
 
 impl TaskError {
-    /// A failure with this message.
+    /// A failure with this message: retried with backoff while retries last.
     pub fn new(msg: impl Into<String>) -> Self {
-        TaskError(msg.into())
+        TaskError {
+            message: msg.into(),
+            then: AfterError::Retry,
+        }
+    }
+
+    /// Ends the task `failed` now, with no retry: a failure retrying cannot mend (bad
+    /// input, a record that no longer exists). Recorded as `discarded: <reason>`.
+    pub fn discard(reason: impl Into<String>) -> Self {
+        TaskError {
+            message: format!("discarded: {}", reason.into()),
+            then: AfterError::Discard,
+        }
+    }
+
+    /// Puts the task back to run again after `after`, counting no attempt: not a failure
+    /// (the resource is busy, the time has not come). Recorded as `snoozed for N ms`.
+    pub fn snooze(after: Duration) -> Self {
+        TaskError {
+            message: format!("snoozed for {} ms", after.as_millis()),
+            then: AfterError::Snooze(after),
+        }
+    }
+
+    /// A failure retried at `at` (now if it has passed) instead of after the backoff; it
+    /// counts an attempt, and with none left the task ends `failed`. Recorded as
+    /// `retry at <time>: <reason>`.
+    pub fn retry_at(at: chrono::DateTime<chrono::Utc>, reason: impl Into<String>) -> Self {
+        TaskError {
+            message: format!("retry at {}: {}", at.to_rfc3339(), reason.into()),
+            then: AfterError::RetryAt(at),
+        }
+    }
+
+    /// The message recorded.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// What follows the error.
+    pub fn then(&self) -> &AfterError {
+        &self.then
     }
 }
 
 impl std::fmt::Display for TaskError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl<E: std::error::Error> From<E> for TaskError {
     fn from(e: E) -> Self {
-        TaskError(e.to_string())
+        TaskError::new(e.to_string())
     }
 }
 
@@ -167,15 +228,15 @@ impl Registry {
         };
         async move {
             let Some(handler) = handler else {
-                return Err(Attempt::Failed(format!(
+                return Err(Attempt::failed(format!(
                     "no handler for kind '{kind}' in this worker"
                 )));
             };
             let call = AssertUnwindSafe(handler.call(ctx)).catch_unwind();
             match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(Ok(value))) => Ok(value),
-                Ok(Ok(Err(e))) => Err(Attempt::Failed(e.0)),
-                Ok(Err(panic)) => Err(Attempt::Failed(format!(
+                Ok(Ok(Err(e))) => Err(Attempt::Failed(e.message, e.then)),
+                Ok(Err(panic)) => Err(Attempt::failed(format!(
                     "handler panicked: {}",
                     panic_message(&*panic)
                 ))),
@@ -190,10 +251,18 @@ impl Registry {
 
 /// How an attempt went wrong (its success is its result).
 pub(super) enum Attempt {
-    /// The handler returned an error, panicked, or there is none for the kind.
-    Failed(String),
+    /// The handler returned an error (and said what follows), panicked, or there is none
+    /// for the kind.
+    Failed(String, AfterError),
     /// The handler ran past its timeout.
     TimedOut(String),
+}
+
+impl Attempt {
+    /// A failure retried as usual.
+    fn failed(message: String) -> Self {
+        Attempt::Failed(message, AfterError::Retry)
+    }
 }
 
 /// What a handler gets: the task's input, its saved progress, and a fenced way to save

@@ -44,10 +44,11 @@ use crate::supervisor::ActorStats;
 use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
 use fence::LeaseClock;
-use handlers::{Attempt, Cancel};
 pub use handlers::{
-    HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler, UploadFile,
+    AfterError, HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler,
+    UploadFile,
 };
+use handlers::{Attempt, Cancel};
 use ledger::Ledger;
 pub use status::{GetStatus, RunningTask, WorkerStatus};
 pub use transfer::{
@@ -714,11 +715,22 @@ impl Handler<TaskFinished> for Worker {
                 tracing::debug!(task = %msg.id, kind = %r.kind, "task succeeded");
                 Outcome::Succeeded(v)
             }
-            Err(Attempt::Failed(error)) => {
+            Err(Attempt::Failed(error, then)) => {
                 tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task failed");
-                Outcome::Failed {
-                    error,
-                    retry_in_ms: self.config.backoff_ms(r.retries),
+                match then {
+                    AfterError::Retry => Outcome::Failed {
+                        error,
+                        retry_in_ms: self.config.backoff_ms(r.retries),
+                    },
+                    AfterError::RetryAt(at) => Outcome::Failed {
+                        error,
+                        retry_in_ms: (at - chrono::Utc::now()).num_milliseconds().max(0),
+                    },
+                    AfterError::Discard => Outcome::Discarded { error },
+                    AfterError::Snooze(after) => Outcome::Snoozed {
+                        note: error,
+                        delay_ms: i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+                    },
                 }
             }
             Err(Attempt::TimedOut(error)) => {

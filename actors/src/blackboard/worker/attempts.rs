@@ -75,6 +75,18 @@ pub enum Outcome {
     },
     /// Not run to its end here (drain, task transfer): back to pending, no attempt counted.
     Released,
+    /// The handler said no retry can mend it: `failed` now.
+    Discarded {
+        /// Why (`discarded: …`).
+        error: String,
+    },
+    /// The handler put it off: back to pending after `delay_ms`, no attempt counted.
+    Snoozed {
+        /// What the history says (`snoozed for N ms`).
+        note: String,
+        /// How long.
+        delay_ms: i64,
+    },
 }
 
 /// Which step of an attempt a record writes.
@@ -139,6 +151,8 @@ impl AttemptRecord {
                 (status, None, Some(error), true, *retry_in_ms)
             }
             Outcome::Released => ("pending", None, None, false, 0),
+            Outcome::Discarded { error } => ("failed", None, Some(error), true, 0),
+            Outcome::Snoozed { note, delay_ms } => ("pending", None, Some(note), false, *delay_ms),
         }
     }
 }
