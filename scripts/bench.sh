@@ -37,8 +37,10 @@
 #          fleet costs PostgreSQL per worker, W1 from idle with the backends sampled
 #          throughout, W2; against 10 workers connected directly (issue 22).
 #   unique what a unique key costs a submission: 20,000 tasks in batches of 100 without
-#          keys (one insert a batch), with distinct keys (each through `artex.submit`), and
-#          the same keys again (all duplicates): tasks/s and WAL bytes per task.
+#          keys (one insert a batch), with distinct keys (each through `artex.submit`, the
+#          SQL path), and the same keys again (all duplicates); then keyed batches as the
+#          API and the library send them (the keys' locks, one set-based statement), new and
+#          again: tasks/s and WAL bytes per task.
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
@@ -798,6 +800,42 @@ unique_round $db distinct_keys "perform count(*) from generate_series(1, 100) g 
 unique_round $db duplicates "perform count(*) from generate_series(1, 100) g cross join lateral
     artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)"
 [ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 2)) ] || die "unique: duplicates were written"
+# The API's and the library's path: a batch of 100 keyed tasks is its keys' locks, then
+# one set-based statement (`artex-bench keyed-submit-sql`), one transaction a batch.
+keyed_sql=$("$tmp/artex-bench" keyed-submit-sql)
+lock_sql=${keyed_sql%%;*}
+submit_sql=${keyed_sql#*;}
+keyed_batches() { # file key-prefix
+    local zeros payloads kinds keys
+    zeros="{$(printf '0,%.0s' $(seq 100) | sed 's/,$//')}"
+    payloads="{$(printf '"{}",%.0s' $(seq 100) | sed 's/,$//')}"
+    kinds="{$(printf 'noop,%.0s' $(seq 100) | sed 's/,$//')}"
+    {
+        echo "prepare lk(text[]) as $lock_sql;"
+        echo "prepare sk(text, text, text[], jsonb[], int4[], timestamptz[], int4[], int4[],
+            text[], text[], float8[]) as $submit_sql;"
+        for b in $(seq $((w1 / 100))); do
+            keys="{$(seq -s, -f "$2$b-%g" 100)}"
+            echo "begin; execute lk('$keys'); execute sk('bench', 'submitted', '$kinds',"
+            echo "    '$payloads', '$zeros', '{}', '{}', '{}', '{}', '$keys', '{}'); commit;"
+        done
+    } >"$1"
+}
+keyed_round() { # db label file
+    local wal0 t0 t1 wal1
+    read -r _ wal0 _ <<<"$(counters "$1")"
+    t0=$EPOCHREALTIME
+    sql "$1" -o /dev/null -f "$3"
+    t1=$EPOCHREALTIME
+    read -r _ wal1 _ <<<"$(counters "$1")"
+    result "unique_${2}_tasks_per_s" "$(calc "$w1 / ($t1 - $t0)")" tasks/s
+    result "unique_${2}_wal_bytes_per_task" "$(calc "($wal1 - $wal0) / $w1")" bytes
+}
+keyed_batches "$tmp/keyed.sql" batch-
+sql $db -c "checkpoint" >/dev/null
+keyed_round $db batch_distinct_keys "$tmp/keyed.sql"
+keyed_round $db batch_duplicates "$tmp/keyed.sql"
+[ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 3)) ] || die "unique: a keyed batch wrote duplicates"
 drop_db $db
 fi
 

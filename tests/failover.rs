@@ -86,6 +86,10 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     ];
     let mut upgrade_flags: Vec<String> = WORKER.iter().map(|s| s.to_string()).collect();
     upgrade_flags.extend(keys.flags("upgrades"));
+    // The new process gets ready only once it reaches the new primary: the promotion
+    // takes 20–30 s here under load, the default deadline 30 s (past it the upgrade rolls
+    // back, which is safe, but not what this case is about).
+    upgrade_flags.extend(["--upgrade-ready-ms".to_string(), "60000".to_string()]);
     let upgrade_flags: Vec<&str> = upgrade_flags.iter().map(String::as_str).collect();
     let workers = [
         fleet.worker("w1", "worker-1", &kv_url, &upgrade_flags),

@@ -18,7 +18,7 @@ pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
-pub use tasks::{submit_in, Submitted, TaskFilter};
+pub use tasks::{submit_in, Submitted, TaskFilter, LOCK_KEYS, SUBMIT_KEYED};
 
 use super::Blackboard;
 

@@ -142,25 +142,58 @@ pub struct Submitted {
     pub duplicate: bool,
 }
 
-// The batch's keys locked first, in one order for every batch: two batches naming the
-// same keys in different orders would otherwise each hold one and wait for the other
-// (the locks are the transaction's; `artex.submit` taking one again is a no-op).
-const LOCK_KEYS: &str = "select count(artex.lock_unique_key(k))
+/// A keyed batch's first statement (public so the benchmark runs it): the batch's keys
+/// locked first, in one order for every batch. Two batches naming the same keys in
+/// different orders would otherwise each hold one and wait for the other (the locks are
+/// the transaction's; `artex.submit` taking one again is a no-op).
+pub const LOCK_KEYS: &str = "select count(artex.lock_unique_key(k))
     from (select distinct k from unnest($1::text[]) as u(k) where k is not null order by k) keys";
 
-// A batch in which a task carries a unique key: each task through `artex.submit`
-// (migrations/V17), in the batch's order, in this one statement's transaction — the key's
-// lock and lookup are the function's, and a later task of the batch with an earlier
-// one's key finds it. The kinds were checked by the caller (allow_unregistered_kind true
-// here, as for the plain batch below, which checks none).
-const SUBMIT_EACH: &str = "select s.id, s.duplicate
-    from unnest($3::text[], $4::jsonb[], $5::int4[], $6::timestamptz[], $7::int4[],
-                $8::int4[], $9::text[], $10::text[], $11::float8[]) with ordinality
-             as v(kind, payload, priority, run_at, max_retries, timeout_ms, shard_key,
-                  unique_key, unique_for_secs, n)
-    cross join lateral artex.submit(v.kind, v.payload, v.priority, v.run_at, v.max_retries,
-        v.timeout_ms, v.shard_key, v.unique_key, make_interval(secs => v.unique_for_secs),
-        true, $1, $2) s
+/// A keyed batch's statement (public so the benchmark runs it).
+///
+/// A batch in which a task carries a unique key, set-based, after LOCK_KEYS in the same
+/// transaction (so what it reads of each key is settled). Per keyed task, the task already
+/// holding its key (`held`: unfinished, or finished within the task's window); written are
+/// the tasks without a key and, per key, the batch's first task whose key nobody holds.
+/// Each task of the batch then answers as if submitted one after the other (as
+/// `artex.submit` would): the new task, or an earlier task of the batch with its key (the
+/// newest holder), or the holder found. One insert, so the statement triggers run once.
+/// The kinds were checked by the caller, as for the plain batch below.
+pub const SUBMIT_KEYED: &str = "with v as materialized (
+        select * from unnest($3::text[], $4::jsonb[], $5::int4[], $6::timestamptz[],
+                             $7::int4[], $8::int4[], $9::text[], $10::text[], $11::float8[])
+            with ordinality as v(kind, payload, priority, run_at, max_retries, timeout_ms,
+                                 shard_key, unique_key, unique_for_secs, n)
+    ),
+    held as materialized (
+        select v.n, v.unique_key,
+               artex.task_with_unique_key(v.unique_key,
+                                          make_interval(secs => v.unique_for_secs)) as id
+        from v where v.unique_key is not null
+    ),
+    fresh as materialized (
+        select v.*, artex.uuid_v7() as new_id
+        from v
+        where v.unique_key is null
+           or v.n = (select min(h.n) from held h
+                     where h.unique_key = v.unique_key and h.id is null)
+    ),
+    written as (
+        insert into artex.tasks
+            (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, unique_key)
+        select f.new_id, f.kind, f.payload, f.priority, coalesce(f.run_at, now()),
+               coalesce(f.max_retries, 3), f.timeout_ms, f.shard_key, f.unique_key
+        from artex.set_context($1, $2) ctx, fresh f
+        where ctx
+        order by f.n
+        returning 1
+    )
+    select coalesce(f.new_id,
+                    (select e.new_id from fresh e
+                     where e.unique_key = v.unique_key and e.n < v.n),
+                    h.id),
+           f.new_id is null
+    from v left join fresh f on f.n = v.n left join held h on h.n = v.n
     order by v.n";
 
 // One task in the caller's own transaction (`submit_in`): `artex.submit` with every check,
@@ -267,7 +300,7 @@ impl OperatorBoard {
             .collect())
     }
 
-    /// A batch with unique keys: each task through `artex.submit`, in one statement.
+    /// A batch with unique keys: its keys locked, then one statement (see SUBMIT_KEYED).
     async fn submit_each(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
         for (i, t) in tasks.iter().enumerate() {
             t.validate()
@@ -292,7 +325,7 @@ impl OperatorBoard {
             client.begin(),
             client.query(LOCK_KEYS, &[&unique_keys]),
             client.query(
-                SUBMIT_EACH,
+                SUBMIT_KEYED,
                 &[
                     &actor,
                     &"submitted",
