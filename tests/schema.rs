@@ -447,6 +447,19 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     assert_eq!(after.last().unwrap().1, format!("{id} new>pending"));
 }
 
+/// Every task as a JSON object of its columns, by id.
+async fn tasks_as_json(c: &Client) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    c.query(
+        "select to_jsonb(t)::text from artex.tasks t order by id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| serde_json::from_str(r.get(0)).unwrap())
+    .collect()
+}
+
 /// The runnable tasks, counted through the runnable index (`tasks_runnable`).
 async fn runnable(c: &Client) -> i64 {
     count(
@@ -502,14 +515,7 @@ async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
         }
     }
     // Every task as JSON; compared on the columns it had before (migrations add some).
-    const ROWS: &str = "select to_jsonb(t)::text from artex.tasks t order by id";
-    let before: Vec<serde_json::Map<String, serde_json::Value>> = c
-        .query(ROWS, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| serde_json::from_str(r.get(0)).unwrap())
-        .collect();
+    let before = tasks_as_json(&c).await;
     let statuses = count(&c, "select count(distinct status) from artex.tasks").await;
     assert_eq!(statuses, 9, "every status is in the database");
 
@@ -517,15 +523,11 @@ async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(applied(&c).await, (1..=knows()).collect::<Vec<_>>());
 
-    let after: Vec<serde_json::Map<String, serde_json::Value>> = c
-        .query(ROWS, &[])
+    let after: Vec<_> = tasks_as_json(&c)
         .await
-        .unwrap()
-        .iter()
+        .into_iter()
         .zip(&before)
-        .map(|(r, was)| {
-            let mut now: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(r.get(0)).unwrap();
+        .map(|(mut now, was)| {
             now.retain(|k, _| was.contains_key(k));
             now
         })

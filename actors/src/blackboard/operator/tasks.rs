@@ -142,6 +142,36 @@ pub struct Submitted {
     pub duplicate: bool,
 }
 
+/// A batch's columns as the submission statements take them, each task checked first
+/// (the message names the task by its place in the batch).
+struct Columns<'a> {
+    kinds: Vec<&'a str>,
+    payloads: Vec<&'a serde_json::Value>,
+    priorities: Vec<i32>,
+    run_ats: Vec<Option<DateTime<Utc>>>,
+    max_retries: Vec<Option<i32>>,
+    timeouts: Vec<Option<i32>>,
+    shard_keys: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(tasks: &'a [NewTask]) -> Result<Self> {
+        for (i, t) in tasks.iter().enumerate() {
+            t.validate()
+                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
+        }
+        Ok(Columns {
+            kinds: tasks.iter().map(|t| t.kind.as_str()).collect(),
+            payloads: tasks.iter().map(|t| &t.payload).collect(),
+            priorities: tasks.iter().map(|t| t.priority).collect(),
+            run_ats: tasks.iter().map(|t| t.run_at).collect(),
+            max_retries: tasks.iter().map(|t| t.max_retries).collect(),
+            timeouts: tasks.iter().map(|t| t.timeout_ms).collect(),
+            shard_keys: tasks.iter().map(|t| t.shard_key.as_deref()).collect(),
+        })
+    }
+}
+
 /// A keyed batch's first statement (public so the benchmark runs it): the batch's keys
 /// locked first, in one order for every batch. Two batches naming the same keys in
 /// different orders would otherwise each hold one and wait for the other (the locks are
@@ -287,7 +317,7 @@ impl OperatorBoard {
     /// one with the same unique key (see [`NewTask::unique_key`]).
     pub async fn submit_all(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
         if tasks.iter().any(|t| t.unique_key.is_some()) {
-            return self.submit_each(tasks, actor).await;
+            return self.submit_keyed(tasks, actor).await;
         }
         Ok(self
             .submit_plain(tasks, actor)
@@ -301,18 +331,8 @@ impl OperatorBoard {
     }
 
     /// A batch with unique keys: its keys locked, then one statement (see SUBMIT_KEYED).
-    async fn submit_each(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
-        for (i, t) in tasks.iter().enumerate() {
-            t.validate()
-                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
-        }
-        let kinds: Vec<&str> = tasks.iter().map(|t| t.kind.as_str()).collect();
-        let payloads: Vec<&serde_json::Value> = tasks.iter().map(|t| &t.payload).collect();
-        let priorities: Vec<i32> = tasks.iter().map(|t| t.priority).collect();
-        let run_ats: Vec<Option<DateTime<Utc>>> = tasks.iter().map(|t| t.run_at).collect();
-        let max_retries: Vec<Option<i32>> = tasks.iter().map(|t| t.max_retries).collect();
-        let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
-        let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+    async fn submit_keyed(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Submitted>> {
+        let c = Columns::of(tasks)?;
         let unique_keys: Vec<Option<&str>> =
             tasks.iter().map(|t| t.unique_key.as_deref()).collect();
         let windows: Vec<Option<f64>> = tasks
@@ -329,13 +349,13 @@ impl OperatorBoard {
                 &[
                     &actor,
                     &"submitted",
-                    &kinds,
-                    &payloads,
-                    &priorities,
-                    &run_ats,
-                    &max_retries,
-                    &timeouts,
-                    &shard_keys,
+                    &c.kinds,
+                    &c.payloads,
+                    &c.priorities,
+                    &c.run_ats,
+                    &c.max_retries,
+                    &c.timeouts,
+                    &c.shard_keys,
                     &unique_keys,
                     &windows,
                 ],
@@ -358,19 +378,9 @@ impl OperatorBoard {
 
     /// A batch without unique keys: one insert.
     async fn submit_plain(&self, tasks: &[NewTask], actor: &str) -> Result<Vec<Uuid>> {
-        for (i, t) in tasks.iter().enumerate() {
-            t.validate()
-                .map_err(|e| Error::Invalid(format!("task #{}: {e}", i + 1)))?;
-        }
+        let c = Columns::of(tasks)?;
         // Time-ordered ids keep the primary key's inserts on the rightmost pages.
         let ids: Vec<Uuid> = tasks.iter().map(|_| Uuid::now_v7()).collect();
-        let kinds: Vec<&str> = tasks.iter().map(|t| t.kind.as_str()).collect();
-        let payloads: Vec<&serde_json::Value> = tasks.iter().map(|t| &t.payload).collect();
-        let priorities: Vec<i32> = tasks.iter().map(|t| t.priority).collect();
-        let run_ats: Vec<Option<DateTime<Utc>>> = tasks.iter().map(|t| t.run_at).collect();
-        let max_retries: Vec<Option<i32>> = tasks.iter().map(|t| t.max_retries).collect();
-        let timeouts: Vec<Option<i32>> = tasks.iter().map(|t| t.timeout_ms).collect();
-        let shard_keys: Vec<Option<&str>> = tasks.iter().map(|t| t.shard_key.as_deref()).collect();
         let client = self.bb.client().await?;
         client
             .execute(
@@ -379,13 +389,13 @@ impl OperatorBoard {
                     &actor,
                     &"submitted",
                     &ids,
-                    &kinds,
-                    &payloads,
-                    &priorities,
-                    &run_ats,
-                    &max_retries,
-                    &timeouts,
-                    &shard_keys,
+                    &c.kinds,
+                    &c.payloads,
+                    &c.priorities,
+                    &c.run_ats,
+                    &c.max_retries,
+                    &c.timeouts,
+                    &c.shard_keys,
                 ],
             )
             .await?;
