@@ -291,19 +291,26 @@ async fn connections_refused_as_read_only_are_dropped_and_writes_resume_on_new_o
             .map(|r| r.get::<_, i32>(0))
             .collect::<Vec<i32>>()
     };
+    // The server refuses writes, as a demoted primary does, or takes them again. (ALTER
+    // SYSTEM refuses to run in the implicit transaction of a multi-statement batch.)
+    let admin = &admin;
+    let read_only = |on: bool| async move {
+        let change = if on {
+            "alter system set default_transaction_read_only = on"
+        } else {
+            "alter system reset default_transaction_read_only"
+        };
+        admin.batch_execute(change).await.unwrap();
+        admin
+            .batch_execute("select pg_reload_conf()")
+            .await
+            .unwrap();
+    };
     submit(0).await.expect("a write on the primary");
     let before = artex_backends().await;
     assert!(!before.is_empty());
 
-    admin
-        .batch_execute("alter system set default_transaction_read_only = on")
-        .await
-        .unwrap();
-    // (ALTER SYSTEM refuses to run in the implicit transaction of a multi-statement batch.)
-    admin
-        .batch_execute("select pg_reload_conf()")
-        .await
-        .unwrap();
+    read_only(true).await;
     // The pooled session reads the new setting at its next statement, once signalled.
     let mut i = 0;
     let refusal = wait_for(
@@ -322,14 +329,7 @@ async fn connections_refused_as_read_only_are_dropped_and_writes_resume_on_new_o
         "{refusal:?}"
     );
 
-    admin
-        .batch_execute("alter system reset default_transaction_read_only")
-        .await
-        .unwrap();
-    admin
-        .batch_execute("select pg_reload_conf()")
-        .await
-        .unwrap();
+    read_only(false).await;
     // The refused session is not handed out again (the pool holds one connection: it
     // would be), so the writes that follow go through a new one.
     let mut i = 1_000;
