@@ -107,7 +107,12 @@ impl<'a> OldSide<'a> {
     }
 
     async fn send(&mut self, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
-        Ok(self.ch.send(msg, fds).await?)
+        match self.ch.send(msg, fds).await {
+            Ok(()) => Ok(()),
+            // A child that dies right after a message can break the next send before its
+            // exit is seen (EPIPE): say how it died, as `recv` does.
+            Err(e) => Err(self.died_or(e, ChannelError::Channel).await),
+        }
     }
 
     async fn recv(&mut self) -> Result<Msg, ChannelError> {
@@ -119,14 +124,26 @@ impl<'a> OldSide<'a> {
         tokio::select! {
             r = self.ch.recv::<Msg>() => match r {
                 Ok((m, _)) => Ok(m),
-                // A broken channel usually means the child died: say how, if it did.
-                Err(e) => match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
-                    Ok(st) => Err(exited(st)),
-                    Err(_) => Err(ChannelError::Broken(e)),
-                },
+                Err(e) => Err(self.died_or(e, ChannelError::Broken).await),
             },
             st = self.child.wait() => Err(exited(st)),
             _ = tokio::time::sleep_until(self.deadline) => Err(ChannelError::Timeout { step: "get ready" }),
+        }
+    }
+
+    /// After the channel failed with `e`: how the child exited, if it does within a
+    /// second (a broken channel usually means it died), else `otherwise(e)`.
+    async fn died_or(
+        &mut self,
+        e: artex_upgrade::Error,
+        otherwise: fn(artex_upgrade::Error) -> ChannelError,
+    ) -> ChannelError {
+        match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
+            Ok(st) => ChannelError::ChildExited {
+                step: self.step,
+                status: describe_exit(st),
+            },
+            Err(_) => otherwise(e),
         }
     }
 }

@@ -365,6 +365,14 @@ impl OperatorBoard {
         begun?;
         locked?;
         let rows = rows?;
+        if rows.len() != tasks.len() {
+            // Nothing is committed: the transaction is abandoned with `client`.
+            return Err(Error::Invalid(format!(
+                "a batch of {} tasks with unique keys was answered with {} rows",
+                tasks.len(),
+                rows.len()
+            )));
+        }
         client.commit().await?;
         rows.iter()
             .map(|r| {
