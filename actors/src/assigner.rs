@@ -295,6 +295,7 @@ mod tests {
                 id: Uuid::new_v4(),
                 kind: k.to_string(),
                 host: None,
+                limited: false,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -326,6 +327,7 @@ mod tests {
                 id: Uuid::new_v4(),
                 kind: "echo".into(),
                 host: None,
+                limited: false,
             })
             .collect();
         let out: Vec<String> = plan(&claimed, &roster)
@@ -353,6 +355,7 @@ mod tests {
                 id: Uuid::from_u128(i),
                 kind: if i % 3 == 0 { "b" } else { "a" }.into(),
                 host: None,
+                limited: false,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -395,6 +398,7 @@ mod tests {
             id: Uuid::new_v4(),
             kind: "digest".into(),
             host: host.map(String::from),
+            limited: false,
         };
         let claimed = vec![
             task(Some("h2")),

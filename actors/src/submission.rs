@@ -126,6 +126,12 @@ pub struct NewTask {
     pub unique_key: Option<String>,
     /// With `unique_key`: a task with the key that finished within this long counts too.
     pub unique_for: Option<std::time::Duration>,
+    /// Labels for search (`artex tasks --tag`); none by default. At most [`MAX_TAGS`],
+    /// each 1 to [`MAX_TAG_BYTES`] bytes.
+    pub tags: Vec<String>,
+    /// Within its kind's `key_concurrency` (`artex kind limit`), at most that many tasks
+    /// with this key are held at once, fleet-wide (e.g. a customer id).
+    pub limit_key: Option<String>,
 }
 
 impl NewTask {
@@ -271,6 +277,10 @@ pub enum Field {
     UniqueKey,
     /// How long a finished task keeps its unique key.
     UniqueFor,
+    /// A task's tags.
+    Tags,
+    /// A task's limit key.
+    LimitKey,
     /// The flow's name.
     FlowName,
     /// A flow task's name.
@@ -294,6 +304,8 @@ impl Field {
             Field::ShardKey => "shard_key",
             Field::UniqueKey => "unique_key",
             Field::UniqueFor => "unique_for",
+            Field::Tags => "tags",
+            Field::LimitKey => "limit_key",
             Field::FlowName | Field::TaskName => "name",
             Field::DependsOn => "depends_on",
             Field::Tasks => "tasks",
@@ -536,6 +548,8 @@ struct TaskFields<'a> {
     shard_key: Option<&'a str>,
     unique_key: Option<&'a str>,
     unique_for: Option<std::time::Duration>,
+    tags: &'a [String],
+    limit_key: Option<&'a str>,
 }
 
 impl<'a> From<&'a NewTask> for TaskFields<'a> {
@@ -548,6 +562,8 @@ impl<'a> From<&'a NewTask> for TaskFields<'a> {
             shard_key: t.shard_key.as_deref(),
             unique_key: t.unique_key.as_deref(),
             unique_for: t.unique_for,
+            tags: &t.tags,
+            limit_key: t.limit_key.as_deref(),
         }
     }
 }
@@ -562,12 +578,47 @@ impl<'a> From<&'a FlowTaskSpec> for TaskFields<'a> {
             shard_key: t.shard_key.as_deref(),
             unique_key: None,
             unique_for: None,
+            tags: &[],
+            limit_key: None,
         }
     }
 }
 
 /// The longest unique key, in bytes (the column's check).
 pub const MAX_UNIQUE_KEY_BYTES: usize = 200;
+
+/// The most tags a task may carry (the column's check, `artex.tags_valid`).
+pub const MAX_TAGS: usize = 20;
+
+/// The longest tag, in bytes.
+pub const MAX_TAG_BYTES: usize = 64;
+
+/// The longest limit key, in bytes (the column's check).
+pub const MAX_LIMIT_KEY_BYTES: usize = 200;
+
+/// Why a key (unique or limit) breaks the column's rules, if it does.
+fn key_rules(key: &str, max: usize) -> Option<String> {
+    if key.is_empty() {
+        Some("must not be empty".into())
+    } else if key.contains('\0') {
+        // PostgreSQL text cannot hold U+0000.
+        Some("contains the character \\u0000, which PostgreSQL cannot store".into())
+    } else if key.len() > max {
+        Some(format!("{} bytes long, at most {max} allowed", key.len()))
+    } else {
+        None
+    }
+}
+
+/// Why a task's tags break the column's rules, if they do.
+fn tags_rules(tags: &[String]) -> Option<String> {
+    if tags.len() > MAX_TAGS {
+        return Some(format!("{} tags, at most {MAX_TAGS} allowed", tags.len()));
+    }
+    tags.iter()
+        .enumerate()
+        .find_map(|(i, t)| key_rules(t, MAX_TAG_BYTES).map(|why| format!("tag #{} {why}", i + 1)))
+}
 
 /// The first field of a task that breaks a rule, and why.
 fn task_rules<'a>(t: impl Into<TaskFields<'a>>) -> std::result::Result<(), (Field, String)> {
@@ -597,24 +648,17 @@ fn task_rules<'a>(t: impl Into<TaskFields<'a>>) -> std::result::Result<(), (Fiel
         }
         _ => {}
     }
-    match t.unique_key {
-        Some("") => return Err((Field::UniqueKey, "must not be empty".into())),
-        Some(k) if k.contains('\0') => {
-            return Err((
-                Field::UniqueKey,
-                "contains the character \\u0000, which PostgreSQL cannot store".into(),
-            ))
-        }
-        Some(k) if k.len() > MAX_UNIQUE_KEY_BYTES => {
-            return Err((
-                Field::UniqueKey,
-                format!(
-                    "{} bytes long, at most {MAX_UNIQUE_KEY_BYTES} allowed",
-                    k.len()
-                ),
-            ))
-        }
-        _ => {}
+    if let Some(why) = t
+        .unique_key
+        .and_then(|k| key_rules(k, MAX_UNIQUE_KEY_BYTES))
+    {
+        return Err((Field::UniqueKey, why));
+    }
+    if let Some(why) = t.limit_key.and_then(|k| key_rules(k, MAX_LIMIT_KEY_BYTES)) {
+        return Err((Field::LimitKey, why));
+    }
+    if let Some(why) = tags_rules(t.tags) {
+        return Err((Field::Tags, why));
     }
     if t.unique_for.is_some() && t.unique_key.is_none() {
         return Err((

@@ -43,8 +43,9 @@ pub(crate) async fn limits(db: &DbConfig, args: LimitsArgs) -> Result {
 pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     let bb = connect_one_shot(db).await?;
     let kinds = bb.operator().known_kinds().await?;
+    let limits = bb.operator().kind_limits(None).await?;
     if json {
-        return print_json(&serde_json::json!({ "kinds": kinds }));
+        return print_json(&serde_json::json!({ "kinds": kinds, "limits": limits }));
     }
     for k in &kinds {
         outln!(
@@ -56,6 +57,12 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     }
     if kinds.is_empty() {
         eprintln!("no worker has registered yet");
+    }
+    if !limits.is_empty() {
+        outln!("limits:")?;
+        for l in &limits {
+            outln!("  {}", super::kind::limit_text(l))?;
+        }
     }
     Ok(())
 }

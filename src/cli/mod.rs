@@ -33,6 +33,7 @@ mod events;
 mod flows;
 mod follow;
 mod inputs;
+mod kind;
 mod master;
 mod progress;
 mod run;
@@ -164,6 +165,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A kind's settings: its fleet-wide limits (`artex kind limit K --concurrency 5
+    /// --key-concurrency 2 --rate 100/s`).
+    Kind {
+        #[command(subcommand)]
+        command: kind::KindCommand,
+    },
     /// The workers the blackboard knows: state, pid, version, binary, tasks held.
     Workers(cluster::WorkersArgs),
     /// Tasks by status, and recent throughput and latency.
@@ -237,6 +244,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Events { command } => events::events(db, command).await,
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
+        Command::Kind { command } => kind::kind(db, command).await,
         Command::Workers(args) => cluster::workers(db, args).await,
         Command::Stats(args) => cluster::stats(db, args).await,
         Command::Bundle { command } => bundle::bundle(command),

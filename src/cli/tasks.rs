@@ -62,6 +62,14 @@ pub(crate) struct SubmitArgs {
     /// 2h) counts too.
     #[arg(long, value_parser = parse_duration, requires = "unique_key")]
     unique_for: Option<std::time::Duration>,
+    /// A label for search (`artex tasks --tag`); repeatable, at most 20, each 1 to 64
+    /// bytes.
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+    /// Counted against the kind's per-key limit (`artex kind limit K
+    /// --key-concurrency N`), e.g. a customer id.
+    #[arg(long)]
+    limit_key: Option<String>,
     /// Wait until the task has ended, telling each change on standard error; the exit
     /// code is its outcome: 0 succeeded, 4 failed or timed out, 5 canceled.
     #[arg(long)]
@@ -152,6 +160,7 @@ fn option_of(field: Field, payload: &str) -> String {
     match field {
         Field::Kind => "kind".into(),
         Field::Payload => payload.into(),
+        Field::Tags => "--tag".into(),
         other => format!("--{}", other.as_str().replace('_', "-")),
     }
 }
@@ -169,6 +178,8 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         shard_key: args.shard_key,
         unique_key: args.unique_key,
         unique_for: args.unique_for,
+        tags: args.tags,
+        limit_key: args.limit_key,
     };
     let submission = Submission::task(&task, args.allow_unregistered_kind);
     let refused = |r: Refusal| Error::Invalid(refusal_text(&r, &option_of(r.field, &payload.name)));

@@ -210,6 +210,16 @@ pub const MIGRATIONS: &[Migration] = &[
         // inserts), indexes on it, and functions.
         change: Change::Expand,
     },
+    Migration {
+        version: 18,
+        name: "tags_and_limits",
+        sql: include_str!("../../../migrations/V18__tags_and_limits.sql"),
+        // The round's plan-cached functions change their signatures: an older planner
+        // cannot call them.
+        change: Change::Contract {
+            compatible_from: 18,
+        },
+    },
 ];
 
 /// What `migrate` did.

@@ -69,6 +69,7 @@ pub use migrate::{
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
 pub use operator::submit_in;
+pub use operator::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
     ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,

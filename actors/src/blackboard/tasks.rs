@@ -159,6 +159,10 @@ pub struct TaskRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// While it is unfinished, no other task gets this key (migrations/V17).
     pub unique_key: Option<String>,
+    /// Labels given at submission (migrations/V18); empty for none.
+    pub tags: Vec<String>,
+    /// Counted against its kind's per-key limit (migrations/V18).
+    pub limit_key: Option<String>,
 }
 
 /// One row of a task's audit trail.
@@ -186,7 +190,7 @@ pub struct TransitionRow {
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
     assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
     shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at, \
-    unique_key";
+    unique_key, tags, limit_key";
 
 pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
     Ok(TaskRow {
@@ -213,6 +217,8 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         started_at: r.try_get(20)?,
         finished_at: r.try_get(21)?,
         unique_key: r.try_get(22)?,
+        tags: r.try_get::<_, Option<Vec<String>>>(23)?.unwrap_or_default(),
+        limit_key: r.try_get(24)?,
     })
 }
 
@@ -303,6 +309,8 @@ pub(crate) fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
         started_at: r.try_get(28)?,
         finished_at: r.try_get(29)?,
         unique_key: r.try_get(30)?,
+        tags: r.try_get::<_, Option<Vec<String>>>(31)?.unwrap_or_default(),
+        limit_key: r.try_get(32)?,
     };
     Ok(TaskPreview { task, cut })
 }

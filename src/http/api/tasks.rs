@@ -26,6 +26,8 @@ const TASK_FIELDS: &[&str] = &[
     "shard_key",
     "unique_key",
     "unique_for",
+    "tags",
+    "limit_key",
     "allow_unregistered_kind",
 ];
 
@@ -98,6 +100,8 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
                 )
             })?),
         },
+        tags: field::<Vec<String>>(obj, prefix, "tags", "an array of strings")?.unwrap_or_default(),
+        limit_key: field(obj, prefix, "limit_key", "a string")?,
     };
     let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
     Ok((task, allow))

@@ -9,11 +9,13 @@
 mod flow_list;
 mod flows;
 mod inputs;
+mod kind_limits;
 mod overview;
 mod replica;
 mod tasks;
 
 pub use flow_list::FlowSummary;
+pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
 pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };

@@ -30,7 +30,8 @@ macro_rules! preview_select {
                     t.assigned_to, t.lease_until, t.lease_epoch, t.retries, t.max_retries,
                     t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
                     left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
-                    t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key
+                    t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key,
+                    t.tags, t.limit_key
              from ",
             $from,
             " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
@@ -152,6 +153,10 @@ struct Columns<'a> {
     max_retries: Vec<Option<i32>>,
     timeouts: Vec<Option<i32>>,
     shard_keys: Vec<Option<&'a str>>,
+    /// Each task's tags as a JSON array, or null for none: the statement unnests one
+    /// row per task, and a text[][] cannot hold lists of different lengths.
+    tags: Vec<Option<serde_json::Value>>,
+    limit_keys: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -168,6 +173,11 @@ impl<'a> Columns<'a> {
             max_retries: tasks.iter().map(|t| t.max_retries).collect(),
             timeouts: tasks.iter().map(|t| t.timeout_ms).collect(),
             shard_keys: tasks.iter().map(|t| t.shard_key.as_deref()).collect(),
+            tags: tasks
+                .iter()
+                .map(|t| (!t.tags.is_empty()).then(|| serde_json::json!(t.tags)))
+                .collect(),
+            limit_keys: tasks.iter().map(|t| t.limit_key.as_deref()).collect(),
         })
     }
 }
@@ -191,9 +201,10 @@ pub const LOCK_KEYS: &str = "select count(artex.lock_unique_key(k))
 /// The kinds were checked by the caller, as for the plain batch below.
 pub const SUBMIT_KEYED: &str = "with v as materialized (
         select * from unnest($3::text[], $4::jsonb[], $5::int4[], $6::timestamptz[],
-                             $7::int4[], $8::int4[], $9::text[], $10::text[], $11::float8[])
+                             $7::int4[], $8::int4[], $9::text[], $10::text[], $11::float8[],
+                             $12::jsonb[], $13::text[])
             with ordinality as v(kind, payload, priority, run_at, max_retries, timeout_ms,
-                                 shard_key, unique_key, unique_for_secs, n)
+                                 shard_key, unique_key, unique_for_secs, tags, limit_key, n)
     ),
     held as materialized (
         select v.n, v.unique_key,
@@ -210,9 +221,11 @@ pub const SUBMIT_KEYED: &str = "with v as materialized (
     ),
     written as (
         insert into artex.tasks
-            (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, unique_key)
+            (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, unique_key,
+             tags, limit_key)
         select f.new_id, f.kind, f.payload, f.priority, coalesce(f.run_at, now()),
-               coalesce(f.max_retries, 3), f.timeout_ms, f.shard_key, f.unique_key
+               coalesce(f.max_retries, 3), f.timeout_ms, f.shard_key, f.unique_key,
+               artex.tags_of(f.tags), f.limit_key
         from artex.set_context($1, $2) ctx, fresh f
         where ctx
         order by f.n
@@ -230,7 +243,7 @@ pub const SUBMIT_KEYED: &str = "with v as materialized (
 // the kinds workers declared included unless the caller allows any.
 const SUBMIT_IN: &str = "select id, duplicate from artex.submit($1::text, $2::jsonb, $3::int4,
     $4::timestamptz, $5::int4, $6::int4, $7::text, $8::text, make_interval(secs => $9::float8),
-    $10::bool, $11::text, 'submitted')";
+    $10::bool, $11::text, 'submitted', $12::text[], $13::text)";
 
 /// Submits `task` inside the caller's transaction `tx` (transactional enqueue): the task
 /// exists, and wakes a worker, only if the caller commits. The same checks as every other
@@ -259,6 +272,8 @@ pub async fn submit_in(
                 &task.unique_for.map(|d| d.as_secs_f64()),
                 &allow_unregistered_kind,
                 &actor,
+                &(!task.tags.is_empty()).then_some(&task.tags),
+                &task.limit_key,
             ],
         )
         .await?;
@@ -269,13 +284,16 @@ pub async fn submit_in(
 }
 
 const SUBMIT: &str = "insert into artex.tasks
-        (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+        (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, tags,
+         limit_key)
     select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
-           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key
+           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key, artex.tags_of(v.tags),
+           v.limit_key
     from artex.set_context($1, $2) ctx,
          unnest($3::uuid[], $4::text[], $5::jsonb[], $6::int4[], $7::timestamptz[],
-                $8::int4[], $9::int4[], $10::text[])
-           as v(id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key)
+                $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::text[])
+           as v(id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key,
+                tags, limit_key)
     where ctx";
 
 /// One task, large values cut to `$1` characters.
@@ -286,8 +304,9 @@ const TASK_PREVIEW: &str = concat!(preview_select!("artex.tasks t"), " where t.i
 // the flow cascades that followed it stay true. The copy carries the original's kind,
 // payload and settings, and its creation row in the audit trail names the original.
 const RETRY: &str = "insert into artex.tasks
-        (id, kind, payload, priority, max_retries, timeout_ms, shard_key)
-    select $3, o.kind, o.payload, o.priority, o.max_retries, o.timeout_ms, o.shard_key
+        (id, kind, payload, priority, max_retries, timeout_ms, shard_key, tags, limit_key)
+    select $3, o.kind, o.payload, o.priority, o.max_retries, o.timeout_ms, o.shard_key,
+           o.tags, o.limit_key
     from artex.set_context($1, $2) ctx, artex.tasks o
     where ctx and o.id = $4 and o.status in ('failed', 'timeout', 'canceled')
       and o.flow_id is null
@@ -358,6 +377,8 @@ impl OperatorBoard {
                     &c.shard_keys,
                     &unique_keys,
                     &windows,
+                    &c.tags,
+                    &c.limit_keys,
                 ],
             ),
         )
@@ -404,6 +425,8 @@ impl OperatorBoard {
                     &c.max_retries,
                     &c.timeouts,
                     &c.shard_keys,
+                    &c.tags,
+                    &c.limit_keys,
                 ],
             )
             .await?;

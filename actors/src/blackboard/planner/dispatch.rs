@@ -40,6 +40,8 @@ pub struct Claimed {
     pub kind: String,
     /// The host it is bound to (its upload is there), if any.
     pub host: Option<String>,
+    /// Its kind has limits (migrations/V18): the round's write checks them under lock.
+    pub limited: bool,
 }
 
 /// One decision of the assigner: this task to that worker.
@@ -92,8 +94,12 @@ impl AssignReport {
 // tasks through the partial index `tasks_runnable` (`for update skip locked`; it names
 // `listed`, not `status`, so that a task's later updates stay HOT: see
 // migrations/V15__hot_task_rows.sql), of the
-// kinds of workers with a free slot, at most $2 or the free slots in all. Roster rows
-// come first (task columns null), then the claimed tasks (roster columns null).
+// kinds of workers with a free slot, at most $2 or the free slots in all. A task of a
+// kind with limits (`artex.kind_limits`, migrations/V18) is claimed only if, by this
+// snapshot, its kind's and its key's held tasks and the kind's rate leave it room
+// (`fits`), so that a backlog of one kind or one key does not take the claim's places
+// while the rest wait; the write checks again under lock. Roster rows come first (task
+// columns null), then the claimed tasks (roster columns null).
 /// The planner round's read (public so the benchmark can time it and a test can prove
 /// with EXPLAIN that its claim uses `tasks_runnable`).
 pub const DISPATCH: &str = "with roster as materialized (
@@ -107,11 +113,55 @@ pub const DISPATCH: &str = "with roster as materialized (
                or w.session in (select application_name from pg_stat_activity))
           and w.id <> all($5::text[])
     ),
+    limits as materialized (
+        select l.kind, l.concurrency, l.key_concurrency,
+               case when l.rate_per_sec is not null then
+                   floor(least(greatest(l.rate_per_sec, 1),
+                               l.tokens + l.rate_per_sec
+                                          * extract(epoch from now() - l.refilled_at)))
+               end as tokens
+        from artex.kind_limits l
+    ),
+    held as materialized (
+        select t.kind, t.limit_key, count(*) as n
+        from artex.tasks t
+        where t.assigned_to is not null and t.limited and t.kind in (select kind from limits)
+        group by t.kind, t.limit_key
+    ),
+    waiting as (
+        select t.id, t.kind, t.limit_key, t.priority, t.run_at,
+               row_number() over (partition by t.kind, t.limit_key
+                                  order by t.priority desc, t.run_at, t.id) as nth_of_key
+        from artex.tasks t
+        where exists (select 1 from limits)
+          and t.listed = 'pending' and t.run_at <= now()
+          and t.kind in (select kind from limits)
+          and t.kind = any(array(select distinct unnest(r.kinds) from roster r
+                                 where r.capacity > r.held))
+          and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
+    ),
+    fits_key as (
+        select w.*, row_number() over (partition by w.kind
+                                       order by w.priority desc, w.run_at, w.id) as nth_of_kind
+        from waiting w join limits l on l.kind = w.kind
+        where l.key_concurrency is null or w.limit_key is null
+           or w.nth_of_key <= l.key_concurrency
+                              - coalesce((select h.n from held h
+                                          where h.kind = w.kind and h.limit_key = w.limit_key), 0)
+    ),
+    fits as (
+        select f.id from fits_key f join limits l on l.kind = f.kind
+        where (l.concurrency is null
+               or f.nth_of_kind <= l.concurrency
+                                   - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
+          and (l.tokens is null or f.nth_of_kind <= l.tokens)
+    ),
     claimed as (
         select id, kind, host from artex.tasks
         where listed = 'pending' and run_at <= now()
           and kind = any(array(select distinct unnest(r.kinds) from roster r
                                where r.capacity > r.held))
+          and (kind <> all(array(select kind from limits)) or id in (select id from fits))
           and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
         order by priority desc, run_at, id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
@@ -119,10 +169,12 @@ pub const DISPATCH: &str = "with roster as materialized (
         for update skip locked
     )
     select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
-           r.wake_addr
+           r.wake_addr, null::bool
     from roster r
     union all
-    select null, null, null, null, null, c.id, c.kind, c.host, null from claimed c";
+    select null, null, null, null, null, c.id, c.kind, c.host, null,
+           c.kind = any(array(select kind from limits))
+    from claimed c";
 
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
@@ -131,6 +183,10 @@ pub const DISPATCH: &str = "with roster as materialized (
 // without a lock (the worker raises it as it finishes tasks, never waiting for this
 // lock): older, it is only smaller, so `free` is never more than the true free slots. The lease is the one
 // the worker renews ($4, the planner's, for a worker that states none).
+// Limits: the function running this statement first turns $5, the tasks of limited
+// kinds among $2, into those of them `artex.over_limits` refuses (counted under the
+// kinds' row locks: see migrations/V18); those stay pending. An assigned task of a
+// limited kind is marked `limited`, which puts it in the index the limits count.
 const ASSIGN: &str = "with room as materialized (
         select w.id,
                greatest(w.capacity - greatest(w.taken - coalesce(r.released, 0), 0), 0) as free,
@@ -143,11 +199,13 @@ const ASSIGN: &str = "with room as materialized (
     wanted as (
         select v.id, v.worker, row_number() over (partition by v.worker order by v.n) as k
         from unnest($2::uuid[], $3::text[]) with ordinality as v(id, worker, n)
+        where v.id <> all($5::uuid[])
     )
     update artex.tasks t
     set status = 'assigned', assigned_to = wanted.worker,
         lease_until = now() + coalesce(make_interval(secs => room.lease_ms / 1000.0),
-                                       make_interval(secs => $4::float8))
+                                       make_interval(secs => $4::float8)),
+        limited = t.limited or t.kind in (select kind from artex.kind_limits)
     from artex.set_context($1, 'assigned') ctx, wanted, room
     where ctx and wanted.worker = room.id and wanted.k <= room.free
       and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
@@ -205,7 +263,7 @@ pub(crate) const PLAN_CACHED: [(&str, &str); 3] = [
     ("wake_round", WAKE),
 ];
 const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5)";
-const ASSIGN_CALL: &str = "select * from artex.assign_round($1, $2, $3, $4)";
+const ASSIGN_CALL: &str = "select * from artex.assign_round($1, $2, $3, $4, $5)";
 const WAKE_CALL: &str = "select * from artex.wake_round($1, $2)";
 
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
@@ -237,6 +295,14 @@ where
     }
     let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
     let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
+    let limited: Vec<Uuid> = {
+        let of_limited_kinds: std::collections::HashSet<Uuid> =
+            claimed.iter().filter(|c| c.limited).map(|c| c.id).collect();
+        ids.iter()
+            .copied()
+            .filter(|id| of_limited_kinds.contains(id))
+            .collect()
+    };
     let mut chosen = workers.clone();
     chosen.sort_unstable();
     chosen.dedup();
@@ -244,7 +310,10 @@ where
     // rollback), then the chosen workers' wake-ups in a transaction of their own that
     // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
     let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
-        client.query(ASSIGN_CALL, &[&actor, &ids, &workers, &lease_secs]),
+        client.query(
+            ASSIGN_CALL,
+            &[&actor, &ids, &workers, &lease_secs, &limited],
+        ),
         client.batch("commit"),
         client.batch("begin; set local synchronous_commit = off"),
         client.query(WAKE_CALL, &[&chosen, &ids]),
@@ -370,6 +439,7 @@ impl PlannerBoard {
                         id: r.try_get(5)?,
                         kind: r.try_get(6)?,
                         host: r.try_get(7)?,
+                        limited: r.try_get(9)?,
                     }),
                 }
             }

@@ -1,0 +1,11 @@
+//! The everyday features of issue 24 end to end, with real planner and worker processes
+//! and the real CLI on real PostgreSQL: fleet-wide limits per kind and per key under
+//! several planners, tags and search, bulk actions.
+//!
+//! # Layout
+//! - `limits`: concurrency, per-key concurrency and rate, with three planners.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod limits;
