@@ -62,6 +62,20 @@ create index tasks_tags on artex.tasks using gin (tags) where tags is not null;
 create index tasks_held_limited on artex.tasks (kind, limit_key)
     where assigned_to is not null and limited;
 
+-- A bulk delete (`artex tasks delete`, `POST /api/v1/tasks/bulk`) records each task it
+-- deletes here, with who and why; the task's history stays.
+create table artex.task_deletions (
+    task_id    uuid primary key,
+    kind       text not null,
+    status     artex.task_status not null,
+    actor      text not null,
+    reason     text,
+    deleted_at timestamptz not null default now()
+);
+
+comment on table artex.task_deletions is
+    'Tasks deleted by an operator''s bulk delete, with who and why (their history stays in artex.task_transitions).';
+
 create table artex.kind_limits (
     kind            text primary key check (artex.is_kind_name(kind)),
     concurrency     integer check (concurrency > 0),

@@ -3,8 +3,8 @@
 //! blackboard, print.
 
 use artex_actors::blackboard::{
-    check_kind, Control, ControlTarget, NewTask, TaskFilter, TaskPreview, TaskRow, TaskStatus,
-    TransitionRow,
+    check_kind, BulkAction, Control, ControlTarget, NewTask, TaskFilter, TaskPreview, TaskRow,
+    TaskStatus, TransitionRow,
 };
 use artex_actors::submission::{Field, Refusal, Submission};
 use chrono::{DateTime, Utc};
@@ -80,9 +80,10 @@ pub(crate) struct SubmitArgs {
     json: bool,
 }
 
-/// The arguments of `artex tasks`.
+/// Which tasks `artex tasks` lists, or a bulk action changes: every filter given must
+/// hold.
 #[derive(Debug, Args)]
-pub(crate) struct ListArgs {
+pub(crate) struct FilterArgs {
     /// Only tasks in this status.
     #[arg(long, value_parser = parse_status)]
     status: Option<TaskStatus>,
@@ -95,6 +96,74 @@ pub(crate) struct ListArgs {
     /// Only the tasks this worker holds (assigned or running) now (ids: `artex workers`).
     #[arg(long, value_parser = parse_worker)]
     worker: Option<String>,
+    /// Only tasks carrying this tag (`submit --tag`).
+    #[arg(long, value_parser = parse_tag)]
+    tag: Option<String>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<DateTime<Utc>>,
+    /// Only tasks created before this time (RFC 3339).
+    #[arg(long, value_parser = parse_time)]
+    until: Option<DateTime<Utc>>,
+    /// Only tasks whose payload contains this JSON, e.g. '{"customer":42}'.
+    #[arg(long = "where", value_parser = parse_containment)]
+    payload_contains: Option<serde_json::Value>,
+}
+
+impl FilterArgs {
+    fn filter(self, after: Option<Uuid>, limit: i64) -> TaskFilter {
+        TaskFilter {
+            status: self.status,
+            kind: self.kind,
+            flow: self.flow,
+            worker: self.worker,
+            after,
+            tag: self.tag,
+            since: self.since,
+            until: self.until,
+            payload_contains: self.payload_contains,
+            limit,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.status.is_none()
+            && self.kind.is_none()
+            && self.flow.is_none()
+            && self.worker.is_none()
+            && self.tag.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.payload_contains.is_none()
+    }
+}
+
+fn parse_tag(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_string())
+}
+
+fn parse_containment(s: &str) -> std::result::Result<serde_json::Value, String> {
+    match serde_json::from_str(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("expected a JSON object, e.g. '{\"customer\":42}'".into()),
+        Err(e) => Err(format!(
+            "not JSON ({e}); expected e.g. '{{\"customer\":42}}'"
+        )),
+    }
+}
+
+/// The arguments of `artex tasks`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ListArgs {
+    /// Retry, cancel or delete every task matching the filters instead of listing them.
+    #[command(subcommand)]
+    bulk: Option<BulkCommand>,
+    #[command(flatten)]
+    filter: FilterArgs,
     /// The next page: tasks older than this id (the `next` of the previous page).
     #[arg(long, value_parser = parse_task_id)]
     after: Option<Uuid>,
@@ -107,6 +176,38 @@ pub(crate) struct ListArgs {
     /// Whole payloads, results, errors and checkpoints in --json (cut to 1 KiB otherwise).
     #[arg(long)]
     full: bool,
+}
+
+/// `artex tasks retry|cancel|delete`: in batches of 500, each its own short transaction,
+/// each task's change recorded with who did it and why.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BulkCommand {
+    /// A new task for each failed, timed-out or canceled task matching (not of a flow).
+    Retry(BulkArgs),
+    /// Cancel each unfinished task matching (a running handler is told).
+    Cancel(BulkArgs),
+    /// Delete each finished task matching (not of a flow); the deletions are recorded
+    /// in artex.task_deletions and the history stays.
+    Delete(BulkArgs),
+}
+
+/// The arguments of a bulk action.
+#[derive(Debug, Args)]
+pub(crate) struct BulkArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Act on every task (required when no filter is given).
+    #[arg(long)]
+    all: bool,
+    /// Why; recorded with each change.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Only count the tasks that match; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report as one JSON object (as `POST /api/v1/tasks/bulk`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// `artex task …`
@@ -262,15 +363,11 @@ pub(crate) async fn task(db: &DbConfig, command: TaskCommand) -> Result {
 
 /// Runs `artex tasks`.
 pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
+    if let Some(bulk) = args.bulk {
+        return bulk_action(db, bulk).await;
+    }
     let bb = connect_reads(db).await?;
-    let filter = TaskFilter {
-        status: args.status,
-        kind: args.kind,
-        flow: args.flow,
-        worker: args.worker,
-        after: args.after,
-        limit: args.limit,
-    };
+    let filter = args.filter.filter(args.after, args.limit);
     // The database sends at most 1 KiB of each value, however large it is; the table
     // shows no value, so it reads none (turning a large one into text is what costs).
     let cut = match (args.json, args.full) {
@@ -312,6 +409,50 @@ pub(crate) async fn list(db: &DbConfig, args: ListArgs) -> Result {
         eprintln!("(more may follow: --after {next})");
     }
     Ok(())
+}
+
+/// Runs `artex tasks retry|cancel|delete`.
+async fn bulk_action(db: &DbConfig, command: BulkCommand) -> Result {
+    let (action, args) = match command {
+        BulkCommand::Retry(a) => (BulkAction::Retry, a),
+        BulkCommand::Cancel(a) => (BulkAction::Cancel, a),
+        BulkCommand::Delete(a) => (BulkAction::Delete, a),
+    };
+    if args.filter.is_empty() && !args.all {
+        return Err(Error::Invalid(format!(
+            "tasks {}: no filter given; name the tasks (--status, --kind, --tag, …) or pass --all",
+            action.as_str()
+        )));
+    }
+    let bb = connect_one_shot(db).await?;
+    let filter = args.filter.filter(None, 0);
+    let report = bb
+        .operator()
+        .bulk(
+            action,
+            &filter,
+            &cli_actor(),
+            args.reason.as_deref(),
+            args.dry_run,
+        )
+        .await?;
+    if args.json {
+        return print_json(&report);
+    }
+    if report.dry_run {
+        return outln!("{} task(s) match", report.matched);
+    }
+    let done = match action {
+        BulkAction::Retry => "retried",
+        BulkAction::Cancel => "canceled",
+        BulkAction::Delete => "deleted",
+    };
+    outln!(
+        "{done} {} of {} matching task(s) in {} batch(es)",
+        report.changed,
+        report.matched,
+        report.batches
+    )
 }
 
 /// Runs `artex pause|resume|cancel`.

@@ -56,6 +56,7 @@ async fn every_list_query_walks_an_index() {
                             worker: worker.clone(),
                             after,
                             limit: 50,
+                            ..TaskFilter::default()
                         });
                     }
                 }

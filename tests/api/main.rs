@@ -24,6 +24,7 @@ mod indexes;
 mod openapi;
 mod overview;
 mod processes;
+mod search;
 mod tasks;
 
 use std::net::TcpListener;

@@ -4,8 +4,10 @@
 //!
 //! # Layout
 //! - `limits`: concurrency, per-key concurrency and rate, with three planners.
+//! - `search`: tags, search and bulk actions from the CLI.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod limits;
+mod search;

@@ -69,7 +69,10 @@ pub use migrate::{
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
 pub use operator::submit_in;
-pub use operator::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
+pub use operator::{
+    parse_rate, rate_text, BulkAction, BulkReport, KindLimit, LimitSpec, BULK_BATCH,
+    MAX_RATE_PER_SEC,
+};
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
     ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,

@@ -19,6 +19,7 @@
 
 mod cluster;
 mod flows;
+mod kinds;
 pub mod reads;
 mod tasks;
 mod uploads;
@@ -258,6 +259,8 @@ pub fn api_routes(r: &mut impl Routes) {
     use Method as M;
     r.add(M::POST, "/api/v1/tasks", tasks::submit);
     r.add(M::GET, "/api/v1/tasks", tasks::list);
+    // Before `/api/v1/tasks/{id}…`: `bulk` is not an id.
+    r.add(M::POST, "/api/v1/tasks/bulk", tasks::bulk);
     r.add(M::GET, "/api/v1/tasks/{id}", tasks::show);
     r.add(M::POST, "/api/v1/tasks/{id}/retry", tasks::retry);
     r.add(M::POST, "/api/v1/flows", flows::submit);
@@ -280,6 +283,14 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/flows", flows::list);
     r.add(M::GET, "/api/v1/events/head", cluster::events_head);
     r.add(M::GET, "/api/v1/replica", cluster::replica);
+    r.add(M::GET, "/api/v1/kinds", kinds::list);
+    r.add(M::GET, "/api/v1/kinds/{kind}/limits", kinds::limits);
+    r.add(M::PUT, "/api/v1/kinds/{kind}/limits", kinds::set_limits);
+    r.add(
+        M::DELETE,
+        "/api/v1/kinds/{kind}/limits",
+        kinds::clear_limits,
+    );
     r.pages(crate::http::dashboard::routes);
 }
 

@@ -4,7 +4,9 @@
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
-use artex_actors::blackboard::{check_kind, Control, ControlTarget, NewTask, TaskFilter};
+use artex_actors::blackboard::{
+    check_kind, BulkAction, Control, ControlTarget, NewTask, TaskFilter,
+};
 use artex_actors::submission::{Submission, MAX_RETRIES};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -192,23 +194,15 @@ pub(super) async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let q = query(
         &req,
-        &["status", "kind", "flow", "worker", "limit", "after", "full"],
+        &[
+            "status", "kind", "flow", "worker", "tag", "since", "until", "where", "limit", "after",
+            "full",
+        ],
     )?;
     let filter = TaskFilter {
-        status: param(&q, "status", |s| {
-            s.parse().map_err(|e: artex_actors::Error| e.to_string())
-        })?,
-        kind: param(&q, "kind", |s| check_kind(s).map(|()| s.to_string()))?,
-        flow: param(&q, "flow", parse_uuid)?,
-        worker: param(&q, "worker", |s| {
-            if s.is_empty() {
-                Err("must not be empty; expected a worker id (GET /api/v1/workers)".into())
-            } else {
-                Ok(s.to_string())
-            }
-        })?,
         after: param(&q, "after", parse_uuid)?,
         limit: param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50),
+        ..filter_of(&q)?
     };
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
     let cut = if full { i32::MAX } else { CUT_CHARS };
@@ -220,6 +214,152 @@ pub(super) async fn list(
     Ok(HttpResponse::Ok()
         .insert_header(from.header())
         .json(json!({ "tasks": page, "next": next })))
+}
+
+/// The filters of `GET /api/v1/tasks` (and of a bulk action's `filter`) in `q`: every
+/// one given must hold.
+fn filter_of(q: &[(String, String)]) -> Result<TaskFilter, ApiError> {
+    let time = |s: &str| {
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                format!("{s:?} is not an RFC 3339 time ({e}); expected e.g. 2026-12-01T08:00:00Z")
+            })
+    };
+    Ok(TaskFilter {
+        status: param(q, "status", |s| {
+            s.parse().map_err(|e: artex_actors::Error| e.to_string())
+        })?,
+        kind: param(q, "kind", |s| check_kind(s).map(|()| s.to_string()))?,
+        flow: param(q, "flow", parse_uuid)?,
+        worker: param(q, "worker", |s| {
+            if s.is_empty() {
+                Err("must not be empty; expected a worker id (GET /api/v1/workers)".into())
+            } else {
+                Ok(s.to_string())
+            }
+        })?,
+        tag: param(q, "tag", |s| {
+            if s.is_empty() {
+                Err("must not be empty; expected a tag".into())
+            } else {
+                Ok(s.to_string())
+            }
+        })?,
+        since: param(q, "since", time)?,
+        until: param(q, "until", time)?,
+        payload_contains: param(q, "where", |s| match serde_json::from_str(s) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(_) => Err("expected a JSON object, e.g. {\"customer\":42}".into()),
+            Err(e) => Err(format!("not JSON ({e}); expected e.g. {{\"customer\":42}}")),
+        })?,
+        ..TaskFilter::default()
+    })
+}
+
+/// The fields of `POST /api/v1/tasks/bulk`.
+const BULK_FIELDS: &[&str] = &["action", "filter", "all", "reason", "dry_run"];
+
+/// The fields of a bulk action's `filter`: `GET /api/v1/tasks`'s filters.
+const FILTER_FIELDS: &[&str] = &[
+    "status", "kind", "flow", "worker", "tag", "since", "until", "where",
+];
+
+/// `POST /api/v1/tasks/bulk`: `{"action": "retry"|"cancel"|"delete", "filter": {…},
+/// "reason", "dry_run", "all"}`; 200 with what it did (`OperatorBoard::bulk`). A filter
+/// is required unless `all` is true.
+pub(super) async fn bulk(
+    _: CanWrite,
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let body = read_body(&req, body, state.max_body_bytes).await?;
+    let v = parse_json(&body)?.ok_or_else(|| {
+        ApiError::bad(
+            "body",
+            "missing; expected {\"action\": \"retry\", \"filter\": {…}}",
+        )
+    })?;
+    let Some(obj) = v.as_object() else {
+        return Err(ApiError::bad(
+            "body",
+            format!("expected a JSON object like {{\"action\": \"retry\", \"filter\": {{\"status\": \"failed\"}}}}, got {}", super::shown(&v)),
+        ));
+    };
+    only_fields(obj, "", BULK_FIELDS)?;
+    let action: String = field(obj, "", "action", "retry, cancel or delete")?.ok_or_else(|| {
+        ApiError::bad(
+            "action",
+            "action: missing; expected retry, cancel or delete",
+        )
+    })?;
+    let action: BulkAction = action
+        .parse()
+        .map_err(|e| ApiError::bad("action", format!("action: {e}")))?;
+    let filter = match obj.get("filter") {
+        None | Some(Value::Null) => TaskFilter::default(),
+        Some(Value::Object(f)) => {
+            only_fields(f, "filter.", FILTER_FIELDS)?;
+            let mut q = Vec::new();
+            for (k, v) in f {
+                match v {
+                    Value::String(s) => q.push((k.clone(), s.clone())),
+                    Value::Object(_) if k == "where" => q.push((k.clone(), v.to_string())),
+                    Value::Null => {}
+                    other => {
+                        return Err(ApiError::bad(
+                            format!("filter.{k}"),
+                            format!("filter.{k}: expected a string, got {}", super::shown(other)),
+                        ))
+                    }
+                }
+            }
+            filter_of(&q).map_err(|e| match e {
+                ApiError::BadRequest { field, message } => ApiError::BadRequest {
+                    field: field.map(|f| format!("filter.{f}")),
+                    message: format!("filter.{message}"),
+                },
+                other => other,
+            })?
+        }
+        Some(other) => {
+            return Err(ApiError::bad(
+                "filter",
+                format!(
+                    "filter: expected an object of GET /api/v1/tasks's filters, got {}",
+                    super::shown(other)
+                ),
+            ))
+        }
+    };
+    let all: bool = field(obj, "", "all", "true or false")?.unwrap_or(false);
+    if filter == TaskFilter::default() && !all {
+        return Err(ApiError::bad(
+            "filter",
+            "filter: none given; name the tasks (status, kind, tag, …) or set \"all\": true",
+        ));
+    }
+    let reason: Option<String> = field(obj, "", "reason", "a string")?;
+    if let Some(r) = &reason {
+        if r.contains('\0') || r.len() > MAX_REASON_BYTES {
+            return Err(ApiError::refused(
+                "reason",
+                format!("reason: at most {MAX_REASON_BYTES} bytes, without the character \\u0000"),
+            ));
+        }
+    }
+    let dry_run: bool = field(obj, "", "dry_run", "true or false")?.unwrap_or(false);
+    let report = state
+        .bb
+        .bulk(action, &filter, &actor(&req), reason.as_deref(), dry_run)
+        .await?;
+    let mut answer = HttpResponse::Ok();
+    if !dry_run {
+        state.reads.written(&mut answer).await;
+    }
+    Ok(answer.json(report))
 }
 
 /// `GET /api/v1/tasks/{id}?full=`: the task and its history, oldest first.

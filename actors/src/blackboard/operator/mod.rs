@@ -20,7 +20,9 @@ pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
-pub use tasks::{submit_in, Submitted, TaskFilter, LOCK_KEYS, SUBMIT_KEYED};
+pub use tasks::{
+    submit_in, BulkAction, BulkReport, Submitted, TaskFilter, BULK_BATCH, LOCK_KEYS, SUBMIT_KEYED,
+};
 
 use super::Blackboard;
 

@@ -59,23 +59,34 @@ pub struct TaskFilter {
     pub worker: Option<String>,
     /// With an id below this one: the last id of the previous page.
     pub after: Option<Uuid>,
+    /// Carrying this tag (migrations/V18: the GIN index `tasks_tags`).
+    pub tag: Option<String>,
+    /// Created at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Whose payload contains this JSON (PostgreSQL's `@>`: `{"customer": 42}` matches
+    /// every payload with that field and value). Not indexed: it filters the rows the
+    /// other filters and the id order lead to.
+    pub payload_contains: Option<serde_json::Value>,
     /// At most this many.
     pub limit: i64,
 }
 
+/// The smallest UUIDv7 of millisecond `ms`: every id artex made at `ms` or later is at
+/// least this (ids are time-ordered: migrations/V7__time_ordered_ids.sql).
+fn v7_floor(at: DateTime<Utc>) -> Uuid {
+    let ms = at.timestamp_millis().clamp(0, (1 << 48) - 1) as u64;
+    Uuid::from_u128((u128::from(ms) << 80) | (0x7u128 << 76) | (0b10u128 << 62))
+}
+
 impl TaskFilter {
-    /// The page's statement: the filters given (each an index's leading column), newest
-    /// first by id; `$1` is the cut (see [`TaskPreview`]). Only the page's rows are read
-    /// whole, after the page is chosen. One statement per set of filters given, so each
-    /// is planned for what it filters on (a `$n is null or …` test would let a generic
-    /// plan fall back to a scan of the whole table).
-    fn page_sql(&self) -> String {
+    /// The conditions of the filters given after `$first` (each `$n` numbered by
+    /// `next`), as [`TaskFilter::params`] gives their values. The time range bounds the
+    /// id too (ids are time-ordered), so that the walk of the primary key starts and
+    /// stops at the range's ends.
+    fn conditions(&self, next: &mut impl FnMut() -> usize) -> Vec<String> {
         let mut conds = Vec::new();
-        let mut n = 1;
-        let mut next = || {
-            n += 1;
-            n
-        };
         if let Some(status) = self.status {
             conds.push(status.list_condition(&format!("${}::text::artex.task_status", next())));
         }
@@ -93,6 +104,80 @@ impl TaskFilter {
                 next()
             ));
         }
+        if self.tag.is_some() {
+            conds.push(format!(
+                "tags is not null and tags @> array[${}::text]",
+                next()
+            ));
+        }
+        if self.since.is_some() {
+            let (t, id) = (next(), next());
+            conds.push(format!("created_at >= ${t} and id >= ${id}"));
+        }
+        if self.until.is_some() {
+            let (t, id) = (next(), next());
+            conds.push(format!("created_at < ${t} and id < ${id}"));
+        }
+        if self.payload_contains.is_some() {
+            conds.push(format!("payload @> ${}::jsonb", next()));
+        }
+        conds
+    }
+
+    /// The values of [`TaskFilter::conditions`], in order; `status` is the status's
+    /// name, and `bounds` the time range's id bounds (see [`TaskFilter::bounds`]).
+    fn params<'a>(
+        &'a self,
+        status: &'a Option<&'static str>,
+        bounds: &'a (Option<Uuid>, Option<Uuid>),
+    ) -> Vec<&'a dyn Param> {
+        let mut params: Vec<&dyn Param> = Vec::new();
+        if let Some(s) = status {
+            params.push(s);
+        }
+        if let Some(k) = &self.kind {
+            params.push(k);
+        }
+        if let Some(f) = &self.flow {
+            params.push(f);
+        }
+        if let Some(w) = &self.worker {
+            params.push(w);
+        }
+        if let Some(t) = &self.tag {
+            params.push(t);
+        }
+        if let (Some(t), Some(id)) = (&self.since, &bounds.0) {
+            params.push(t);
+            params.push(id);
+        }
+        if let (Some(t), Some(id)) = (&self.until, &bounds.1) {
+            params.push(t);
+            params.push(id);
+        }
+        if let Some(p) = &self.payload_contains {
+            params.push(p);
+        }
+        params
+    }
+
+    /// The time range's bounds on ids.
+    fn bounds(&self) -> (Option<Uuid>, Option<Uuid>) {
+        (self.since.map(v7_floor), self.until.map(v7_floor))
+    }
+
+    /// The page's statement: the filters given (each an index's leading column), newest
+    /// first by id; `$1` is the cut (see [`TaskPreview`]). Only the page's rows are read
+    /// whole, after the page is chosen. One statement per set of filters given, so each
+    /// is planned for what it filters on (a `$n is null or …` test would let a generic
+    /// plan fall back to a scan of the whole table).
+    fn page_sql(&self) -> String {
+        let mut n = 1;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        let mut conds = self.conditions(&mut next);
         if self.after.is_some() {
             conds.push(format!("id < ${}", next()));
         }
@@ -110,20 +195,12 @@ impl TaskFilter {
     }
 
     /// The page's parameters after the cut, in [`TaskFilter::page_sql`]'s order.
-    fn page_params<'a>(&'a self, status: &'a Option<&'static str>) -> Vec<&'a dyn Param> {
-        let mut params: Vec<&dyn Param> = Vec::new();
-        if let Some(s) = status {
-            params.push(s);
-        }
-        if let Some(k) = &self.kind {
-            params.push(k);
-        }
-        if let Some(f) = &self.flow {
-            params.push(f);
-        }
-        if let Some(w) = &self.worker {
-            params.push(w);
-        }
+    fn page_params<'a>(
+        &'a self,
+        status: &'a Option<&'static str>,
+        bounds: &'a (Option<Uuid>, Option<Uuid>),
+    ) -> Vec<&'a dyn Param> {
+        let mut params = self.params(status, bounds);
         if let Some(a) = &self.after {
             params.push(a);
         }
@@ -131,6 +208,103 @@ impl TaskFilter {
         params
     }
 }
+
+/// What a bulk action does to every task a [`TaskFilter`] matches (`artex tasks retry|
+/// cancel|delete`, `POST /api/v1/tasks/bulk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BulkAction {
+    /// A new task for each failed, timed-out or canceled one outside a flow (as `retry`).
+    Retry,
+    /// Each unfinished task ends `canceled`; a running handler is told.
+    Cancel,
+    /// Each finished task outside a flow is deleted, and the deletion recorded in
+    /// `artex.task_deletions` (its history stays).
+    Delete,
+}
+
+impl BulkAction {
+    /// Its name, as the API and the CLI take it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Cancel => "cancel",
+            BulkAction::Delete => "delete",
+        }
+    }
+}
+
+impl std::str::FromStr for BulkAction {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "retry" => Ok(BulkAction::Retry),
+            "cancel" => Ok(BulkAction::Cancel),
+            "delete" => Ok(BulkAction::Delete),
+            _ => Err(format!("{s:?}; expected retry, cancel or delete")),
+        }
+    }
+}
+
+/// What a bulk action did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BulkReport {
+    /// The action.
+    pub action: BulkAction,
+    /// Tasks the filter matched (a dry run: counted, nothing changed).
+    pub matched: u64,
+    /// Tasks changed: retried (a new task each), canceled or deleted. A matched task the
+    /// action does not apply to (a retry of a succeeded task, a cancel of an ended one,
+    /// a task of a flow for retry and delete) is left as it is.
+    pub changed: u64,
+    /// Transactions it took, each of at most [`BULK_BATCH`] tasks.
+    pub batches: u64,
+    /// Nothing was changed: `matched` is what the action would look at.
+    pub dry_run: bool,
+}
+
+/// A bulk action's tasks per transaction: each batch's locks are held for one short
+/// statement, never for the whole action.
+pub const BULK_BATCH: i64 = 500;
+
+// A bulk action's batches, each its own transaction, on the ids of one page of the
+// filter's matches (newest first, below the last batch's smallest id, so that tasks the
+// action makes, being newer, are never visited). The statements are the single-task
+// controls' (flows.rs, CANCEL; RETRY below), over a list of ids.
+const BULK_CANCEL: &str = "with target as materialized (
+        select id from artex.tasks where id = any($3::uuid[])
+          and status not in ('succeeded', 'failed', 'timeout', 'canceled')
+        order by id for update
+    )
+    update artex.tasks t set status = 'canceled'
+    from artex.set_context($1, $2) ctx, target
+    where ctx and t.id = target.id
+    returning t.id";
+
+const BULK_RETRY: &str = "insert into artex.tasks
+        (id, kind, payload, priority, max_retries, timeout_ms, shard_key, tags, limit_key)
+    select artex.uuid_v7(), o.kind, o.payload, o.priority, o.max_retries, o.timeout_ms,
+           o.shard_key, o.tags, o.limit_key
+    from artex.set_context($1, $2) ctx, artex.tasks o
+    where ctx and o.id = any($3::uuid[]) and o.status in ('failed', 'timeout', 'canceled')
+      and o.flow_id is null
+    order by o.id
+    returning id";
+
+// The history of a deleted task stays (it is the audit trail); the deletion itself is
+// recorded beside it, with who and why.
+const BULK_DELETE: &str = "with doomed as materialized (
+        select id from artex.tasks where id = any($3::uuid[])
+          and status in ('succeeded', 'failed', 'timeout', 'canceled') and flow_id is null
+        order by id for update
+    ),
+    gone as (
+        delete from artex.tasks t using doomed where t.id = doomed.id
+        returning t.id, t.kind, t.status
+    )
+    insert into artex.task_deletions (task_id, kind, status, actor, reason)
+    select id, kind, status, $1, $2 from gone
+    returning task_id";
 
 /// What a submission did: the task's id, and whether that is an existing task with the
 /// same unique key (then nothing was written).
@@ -481,10 +655,88 @@ impl OperatorBoard {
     pub async fn tasks_page(&self, filter: &TaskFilter, cut: i32) -> Result<Vec<TaskPreview>> {
         let client = self.bb.client().await?;
         let status = filter.status.map(TaskStatus::as_str);
+        let bounds = filter.bounds();
         let mut params: Vec<&dyn Param> = vec![&cut];
-        params.extend(filter.page_params(&status));
+        params.extend(filter.page_params(&status, &bounds));
         let rows = client.query(&filter.page_sql(), &params).await?;
         rows.iter().map(preview_from_row).collect()
+    }
+
+    /// Applies `action` to every task `filter` matches (its `after` and `limit` aside),
+    /// in batches of [`BULK_BATCH`], each its own short transaction, recording `actor`
+    /// and `reason` for each task; with `dry_run`, only counts the matches.
+    pub async fn bulk(
+        &self,
+        action: BulkAction,
+        filter: &TaskFilter,
+        actor: &str,
+        reason: Option<&str>,
+        dry_run: bool,
+    ) -> Result<BulkReport> {
+        let status = filter.status.map(TaskStatus::as_str);
+        let bounds = filter.bounds();
+        let mut report = BulkReport {
+            action,
+            matched: 0,
+            changed: 0,
+            batches: 0,
+            dry_run,
+        };
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        let conds = filter.conditions(&mut next);
+        let filter_sql = if conds.is_empty() {
+            "true".to_string()
+        } else {
+            conds.join(" and ")
+        };
+        let client = self.bb.client().await?;
+        if dry_run {
+            let sql = format!("select count(*) from artex.tasks where {filter_sql}");
+            let row = client
+                .query_one(&sql, &filter.params(&status, &bounds))
+                .await?;
+            report.matched = row.try_get::<_, i64>(0)? as u64;
+            return Ok(report);
+        }
+        let (below, limit) = (next(), next());
+        let page = format!(
+            "select id from artex.tasks where {filter_sql} and (${below}::uuid is null or id < ${below})
+             order by id desc limit ${limit}"
+        );
+        let write = match action {
+            BulkAction::Retry => BULK_RETRY,
+            BulkAction::Cancel => BULK_CANCEL,
+            BulkAction::Delete => BULK_DELETE,
+        };
+        let default_reason = format!("bulk {} by operator", action.as_str());
+        let reason = reason.unwrap_or(&default_reason);
+        let mut cursor: Option<Uuid> = None;
+        loop {
+            let mut params = filter.params(&status, &bounds);
+            params.push(&cursor);
+            params.push(&BULK_BATCH);
+            let ids: Vec<Uuid> = client
+                .query(&page, &params)
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<std::result::Result<_, _>>()?;
+            let Some(&last) = ids.last() else {
+                break;
+            };
+            report.matched += ids.len() as u64;
+            report.batches += 1;
+            report.changed += client.query(write, &[&actor, &reason, &ids]).await?.len() as u64;
+            if (ids.len() as i64) < BULK_BATCH {
+                break;
+            }
+            cursor = Some(last);
+        }
+        Ok(report)
     }
 
     /// PostgreSQL's plan for [`OperatorBoard::tasks_page`] with `filter`, one line per
@@ -494,8 +746,9 @@ impl OperatorBoard {
         let sql = format!("explain {}", filter.page_sql());
         let status = filter.status.map(TaskStatus::as_str);
         let cut = 0i32;
+        let bounds = filter.bounds();
         let mut params: Vec<&dyn Param> = vec![&cut];
-        params.extend(filter.page_params(&status));
+        params.extend(filter.page_params(&status, &bounds));
         let rows = client.query(&sql, &params).await?;
         rows.iter()
             .map(|r| Ok(r.try_get::<_, String>(0)?))
