@@ -20,7 +20,7 @@ use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
 use common::http::{Request, Response};
 use common::procs::{serve_address, wait_for, worker_http, worker_id, Proc};
 use common::proxy::Proxy;
-use common::{TestDb, READ_TOKEN};
+use common::{count, TestDb, READ_TOKEN};
 use serde_json::{json, Value};
 
 const WRITE_TOKEN: &str = "dashboard-write-token";
@@ -851,6 +851,105 @@ async fn a_file_changed_since_its_first_chunks_went_up_is_refused_whole_and_sent
         "{shown}"
     );
     assert_eq!(b.eval(REMEMBERED).await, Value::Null);
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn tagged_tasks_are_filtered_and_canceled_in_bulk_after_a_counted_confirmation() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = write_token_file(dir.path());
+    let serve = Proc::start(
+        "serve",
+        &db.url,
+        &[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--public-read",
+            "--write-token-file",
+            &token,
+        ],
+        &[],
+    );
+    let addr = serve_address(&serve).await;
+    for tags in [json!(["nightly", "eu"]), json!(["nightly"]), json!(null)] {
+        created(call(
+            "POST",
+            &addr,
+            "/api/v1/tasks?allow_unregistered_kind=true",
+            Some(json!({"kind": "resize", "tags": tags, "run_at": "2099-01-01T00:00:00Z"})),
+        ));
+    }
+    let (code, body) = call(
+        "PUT",
+        &addr,
+        "/api/v1/kinds/resize/limits",
+        Some(json!({"concurrency": 3, "rate": "30/m"})),
+    );
+    assert_eq!(code, 200, "{body}");
+
+    let b = Browser::start().await;
+    b.goto(&format!("http://{addr}/#/tasks?tag=nightly")).await;
+    b.until(
+        "the two tagged tasks listed with their tags",
+        "return document.querySelectorAll('#task-rows tr[data-task]').length === 2
+            && document.querySelectorAll('#task-rows .tag').length === 3",
+    )
+    .await;
+    b.mark_page().await;
+    b.click("button[data-bulk=cancel]").await;
+    // Reads are public: counting the matches (a dry run) asks for the write token.
+    b.give_token(WRITE_TOKEN).await;
+    b.until(
+        "the confirmation to say how many",
+        "return document.getElementById('confirm-dialog').open
+            && document.getElementById('confirm-title').textContent === 'cancel 2 task(s)?'",
+    )
+    .await;
+    b.confirm().await;
+    b.until(
+        "the report",
+        "return document.getElementById('flash').textContent
+            === 'canceled 2 of 2 matching task(s) in 1 batch(es)'",
+    )
+    .await;
+    let c = db.client().await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'canceled'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'pending' and tags is null"
+        )
+        .await,
+        1
+    );
+    b.until(
+        "the rows shown canceled",
+        "return [...document.querySelectorAll('#task-rows [data-status]')].every(s => s.dataset.status === 'canceled')",
+    )
+    .await;
+    b.finish_on_the_marked_page().await;
+
+    // The kinds page shows the limits and what they count.
+    let b = Browser::start().await;
+    b.goto(&format!("http://{addr}/#/kinds")).await;
+    let row = b
+        .until(
+            "the kind's limits",
+            "const r = document.querySelector('#kinds-table tr[data-kind=resize]');
+             return r && [...r.children].slice(1, 5).map(td => td.textContent).join(' ')",
+        )
+        .await;
+    assert_eq!(row, json!("0 3 - 30/m"));
     b.assert_no_errors().await;
     b.close().await;
 }

@@ -573,6 +573,12 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
     if let Some(k) = &t.unique_key {
         outln!("unique key:  {k}")?;
     }
+    if !t.tags.is_empty() {
+        outln!("tags:        {}", t.tags.join(", "))?;
+    }
+    if let Some(k) = &t.limit_key {
+        outln!("limit key:   {k}")?;
+    }
     outln!("history:")?;
     for h in history {
         outln!(

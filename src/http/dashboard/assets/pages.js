@@ -77,7 +77,8 @@
   A.pages.overview = overview;
 
   // ---- tasks ------------------------------------------------------------------------
-  const FILTERS = ["status", "kind", "flow", "worker"];
+  const FILTERS = ["status", "kind", "flow", "worker", "tag", "since", "until", "where"];
+  const BULK = { retry: "retried", cancel: "canceled", delete: "deleted" };
   const tasks = {
     name: "tasks",
     shown: 0,
@@ -89,6 +90,10 @@
         h("label", {}, "kind", h("input", { name: "kind", value: params.get("kind") || "", size: 10 })),
         h("label", {}, "flow", h("input", { name: "flow", value: params.get("flow") || "", size: 14, placeholder: "flow id" })),
         h("label", {}, "worker", h("input", { name: "worker", value: params.get("worker") || "", size: 14 })),
+        h("label", {}, "tag", h("input", { name: "tag", value: params.get("tag") || "", size: 10 })),
+        h("label", {}, "since", h("input", { name: "since", value: params.get("since") || "", size: 20, placeholder: "2026-12-01T08:00:00Z" })),
+        h("label", {}, "until", h("input", { name: "until", value: params.get("until") || "", size: 20 })),
+        h("label", {}, "payload has", h("input", { name: "where", value: params.get("where") || "", size: 16, placeholder: '{"customer":42}' })),
         h("button", { type: "submit" }, "Filter"),
         h("label", {}, "task id", h("input", { name: "id", id: "task-search", size: 20, placeholder: "go to a task id" })));
       form.addEventListener("submit", (e) => {
@@ -101,10 +106,17 @@
         location.hash = "#/tasks" + (q.toString() ? "?" + q : "");
       });
       form.querySelector("select").addEventListener("change", () => form.requestSubmit());
-      main.append(h("h1", {}, "Tasks"), form,
+      // Bulk actions on every task the filters match (never on all tasks from here).
+      const filtered = FILTERS.some((f) => params.get(f));
+      const bulk = filtered
+        ? h("div", { class: "actions", id: "bulk" }, h("span", { class: "muted" }, "every matching task: "),
+          Object.keys(BULK).map((action) => bulkButton(action)))
+        : null;
+      main.append(h("h1", {}, "Tasks"), form, bulk,
         h("div", { class: "table" }, h("table", { id: "task-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "kind"), h("th", {}, "status"),
-            h("th", { class: "hide-sm" }, "worker"), h("th", { class: "num hide-sm" }, "retries"), h("th", {}, "updated"))),
+            h("th", { class: "hide-sm" }, "worker"), h("th", { class: "num hide-sm" }, "retries"),
+            h("th", { class: "hide-sm" }, "tags"), h("th", {}, "updated"))),
           h("tbody", { id: "task-rows" }))),
         h("p", {}, h("button", { id: "more", hidden: true }, "more")), h("p", { id: "flash" }));
       document.getElementById("more").addEventListener("click", () => tasks.page(tasks.next, 50, true));
@@ -125,9 +137,10 @@
       const rows = res.tasks.map((t) => h("tr", { "data-task": t.id },
         h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind), h("td", {}, A.status(t.status)),
         h("td", { class: "hide-sm mono" }, t.assigned_to || "-"), h("td", { class: "num hide-sm" }, t.retries),
+        h("td", { class: "hide-sm" }, (t.tags || []).map((g) => h("span", { class: "tag" }, g))),
         h("td", { title: t.updated_at }, A.ago(t.updated_at))));
       if (append) body.append(...rows); else body.replaceChildren(...rows);
-      if (!body.children.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No tasks.")));
+      if (!body.children.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No tasks.")));
       tasks.shown = append ? tasks.shown + res.tasks.length : res.tasks.length;
       tasks.next = res.next;
       document.getElementById("more").hidden = !res.next;
@@ -135,6 +148,38 @@
     // Live: the rows shown are read again (at most 500), keeping the place in the list.
     reload() { return tasks.page(null, Math.min(500, Math.max(50, tasks.shown)), false); },
   };
+  // The filters as a bulk action's `filter` (the API's names; `where` as JSON).
+  function bulkFilter() {
+    const f = {};
+    for (const k of FILTERS) {
+      const v = tasks.params.get(k);
+      if (v) f[k] = k === "where" ? JSON.parse(v) : v;
+    }
+    return f;
+  }
+  // Counts the matches first (a dry run), says how many in the confirmation, then acts.
+  function bulkButton(action) {
+    const b = h("button", { class: action === "retry" ? "" : "danger", "data-bulk": action }, action + " all");
+    b.addEventListener("click", async () => {
+      let filter;
+      try { filter = bulkFilter(); } catch (e) { A.flash("payload filter: not JSON (" + e.message + ")", true); return; }
+      b.disabled = true;
+      try {
+        const dry = await A.api("POST", "/api/v1/tasks/bulk", { action, filter, dry_run: true });
+        const ok = await A.confirm(action + " " + dry.matched + " task(s)?",
+          action + " every task matching the filters: " + dry.matched + " now (those it does not apply to are left as they are).");
+        if (!ok) return;
+        const r = await A.api("POST", "/api/v1/tasks/bulk", ok.reason ? { action, filter, reason: ok.reason } : { action, filter });
+        A.flash(BULK[action] + " " + r.changed + " of " + r.matched + " matching task(s) in " + r.batches + " batch(es)");
+        await tasks.reload();
+      } catch (e) {
+        A.flash(action + " refused: " + e.message, true);
+      } finally {
+        b.disabled = false;
+      }
+    });
+    return b;
+  }
   tasks.onEvent = A.throttle(() => { if (document.getElementById("task-rows")) tasks.reload().catch(() => {}); }, 1000);
   A.pages.tasks = tasks;
 
@@ -167,6 +212,8 @@
           h("dt", {}, "priority"), h("dd", {}, t.priority),
           t.flow_id && [h("dt", {}, "flow"), h("dd", {}, h("a", { href: "#/flows/" + t.flow_id, class: "mono" }, t.flow_id), " ", t.flow_task || "")],
           t.unique_key && [h("dt", {}, "unique key"), h("dd", { class: "mono", id: "task-unique-key" }, t.unique_key)],
+          t.tags && t.tags.length ? [h("dt", {}, "tags"), h("dd", { id: "task-tags" }, t.tags.map((g) => h("a", { class: "tag", href: "#/tasks?tag=" + encodeURIComponent(g) }, g)))] : null,
+          t.limit_key && [h("dt", {}, "limit key"), h("dd", { class: "mono", id: "task-limit-key" }, t.limit_key)],
           h("dt", {}, "created"), h("dd", {}, A.time(t.created_at)),
           h("dt", {}, "run at"), h("dd", {}, A.time(t.run_at)),
           h("dt", {}, "started"), h("dd", {}, A.time(t.started_at)),
@@ -202,6 +249,39 @@
   tasks.onEvent = (ev) => (A.arg ? task.onEvent(ev) : tasks.onEventList(ev));
   const listReload = tasks.reload;
   tasks.reload = () => (A.arg ? task.reload() : listReload());
+
+  // ---- kinds ------------------------------------------------------------------------
+  // The kinds workers declared and each kind's fleet-wide limits, with what they count.
+  const kinds = {
+    name: "kinds",
+    async show(main) {
+      main.append(h("h1", {}, "Kinds"), h("div", { id: "kinds" }, h("p", { class: "muted" }, "Loading…")));
+      await kinds.reload();
+    },
+    async reload() {
+      const box = document.getElementById("kinds");
+      if (!box) return;
+      const { kinds: declared, limits } = await A.api("GET", "/api/v1/kinds");
+      const byKind = new Map(limits.map((l) => [l.kind, l]));
+      const names = [...new Set([...declared.map((k) => k.kind), ...limits.map((l) => l.kind)])].sort();
+      const rate = (r) => r === null ? "-" : r >= 1 ? +r.toFixed(3) + "/s" : r * 60 >= 1 ? +(r * 60).toFixed(3) + "/m" : +(r * 3600).toFixed(3) + "/h";
+      box.replaceChildren(names.length
+        ? h("div", { class: "table" }, h("table", { id: "kinds-table" },
+          h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "held"), h("th", { class: "num" }, "concurrency"),
+            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", { class: "hide-sm" }, "limits set"))),
+          h("tbody", {}, names.map((k) => {
+            const l = byKind.get(k);
+            return h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
+              h("td", { class: "num" }, l ? l.held : "-"), h("td", { class: "num" }, l && l.concurrency !== null ? l.concurrency : "-"),
+              h("td", { class: "num" }, l && l.key_concurrency !== null ? l.key_concurrency : "-"), h("td", { class: "num" }, l ? rate(l.rate_per_sec) : "-"),
+              h("td", { class: "hide-sm muted" }, l ? A.time(l.updated_at) + " by " + l.updated_by : "no limits"));
+          }))))
+        : h("p", { class: "muted" }, "No worker has declared a kind yet."),
+        h("p", { class: "muted" }, "Set limits with artex kind limit K --concurrency N --key-concurrency N --rate 100/s, or PUT /api/v1/kinds/{kind}/limits."));
+    },
+  };
+  kinds.onEvent = A.throttle(() => kinds.reload().catch(() => {}), 2000);
+  A.pages.kinds = kinds;
 
   // ---- the feed ---------------------------------------------------------------------
   const feed = {
