@@ -18,9 +18,10 @@
 -- rows in one order and then counts, in a fresh snapshot, the tasks held: every
 -- assignment committed by another planner before the lock was taken is counted, and a
 -- worker's end only lowers the count. So with any number of planners, never more than
--- the limit are held. A held task of a limited kind is marked `limited` by the
--- assignment that gives it out, and only marked tasks are in the index that counts
--- them (`tasks_held_limited`): without limits, no task writes an entry there.
+-- the limit are held. A task of a limited kind is marked `limited` (at its insert, by
+-- `artex kind limit` for those already there, by its assignment at the latest): marked,
+-- it waits in an index of its own (`tasks_limited_waiting`) and, held, it is counted
+-- (`tasks_held_limited`). Without limits, no task is marked and neither index is written.
 
 create function artex.tags_valid(tags text[]) returns boolean
 language sql immutable as $$
@@ -53,14 +54,58 @@ comment on column artex.tasks.tags is
 comment on column artex.tasks.limit_key is
     'Within its kind''s key_concurrency, at most that many tasks with this key are held at once: migrations/V18__tags_and_limits.sql.';
 comment on column artex.tasks.limited is
-    'Set by the assignment of a task whose kind has limits: only such held tasks are counted against them (tasks_held_limited).';
+    'Its kind has limits: it waits in tasks_limited_waiting, and once held is counted against them (tasks_held_limited). Set at insert, by artex kind limit, and by the assignment.';
 
 -- Neither tags nor the key changes after submission, and `limited` changes only with the
 -- assignment (which moves the task between sets anyway): a task's start, renewals and
 -- checkpoints stay HOT (V15).
 create index tasks_tags on artex.tasks using gin (tags) where tags is not null;
+-- Held tasks of limited kinds, which the limits count.
 create index tasks_held_limited on artex.tasks (kind, limit_key)
     where assigned_to is not null and limited;
+-- Runnable tasks of limited kinds wait here, by kind and key, in claim order...
+create index tasks_limited_waiting on artex.tasks (kind, limit_key, priority desc, run_at, id)
+    where listed = 'pending' and limited;
+-- ...and the others where they always did (V15), so that the claim of unlimited tasks
+-- never walks past a limited backlog.
+drop index artex.tasks_runnable;
+create index tasks_runnable on artex.tasks (priority desc, run_at, id)
+    where listed = 'pending' and not limited;
+
+-- A task of a kind with limits is marked at its insert (one lookup in a table of a few
+-- rows); `artex kind limit` marks the kind's waiting tasks when it sets limits and
+-- unmarks them when it clears them.
+create or replace function artex.tasks_before_insert() returns trigger language plpgsql as $$
+declare
+    existing uuid;
+begin
+    if new.status not in ('pending', 'blocked', 'paused') then
+        raise exception 'artex: a new task starts pending, blocked or paused, not %', new.status
+            using errcode = 'check_violation';
+    end if;
+    if new.assigned_to is not null or new.lease_until is not null then
+        raise exception 'artex: a new task cannot be assigned yet'
+            using errcode = 'check_violation';
+    end if;
+    if new.unique_key is not null then
+        perform artex.lock_unique_key(new.unique_key);
+        existing := artex.task_with_unique_key(new.unique_key, null);
+        if existing is not null then
+            raise exception 'artex: task % is unfinished with unique_key %', existing,
+                quote_literal(new.unique_key)
+                using errcode = 'unique_violation', detail = existing::text,
+                      hint = 'artex.submit(…, unique_key => …) returns the existing task instead';
+        end if;
+    end if;
+    new.limited := exists (select 1 from artex.kind_limits k where k.kind = new.kind);
+    new.lease_epoch := 0;
+    -- Planner shards split the keyspace: one business key always lands on one shard.
+    new.shard := abs(hashtext(coalesce(new.shard_key, new.id::text)) % 1024);
+    new.created_at := now();
+    new.updated_at := now();
+    return new;
+end
+$$;
 
 -- A bulk delete (`artex tasks delete`, `POST /api/v1/tasks/bulk`) records each task it
 -- deletes here, with who and why; the task's history stays.
@@ -164,9 +209,10 @@ $$;
 comment on function artex.over_limits is
     'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql).';
 
--- The round's read (planner/dispatch.rs, DISPATCH): a task of a limited kind is claimed
--- only if the limits leave it room by this snapshot, so that a backlog of one kind or
--- one key does not hold the claim's places while the rest wait.
+-- The round's read (planner/dispatch.rs, DISPATCH): the tasks of limited kinds wait in
+-- an index of their own and are claimed only if the limits leave them room by this
+-- snapshot, so that a backlog of one kind or one key neither holds the claim's places
+-- nor is walked by the claim of the others.
 drop function artex.dispatch_round(float8, int8, int4, int4[], text[]);
 create function artex.dispatch_round(p_alive_secs float8, p_batch int8, p_shard_count int4, p_shards int4[], p_unreachable text[])
 returns table (worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
@@ -204,9 +250,7 @@ begin
                row_number() over (partition by t.kind, t.limit_key
                                   order by t.priority desc, t.run_at, t.id) as nth_of_key
         from artex.tasks t
-        where exists (select 1 from limits)
-          and t.listed = 'pending' and t.run_at <= now()
-          and t.kind in (select kind from limits)
+        where t.listed = 'pending' and t.limited and t.run_at <= now()
           and t.kind = any(array(select distinct unnest(r.kinds) from roster r
                                  where r.capacity > r.held))
           and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
@@ -214,26 +258,33 @@ begin
     fits_key as (
         select w.*, row_number() over (partition by w.kind
                                        order by w.priority desc, w.run_at, w.id) as nth_of_kind
-        from waiting w join limits l on l.kind = w.kind
+        from waiting w left join limits l on l.kind = w.kind
         where l.key_concurrency is null or w.limit_key is null
            or w.nth_of_key <= l.key_concurrency
                               - coalesce((select h.n from held h
                                           where h.kind = w.kind and h.limit_key = w.limit_key), 0)
     ),
     fits as (
-        select f.id from fits_key f join limits l on l.kind = f.kind
+        select f.id from fits_key f left join limits l on l.kind = f.kind
         where (l.concurrency is null
                or f.nth_of_kind <= l.concurrency
                                    - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
     ),
     claimed as (
-        select id, kind, host from artex.tasks
-        where listed = 'pending' and run_at <= now()
+        select id, kind, host, priority, run_at, false as limited from artex.tasks
+        where listed = 'pending' and not limited and run_at <= now()
           and kind = any(array(select distinct unnest(r.kinds) from roster r
                                where r.capacity > r.held))
-          and (kind <> all(array(select kind from limits)) or id in (select id from fits))
           and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
+        order by priority desc, run_at, id
+        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                               from roster r))
+        for update skip locked
+    ),
+    claimed_limited as (
+        select id, kind, host, priority, run_at, true as limited from artex.tasks
+        where id in (select id from fits) and listed = 'pending' and limited
         order by priority desc, run_at, id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
                                from roster r))
@@ -243,9 +294,9 @@ begin
            r.wake_addr, null::bool
     from roster r
     union all
-    select null, null, null, null, null, c.id, c.kind, c.host, null,
-           c.kind = any(array(select kind from limits))
-    from claimed c;
+    (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
+     from (select * from claimed union all select * from claimed_limited) c
+     order by c.priority desc, c.run_at, c.id);
 end
 $fn$;
 

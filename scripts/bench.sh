@@ -41,6 +41,9 @@
 #          SQL path), and the same keys again (all duplicates); then keyed batches as the
 #          API and the library send them (the keys' locks, one set-based statement), new and
 #          again: tasks/s and WAL bytes per task.
+#   limits W1 from idle with a limit key on each task (1,000 keys) and no limits, then
+#          with the kind limited per key and overall (room enough not to bind), then with
+#          two tags per task: tasks/s and WAL bytes per task (insert, run) of each.
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
@@ -51,7 +54,7 @@
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, unique, api, dash, replica, upload, fleet;
+# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, unique, limits, api, dash, replica, upload, fleet;
 # ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
 # `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
 # ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
@@ -74,7 +77,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,unique,api,dash,replica,upload,fleet},"
+only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,unique,limits,api,dash,replica,upload,fleet},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -836,6 +839,45 @@ sql $db -c "checkpoint" >/dev/null
 keyed_round $db batch_distinct_keys "$tmp/keyed.sql"
 keyed_round $db batch_duplicates "$tmp/keyed.sql"
 [ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 3)) ] || die "unique: a keyed batch wrote duplicates"
+drop_db $db
+fi
+
+# ---- limits and tags: what they cost when used ----------------------------------------
+# W1 from idle (2 workers at default flags) three times on one database: no-op tasks
+# with a limit key each (1,000 keys) and no limits set; the same with the kind limited
+# (per key 5, kind 10,000: room enough that the limits check every round without
+# binding); tasks with two tags and no limit key. Tasks/s of the run, WAL bytes per
+# task of the insert and of the run (the tags' GIN index costs at the insert, the
+# limits' counting index at the assignment).
+limits_round() { # db label insert-columns insert-values
+    sql "$1" -c checkpoint >/dev/null
+    read -r _ wal0 _ <<<"$(counters "$1")"
+    sql "$1" -c "insert into artex.tasks (kind, run_at, $3)
+        select 'noop', now() + interval '$w1idle_lead s', $4 from generate_series(1, $w1) g"
+    read -r _ wal1 _ <<<"$(counters "$1")"
+    wait_until "$1" "$unfinished" 600
+    read -r _ wal2 _ <<<"$(counters "$1")"
+    [ "$(sql "$1" -c "select count(*) from artex.tasks where status = 'succeeded'")" = "$w1" ] \
+        || die "limits $2: not every task succeeded"
+    local rate; rate=$(sql "$1" -c "select $w1 / extract(epoch from max(finished_at) - min(started_at))
+        from artex.tasks")
+    throughput "limits_${2}_tasks_per_s" "$(calc "$rate")"
+    result "limits_${2}_wal_bytes_per_task_insert" "$(calc "($wal1 - $wal0) / $w1")" bytes
+    result "limits_${2}_wal_bytes_per_task_run" "$(calc "($wal2 - $wal1) / $w1")" bytes
+    sql "$1" -c "delete from artex.tasks" >/dev/null
+}
+if want limits; then
+db=bench_limits
+new_db $db
+start_runtime_at_defaults $db 2
+wait_until $db "$(online 2)" 60
+limits_round $db keys_unlimited limit_key "'k' || (g % 1000)"
+sql $db -c "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+    values ('noop', 10000, 5, 'bench')" >/dev/null
+limits_round $db keys_limited limit_key "'k' || (g % 1000)"
+sql $db -c "delete from artex.kind_limits" >/dev/null
+limits_round $db tagged tags "array['nightly', 'k' || (g % 1000)]"
+stop_runtime
 drop_db $db
 fi
 

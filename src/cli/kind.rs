@@ -68,7 +68,7 @@ async fn limit(db: &DbConfig, args: LimitArgs) -> Result {
     let bb = connect_one_shot(db).await?;
     let board = bb.operator();
     let now = if args.clear {
-        if !board.clear_kind_limit(&args.kind).await? {
+        if !board.clear_kind_limit(&args.kind, &cli_actor()).await? {
             eprintln!("kind {} had no limits", args.kind);
         }
         None

@@ -82,6 +82,10 @@ async fn three_planners_never_hold_more_than_the_kinds_concurrency() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("journal");
     let ops = db.bb.operator();
+    // Half the tasks wait before the limit is set (it marks them), half come after (their
+    // insert marks them).
+    let tasks: Vec<NewTask> = (0..20).map(|_| journal_task(&file, 150, None)).collect();
+    ops.submit_many(&tasks, "test").await.unwrap();
     let set = ops
         .set_kind_limit(
             "journal",
@@ -94,15 +98,18 @@ async fn three_planners_never_hold_more_than_the_kinds_concurrency() {
         .await
         .unwrap();
     assert_eq!((set.concurrency, set.held), (Some(5), 0));
-    let tasks: Vec<NewTask> = (0..40).map(|_| journal_task(&file, 150, None)).collect();
     ops.submit_many(&tasks, "test").await.unwrap();
+    let c = db.client().await;
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where limited").await,
+        40
+    );
     let _planners: Vec<Proc> = (0..3)
         .map(|i| Proc::planner(&format!("planner-{i}"), &db.url, &[]))
         .collect();
     let _workers: Vec<Proc> = (0..2)
         .map(|i| Proc::worker(&format!("worker-{i}"), &db.url, &["--concurrency", "10"]))
         .collect();
-    let c = db.client().await;
     let held = "select count(*) from artex.tasks where kind = 'journal'
                 and status in ('assigned', 'running')";
     let mut most_held = 0;
@@ -352,4 +359,32 @@ async fn the_second_of_two_racing_planners_waits_for_the_kind_and_counts_the_fir
     );
     let held = "select count(*) from artex.tasks where status = 'assigned' and limited";
     assert_eq!(count(&c, held).await, 1);
+}
+
+/// Cleared limits let the kind's waiting tasks run as any others.
+#[tokio::test]
+async fn cleared_limits_free_the_waiting_tasks() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal");
+    let (code, _, err) = artex(&db.url, &["kind", "limit", "journal", "--concurrency", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let tasks: Vec<NewTask> = (0..6).map(|_| journal_task(&file, 300, None)).collect();
+    db.bb.operator().submit_many(&tasks, "test").await.unwrap();
+    let c = db.client().await;
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where limited").await,
+        6
+    );
+    let (code, _, err) = artex(&db.url, &["kind", "limit", "journal", "--clear"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        count(&c, "select count(*) from artex.tasks where limited").await,
+        0
+    );
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _worker = Proc::worker("worker", &db.url, &["--concurrency", "10"]);
+    wait_all_succeeded(&db, 6, Duration::from_secs(30)).await;
+    let most = most_at_once(&journal(&file), |_| ())[&()];
+    assert!(most > 1, "the tasks still ran one at a time");
 }

@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - `under_load`: five upgrades in a row under continuous traffic.
+//! - `cancel`: a task handed over in an upgrade canceled through its new process.
 //! - `rollback`: failed upgrades rolled back, leaving no process behind.
 //! - `hostile`: hostile bundles, bad callers and stalled uploads refused.
 //! - `configuration`: upgrades off unless configured; an upgrade folder ours alone.
@@ -13,6 +14,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cancel;
 mod configuration;
 mod hostile;
 mod rollback;

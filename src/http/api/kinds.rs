@@ -89,6 +89,6 @@ pub(super) async fn clear_limits(
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
     let kind = kind_of(&kind)?;
-    let cleared = state.bb.clear_kind_limit(&kind).await?;
+    let cleared = state.bb.clear_kind_limit(&kind, &actor(&req)).await?;
     Ok(HttpResponse::Ok().json(json!({ "cleared": cleared })))
 }

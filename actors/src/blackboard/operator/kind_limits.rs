@@ -5,6 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use uuid::Uuid;
 
 use super::OperatorBoard;
 use crate::error::{Error, Result};
@@ -144,6 +145,24 @@ const SET_KIND_LIMIT: &str = "with set as (
 
 const CLEAR_KIND_LIMIT: &str = "delete from artex.kind_limits where kind = $1";
 
+// The kind's waiting tasks (not yet held, not ended) marked as limited (`$2` true) when
+// its limits are set, or unmarked when they are cleared, so that they wait where the
+// limits are checked (or where the claim finds them again). In batches of 5,000 by id
+// after `$3`, each its own short transaction; returns the batch's last id.
+const MARK_WAITING: &str = "with batch as (
+        select id from artex.tasks
+        where kind = $1 and ($3::uuid is null or id > $3) and limited <> $2
+          and finished_at is null and assigned_to is null
+        order by id limit 5000
+    ),
+    marked as (
+        update artex.tasks t set limited = $2
+        from artex.set_context($4, 'limits changed') ctx, batch
+        where ctx and t.id = batch.id and t.limited <> $2 and t.assigned_to is null
+        returning 1
+    )
+    select max(id::text)::uuid, (select count(*) from marked) from batch";
+
 impl OperatorBoard {
     /// Every kind's limits (or `kind`'s), in kind order.
     pub async fn kind_limits(&self, kind: Option<&str>) -> Result<Vec<KindLimit>> {
@@ -190,6 +209,7 @@ impl OperatorBoard {
             )
             .await?;
         drop(client);
+        self.mark_waiting(kind, true, actor).await?;
         let mut set = self.kind_limits(Some(kind)).await?;
         set.pop().ok_or_else(|| {
             Error::Invalid(format!(
@@ -198,10 +218,31 @@ impl OperatorBoard {
         })
     }
 
-    /// Removes `kind`'s limits; false if it had none.
-    pub async fn clear_kind_limit(&self, kind: &str) -> Result<bool> {
+    /// Removes `kind`'s limits, as `actor`; false if it had none.
+    pub async fn clear_kind_limit(&self, kind: &str, actor: &str) -> Result<bool> {
         let client = self.bb.client().await?;
-        Ok(client.execute(CLEAR_KIND_LIMIT, &[&kind]).await? > 0)
+        let cleared = client.execute(CLEAR_KIND_LIMIT, &[&kind]).await? > 0;
+        drop(client);
+        self.mark_waiting(kind, false, actor).await?;
+        Ok(cleared)
+    }
+
+    /// Marks (or unmarks) `kind`'s waiting tasks as limited, in batches; how many.
+    async fn mark_waiting(&self, kind: &str, limited: bool, actor: &str) -> Result<u64> {
+        let client = self.bb.client().await?;
+        let mut after: Option<Uuid> = None;
+        let mut marked = 0u64;
+        loop {
+            let row = client
+                .query_one(MARK_WAITING, &[&kind, &limited, &after, &actor])
+                .await?;
+            let (last, n): (Option<Uuid>, i64) = (row.try_get(0)?, row.try_get(1)?);
+            marked += n as u64;
+            match last {
+                Some(last) => after = Some(last),
+                None => return Ok(marked),
+            }
+        }
     }
 }
 

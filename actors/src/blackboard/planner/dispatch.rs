@@ -95,11 +95,13 @@ impl AssignReport {
 // `listed`, not `status`, so that a task's later updates stay HOT: see
 // migrations/V15__hot_task_rows.sql), of the
 // kinds of workers with a free slot, at most $2 or the free slots in all. A task of a
-// kind with limits (`artex.kind_limits`, migrations/V18) is claimed only if, by this
-// snapshot, its kind's and its key's held tasks and the kind's rate leave it room
-// (`fits`), so that a backlog of one kind or one key does not take the claim's places
-// while the rest wait; the write checks again under lock. Roster rows come first (task
-// columns null), then the claimed tasks (roster columns null).
+// kind with limits (`artex.kind_limits`, migrations/V18) is marked `limited` and waits
+// in `tasks_limited_waiting` instead; it is claimed only if, by this snapshot, its
+// kind's and its key's held tasks and the kind's rate leave it room (`fits`), so that a
+// backlog of one kind or one key neither takes the claim's places nor is walked by the
+// claim of the others; the write checks again under lock. Roster rows come first (task
+// columns null), then the claimed tasks of both kinds in claim order (roster columns
+// null).
 /// The planner round's read (public so the benchmark can time it and a test can prove
 /// with EXPLAIN that its claim uses `tasks_runnable`).
 pub const DISPATCH: &str = "with roster as materialized (
@@ -133,9 +135,7 @@ pub const DISPATCH: &str = "with roster as materialized (
                row_number() over (partition by t.kind, t.limit_key
                                   order by t.priority desc, t.run_at, t.id) as nth_of_key
         from artex.tasks t
-        where exists (select 1 from limits)
-          and t.listed = 'pending' and t.run_at <= now()
-          and t.kind in (select kind from limits)
+        where t.listed = 'pending' and t.limited and t.run_at <= now()
           and t.kind = any(array(select distinct unnest(r.kinds) from roster r
                                  where r.capacity > r.held))
           and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
@@ -143,26 +143,33 @@ pub const DISPATCH: &str = "with roster as materialized (
     fits_key as (
         select w.*, row_number() over (partition by w.kind
                                        order by w.priority desc, w.run_at, w.id) as nth_of_kind
-        from waiting w join limits l on l.kind = w.kind
+        from waiting w left join limits l on l.kind = w.kind
         where l.key_concurrency is null or w.limit_key is null
            or w.nth_of_key <= l.key_concurrency
                               - coalesce((select h.n from held h
                                           where h.kind = w.kind and h.limit_key = w.limit_key), 0)
     ),
     fits as (
-        select f.id from fits_key f join limits l on l.kind = f.kind
+        select f.id from fits_key f left join limits l on l.kind = f.kind
         where (l.concurrency is null
                or f.nth_of_kind <= l.concurrency
                                    - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
     ),
     claimed as (
-        select id, kind, host from artex.tasks
-        where listed = 'pending' and run_at <= now()
+        select id, kind, host, priority, run_at, false as limited from artex.tasks
+        where listed = 'pending' and not limited and run_at <= now()
           and kind = any(array(select distinct unnest(r.kinds) from roster r
                                where r.capacity > r.held))
-          and (kind <> all(array(select kind from limits)) or id in (select id from fits))
           and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
+        order by priority desc, run_at, id
+        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                               from roster r))
+        for update skip locked
+    ),
+    claimed_limited as (
+        select id, kind, host, priority, run_at, true as limited from artex.tasks
+        where id in (select id from fits) and listed = 'pending' and limited
         order by priority desc, run_at, id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
                                from roster r))
@@ -172,9 +179,9 @@ pub const DISPATCH: &str = "with roster as materialized (
            r.wake_addr, null::bool
     from roster r
     union all
-    select null, null, null, null, null, c.id, c.kind, c.host, null,
-           c.kind = any(array(select kind from limits))
-    from claimed c";
+    (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
+     from (select * from claimed union all select * from claimed_limited) c
+     order by c.priority desc, c.run_at, c.id)";
 
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
