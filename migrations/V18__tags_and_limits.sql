@@ -63,8 +63,11 @@ create index tasks_tags on artex.tasks using gin (tags) where tags is not null;
 -- Held tasks of limited kinds, which the limits count.
 create index tasks_held_limited on artex.tasks (kind, limit_key)
     where assigned_to is not null and limited;
--- Runnable tasks of limited kinds wait here, by kind and key, in claim order...
-create index tasks_limited_waiting on artex.tasks (kind, limit_key, priority desc, run_at, id)
+-- Runnable tasks of limited kinds wait here, by kind and key (a task without one under
+-- '', which no key can be), in claim order: the round walks the keys (a skip scan) and
+-- reads of each only what its limits leave room for...
+create index tasks_limited_waiting
+    on artex.tasks (kind, coalesce(limit_key, ''), priority desc, run_at, id)
     where listed = 'pending' and limited;
 -- ...and the others where they always did (V15), so that the claim of unlimited tasks
 -- never walks past a limited backlog.
@@ -240,36 +243,58 @@ begin
         from artex.kind_limits l
     ),
     held as materialized (
-        select t.kind, t.limit_key, count(*) as n
+        select t.kind, coalesce(t.limit_key, '') as key, count(*) as n
         from artex.tasks t
         where t.assigned_to is not null and t.limited and t.kind in (select kind from limits)
-        group by t.kind, t.limit_key
+        group by t.kind, coalesce(t.limit_key, '')
+    ),
+    keys as (
+        with recursive k (kind, key) as (
+            (select t.kind, coalesce(t.limit_key, '') from artex.tasks t
+             where t.listed = 'pending' and t.limited
+             order by t.kind, coalesce(t.limit_key, '') limit 1)
+            union all
+            select n.kind, n.key from k cross join lateral (
+                select t.kind, coalesce(t.limit_key, '') as key from artex.tasks t
+                where t.listed = 'pending' and t.limited
+                  and (t.kind, coalesce(t.limit_key, '')) > (k.kind, k.key)
+                order by t.kind, coalesce(t.limit_key, '') limit 1) n
+        )
+        select k.kind, k.key from k
+        where k.kind = any(array(select distinct unnest(r.kinds) from roster r
+                                 where r.capacity > r.held))
     ),
     waiting as (
-        select t.id, t.kind, t.limit_key, t.priority, t.run_at,
-               row_number() over (partition by t.kind, t.limit_key
-                                  order by t.priority desc, t.run_at, t.id) as nth_of_key
-        from artex.tasks t
-        where t.listed = 'pending' and t.limited and t.run_at <= now()
-          and t.kind = any(array(select distinct unnest(r.kinds) from roster r
-                                 where r.capacity > r.held))
-          and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
-    ),
-    fits_key as (
-        select w.*, row_number() over (partition by w.kind
-                                       order by w.priority desc, w.run_at, w.id) as nth_of_kind
-        from waiting w left join limits l on l.kind = w.kind
-        where l.key_concurrency is null or w.limit_key is null
-           or w.nth_of_key <= l.key_concurrency
-                              - coalesce((select h.n from held h
-                                          where h.kind = w.kind and h.limit_key = w.limit_key), 0)
+        select w.* from keys k left join limits l on l.kind = k.kind
+        cross join lateral (
+            select t.id, t.kind, t.priority, t.run_at from artex.tasks t
+            where t.listed = 'pending' and t.limited and t.kind = k.kind
+              and coalesce(t.limit_key, '') = k.key and t.run_at <= now()
+              and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
+            order by t.priority desc, t.run_at, t.id
+            limit greatest(least($2::int8,
+                case when k.key <> '' then
+                    l.key_concurrency - coalesce((select h.n from held h
+                                                  where h.kind = k.kind and h.key = k.key), 0)
+                end,
+                l.concurrency - coalesce((select sum(h.n) from held h where h.kind = k.kind), 0),
+                l.tokens), 0)
+        ) w
     ),
     fits as (
-        select f.id from fits_key f left join limits l on l.kind = f.kind
+        select f.id from (
+            select w.*,
+                   row_number() over (partition by w.kind
+                                      order by w.priority desc, w.run_at, w.id) as nth_of_kind
+            from waiting w
+        ) f left join limits l on l.kind = f.kind
         where (l.concurrency is null
                or f.nth_of_kind <= l.concurrency
                                    - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
+        order by f.priority desc, f.run_at, f.id
+        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                               from roster r))
     ),
     claimed as (
         select id, kind, host, priority, run_at, false as limited from artex.tasks
@@ -284,7 +309,7 @@ begin
     ),
     claimed_limited as (
         select id, kind, host, priority, run_at, true as limited from artex.tasks
-        where id in (select id from fits) and listed = 'pending' and limited
+        where id = any(array(select id from fits)) and listed = 'pending' and limited
         order by priority desc, run_at, id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
                                from roster r))
