@@ -210,6 +210,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // inserts), indexes on it, and functions.
         change: Change::Expand,
     },
+    Migration {
+        version: 18,
+        name: "progress_and_retry_policies",
+        sql: include_str!("../../../migrations/V18__progress_and_retry_policies.sql"),
+        // Nullable columns older builds neither write nor read.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -159,6 +159,13 @@ pub struct TaskRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// While it is unfinished, no other task gets this key (migrations/V17).
     pub unique_key: Option<String>,
+    /// How far its handler said it was, 0 to 1 (`TaskContext::progress`; migrations/V18):
+    /// the latest value its worker wrote, at most once a second.
+    pub progress: Option<f32>,
+    /// What the handler said with it.
+    pub progress_message: Option<String>,
+    /// When it was written.
+    pub progress_at: Option<DateTime<Utc>>,
 }
 
 /// One row of a task's audit trail.
@@ -186,7 +193,7 @@ pub struct TransitionRow {
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
     assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
     shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at, \
-    unique_key";
+    unique_key, progress, progress_message, progress_at";
 
 pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
     Ok(TaskRow {
@@ -213,6 +220,9 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         started_at: r.try_get(20)?,
         finished_at: r.try_get(21)?,
         unique_key: r.try_get(22)?,
+        progress: r.try_get(23)?,
+        progress_message: r.try_get(24)?,
+        progress_at: r.try_get(25)?,
     })
 }
 
@@ -303,6 +313,9 @@ pub(crate) fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
         started_at: r.try_get(28)?,
         finished_at: r.try_get(29)?,
         unique_key: r.try_get(30)?,
+        progress: r.try_get(31)?,
+        progress_message: r.try_get(32)?,
+        progress_at: r.try_get(33)?,
     };
     Ok(TaskPreview { task, cut })
 }

@@ -21,6 +21,7 @@ pub mod handlers;
 mod intake;
 mod ledger;
 mod liveness;
+pub mod progress;
 pub mod status;
 pub mod transfer;
 
@@ -50,6 +51,7 @@ pub use handlers::{
 };
 use handlers::{Attempt, Cancel};
 use ledger::Ledger;
+use progress::{ProgressSlots, PROGRESS_EVERY};
 pub use status::{GetStatus, RunningTask, WorkerStatus};
 pub use transfer::{
     GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport,
@@ -224,6 +226,12 @@ pub struct Worker {
     polled_at: Instant,
     /// The poll's period now (see [`PUSHED_POLL`]).
     poll_every: Duration,
+    /// Progress its handlers reported and it has not written yet (see [`progress`]).
+    progress: ProgressSlots,
+    /// A write of progress is in flight.
+    progress_writing: bool,
+    /// When it last sent progress to be written.
+    progress_sent: Instant,
 }
 
 impl Worker {
@@ -271,6 +279,9 @@ impl Worker {
             read_at: Instant::now(),
             polled_at: Instant::now(),
             poll_every: poll,
+            progress: ProgressSlots::default(),
+            progress_writing: false,
+            progress_sent: Instant::now(),
         }
     }
 
@@ -405,6 +416,7 @@ impl Worker {
             self.bb.clone(),
             suspend,
             cancel,
+            self.progress.clone(),
             self.config.default_timeout,
         );
         actix::spawn(async move {
@@ -429,11 +441,21 @@ impl Worker {
         if batch.is_empty() {
             return;
         }
+        // A finished task's last progress, written just before its outcome (which the
+        // fence of the progress write would refuse once written).
+        let last_progress: Vec<_> = batch
+            .iter()
+            .filter(|c| !c.step.is_start())
+            .filter_map(|c| self.progress.take(c.id, c.epoch))
+            .collect();
         self.flushing = true;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let sent = Instant::now();
         async move {
+            if let Err(e) = bb.save_progress(&id, &last_progress, true).await {
+                tracing::debug!(error = %e, "cannot write the last progress of finished tasks");
+            }
             let res = bb.record(&id, &batch).await;
             (res, batch)
         }
@@ -533,6 +555,9 @@ impl Worker {
             self.polled_at = Instant::now();
             self.poll(ctx);
         }
+        if self.progress_sent.elapsed() >= PROGRESS_EVERY {
+            self.write_progress(ctx);
+        }
         let busy = self.held() > 0 || !self.outbox.is_empty() || !self.running.is_empty();
         let next = if busy {
             fence::FENCE_TICK.min(depth::TICK)
@@ -540,6 +565,58 @@ impl Worker {
             IDLE_TICK.min(self.poll_every)
         };
         ctx.run_later(next, |act, ctx| act.tick(ctx));
+    }
+
+    /// Writes the progress its running tasks reported since the last write, all in one
+    /// statement (none when nothing was reported). A value of a task that no longer runs
+    /// here is dropped; one whose row the worker's own batch in flight locked is kept for
+    /// the next write, unless a newer one came.
+    ///
+    /// Never while a renewal is in flight, nor a renewal during it: both skip the rows
+    /// the other locks, and with leases renewed about every second too they would meet
+    /// again and again (the next tick, a tenth of a second later, tries again).
+    fn write_progress(&mut self, ctx: &mut Context<Self>) {
+        if self.progress_writing || self.renewing {
+            return;
+        }
+        let notes: Vec<_> = self
+            .progress
+            .take_all()
+            .into_iter()
+            .filter(|n| self.running.get(&n.id).is_some_and(|r| r.epoch == n.epoch))
+            .collect();
+        self.progress_sent = Instant::now();
+        if notes.is_empty() {
+            return;
+        }
+        self.progress_writing = true;
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move {
+            let res = bb.save_progress(&id, &notes, false).await;
+            (res, notes)
+        }
+        .into_actor(self)
+        .map(|(res, notes), act, ctx| {
+            act.progress_writing = false;
+            if std::mem::take(&mut act.renew_again) {
+                act.renew(ctx);
+            }
+            act.db_result(&res);
+            let written: HashSet<Uuid> = match res {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, count = notes.len(), "cannot write progress; retrying");
+                    HashSet::new()
+                }
+            };
+            for n in notes.into_iter().filter(|n| !written.contains(&n.id)) {
+                if act.running.get(&n.id).is_some_and(|r| r.epoch == n.epoch) {
+                    act.progress.put_back(n);
+                }
+            }
+        })
+        .spawn(ctx);
     }
 
     /// A read of its assignments found `found` new tasks: a worker woken by pushes that
@@ -645,6 +722,7 @@ impl Supervised for Worker {
         // heartbeats and renewals would stop for good.
         self.renewing = false;
         self.heartbeating = false;
+        self.progress_writing = false;
     }
 }
 

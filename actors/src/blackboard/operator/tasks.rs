@@ -30,7 +30,8 @@ macro_rules! preview_select {
                     t.assigned_to, t.lease_until, t.lease_epoch, t.retries, t.max_retries,
                     t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
                     left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
-                    t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key
+                    t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key,
+                    t.progress, t.progress_message, t.progress_at
              from ",
             $from,
             " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,

@@ -2,7 +2,8 @@
 //! This file: register, heartbeat and state (its [`WorkerState`]), its binary's digest;
 //! `attempts.rs`: read what was assigned to it, record starts and outcomes in batches,
 //! renew leases, save checkpoints, release what it will not run, read a flow task's
-//! upstream results; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
+//! upstream results; `progress.rs`: handlers' progress, throttled by the worker and
+//! written in batches; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
 //! received in chunks, recorded with their task, and swept. Every write to a task names
 //! the lease epoch the worker holds: a worker that lost its lease changes nothing.
 //!
@@ -17,11 +18,13 @@
 //! transaction (`sql.rs`).
 
 mod attempts;
+mod progress;
 mod transfer;
 mod uploads;
 
 pub(crate) use attempts::PLAN_CACHED;
 pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Step};
+pub use progress::{ProgressEvent, ProgressNote, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL};
 pub use uploads::{NewUpload, UploadRow};
 
 use serde::{Deserialize, Serialize};

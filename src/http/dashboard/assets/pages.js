@@ -123,7 +123,8 @@
       if (!body) return;
       const res = await A.api("GET", tasks.query(after, limit));
       const rows = res.tasks.map((t) => h("tr", { "data-task": t.id },
-        h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind), h("td", {}, A.status(t.status)),
+        h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind),
+        h("td", { class: "st" }, A.status(t.status), " ", A.progress(t.progress, t.progress_message, true)),
         h("td", { class: "hide-sm mono" }, t.assigned_to || "-"), h("td", { class: "num hide-sm" }, t.retries),
         h("td", { title: t.updated_at }, A.ago(t.updated_at))));
       if (append) body.append(...rows); else body.replaceChildren(...rows);
@@ -136,6 +137,14 @@
     reload() { return tasks.page(null, Math.min(500, Math.max(50, tasks.shown)), false); },
   };
   tasks.onEvent = A.throttle(() => { if (document.getElementById("task-rows")) tasks.reload().catch(() => {}); }, 1000);
+  // A running task's progress: its row's bar, in place (no read).
+  tasks.onProgress = (ev) => {
+    const cell = document.querySelector('#task-rows tr[data-task="' + ev.task_id + '"] td.st');
+    if (!cell) return;
+    const old = cell.querySelector(".progress");
+    const bar = A.progress(ev.progress, ev.message, true);
+    if (old) old.replaceWith(bar); else cell.append(" ", bar);
+  };
   A.pages.tasks = tasks;
 
   // ---- one task ---------------------------------------------------------------------
@@ -162,6 +171,7 @@
         h("p", {}, h("span", { id: "task-status" }, A.status(t.status)), " ", t.kind),
         h("div", { class: "actions" }, actions), h("p", { id: "flash" }),
         h("dl", { class: "kv" },
+          h("dt", {}, "progress"), h("dd", { id: "task-progress" }, A.progress(t.progress, t.progress_message) || "-"),
           h("dt", {}, "worker"), h("dd", { class: "mono" }, t.assigned_to || "-"),
           h("dt", {}, "retries"), h("dd", {}, t.retries + " of " + t.max_retries),
           h("dt", {}, "priority"), h("dd", {}, t.priority),
@@ -196,10 +206,16 @@
   }
   const taskReload = A.throttle(() => task.reload().catch(() => {}), 250);
   task.onEvent = (ev) => { if (ev.task_id === task.id) taskReload(); };
+  task.onProgress = (ev) => {
+    const dd = document.getElementById("task-progress");
+    if (dd && ev.task_id === task.id) dd.replaceChildren(A.progress(ev.progress, ev.message));
+  };
   A.pages.task = task;
   // #/tasks/ID lands on the tasks page object: forward its events.
   tasks.onEventList = tasks.onEvent;
   tasks.onEvent = (ev) => (A.arg ? task.onEvent(ev) : tasks.onEventList(ev));
+  tasks.onProgressList = tasks.onProgress;
+  tasks.onProgress = (ev) => (A.arg ? task.onProgress(ev) : tasks.onProgressList(ev));
   const listReload = tasks.reload;
   tasks.reload = () => (A.arg ? task.reload() : listReload());
 
