@@ -425,6 +425,36 @@ async fn a_running_task_s_progress_shows_as_a_bar_on_its_page_and_in_the_list_li
 }
 
 #[tokio::test]
+async fn the_overview_lists_the_kinds_with_their_retry_policies() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let (code, body) = call(
+        "PUT",
+        &cluster.addr,
+        "/api/v1/kinds/fail/retry",
+        Some(json!({"backoff": "fixed", "base_ms": 200, "max_attempts": 4})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/", READ_TOKEN).await;
+    let shown = b
+        .until(
+            "the kinds with their policies",
+            "const f = document.querySelector('#kinds tr[data-kind=fail] td.retry');
+             const e = document.querySelector('#kinds tr[data-kind=echo] td.retry');
+             return f && e && [f.dataset.backoff, f.innerText, e.dataset.backoff]",
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!(["fixed", "fixed 200 ms, 4 attempts", "default"]),
+        "{shown}"
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
 async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
     let db = TestDb::new().await;
     let cluster = Cluster::start(&db, &[]).await;

@@ -24,6 +24,8 @@
 //!   view of them the Assigner serves.
 //! - [`waker`]: the planner's pushes of wake-ups to workers over HTTP, and which workers
 //!   it could not reach.
+//! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
+//!   the attempts a task of the kind gets by default.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
@@ -38,6 +40,7 @@ pub mod blackboard;
 pub mod error;
 pub mod maintenance;
 pub mod reaper;
+pub mod retry;
 pub mod scanner;
 pub mod shard_keeper;
 pub mod submission;

@@ -17,6 +17,7 @@
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
+//! - `kind`: `kind retry` (a kind's retry policy).
 //! - `bundle`: `bundle keygen|create|info`.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
@@ -33,6 +34,7 @@ mod events;
 mod flows;
 mod follow;
 mod inputs;
+mod kind;
 mod master;
 mod progress;
 mod run;
@@ -158,11 +160,16 @@ enum Command {
     /// Show or set what the blackboard accepts (the payload size limit).
     Limits(inputs::LimitsArgs),
     /// Every task kind a worker has declared (what `submit` accepts without
-    /// --allow-unregistered-kind).
+    /// --allow-unregistered-kind), with its retry policy.
     Kinds {
         /// One JSON object, `{"kinds": [...]}`.
         #[arg(long)]
         json: bool,
+    },
+    /// Settings of one task kind: its retry policy.
+    Kind {
+        #[command(subcommand)]
+        command: kind::KindCommand,
     },
     /// The workers the blackboard knows: state, pid, version, binary, tasks held.
     Workers(cluster::WorkersArgs),
@@ -237,6 +244,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Events { command } => events::events(db, command).await,
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
+        Command::Kind { command } => kind::kind(db, command).await,
         Command::Workers(args) => cluster::workers(db, args).await,
         Command::Stats(args) => cluster::stats(db, args).await,
         Command::Bundle { command } => bundle::bundle(command),

@@ -214,7 +214,9 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 18,
         name: "progress_and_retry_policies",
         sql: include_str!("../../../migrations/V18__progress_and_retry_policies.sql"),
-        // Nullable columns older builds neither write nor read.
+        // Nullable columns older builds neither write nor read, functions, and
+        // `artex.submit` with the same signature (its default retry budget may now come
+        // from the kind's policy, which only this build's operators set).
         change: Change::Expand,
     },
 ];

@@ -41,6 +41,7 @@ use crate::blackboard::{
     AssignedTask, AttemptRecord, ListenEvent, Outcome, Registration, Step, WorkerBoard,
     CANCEL_PAYLOAD, TASKS_CHANNEL,
 };
+use crate::retry::RetryPolicy;
 use crate::supervisor::ActorStats;
 use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
@@ -93,9 +94,10 @@ pub struct WorkerConfig {
     pub default_timeout: Duration,
     /// How long a canceled task's handler has to stop once told before it is stopped.
     pub cancel_grace: Duration,
-    /// Retry backoff: base·2^retries, capped, with jitter.
+    /// Retry backoff of a kind without a retry policy (`artex kind retry`):
+    /// base·2^retries, capped, with jitter.
     pub retry_base: Duration,
-    /// Cap of the retry backoff.
+    /// Cap of that retry backoff.
     pub retry_cap: Duration,
 }
 
@@ -111,6 +113,7 @@ impl WorkerConfig {
         format!("artex_w_{suffix}")
     }
 
+    /// The fleet's default backoff (a kind without a retry policy).
     fn backoff_ms(&self, retries: i32) -> i64 {
         let base = self.retry_base.as_millis() as f64;
         let cap = self.retry_cap.as_millis() as f64;
@@ -127,6 +130,11 @@ impl WorkerConfig {
 /// idle workers starting at once would otherwise read 5,000 times a second before the
 /// planners' greetings reach them.
 pub const PUSHED_POLL: Duration = Duration::from_secs(2);
+
+/// How often a worker reads its kinds' retry policies again (`artex kind retry`) while
+/// it holds tasks: a change reaches its retries within this. An idle worker does not
+/// read them (it has nothing to retry); it reads them again when it gets work.
+pub const POLICY_REFRESH: Duration = Duration::from_secs(5);
 
 /// How often an idle worker (holding no task) looks at its timers: a task it is given
 /// meets its first self-fencing check within this, well inside the fencing margin of
@@ -232,6 +240,12 @@ pub struct Worker {
     progress_writing: bool,
     /// When it last sent progress to be written.
     progress_sent: Instant,
+    /// Its kinds' retry policies, as last read (see [`POLICY_REFRESH`]).
+    policies: HashMap<String, RetryPolicy>,
+    /// When the policies were last read; `None`: never.
+    policies_read: Option<Instant>,
+    /// A read of the policies is in flight.
+    reading_policies: bool,
 }
 
 impl Worker {
@@ -282,6 +296,9 @@ impl Worker {
             progress: ProgressSlots::default(),
             progress_writing: false,
             progress_sent: Instant::now(),
+            policies: HashMap::new(),
+            policies_read: None,
+            reading_policies: false,
         }
     }
 
@@ -537,6 +554,7 @@ impl Actor for Worker {
         if self.config.wake_addr.is_none() {
             self.listen(ctx);
         }
+        self.read_policies(ctx);
         self.fetch(ctx);
     }
 }
@@ -558,6 +576,12 @@ impl Worker {
         if self.progress_sent.elapsed() >= PROGRESS_EVERY {
             self.write_progress(ctx);
         }
+        let policies_due = self
+            .policies_read
+            .is_none_or(|at| at.elapsed() >= POLICY_REFRESH);
+        if policies_due && self.held() > 0 {
+            self.read_policies(ctx);
+        }
         let busy = self.held() > 0 || !self.outbox.is_empty() || !self.running.is_empty();
         let next = if busy {
             fence::FENCE_TICK.min(depth::TICK)
@@ -565,6 +589,39 @@ impl Worker {
             IDLE_TICK.min(self.poll_every)
         };
         ctx.run_later(next, |act, ctx| act.tick(ctx));
+    }
+
+    /// The wait before the retry of a failed attempt of `kind` after `retries` earlier
+    /// failures: its kind's retry policy as last read, else the fleet's default.
+    fn backoff_ms(&self, kind: &str, retries: i32) -> i64 {
+        match self.policies.get(kind) {
+            Some(p) => p.delay_ms(retries),
+            None => self.config.backoff_ms(retries),
+        }
+    }
+
+    /// Reads its kinds' retry policies again. A failed read keeps the last ones (and is
+    /// tried again at the next tick).
+    fn read_policies(&mut self, ctx: &mut Context<Self>) {
+        if self.reading_policies {
+            return;
+        }
+        self.reading_policies = true;
+        let bb = self.bb.clone();
+        let kinds = self.registry.kinds();
+        async move { bb.retry_policies(&kinds).await }
+            .into_actor(self)
+            .map(|res, act, _ctx| {
+                act.reading_policies = false;
+                match res {
+                    Ok(policies) => {
+                        act.policies = policies;
+                        act.policies_read = Some(Instant::now());
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read the kinds' retry policies"),
+                }
+            })
+            .spawn(ctx);
     }
 
     /// Writes the progress its running tasks reported since the last write, all in one
@@ -723,6 +780,7 @@ impl Supervised for Worker {
         self.renewing = false;
         self.heartbeating = false;
         self.progress_writing = false;
+        self.reading_policies = false;
     }
 }
 
@@ -798,7 +856,7 @@ impl Handler<TaskFinished> for Worker {
                 match then {
                     AfterError::Retry => Outcome::Failed {
                         error,
-                        retry_in_ms: self.config.backoff_ms(r.retries),
+                        retry_in_ms: self.backoff_ms(&r.kind, r.retries),
                     },
                     AfterError::RetryAt(at) => Outcome::Failed {
                         error,
@@ -815,7 +873,7 @@ impl Handler<TaskFinished> for Worker {
                 tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task timed out");
                 Outcome::TimedOut {
                     error,
-                    retry_in_ms: self.config.backoff_ms(r.retries),
+                    retry_in_ms: self.backoff_ms(&r.kind, r.retries),
                 }
             }
         };

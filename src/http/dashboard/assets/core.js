@@ -51,6 +51,13 @@ A.progress = function progress(p, message, small) {
   return A.h("span", { class: "progress" + (small ? " small" : ""), "data-progress": p, title: message || pct },
     A.h("progress", { value: p, max: 1 }), " ", pct, !small && message ? [" ", A.h("span", { class: "muted" }, message)] : null);
 };
+// A kind's retry policy (artex kind retry) as words: "fixed 200 ms",
+// "exponential 1.00 s … 600.00 s, 5 attempts"; the default without one.
+A.policy = function policy(p) {
+  if (!p) return "default (exponential, 3 retries)";
+  const wait = p.backoff === "fixed" ? "fixed " + A.ms(p.base_ms) : p.backoff + " " + A.ms(p.base_ms) + " … " + A.ms(p.cap_ms);
+  return wait + (p.max_attempts ? ", " + p.max_attempts + " attempts" : "");
+};
 A.short = (id) => (id ? String(id).slice(0, 8) + "…" + String(id).slice(-4) : "-");
 A.taskLink = (id) => A.h("a", { href: "#/tasks/" + id, class: "mono", title: id }, A.short(id));
 A.time = (t) => (t ? new Date(t).toLocaleString() : "-");

@@ -33,7 +33,7 @@
       const box = document.getElementById("overview");
       if (!box) return;
       // A sample of 20,000 recent tasks: plenty for the figures, a fifth of the default cost.
-      const s = await A.api("GET", "/api/v1/stats?sample=20000");
+      const [s, declared] = await Promise.all([A.api("GET", "/api/v1/stats?sample=20000"), A.api("GET", "/api/v1/kinds")]);
       const r = s.recent;
       const cards = STATUSES.map((st) => h("div", { class: "card", "data-count": st },
         h("div", { class: "n" }, (s.capped.includes(st) ? "≥ " : "") + s.by_status[st]),
@@ -70,6 +70,15 @@
             h("tbody", {}, kinds.map(([k, c]) => h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
               ENDED.map((st) => h("td", { class: "num" }, c[st] || 0)))))))
           : h("p", { class: "muted" }, "Nothing finished in the window."),
+        h("h2", {}, "Kinds and their retry policies"),
+        declared.kinds.length
+          ? h("div", { class: "table" }, h("table", { id: "kinds" },
+            h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "last declared"))),
+            h("tbody", {}, declared.kinds.map((k) => h("tr", { "data-kind": k.kind },
+              h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k.kind) }, k.kind)),
+              h("td", { class: "retry", "data-backoff": k.retry ? k.retry.backoff : "default" }, A.policy(k.retry)),
+              h("td", { class: "hide-sm", title: k.last_seen }, A.ago(k.last_seen)))))))
+          : h("p", { class: "muted" }, "No worker has declared a kind yet."),
         h("p", { class: "muted" }, "As of " + A.time(s.at) + "."));
     },
   };
