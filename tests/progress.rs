@@ -1,7 +1,7 @@
 //! A running task's progress (`ctx.progress` in a handler), with real planner and worker
 //! processes: however often a handler reports, its worker writes about once a second and
 //! once more with the outcome, no history row; the values reach `artex task show` (text
-//! and JSON) and `/events` as `event: progress`.
+//! and JSON), `/events` as `event: progress` and `artex events tail --follow --progress`.
 
 mod common;
 
@@ -221,4 +221,79 @@ async fn progress_reaches_server_sent_events_as_progress_events() {
         (progress_of(&c, id).await.3 == "succeeded").then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn events_tail_follow_progress_prints_progress_lines_beside_the_task_events() {
+    use std::io::BufRead;
+    let db = TestDb::new().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let _w = Proc::worker("worker", &db.url, &[]);
+    let mut tail = std::process::Command::new(common::artex_bin())
+        .args(["events", "tail", "--follow", "--progress"])
+        .env("ARTEX_DATABASE_URL", &db.url)
+        .env("ARTEX_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("artex events tail");
+    let stdout = tail.stdout.take().unwrap();
+    let (lines, read) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Following once it printed a first task's events; its progress session connects
+    // meanwhile (a value written before would be missed: the task below reports for
+    // 4 s, and at least 3 of its 4 values are asked for).
+    let first = db
+        .bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    let next = |what: &str| -> Value {
+        let line = read
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no line from artex events tail: waiting for {what}"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    while next("the first task's events")["task_id"] != json!(first.to_string()) {}
+    let id = db
+        .bb
+        .operator()
+        .submit(
+            &NewTask::new("progress", json!({ "steps": 4, "ms": 10000 })),
+            "test",
+        )
+        .await
+        .unwrap();
+    let (mut progress, mut ended) = (Vec::new(), false);
+    while !ended {
+        let v = next("the progress task's progress and end");
+        if v["task_id"] != json!(id.to_string()) {
+            continue;
+        }
+        if v["event"] == json!("progress") {
+            assert!(
+                v.get("position").is_none(),
+                "progress has no feed position: {v}"
+            );
+            assert_eq!(v["kind"], json!("progress"));
+            progress.push(v["progress"].as_f64().unwrap());
+        } else {
+            assert!(v["position"].is_string(), "a task event: {v}");
+            ended = v["to"] == json!("succeeded");
+        }
+    }
+    let _ = tail.kill();
+    let _ = tail.wait();
+    assert!(progress.len() >= 3, "{progress:?}");
+    assert!(progress.windows(2).all(|w| w[0] < w[1]), "{progress:?}");
+    assert_eq!(progress.last(), Some(&1.0));
 }
