@@ -216,3 +216,63 @@ async fn bad_policies_are_refused_with_exit_code_2_and_nothing_is_written() {
     assert!(out.trim_end().ends_with("retry default"), "{out}");
     assert_eq!(db.bb.operator().known_kinds().await.unwrap()[0].retry, None);
 }
+
+#[tokio::test]
+async fn a_running_worker_follows_a_policy_set_under_it_within_seconds() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    // Its own backoff: 2.5 to 5 s.
+    let _w = Proc::worker(
+        "worker",
+        &db.url,
+        &["--retry-base-ms", "5000", "--retry-cap-ms", "5000"],
+    );
+    common::procs::wait_for(
+        "the worker to declare its kinds",
+        Duration::from_secs(30),
+        || async {
+            (common::count(&c, "select count(*) from artex.kinds where kind = 'fail'").await == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    let op = db.bb.operator();
+    // Read at its start, before this: none.
+    op.set_retry_policy(
+        "fail",
+        Some(&artex_actors::retry::RetryPolicy {
+            backoff: artex_actors::retry::Backoff::Fixed,
+            base_ms: 100,
+            cap_ms: 100,
+            max_attempts: None,
+        }),
+    )
+    .await
+    .unwrap()
+    .expect("declared");
+    // Busy meanwhile: a worker reads the policies again while it holds tasks.
+    op.submit(&NewTask::new("sleep", json!({ "ms": 30000 })), "test")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let id = op
+            .submit(&NewTask::new("fail", json!({ "times": 1 })), "test")
+            .await
+            .unwrap();
+        wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+        let wait = waits_ms(&c, id).await[0];
+        seen.push(wait);
+        // The worker's own backoff never waits less than 2.5 s.
+        if wait < 1000 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new policy was not followed: retries waited {seen:?} ms"
+        );
+    }
+    assert!(seen.last().is_some_and(|w| *w >= 95), "{seen:?}");
+}

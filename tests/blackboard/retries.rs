@@ -2,7 +2,7 @@
 //! the budget is spent, and the trigger ends a retry past it; a kind's retry policy
 //! (its backoff in SQL and Rust alike, the reaper's retries, the default budget).
 
-use artex_actors::blackboard::{AssignedTask, NewTask, Outcome, DISPATCH_SQL};
+use artex_actors::blackboard::{AssignedTask, FlowSpec, NewTask, Outcome, DISPATCH_SQL};
 use artex_actors::retry::{Backoff, RetryPolicy, MAX_BACKOFF_MS};
 use chrono::Utc;
 use serde_json::json;
@@ -378,4 +378,24 @@ async fn a_kind_s_attempts_are_the_default_budget_of_its_new_tasks() {
         .unwrap()
         .get(0);
     assert_eq!(budget(sql).await, 4, "artex.submit");
+    let spec: FlowSpec = serde_json::from_value(json!({"name": "f", "tasks": [
+        {"name": "a", "kind": "echo"},
+        {"name": "b", "kind": "echo", "depends_on": ["a"], "max_retries": 0}]}))
+    .unwrap();
+    let flow = op.submit_flow(&spec, "test").await.unwrap();
+    let budgets: Vec<(String, i32)> = c
+        .query(
+            "select flow_task, max_retries from artex.tasks where flow_id = $1 order by flow_task",
+            &[&flow],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        budgets,
+        [("a".into(), 4), ("b".into(), 0)],
+        "a flow's tasks"
+    );
 }
