@@ -11,8 +11,10 @@
 //! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
 //! keeps it from taking a task twice, `intake.rs` reads its assignments or takes
 //! the ones a wake-up carries (and judges when it may), [`depth`] sizes its queue, [`status`] is what it
-//! shows, and [`drain`] and [`transfer`] (the task transfer of a hot
-//! upgrade) are how it stops.
+//! shows, [`progress`] keeps what handlers report until it is written (throttled), and
+//! [`drain`] and [`transfer`] (the task transfer of a hot upgrade) are how it stops. It
+//! retries a failed attempt after its kind's retry policy (`crate::retry`, read every
+//! [`POLICY_REFRESH`] while it holds tasks), else its own backoff.
 
 pub mod depth;
 pub mod drain;
