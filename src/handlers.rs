@@ -7,7 +7,8 @@
 //! start and end of every execution to a side file, so that a test can see executions of
 //! one task overlap or repeat; the second checkpoints each step like `checkpoint`; both
 //! stop when their task is canceled, ending `canceled` in the file, unless the payload
-//! says `"ignore_cancel": true`).
+//! says `"ignore_cancel": true`), and `progress` (which reports its progress `steps` times
+//! over `ms` milliseconds, then holds its last value for `hold_ms` before it ends).
 
 use std::time::Duration;
 
@@ -61,11 +62,40 @@ pub fn stock() -> Registry {
             },
         }
     });
+    r.register("progress", progress);
     r.register_resumable("checkpoint", checkpoint);
     r.register("digest", digest);
     r.register("journal", |ctx: TaskContext| journal(ctx, false));
     r.register_resumable("journal-checkpoint", |ctx: TaskContext| journal(ctx, true));
     r
+}
+
+/// Reports `steps` progress values (`i / steps`, "step i of steps") spread over `ms`
+/// milliseconds in ten slices (a thousand steps are a thousand calls in a few
+/// microseconds each, as a handler working through items makes them), then holds the last
+/// value for `hold_ms` (default 0) before it returns `{"steps": steps}`. Stops when its
+/// task is canceled.
+async fn progress(ctx: TaskContext) -> Result<Value, TaskError> {
+    let steps = field_u64(ctx.payload(), "steps")?.unwrap_or(100).max(1);
+    let ms = field_u64(ctx.payload(), "ms")?.unwrap_or(1000);
+    let hold_ms = field_u64(ctx.payload(), "hold_ms")?.unwrap_or(0);
+    let slice = steps.div_ceil(10);
+    let work = async {
+        for i in 1..=steps {
+            ctx.progress(
+                i as f64 / steps as f64,
+                Some(&format!("step {i} of {steps}")),
+            );
+            if i % slice == 0 {
+                tokio::time::sleep(Duration::from_millis(ms / 10)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    };
+    tokio::select! {
+        () = work => Ok(json!({ "steps": steps })),
+        () = ctx.cancelled() => Err(TaskError::new("canceled")),
+    }
 }
 
 /// Sleeps `steps` × `ms` (checkpointing each step when `checkpoints`, resuming from the

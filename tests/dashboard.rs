@@ -349,6 +349,112 @@ async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
 }
 
 #[tokio::test]
+async fn a_running_task_s_progress_shows_as_a_bar_on_its_page_and_in_the_list_live() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    // Five steps, two seconds apart: the bars move while the page is open.
+    let id = created(call(
+        "POST",
+        &cluster.addr,
+        "/api/v1/tasks",
+        Some(json!({"kind": "progress", "payload": {"steps": 5, "ms": 20000}})),
+    ))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, &format!("#/tasks/{id}"), READ_TOKEN)
+        .await;
+    b.until(
+        "the task shown running with a first value",
+        "const p = document.querySelector('#task-progress progress');
+         return !!document.querySelector('#task-status [data-status=running]') && p && p.value > 0",
+    )
+    .await;
+    b.mark_page().await;
+    // Every value the bar shows from now on: it moves by `event: progress`, which
+    // changes only the bar (a task event reads the whole task again).
+    b.eval(
+        "window.__values = [];
+         const look = () => { const p = document.querySelector('#task-progress progress');
+           if (p && __values[__values.length - 1] !== p.value) __values.push(p.value); };
+         new MutationObserver(look).observe(document.getElementById('main'), {childList: true, subtree: true});
+         look(); return null",
+    )
+    .await;
+    let text = b
+        .until(
+            "the bar to move on while the task runs",
+            "return __values.length >= 2 && !!document.querySelector('#task-status [data-status=running]')
+               && document.getElementById('task-progress').innerText",
+        )
+        .await;
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains('%') && text.contains("step ") && text.contains(" of 5"),
+        "{text}"
+    );
+    let values = b.eval("return __values").await;
+    let values: Vec<f64> = values
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    b.finish_on_the_marked_page().await;
+
+    // The list: a small bar in the task's row.
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/tasks", READ_TOKEN)
+        .await;
+    let shown = b
+        .until(
+            "a small bar in the task's row",
+            &format!(
+                "const p = document.querySelector('#task-rows tr[data-task=\"{id}\"] .progress.small progress');
+                 return p && p.value > 0 && p.value"
+            ),
+        )
+        .await;
+    assert!(
+        shown.as_f64().is_some_and(|v| v > 0.0 && v <= 1.0),
+        "{shown}"
+    );
+    b.close().await;
+}
+
+#[tokio::test]
+async fn the_overview_lists_the_kinds_with_their_retry_policies() {
+    let db = TestDb::new().await;
+    let cluster = Cluster::start(&db, &[]).await;
+    let (code, body) = call(
+        "PUT",
+        &cluster.addr,
+        "/api/v1/kinds/fail/retry",
+        Some(json!({"backoff": "fixed", "base_ms": 200, "max_attempts": 4})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let b = Browser::start().await;
+    b.open_with_token(&cluster.addr, "#/", READ_TOKEN).await;
+    let shown = b
+        .until(
+            "the kinds with their policies",
+            "const f = document.querySelector('#kinds tr[data-kind=fail] td.retry');
+             const e = document.querySelector('#kinds tr[data-kind=echo] td.retry');
+             return f && e && [f.dataset.backoff, f.innerText, e.dataset.backoff]",
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!(["fixed", "fixed 200 ms, 4 attempts", "default"]),
+        "{shown}"
+    );
+    b.assert_no_errors().await;
+    b.close().await;
+}
+
+#[tokio::test]
 async fn a_flows_graph_shows_its_nodes_edges_and_their_states() {
     let db = TestDb::new().await;
     let cluster = Cluster::start(&db, &[]).await;

@@ -16,7 +16,8 @@
 //!   stopped before it can expire); [`worker::handlers`] the handler registry and what a
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
 //!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
-//!   rate; [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
+//!   rate; [`worker::progress`] handlers' progress, kept until it is written (at most
+//!   once a second); [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
 //!   [`worker::transfer`] the worker's side of a hot upgrade's task transfer.
 //! - [`submission`]: what a new task, a batch or a flow is and every rule on it (pure);
 //!   the CLI, the HTTP API and uploads build a [`submission::Submission`] and check it.
@@ -24,6 +25,8 @@
 //!   view of them the Assigner serves.
 //! - [`waker`]: the planner's pushes of wake-ups to workers over HTTP, and which workers
 //!   it could not reach.
+//! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
+//!   the attempts a task of the kind gets by default.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
@@ -38,6 +41,7 @@ pub mod blackboard;
 pub mod error;
 pub mod maintenance;
 pub mod reaper;
+pub mod retry;
 pub mod scanner;
 pub mod shard_keeper;
 pub mod submission;

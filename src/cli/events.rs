@@ -1,11 +1,13 @@
 //! `artex events tail|retention|prune|forget|drop-slot`: the change feed from a durable
-//! cursor (or a logical replication slot) as JSON lines, and its retention.
+//! cursor (or a logical replication slot) as JSON lines (with `--progress`, running
+//! tasks' progress too, not durable), and its retention.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use artex_actors::blackboard::{
-    DecodedTransaction, EventFeed, EventPosition, FeedStart, RowChange,
+    DecodedTransaction, EventFeed, EventPosition, FeedStart, ListenEvent, ProgressEvent, RowChange,
+    PROGRESS_CHANNEL,
 };
 use artex_actors::maintenance::Maintenance;
 use artex_actors::Blackboard;
@@ -95,7 +97,17 @@ pub(crate) struct TailArgs {
     /// of the task events.
     #[arg(long, requires = "logical")]
     raw: bool,
+    /// With --follow: also print running tasks' progress as it is written (at most once
+    /// a second per task), as lines `{"event": "progress", "task_id", "kind",
+    /// "progress", "message", "at"}` without a position. Not durable: neither
+    /// acknowledged nor replayed (a restarted consumer gets only new progress).
+    #[arg(long, requires = "follow", conflicts_with = "logical")]
+    progress: bool,
 }
+
+/// With --progress, how long a follower waits on the feed at most before it prints the
+/// progress that came meanwhile.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 fn parse_position(s: &str) -> std::result::Result<EventPosition, String> {
     s.parse().map_err(|e: artex_actors::Error| e.to_string())
@@ -190,6 +202,7 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
     if args.follow {
         feed.listen().await?;
     }
+    let mut progress = args.progress.then(|| progress_notes(&bb));
     let reader = Reader::watch();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -200,11 +213,14 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
         let read = if args.follow {
             // Back soon to retry an acknowledgment that failed; otherwise in time to say
             // the consumer is alive (and not sooner than a poll when that failed too).
-            let until = if unacked {
+            let mut until = if unacked {
                 Instant::now() + ACK_RETRY.min(poll)
             } else {
                 (said_alive + ALIVE_EVERY).max(Instant::now() + poll)
             };
+            if progress.is_some() {
+                until = until.min(Instant::now() + PROGRESS_EVERY);
+            }
             // Stopped as soon as nobody reads: the next event may be hours away.
             reader.unless_gone(feed.follow(args.batch, until)).await?
         } else {
@@ -228,6 +244,16 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
             out.flush().map_err(write_error)?;
             unacked = true;
             held_since = None;
+        }
+        if let Some(notes) = progress.as_mut() {
+            let mut wrote = false;
+            while let Ok(line) = notes.try_recv() {
+                write_line(&mut out, &line)?;
+                wrote = true;
+            }
+            if wrote {
+                out.flush().map_err(write_error)?;
+            }
         }
         if unacked || (args.follow && said_alive.elapsed() >= ALIVE_EVERY) {
             match feed.ack().await {
@@ -254,6 +280,40 @@ async fn tail(bb: Blackboard, args: TailArgs) -> Result {
         return Ok(());
     }
 }
+
+/// The progress written from now on, as the lines `--progress` prints: heard on a LISTEN
+/// session of its own (reconnecting by itself; what is written while it is away is
+/// missed, as progress is not durable), at most [`PROGRESS_BUFFER`] waiting.
+fn progress_notes(bb: &Blackboard) -> tokio::sync::mpsc::Receiver<Value> {
+    let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
+    let mut session = bb.feed().listen_session("progress", &[PROGRESS_CHANNEL]);
+    actix::spawn(async move {
+        loop {
+            tokio::select! {
+                event = session.next() => {
+                    let ListenEvent::Notified(batch) = event else { continue };
+                    for n in batch {
+                        let Ok(p) = serde_json::from_str::<ProgressEvent>(&n.payload) else {
+                            continue;
+                        };
+                        let mut line = json!({ "event": "progress" });
+                        if let (Some(line), Value::Object(p)) = (line.as_object_mut(), json!(p)) {
+                            line.extend(p);
+                        }
+                        // Full: the output does not keep up; progress is only ever the
+                        // latest value, so this one is dropped.
+                        let _ = tx.try_send(line);
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
+}
+
+/// Progress lines waiting to be printed, at most.
+const PROGRESS_BUFFER: usize = 1024;
 
 /// A history row the feed shows: inserted into `artex.task_transitions` (decoded under
 /// its partition's name, `artex.task_transitions_…`), a real status change (not an

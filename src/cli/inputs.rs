@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::Value;
 
 use super::stdout::outln;
-use super::{connect_one_shot, print_json, time_text};
+use super::{connect_one_shot, print_json};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -48,12 +48,7 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
         return print_json(&serde_json::json!({ "kinds": kinds, "limits": limits }));
     }
     for k in &kinds {
-        outln!(
-            "{:<24}  first seen {}  last seen {}",
-            k.kind,
-            time_text(Some(k.first_seen)),
-            time_text(Some(k.last_seen))
-        )?;
+        outln!("{}", super::kind::kind_line(k))?;
     }
     if kinds.is_empty() {
         eprintln!("no worker has registered yet");

@@ -1,16 +1,20 @@
-//! `artex kind limit K …`: a kind's fleet-wide limits (at most N held at once, at most N
-//! of one `limit_key`, at most R started per second), enforced where tasks are assigned
-//! (migrations/V18__tags_and_limits.sql). `artex kinds` lists them.
+//! `artex kind …`: settings of one task kind. `kind limit K` sets, shows or clears the
+//! kind's fleet-wide limits (at most N held at once, at most N of one `limit_key`, at
+//! most R started per second), enforced where tasks are assigned
+//! (migrations/V18__tags_and_limits.sql); `kind retry K` sets (or `--clear`s) its retry
+//! policy — the backoff after a failed attempt and the attempts a task of the kind gets
+//! when its submission states none (`artex_actors::retry`). `artex kinds` lists both.
 
-use artex_actors::blackboard::{parse_rate, rate_text, KindLimit, LimitSpec};
+use artex_actors::blackboard::{parse_rate, rate_text, KindLimit, KnownKind, LimitSpec};
+use artex_actors::retry::{Backoff, RetryPolicy};
 use clap::{Args, Subcommand};
 
 use super::stdout::outln;
 use super::{cli_actor, connect_one_shot, print_json};
-use crate::config::DbConfig;
+use crate::config::{parse_duration, DbConfig};
 use crate::error::{Error, Result};
 
-/// `artex kind …`
+/// `artex kind …`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum KindCommand {
     /// Set, show or clear a kind's fleet-wide limits: at most --concurrency of its
@@ -18,6 +22,9 @@ pub(crate) enum KindCommand {
     /// limit key (`submit --limit-key`), at most --rate started per second. Without a
     /// limit option, shows them.
     Limit(LimitArgs),
+    /// Set a kind's retry policy: how long a failed attempt waits before its retry, and
+    /// how many attempts its tasks get by default. Workers apply it within 5 s.
+    Retry(RetryArgs),
 }
 
 /// The arguments of `artex kind limit`.
@@ -45,13 +52,6 @@ pub(crate) struct LimitArgs {
 
 fn parse_kind(s: &str) -> std::result::Result<String, String> {
     artex_actors::blackboard::check_kind(s).map(|()| s.to_string())
-}
-
-/// Runs `artex kind …`.
-pub(crate) async fn kind(db: &DbConfig, command: KindCommand) -> Result {
-    match command {
-        KindCommand::Limit(args) => limit(db, args).await,
-    }
 }
 
 async fn limit(db: &DbConfig, args: LimitArgs) -> Result {
@@ -103,4 +103,108 @@ pub(crate) fn limit_text(l: &KindLimit) -> String {
         parts.push(format!("rate {}", rate_text(r)));
     }
     format!("{}: {} ({} held)", l.kind, parts.join(", "), l.held)
+}
+
+/// The arguments of `artex kind retry`.
+#[derive(Debug, Args)]
+pub(crate) struct RetryArgs {
+    /// The kind (one a worker has declared: `artex kinds`).
+    kind: String,
+    /// How the wait grows: exponential (base·2^n), linear (base·(n+1)) or fixed (base),
+    /// n the attempts that failed before; exact, no jitter.
+    #[arg(long, value_parser = parse_backoff, required_unless_present = "clear")]
+    backoff: Option<Backoff>,
+    /// The first wait (e.g. 200ms, 1s, 5m).
+    #[arg(long, value_parser = parse_ms, required_unless_present = "clear")]
+    base: Option<i64>,
+    /// The longest wait (default: the base). Up to 30 days.
+    #[arg(long, value_parser = parse_ms)]
+    cap: Option<i64>,
+    /// Attempts a task of the kind gets when its submission states no max_retries (its
+    /// max_retries is this less one); a task that states its own keeps it.
+    #[arg(long)]
+    max_attempts: Option<i32>,
+    /// Remove the policy: the fleet's default backoff and 3 retries apply again.
+    #[arg(long, conflicts_with_all = ["backoff", "base", "cap", "max_attempts"])]
+    clear: bool,
+    /// Print the kind as `artex kinds --json` does.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_backoff(s: &str) -> std::result::Result<Backoff, String> {
+    s.parse()
+}
+
+/// A duration in milliseconds (at least 1 ms; the range is checked with the policy).
+fn parse_ms(s: &str) -> std::result::Result<i64, String> {
+    let d = parse_duration(s)?;
+    i64::try_from(d.as_millis()).map_err(|_| format!("'{s}': too long"))
+}
+
+/// Runs `artex kind …`.
+pub(crate) async fn kind(db: &DbConfig, command: KindCommand) -> Result {
+    match command {
+        KindCommand::Limit(args) => limit(db, args).await,
+        KindCommand::Retry(args) => retry(db, args).await,
+    }
+}
+
+async fn retry(db: &DbConfig, args: RetryArgs) -> Result {
+    let policy = match (args.clear, args.backoff, args.base) {
+        (true, ..) => None,
+        (false, Some(backoff), Some(base_ms)) => Some(RetryPolicy {
+            backoff,
+            base_ms,
+            cap_ms: args.cap.unwrap_or(base_ms),
+            max_attempts: args.max_attempts,
+        }),
+        // clap requires both unless --clear.
+        _ => {
+            return Err(Error::Invalid(
+                "--backoff and --base are needed (or --clear)".into(),
+            ))
+        }
+    };
+    // Checked before connecting: bad input says which option, whatever the database.
+    if let Some(p) = &policy {
+        p.check().map_err(|r| {
+            let option = match r.field {
+                "base" => "--base",
+                "cap" => "--cap",
+                _ => "--max-attempts",
+            };
+            Error::Invalid(format!("{option}: {}", r.message))
+        })?;
+    }
+    let bb = connect_one_shot(db).await?;
+    let Some(kind) = bb
+        .operator()
+        .set_retry_policy(&args.kind, policy.as_ref())
+        .await?
+    else {
+        return Err(Error::Invalid(format!(
+            "kind '{}': no worker has declared it (see artex kinds); a policy is set on a \
+             declared kind",
+            args.kind
+        )));
+    };
+    if args.json {
+        return print_json(&kind);
+    }
+    outln!("{}", kind_line(&kind))
+}
+
+/// A kind as `artex kinds` and `artex kind retry` print it.
+pub(crate) fn kind_line(k: &KnownKind) -> String {
+    format!(
+        "{:<24}  first seen {}  last seen {}  retry {}",
+        k.kind,
+        super::time_text(Some(k.first_seen)),
+        super::time_text(Some(k.last_seen)),
+        k.retry
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "default".into())
+    )
 }

@@ -17,6 +17,7 @@
 //! - `db`: `migrate`, `schema`, `db start|stop|status|url`.
 //! - `inputs`: `limits`, `kinds`, and the payload reading and checks `submit` and
 //!   `flow submit` share.
+//! - `kind`: `kind retry` (a kind's retry policy).
 //! - `bundle`: `bundle keygen|create|info`.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
@@ -159,14 +160,15 @@ enum Command {
     /// Show or set what the blackboard accepts (the payload size limit).
     Limits(inputs::LimitsArgs),
     /// Every task kind a worker has declared (what `submit` accepts without
-    /// --allow-unregistered-kind).
+    /// --allow-unregistered-kind), with its retry policy.
     Kinds {
         /// One JSON object, `{"kinds": [...]}`.
         #[arg(long)]
         json: bool,
     },
-    /// A kind's settings: its fleet-wide limits (`artex kind limit K --concurrency 5
-    /// --key-concurrency 2 --rate 100/s`).
+    /// Settings of one task kind: its fleet-wide limits (`artex kind limit K
+    /// --concurrency 5 --key-concurrency 2 --rate 100/s`) and its retry policy (`artex
+    /// kind retry K --backoff exponential --base 1s --cap 10m`).
     Kind {
         #[command(subcommand)]
         command: kind::KindCommand,

@@ -508,6 +508,25 @@ fn cut_note(bytes: Option<i64>) -> String {
     }
 }
 
+/// A task's progress as `task show` prints it: `42% [########------------] message (at
+/// 2026-…)`.
+fn progress_text(
+    fraction: f32,
+    message: Option<&str>,
+    at: Option<chrono::DateTime<chrono::Utc>>,
+) -> String {
+    const WIDTH: usize = 20;
+    let filled = ((fraction.clamp(0.0, 1.0) * WIDTH as f32).round() as usize).min(WIDTH);
+    format!(
+        "{:.0}% [{}{}]{} (at {})",
+        fraction * 100.0,
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        message.map(|m| format!(" {m}")).unwrap_or_default(),
+        time_text(at)
+    )
+}
+
 fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
     let t = &preview.task;
     // A cut value is its first characters (a JSON string standing in for it).
@@ -519,6 +538,12 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
     outln!("id:          {}", t.id)?;
     outln!("kind:        {}", t.kind)?;
     outln!("status:      {}", t.status)?;
+    if let Some(p) = t.progress {
+        outln!(
+            "progress:    {}",
+            progress_text(p, t.progress_message.as_deref(), t.progress_at)
+        )?;
+    }
     outln!(
         "attempts:    {} (failed {}, retries allowed {})",
         attempts(t),

@@ -8,6 +8,12 @@
 //! hot upgrade's listener pass too), the stream ends and the client's reconnection
 //! lands on whoever serves the port then: an open stream never holds a shutdown back.
 //!
+//! Progress (`ctx.progress` in a handler) is not in the feed, which is the history: a
+//! worker writes a running task's latest progress at most once a second and NOTIFYs it,
+//! and each open stream passes it on as `event: progress` (no `id:`; `data:` a
+//! [`ProgressEvent`]) within half a second. Not durable: a reconnecting client gets no
+//! progress it missed, only the next one (the task's row keeps the latest value).
+//!
 //! Bounded whatever clients do: it needs the read scope; at most `--max-event-streams`
 //! streams are open (503 beyond); every stream is woken by the process's one LISTEN
 //! session (a connection for all of them, see [`EventsState::start`]) and reads through
@@ -25,10 +31,13 @@ use actix_web::{HttpRequest, HttpResponse};
 use std::sync::Arc;
 
 use artex_actors::blackboard::FeedBoard;
-use artex_actors::blackboard::{EventFeed, EventPosition, FeedStart, EVENTS_CHANNEL};
+use artex_actors::blackboard::{
+    EventFeed, EventPosition, FeedStart, ListenEvent, ProgressEvent, EVENTS_CHANNEL,
+    PROGRESS_CHANNEL,
+};
 use artex_actors::worker::GetStatus;
 use serde::Deserialize;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::CanRead;
 use super::{ApiError, AppState};
@@ -39,6 +48,8 @@ use super::{ApiError, AppState};
 pub struct EventsState {
     bb: FeedBoard,
     wakeups: watch::Receiver<u64>,
+    /// Progress notifications (their JSON payloads), for every open stream.
+    progress: broadcast::Sender<Arc<str>>,
     streams: Arc<Semaphore>,
     max_streams: usize,
     /// Set when the process stops serving (`artex serve`'s shutdown): streams end.
@@ -49,17 +60,37 @@ impl EventsState {
     /// Serves the feed of `bb` to at most `max_streams` streams at once, and starts the
     /// process's one LISTEN session for them: it bumps a counter at every notification,
     /// at every (re)connection (notifications are lost while disconnected) and every
-    /// [`SAFETY_POLL`]; it ends when every `EventsState` is gone.
+    /// [`SAFETY_POLL`]; it ends when every `EventsState` is gone. The same session hears
+    /// progress ([`PROGRESS_CHANNEL`]), which it hands to every open stream.
     pub fn start(bb: FeedBoard, max_streams: usize) -> Self {
         let (tx, wakeups) = watch::channel(0u64);
-        let mut session = bb.listen_session("event feed", &[EVENTS_CHANNEL]);
+        let (progress, _) = broadcast::channel(PROGRESS_BUFFER);
+        let mut session = bb.listen_session("event feed", &[EVENTS_CHANNEL, PROGRESS_CHANNEL]);
+        let to_streams = progress.clone();
         actix::spawn(async move {
             let bump = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
             loop {
                 tokio::select! {
-                    // Connected: notifications may have been missed. Lost: streams poll
-                    // until it is back. Either way, everyone looks now.
-                    _ = session.next() => bump(&tx),
+                    event = session.next() => match event {
+                        // Progress only: the feed has nothing new to read.
+                        ListenEvent::Notified(batch) => {
+                            let mut events = false;
+                            for n in batch {
+                                if n.channel == PROGRESS_CHANNEL {
+                                    // No stream open: nobody to tell.
+                                    let _ = to_streams.send(Arc::from(n.payload));
+                                } else {
+                                    events = true;
+                                }
+                            }
+                            if events {
+                                bump(&tx);
+                            }
+                        }
+                        // Connected: notifications may have been missed. Lost: streams
+                        // poll until it is back. Either way, everyone looks now.
+                        _ => bump(&tx),
+                    },
                     _ = tokio::time::sleep(SAFETY_POLL) => bump(&tx),
                     _ = tx.closed() => return,
                 }
@@ -68,6 +99,7 @@ impl EventsState {
         EventsState {
             bb,
             wakeups,
+            progress,
             streams: Arc::new(Semaphore::new(max_streams)),
             max_streams,
             stopping: Arc::new(AtomicBool::new(false)),
@@ -99,6 +131,9 @@ pub const SLOW_CLIENT: Duration = Duration::from_secs(30);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Events per read: at most this many are buffered for one stream.
 const BATCH: i64 = 100;
+/// Progress notifications kept for a stream that has not sent them yet; a stream that
+/// falls further behind skips the oldest (progress is only ever the latest value).
+const PROGRESS_BUFFER: usize = 1024;
 
 enum Phase {
     Start,
@@ -151,9 +186,11 @@ pub async fn events(
         })?;
     // Subscribed before the first read: nothing committed in between goes unnoticed.
     feed.share_wakeups(state.wakeups.clone());
+    let progress = state.progress.subscribe();
     let stream = futures_util::stream::unfold(
         Stream {
             feed,
+            progress,
             phase: Phase::Start,
             app,
             stopping: state.stopping.clone(),
@@ -176,6 +213,7 @@ pub async fn events(
                 Phase::Live => {
                     let (chunk, next) = next_chunk(
                         &mut s.feed,
+                        &mut s.progress,
                         s.app.as_ref().map(|a| a.get_ref()),
                         &s.stopping,
                     )
@@ -200,6 +238,7 @@ pub async fn events(
 /// (given back when the stream is dropped).
 struct Stream {
     feed: EventFeed,
+    progress: broadcast::Receiver<Arc<str>>,
     phase: Phase,
     app: Option<web::Data<AppState>>,
     stopping: Arc<AtomicBool>,
@@ -214,6 +253,7 @@ struct Stream {
 /// every poll, so an open stream never holds a drain or an upgrade back for longer.
 async fn next_chunk(
     feed: &mut EventFeed,
+    progress: &mut broadcast::Receiver<Arc<str>>,
     app: Option<&AppState>,
     stopping: &AtomicBool,
 ) -> (Bytes, Phase) {
@@ -224,6 +264,12 @@ async fn next_chunk(
                 Bytes::from_static(b": this process is stopping; reconnect\n\n"),
                 Phase::Done,
             );
+        }
+        // Looked at between the feed's reads (at most `POLL` apart), not raced with
+        // them: a read given up halfway would be read again, for nothing.
+        let progressed = progress_chunk(progress);
+        if !progressed.is_empty() {
+            return (Bytes::from(progressed), Phase::Live);
         }
         match feed
             .follow(BATCH, keepalive.min(Instant::now() + POLL))
@@ -251,6 +297,24 @@ async fn next_chunk(
                     Phase::Done,
                 );
             }
+        }
+    }
+}
+
+/// The progress notifications waiting for this stream, as `event: progress` lines
+/// (empty when none). A payload that is not a [`ProgressEvent`] is skipped.
+fn progress_chunk(progress: &mut broadcast::Receiver<Arc<str>>) -> String {
+    let mut out = String::new();
+    loop {
+        match progress.try_recv() {
+            Ok(payload) => {
+                if serde_json::from_str::<ProgressEvent>(&payload).is_ok() {
+                    out.push_str(&format!("event: progress\ndata: {payload}\n\n"));
+                }
+            }
+            // Fell behind: the oldest were dropped; go on with what is kept.
+            Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return out,
         }
     }
 }

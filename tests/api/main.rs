@@ -10,6 +10,7 @@
 //! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
 //! - `access`: the read and write scopes and their tokens.
+//! - `kinds`: kinds and their retry policies.
 //! - `overview`: workers and statistics.
 //! - `indexes`: every listing's plan walks an index.
 //! - `openapi`: the description matches the routes served.
@@ -21,6 +22,7 @@ mod common;
 mod access;
 mod flows;
 mod indexes;
+mod kinds;
 mod openapi;
 mod overview;
 mod processes;

@@ -85,13 +85,19 @@ async fn the_openapi_description_matches_the_routes_served() {
             } else {
                 (&api.addr, &task)
             };
-            let concrete = path.replace("{id}", id).replace("{n}", "0");
+            let concrete = path
+                .replace("{id}", id)
+                .replace("{n}", "0")
+                .replace("{kind}", "echo");
             let body = match (method.as_str(), path.as_str()) {
                 ("post", "/api/v1/tasks") => Some(r#"{"kind": "echo"}"#),
                 ("post", "/api/v1/flows") => {
                     Some(r#"{"name": "g", "tasks": [{"name": "a", "kind": "echo"}]}"#)
                 }
                 ("post", "/api/v1/uploads") => Some(UPLOAD),
+                ("put", "/api/v1/kinds/{kind}/retry") => {
+                    Some(r#"{"backoff": "fixed", "base_ms": 100}"#)
+                }
                 _ => None,
             };
             let a = call(

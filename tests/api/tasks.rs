@@ -354,3 +354,43 @@ async fn a_unique_key_answers_the_existing_task_with_200_and_writes_nothing() {
     }
     assert_eq!(written(&c).await, before);
 }
+
+#[tokio::test]
+async fn a_task_s_progress_is_in_the_task_shown_and_listed() {
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let id = id_of(&api.w("POST", "/api/v1/tasks", Some(r#"{"kind": "echo"}"#)));
+    // Never reported: null.
+    let shown = api.get(&format!("/api/v1/tasks/{id}")).json();
+    assert_eq!(shown["task"]["progress"], json!(null), "{shown}");
+    assert_eq!(shown["task"]["progress_message"], json!(null));
+    // As a worker writes it (`WorkerBoard::save_progress`; the runtime's own path is in
+    // tests/progress.rs).
+    let c = db.client().await;
+    c.execute(
+        "update artex.tasks set progress = 0.25, progress_message = 'a quarter',
+             progress_at = now() where id = $1::text::uuid",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let shown = api.get(&format!("/api/v1/tasks/{id}")).json();
+    assert_eq!(shown["task"]["progress"], json!(0.25), "{shown}");
+    assert_eq!(shown["task"]["progress_message"], json!("a quarter"));
+    assert!(shown["task"]["progress_at"].is_string());
+    let listed = api.get("/api/v1/tasks?kind=echo").json();
+    assert_eq!(listed["tasks"][0]["progress"], json!(0.25), "{listed}");
+    // The database refuses what no worker may write.
+    for bad in [
+        "update artex.tasks set progress = 1.5",
+        "update artex.tasks set progress_message = repeat('x', 201)",
+    ] {
+        let e = c.execute(bad, &[]).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION),
+            "{bad}: {e:?}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! A task's row is updated in place (HOT: no new index entry) between the facts that
-//! place it: its start, its lease renewals and its checkpoints write no index entry,
-//! whoever writes them (migrations/V15__hot_task_rows.sql).
+//! place it: its start, its lease renewals, its checkpoints and its progress write no
+//! index entry, whoever writes them (migrations/V15__hot_task_rows.sql, V18).
 
 use crate::common::TestDb;
 
@@ -19,7 +19,7 @@ async fn updates(c: &tokio_postgres::Transaction<'_>) -> (i64, i64) {
 }
 
 #[tokio::test]
-async fn a_task_s_start_renewals_and_checkpoints_are_hot_updates() {
+async fn a_task_s_start_renewals_checkpoints_and_progress_are_hot_updates() {
     // Few tasks, so that their page has room for every version the steps write even if
     // none is pruned: HOT needs the new version to fit on the old one's page (the
     // runtime's batches find it there thanks to the fill factor of 50 and pruning).
@@ -35,7 +35,7 @@ async fn a_task_s_start_renewals_and_checkpoints_are_hot_updates() {
     // The life of a task as the runtime writes it, in plain SQL, and how many of the N
     // updates of each step are HOT: every step but the new facts (a holder, another
     // holder, the end).
-    let steps: [(&str, &str, i64); 7] = [
+    let steps: [(&str, &str, i64); 8] = [
         (
             "assignment",
             "update artex.tasks set status = 'assigned', assigned_to = 'w1',
@@ -58,6 +58,12 @@ async fn a_task_s_start_renewals_and_checkpoints_are_hot_updates() {
             "update artex.tasks set checkpoint = '{\"at\": 1}'",
             N,
         ),
+        (
+            "progress",
+            "update artex.tasks set progress = 0.5, progress_message = 'half',
+                 progress_at = now()",
+            N,
+        ),
         ("handover", "update artex.tasks set assigned_to = 'w2'", 0),
         (
             "end",
@@ -65,11 +71,17 @@ async fn a_task_s_start_renewals_and_checkpoints_are_hot_updates() {
             0,
         ),
     ];
+    let history = "select count(*) from artex.task_transitions";
     for (step, sql, hot) in steps {
         let tx = c.transaction().await.unwrap();
         let before = updates(&tx).await;
+        let rows_before: i64 = tx.query_one(history, &[]).await.unwrap().get(0);
         tx.batch_execute(sql).await.unwrap();
         let after = updates(&tx).await;
+        if step == "progress" {
+            let rows_after: i64 = tx.query_one(history, &[]).await.unwrap().get(0);
+            assert_eq!(rows_after, rows_before, "progress wrote history rows");
+        }
         assert_eq!(
             (after.0 - before.0, after.1 - before.1),
             (N, hot),

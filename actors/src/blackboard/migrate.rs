@@ -220,6 +220,15 @@ pub const MIGRATIONS: &[Migration] = &[
             compatible_from: 18,
         },
     },
+    Migration {
+        version: 19,
+        name: "progress_and_retry_policies",
+        sql: include_str!("../../../migrations/V19__progress_and_retry_policies.sql"),
+        // Nullable columns older builds neither write nor read, functions, and
+        // `artex.submit` with the same signature (its default retry budget may now come
+        // from the kind's policy, which only this build's operators set).
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

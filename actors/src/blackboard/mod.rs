@@ -103,8 +103,9 @@ pub use crate::submission::{
     check_kind, check_payload, payload_text_len, NewTask, KIND_CHARSET, MAX_KIND_BYTES,
 };
 pub use worker::{
-    AssignedRead, AssignedTask, AttemptRecord, NewUpload, Outcome, Registration, Step, UploadRow,
-    WorkerBoard, WorkerState,
+    AssignedRead, AssignedTask, AttemptRecord, NewUpload, Outcome, ProgressEvent, ProgressNote,
+    Registration, Step, UploadRow, WorkerBoard, WorkerState, MAX_PROGRESS_MESSAGE_CHARS,
+    PROGRESS_CHANNEL,
 };
 
 use crate::error::{Error, Result};

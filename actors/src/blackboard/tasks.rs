@@ -163,6 +163,13 @@ pub struct TaskRow {
     pub tags: Vec<String>,
     /// Counted against its kind's per-key limit (migrations/V18).
     pub limit_key: Option<String>,
+    /// How far its handler said it was, 0 to 1 (`TaskContext::progress`; migrations/V19):
+    /// the latest value its worker wrote, at most once a second.
+    pub progress: Option<f32>,
+    /// What the handler said with it.
+    pub progress_message: Option<String>,
+    /// When it was written.
+    pub progress_at: Option<DateTime<Utc>>,
 }
 
 /// One row of a task's audit trail.
@@ -190,7 +197,7 @@ pub struct TransitionRow {
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
     assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
     shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at, \
-    unique_key, tags, limit_key";
+    unique_key, tags, limit_key, progress, progress_message, progress_at";
 
 pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
     Ok(TaskRow {
@@ -219,6 +226,9 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         unique_key: r.try_get(22)?,
         tags: r.try_get::<_, Option<Vec<String>>>(23)?.unwrap_or_default(),
         limit_key: r.try_get(24)?,
+        progress: r.try_get(25)?,
+        progress_message: r.try_get(26)?,
+        progress_at: r.try_get(27)?,
     })
 }
 
@@ -311,6 +321,9 @@ pub(crate) fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
         unique_key: r.try_get(30)?,
         tags: r.try_get::<_, Option<Vec<String>>>(31)?.unwrap_or_default(),
         limit_key: r.try_get(32)?,
+        progress: r.try_get(33)?,
+        progress_message: r.try_get(34)?,
+        progress_at: r.try_get(35)?,
     };
     Ok(TaskPreview { task, cut })
 }

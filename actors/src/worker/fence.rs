@@ -93,7 +93,7 @@ impl Worker {
                 error: "stopped by its worker: the lease could not be renewed in time \
                         (database unreachable)"
                     .into(),
-                retry_in_ms: self.config.backoff_ms(r.retries),
+                retry_in_ms: self.backoff_ms(&r.kind, r.retries),
             };
             self.outbox.push(r.record(*id, Step::Finish(outcome)));
         }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
+use super::progress::ProgressSlots;
 use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
 
@@ -203,13 +204,15 @@ impl Registry {
 
     /// One attempt at `task`, ready to run: its handler called with its context, under
     /// its timeout, with panics caught. `suspend` is the flag a hot upgrade raises to stop
-    /// the attempt at its next checkpoint; `cancel` tells it the task was canceled.
+    /// the attempt at its next checkpoint; `cancel` tells it the task was canceled;
+    /// `progress` keeps what it reports for the worker to write.
     pub(super) fn attempt(
         &self,
         task: AssignedTask,
         bb: WorkerBoard,
         suspend: Arc<AtomicBool>,
         cancel: Cancel,
+        progress: ProgressSlots,
         default_timeout: Duration,
     ) -> impl Future<Output = Result<serde_json::Value, Attempt>> + 'static {
         let handler = self.get(&task.kind);
@@ -225,6 +228,7 @@ impl Registry {
             bb,
             suspend,
             cancel,
+            progress,
         };
         async move {
             let Some(handler) = handler else {
@@ -278,6 +282,7 @@ pub struct TaskContext {
     bb: WorkerBoard,
     suspend: Arc<AtomicBool>,
     cancel: Cancel,
+    progress: ProgressSlots,
 }
 
 /// An operator's cancel of a running task, as its handler sees it: raised once, when the
@@ -328,6 +333,17 @@ impl TaskContext {
     /// `tokio::select! { r = work => r, _ = ctx.cancelled() => Err(TaskError::new("canceled")) }`.
     pub async fn cancelled(&self) {
         self.cancel.raised().await
+    }
+
+    /// Reports how far the attempt is: `fraction` from 0 to 1 (clamped; NaN or infinite
+    /// is ignored) and an optional message (cut to 200 characters). Cheap: it only keeps
+    /// the latest value, which the worker writes at most once a second
+    /// ([`PROGRESS_EVERY`](super::progress::PROGRESS_EVERY)), together with every other
+    /// task's, and once more just before the outcome, so a handler may call it on every
+    /// item it processes. Shown by `artex task show`, the API's task, the dashboard and
+    /// `/events` (`event: progress`); no history row is written for it.
+    pub fn progress(&self, fraction: f64, message: Option<&str>) {
+        self.progress.report(self.id, self.epoch, fraction, message);
     }
 
     /// The task id.

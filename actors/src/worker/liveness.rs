@@ -17,7 +17,9 @@ impl Worker {
         if self.held() == 0 {
             return;
         }
-        if self.renewing {
+        // Not beside a write of progress either: each skips the rows the other locks
+        // (see `progress`), so the renewal follows it at once instead.
+        if self.renewing || self.progress_writing {
             self.renew_again = true;
             return;
         }

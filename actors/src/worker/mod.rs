@@ -11,8 +11,10 @@
 //! This file is the actor and its run loop; [`handlers`] is what it runs, the ledger
 //! keeps it from taking a task twice, `intake.rs` reads its assignments or takes
 //! the ones a wake-up carries (and judges when it may), [`depth`] sizes its queue, [`status`] is what it
-//! shows, and [`drain`] and [`transfer`] (the task transfer of a hot
-//! upgrade) are how it stops.
+//! shows, [`progress`] keeps what handlers report until it is written (throttled), and
+//! [`drain`] and [`transfer`] (the task transfer of a hot upgrade) are how it stops. It
+//! retries a failed attempt after its kind's retry policy (`crate::retry`, read every
+//! [`POLICY_REFRESH`] while it holds tasks), else its own backoff.
 
 pub mod depth;
 pub mod drain;
@@ -21,6 +23,7 @@ pub mod handlers;
 mod intake;
 mod ledger;
 mod liveness;
+pub mod progress;
 pub mod status;
 pub mod transfer;
 
@@ -40,6 +43,7 @@ use crate::blackboard::{
     AssignedTask, AttemptRecord, ListenEvent, Outcome, Registration, Step, WorkerBoard,
     CANCEL_PAYLOAD, TASKS_CHANNEL,
 };
+use crate::retry::RetryPolicy;
 use crate::supervisor::ActorStats;
 use depth::QueueDepth;
 pub use drain::{Drain, DrainReport};
@@ -50,6 +54,7 @@ pub use handlers::{
 };
 use handlers::{Attempt, Cancel};
 use ledger::Ledger;
+use progress::{ProgressSlots, PROGRESS_EVERY};
 pub use status::{GetStatus, RunningTask, WorkerStatus};
 pub use transfer::{
     GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport,
@@ -91,9 +96,10 @@ pub struct WorkerConfig {
     pub default_timeout: Duration,
     /// How long a canceled task's handler has to stop once told before it is stopped.
     pub cancel_grace: Duration,
-    /// Retry backoff: base·2^retries, capped, with jitter.
+    /// Retry backoff of a kind without a retry policy (`artex kind retry`):
+    /// base·2^retries, capped, with jitter.
     pub retry_base: Duration,
-    /// Cap of the retry backoff.
+    /// Cap of that retry backoff.
     pub retry_cap: Duration,
 }
 
@@ -109,6 +115,7 @@ impl WorkerConfig {
         format!("artex_w_{suffix}")
     }
 
+    /// The fleet's default backoff (a kind without a retry policy).
     fn backoff_ms(&self, retries: i32) -> i64 {
         let base = self.retry_base.as_millis() as f64;
         let cap = self.retry_cap.as_millis() as f64;
@@ -125,6 +132,11 @@ impl WorkerConfig {
 /// idle workers starting at once would otherwise read 5,000 times a second before the
 /// planners' greetings reach them.
 pub const PUSHED_POLL: Duration = Duration::from_secs(2);
+
+/// How often a worker reads its kinds' retry policies again (`artex kind retry`) while
+/// it holds tasks: a change reaches its retries within this. An idle worker does not
+/// read them (it has nothing to retry); it reads them again when it gets work.
+pub const POLICY_REFRESH: Duration = Duration::from_secs(5);
 
 /// How often an idle worker (holding no task) looks at its timers: a task it is given
 /// meets its first self-fencing check within this, well inside the fencing margin of
@@ -224,6 +236,18 @@ pub struct Worker {
     polled_at: Instant,
     /// The poll's period now (see [`PUSHED_POLL`]).
     poll_every: Duration,
+    /// Progress its handlers reported and it has not written yet (see [`progress`]).
+    progress: ProgressSlots,
+    /// A write of progress is in flight.
+    progress_writing: bool,
+    /// When it last sent progress to be written.
+    progress_sent: Instant,
+    /// Its kinds' retry policies, as last read (see [`POLICY_REFRESH`]).
+    policies: HashMap<String, RetryPolicy>,
+    /// When the policies were last read; `None`: never.
+    policies_read: Option<Instant>,
+    /// A read of the policies is in flight.
+    reading_policies: bool,
 }
 
 impl Worker {
@@ -271,6 +295,12 @@ impl Worker {
             read_at: Instant::now(),
             polled_at: Instant::now(),
             poll_every: poll,
+            progress: ProgressSlots::default(),
+            progress_writing: false,
+            progress_sent: Instant::now(),
+            policies: HashMap::new(),
+            policies_read: None,
+            reading_policies: false,
         }
     }
 
@@ -405,6 +435,7 @@ impl Worker {
             self.bb.clone(),
             suspend,
             cancel,
+            self.progress.clone(),
             self.config.default_timeout,
         );
         actix::spawn(async move {
@@ -429,11 +460,21 @@ impl Worker {
         if batch.is_empty() {
             return;
         }
+        // A finished task's last progress, written just before its outcome (which the
+        // fence of the progress write would refuse once written).
+        let last_progress: Vec<_> = batch
+            .iter()
+            .filter(|c| !c.step.is_start())
+            .filter_map(|c| self.progress.take(c.id, c.epoch))
+            .collect();
         self.flushing = true;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let sent = Instant::now();
         async move {
+            if let Err(e) = bb.save_progress(&id, &last_progress, true).await {
+                tracing::debug!(error = %e, "cannot write the last progress of finished tasks");
+            }
             let res = bb.record(&id, &batch).await;
             (res, batch)
         }
@@ -515,6 +556,7 @@ impl Actor for Worker {
         if self.config.wake_addr.is_none() {
             self.listen(ctx);
         }
+        self.read_policies(ctx);
         self.fetch(ctx);
     }
 }
@@ -533,6 +575,15 @@ impl Worker {
             self.polled_at = Instant::now();
             self.poll(ctx);
         }
+        if self.progress_sent.elapsed() >= PROGRESS_EVERY {
+            self.write_progress(ctx);
+        }
+        let policies_due = self
+            .policies_read
+            .is_none_or(|at| at.elapsed() >= POLICY_REFRESH);
+        if policies_due && self.held() > 0 {
+            self.read_policies(ctx);
+        }
         let busy = self.held() > 0 || !self.outbox.is_empty() || !self.running.is_empty();
         let next = if busy {
             fence::FENCE_TICK.min(depth::TICK)
@@ -540,6 +591,91 @@ impl Worker {
             IDLE_TICK.min(self.poll_every)
         };
         ctx.run_later(next, |act, ctx| act.tick(ctx));
+    }
+
+    /// The wait before the retry of a failed attempt of `kind` after `retries` earlier
+    /// failures: its kind's retry policy as last read, else the fleet's default.
+    fn backoff_ms(&self, kind: &str, retries: i32) -> i64 {
+        match self.policies.get(kind) {
+            Some(p) => p.delay_ms(retries),
+            None => self.config.backoff_ms(retries),
+        }
+    }
+
+    /// Reads its kinds' retry policies again. A failed read keeps the last ones (and is
+    /// tried again at the next tick).
+    fn read_policies(&mut self, ctx: &mut Context<Self>) {
+        if self.reading_policies {
+            return;
+        }
+        self.reading_policies = true;
+        let bb = self.bb.clone();
+        let kinds = self.registry.kinds();
+        async move { bb.retry_policies(&kinds).await }
+            .into_actor(self)
+            .map(|res, act, _ctx| {
+                act.reading_policies = false;
+                match res {
+                    Ok(policies) => {
+                        act.policies = policies;
+                        act.policies_read = Some(Instant::now());
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read the kinds' retry policies"),
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// Writes the progress its running tasks reported since the last write, all in one
+    /// statement (none when nothing was reported). A value of a task that no longer runs
+    /// here is dropped; one whose row the worker's own batch in flight locked is kept for
+    /// the next write, unless a newer one came.
+    ///
+    /// Never while a renewal is in flight, nor a renewal during it: both skip the rows
+    /// the other locks, and with leases renewed about every second too they would meet
+    /// again and again (the next tick, a tenth of a second later, tries again).
+    fn write_progress(&mut self, ctx: &mut Context<Self>) {
+        if self.progress_writing || self.renewing {
+            return;
+        }
+        let notes: Vec<_> = self
+            .progress
+            .take_all()
+            .into_iter()
+            .filter(|n| self.running.get(&n.id).is_some_and(|r| r.epoch == n.epoch))
+            .collect();
+        self.progress_sent = Instant::now();
+        if notes.is_empty() {
+            return;
+        }
+        self.progress_writing = true;
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move {
+            let res = bb.save_progress(&id, &notes, false).await;
+            (res, notes)
+        }
+        .into_actor(self)
+        .map(|(res, notes), act, ctx| {
+            act.progress_writing = false;
+            if std::mem::take(&mut act.renew_again) {
+                act.renew(ctx);
+            }
+            act.db_result(&res);
+            let written: HashSet<Uuid> = match res {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, count = notes.len(), "cannot write progress; retrying");
+                    HashSet::new()
+                }
+            };
+            for n in notes.into_iter().filter(|n| !written.contains(&n.id)) {
+                if act.running.get(&n.id).is_some_and(|r| r.epoch == n.epoch) {
+                    act.progress.put_back(n);
+                }
+            }
+        })
+        .spawn(ctx);
     }
 
     /// A read of its assignments found `found` new tasks: a worker woken by pushes that
@@ -645,6 +781,8 @@ impl Supervised for Worker {
         // heartbeats and renewals would stop for good.
         self.renewing = false;
         self.heartbeating = false;
+        self.progress_writing = false;
+        self.reading_policies = false;
     }
 }
 
@@ -720,7 +858,7 @@ impl Handler<TaskFinished> for Worker {
                 match then {
                     AfterError::Retry => Outcome::Failed {
                         error,
-                        retry_in_ms: self.config.backoff_ms(r.retries),
+                        retry_in_ms: self.backoff_ms(&r.kind, r.retries),
                     },
                     AfterError::RetryAt(at) => Outcome::Failed {
                         error,
@@ -737,7 +875,7 @@ impl Handler<TaskFinished> for Worker {
                 tracing::info!(task = %msg.id, kind = %r.kind, %error, attempt = r.retries + 1, "task timed out");
                 Outcome::TimedOut {
                     error,
-                    retry_in_ms: self.config.backoff_ms(r.retries),
+                    retry_in_ms: self.backoff_ms(&r.kind, r.retries),
                 }
             }
         };

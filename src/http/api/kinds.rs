@@ -1,21 +1,21 @@
-//! `/api/v1/kinds…`: the kinds workers declared, and each kind's fleet-wide limits
-//! (`artex kinds`, `artex kind limit`).
+//! `/api/v1/kinds…`: the kinds workers declared, each with its retry policy, and every
+//! kind's fleet-wide limits; one kind's limits and retry policy read, set (`PUT`) or
+//! removed (`DELETE`) — what `artex kinds`, `artex kind limit` and `artex kind retry` do.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use artex_actors::blackboard::{check_kind, parse_rate, LimitSpec};
+use artex_actors::blackboard::{check_kind, parse_rate, KnownKind, LimitSpec};
+use artex_actors::retry::{Backoff, RetryPolicy};
 use serde_json::{json, Value};
 
 use super::{actor, field, only_fields, parse_json, query, read_body, ApiError, ApiState};
 use crate::http::auth::{CanRead, CanWrite};
 
-fn kind_of(path: &str) -> Result<String, ApiError> {
-    check_kind(path)
-        .map(|()| path.to_string())
-        .map_err(|e| ApiError::bad("kind", format!("kind: {e}")))
-}
+/// The fields of a policy in `PUT /api/v1/kinds/{kind}/retry`.
+const POLICY_FIELDS: &[&str] = &["backoff", "base_ms", "cap_ms", "max_attempts"];
 
-/// `GET /api/v1/kinds`: `{"kinds": [...], "limits": [...]}`, every kind a worker
-/// declared and every kind's limits (with the tasks they count now).
+/// `GET /api/v1/kinds`: `{"kinds": [...], "limits": [...]}`, the kinds workers declared
+/// by name, each with its `retry` policy (null: the fleet's default), and every kind's
+/// limits with the tasks they count now.
 pub(super) async fn list(
     _: CanRead,
     req: HttpRequest,
@@ -25,6 +25,120 @@ pub(super) async fn list(
     let kinds = state.bb.known_kinds().await?;
     let limits = state.bb.kind_limits(None).await?;
     Ok(HttpResponse::Ok().json(json!({ "kinds": kinds, "limits": limits })))
+}
+
+/// `GET /api/v1/kinds/{kind}/retry`: the kind with its policy (404 for a kind no worker
+/// declared).
+pub(super) async fn show_retry(
+    _: CanRead,
+    req: HttpRequest,
+    kind: web::Path<String>,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let kinds = state.bb.known_kinds().await?;
+    let kind = kinds
+        .into_iter()
+        .find(|k| k.kind == *kind)
+        .ok_or_else(|| not_declared(&kind))?;
+    Ok(HttpResponse::Ok().json(kind))
+}
+
+/// `PUT /api/v1/kinds/{kind}/retry` with `{"backoff", "base_ms", "cap_ms"?,
+/// "max_attempts"?}`: sets the policy (`cap_ms` defaults to `base_ms`); answers the kind.
+/// A value out of range is a 400 naming its field; nothing is written.
+pub(super) async fn set_retry(
+    _: CanWrite,
+    req: HttpRequest,
+    kind: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let body = read_body(&req, body, state.max_body_bytes).await?;
+    let policy = parse_policy(parse_json(&body)?)?;
+    let kind = state
+        .bb
+        .set_retry_policy(&kind, Some(&policy))
+        .await?
+        .ok_or_else(|| not_declared(&kind))?;
+    answer(&state, kind).await
+}
+
+/// `DELETE /api/v1/kinds/{kind}/retry`: removes the policy (the fleet's default applies
+/// again); answers the kind.
+pub(super) async fn clear_retry(
+    _: CanWrite,
+    req: HttpRequest,
+    kind: web::Path<String>,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    query(&req, &[])?;
+    let kind = state
+        .bb
+        .set_retry_policy(&kind, None)
+        .await?
+        .ok_or_else(|| not_declared(&kind))?;
+    answer(&state, kind).await
+}
+
+async fn answer(state: &ApiState, kind: KnownKind) -> Result<HttpResponse, ApiError> {
+    let mut answer = HttpResponse::Ok();
+    state.reads.written(&mut answer).await;
+    Ok(answer.json(kind))
+}
+
+fn not_declared(kind: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "kind '{kind}': no worker has declared it (GET /api/v1/kinds lists those that are)"
+    ))
+}
+
+/// A policy from the request's body; each wrong or missing field a 400 naming it.
+fn parse_policy(v: Option<serde_json::Value>) -> Result<RetryPolicy, ApiError> {
+    let example =
+        r#"{"backoff": "exponential", "base_ms": 1000, "cap_ms": 600000, "max_attempts": 5}"#;
+    let Some(obj) = v.as_ref().and_then(|v| v.as_object()) else {
+        return Err(ApiError::bad(
+            "body",
+            format!("expected a retry policy, a JSON object like {example}"),
+        ));
+    };
+    only_fields(obj, "", POLICY_FIELDS)?;
+    let backoff: String =
+        field(obj, "", "backoff", "exponential, linear or fixed")?.ok_or_else(|| {
+            ApiError::bad(
+                "backoff",
+                "backoff: missing; expected exponential, linear or fixed",
+            )
+        })?;
+    let backoff: Backoff = backoff
+        .parse()
+        .map_err(|e: String| ApiError::bad("backoff", format!("backoff: {e}")))?;
+    let ms = "a whole number of milliseconds";
+    let base_ms: i64 = field(obj, "", "base_ms", ms)?
+        .ok_or_else(|| ApiError::bad("base_ms", format!("base_ms: missing; expected {ms}")))?;
+    let policy = RetryPolicy {
+        backoff,
+        base_ms,
+        cap_ms: field(obj, "", "cap_ms", ms)?.unwrap_or(base_ms),
+        max_attempts: field(obj, "", "max_attempts", "an integer from 1 to 1001")?,
+    };
+    policy.check().map_err(|r| {
+        let name = match r.field {
+            "base" => "base_ms",
+            "cap" => "cap_ms",
+            f => f,
+        };
+        ApiError::bad(name, format!("{name}: {}", r.message))
+    })?;
+    Ok(policy)
+}
+
+fn kind_of(path: &str) -> Result<String, ApiError> {
+    check_kind(path)
+        .map(|()| path.to_string())
+        .map_err(|e| ApiError::bad("kind", format!("kind: {e}")))
 }
 
 /// `GET /api/v1/kinds/{kind}/limits`: `{"limits": …}`, null when it has none.

@@ -1,6 +1,6 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
-//! flows (submit, list, show with the DAG, pause|resume|cancel), workers, statistics and
-//! the live feed (and where its head is). The dashboard's page is registered with them.
+//! flows (submit, list, show with the DAG, pause|resume|cancel), kinds and their retry
+//! policies, workers, statistics and the live feed (and where its head is). The dashboard's page is registered with them.
 //! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
 //! worker started with `--api` (`artex up` always). Stateless: every route reads or
 //! writes the blackboard, and holds no SQL. Every worker also serves the uploads
@@ -291,6 +291,9 @@ pub fn api_routes(r: &mut impl Routes) {
         "/api/v1/kinds/{kind}/limits",
         kinds::clear_limits,
     );
+    r.add(M::GET, "/api/v1/kinds/{kind}/retry", kinds::show_retry);
+    r.add(M::PUT, "/api/v1/kinds/{kind}/retry", kinds::set_retry);
+    r.add(M::DELETE, "/api/v1/kinds/{kind}/retry", kinds::clear_retry);
     r.pages(crate::http::dashboard::routes);
 }
 

@@ -20,7 +20,7 @@ const INSERT_FLOW_TASKS: &str = "insert into artex.tasks
         (id, kind, status, payload, priority, max_retries, timeout_ms, shard_key, flow_id,
          flow_task)
     select v.id, v.kind, v.status::artex.task_status, v.payload, v.priority,
-           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key, $3, v.name
+           coalesce(v.max_retries, artex.default_max_retries(v.kind)), v.timeout_ms, v.shard_key, $3, v.name
     from artex.set_context($1, $2) ctx,
          unnest($4::uuid[], $5::text[], $6::text[], $7::jsonb[], $8::int4[], $9::int4[],
                 $10::int4[], $11::text[], $12::text[])

@@ -31,7 +31,7 @@ macro_rules! preview_select {
                     t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
                     left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
                     t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key,
-                    t.tags, t.limit_key
+                    t.tags, t.limit_key, t.progress, t.progress_message, t.progress_at
              from ",
             $from,
             " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
@@ -398,8 +398,8 @@ pub const SUBMIT_KEYED: &str = "with v as materialized (
             (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, unique_key,
              tags, limit_key)
         select f.new_id, f.kind, f.payload, f.priority, coalesce(f.run_at, now()),
-               coalesce(f.max_retries, 3), f.timeout_ms, f.shard_key, f.unique_key,
-               artex.tags_of(f.tags), f.limit_key
+               coalesce(f.max_retries, artex.default_max_retries(f.kind)), f.timeout_ms,
+               f.shard_key, f.unique_key, artex.tags_of(f.tags), f.limit_key
         from artex.set_context($1, $2) ctx, fresh f
         where ctx
         order by f.n
@@ -457,12 +457,15 @@ pub async fn submit_in(
     })
 }
 
+// A task that states no `max_retries` gets its kind's default (its retry policy's
+// attempts less one, else 3: `artex.default_max_retries`, migrations/V18), as in
+// `artex.submit`, SUBMIT_KEYED and a flow's tasks.
 const SUBMIT: &str = "insert into artex.tasks
         (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, tags,
          limit_key)
     select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
-           coalesce(v.max_retries, 3), v.timeout_ms, v.shard_key, artex.tags_of(v.tags),
-           v.limit_key
+           coalesce(v.max_retries, artex.default_max_retries(v.kind)), v.timeout_ms,
+           v.shard_key, artex.tags_of(v.tags), v.limit_key
     from artex.set_context($1, $2) ctx,
          unnest($3::uuid[], $4::text[], $5::jsonb[], $6::int4[], $7::timestamptz[],
                 $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::text[])

@@ -29,7 +29,8 @@ pub struct ReapReport {
 // only just before its leases end (it fences itself); taking a task back earlier would
 // run it in two places at once. The held set is walked through `tasks_holder` and each
 // lease's end read from its row: an index on `lease_until` would make every renewal
-// write an index entry (migrations/V15__hot_task_rows.sql).
+// write an index entry (migrations/V15__hot_task_rows.sql). The retry waits as its
+// kind's retry policy says, else the reaper's default backoff (migrations/V18).
 const RECLAIM: &str = "with stale as materialized (
         select id from artex.tasks
         where assigned_to is not null and status in ('assigned', 'running')
@@ -43,7 +44,7 @@ const RECLAIM: &str = "with stale as materialized (
                       then 'timeout'::artex.task_status else 'pending' end,
         retries = t.retries + (t.status = 'running')::int,
         run_at = coalesce($1::timestamptz, now())
-                 + artex.retry_delay(t.retries, $5::float8, $6::float8),
+                 + artex.kind_retry_delay(t.kind, t.retries, $5::float8, $6::float8),
         error = case when t.status = 'running'
                      then 'lease lost by worker ' || t.assigned_to else t.error end
     from artex.set_context($4, case when cardinality($2::text[]) > 0

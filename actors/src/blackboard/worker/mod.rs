@@ -2,7 +2,8 @@
 //! This file: register, heartbeat and state (its [`WorkerState`]), its binary's digest;
 //! `attempts.rs`: read what was assigned to it, record starts and outcomes in batches,
 //! renew leases, save checkpoints, release what it will not run, read a flow task's
-//! upstream results; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
+//! upstream results; `progress.rs`: handlers' progress, throttled by the worker and
+//! written in batches; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
 //! received in chunks, recorded with their task, and swept. Every write to a task names
 //! the lease epoch the worker holds: a worker that lost its lease changes nothing.
 //!
@@ -17,11 +18,13 @@
 //! transaction (`sql.rs`).
 
 mod attempts;
+mod progress;
 mod transfer;
 mod uploads;
 
 pub(crate) use attempts::PLAN_CACHED;
 pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Step};
+pub use progress::{ProgressEvent, ProgressNote, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL};
 pub use uploads::{NewUpload, UploadRow};
 
 use serde::{Deserialize, Serialize};
@@ -173,7 +176,28 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
         last_seen = now()
     where id = $1";
 
+// The retry policies of the kinds a worker runs (by primary key: a few rows).
+const RETRY_POLICIES: &str = "select kind, retry_backoff, retry_base_ms, retry_cap_ms,
+        retry_max_attempts
+    from artex.kinds where kind = any($1::text[]) and retry_backoff is not null";
+
 impl WorkerBoard {
+    /// The retry policies of those of `kinds` that have one (migrations/V18).
+    pub async fn retry_policies(
+        &self,
+        kinds: &[String],
+    ) -> Result<std::collections::HashMap<String, crate::retry::RetryPolicy>> {
+        let client = self.bb.client().await?;
+        let rows = client.query(RETRY_POLICIES, &[&kinds]).await?;
+        let mut policies = std::collections::HashMap::new();
+        for r in &rows {
+            if let Some(p) = super::inputs::policy_from_row(r, 1)? {
+                policies.insert(r.try_get(0)?, p);
+            }
+        }
+        Ok(policies)
+    }
+
     /// A LISTEN session on `channels` that reconnects by itself (see [`ListenSession`]):
     /// the worker's wake-ups. A session: a connection of its own, not a pooler's.
     pub fn listen_session<S: AsRef<str>>(

@@ -91,7 +91,7 @@ const RECORD: &str = "with up as (
     ),
     t as (
         insert into artex.tasks (id, kind, payload, priority, host, flow_id, flow_task, status,
-                                 error)
+                                 error, max_retries)
         select $11, $12, $13, $14, case when $10 then null else $4 end,
                $15::uuid, case when $15::uuid is not null then 'upload:' || $3::text end,
                case when flow.open and not flow.paused then 'pending'
@@ -102,7 +102,8 @@ const RECORD: &str = "with up as (
                     when flow.paused
                     then format('flow %s was paused when upload %s completed: held paused '
                                 'with it (resuming the flow runs it)', $15::uuid, $3::uuid)
-               end
+               end,
+               artex.default_max_retries($12)
         from artex.set_context($1, $2) ctx, up, flow
         where ctx
         returning id

@@ -42,6 +42,22 @@ A.svg = function svg(tag, attrs, ...children) {
   return el;
 };
 A.status = (s) => A.h("span", { class: "status s-" + s, "data-status": s }, s);
+// A task's progress (ctx.progress in its handler) as a bar and a percentage, with its
+// message unless small (lists show the message on hover); null when never reported. A
+// <progress> element: the style policy forbids inline widths.
+A.progress = function progress(p, message, small) {
+  if (p === null || p === undefined) return null;
+  const pct = Math.round(p * 100) + "%";
+  return A.h("span", { class: "progress" + (small ? " small" : ""), "data-progress": p, title: message || pct },
+    A.h("progress", { value: p, max: 1 }), " ", pct, !small && message ? [" ", A.h("span", { class: "muted" }, message)] : null);
+};
+// A kind's retry policy (artex kind retry) as words: "fixed 200 ms",
+// "exponential 1.00 s … 600.00 s, 5 attempts"; the default without one.
+A.policy = function policy(p) {
+  if (!p) return "default (exponential, 3 retries)";
+  const wait = p.backoff === "fixed" ? "fixed " + A.ms(p.base_ms) : p.backoff + " " + A.ms(p.base_ms) + " … " + A.ms(p.cap_ms);
+  return wait + (p.max_attempts ? ", " + p.max_attempts + " attempts" : "");
+};
 A.short = (id) => (id ? String(id).slice(0, 8) + "…" + String(id).slice(-4) : "-");
 A.taskLink = (id) => A.h("a", { href: "#/tasks/" + id, class: "mono", title: id }, A.short(id));
 A.time = (t) => (t ? new Date(t).toLocaleString() : "-");
@@ -196,9 +212,14 @@ function dispatch(block) {
     else if (field === "data") data += (data ? "\n" : "") + value;
   }
   if (id) A.live.after = id;
-  if (event !== "task" || !data) return;
+  if ((event !== "task" && event !== "progress") || !data) return;
   let ev;
   try { ev = JSON.parse(data); } catch (_) { return; }
+  // Progress is not a transition: not in the feed's list, only shown where the task is.
+  if (event === "progress") {
+    if (A.current && A.current.onProgress) A.current.onProgress(ev);
+    return;
+  }
   A.recent.unshift(ev);
   if (A.recent.length > 200) A.recent.length = 200;
   const page = A.current;

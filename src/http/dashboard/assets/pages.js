@@ -33,7 +33,7 @@
       const box = document.getElementById("overview");
       if (!box) return;
       // A sample of 20,000 recent tasks: plenty for the figures, a fifth of the default cost.
-      const s = await A.api("GET", "/api/v1/stats?sample=20000");
+      const [s, declared] = await Promise.all([A.api("GET", "/api/v1/stats?sample=20000"), A.api("GET", "/api/v1/kinds")]);
       const r = s.recent;
       const cards = STATUSES.map((st) => h("div", { class: "card", "data-count": st },
         h("div", { class: "n" }, (s.capped.includes(st) ? "≥ " : "") + s.by_status[st]),
@@ -70,6 +70,15 @@
             h("tbody", {}, kinds.map(([k, c]) => h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
               ENDED.map((st) => h("td", { class: "num" }, c[st] || 0)))))))
           : h("p", { class: "muted" }, "Nothing finished in the window."),
+        h("h2", {}, "Kinds and their retry policies"),
+        declared.kinds.length
+          ? h("div", { class: "table" }, h("table", { id: "kinds" },
+            h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "last declared"))),
+            h("tbody", {}, declared.kinds.map((k) => h("tr", { "data-kind": k.kind },
+              h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k.kind) }, k.kind)),
+              h("td", { class: "retry", "data-backoff": k.retry ? k.retry.backoff : "default" }, A.policy(k.retry)),
+              h("td", { class: "hide-sm", title: k.last_seen }, A.ago(k.last_seen)))))))
+          : h("p", { class: "muted" }, "No worker has declared a kind yet."),
         h("p", { class: "muted" }, "As of " + A.time(s.at) + "."));
     },
   };
@@ -135,7 +144,8 @@
       if (!body) return;
       const res = await A.api("GET", tasks.query(after, limit));
       const rows = res.tasks.map((t) => h("tr", { "data-task": t.id },
-        h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind), h("td", {}, A.status(t.status)),
+        h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind),
+        h("td", { class: "st" }, A.status(t.status), " ", A.progress(t.progress, t.progress_message, true)),
         h("td", { class: "hide-sm mono" }, t.assigned_to || "-"), h("td", { class: "num hide-sm" }, t.retries),
         h("td", { class: "hide-sm" }, (t.tags || []).map((g) => h("span", { class: "tag" }, g))),
         h("td", { title: t.updated_at }, A.ago(t.updated_at))));
@@ -181,6 +191,14 @@
     return b;
   }
   tasks.onEvent = A.throttle(() => { if (document.getElementById("task-rows")) tasks.reload().catch(() => {}); }, 1000);
+  // A running task's progress: its row's bar, in place (no read).
+  tasks.onProgress = (ev) => {
+    const cell = document.querySelector('#task-rows tr[data-task="' + ev.task_id + '"] td.st');
+    if (!cell) return;
+    const old = cell.querySelector(".progress");
+    const bar = A.progress(ev.progress, ev.message, true);
+    if (old) old.replaceWith(bar); else cell.append(" ", bar);
+  };
   A.pages.tasks = tasks;
 
   // ---- one task ---------------------------------------------------------------------
@@ -207,6 +225,7 @@
         h("p", {}, h("span", { id: "task-status" }, A.status(t.status)), " ", t.kind),
         h("div", { class: "actions" }, actions), h("p", { id: "flash" }),
         h("dl", { class: "kv" },
+          h("dt", {}, "progress"), h("dd", { id: "task-progress" }, A.progress(t.progress, t.progress_message) || "-"),
           h("dt", {}, "worker"), h("dd", { class: "mono" }, t.assigned_to || "-"),
           h("dt", {}, "retries"), h("dd", {}, t.retries + " of " + t.max_retries),
           h("dt", {}, "priority"), h("dd", {}, t.priority),
@@ -243,10 +262,16 @@
   }
   const taskReload = A.throttle(() => task.reload().catch(() => {}), 250);
   task.onEvent = (ev) => { if (ev.task_id === task.id) taskReload(); };
+  task.onProgress = (ev) => {
+    const dd = document.getElementById("task-progress");
+    if (dd && ev.task_id === task.id) dd.replaceChildren(A.progress(ev.progress, ev.message));
+  };
   A.pages.task = task;
   // #/tasks/ID lands on the tasks page object: forward its events.
   tasks.onEventList = tasks.onEvent;
   tasks.onEvent = (ev) => (A.arg ? task.onEvent(ev) : tasks.onEventList(ev));
+  tasks.onProgressList = tasks.onProgress;
+  tasks.onProgress = (ev) => (A.arg ? task.onProgress(ev) : tasks.onProgressList(ev));
   const listReload = tasks.reload;
   tasks.reload = () => (A.arg ? task.reload() : listReload());
 
@@ -255,25 +280,27 @@
   const kinds = {
     name: "kinds",
     async show(main) {
-      main.append(h("h1", {}, "Kinds"), h("div", { id: "kinds" }, h("p", { class: "muted" }, "Loading…")));
+      main.append(h("h1", {}, "Kinds"), h("div", { id: "kinds-page" }, h("p", { class: "muted" }, "Loading…")));
       await kinds.reload();
     },
     async reload() {
-      const box = document.getElementById("kinds");
+      const box = document.getElementById("kinds-page");
       if (!box) return;
       const { kinds: declared, limits } = await A.api("GET", "/api/v1/kinds");
+      const retry = new Map(declared.map((k) => [k.kind, k.retry]));
       const byKind = new Map(limits.map((l) => [l.kind, l]));
       const names = [...new Set([...declared.map((k) => k.kind), ...limits.map((l) => l.kind)])].sort();
       const rate = (r) => r === null ? "-" : r >= 1 ? +r.toFixed(3) + "/s" : r * 60 >= 1 ? +(r * 60).toFixed(3) + "/m" : +(r * 3600).toFixed(3) + "/h";
       box.replaceChildren(names.length
         ? h("div", { class: "table" }, h("table", { id: "kinds-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "held"), h("th", { class: "num" }, "concurrency"),
-            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", { class: "hide-sm" }, "limits set"))),
+            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"))),
           h("tbody", {}, names.map((k) => {
             const l = byKind.get(k);
             return h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
               h("td", { class: "num" }, l ? l.held : "-"), h("td", { class: "num" }, l && l.concurrency !== null ? l.concurrency : "-"),
               h("td", { class: "num" }, l && l.key_concurrency !== null ? l.key_concurrency : "-"), h("td", { class: "num" }, l ? rate(l.rate_per_sec) : "-"),
+              h("td", { class: "retry" }, retry.has(k) ? A.policy(retry.get(k)) : "-"),
               h("td", { class: "hide-sm muted" }, l ? A.time(l.updated_at) + " by " + l.updated_by : "no limits"));
           }))))
         : h("p", { class: "muted" }, "No worker has declared a kind yet."),

@@ -1,0 +1,81 @@
+//! Kinds and their retry policies through the API: listed, read, set and removed; bad
+//! policies refused with 400 naming the field, an unknown kind 404, nothing written.
+
+use serde_json::json;
+
+use crate::common::TestDb;
+use crate::{declare, Server};
+
+#[tokio::test]
+async fn a_kind_s_retry_policy_is_set_shown_and_removed_and_bad_ones_name_their_field() {
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let listed = api.get("/api/v1/kinds").json();
+    assert_eq!(listed["kinds"][0]["kind"], json!("echo"), "{listed}");
+    assert_eq!(listed["kinds"][0]["retry"], json!(null));
+
+    let set = api.w(
+        "PUT",
+        "/api/v1/kinds/echo/retry",
+        Some(r#"{"backoff": "exponential", "base_ms": 1000, "cap_ms": 600000, "max_attempts": 5}"#),
+    );
+    assert_eq!(set.status, 200, "{}", set.text());
+    let policy =
+        json!({"backoff": "exponential", "base_ms": 1000, "cap_ms": 600000, "max_attempts": 5});
+    assert_eq!(set.json()["retry"], policy);
+    assert_eq!(api.get("/api/v1/kinds/echo/retry").json()["retry"], policy);
+    assert_eq!(api.get("/api/v1/kinds").json()["kinds"][0]["retry"], policy);
+
+    for (body, field) in [
+        (r#"{"backoff": "steady", "base_ms": 10}"#, "backoff"),
+        (r#"{"base_ms": 10}"#, "backoff"),
+        (r#"{"backoff": "fixed"}"#, "base_ms"),
+        (r#"{"backoff": "fixed", "base_ms": "1s"}"#, "base_ms"),
+        (r#"{"backoff": "fixed", "base_ms": 0}"#, "base_ms"),
+        (
+            r#"{"backoff": "linear", "base_ms": 100, "cap_ms": 99}"#,
+            "cap_ms",
+        ),
+        (
+            r#"{"backoff": "linear", "base_ms": 100, "cap_ms": 2592000001}"#,
+            "cap_ms",
+        ),
+        (
+            r#"{"backoff": "fixed", "base_ms": 100, "max_attempts": 0}"#,
+            "max_attempts",
+        ),
+        (
+            r#"{"backoff": "fixed", "base_ms": 100, "jitter": true}"#,
+            "jitter",
+        ),
+        (r#"[1]"#, "body"),
+    ] {
+        let a = api.w("PUT", "/api/v1/kinds/echo/retry", Some(body));
+        assert_eq!(a.status, 400, "{body}: {}", a.text());
+        assert_eq!(a.json()["field"], json!(field), "{body}: {}", a.text());
+    }
+    // Nothing written by a refusal.
+    assert_eq!(api.get("/api/v1/kinds/echo/retry").json()["retry"], policy);
+    let a = api.w(
+        "PUT",
+        "/api/v1/kinds/nosuch/retry",
+        Some(r#"{"backoff": "fixed", "base_ms": 100}"#),
+    );
+    assert_eq!(a.status, 404, "{}", a.text());
+    assert_eq!(api.get("/api/v1/kinds/nosuch/retry").status, 404);
+
+    let cleared = api.w("DELETE", "/api/v1/kinds/echo/retry", None);
+    assert_eq!(cleared.status, 200, "{}", cleared.text());
+    assert_eq!(cleared.json()["retry"], json!(null));
+    let fixed = api.w(
+        "PUT",
+        "/api/v1/kinds/echo/retry",
+        Some(r#"{"backoff": "fixed", "base_ms": 250}"#),
+    );
+    assert_eq!(
+        fixed.json()["retry"],
+        json!({"backoff": "fixed", "base_ms": 250, "cap_ms": 250, "max_attempts": null}),
+        "the cap defaults to the base"
+    );
+}
