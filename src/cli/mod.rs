@@ -22,6 +22,7 @@
 //! - `master`: `master`.
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
 //! - `cluster`: `workers`, `stats`.
+//! - `schedules`: `schedule add|list|show|pause|resume|remove`.
 //! - `progress`: progress on standard error, shared by the commands that take time.
 //! - `stdout`: results on standard output, a closed pipe an error (not a panic), and the
 //!   watch for a reader going away.
@@ -36,6 +37,7 @@ mod inputs;
 mod master;
 mod progress;
 mod run;
+mod schedules;
 mod stdout;
 mod tasks;
 mod upload;
@@ -87,7 +89,7 @@ enum Command {
         #[command(flatten)]
         planner: PlannerArgs,
     },
-    /// Run a planner (Scanner, Assigner, Reaper, Maintenance).
+    /// Run a planner (Scanner, Assigner, Reaper, Maintenance, Scheduler).
     Planner {
         #[command(flatten)]
         planner: PlannerArgs,
@@ -150,6 +152,12 @@ enum Command {
     Resume(tasks::ControlArgs),
     /// End a task, or every unfinished task of a flow; a running one is stopped.
     Cancel(tasks::ControlArgs),
+    /// Cron schedules: a task at every slot of an expression, fired once per slot by the
+    /// planners (add, list, show, pause, resume, remove).
+    Schedule {
+        #[command(subcommand)]
+        command: schedules::ScheduleCommand,
+    },
     /// The change feed: tail task changes (history table or logical decoding), retention.
     Events {
         #[command(subcommand)]
@@ -234,6 +242,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Cancel(args) => tasks::control(db, Control::Cancel, args, &cli_actor()).await,
         Command::Db { command } => db::db(db, command).await,
         Command::Flow { command } => flows::flow(db, command, &cli_actor()).await,
+        Command::Schedule { command } => schedules::schedule(db, command).await,
         Command::Events { command } => events::events(db, command).await,
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,

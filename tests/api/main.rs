@@ -9,6 +9,7 @@
 //! # Layout
 //! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
+//! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.
 //! - `overview`: workers and statistics.
 //! - `indexes`: every listing's plan walks an index.
@@ -24,6 +25,7 @@ mod indexes;
 mod openapi;
 mod overview;
 mod processes;
+mod schedules;
 mod tasks;
 
 use std::net::TcpListener;

@@ -210,6 +210,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // inserts), indexes on it, and functions.
         change: Change::Expand,
     },
+    Migration {
+        version: 18,
+        name: "schedules",
+        sql: include_str!("../../../migrations/V18__schedules.sql"),
+        // New tables, functions and a trigger on them, which older builds never touch.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -1,5 +1,6 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
-//! flows (submit, list, show with the DAG, pause|resume|cancel), workers, statistics and
+//! flows (submit, list, show with the DAG, pause|resume|cancel), schedules (add, list,
+//! show, pause|resume, remove), workers, statistics and
 //! the live feed (and where its head is). The dashboard's page is registered with them.
 //! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
 //! worker started with `--api` (`artex up` always). Stateless: every route reads or
@@ -20,6 +21,7 @@
 mod cluster;
 mod flows;
 pub mod reads;
+mod schedules;
 mod tasks;
 mod uploads;
 
@@ -180,7 +182,9 @@ impl From<artex_actors::Error> for ApiError {
     fn from(e: artex_actors::Error) -> Self {
         use artex_actors::Error as E;
         match e {
-            E::TaskNotFound(_) | E::FlowNotFound(_) => ApiError::NotFound(e.to_string()),
+            E::TaskNotFound(_) | E::FlowNotFound(_) | E::ScheduleNotFound(_) => {
+                ApiError::NotFound(e.to_string())
+            }
             E::Refused(m) => ApiError::Conflict(m),
             E::Invalid(m) => ApiError::Unprocessable {
                 field: None,
@@ -280,6 +284,16 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/flows", flows::list);
     r.add(M::GET, "/api/v1/events/head", cluster::events_head);
     r.add(M::GET, "/api/v1/replica", cluster::replica);
+    r.add(M::GET, "/api/v1/schedules", schedules::list);
+    r.add(M::POST, "/api/v1/schedules", schedules::add);
+    r.add(M::GET, "/api/v1/schedules/{name}", schedules::show);
+    r.add(M::DELETE, "/api/v1/schedules/{name}", schedules::remove);
+    r.add(M::POST, "/api/v1/schedules/{name}/pause", schedules::pause);
+    r.add(
+        M::POST,
+        "/api/v1/schedules/{name}/resume",
+        schedules::resume,
+    );
     r.pages(crate::http::dashboard::routes);
 }
 
