@@ -12,7 +12,7 @@
 //! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
 //! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 408 an
 //! upload's body that stopped arriving, 409 a control the task's state does not allow
-//! (or an upload's), 413 a body over the limit, 422 well-formed input the blackboard
+//! (or an upload's, or a schedule's name taken), 413 a body over the limit, 422 well-formed input the blackboard
 //! refuses (a kind no worker declared, a payload over the limit, an invalid flow) or an
 //! upload's content that does not match its sha256, 503 the database unreachable, 507
 //! no room for an upload. A refused request writes nothing; after a 408, 413 or a
