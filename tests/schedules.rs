@@ -125,7 +125,6 @@ async fn each_missed_slot_fires_once_with_three_planners() {
         .map(|i| Proc::planner(&format!("sched-planner-{i}"), &db.url, &[]))
         .collect();
     let _worker = Proc::worker("sched-worker", &db.url, &[]);
-    let mut total = 0;
     for (name, first) in names.iter().zip(&firsts) {
         let fired = wait_for("the 31 slots to fire", Duration::from_secs(60), || async {
             let fired = slots_fired(&c, name).await;
@@ -148,28 +147,53 @@ async fn each_missed_slot_fires_once_with_three_planners() {
         },
     )
     .await;
-    for name in &names {
-        // The schedule counted what it fired.
-        let counted: i64 = c
-            .query_one("select fired from artex.schedules where name = $1", &[name])
+    for (name, first) in names.iter().zip(&firsts) {
+        // The schedule counted what it fired (one snapshot: a slot's task and the
+        // count commit together).
+        let row = c
+            .query_one(
+                "select s.fired, (select count(*) from artex.tasks t
+                                  where t.unique_key like 'schedule:' || s.name || ':%')
+                 from artex.schedules s where s.name = $1",
+                &[name],
+            )
             .await
-            .unwrap()
-            .get(0);
-        let fired = slots_fired(&c, name).await;
-        assert_each_minute_once(&fired, firsts[0]);
+            .unwrap();
+        let (counted, tasks): (i64, i64) = (row.get(0), row.get(1));
         assert!(
-            counted >= 31 && counted as usize == fired.len(),
-            "{counted} {fired:?}"
+            counted >= 31 && counted == tasks,
+            "{name}: {counted} {tasks}"
         );
-        total += fired.len();
+        assert_each_minute_once(&slots_fired(&c, name).await, *first);
     }
-    // One planner fired each slot; none found a slot's task there already (no second
-    // attempt at a slot, which the unique key would have caught).
-    let lines: usize = planners
+    // One planner fired each slot: no slot is logged as fired twice, across the three.
+    let logged: Vec<String> = planners
         .iter()
-        .map(|p| log_count(p, "schedule: slot fired"))
-        .sum();
-    assert_eq!(lines, total, "slots fired in the planners' logs");
+        .flat_map(|p| {
+            p.log_text()
+                .lines()
+                .filter(|l| l.contains("schedule: slot fired"))
+                .filter_map(|l| {
+                    let from = l.find("schedule=")?;
+                    let to = l.find(" task_id=")?;
+                    Some(l[from..to].to_string())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = logged.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        logged.len(),
+        "a slot fired twice: {logged:?}"
+    );
+    assert!(
+        logged.len() >= 6 * 31,
+        "{} slots fired in the logs",
+        logged.len()
+    );
+    // None found a slot's task there already (no second attempt at a slot, which the
+    // unique key would have caught).
     let again: usize = planners
         .iter()
         .map(|p| log_count(p, "schedule: slot already had its task"))
