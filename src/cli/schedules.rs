@@ -1,6 +1,7 @@
 //! `artex schedule add|list|show|pause|resume|remove`: cron schedules, each submitting a
 //! task at every slot of its expression in its time zone, fired by the planners once
-//! per slot (see `artex_actors::schedule` and migrations/V18__schedules.sql).
+//! per slot (see `artex_actors::schedule` and migrations/V18__schedules.sql). `list` and
+//! `show` read from the replica of `--read-database-url` when one is given.
 
 use artex_actors::blackboard::{NewTask, ScheduleRow};
 use artex_actors::schedule::{check_name, CatchUp, NewSchedule};
@@ -9,7 +10,7 @@ use clap::{Args, Subcommand};
 
 use super::inputs::{check_submission, read_payload, refusal_text};
 use super::stdout::outln;
-use super::{cli_actor, connect_one_shot, print_json, time_text};
+use super::{cli_actor, connect_one_shot, connect_reads, print_json, time_text};
 use crate::config::DbConfig;
 use crate::error::{Error, Result};
 
@@ -124,16 +125,14 @@ pub(crate) async fn schedule(db: &DbConfig, command: ScheduleCommand) -> Result 
     match command {
         ScheduleCommand::Add(args) => add(db, args).await,
         ScheduleCommand::List { json } => {
-            let bb = connect_one_shot(db).await?;
-            let schedules = bb.operator().schedules().await?;
+            let schedules = connect_reads(db).await?.schedules().await?;
             if json {
                 return print_json(&serde_json::json!({ "schedules": schedules }));
             }
             print_list(&schedules)
         }
         ScheduleCommand::Show { name, json } => {
-            let bb = connect_one_shot(db).await?;
-            let s = bb.operator().schedule(&name).await?;
+            let s = connect_reads(db).await?.schedule(&name).await?;
             if json {
                 return print_json(&s);
             }

@@ -134,8 +134,11 @@ pub(super) async fn list(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
-    let schedules = state.bb.schedules().await?;
-    Ok(HttpResponse::Ok().json(json!({ "schedules": schedules })))
+    let (bb, from) = state.reads.board(&req).await?;
+    let schedules = bb.schedules().await?;
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(json!({ "schedules": schedules })))
 }
 
 /// `GET /api/v1/schedules/{name}`.
@@ -147,7 +150,11 @@ pub(super) async fn show(
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
     query(&req, &[])?;
-    Ok(HttpResponse::Ok().json(state.bb.schedule(&name).await?))
+    let (bb, from) = state.reads.board(&req).await?;
+    let schedule = bb.schedule(&name).await?;
+    Ok(HttpResponse::Ok()
+        .insert_header(from.header())
+        .json(schedule))
 }
 
 /// `POST /api/v1/schedules/{name}/pause` (an optional `{"reason": …}`): the schedule
