@@ -300,8 +300,8 @@ fn check_url(option: &str, url: &str) -> Result {
     }
 }
 
-/// Connects a one-shot command (submit, task, tasks, flow, pause|resume|cancel, events,
-/// migrate, limits, kinds): to --database-url, or else to the embedded cluster in
+/// Connects a one-shot command (submit, task, tasks, flow, pause|resume|cancel, schedule,
+/// events, migrate, limits, kinds): to --database-url, or else to the embedded cluster in
 /// --data-dir only when one was created there (started if it is stopped). Creating a
 /// cluster is left to `artex up` and `artex db start`: a command run in the wrong folder
 /// must not leave a new PostgreSQL server running behind it.
@@ -312,8 +312,8 @@ pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
     connect(db).await
 }
 
-/// Connects a command that only reads (tasks, task show, flow list|show, stats,
-/// workers): to the replica of --read-database-url when one is given, without touching
+/// Connects a command that only reads (tasks, task show, flow list|show, schedule
+/// list|show, stats, workers): to the replica of --read-database-url when one is given, without touching
 /// the primary (its schema is checked there: it is the primary's, replicated); else as
 /// [`connect_one_shot`].
 pub(crate) async fn connect_reads(db: &DbConfig) -> Result<ReadBoard> {
