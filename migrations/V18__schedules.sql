@@ -40,10 +40,12 @@ create table artex.schedules (
     -- Slots missed while no planner ran: none, the latest only, or each.
     catch_up text not null default 'last' check (catch_up in ('none', 'last', 'all')),
     paused boolean not null default false,
-    -- The first slot not yet fired or skipped (NULL: the expression has no slot left).
-    -- Set on add and resume to the first slot after that moment: slots while paused are
-    -- skipped, not caught up.
-    next_slot timestamptz,
+    -- The first slot not yet fired or skipped, or a moment before it (NULL: the
+    -- expression has no slot left). artex sets it on add and resume to the first slot
+    -- after that moment (slots while paused are skipped, not caught up); a writer in SQL
+    -- may leave it to its default, the insert's time, which the next pass turns into the
+    -- first slot at or after it.
+    next_slot timestamptz default now(),
     -- The last slot fired, its task, and how many slots fired in all.
     last_slot timestamptz,
     last_task uuid,

@@ -522,3 +522,47 @@ async fn bad_schedules_are_refused_naming_the_option() {
         );
     }
 }
+
+/// A schedule inserted in SQL, its next slot left to the default (the insert's time):
+/// the next pass moves it to its first slot at or after the insert, fires nothing before
+/// it, and fires that slot when it comes; the insert is audited with the database user.
+#[tokio::test]
+async fn a_schedule_written_in_sql_fires_from_its_first_slot_after_the_insert() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "insert into artex.schedules (name, cron, kind, catch_up, created_by, updated_by)
+         values ('from-sql', '*/10 * * * *', 'echo', 'all', 'sql', 'sql')",
+    )
+    .await
+    .unwrap();
+    let inserted: DateTime<Utc> = next_slot(&c, "from-sql").await.expect("the default");
+    let planner = db.bb.planner();
+    let report = Scheduler::run_once(&planner, "test", Some(inserted))
+        .await
+        .unwrap();
+    assert_eq!(report.fired(), 0, "{report:?}");
+    let first = next_slot(&c, "from-sql").await.expect("a first slot");
+    assert!(first >= inserted && first - inserted <= chrono::TimeDelta::minutes(10));
+    assert_eq!(chrono::Timelike::minute(&first) % 10, 0, "{first}");
+    let report = Scheduler::run_once(&planner, "test", Some(first))
+        .await
+        .unwrap();
+    assert_eq!(report.fired(), 1, "{report:?}");
+    assert_eq!(
+        slots_fired(&c, "from-sql")
+            .await
+            .into_keys()
+            .collect::<Vec<_>>(),
+        vec![first]
+    );
+    let actor: String = c
+        .query_one(
+            "select actor from artex.schedule_changes where schedule = 'from-sql'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!actor.is_empty() && !actor.starts_with("cli:"), "{actor}");
+}

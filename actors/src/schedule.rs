@@ -17,7 +17,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Timelike, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
@@ -209,6 +209,12 @@ impl Cadence {
 
     /// The first slot at or after `t`.
     fn at_or_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // croner reads whole seconds: a slot in the second `t` falls in but before it is
+        // not "at or after" it.
+        let t = match t.with_nanosecond(0) {
+            Some(whole) if whole < t => whole + TimeDelta::seconds(1),
+            _ => t,
+        };
         self.cron
             .find_next_occurrence(&t.with_timezone(&self.tz), true)
             .ok()
@@ -424,6 +430,15 @@ mod tests {
         );
         assert_eq!(d.fire, vec![at("2026-03-01T13:00:00Z")]);
         assert!(!d.skipped);
+    }
+
+    #[test]
+    fn a_slot_just_before_the_first_moment_is_not_due() {
+        let c = Cadence::parse("*/10 * * * *", "UTC").unwrap();
+        let after = at("2026-03-01T10:10:00.5Z");
+        let d = c.due(after, at("2026-03-01T10:10:01Z"), CatchUp::All);
+        assert!(d.fire.is_empty(), "{d:?}");
+        assert_eq!(d.next, Some(at("2026-03-01T10:20:00Z")));
     }
 
     #[test]
