@@ -10,10 +10,20 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::schedule::CatchUp;
 
-/// The columns [`schedule_from_row`] reads, in its order.
-pub(crate) const SCHEDULE_COLUMNS: &str = "name, cron, timezone, kind, payload, priority,
-    max_retries, timeout_ms, shard_key, catch_up, paused, next_slot, last_slot, last_task,
-    fired, created_at, created_by, updated_at, updated_by";
+/// The columns [`schedule_from_row`] reads, in its order: a macro, so that each
+/// statement naming them is one `const` (`concat!`).
+macro_rules! schedule_columns {
+    () => {
+        "name, cron, timezone, kind, payload, priority, max_retries, timeout_ms, shard_key,
+         catch_up, paused, next_slot, last_slot, last_task, fired, created_at, created_by,
+         updated_at, updated_by"
+    };
+}
+pub(crate) use schedule_columns;
+
+/// How many columns `schedule_columns!` names: what a statement selects after them
+/// starts at this index.
+pub(crate) const SCHEDULE_COLUMN_COUNT: usize = 19;
 
 /// A schedule: its cron expression and time zone, the task each slot submits, and where
 /// it stands.
@@ -60,7 +70,7 @@ pub struct ScheduleRow {
     pub updated_by: String,
 }
 
-/// A row of [`SCHEDULE_COLUMNS`].
+/// A row of `schedule_columns!`.
 pub(crate) fn schedule_from_row(r: &Row) -> Result<ScheduleRow> {
     let catch_up: String = r.try_get(9)?;
     Ok(ScheduleRow {

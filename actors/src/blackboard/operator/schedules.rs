@@ -1,12 +1,12 @@
 //! An operator's statements on schedules (migrations/V18): add one, list them, read one,
-//! pause, resume, remove. Each write names its actor and reason through
+//! pause, resume, remove. Each write names its actor and reason (if one is given) through
 //! `artex.set_context` in the same statement, and the table's trigger records it in
 //! `artex.schedule_changes`.
 
 use chrono::{DateTime, Utc};
 
 use super::OperatorBoard;
-use crate::blackboard::schedules::{schedule_from_row, ScheduleRow, SCHEDULE_COLUMNS};
+use crate::blackboard::schedules::{schedule_columns, schedule_from_row, ScheduleRow};
 use crate::error::{Error, Result};
 use crate::schedule::{Cadence, NewSchedule};
 
@@ -18,75 +18,68 @@ pub const SCHEDULES_LISTED: i64 = 10_000;
 // added (or resumed) as every planner reads it.
 const NOW: &str = "select now()";
 
-fn insert() -> String {
-    format!(
-        "insert into artex.schedules (name, cron, timezone, kind, payload, priority,
-             max_retries, timeout_ms, shard_key, catch_up, next_slot, created_by, updated_by)
-         select $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $1, $1
-         from artex.set_context($1, $2) ctx
-         where ctx
-         on conflict (name) do nothing
-         returning {SCHEDULE_COLUMNS}"
-    )
-}
+// Added with its first slot (`$13`, computed by the caller from the clock above); a name
+// taken writes nothing (the caller says so), the actor recorded by the audit trigger.
+const INSERT: &str = concat!(
+    "insert into artex.schedules (name, cron, timezone, kind, payload, priority,
+         max_retries, timeout_ms, shard_key, catch_up, next_slot, created_by, updated_by)
+     select $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $1, $1
+     from artex.set_context($1, $2) ctx
+     where ctx
+     on conflict (name) do nothing
+     returning ",
+    schedule_columns!()
+);
 
-fn list() -> String {
-    format!("select {SCHEDULE_COLUMNS} from artex.schedules order by name limit $1")
-}
+// Every schedule by name (the primary key's order), bounded.
+const LIST: &str = concat!(
+    "select ",
+    schedule_columns!(),
+    " from artex.schedules order by name limit $1"
+);
 
-fn one() -> String {
-    format!("select {SCHEDULE_COLUMNS} from artex.schedules where name = $1")
-}
+const ONE: &str = concat!(
+    "select ",
+    schedule_columns!(),
+    " from artex.schedules where name = $1"
+);
 
 // Paused: no slot fires. Pausing a paused schedule changes nothing (nor who changed it
-// last).
-fn pause() -> String {
-    format!(
-        "update artex.schedules s
-         set paused = true,
-             updated_at = case when s.paused then s.updated_at else now() end,
-             updated_by = case when s.paused then s.updated_by else $1 end
-         from artex.set_context($1, $2) ctx
-         where ctx and s.name = $3
-         returning {}",
-        qualified("s")
-    )
-}
+// last). (`ctx`, the context's one column, is the only name the `from` adds: the
+// columns need no qualifying.)
+const PAUSE: &str = concat!(
+    "update artex.schedules s
+     set paused = true,
+         updated_at = case when s.paused then s.updated_at else now() end,
+         updated_by = case when s.paused then s.updated_by else $1 end
+     from artex.set_context($1, $2) ctx
+     where ctx and s.name = $3
+     returning ",
+    schedule_columns!()
+);
 
 // Resumed: its next slot is the first after now (`$4`, computed from the clock read with
 // the row): the slots of the pause are skipped, whatever its catch-up rule, which is for
 // slots missed while no planner ran. Resuming a running schedule changes nothing.
-const RESUME_READ: &str = "select cron, timezone, paused, now() from artex.schedules
+const RESUME_READ: &str = "select cron, timezone, now() from artex.schedules
     where name = $1";
 
-fn resume() -> String {
-    format!(
-        "update artex.schedules s
-         set paused = false,
-             next_slot = case when s.paused then $4 else s.next_slot end,
-             updated_at = case when s.paused then now() else s.updated_at end,
-             updated_by = case when s.paused then $1 else s.updated_by end
-         from artex.set_context($1, $2) ctx
-         where ctx and s.name = $3
-         returning {}",
-        qualified("s")
-    )
-}
+const RESUME: &str = concat!(
+    "update artex.schedules s
+     set paused = false,
+         next_slot = case when s.paused then $4 else s.next_slot end,
+         updated_at = case when s.paused then now() else s.updated_at end,
+         updated_by = case when s.paused then $1 else s.updated_by end
+     from artex.set_context($1, $2) ctx
+     where ctx and s.name = $3
+     returning ",
+    schedule_columns!()
+);
 
 const REMOVE: &str = "delete from artex.schedules s
     using artex.set_context($1, $2) ctx
     where ctx and s.name = $3
     returning s.name";
-
-/// [`SCHEDULE_COLUMNS`] with each column qualified by `alias` (an update's `returning`
-/// beside its `from`).
-fn qualified(alias: &str) -> String {
-    SCHEDULE_COLUMNS
-        .split(',')
-        .map(|c| format!("{alias}.{}", c.trim()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 impl OperatorBoard {
     /// Adds `schedule` as `actor`; its first slot is the first after now. Checks its
@@ -104,10 +97,10 @@ impl OperatorBoard {
         let t = &schedule.task;
         let row = client
             .query_opt(
-                &insert(),
+                INSERT,
                 &[
                     &actor,
-                    &"added",
+                    &None::<&str>,
                     &schedule.name,
                     &schedule.cron,
                     &cadence.time_zone(),
@@ -135,14 +128,14 @@ impl OperatorBoard {
     /// Every schedule (at most [`SCHEDULES_LISTED`]), by name.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRow>> {
         let client = self.bb.client().await?;
-        let rows = client.query(&list(), &[&SCHEDULES_LISTED]).await?;
+        let rows = client.query(LIST, &[&SCHEDULES_LISTED]).await?;
         rows.iter().map(schedule_from_row).collect()
     }
 
     /// One schedule, or `ScheduleNotFound`.
     pub async fn schedule(&self, name: &str) -> Result<ScheduleRow> {
         let client = self.bb.client().await?;
-        match client.query_opt(&one(), &[&name]).await? {
+        match client.query_opt(ONE, &[&name]).await? {
             Some(row) => schedule_from_row(&row),
             None => Err(Error::ScheduleNotFound(name.to_string())),
         }
@@ -157,11 +150,7 @@ impl OperatorBoard {
         reason: Option<&str>,
     ) -> Result<ScheduleRow> {
         let client = self.bb.client().await?;
-        let reason = reason.unwrap_or("paused");
-        match client
-            .query_opt(&pause(), &[&actor, &reason, &name])
-            .await?
-        {
+        match client.query_opt(PAUSE, &[&actor, &reason, &name]).await? {
             Some(row) => schedule_from_row(&row),
             None => Err(Error::ScheduleNotFound(name.to_string())),
         }
@@ -181,7 +170,7 @@ impl OperatorBoard {
             return Err(Error::ScheduleNotFound(name.to_string()));
         };
         let (cron, timezone): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-        let now: DateTime<Utc> = row.try_get(3)?;
+        let now: DateTime<Utc> = row.try_get(2)?;
         let next = Cadence::read(&cron, &timezone)
             .map_err(|(field, why)| {
                 Error::Invalid(format!(
@@ -189,9 +178,8 @@ impl OperatorBoard {
                 ))
             })?
             .next_after(now);
-        let reason = reason.unwrap_or("resumed");
         match client
-            .query_opt(&resume(), &[&actor, &reason, &name, &next])
+            .query_opt(RESUME, &[&actor, &reason, &name, &next])
             .await?
         {
             Some(row) => schedule_from_row(&row),
@@ -203,7 +191,6 @@ impl OperatorBoard {
     /// unknown name.
     pub async fn remove_schedule(&self, name: &str, actor: &str, reason: Option<&str>) -> Result {
         let client = self.bb.client().await?;
-        let reason = reason.unwrap_or("removed");
         match client.query_opt(REMOVE, &[&actor, &reason, &name]).await? {
             Some(_) => Ok(()),
             None => Err(Error::ScheduleNotFound(name.to_string())),

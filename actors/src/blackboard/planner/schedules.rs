@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::PlannerBoard;
-use crate::blackboard::schedules::{schedule_from_row, SCHEDULE_COLUMNS};
+use crate::blackboard::schedules::{schedule_columns, schedule_from_row, SCHEDULE_COLUMN_COUNT};
 use crate::blackboard::sql::Tx;
 use crate::error::Result;
 use crate::schedule::{slot_key, Cadence, SLOT_KEY_WINDOW};
@@ -15,17 +15,17 @@ use crate::schedule::{slot_key, Cadence, SLOT_KEY_WINDOW};
 // The due schedule first due, locked, that this pass has not dealt with yet (`$2`: a
 // schedule whose fire failed is not taken again in the same pass); with the clock
 // (`$1`, the database's by default) every planner reads the same.
-fn claim_due() -> String {
-    format!(
-        "select {SCHEDULE_COLUMNS}, coalesce($1::timestamptz, now())
-         from artex.schedules
-         where not paused and next_slot <= coalesce($1::timestamptz, now())
-           and name <> all($2::text[])
-         order by next_slot
-         limit 1
-         for update skip locked"
-    )
-}
+const CLAIM_DUE: &str = concat!(
+    "select ",
+    schedule_columns!(),
+    ", coalesce($1::timestamptz, now())
+    from artex.schedules
+    where not paused and next_slot <= coalesce($1::timestamptz, now())
+      and name <> all($2::text[])
+    order by next_slot
+    limit 1
+    for update skip locked"
+);
 
 // One slot's task, through the one submission path (`artex.submit`, V17): the kind need
 // not be declared yet (the task waits for its workers); the slot's unique key makes a
@@ -80,16 +80,15 @@ impl PlannerBoard {
         actor: &str,
     ) -> Result<Option<ScheduleTurn>> {
         let tx = Tx::new(self.bb.client().await?);
-        let claim = claim_due();
         let (begun, row) =
-            futures_util::future::join(tx.begin(), tx.query_opt(&claim, &[&now, &passed])).await;
+            futures_util::future::join(tx.begin(), tx.query_opt(CLAIM_DUE, &[&now, &passed])).await;
         begun?;
         let Some(row) = row? else {
             tx.commit().await?;
             return Ok(None);
         };
         let schedule = schedule_from_row(&row)?;
-        let now: DateTime<Utc> = row.try_get(19)?;
+        let now: DateTime<Utc> = row.try_get(SCHEDULE_COLUMN_COUNT)?;
         let name = schedule.name.clone();
         let mut turn = ScheduleTurn {
             name: name.clone(),
