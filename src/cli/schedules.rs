@@ -5,7 +5,7 @@
 
 use artex_actors::blackboard::{NewTask, ScheduleRow};
 use artex_actors::schedule::{check_name, CatchUp, NewSchedule};
-use artex_actors::submission::{Field, Refusal, Submission};
+use artex_actors::submission::{Refusal, Submission};
 use clap::{Args, Subcommand};
 
 use super::inputs::{check_submission, read_payload, refusal_text};
@@ -201,11 +201,10 @@ async fn add(db: &DbConfig, args: AddArgs) -> Result {
         .map_err(|r| Error::Invalid(format!("{}: {}", option_of(r.field, &payload.name), r.why)))?;
     let submission = Submission::task(&schedule.task, args.allow_unregistered_kind);
     let refused = |r: Refusal| {
-        let place = match r.field {
-            Field::Kind => "--kind".to_string(),
-            f => option_of(f.as_str(), &payload.name),
-        };
-        Error::Invalid(refusal_text(&r, &place))
+        Error::Invalid(refusal_text(
+            &r,
+            &option_of(r.field.as_str(), &payload.name),
+        ))
     };
     submission.check_shape().map_err(refused)?;
     let bb = connect_one_shot(db).await?;
