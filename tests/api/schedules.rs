@@ -66,7 +66,11 @@ async fn schedules_are_added_listed_paused_resumed_and_removed() {
     );
     taken.error(409, None);
 
-    let removed = api.w("DELETE", "/api/v1/schedules/daily-report", None);
+    let removed = api.w(
+        "DELETE",
+        "/api/v1/schedules/daily-report?reason=replaced",
+        None,
+    );
     assert_eq!(removed.status, 200, "{}", removed.text());
     assert_eq!(removed.json(), json!({"removed": "daily-report"}));
     api.get("/api/v1/schedules/daily-report").error(404, None);
@@ -92,6 +96,8 @@ async fn schedules_are_added_listed_paused_resumed_and_removed() {
         "{changes:?}"
     );
     assert_eq!(changes[1].2.as_deref(), Some("holidays"));
+    assert_eq!(changes[2].2, None, "no reason given, none recorded");
+    assert_eq!(changes[3].2.as_deref(), Some("replaced"));
 }
 
 #[tokio::test]

@@ -10,9 +10,10 @@ use artex_actors::schedule::{check_name, CatchUp, NewSchedule};
 use artex_actors::submission::{Submission, MAX_RETRIES};
 use serde_json::{json, Value};
 
-use super::tasks::read_reason;
+use super::tasks::{read_reason, MAX_REASON_BYTES};
 use super::{
-    actor, check_submission, field, only_fields, parse_json, query, read_body, ApiError, ApiState,
+    actor, check_submission, field, only_fields, param, parse_json, query, read_body, ApiError,
+    ApiState,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -197,17 +198,25 @@ pub(super) async fn resume(
     Ok(answer.json(s))
 }
 
-/// `DELETE /api/v1/schedules/{name}` (an optional `{"reason": …}`): `{"removed":
-/// name}`; the tasks it submitted stay.
+/// `DELETE /api/v1/schedules/{name}?reason=…` (the reason optional; a DELETE carries
+/// no body): `{"removed": name}`; the tasks it submitted stay.
 pub(super) async fn remove(
     _: CanWrite,
     req: HttpRequest,
     name: web::Path<String>,
-    body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
-    let reason = read_reason(&req, body, &state).await?;
+    let q = query(&req, &["reason"])?;
+    let reason = param(&q, "reason", |r| {
+        if r.contains('\0') {
+            Err("contains the character \\u0000, which PostgreSQL cannot store".into())
+        } else if r.len() > MAX_REASON_BYTES {
+            Err(format!("{} bytes; at most {MAX_REASON_BYTES}", r.len()))
+        } else {
+            Ok(r.to_string())
+        }
+    })?;
     state
         .bb
         .remove_schedule(&name, &actor(&req), reason.as_deref())
