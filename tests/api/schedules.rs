@@ -161,4 +161,11 @@ async fn bad_schedules_are_refused_naming_the_field() {
     api.get("/api/v1/schedules/a%20b").error(400, Some("name"));
     let c = db.client().await;
     assert_eq!(count(&c, "select count(*) from artex.schedules").await, 0);
+    // A kind no worker declared yet, let through as for tasks.
+    let later = api.w(
+        "POST",
+        "/api/v1/schedules?allow_unregistered_kind=true",
+        Some(r#"{"name": "x", "cron": "* * * * *", "kind": "unknown"}"#),
+    );
+    assert_eq!(later.status, 201, "{}", later.text());
 }

@@ -12,8 +12,7 @@ use serde_json::{json, Value};
 
 use super::tasks::{read_reason, MAX_REASON_BYTES};
 use super::{
-    actor, check_submission, field, only_fields, param, parse_json, query, read_body, ApiError,
-    ApiState,
+    actor, check_submission, field, only_fields, param, query, submission, ApiError, ApiState,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -97,22 +96,17 @@ fn parse_schedule(v: &Value) -> Result<(NewSchedule, bool), ApiError> {
     Ok((schedule, allow))
 }
 
-/// `POST /api/v1/schedules`: adds a schedule (201, the schedule with its next slot).
+/// `POST /api/v1/schedules[?allow_unregistered_kind=true]`: adds a schedule (201, the
+/// schedule with its next slot).
 pub(super) async fn add(
     _: CanWrite,
     req: HttpRequest,
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    query(&req, &[])?;
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let Some(value) = parse_json(&body)? else {
-        return Err(ApiError::bad(
-            "body",
-            "empty body; expected a schedule (a JSON object)",
-        ));
-    };
+    let (value, allow_all) = submission(&req, body, &state, "a schedule (a JSON object)").await?;
     let (schedule, allow) = parse_schedule(&value)?;
+    let allow = allow || allow_all;
     // The schedule's own rules (name, expression, zone): a malformed request.
     schedule
         .check()
