@@ -34,7 +34,7 @@ pub struct DbConfig {
     pub listen_database_url: Option<String>,
     /// PostgreSQL URL of a streaming replica of --database-url: operators' reads (lists,
     /// pages, statistics of `serve`, a worker's --api, `tasks`, `task show`, `flow
-    /// list|show`, `stats`, `workers`) come from it; writes and the feed always from
+    /// list|show`, `schedule list|show`, `stats`, `workers`) come from it; writes and the feed always from
     /// --database-url. Other commands ignore it.
     #[arg(
         long,

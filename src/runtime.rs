@@ -1,8 +1,8 @@
 //! The long-running parts, each `run(…, shutdown)` like mini-redis's `server::run`: the
 //! caller passes the blackboard, the settings, the listener and a shutdown future, so a
 //! test (or a user's binary) can run a planner or a worker in-process and stop it.
-//! [`run_planner`] starts the Scanner, Assigner, Reaper and Maintenance (and with `--shards auto` the
-//! ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, runs the new
+//! [`run_planner`] starts the Scanner, Assigner, Reaper, Maintenance and Scheduler (and
+//! with `--shards auto` the ShardKeeper); [`run_worker`] starts the Worker actor and its HTTP server, runs the new
 //! side of a hot upgrade when one spawned it (`hot_upgrade::NewSide`: listener pass, task
 //! transfer), and drains on shutdown.
 
@@ -18,6 +18,7 @@ use artex_actors::blackboard::{ReapParams, Replica};
 use artex_actors::maintenance::Maintenance;
 use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
+use artex_actors::scheduler::Scheduler;
 use artex_actors::shard_keeper::{KeeperConfig, Resign, ShardKeeper, ShardView};
 use artex_actors::supervisor::ActorStats;
 use artex_actors::waker::Waker;
@@ -121,7 +122,13 @@ pub fn connect_replica(db: &DbConfig) -> Result<Option<Replica>> {
 /// nothing to do.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(15);
 
-/// Runs the planner's actors (Scanner, Assigner, Reaper, Maintenance, each supervised) until
+/// How often the planner's Scheduler looks for due schedules: slots are minutes apart
+/// at least, so a slot fires within about a second of its time; a look is one indexed
+/// read when nothing is due.
+const SCHEDULER_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs the planner's actors (Scanner, Assigner, Reaper, Maintenance, Scheduler, each
+/// supervised) until
 /// `shutdown` resolves.
 pub async fn run_planner(
     bb: Blackboard,
@@ -203,6 +210,8 @@ pub async fn run_planner(
     }
     let (b, s) = (bb.maintenance(), stats.clone());
     let maintenance = Supervisor::start(move |_| Maintenance::new(b, MAINTENANCE_EVERY, s));
+    let (b, s, n) = (planner.clone(), stats.clone(), name.clone());
+    let scheduler = Supervisor::start(move |_| Scheduler::new(b, n, SCHEDULER_EVERY, s));
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
     if let Some((keeper, _)) = keeper {
@@ -218,7 +227,7 @@ pub async fn run_planner(
                 "planner shards: not given back in time; they lapse with their leases"),
         }
     }
-    drop((scanner, assigner, reaper, maintenance));
+    drop((scanner, assigner, reaper, maintenance, scheduler));
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The web dashboard in a real headless Chromium (Debian's `chromium` driven through
 //! `chromedriver`): live counts, an operator action with its confirmation and the
-//! write token asked for in the page, a flow's graph, a hot upgrade on the workers page,
+//! write token asked for in the page, a schedule listed and paused with its button, a
+//! flow's graph, a hot upgrade on the workers page,
 //! and a browser upload (with the page's SHA-256 checked against known vectors), then one
 //! cut off midway and resumed from a new page, and one resumed from a file that changed
 //! (refused whole, then sent anew). Every test ends by asserting that the page
@@ -452,6 +453,77 @@ async fn the_overview_lists_the_kinds_with_their_retry_policies() {
     );
     b.assert_no_errors().await;
     b.close().await;
+}
+
+#[tokio::test]
+async fn the_schedules_page_shows_a_schedules_slots_and_pauses_it_with_its_button() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = write_token_file(dir.path());
+    let serve = Proc::start(
+        "serve",
+        &db.url,
+        &[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--public-read",
+            "--write-token-file",
+            &token,
+        ],
+        &[],
+    );
+    let addr = serve_address(&serve).await;
+    let added = created(call(
+        "POST",
+        &addr,
+        "/api/v1/schedules",
+        Some(
+            json!({"name": "nightly-report", "cron": "0 2 * * *", "timezone": "Europe/Berlin",
+                    "kind": "report", "allow_unregistered_kind": true}),
+        ),
+    ));
+    let next = added["next_slot"]
+        .as_str()
+        .expect("a next slot")
+        .to_string();
+
+    let b = Browser::start().await;
+    b.goto(&format!("http://{addr}/#/schedules")).await;
+    b.until(
+        "the schedule listed with its next slot",
+        &format!(
+            "const r = document.querySelector('#schedule-rows [data-schedule=\"nightly-report\"]');
+             return !!r && r.querySelector('[data-col=next]').title === {next:?}
+               && r.textContent.includes('0 2 * * *') && r.textContent.includes('Europe/Berlin')"
+        ),
+    )
+    .await;
+    b.mark_page().await;
+    b.click("[data-schedule=\"nightly-report\"] button[data-action=pause]")
+        .await;
+    b.confirm().await;
+    b.give_token(WRITE_TOKEN).await;
+    b.until(
+        "the schedule shown paused",
+        "const r = document.querySelector('[data-schedule=\"nightly-report\"]');
+         return !!r && r.dataset.paused === 'true'
+           && !!r.querySelector('[data-col=next] [data-status=paused]')
+           && !!r.querySelector('button[data-action=resume]')",
+    )
+    .await;
+    let paused: bool = db
+        .client()
+        .await
+        .query_one(
+            "select paused from artex.schedules where name = 'nightly-report'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(paused, "the page's button paused the schedule");
+    b.finish_on_the_marked_page().await;
 }
 
 #[tokio::test]

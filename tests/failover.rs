@@ -13,7 +13,7 @@
 //! 3. the primary's host crashes while a worker is hot-upgraded and a planner is killed.
 //!
 //! Checks: every acknowledged submission exists on the new primary and succeeds (0
-//! lost); no task succeeded twice; no two executions of a task overlap in time, and none
+//! lost); a cron schedule firing every minute throughout fired each minute once; no task succeeded twice; no two executions of a task overlap in time, and none
 //! ran to its end twice (the side file); the first task finished on the new primary within
 //! detection + 10 s; a node that comes back rejoins as a standby and no artex process is
 //! connected to it. Heartbeats and lease renewals commit with `synchronous_commit = off`
@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use artex_actors::blackboard::NewTask;
+use artex_actors::schedule::{CatchUp, NewSchedule};
 use artex_actors::Blackboard;
 use common::bundles::{Keys, TOKEN};
 use common::fleet::Fleet;
@@ -65,6 +67,19 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     println!("FIGURE failover_setup_s={:.1}", t0.elapsed().as_secs_f64());
     let bb = Blackboard::connect(&formation.local_url(0), 2).expect("pool on node 1");
     bb.maintenance().migrate().await.expect("migrating node 1");
+    // A schedule firing every minute through the three faults, each missed slot caught
+    // up (its kind has no worker: its tasks wait, apart from the load's).
+    let probe = NewSchedule {
+        name: "failover-probe".into(),
+        cron: "* * * * *".into(),
+        timezone: "UTC".into(),
+        task: NewTask::new("schedule-probe", json!({})),
+        catch_up: CatchUp::All,
+    };
+    bb.operator()
+        .add_schedule(&probe, "test")
+        .await
+        .expect("the probe schedule");
     drop(bb);
 
     let files = tempfile::tempdir().expect("temp dir");
@@ -231,6 +246,55 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     );
     fig.print("upgrade");
     let _ = planners[0].wait_exit(Duration::from_secs(5));
+    // Every minute of the schedule fired once across the three failovers and a planner
+    // killed: once the schedule stands past now, its slots run from its first minute to
+    // its last without a gap, one task each.
+    let primary = formation.client(1).await;
+    wait_for(
+        "the probe schedule to stand past now",
+        Duration::from_secs(90),
+        || async {
+            let row = primary
+                .query_one(
+                    "select next_slot > now() from artex.schedules where name = 'failover-probe'",
+                    &[],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+    let slots: Vec<(String, i64)> = primary
+        .query(
+            "select unique_key, count(*) from artex.tasks
+             where unique_key like 'schedule:failover-probe:%'
+             group by unique_key order by unique_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let twice: Vec<_> = slots.iter().filter(|s| s.1 != 1).collect();
+    assert!(twice.is_empty(), "slots fired twice: {twice:?}");
+    let minutes: Vec<i64> = slots
+        .iter()
+        .map(|(key, _)| {
+            let at = key.trim_start_matches("schedule:failover-probe:");
+            chrono::DateTime::parse_from_rfc3339(at)
+                .expect("a slot")
+                .timestamp()
+                / 60
+        })
+        .collect();
+    assert!(minutes.len() >= 2, "{slots:?}");
+    assert!(
+        minutes.windows(2).all(|w| w[1] == w[0] + 1),
+        "a minute missing: {slots:?}"
+    );
+    println!("FIGURE failover_schedule_slots={}", minutes.len());
     println!(
         "FIGURE failover_test_total_s={:.1}",
         t0.elapsed().as_secs_f64()

@@ -310,7 +310,7 @@ async fn operators_read_from_the_replica() {
     assert!(lag["lag_ms"].as_f64().expect("lag ms") >= 0.0, "{lag}");
     let (replica, _, _) = get(&addr, "/api/v1/replica", None);
     assert!(replica["replica"]["lag_bytes"].as_u64().expect("lag") > 0);
-    for path in ["/api/v1/workers", "/api/v1/flows"] {
+    for path in ["/api/v1/workers", "/api/v1/flows", "/api/v1/schedules"] {
         let (_, from, status) = get(&addr, path, None);
         assert_eq!((status, from.as_deref()), (200, Some("replica")), "{path}");
     }

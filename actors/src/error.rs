@@ -50,6 +50,9 @@ pub enum Error {
     /// No flow has this id.
     #[error("no flow with id {0}")]
     FlowNotFound(Uuid),
+    /// No schedule has this name.
+    #[error("no schedule named {0:?} (see `artex schedule list`)")]
+    ScheduleNotFound(String),
     /// Input that cannot be accepted: the message names what and where.
     #[error("{0}")]
     Invalid(String),

@@ -8,7 +8,10 @@
 //!   [`blackboard::MaintenanceBoard`]), the migrations runner, LISTEN sessions that
 //!   reconnect by themselves ([`blackboard::ListenSession`]), and `blackboard/primary.rs`,
 //!   which follows the primary of a multi-host URL across a failover.
-//! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`]: the planner's actors.
+//! - [`scanner`], [`assigner`], [`reaper`], [`maintenance`], [`scheduler`]: the planner's
+//!   actors.
+//! - [`schedule`]: what a cron schedule is and its rules (pure): its slots in its time
+//!   zone, and the catch-up rules for slots missed while no planner ran.
 //! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
 //!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
 //!   carries, started without a read; `worker/liveness.rs` lease renewals and heartbeats;
@@ -43,6 +46,8 @@ pub mod maintenance;
 pub mod reaper;
 pub mod retry;
 pub mod scanner;
+pub mod schedule;
+pub mod scheduler;
 pub mod shard_keeper;
 pub mod submission;
 pub mod supervisor;

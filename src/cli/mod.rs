@@ -23,6 +23,7 @@
 //! - `master`: `master`.
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
 //! - `cluster`: `workers`, `stats`.
+//! - `schedules`: `schedule add|list|show|pause|resume|remove`.
 //! - `progress`: progress on standard error, shared by the commands that take time.
 //! - `stdout`: results on standard output, a closed pipe an error (not a panic), and the
 //!   watch for a reader going away.
@@ -38,6 +39,7 @@ mod kind;
 mod master;
 mod progress;
 mod run;
+mod schedules;
 mod stdout;
 mod tasks;
 mod upload;
@@ -89,7 +91,7 @@ enum Command {
         #[command(flatten)]
         planner: PlannerArgs,
     },
-    /// Run a planner (Scanner, Assigner, Reaper, Maintenance).
+    /// Run a planner (Scanner, Assigner, Reaper, Maintenance, Scheduler).
     Planner {
         #[command(flatten)]
         planner: PlannerArgs,
@@ -152,6 +154,12 @@ enum Command {
     Resume(tasks::ControlArgs),
     /// End a task, or every unfinished task of a flow; a running one is stopped.
     Cancel(tasks::ControlArgs),
+    /// Cron schedules: a task at every slot of an expression, fired once per slot by the
+    /// planners (add, list, show, pause, resume, remove).
+    Schedule {
+        #[command(subcommand)]
+        command: schedules::ScheduleCommand,
+    },
     /// The change feed: tail task changes (history table or logical decoding), retention.
     Events {
         #[command(subcommand)]
@@ -243,6 +251,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Cancel(args) => tasks::control(db, Control::Cancel, args, &cli_actor()).await,
         Command::Db { command } => db::db(db, command).await,
         Command::Flow { command } => flows::flow(db, command, &cli_actor()).await,
+        Command::Schedule { command } => schedules::schedule(db, command).await,
         Command::Events { command } => events::events(db, command).await,
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
@@ -301,8 +310,8 @@ fn check_url(option: &str, url: &str) -> Result {
     }
 }
 
-/// Connects a one-shot command (submit, task, tasks, flow, pause|resume|cancel, events,
-/// migrate, limits, kinds): to --database-url, or else to the embedded cluster in
+/// Connects a one-shot command (submit, task, tasks, flow, pause|resume|cancel, schedule,
+/// events, migrate, limits, kinds): to --database-url, or else to the embedded cluster in
 /// --data-dir only when one was created there (started if it is stopped). Creating a
 /// cluster is left to `artex up` and `artex db start`: a command run in the wrong folder
 /// must not leave a new PostgreSQL server running behind it.
@@ -313,8 +322,8 @@ pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
     connect(db).await
 }
 
-/// Connects a command that only reads (tasks, task show, flow list|show, stats,
-/// workers): to the replica of --read-database-url when one is given, without touching
+/// Connects a command that only reads (tasks, task show, flow list|show, schedule
+/// list|show, stats, workers): to the replica of --read-database-url when one is given, without touching
 /// the primary (its schema is checked there: it is the primary's, replicated); else as
 /// [`connect_one_shot`].
 pub(crate) async fn connect_reads(db: &DbConfig) -> Result<ReadBoard> {

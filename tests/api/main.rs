@@ -9,6 +9,7 @@
 //! # Layout
 //! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
+//! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.
 //! - `kinds`: kinds and their retry policies.
 //! - `overview`: workers and statistics.
@@ -26,6 +27,7 @@ mod kinds;
 mod openapi;
 mod overview;
 mod processes;
+mod schedules;
 mod search;
 mod tasks;
 

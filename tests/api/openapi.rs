@@ -46,6 +46,8 @@ async fn the_openapi_description_matches_the_routes_served() {
         "/api/v1/flows",
         Some(r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#),
     ));
+    let schedule = r#"{"name": "nightly", "cron": "0 2 * * *", "kind": "echo"}"#;
+    api.w("POST", "/api/v1/schedules", Some(schedule));
     // The uploads are a worker's: asked of one, with an upload of its own.
     let dir = tempfile::tempdir().expect("a folder");
     let token = dir.path().join("write-token");
@@ -85,9 +87,15 @@ async fn the_openapi_description_matches_the_routes_served() {
             } else {
                 (&api.addr, &task)
             };
+            if path.contains("{name}") {
+                // Whatever an earlier call did to it (a DELETE), the schedule is there
+                // (409 when it still is).
+                api.w("POST", "/api/v1/schedules", Some(schedule));
+            }
             let concrete = path
                 .replace("{id}", id)
                 .replace("{n}", "0")
+                .replace("{name}", "nightly")
                 .replace("{kind}", "echo");
             let body = match (method.as_str(), path.as_str()) {
                 ("post", "/api/v1/tasks") => Some(r#"{"kind": "echo"}"#),
@@ -97,6 +105,9 @@ async fn the_openapi_description_matches_the_routes_served() {
                 ("post", "/api/v1/uploads") => Some(UPLOAD),
                 ("put", "/api/v1/kinds/{kind}/retry") => {
                     Some(r#"{"backoff": "fixed", "base_ms": 100}"#)
+                }
+                ("post", "/api/v1/schedules") => {
+                    Some(r#"{"name": "hourly", "cron": "@hourly", "kind": "echo"}"#)
                 }
                 _ => None,
             };

@@ -229,6 +229,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // from the kind's policy, which only this build's operators set).
         change: Change::Expand,
     },
+    Migration {
+        version: 20,
+        name: "schedules",
+        sql: include_str!("../../../migrations/V20__schedules.sql"),
+        // New tables, functions and a trigger on them, which older builds never touch.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -22,7 +22,7 @@
 //!
 //! Shared types live beside the roles: `tasks.rs` (a task and its history as read),
 //! `flows/` (a flow as submitted and as read), `inputs.rs` (the limit and the kinds a submission is checked against),
-//! `carried.rs` (what a wake-up carries), `listen.rs` (LISTEN sessions), `admin.rs`
+//! `carried.rs` (what a wake-up carries), `schedules.rs` (a schedule as read), `listen.rs` (LISTEN sessions), `admin.rs`
 //! (databases made and dropped, for the embedded cluster and tests).
 //!
 //! Correctness comes from row locks, `skip locked` and compare-and-set updates fenced by
@@ -40,6 +40,7 @@ mod migrate;
 pub mod operator;
 pub mod planner;
 pub(crate) mod primary;
+mod schedules;
 mod sql;
 mod tasks;
 pub mod worker;
@@ -76,7 +77,7 @@ pub use operator::{
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
     ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,
-    STATUS_COUNT_CAP,
+    SCHEDULES_LISTED, STATUS_COUNT_CAP,
 };
 pub use planner::DISPATCH as DISPATCH_SQL;
 
@@ -91,11 +92,12 @@ pub fn plan_cached_statements() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 pub use planner::{
-    agree_count, AssignReport, Assignment, Claimed, CountAgreement, PlannerBoard, Push, ReapParams,
-    ReapReport, RosterEntry, Round, ShardBoard, ShardRow, StrandedTask, TakenShard,
-    DEFAULT_SHARD_COUNT,
+    agree_count, AssignReport, Assignment, Claimed, CountAgreement, FiredSlot, PlannerBoard, Push,
+    ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard, ShardRow, StrandedTask,
+    TakenShard, DEFAULT_SHARD_COUNT,
 };
 pub use primary::mask_password;
+pub use schedules::ScheduleRow;
 pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 // What a submission is, and its rules, live in `crate::submission`; named here too, where
 // the library's users have always found them.

@@ -1,6 +1,8 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
-//! flows (submit, list, show with the DAG, pause|resume|cancel), kinds and their retry
-//! policies, workers, statistics and the live feed (and where its head is). The dashboard's page is registered with them.
+//! flows (submit, list, show with the DAG, pause|resume|cancel), schedules (add, list,
+//! show, pause|resume, remove), kinds with their limits and retry policies, workers,
+//! statistics and the live feed (and where its head is). The dashboard's page is
+//! registered with them.
 //! Served by `artex serve` (with `/health` and `/events`, see [`serve_routes`]) and by a
 //! worker started with `--api` (`artex up` always). Stateless: every route reads or
 //! writes the blackboard, and holds no SQL. Every worker also serves the uploads
@@ -11,7 +13,7 @@
 //! parameter, or is null): 400 a malformed request (not JSON, a wrong type, an unknown
 //! field or parameter), 401 a missing or wrong token, 404 an unknown id or route, 408 an
 //! upload's body that stopped arriving, 409 a control the task's state does not allow
-//! (or an upload's), 413 a body over the limit, 422 well-formed input the blackboard
+//! (or an upload's, or a schedule's name taken), 413 a body over the limit, 422 well-formed input the blackboard
 //! refuses (a kind no worker declared, a payload over the limit, an invalid flow) or an
 //! upload's content that does not match its sha256, 503 the database unreachable, 507
 //! no room for an upload. A refused request writes nothing; after a 408, 413 or a
@@ -21,6 +23,7 @@ mod cluster;
 mod flows;
 mod kinds;
 pub mod reads;
+mod schedules;
 mod tasks;
 mod uploads;
 
@@ -181,7 +184,9 @@ impl From<artex_actors::Error> for ApiError {
     fn from(e: artex_actors::Error) -> Self {
         use artex_actors::Error as E;
         match e {
-            E::TaskNotFound(_) | E::FlowNotFound(_) => ApiError::NotFound(e.to_string()),
+            E::TaskNotFound(_) | E::FlowNotFound(_) | E::ScheduleNotFound(_) => {
+                ApiError::NotFound(e.to_string())
+            }
             E::Refused(m) => ApiError::Conflict(m),
             E::Invalid(m) => ApiError::Unprocessable {
                 field: None,
@@ -294,6 +299,16 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/kinds/{kind}/retry", kinds::show_retry);
     r.add(M::PUT, "/api/v1/kinds/{kind}/retry", kinds::set_retry);
     r.add(M::DELETE, "/api/v1/kinds/{kind}/retry", kinds::clear_retry);
+    r.add(M::GET, "/api/v1/schedules", schedules::list);
+    r.add(M::POST, "/api/v1/schedules", schedules::add);
+    r.add(M::GET, "/api/v1/schedules/{name}", schedules::show);
+    r.add(M::DELETE, "/api/v1/schedules/{name}", schedules::remove);
+    r.add(M::POST, "/api/v1/schedules/{name}/pause", schedules::pause);
+    r.add(
+        M::POST,
+        "/api/v1/schedules/{name}/resume",
+        schedules::resume,
+    );
     r.pages(crate::http::dashboard::routes);
 }
 

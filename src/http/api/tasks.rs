@@ -393,7 +393,7 @@ pub(super) async fn show(
 }
 
 /// The optional `{"reason": …}` body of a control.
-async fn read_reason(
+pub(super) async fn read_reason(
     req: &HttpRequest,
     body: web::Payload,
     state: &ApiState,

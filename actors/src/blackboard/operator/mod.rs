@@ -1,7 +1,8 @@
 //! An operator's statements, for the CLI, the HTTP API and the dashboard: submit tasks
 //! and flows (`tasks.rs`, `flows.rs`), read and list them (`flow_list.rs`), control them
 //! (pause, resume, cancel, retry), the roster and statistics (`overview.rs`), and the
-//! input limits and known kinds (`inputs.rs`), and the reads a streaming replica serves
+//! input limits and known kinds (`inputs.rs`), schedules (`schedules.rs`: add, list,
+//! pause, resume, remove), and the reads a streaming replica serves
 //! (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
@@ -12,6 +13,7 @@ mod inputs;
 mod kind_limits;
 mod overview;
 mod replica;
+mod schedules;
 mod tasks;
 
 pub use flow_list::FlowSummary;
@@ -20,6 +22,7 @@ pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
 pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
+pub use schedules::SCHEDULES_LISTED;
 pub use tasks::{
     submit_in, BulkAction, BulkReport, Submitted, TaskFilter, BULK_BATCH, LOCK_KEYS, SUBMIT_KEYED,
 };

@@ -15,7 +15,9 @@ use tokio_postgres::types::PgLsn;
 use uuid::Uuid;
 
 use super::{FlowSummary, OperatorBoard, Stats, TaskFilter, WorkerView};
-use crate::blackboard::{Blackboard, DbLimits, FlowView, TaskPreview, TaskRow, TransitionRow};
+use crate::blackboard::{
+    Blackboard, DbLimits, FlowView, ScheduleRow, TaskPreview, TaskRow, TransitionRow,
+};
 use crate::error::Result;
 
 /// Where the primary inserts its next WAL record: every transaction committed before
@@ -194,8 +196,8 @@ impl OperatorBoard {
     }
 }
 
-/// An operator's reads and nothing else: lists, pages, one task or flow, the roster,
-/// statistics. Made by [`Replica::reads`] (served by a replica) or
+/// An operator's reads and nothing else: lists, pages, one task or flow, the schedules,
+/// the roster, statistics. Made by [`Replica::reads`] (served by a replica) or
 /// [`OperatorBoard::reads`] (by the primary); it has no method that writes.
 #[derive(Debug, Clone)]
 pub struct ReadBoard {
@@ -231,6 +233,16 @@ impl ReadBoard {
     /// See [`OperatorBoard::flow`].
     pub async fn flow(&self, id: Uuid) -> Result<FlowView> {
         self.board.flow(id).await
+    }
+
+    /// See [`OperatorBoard::schedules`].
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRow>> {
+        self.board.schedules().await
+    }
+
+    /// See [`OperatorBoard::schedule`].
+    pub async fn schedule(&self, name: &str) -> Result<ScheduleRow> {
+        self.board.schedule(name).await
     }
 
     /// See [`OperatorBoard::workers`].

@@ -1,7 +1,8 @@
 //! The planner's statements: a dispatch round (the roster of workers with spare capacity
 //! and the claim of runnable tasks in one read, the assignment and the chosen workers'
 //! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), planner
-//! shards owned through leases (`shards.rs`), and what pushing wake-ups over HTTP needs
+//! shards owned through leases (`shards.rs`), the Scheduler's firing of due schedules
+//! (`schedules.rs`), and what pushing wake-ups over HTTP needs
 //! (`wake.rs`).
 //!
 //! Every statement here is one transaction on a pooled connection (a dispatch round's
@@ -10,12 +11,14 @@
 
 mod dispatch;
 mod reap;
+mod schedules;
 mod shards;
 mod wake;
 
 pub(crate) use dispatch::PLAN_CACHED;
 pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, DISPATCH};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
+pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };

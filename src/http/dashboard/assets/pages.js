@@ -1,6 +1,6 @@
 // Pages: the overview (counts, sparklines, backlog age), the task list (filters, search
-// by id, keyset "more"), a task (its timeline, payload, result, error, controls) and
-// the live feed. Each is { name, show(main, arg, params), onEvent?, reload?, leave? }.
+// by id, keyset "more"), a task (its timeline, payload, result, error, controls), the
+// cron schedules (next and last slot, pause and resume) and the live feed. Each is { name, show(main, arg, params), onEvent?, reload?, leave? }.
 "use strict";
 (function () {
   const { h } = A;
@@ -309,6 +309,43 @@
   };
   kinds.onEvent = A.throttle(() => kinds.reload().catch(() => {}), 2000);
   A.pages.kinds = kinds;
+
+  // ---- schedules --------------------------------------------------------------------
+  // Slots fire on the planners' clock, not in the task feed: read again every five
+  // seconds (a slot is a minute apart at least).
+  let schedulesTimer = null;
+  const schedules = {
+    name: "schedules",
+    async show(main) {
+      main.append(h("h1", {}, "Schedules"),
+        h("p", { class: "muted" }, "Each slot of a schedule's cron expression, read in its time zone, submits one task, once, whatever the number of planners."),
+        h("p", { id: "flash" }),
+        h("div", { class: "table" }, h("table", { id: "schedule-table" },
+          h("thead", {}, h("tr", {}, h("th", {}, "name"), h("th", {}, "cron"), h("th", { class: "hide-sm" }, "time zone"),
+            h("th", {}, "kind"), h("th", {}, "next slot"), h("th", {}, "last slot"), h("th", { class: "num hide-sm" }, "fired"), h("th", {}, ""))),
+          h("tbody", { id: "schedule-rows" }, h("tr", {}, h("td", { colspan: 8, class: "muted" }, "Loading…"))))));
+      await schedules.reload();
+      clearInterval(schedulesTimer);
+      schedulesTimer = setInterval(() => schedules.reload().catch(() => {}), 5000);
+    },
+    leave() { clearInterval(schedulesTimer); },
+    async reload() {
+      const body = document.getElementById("schedule-rows");
+      if (!body) return;
+      const { schedules: list } = await A.api("GET", "/api/v1/schedules");
+      const rows = list.map((s) => h("tr", { "data-schedule": s.name, "data-paused": String(s.paused) },
+        h("td", { class: "mono" }, s.name),
+        h("td", { class: "mono" }, s.cron, " ", h("span", { class: "muted" }, "catch-up " + s.catch_up)),
+        h("td", { class: "hide-sm" }, s.timezone),
+        h("td", {}, s.kind),
+        h("td", { "data-col": "next", title: s.next_slot || "" }, s.paused ? A.status("paused") : A.time(s.next_slot)),
+        h("td", { "data-col": "last", title: s.last_slot || "" }, s.last_slot ? [A.time(s.last_slot), " ", s.last_task ? A.taskLink(s.last_task) : null] : "-"),
+        h("td", { class: "num hide-sm" }, s.fired),
+        h("td", {}, A.controlButton("schedule", encodeURIComponent(s.name), s.paused ? "resume" : "pause", () => schedules.reload()))));
+      body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No schedules. Add one with artex schedule add NAME --cron '*/5 * * * *' --kind KIND."))]));
+    },
+  };
+  A.pages.schedules = schedules;
 
   // ---- the feed ---------------------------------------------------------------------
   const feed = {
