@@ -180,19 +180,20 @@ begin
         from unnest(ids) with ordinality as v(id, n) join artex.tasks t on t.id = v.id
         where t.kind in (select kind from lim)
     ),
+    held_kind as materialized (
+        select h.kind, sum(h.n) as n from held h group by h.kind
+    ),
     fits_key as (
         select a.*, row_number() over (partition by a.kind order by a.n) as nth_of_kind
         from asked a join lim l on l.kind = a.kind
+             left join held h on h.kind = a.kind and h.limit_key = a.limit_key
         where l.key_concurrency is null or a.limit_key is null
-           or a.nth_of_key <= l.key_concurrency
-                              - coalesce((select h.n from held h
-                                          where h.kind = a.kind and h.limit_key = a.limit_key), 0)
+           or a.nth_of_key <= l.key_concurrency - coalesce(h.n, 0)
     ),
     allowed as materialized (
         select f.id, f.kind from fits_key f join lim l on l.kind = f.kind
-        where (l.concurrency is null
-               or f.nth_of_kind <= l.concurrency
-                                   - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
+             left join held_kind hk on hk.kind = f.kind
+        where (l.concurrency is null or f.nth_of_kind <= l.concurrency - coalesce(hk.n, 0))
           and (l.tokens is null or f.nth_of_kind <= floor(l.tokens))
     ),
     took as (
@@ -264,8 +265,15 @@ begin
         where k.kind = any(array(select distinct unnest(r.kinds) from roster r
                                  where r.capacity > r.held))
     ),
+    room as materialized (
+        select l.kind, l.concurrency, l.key_concurrency, l.tokens,
+               l.concurrency - coalesce((select sum(h.n) from held h where h.kind = l.kind), 0)
+                   as kind_room
+        from limits l
+    ),
     waiting as (
-        select w.* from keys k left join limits l on l.kind = k.kind
+        select w.* from keys k left join room l on l.kind = k.kind
+             left join held h on h.kind = k.kind and h.key = k.key
         cross join lateral (
             select t.id, t.kind, t.priority, t.run_at from artex.tasks t
             where t.listed = 'pending' and t.limited and t.kind = k.kind
@@ -273,12 +281,8 @@ begin
               and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
             order by t.priority desc, t.run_at, t.id
             limit greatest(least($2::int8,
-                case when k.key <> '' then
-                    l.key_concurrency - coalesce((select h.n from held h
-                                                  where h.kind = k.kind and h.key = k.key), 0)
-                end,
-                l.concurrency - coalesce((select sum(h.n) from held h where h.kind = k.kind), 0),
-                l.tokens), 0)
+                case when k.key <> '' then l.key_concurrency - coalesce(h.n, 0) end,
+                l.kind_room, l.tokens), 0)
         ) w
     ),
     fits as (
@@ -287,10 +291,8 @@ begin
                    row_number() over (partition by w.kind
                                       order by w.priority desc, w.run_at, w.id) as nth_of_kind
             from waiting w
-        ) f left join limits l on l.kind = f.kind
-        where (l.concurrency is null
-               or f.nth_of_kind <= l.concurrency
-                                   - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
+        ) f left join room l on l.kind = f.kind
+        where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
         order by f.priority desc, f.run_at, f.id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)

@@ -62,6 +62,28 @@ fn get(addr: &str, path: &str, extra: &[(&str, &str)]) -> Response {
         .unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
+/// `artex serve` with public reads and the write token in `dir`: the page needs no token
+/// to look, and asks for the write token when the operator acts. Its process and
+/// address.
+async fn public_serve(db: &TestDb, dir: &Path) -> (Proc, String) {
+    let token = write_token_file(dir);
+    let serve = Proc::start(
+        "serve",
+        &db.url,
+        &[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--public-read",
+            "--write-token-file",
+            &token,
+        ],
+        &[],
+    );
+    let addr = serve_address(&serve).await;
+    (serve, addr)
+}
+
 fn created(r: (u16, Value)) -> Value {
     assert_eq!(r.0, 201, "{}", r.1);
     r.1
@@ -268,23 +290,7 @@ async fn the_overview_counts_follow_tasks_submitted_through_the_api() {
 async fn a_paused_task_is_resumed_with_its_button_and_runs_to_success_live() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = write_token_file(dir.path());
-    // `artex serve` with public reads: the page needs no token to look, and asks for
-    // the write token when the operator acts.
-    let serve = Proc::start(
-        "serve",
-        &db.url,
-        &[
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--public-read",
-            "--write-token-file",
-            &token,
-        ],
-        &[],
-    );
-    let addr = serve_address(&serve).await;
+    let (_serve, addr) = public_serve(&db, dir.path()).await;
     let _planner = Proc::planner("planner", &db.url, &[]);
     let id = created(call(
         "POST",
@@ -459,21 +465,7 @@ async fn the_overview_lists_the_kinds_with_their_retry_policies() {
 async fn the_schedules_page_shows_a_schedules_slots_and_pauses_it_with_its_button() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = write_token_file(dir.path());
-    let serve = Proc::start(
-        "serve",
-        &db.url,
-        &[
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--public-read",
-            "--write-token-file",
-            &token,
-        ],
-        &[],
-    );
-    let addr = serve_address(&serve).await;
+    let (_serve, addr) = public_serve(&db, dir.path()).await;
     let added = created(call(
         "POST",
         &addr,
@@ -1037,21 +1029,7 @@ async fn a_file_changed_since_its_first_chunks_went_up_is_refused_whole_and_sent
 async fn tagged_tasks_are_filtered_and_canceled_in_bulk_after_a_counted_confirmation() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = write_token_file(dir.path());
-    let serve = Proc::start(
-        "serve",
-        &db.url,
-        &[
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--public-read",
-            "--write-token-file",
-            &token,
-        ],
-        &[],
-    );
-    let addr = serve_address(&serve).await;
+    let (_serve, addr) = public_serve(&db, dir.path()).await;
     for tags in [json!(["nightly", "eu"]), json!(["nightly"]), json!(null)] {
         created(call(
             "POST",

@@ -146,8 +146,15 @@ pub const DISPATCH: &str = "with roster as materialized (
         where k.kind = any(array(select distinct unnest(r.kinds) from roster r
                                  where r.capacity > r.held))
     ),
+    room as materialized (
+        select l.kind, l.concurrency, l.key_concurrency, l.tokens,
+               l.concurrency - coalesce((select sum(h.n) from held h where h.kind = l.kind), 0)
+                   as kind_room
+        from limits l
+    ),
     waiting as (
-        select w.* from keys k left join limits l on l.kind = k.kind
+        select w.* from keys k left join room l on l.kind = k.kind
+             left join held h on h.kind = k.kind and h.key = k.key
         cross join lateral (
             select t.id, t.kind, t.priority, t.run_at from artex.tasks t
             where t.listed = 'pending' and t.limited and t.kind = k.kind
@@ -155,12 +162,8 @@ pub const DISPATCH: &str = "with roster as materialized (
               and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
             order by t.priority desc, t.run_at, t.id
             limit greatest(least($2::int8,
-                case when k.key <> '' then
-                    l.key_concurrency - coalesce((select h.n from held h
-                                                  where h.kind = k.kind and h.key = k.key), 0)
-                end,
-                l.concurrency - coalesce((select sum(h.n) from held h where h.kind = k.kind), 0),
-                l.tokens), 0)
+                case when k.key <> '' then l.key_concurrency - coalesce(h.n, 0) end,
+                l.kind_room, l.tokens), 0)
         ) w
     ),
     fits as (
@@ -169,10 +172,8 @@ pub const DISPATCH: &str = "with roster as materialized (
                    row_number() over (partition by w.kind
                                       order by w.priority desc, w.run_at, w.id) as nth_of_kind
             from waiting w
-        ) f left join limits l on l.kind = f.kind
-        where (l.concurrency is null
-               or f.nth_of_kind <= l.concurrency
-                                   - coalesce((select sum(h.n) from held h where h.kind = f.kind), 0))
+        ) f left join room l on l.kind = f.kind
+        where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
         order by f.priority desc, f.run_at, f.id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
