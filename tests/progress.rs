@@ -292,6 +292,14 @@ async fn events_tail_follow_progress_prints_progress_lines_beside_the_task_event
             ended = v["to"] == json!("succeeded");
         }
     }
+    // The progress events and the task's events come through two sessions of the
+    // server (a LISTEN and the feed's reads): the last value may follow the end.
+    while let Ok(line) = read.recv_timeout(Duration::from_secs(2)) {
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        if v["task_id"] == json!(id.to_string()) && v["event"] == json!("progress") {
+            progress.push(v["progress"].as_f64().unwrap());
+        }
+    }
     let _ = tail.kill();
     let _ = tail.wait();
     assert!(progress.len() >= 2, "{progress:?}");
