@@ -310,8 +310,20 @@ pub async fn run_worker(
         lease_ms = args.lease_ms, drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(),
         upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
         "worker registered; listening");
+    // The kinds' retry policies before the first task: its failure waits as its kind
+    // says (the worker reads them again every few seconds while it holds tasks).
+    let policies = match bb.worker().retry_policies(&registry.kinds()).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the kinds' retry policies yet; the worker reads them again while it holds tasks");
+            Default::default()
+        }
+    };
     let (b, c, r, s) = (bb.worker(), config.clone(), registry, stats.clone());
-    let worker = Supervisor::start(move |_| Worker::new(b, c, r, s));
+    let worker = Supervisor::start(move |_| {
+        Worker::new(b.clone(), c.clone(), r.clone(), s.clone())
+            .with_retry_policies(policies.clone())
+    });
     let listener_passed = Arc::new(AtomicBool::new(false));
     let binary_sha256 = BinaryDigest::start();
     record_binary(&bb, &config.id, &binary_sha256);

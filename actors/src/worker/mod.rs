@@ -602,6 +602,15 @@ impl Worker {
         }
     }
 
+    /// Starts with `policies`, read before the worker takes its first task (see
+    /// `artex::runtime::run_worker`): a task that fails at once already waits as its
+    /// kind's policy says, not as the worker's own backoff.
+    pub fn with_retry_policies(mut self, policies: HashMap<String, RetryPolicy>) -> Self {
+        self.policies = policies;
+        self.policies_read = Some(Instant::now());
+        self
+    }
+
     /// Reads its kinds' retry policies again. A failed read keeps the last ones (and is
     /// tried again at the next tick).
     fn read_policies(&mut self, ctx: &mut Context<Self>) {
