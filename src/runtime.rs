@@ -400,6 +400,7 @@ pub async fn run_worker(
                 if let Some(api) = &api {
                     cfg.app_data(web::Data::new(api.clone()));
                     http::api::api_routes(cfg);
+                    http::api::method_not_allowed(cfg, http::api::api_routes);
                 }
             })
     })
@@ -582,6 +583,7 @@ pub async fn run_api(
             .app_data(web::Data::new(probe.clone()))
             .app_data(web::Data::new(api.clone()))
             .configure(http::api::serve_routes)
+            .configure(|cfg| http::api::method_not_allowed(cfg, http::api::serve_routes))
             .default_service(web::to(http::api::no_route))
     })
     .workers(1)

@@ -289,7 +289,9 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
                 / 60
         })
         .collect();
-    assert!(minutes.len() >= 2, "{slots:?}");
+    // The test spans at least one minute boundary (it runs over a minute), not always
+    // two: every minute it spans fired, once, and none is missing between them.
+    assert!(!minutes.is_empty(), "{slots:?}");
     assert!(
         minutes.windows(2).all(|w| w[1] == w[0] + 1),
         "a minute missing: {slots:?}"

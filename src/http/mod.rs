@@ -86,6 +86,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route(web::post().to(wake::wake)),
         );
     api::worker_routes(cfg);
+    api::method_not_allowed(cfg, api::worker_routes);
 }
 
 async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

@@ -141,3 +141,97 @@ async fn the_openapi_description_matches_the_routes_served() {
     let served_doc = api.call("GET", "/api/v1/openapi.json", None, None);
     assert_eq!(served_doc.json(), doc);
 }
+
+/// A method the document does not list on a path it does is answered 405, with `Allow`
+/// naming the ones it lists and the API's error body (they were 404s: found by
+/// schemathesis, issue 25) — `GET /api/v1/tasks/bulk` too, which the route of one task
+/// would otherwise take for an id.
+#[tokio::test]
+async fn an_undocumented_method_on_a_documented_path_is_405_naming_the_allowed_ones() {
+    let doc: Value = serde_json::from_str(artex::http::api::OPENAPI).expect("valid JSON");
+    let db = TestDb::new().await;
+    let api = Server::start(&db.url);
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        if path.starts_with("/api/v1/uploads") {
+            continue; // a worker's, on its own disk
+        }
+        let concrete = path
+            .replace("{id}", "0192f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b")
+            .replace("{kind}", "echo")
+            .replace("{name}", "nightly");
+        let mut documented: Vec<String> = ops
+            .as_object()
+            .expect("operations")
+            .keys()
+            .map(|m| m.to_ascii_uppercase())
+            .collect();
+        documented.sort();
+        let a = api.w("TRACE", &concrete, None);
+        assert_eq!(a.status, 405, "TRACE {path}: {}", a.text());
+        let mut allowed: Vec<String> = a
+            .header("allow")
+            .unwrap_or_else(|| panic!("TRACE {path}: no Allow header"))
+            .split(", ")
+            .map(String::from)
+            .collect();
+        allowed.sort();
+        assert_eq!(allowed, documented, "{path}");
+        assert!(
+            a.json()["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("TRACE")),
+            "{}",
+            a.text()
+        );
+    }
+    let a = api.w("GET", "/api/v1/tasks/bulk", None);
+    assert_eq!(
+        (a.status, a.header("allow")),
+        (405, Some("POST")),
+        "{}",
+        a.text()
+    );
+}
+
+/// The control routes' refusal of a reason (over 10,000 bytes, or holding `\u0000`) is
+/// a 422 the document lists for each of them (it did not: found by schemathesis).
+#[tokio::test]
+async fn a_refused_reason_is_a_422_the_document_lists_on_every_control_route() {
+    let doc: Value = serde_json::from_str(artex::http::api::OPENAPI).expect("valid JSON");
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let task = id_of(&api.w("POST", "/api/v1/tasks", Some(r#"{"kind": "echo"}"#)));
+    let flow = id_of(&api.w(
+        "POST",
+        "/api/v1/flows",
+        Some(r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#),
+    ));
+    let schedule = r#"{"name": "nightly", "cron": "0 2 * * *", "kind": "echo"}"#;
+    assert_eq!(
+        api.w("POST", "/api/v1/schedules", Some(schedule)).status,
+        201
+    );
+    let long = serde_json::json!({ "reason": "x".repeat(10_001) }).to_string();
+    for (path, id) in [
+        ("/api/v1/tasks/{id}/pause", task.as_str()),
+        ("/api/v1/tasks/{id}/cancel", task.as_str()),
+        ("/api/v1/flows/{id}/pause", flow.as_str()),
+        ("/api/v1/schedules/{name}/pause", "nightly"),
+    ] {
+        let concrete = path.replace("{id}", id).replace("{name}", id);
+        for body in [r#"{"reason": "a\u0000b"}"#, long.as_str()] {
+            let a = api.w("POST", &concrete, Some(body));
+            assert_eq!(
+                (a.status, a.json()["field"].as_str()),
+                (422, Some("reason")),
+                "{path}: {}",
+                a.text()
+            );
+        }
+        assert!(
+            doc["paths"][path]["post"]["responses"].get("422").is_some(),
+            "{path}: 422 not in docs/openapi.json"
+        );
+    }
+}

@@ -224,6 +224,11 @@ pub trait Routes {
     /// Adds routes that are served but are not the API (the dashboard's page and
     /// assets): a [`RouteList`] leaves them out, as `docs/openapi.json` does.
     fn pages(&mut self, _register: fn(&mut web::ServiceConfig)) {}
+
+    /// Answers 405 for any other method than `allow` on `path` from here on: for a
+    /// path that a parameterized one registered later would match too (`GET
+    /// /api/v1/tasks/bulk` is no task id). See [`method_not_allowed`] for the rest.
+    fn only(&mut self, _path: &'static str, _allow: &'static str) {}
 }
 
 impl Routes for web::ServiceConfig {
@@ -238,6 +243,10 @@ impl Routes for web::ServiceConfig {
 
     fn pages(&mut self, register: fn(&mut web::ServiceConfig)) {
         register(self);
+    }
+
+    fn only(&mut self, path: &'static str, allow: &'static str) {
+        not_allowed(self, path, allow.to_string());
     }
 }
 
@@ -266,6 +275,7 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/tasks", tasks::list);
     // Before `/api/v1/tasks/{id}…`: `bulk` is not an id.
     r.add(M::POST, "/api/v1/tasks/bulk", tasks::bulk);
+    r.only("/api/v1/tasks/bulk", "POST");
     r.add(M::GET, "/api/v1/tasks/{id}", tasks::show);
     r.add(M::POST, "/api/v1/tasks/{id}/retry", tasks::retry);
     r.add(M::POST, "/api/v1/flows", flows::submit);
@@ -333,6 +343,44 @@ pub fn worker_routes(r: &mut impl Routes) {
         "/api/v1/uploads/{id}/chunks/{n}",
         uploads::put_chunk,
     );
+}
+
+/// Answers `405 Method Not Allowed`, with `Allow` and the API's error body, for a
+/// method `routes` does not serve on a path it serves (a client reading the OpenAPI
+/// document is told the path exists, and which methods it takes). Register it after
+/// `routes`: one resource per path, without a guard, in the order the paths came.
+pub fn method_not_allowed(cfg: &mut web::ServiceConfig, routes: fn(&mut RouteList)) {
+    let mut list = RouteList::default();
+    routes(&mut list);
+    let mut paths: Vec<(&'static str, Vec<String>)> = Vec::new();
+    for (method, path) in list.0 {
+        match paths.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, methods)) => methods.push(method.to_string()),
+            None => paths.push((path, vec![method.to_string()])),
+        }
+    }
+    for (path, methods) in paths {
+        not_allowed(cfg, path, methods.join(", "));
+    }
+}
+
+/// Registers the 405 of `path`, which takes the methods `allow` names.
+fn not_allowed(cfg: &mut web::ServiceConfig, path: &'static str, allow: String) {
+    cfg.service(web::resource(path).to(move |req: HttpRequest| {
+        let allow = allow.clone();
+        async move {
+            HttpResponse::MethodNotAllowed()
+                .insert_header(("Allow", allow.clone()))
+                .json(serde_json::json!({
+                    "error": format!(
+                        "{} is not served on {}; it takes {allow} (see /api/v1/openapi.json)",
+                        req.method(),
+                        req.path()
+                    ),
+                    "field": null,
+                }))
+        }
+    }));
 }
 
 /// The JSON answer for an unknown route (404) on `artex serve`.
