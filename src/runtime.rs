@@ -357,7 +357,11 @@ pub async fn run_worker(
         http::events::EventsState::start(bb.feed(), args.access.max_event_streams as usize);
     let wake_target = http::wake::WakeTarget {
         worker: config.id.clone(),
-        secret: bb.worker().wake_secret().await?,
+        // A new process may meet a failover here too: it waits as for its registration.
+        secret: retry_unreachable(patience, "reading the wake-ups' secret", || {
+            board.wake_secret()
+        })
+        .await?,
     };
     let api = args.api.then(|| http::api::ApiState {
         bb: bb.operator(),

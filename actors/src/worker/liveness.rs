@@ -13,6 +13,25 @@ use super::{fence, Worker};
 use crate::blackboard::WorkerState;
 
 impl Worker {
+    /// Tells the handler of task `id` (attempt `epoch`), if it runs here, that an
+    /// operator canceled it; `fence` stops it if it runs on past the grace. False if it
+    /// does not run here.
+    pub(super) fn tell_canceled(&mut self, id: Uuid, epoch: i64) -> bool {
+        let (grace, lease) = (self.config.cancel_grace, self.config.lease);
+        let Some(r) = self.running.get_mut(&id).filter(|r| r.epoch == epoch) else {
+            return false;
+        };
+        if r.canceled.is_none() {
+            tracing::info!(task = %id, epoch, kind = %r.kind, ?grace,
+                "task canceled: its handler is told, and stopped if it runs on past the grace");
+            r.canceled = Some(Instant::now());
+            r.cancel.raise();
+            self.leases
+                .read((id, epoch), Instant::now(), grace + fence::margin(lease));
+        }
+        true
+    }
+
     pub(super) fn renew(&mut self, ctx: &mut Context<Self>) {
         if self.held() == 0 {
             return;
@@ -91,20 +110,9 @@ impl Worker {
                         }
                         !gone
                     });
-                    let grace = act.config.cancel_grace;
                     for (id, epoch) in &lost {
-                        if let Some(r) = act.running.get_mut(id).filter(|r| r.epoch == *epoch) {
-                            if canceled.contains(id) {
-                                if r.canceled.is_none() {
-                                    tracing::info!(task = %id, epoch, kind = %r.kind, ?grace,
-                                        "task canceled: its handler is told, and stopped if it runs on past the grace");
-                                    r.canceled = Some(Instant::now());
-                                    r.cancel.raise();
-                                    // `fence` stops it when the grace is over.
-                                    act.leases.read((*id, *epoch), Instant::now(), grace + fence::margin(lease));
-                                }
-                                continue;
-                            }
+                        if canceled.contains(id) && act.tell_canceled(*id, *epoch) {
+                            continue;
                         }
                         // The task was taken back (reaper) or transferred: stop running it
                         // here; whatever it would write would be fenced off anyway.

@@ -476,10 +476,25 @@ impl Worker {
                 tracing::debug!(error = %e, "cannot write the last progress of finished tasks");
             }
             let res = bb.record(&id, &batch).await;
-            (res, batch)
+            // Starts refused because an operator canceled the task meanwhile: its
+            // handler is told (as at a renewal), not stopped at once.
+            let mut canceled = HashSet::new();
+            if let Ok(written) = &res {
+                let refused: Vec<Uuid> = batch
+                    .iter()
+                    .filter(|c| c.step.is_start() && !written.contains(&c.id))
+                    .map(|c| c.id)
+                    .collect();
+                if !refused.is_empty() {
+                    if let Ok(ids) = bb.canceled_among(&refused).await {
+                        canceled.extend(ids);
+                    }
+                }
+            }
+            (res, batch, canceled)
         }
         .into_actor(self)
-        .map(move |(res, batch), act, ctx| {
+        .map(move |(res, batch, canceled), act, ctx| {
             act.flushing = false;
             act.db_result(&res);
             match res {
@@ -497,7 +512,9 @@ impl Worker {
                     }
                     for c in batch.iter().filter(|c| !written.contains(&c.id)) {
                         act.fenced_off += 1;
-                        if c.step.is_start() {
+                        if c.step.is_start() && canceled.contains(&c.id) {
+                            act.tell_canceled(c.id, c.epoch);
+                        } else if c.step.is_start() {
                             // Taken back or transferred before its start was written:
                             // stop the handler; whatever it would write is fenced off.
                             if let Some(r) = act.running.get(&c.id).filter(|r| r.epoch == c.epoch) {
