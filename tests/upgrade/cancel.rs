@@ -11,8 +11,8 @@ use crate::common::procs::{wait_for, wait_status, worker_http, Proc};
 use crate::common::{run_cli as artex, TestDb};
 use crate::{curl_upgrade, upgradable_worker, KillAll};
 
-/// The journal's lines for `task`: (pid, "start"|"end", how).
-fn journal_of(file: &std::path::Path) -> Vec<(i32, String, String)> {
+/// The journal's lines: (pid, "start"|"end", how, unix ms).
+fn journal_of(file: &std::path::Path) -> Vec<(i32, String, String, u128)> {
     std::fs::read_to_string(file)
         .unwrap_or_default()
         .lines()
@@ -22,9 +22,17 @@ fn journal_of(file: &std::path::Path) -> Vec<(i32, String, String)> {
                 f[2].parse().unwrap(),
                 f[3].to_string(),
                 f.get(5).unwrap_or(&"").to_string(),
+                f[4].parse().unwrap(),
             )
         })
         .collect()
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -58,14 +66,19 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
     let new = body["new_pid"].as_i64().unwrap() as i32;
     let _spawned = KillAll(vec![new]);
     gen0.wait_exit(Duration::from_secs(30)).expect("gen0 exits");
+    // The new process runs it, and has for a second: under full-suite load its first
+    // execution there was seen to end at once with "lease lost" (a separate problem,
+    // reported), and be started again; what is tested here is the cancel of an
+    // execution that runs in the new process.
     wait_for(
-        "the new process to resume the task",
+        "the new process to run the task for a second",
         Duration::from_secs(30),
         || async {
-            journal_of(&file)
-                .iter()
-                .any(|(pid, what, _)| *pid == new && what == "start")
-                .then_some(())
+            let lines = journal_of(&file);
+            let last = lines.last()?;
+            let steady =
+                last.0 == new && last.1 == "start" && unix_ms().saturating_sub(last.3) >= 1000;
+            steady.then_some(())
         },
     )
     .await;
@@ -81,7 +94,7 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
         || async {
             journal_of(&file)
                 .iter()
-                .any(|(pid, what, how)| *pid == new && what == "end" && how == "canceled")
+                .any(|(pid, what, how, _)| *pid == new && what == "end" && how == "canceled")
                 .then_some(())
         },
     )
