@@ -66,18 +66,19 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
     let new = body["new_pid"].as_i64().unwrap() as i32;
     let _spawned = KillAll(vec![new]);
     gen0.wait_exit(Duration::from_secs(30)).expect("gen0 exits");
-    // The new process runs it, and has for a second: under full-suite load its first
-    // execution there was seen to end at once with "lease lost" (a separate problem,
-    // reported), and be started again; what is tested here is the cancel of an
+    // The new process runs it, and has for 2.5 s (past its first lease renewals): under
+    // full-suite load its first execution there was seen to end about a second after
+    // the resume with "lease lost" (a separate problem, reported in the session note of
+    // 2026-12-02), and be started again later; what is tested here is the cancel of an
     // execution that runs in the new process.
     wait_for(
-        "the new process to run the task for a second",
-        Duration::from_secs(30),
+        "the new process to run the task for 2.5 s",
+        Duration::from_secs(45),
         || async {
             let lines = journal_of(&file);
             let last = lines.last()?;
             let steady =
-                last.0 == new && last.1 == "start" && unix_ms().saturating_sub(last.3) >= 1000;
+                last.0 == new && last.1 == "start" && unix_ms().saturating_sub(last.3) >= 2500;
             steady.then_some(())
         },
     )
