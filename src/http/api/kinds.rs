@@ -3,11 +3,11 @@
 //! removed (`DELETE`) — what `artex kinds`, `artex kind limit` and `artex kind retry` do.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use artex_actors::blackboard::{check_kind, parse_rate, KnownKind, LimitSpec};
+use artex_actors::blackboard::{check_kind, parse_rate, LimitSpec};
 use artex_actors::retry::{Backoff, RetryPolicy};
 use serde_json::{json, Value};
 
-use super::{actor, field, only_fields, parse_json, query, read_body, ApiError, ApiState};
+use super::{actor, changed, field, only_fields, parse_json, query, read_body, ApiError, ApiState};
 use crate::http::auth::{CanRead, CanWrite};
 
 /// The fields of a policy in `PUT /api/v1/kinds/{kind}/retry`.
@@ -62,7 +62,7 @@ pub(super) async fn set_retry(
         .set_retry_policy(&kind, Some(&policy))
         .await?
         .ok_or_else(|| not_declared(&kind))?;
-    answer(&state, kind).await
+    changed(&state, kind).await
 }
 
 /// `DELETE /api/v1/kinds/{kind}/retry`: removes the policy (the fleet's default applies
@@ -79,13 +79,7 @@ pub(super) async fn clear_retry(
         .set_retry_policy(&kind, None)
         .await?
         .ok_or_else(|| not_declared(&kind))?;
-    answer(&state, kind).await
-}
-
-async fn answer(state: &ApiState, kind: KnownKind) -> Result<HttpResponse, ApiError> {
-    let mut answer = HttpResponse::Ok();
-    state.reads.written(&mut answer).await;
-    Ok(answer.json(kind))
+    changed(&state, kind).await
 }
 
 fn not_declared(kind: &str) -> ApiError {
@@ -191,7 +185,7 @@ pub(super) async fn set_limits(
     spec.check()
         .map_err(|(f, e)| ApiError::refused(f, format!("{f}: {e}")))?;
     let set = state.bb.set_kind_limit(&kind, &spec, &actor(&req)).await?;
-    Ok(HttpResponse::Ok().json(json!({ "limits": set })))
+    changed(&state, json!({ "limits": set })).await
 }
 
 /// `DELETE /api/v1/kinds/{kind}/limits`: `{"cleared": true}`, or false if it had none.
@@ -204,5 +198,5 @@ pub(super) async fn clear_limits(
     query(&req, &[])?;
     let kind = kind_of(&kind)?;
     let cleared = state.bb.clear_kind_limit(&kind, &actor(&req)).await?;
-    Ok(HttpResponse::Ok().json(json!({ "cleared": cleared })))
+    changed(&state, json!({ "cleared": cleared })).await
 }

@@ -383,6 +383,14 @@ fn not_allowed(cfg: &mut web::ServiceConfig, path: &'static str, allow: String) 
     }));
 }
 
+/// The 200 answer to a change: `body`, with the primary's WAL position once it
+/// committed (`Artex-Lsn`, with `--read-database-url`) so that a read can ask to see it.
+async fn changed(state: &ApiState, body: impl serde::Serialize) -> Result<HttpResponse, ApiError> {
+    let mut answer = HttpResponse::Ok();
+    state.reads.written(&mut answer).await;
+    Ok(answer.json(body))
+}
+
 /// The JSON answer for an unknown route (404) on `artex serve`.
 pub async fn no_route(req: HttpRequest) -> HttpResponse {
     ApiError::NotFound(format!(

@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 
 use super::tasks::{read_reason, MAX_REASON_BYTES};
 use super::{
-    actor, check_submission, field, only_fields, param, query, submission, ApiError, ApiState,
+    actor, changed, check_submission, field, only_fields, param, query, submission, ApiError,
+    ApiState,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -167,9 +168,7 @@ pub(super) async fn pause(
         .bb
         .pause_schedule(&name, &actor(&req), reason.as_deref())
         .await?;
-    let mut answer = HttpResponse::Ok();
-    state.reads.written(&mut answer).await;
-    Ok(answer.json(s))
+    changed(&state, s).await
 }
 
 /// `POST /api/v1/schedules/{name}/resume` (an optional `{"reason": …}`): the schedule
@@ -187,9 +186,7 @@ pub(super) async fn resume(
         .bb
         .resume_schedule(&name, &actor(&req), reason.as_deref())
         .await?;
-    let mut answer = HttpResponse::Ok();
-    state.reads.written(&mut answer).await;
-    Ok(answer.json(s))
+    changed(&state, s).await
 }
 
 /// `DELETE /api/v1/schedules/{name}?reason=…` (the reason optional; a DELETE carries
@@ -215,7 +212,5 @@ pub(super) async fn remove(
         .bb
         .remove_schedule(&name, &actor(&req), reason.as_deref())
         .await?;
-    let mut answer = HttpResponse::Ok();
-    state.reads.written(&mut answer).await;
-    Ok(answer.json(json!({ "removed": name })))
+    changed(&state, json!({ "removed": name })).await
 }

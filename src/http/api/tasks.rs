@@ -474,9 +474,7 @@ pub(super) async fn control(
         .bb
         .control(control, id, &actor(&req), reason.as_deref())
         .await?;
-    let mut answer = HttpResponse::Ok();
-    state.reads.written(&mut answer).await;
-    Ok(answer.json(report))
+    super::changed(&state, report).await
 }
 
 /// The handler of `POST /api/v1/{tasks|flows}/{id}/pause|resume|cancel` (write scope):
