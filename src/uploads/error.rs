@@ -40,5 +40,12 @@ pub enum UploadError {
 pub(super) type Result<T = (), E = UploadError> = std::result::Result<T, E>;
 
 pub(super) fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> UploadError {
-    move |e| UploadError::Internal(format!("{what}: {e}"))
+    move |e| match e.kind() {
+        // A full disk (or the user's quota on it) is the client's to wait out or take
+        // elsewhere, as a full `--upload-max-bytes` is: 507, not a server failure.
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+            UploadError::Quota(format!("the upload folder's disk is full: {what}: {e}"))
+        }
+        _ => UploadError::Internal(format!("{what}: {e}")),
+    }
 }

@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 
 use crate::common::count;
 use crate::common::http::Request;
-use crate::{call, chunk, create, data, entries, setup, sha};
+use crate::{call, chunk, create, data, entries, fleet, put, setup, sha};
 
 #[tokio::test]
 async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
@@ -252,4 +252,72 @@ async fn a_payload_over_the_limit_is_refused_as_the_api_refuses_it() {
         json!({"kind": "digest", "payload": {"s": "x".repeat(100)}}),
     );
     assert_eq!(code, 201, "{body}");
+}
+
+/// A tmpfs mounted on a folder for the test's life (root only, as CI runs).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "this test needs root to mount a small disk (CI runs as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+// Found by the soak (scripts/soak.sh): a chunk written to a disk that filled up was
+// answered 500, as if the worker had failed, where the disk's own limit is the same
+// refusal as `--upload-max-bytes`.
+#[tokio::test]
+async fn a_disk_that_fills_up_gets_507_not_500() {
+    let db = crate::common::TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let uploads = dir.path().join("uploads");
+    let _disk = SmallDisk::mount(&uploads, "1m");
+    let f = fleet(&db, &uploads, &[]).await;
+    // 3 MiB declared (well within the worker's quota) on a 1 MiB disk.
+    let file = data(3 * 1024 * 1024, 9);
+    let (id, chunks) = create(&f.http, &file, 512 * 1024, "digest");
+    let mut refused = None;
+    for n in 0..chunks {
+        let (code, body) = put(&f.http, &id, n, chunk(&file, 512 * 1024, n));
+        if code != 200 && code != 201 {
+            refused = Some((code, body));
+            break;
+        }
+    }
+    let (code, body) = refused.expect("a 3 MiB upload fitted on a 1 MiB disk");
+    assert_eq!(code, 507, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("disk is full"),
+        "{body}"
+    );
+    assert_eq!(
+        count(&db.client().await, "select count(*) from artex.tasks").await,
+        0
+    );
 }
