@@ -1,0 +1,322 @@
+//! The soak's fleet: PostgreSQL on host `db`, planners on `p1` and `p2`, workers on `w1`,
+//! `w2` and `w3` (the last upgradable, keeping uploads on a small tmpfs), a client host
+//! `cl` for curl and `artex upload`, and `artex serve` in the root namespace (reading
+//! through the Unix socket). Every process started here is restarted by [`World::restart`]
+//! as a supervisor would after a kill; logs of every generation are kept for the report.
+//!
+//! Who takes which fault (so that some processes live the whole run, for the memory and
+//! descriptor checks): `w2`, `p2` and `w3` are killed; `w1` and `w2` are cut off and
+//! frozen; `w3` is upgraded and has its upload disk filled; `p1` and `serve` only ride
+//! out PostgreSQL's restarts and stops.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use artex_actors::Blackboard;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::common::bundles::{Keys, TOKEN};
+use crate::common::fleet::{Fleet, FleetDb};
+use crate::common::procs::{alive, serve_address, Proc};
+use crate::Soak;
+
+/// The write token of `w3` (uploads) and of `artex serve`.
+pub const WRITE_TOKEN: &str = "soak-write-token";
+/// The roles a fault may hit, besides PostgreSQL.
+pub const ROLES: [&str; 6] = ["p1", "p2", "w1", "w2", "w3", "serve"];
+/// Bytes of w3's upload folder (a tmpfs): a few uploads in flight fit, a filler does not.
+const UPLOAD_DISK: &str = "48m";
+
+/// One role's process: the handle of the one this run started last (its log holds the
+/// log of the processes a hot upgrade spawned from it too) and the pid serving now.
+struct Role {
+    proc: Proc,
+    pid: i32,
+    generation: u32,
+}
+
+/// The fleet and its processes.
+pub struct World {
+    /// The network namespaces.
+    pub fleet: Fleet,
+    /// PostgreSQL, on host `db`.
+    pub db: FleetDb,
+    /// Its URL from the fleet's hosts (TCP).
+    pub url: String,
+    /// A blackboard for the soak itself, through the Unix socket.
+    pub bb: Blackboard,
+    /// Upgrade keys, bundles and the upgrade token.
+    pub keys: Keys,
+    /// Two good bundles (copies of this build told apart by a variant byte), used in turn.
+    pub good: Vec<PathBuf>,
+    /// A bundle whose binary exits at once: its upgrade must roll back.
+    pub bad: PathBuf,
+    /// `artex serve`'s address (127.0.0.1:port).
+    pub serve_addr: String,
+    /// The file every `journal` / `journal-checkpoint` execution appends to.
+    pub journal: PathBuf,
+    /// w3's upload folder (a tmpfs of [`UPLOAD_DISK`]).
+    pub uploads: PathBuf,
+    /// Where the files to upload are made.
+    pub files: PathBuf,
+    /// The file holding [`WRITE_TOKEN`].
+    pub token_file: PathBuf,
+    /// The history's retention, as given to the planners (e.g. "3m").
+    pub retention: String,
+    roles: Mutex<HashMap<&'static str, Role>>,
+    retired: Mutex<Vec<(String, Proc)>>,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    /// Builds the fleet, starts PostgreSQL and every process, and waits until the
+    /// workers are online.
+    pub async fn start(soak: &Soak) -> World {
+        let fleet = Fleet::new(&["db", "p1", "p2", "w1", "w2", "w3", "cl"]);
+        let db = fleet.start_postgres("db").await;
+        let url = db.url_from_fleet();
+        let bb = Blackboard::connect(&db.local_url(), 6).expect("the soak's pool");
+        let dir = tempfile::Builder::new()
+            .prefix("artex-soak.")
+            .tempdir()
+            .expect("the soak's folder");
+        let keys = Keys::new();
+        let good = keys
+            .variant_bundles(2)
+            .into_iter()
+            .map(|(zip, _)| zip)
+            .collect();
+        let bad = keys.script_bundle(
+            "soak-bad",
+            "#!/bin/sh\necho 'this build exits' >&2\nexit 3\n",
+        );
+        let token_file = dir.path().join("write-token");
+        std::fs::write(&token_file, WRITE_TOKEN).expect("the write token");
+        let uploads = dir.path().join("uploads");
+        std::fs::create_dir_all(&uploads).expect("the upload folder");
+        mount_tmpfs(&uploads);
+        let files = dir.path().join("files");
+        std::fs::create_dir_all(&files).expect("the files folder");
+        let journal = soak.settings.out.join("journal.log");
+        let _ = std::fs::remove_file(&journal);
+        let retention = format!("{}m", soak.settings.retention_minutes());
+
+        // `artex serve` reads through the Unix socket: the root namespace is not on the
+        // fleet's network.
+        let serve = Proc::start(
+            "serve",
+            &db.local_url(),
+            &[
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--write-token-file",
+                token_file.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let serve_addr = serve_address(&serve).await;
+        let world = World {
+            fleet,
+            db,
+            url,
+            bb,
+            keys,
+            good,
+            bad,
+            serve_addr,
+            journal,
+            uploads,
+            files,
+            token_file,
+            retention,
+            roles: Mutex::default(),
+            retired: Mutex::default(),
+            _dir: dir,
+        };
+        let pid = serve.pid();
+        world.roles.lock().unwrap().insert(
+            "serve",
+            Role {
+                proc: serve,
+                pid,
+                generation: 0,
+            },
+        );
+        for role in ["p1", "p2", "w1", "w2", "w3"] {
+            world.launch(role);
+        }
+        crate::common::procs::wait_online(&world.db.client().await, 3, Duration::from_secs(60))
+            .await;
+        world
+    }
+
+    /// Starts `role`'s process (again).
+    fn launch(&self, role: &'static str) {
+        let mut roles = self.roles.lock().unwrap();
+        let generation = roles.get(role).map(|r| r.generation + 1).unwrap_or(0);
+        let name = format!("{role}.{generation}");
+        let proc = match role {
+            "p1" | "p2" => self.fleet.planner(
+                role,
+                &name,
+                &self.url,
+                &["--history-retention", &self.retention],
+            ),
+            "w1" | "w2" => self.fleet.worker(role, &name, &self.url, &[]),
+            "w3" => {
+                let mut extra: Vec<String> = self.keys.flags("upgrades");
+                extra.extend(
+                    [
+                        "--write-token-file",
+                        self.token_file.to_str().unwrap(),
+                        "--upload-dir",
+                        self.uploads.to_str().unwrap(),
+                        "--upload-sweep-ms",
+                        "1000",
+                    ]
+                    .map(String::from),
+                );
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                self.fleet.worker(role, &name, &self.url, &extra)
+            }
+            "serve" => panic!("serve is never restarted: no fault hits it"),
+            other => panic!("no role {other}"),
+        };
+        let pid = proc.pid();
+        if let Some(old) = roles.insert(
+            role,
+            Role {
+                proc,
+                pid,
+                generation,
+            },
+        ) {
+            self.retired
+                .lock()
+                .unwrap()
+                .push((format!("{role}.{}", old.generation), old.proc));
+        }
+    }
+
+    /// A client of PostgreSQL through its Unix socket, or `None` while it is away.
+    pub async fn client(&self) -> Option<tokio_postgres::Client> {
+        let url = self.db.local_url();
+        let connect = tokio_postgres::connect(&url, tokio_postgres::NoTls);
+        let (client, connection) = tokio::time::timeout(Duration::from_secs(3), connect)
+            .await
+            .ok()?
+            .ok()?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Some(client)
+    }
+
+    /// The pid serving as `role` now.
+    pub fn pid(&self, role: &str) -> i32 {
+        self.roles.lock().unwrap()[role].pid
+    }
+
+    /// A hot upgrade handed `role` to `pid`.
+    pub fn upgraded(&self, role: &str, pid: i32) {
+        if let Some(r) = self.roles.lock().unwrap().get_mut(role) {
+            r.pid = pid;
+        }
+    }
+
+    /// kill -9 of `role`'s serving process, recorded; returns its pid.
+    pub fn kill9(&self, soak: &Soak, role: &str) -> i32 {
+        let pid = self.pid(role);
+        soak.deaths.lock().unwrap().insert(pid, soak.now());
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        pid
+    }
+
+    /// Starts `role` again (after a kill), as a supervisor would.
+    pub fn restart(&self, role: &'static str) {
+        self.launch(role);
+    }
+
+    /// `w3`'s HTTP address on the fleet.
+    pub fn w3_http(&self) -> String {
+        self.fleet.http_addr("w3")
+    }
+
+    /// Undoes whatever a fault left: heals every link, thaws every host, starts
+    /// PostgreSQL if it is down and every role whose process is gone.
+    pub async fn heal_everything(&self) {
+        for host in ["w1", "w2", "w3", "p1", "p2"] {
+            self.fleet.heal(host);
+            self.fleet.signal_host(host, Signal::SIGCONT);
+        }
+        if !matches!(
+            self.db.cluster.status(),
+            Ok(artex::dev_db::ClusterState::Running(_))
+        ) {
+            self.db.start_in_host();
+        }
+        for role in ["p1", "p2", "w1", "w2", "w3"] {
+            if !alive(self.pid(role)) {
+                self.launch(role);
+            }
+        }
+    }
+
+    /// Writes every process's log (every generation) and PostgreSQL's into `dir`.
+    pub fn keep_logs(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).expect("the logs folder");
+        for (name, p) in self.retired.lock().unwrap().iter() {
+            let _ = std::fs::write(dir.join(format!("{name}.log")), p.log_text());
+        }
+        for (role, r) in self.roles.lock().unwrap().iter() {
+            let _ = std::fs::write(
+                dir.join(format!("{role}.{}.log", r.generation)),
+                r.proc.log_text(),
+            );
+        }
+        let _ = std::fs::write(dir.join("postgres.log"), self.db.server_log());
+    }
+
+    /// The upgrade token (the keys' token file).
+    pub fn upgrade_token(&self) -> &'static str {
+        TOKEN
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Processes first (their Proc handles kill them), then the folder's mount.
+        for (_, r) in self.roles.lock().unwrap().drain() {
+            if r.pid != r.proc.pid() {
+                let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
+            }
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.uploads).status();
+    }
+}
+
+/// Mounts a tmpfs of [`UPLOAD_DISK`] on `dir`: a disk that fills.
+fn mount_tmpfs(dir: &Path) {
+    let out = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={UPLOAD_DISK},mode=0700"),
+            "tmpfs",
+        ])
+        .arg(dir)
+        .output()
+        .expect("running mount");
+    assert!(
+        out.status.success(),
+        "mounting a tmpfs on {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
