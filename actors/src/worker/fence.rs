@@ -9,8 +9,19 @@
 //! moment comes within [`margin`] is stopped: its handler is aborted and its attempt
 //! recorded as failed (written when the database is back, if the lease is still its own);
 //! a queued task is dropped unrun.
+//!
+//! The tick that stops a task comes every [`FENCE_TICK`]; a process that was frozen
+//! (SIGSTOP, a VM paused) past that moment wakes with the handler's timers due as well,
+//! and would run it until the tick. So each handler is also polled through [`Fenced`],
+//! which looks at the lease's end before every poll: past it, the handler's code does not
+//! run again, whatever woke it, and the tick's abort follows.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskCx, Poll};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -35,12 +46,15 @@ pub fn margin(lease: Duration) -> Duration {
 #[derive(Debug, Default)]
 pub struct LeaseClock {
     ends: HashMap<(Uuid, i64), Instant>,
+    /// The ends shared with running handlers' [`Fenced`] futures.
+    watched: HashMap<(Uuid, i64), LeaseEnd>,
 }
 
 impl LeaseClock {
     /// A task read (or taken over) by a request sent at `sent`, its lease then `left`.
     pub fn read(&mut self, key: (Uuid, i64), sent: Instant, left: Duration) {
         self.ends.insert(key, sent + left);
+        self.publish(key);
     }
 
     /// A renewal sent at `sent` extended the lease by `lease`.
@@ -48,6 +62,21 @@ impl LeaseClock {
         let end = sent + lease;
         let e = self.ends.entry(key).or_insert(end);
         *e = (*e).max(end);
+        self.publish(key);
+    }
+
+    /// The end of `key`'s lease as a handler's [`Fenced`] future sees it, kept up to date
+    /// by reads and renewals.
+    pub fn watch(&mut self, key: (Uuid, i64)) -> LeaseEnd {
+        let end = self.watched.entry(key).or_default().clone();
+        self.publish(key);
+        end
+    }
+
+    fn publish(&self, key: (Uuid, i64)) {
+        if let (Some(w), Some(end)) = (self.watched.get(&key), self.ends.get(&key)) {
+            w.set(*end);
+        }
     }
 
     /// Whether `key`'s lease ends within `margin` of `now` (or its end is unknown: a
@@ -59,6 +88,78 @@ impl LeaseClock {
     /// Forgets every key but `held`.
     pub fn keep_only(&mut self, held: &HashSet<(Uuid, i64)>) {
         self.ends.retain(|k, _| held.contains(k));
+        self.watched.retain(|k, _| held.contains(k));
+    }
+}
+
+/// The instant lease ends are counted from, in a [`LeaseEnd`].
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// A lease's end shared between the worker and a running handler: microseconds after
+/// [`base`], plus one; 0 while unknown (a task with no known lease has no business
+/// running).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseEnd(Arc<AtomicU64>);
+
+impl LeaseEnd {
+    fn set(&self, end: Instant) {
+        let micros = end.saturating_duration_since(base()).as_micros();
+        self.0.store(
+            u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1,
+            Ordering::Release,
+        );
+    }
+
+    /// Whether the lease ends within `margin` of `now` (the fence's own test, [`LeaseClock::due`]).
+    fn due(&self, now: Instant, margin: Duration) -> bool {
+        match self.0.load(Ordering::Acquire) {
+            0 => true,
+            v => now + margin >= base() + Duration::from_micros(v - 1),
+        }
+    }
+}
+
+/// A handler's future, polled only while its lease holds (see the module doc). Past the
+/// lease's end less the margin it stays pending, looking again every [`FENCE_TICK`] (a
+/// renewal that raced the look lets it go on); the fence's tick aborts it.
+pub struct Fenced<F> {
+    inner: Pin<Box<F>>,
+    end: LeaseEnd,
+    margin: Duration,
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F: Future> Fenced<F> {
+    /// `inner`, fenced by `end` with the fence's `margin`.
+    pub fn new(inner: F, end: LeaseEnd, margin: Duration) -> Self {
+        Fenced {
+            inner: Box::pin(inner),
+            end,
+            margin,
+            recheck: None,
+        }
+    }
+}
+
+impl<F: Future> Future for Fenced<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<F::Output> {
+        if self.end.due(Instant::now(), self.margin) {
+            let recheck = self
+                .recheck
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(FENCE_TICK)));
+            if recheck.as_mut().poll(cx).is_ready() {
+                self.recheck = None;
+                cx.waker().wake_by_ref();
+            }
+            return Poll::Pending;
+        }
+        self.recheck = None;
+        self.inner.as_mut().poll(cx)
     }
 }
 
@@ -176,5 +277,47 @@ mod tests {
     fn the_margin_is_a_fifth_of_the_lease_at_most_two_seconds() {
         assert_eq!(margin(Duration::from_secs(5)), Duration::from_secs(1));
         assert_eq!(margin(Duration::from_secs(60)), Duration::from_secs(2));
+    }
+
+    /// A future that counts its polls and never ends.
+    struct Polls(Arc<AtomicU64>);
+
+    impl Future for Polls {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    // Found by the soak: a worker frozen past its lease ran a handler for ~90 ms after it
+    // was thawed, alongside the worker the task had moved to, until the fence's tick.
+    #[tokio::test]
+    async fn a_handler_is_not_polled_past_its_lease_even_before_the_tick() {
+        let lease = Duration::from_secs(5);
+        let m = margin(lease);
+        let mut clock = LeaseClock::default();
+        let end = clock.watch(key(1));
+        let polls = Arc::new(AtomicU64::new(0));
+        let mut fenced = Box::pin(Fenced::new(Polls(polls.clone()), end, m));
+        let waker = futures_util::task::noop_waker();
+        let mut cx = TaskCx::from_waker(&waker);
+        // Unknown lease: not polled.
+        assert!(fenced.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 0);
+        // Read with 5 s left: polled.
+        clock.read(key(1), Instant::now(), lease);
+        assert!(fenced.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        // Lease given 100 ms more than the margin, then 200 ms pass (a freeze): no poll.
+        clock.read(key(1), Instant::now(), m + Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(fenced.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
+        // A renewal that raced the look: polled again.
+        clock.renewed(key(1), Instant::now(), lease);
+        assert!(fenced.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
     }
 }

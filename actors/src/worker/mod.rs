@@ -430,13 +430,17 @@ impl Worker {
                 payload_bytes: task.payload_bytes,
             },
         );
-        let attempt = self.registry.attempt(
-            task,
-            self.bb.clone(),
-            suspend,
-            cancel,
-            self.progress.clone(),
-            self.config.default_timeout,
+        let attempt = fence::Fenced::new(
+            self.registry.attempt(
+                task,
+                self.bb.clone(),
+                suspend,
+                cancel,
+                self.progress.clone(),
+                self.config.default_timeout,
+            ),
+            self.leases.watch((id, epoch)),
+            fence::margin(self.config.lease),
         );
         actix::spawn(async move {
             // Aborted means the lease was lost or the worker gave the task back: the
