@@ -100,8 +100,9 @@ async fn progress(ctx: TaskContext) -> Result<Value, TaskError> {
 
 /// Sleeps `steps` × `ms` (checkpointing each step when `checkpoints`, resuming from the
 /// last one), and appends `<task> <attempt> <pid> start <unix ms>` to the payload's
-/// `file` when it begins and `… end <unix ms> <how>` when it ends, however it ends (also
-/// when its future is dropped: an abort, a lost lease). One `write` per line to a file
+/// `file` when it begins and `… end <unix ms> <how> <unix ms it last ran>` when it ends,
+/// however it ends (also when its future is dropped: an abort, a lost lease; the last
+/// field is when its code last ran, which a stopped worker's drop comes after). One `write` per line to a file
 /// opened for appending: lines of several processes never interleave.
 async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskError> {
     let file = ctx
@@ -130,6 +131,7 @@ async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskE
             tokio::select! {
                 () = step => {}
                 () = ctx.cancelled() => {
+                    entry.ran();
                     entry.how = "canceled";
                     return Err(TaskError::new("canceled"));
                 }
@@ -137,6 +139,7 @@ async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskE
         } else {
             step.await;
         }
+        entry.ran();
         done += 1;
         if checkpoints {
             ctx.save_checkpoint(json!({ "done": done })).await?;
@@ -151,22 +154,37 @@ struct JournalEntry {
     file: String,
     who: String,
     how: &'static str,
+    /// When the handler's code last ran (unix ms).
+    active: u128,
 }
 
 impl JournalEntry {
     fn begin(file: String, who: String) -> Result<Self, TaskError> {
-        journal_line(&file, &format!("{who} start {}\n", unix_ms()))?;
+        let now = unix_ms();
+        journal_line(&file, &format!("{who} start {now}\n"))?;
         Ok(JournalEntry {
             file,
             who,
             how: "stopped",
+            active: now,
         })
+    }
+
+    /// The handler's code runs now.
+    fn ran(&mut self) {
+        self.active = unix_ms();
     }
 }
 
 impl Drop for JournalEntry {
     fn drop(&mut self) {
-        let line = format!("{} end {} {}\n", self.who, unix_ms(), self.how);
+        let line = format!(
+            "{} end {} {} {}\n",
+            self.who,
+            unix_ms(),
+            self.how,
+            self.active
+        );
         if let Err(e) = journal_line(&self.file, &line) {
             tracing::warn!(file = %self.file, error = %e, "journal: could not write an end");
         }

@@ -261,6 +261,17 @@ impl Fleet {
     /// on the host's address (port 5432, `trust` for 198.18.0.0/15) and on a Unix socket
     /// that the test reaches from the root namespace. Stopped when the value is dropped.
     pub async fn start_postgres(&self, host: &str) -> FleetDb {
+        self.postgres(host, true).await
+    }
+
+    /// As [`Fleet::start_postgres`], with PostgreSQL's durable settings (fsync,
+    /// synchronous commits): for crash tests where a commit acknowledged before the
+    /// crash must survive it, as it does in production.
+    pub async fn start_durable_postgres(&self, host: &str) -> FleetDb {
+        self.postgres(host, false).await
+    }
+
+    async fn postgres(&self, host: &str, unsafe_fast: bool) -> FleetDb {
         let addr = self.addr(host);
         let netns = self.netns(host).to_string();
         // Named like the fleet, so that one left by a killed test is found and removed.
@@ -272,7 +283,7 @@ impl Fleet {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
             .expect("opening the fleet cluster's folder");
         let cluster = Cluster::new(ClusterOptions {
-            unsafe_fast: true,
+            unsafe_fast,
             ..ClusterOptions::new(dir.path().join("c"))
         })
         .expect("PostgreSQL binaries");

@@ -231,7 +231,7 @@ fn journal_end(file: &std::path::Path, id: Uuid) -> Option<(u128, String)> {
     let text = std::fs::read_to_string(file).ok()?;
     text.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() == 6 && f[0] == id.to_string() && f[3] == "end")
+        (f.len() >= 6 && f[0] == id.to_string() && f[3] == "end")
             .then(|| (f[4].parse().unwrap(), f[5].to_string()))
     })
 }

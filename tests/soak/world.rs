@@ -77,7 +77,10 @@ impl World {
     /// workers are online.
     pub async fn start(soak: &Soak) -> World {
         let fleet = Fleet::new(&["db", "p1", "p2", "w1", "w2", "w3", "cl"]);
-        let db = fleet.start_postgres("db").await;
+        // Durable: PostgreSQL is crashed on purpose, and what it acknowledged must
+        // survive (with the tests' unsafe settings a crash loses recent commits, and
+        // their transaction ids are given out again).
+        let db = fleet.start_durable_postgres("db").await;
         let url = db.url_from_fleet();
         let bb = Blackboard::connect(&db.local_url(), 6).expect("the soak's pool");
         let dir = tempfile::Builder::new()
