@@ -92,11 +92,28 @@ impl Error {
     /// connection dropped).
     pub fn is_connection(&self) -> bool {
         match self {
-            Error::Db(e) => e.is_closed() || e.as_db_error().is_none(),
+            Error::Db(e) => {
+                e.is_closed() || e.as_db_error().is_none_or(|d| connection_lost(d.code()))
+            }
             Error::Pool(_) | Error::Timeout { .. } => true,
             _ => false,
         }
     }
+}
+
+/// Whether the server said, in answer to a statement, that this connection is over: it
+/// is shutting down or restarting (class 57P: found by the soak, where a read during a
+/// PostgreSQL stop answered 500 instead of 503), or the connection failed (class 08).
+/// A statement cancelled by its timeout (57014) is not one.
+fn connection_lost(code: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    [
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+    ]
+    .contains(code)
+        || code.code().starts_with("08")
 }
 
 fn db_message(e: &tokio_postgres::Error) -> String {
@@ -201,3 +218,29 @@ impl std::fmt::Display for SchemaMismatch {
 }
 
 impl std::error::Error for SchemaMismatch {}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_lost;
+    use tokio_postgres::error::SqlState;
+
+    #[test]
+    fn a_server_shutting_down_is_a_lost_connection_and_a_timeout_is_not() {
+        for lost in [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::CONNECTION_EXCEPTION,
+        ] {
+            assert!(connection_lost(&lost), "{lost:?}");
+        }
+        for kept in [
+            SqlState::QUERY_CANCELED,
+            SqlState::CHECK_VIOLATION,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ] {
+            assert!(!connection_lost(&kept), "{kept:?}");
+        }
+    }
+}
