@@ -2,7 +2,7 @@
 # Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
 # installs PostgreSQL's server binaries, pgbouncer, pg_auto_failover, Chromium and its WebDriver (the
 # dashboard's browser tests) and cargo-nextest if missing, runs every test
-# against one throwaway cluster, then stops and removes it. Extra arguments go to
+# against one throwaway cluster, then stops and removes it, then a 3-minute soak. Extra arguments go to
 # `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +59,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 cargo nextest run --workspace "$@"
-# nextest does not run doc tests; a filtered run skips them.
+# nextest does not run doc tests, nor the soak (ignored there); a filtered run skips both.
 if [ $# -eq 0 ]; then
     cargo test --workspace --doc
+    # Three minutes of every fault together (scripts/soak.sh; its report goes to
+    # target/soak/seed-S, the seed printed first so that a failure replays).
+    scripts/soak.sh --minutes 3
 fi
