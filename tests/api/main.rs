@@ -11,6 +11,7 @@
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
 //! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.
+//! - `contract`: answers held to `docs/openapi.json` where schemathesis found them off.
 //! - `kinds`: kinds and their retry policies.
 //! - `overview`: workers and statistics.
 //! - `indexes`: every listing's plan walks an index.
@@ -21,6 +22,7 @@
 mod common;
 
 mod access;
+mod contract;
 mod flows;
 mod indexes;
 mod kinds;
