@@ -17,6 +17,7 @@
 //! - `indexes`: every listing's plan walks an index.
 //! - `openapi`: the description matches the routes served.
 //! - `processes`: the API served by `artex serve` and `artex up`.
+//! - `schemathesis`: an off-the-shelf tester holds the API to `docs/openapi.json`.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -30,6 +31,7 @@ mod openapi;
 mod overview;
 mod processes;
 mod schedules;
+mod schemathesis;
 mod search;
 mod tasks;
 
