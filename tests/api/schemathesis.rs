@@ -64,12 +64,23 @@ async fn schemathesis_finds_the_api_doing_what_docs_openapi_json_says() {
 
     // `artex serve` takes every route but the uploads, which are a worker's: both at once.
     let runs = [
-        ("artex serve", serve_addr, "--exclude-path-regex"),
-        ("a worker's uploads", worker_addr, "--include-path-regex"),
+        ("artex serve", "serve", serve_addr, "--exclude-path-regex"),
+        (
+            "a worker's uploads",
+            "uploads",
+            worker_addr,
+            "--include-path-regex",
+        ),
     ]
-    .map(|(what, addr, filter)| {
+    .map(|(what, name, addr, filter)| {
         let child = Command::new(&st)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // Hypothesis's own files (caches of Unicode tables and of constants) go with
+            // the test's folder: none in the repository, none carried from a run to the next.
+            .env(
+                "HYPOTHESIS_STORAGE_DIRECTORY",
+                dir.path().join(format!("hypothesis-{name}")),
+            )
             .args(["--config-file", "tests/api/schemathesis.toml", "run"])
             .arg("docs/openapi.json")
             .args(["--url", &format!("http://{addr}")])
