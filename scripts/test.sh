@@ -41,6 +41,22 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
+# tests/api/schemathesis.rs runs schemathesis (Python, pinned) against docs/openapi.json,
+# from a venv of its own: Debian's pip is externally managed. A venv cannot be moved, so
+# it is built in place and only counts once the binary answers.
+SCHEMATHESIS_VERSION=4.32.5
+st_venv="${XDG_CACHE_HOME:-$HOME/.cache}/artex/schemathesis-$SCHEMATHESIS_VERSION"
+if ! "$st_venv/bin/schemathesis" --version >/dev/null 2>&1; then
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        as_root apt-get update
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv
+    fi
+    rm -rf "$st_venv"
+    python3 -m venv "$st_venv"
+    "$st_venv/bin/pip" install --quiet --disable-pip-version-check \
+        "schemathesis==$SCHEMATHESIS_VERSION"
+fi
+export ARTEX_SCHEMATHESIS="$st_venv/bin/schemathesis"
 
 # The postgres user runs the cluster when we are root: it must reach the folder (0755).
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/artex-test.XXXXXX")

@@ -538,6 +538,9 @@ fn listing(known: &[String]) -> String {
     format!("known kinds: {}{more}", listed.join(", "))
 }
 
+/// Why a text holding U+0000 is refused.
+const NUL: &str = "contains the character \\u0000, which PostgreSQL cannot store";
+
 /// The fields of a task the rules are about, borrowed: a flow's tasks are checked
 /// without copying their payloads.
 struct TaskFields<'a> {
@@ -683,6 +686,10 @@ fn flow_rules(spec: &FlowSpec) -> std::result::Result<Vec<Vec<usize>>, Refusal> 
             Reason::Invalid("must not be empty".into()),
         ));
     }
+    // PostgreSQL's text cannot hold U+0000: the insert would fail in the database.
+    if spec.name.contains('\0') {
+        return Err(whole(Field::FlowName, Reason::Invalid(NUL.into())));
+    }
     if spec.tasks.is_empty() {
         return Err(whole(
             Field::Tasks,
@@ -700,6 +707,15 @@ fn flow_rules(spec: &FlowSpec) -> std::result::Result<Vec<Vec<usize>>, Refusal> 
                 i + 1,
                 t.kind
             );
+            return Err(Refusal::of_task(
+                i,
+                None,
+                Field::TaskName,
+                Reason::Flow(why),
+            ));
+        }
+        if t.name.contains('\0') {
+            let why = format!("task #{} (kind '{}'): name {NUL}", i + 1, t.kind);
             return Err(Refusal::of_task(
                 i,
                 None,

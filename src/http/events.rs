@@ -36,7 +36,6 @@ use artex_actors::blackboard::{
     PROGRESS_CHANNEL,
 };
 use artex_actors::worker::GetStatus;
-use serde::Deserialize;
 use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::CanRead;
@@ -113,11 +112,29 @@ impl EventsState {
     }
 }
 
-/// `/events` query parameters.
-#[derive(Debug, Deserialize)]
-pub struct EventsQuery {
-    /// Start after this position (`XID-ID`); `Last-Event-ID` takes precedence.
-    after: Option<String>,
+/// The `after` query parameter (start after this position, `XID-ID`; `Last-Event-ID`
+/// takes precedence), the only one: another, or `after` twice, is refused with the API's
+/// error body (actix's query extractor answered those in plain text).
+fn after_param(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let bad = |message: String| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message,
+    };
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| bad(format!("query string: {e}")))?
+        .into_inner();
+    let mut after = None;
+    for (k, v) in pairs {
+        if k != "after" {
+            return Err(bad(format!(
+                "{k}: unknown query parameter; expected only after"
+            )));
+        }
+        if after.replace(v).is_some() {
+            return Err(bad("after: given twice; expected it once".into()));
+        }
+    }
+    Ok(after)
 }
 
 /// How often a stream looks whether this process is leaving (and reads, with no wake-up).
@@ -149,16 +166,34 @@ pub async fn events(
     req: HttpRequest,
     state: web::Data<EventsState>,
     app: Option<web::Data<AppState>>,
-    query: web::Query<EventsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let resume = req
-        .headers()
-        .get("Last-Event-ID")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| ("Last-Event-ID", s))
-        .or_else(|| query.after.as_deref().map(|s| ("after", s)));
+    // Both are checked, whichever is used: a malformed one is refused, not ignored.
+    let position = |field: &str, value: &str| {
+        value.trim().parse::<EventPosition>().map_err(|e| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("{field}: {e}"),
+        })
+    };
+    let after = after_param(&req)?
+        .map(|v| position("after", &v))
+        .transpose()?;
+    let last_id = match req.headers().get("Last-Event-ID") {
+        None => None,
+        // Not text: no position either (it was taken for no header at all).
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: "Last-Event-ID: not a feed position (visible ASCII); expected XID-ID \
+                      as printed with each event, e.g. 7431-12"
+                    .into(),
+            }
+        })?),
+    };
+    // An empty Last-Event-ID is as none (an EventSource that saw no id yet).
+    let last_id = last_id
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| position("Last-Event-ID", v))
+        .transpose()?;
     let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable(format!(
             "too many event streams: {} are open, the most this process serves \
@@ -166,13 +201,8 @@ pub async fn events(
             state.max_streams
         ))
     })?;
-    let start = match resume {
-        Some((field, value)) => {
-            FeedStart::After(value.parse::<EventPosition>().map_err(|e| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: format!("{field}: {e}"),
-            })?)
-        }
+    let start = match last_id.or(after) {
+        Some(p) => FeedStart::After(p),
         None => FeedStart::Beginning,
     };
     let mut feed = EventFeed::open(state.bb.clone(), start, false, POLL)

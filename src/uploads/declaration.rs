@@ -186,12 +186,17 @@ impl CreateRequest {
             ));
         }
         let chunks = self.size.div_ceil(chunk_size);
+        // A rule across size and chunk_size, which no schema states: refused (422), not
+        // malformed.
         if chunks > MAX_CHUNKS {
-            return bad(format!(
-                "size: {} bytes in chunks of {chunk_size} makes {chunks} chunks; at most \
-                 {MAX_CHUNKS} (send larger chunks)",
-                self.size
-            ));
+            return Err(UploadError::Unprocessable {
+                field: "size",
+                message: format!(
+                    "size: {} bytes in chunks of {chunk_size} makes {chunks} chunks; at most \
+                     {MAX_CHUNKS} (send larger chunks)",
+                    self.size
+                ),
+            });
         }
         let sha256 = self.sha256.as_deref().map(check_sha256).transpose()?;
         if let Some(name) = &self.name {
@@ -238,9 +243,14 @@ impl CreateRequest {
             layout: LAYOUT,
         };
         // The rules that need nothing from the database; the rest when the upload starts.
+        // Refused (422) as a submission's are, naming the field: some (a payload holding
+        // \u0000) no schema states.
         Submission::task(&meta.task_to_check(), false)
             .check_shape()
-            .map_err(|r| UploadError::Invalid(refusal_text(&r)))?;
+            .map_err(|r| UploadError::Unprocessable {
+                field: task_field(r.field),
+                message: refusal_text(&r),
+            })?;
         Ok(meta)
     }
 }

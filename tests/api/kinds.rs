@@ -1,5 +1,6 @@
 //! Kinds and their retry policies through the API: listed, read, set and removed; bad
-//! policies refused with 400 naming the field, an unknown kind 404, nothing written.
+//! policies refused with 400 naming the field (422 for a cap below the base), an unknown
+//! kind 404, nothing written.
 
 use serde_json::json;
 
@@ -34,10 +35,6 @@ async fn a_kind_s_retry_policy_is_set_shown_and_removed_and_bad_ones_name_their_
         (r#"{"backoff": "fixed", "base_ms": "1s"}"#, "base_ms"),
         (r#"{"backoff": "fixed", "base_ms": 0}"#, "base_ms"),
         (
-            r#"{"backoff": "linear", "base_ms": 100, "cap_ms": 99}"#,
-            "cap_ms",
-        ),
-        (
             r#"{"backoff": "linear", "base_ms": 100, "cap_ms": 2592000001}"#,
             "cap_ms",
         ),
@@ -55,6 +52,21 @@ async fn a_kind_s_retry_policy_is_set_shown_and_removed_and_bad_ones_name_their_
         assert_eq!(a.status, 400, "{body}: {}", a.text());
         assert_eq!(a.json()["field"], json!(field), "{body}: {}", a.text());
     }
+    // A cap below the base, each in range, breaks a rule across the two fields that
+    // docs/openapi.json cannot state: refused (422), not malformed (it was 400, which
+    // told a client generated from the document that valid input was broken; found by
+    // schemathesis, issue 25).
+    let a = api.w(
+        "PUT",
+        "/api/v1/kinds/echo/retry",
+        Some(r#"{"backoff": "linear", "base_ms": 100, "cap_ms": 99}"#),
+    );
+    assert_eq!(
+        (a.status, a.json()["field"].clone()),
+        (422, json!("cap_ms")),
+        "{}",
+        a.text()
+    );
     // Nothing written by a refusal.
     assert_eq!(api.get("/api/v1/kinds/echo/retry").json()["retry"], policy);
     let a = api.w(

@@ -11,16 +11,19 @@
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
 //! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.
+//! - `contract`: answers held to `docs/openapi.json` where schemathesis found them off.
 //! - `kinds`: kinds and their retry policies.
 //! - `overview`: workers and statistics.
 //! - `indexes`: every listing's plan walks an index.
 //! - `openapi`: the description matches the routes served.
 //! - `processes`: the API served by `artex serve` and `artex up`.
+//! - `schemathesis`: an off-the-shelf tester holds the API to `docs/openapi.json`.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod access;
+mod contract;
 mod flows;
 mod indexes;
 mod kinds;
@@ -28,6 +31,7 @@ mod openapi;
 mod overview;
 mod processes;
 mod schedules;
+mod schemathesis;
 mod search;
 mod tasks;
 

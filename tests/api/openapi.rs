@@ -193,7 +193,7 @@ async fn an_undocumented_method_on_a_documented_path_is_405_naming_the_allowed_o
     );
 }
 
-/// The control routes' refusal of a reason (over 10,000 bytes, or holding `\u0000`) is
+/// The control routes' refusal of a reason (over 10,000 characters, or holding `\u0000`) is
 /// a 422 the document lists for each of them (it did not: found by schemathesis).
 #[tokio::test]
 async fn a_refused_reason_is_a_422_the_document_lists_on_every_control_route() {

@@ -53,11 +53,14 @@ async fn hostile_input_gets_a_clear_4xx_and_changes_nothing() {
     let (id, _) = create(&f.http, &file, 1024, "digest");
     let one = chunk(&file, 1024, 0);
     for (n, bytes, hash, want) in [
-        ("3", one.to_vec(), sha(one), 400),
+        // A chunk this upload has not, and one shorter than the chunk: refused for the
+        // upload's sake (422; they were 400, which called a request the document allows
+        // malformed: schemathesis, issue 25).
+        ("3", one.to_vec(), sha(one), 422),
         ("-1", one.to_vec(), sha(one), 400),
         ("99999999999999999999", one.to_vec(), sha(one), 400),
         ("0", [one, b"x"].concat(), sha(&[one, b"x"].concat()), 413),
-        ("0", one[..10].to_vec(), sha(&one[..10]), 400),
+        ("0", one[..10].to_vec(), sha(&one[..10]), 422),
         ("0", one.to_vec(), "zz".into(), 400),
         ("0", one.to_vec(), sha(b"other"), 422),
     ] {

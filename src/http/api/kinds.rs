@@ -4,7 +4,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_kind, parse_rate, LimitSpec};
-use artex_actors::retry::{Backoff, RetryPolicy};
+use artex_actors::retry::{Backoff, RetryPolicy, MAX_BACKOFF_MS};
 use serde_json::{json, Value};
 
 use super::{actor, changed, field, only_fields, parse_json, query, read_body, ApiError, ApiState};
@@ -46,7 +46,8 @@ pub(super) async fn show_retry(
 
 /// `PUT /api/v1/kinds/{kind}/retry` with `{"backoff", "base_ms", "cap_ms"?,
 /// "max_attempts"?}`: sets the policy (`cap_ms` defaults to `base_ms`); answers the kind.
-/// A value out of range is a 400 naming its field; nothing is written.
+/// A value out of range is a 400 naming its field, a cap below the base a 422; nothing is
+/// written.
 pub(super) async fn set_retry(
     _: CanWrite,
     req: HttpRequest,
@@ -124,7 +125,14 @@ fn parse_policy(v: Option<serde_json::Value>) -> Result<RetryPolicy, ApiError> {
             "cap" => "cap_ms",
             f => f,
         };
-        ApiError::bad(name, format!("{name}: {}", r.message))
+        let message = format!("{name}: {}", r.message);
+        // A cap below the base, each in range, breaks a rule across two fields, which
+        // docs/openapi.json cannot state: refused (422), not malformed (400).
+        if r.field == "cap" && (1..=MAX_BACKOFF_MS).contains(&policy.cap_ms) {
+            ApiError::refused(name, message)
+        } else {
+            ApiError::bad(name, message)
+        }
     })?;
     Ok(policy)
 }

@@ -74,10 +74,13 @@ impl Reads {
     /// WAL position ([`AFTER_LSN`]) the replica has not replayed within
     /// [`READ_YOUR_WRITES_WAIT`].
     pub async fn board(&self, req: &HttpRequest) -> Result<(ReadBoard, ReadFrom), ApiError> {
+        // Read with a replica or without: a malformed header is refused either way, so
+        // a client learns of it before a replica is added.
+        let after = after_lsn(req)?;
         let Some(replica) = &self.replica else {
             return Ok((self.primary.reads(), ReadFrom::Primary));
         };
-        let Some(after) = after_lsn(req)? else {
+        let Some(after) = after else {
             return Ok((replica.reads(), ReadFrom::Replica));
         };
         let deadline = Instant::now() + READ_YOUR_WRITES_WAIT;
@@ -120,11 +123,15 @@ impl Reads {
     }
 }
 
-/// The WAL position the read `req` must show, if it names one.
+/// The WAL position the read `req` must show, if it names one (an empty header names
+/// none).
 fn after_lsn(req: &HttpRequest) -> Result<Option<WalPosition>, ApiError> {
     let Some(value) = req.headers().get(AFTER_LSN) else {
         return Ok(None);
     };
+    if value.as_bytes().trim_ascii().is_empty() {
+        return Ok(None);
+    }
     value
         .to_str()
         .ok()

@@ -1,7 +1,8 @@
 //! `/api/v1/schedules…`: add a cron schedule, list them, show one, pause, resume and
-//! remove it. A bad expression or time zone is 400 naming the field (`cron`,
-//! `timezone`); the task's fields are checked as a submission's (422 for a kind no
-//! worker declared or a payload over the limit); a name taken is 409.
+//! remove it. A name that is none is 400; an expression or time zone that is none is
+//! 422 naming the field (`cron`, `timezone`); the task's fields are checked as a
+//! submission's (422 for a kind no worker declared or a payload over the limit); a name
+//! taken is 409.
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -10,7 +11,7 @@ use artex_actors::schedule::{check_name, CatchUp, NewSchedule};
 use artex_actors::submission::{Submission, MAX_RETRIES};
 use serde_json::{json, Value};
 
-use super::tasks::{read_reason, MAX_REASON_BYTES};
+use super::tasks::{read_reason, reason_fault};
 use super::{
     actor, changed, check_submission, field, only_fields, param, query, submission, ApiError,
     ApiState,
@@ -108,10 +109,17 @@ pub(super) async fn add(
     let (value, allow_all) = submission(&req, body, &state, "a schedule (a JSON object)").await?;
     let (schedule, allow) = parse_schedule(&value)?;
     let allow = allow || allow_all;
-    // The schedule's own rules (name, expression, zone): a malformed request.
-    schedule
-        .check()
-        .map_err(|r| ApiError::bad(r.field, format!("{}: {}", r.field, r.why)))?;
+    // The schedule's own rules. A name is malformed (400) when it breaks its pattern,
+    // which docs/openapi.json states; an expression or a zone is refused (422) for what
+    // it means (no such zone, no slot left), which no pattern can state.
+    schedule.check().map_err(|r| {
+        let message = format!("{}: {}", r.field, r.why);
+        if r.field == "name" {
+            ApiError::bad(r.field, message)
+        } else {
+            ApiError::refused(r.field, message)
+        }
+    })?;
     // Its task's, as a submission's.
     let submission = Submission::task(&schedule.task, allow);
     check_submission(&state.bb, &submission, |r| r.field.as_str().to_string()).await?;
@@ -199,14 +207,9 @@ pub(super) async fn remove(
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
     let q = query(&req, &["reason"])?;
-    let reason = param(&q, "reason", |r| {
-        if r.contains('\0') {
-            Err("contains the character \\u0000, which PostgreSQL cannot store".into())
-        } else if r.len() > MAX_REASON_BYTES {
-            Err(format!("{} bytes; at most {MAX_REASON_BYTES}", r.len()))
-        } else {
-            Ok(r.to_string())
-        }
+    let reason = param(&q, "reason", |r| match reason_fault(r) {
+        Some(why) => Err(why),
+        None => Ok(r.to_string()),
     })?;
     state
         .bb

@@ -5,9 +5,9 @@
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{
-    check_kind, BulkAction, Control, ControlTarget, NewTask, TaskFilter,
+    check_kind, BulkAction, BulkReport, Control, ControlTarget, NewTask, TaskFilter,
 };
-use artex_actors::submission::{Submission, MAX_RETRIES};
+use artex_actors::submission::{check_payload, Submission, MAX_RETRIES};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
@@ -33,8 +33,19 @@ const TASK_FIELDS: &[&str] = &[
     "allow_unregistered_kind",
 ];
 
-/// A reason longer than this is refused (it is stored in every changed task's history).
-pub(super) const MAX_REASON_BYTES: usize = 10_000;
+/// A reason longer than this many characters is refused (it is stored in every changed
+/// task's history). Characters, not bytes: as `maxLength` in docs/openapi.json counts.
+pub(super) const MAX_REASON_CHARS: usize = 10_000;
+
+/// Why `reason` cannot be recorded, if it cannot: too long, or holding `\u0000`, which
+/// PostgreSQL's text cannot store.
+pub(super) fn reason_fault(reason: &str) -> Option<String> {
+    if reason.contains('\0') {
+        return Some("contains the character \\u0000, which PostgreSQL cannot store".into());
+    }
+    let chars = reason.chars().count();
+    (chars > MAX_REASON_CHARS).then(|| format!("{chars} characters; at most {MAX_REASON_CHARS}"))
+}
 
 /// The task at `v`, named `{prefix}…` in errors, and whether its kind may be unregistered.
 /// Only the syntax is read here (fields and their types); the rules on the values are
@@ -199,14 +210,22 @@ pub(super) async fn list(
             "full",
         ],
     )?;
-    let filter = TaskFilter {
-        after: param(&q, "after", parse_uuid)?,
-        limit: param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50),
-        ..filter_of(&q)?
-    };
+    let matching = filter_of(&q)?;
+    let after = param(&q, "after", parse_uuid)?;
+    let limit = param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50);
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
     let cut = if full { i32::MAX } else { CUT_CHARS };
     let (bb, from) = state.reads.board(&req).await?;
+    let Some(filter) = matching else {
+        return Ok(HttpResponse::Ok()
+            .insert_header(from.header())
+            .json(json!({ "tasks": [], "next": null })));
+    };
+    let filter = TaskFilter {
+        after,
+        limit,
+        ..filter
+    };
     let page = bb.tasks_page(&filter, cut).await?;
     let next = (page.len() as i64 == filter.limit)
         .then(|| page.last().map(|t| t.task.id))
@@ -217,8 +236,10 @@ pub(super) async fn list(
 }
 
 /// The filters of `GET /api/v1/tasks` (and of a bulk action's `filter`) in `q`: every
-/// one given must hold.
-fn filter_of(q: &[(String, String)]) -> Result<TaskFilter, ApiError> {
+/// one given must hold. `None` when one holds `\u0000`, which PostgreSQL cannot store:
+/// no task can match it, so none does (the database, which would refuse the value, is
+/// not asked).
+fn filter_of(q: &[(String, String)]) -> Result<Option<TaskFilter>, ApiError> {
     let time = |s: &str| {
         DateTime::parse_from_rfc3339(s)
             .map(|t| t.with_timezone(&Utc))
@@ -226,26 +247,16 @@ fn filter_of(q: &[(String, String)]) -> Result<TaskFilter, ApiError> {
                 format!("{s:?} is not an RFC 3339 time ({e}); expected e.g. 2026-12-01T08:00:00Z")
             })
     };
-    Ok(TaskFilter {
+    let filter = TaskFilter {
         status: param(q, "status", |s| {
             s.parse().map_err(|e: artex_actors::Error| e.to_string())
         })?,
         kind: param(q, "kind", |s| check_kind(s).map(|()| s.to_string()))?,
         flow: param(q, "flow", parse_uuid)?,
         worker: param(q, "worker", |s| {
-            if s.is_empty() {
-                Err("must not be empty; expected a worker id (GET /api/v1/workers)".into())
-            } else {
-                Ok(s.to_string())
-            }
+            text(s, "a worker id (GET /api/v1/workers)")
         })?,
-        tag: param(q, "tag", |s| {
-            if s.is_empty() {
-                Err("must not be empty; expected a tag".into())
-            } else {
-                Ok(s.to_string())
-            }
-        })?,
+        tag: param(q, "tag", |s| text(s, "a tag"))?,
         since: param(q, "since", time)?,
         until: param(q, "until", time)?,
         payload_contains: param(q, "where", |s| match serde_json::from_str(s) {
@@ -254,7 +265,24 @@ fn filter_of(q: &[(String, String)]) -> Result<TaskFilter, ApiError> {
             Err(e) => Err(format!("not JSON ({e}); expected e.g. {{\"customer\":42}}")),
         })?,
         ..TaskFilter::default()
-    })
+    };
+    let storable = |s: &Option<String>| !s.as_deref().is_some_and(|s| s.contains('\0'));
+    let possible = storable(&filter.worker)
+        && storable(&filter.tag)
+        && filter
+            .payload_contains
+            .as_ref()
+            .is_none_or(|v| check_payload(v).is_ok());
+    Ok(possible.then_some(filter))
+}
+
+/// A filter's text value: not empty.
+fn text(s: &str, expected: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err(format!("must not be empty; expected {expected}"))
+    } else {
+        Ok(s.to_string())
+    }
 }
 
 /// The fields of `POST /api/v1/tasks/bulk`.
@@ -299,7 +327,7 @@ pub(super) async fn bulk(
         .parse()
         .map_err(|e| ApiError::bad("action", format!("action: {e}")))?;
     let filter = match obj.get("filter") {
-        None | Some(Value::Null) => TaskFilter::default(),
+        None | Some(Value::Null) => Some(TaskFilter::default()),
         Some(Value::Object(f)) => {
             only_fields(f, "filter.", FILTER_FIELDS)?;
             let mut q = Vec::new();
@@ -335,22 +363,26 @@ pub(super) async fn bulk(
         }
     };
     let all: bool = field(obj, "", "all", "true or false")?.unwrap_or(false);
-    if filter == TaskFilter::default() && !all {
+    if filter == Some(TaskFilter::default()) && !all {
         return Err(ApiError::bad(
             "filter",
             "filter: none given; name the tasks (status, kind, tag, …) or set \"all\": true",
         ));
     }
     let reason: Option<String> = field(obj, "", "reason", "a string")?;
-    if let Some(r) = &reason {
-        if r.contains('\0') || r.len() > MAX_REASON_BYTES {
-            return Err(ApiError::refused(
-                "reason",
-                format!("reason: at most {MAX_REASON_BYTES} bytes, without the character \\u0000"),
-            ));
-        }
+    if let Some(why) = reason.as_deref().and_then(reason_fault) {
+        return Err(ApiError::refused("reason", format!("reason: {why}")));
     }
     let dry_run: bool = field(obj, "", "dry_run", "true or false")?.unwrap_or(false);
+    let Some(filter) = filter else {
+        return Ok(HttpResponse::Ok().json(BulkReport {
+            action,
+            matched: 0,
+            changed: 0,
+            batches: 0,
+            dry_run,
+        }));
+    };
     let report = state
         .bb
         .bulk(action, &filter, &actor(&req), reason.as_deref(), dry_run)
@@ -414,19 +446,8 @@ pub(super) async fn read_reason(
     };
     only_fields(obj, "", &["reason"])?;
     let reason: Option<String> = field(obj, "", "reason", "a string")?;
-    if let Some(r) = &reason {
-        if r.contains('\0') {
-            return Err(ApiError::refused(
-                "reason",
-                "reason: contains the character \\u0000, which PostgreSQL cannot store",
-            ));
-        }
-        if r.len() > MAX_REASON_BYTES {
-            return Err(ApiError::refused(
-                "reason",
-                format!("reason: {} bytes; at most {MAX_REASON_BYTES}", r.len()),
-            ));
-        }
+    if let Some(why) = reason.as_deref().and_then(reason_fault) {
+        return Err(ApiError::refused("reason", format!("reason: {why}")));
     }
     Ok(reason)
 }

@@ -9,7 +9,7 @@
 //!   quota; 422 `{"error", "field": "task.flow"}` for a flow that is unknown or ended);
 //! - `PUT /api/v1/uploads/{id}/chunks/{n}` with `Chunk-Sha256` → 200 `{"ack": true,
 //!   "chunk", "received", "missing", "state", "task"}`; 422 if the hash differs (not
-//!   stored);
+//!   stored), for a chunk the upload has not or a body shorter than the chunk;
 //! - `POST /api/v1/uploads/{id}/complete` (body `{"sha256"}` when the upload declared
 //!   none) → the task, once every chunk is there (with a sha256 declared, the last chunk
 //!   does this by itself; 409 when already complete or chunks are missing, 422 for a
@@ -168,7 +168,15 @@ pub(super) async fn put_chunk(
         Err(UploadError::NotFound(_)) => return done_before(&uploads, id, n).await,
         other => other?,
     };
-    let expected = Uploads::chunk_len(&meta, n)?;
+    // How many bytes chunk n takes, and whether there is one, depend on the upload, not
+    // on the request's form: refused (422), not malformed.
+    let expected = Uploads::chunk_len(&meta, n).map_err(|e| match e {
+        UploadError::Invalid(message) => ApiError::Unprocessable {
+            field: Some("n".into()),
+            message,
+        },
+        e => e.into(),
+    })?;
     let header = |name: &str| req.headers().get(name).and_then(|h| h.to_str().ok());
     let sha = header("chunk-sha256")
         .and_then(|h| check_sha256(h).ok())
@@ -188,7 +196,7 @@ pub(super) async fn put_chunk(
             )))
         }
         Some(Ok(l)) if l < expected => {
-            return Err(ApiError::BadRequest {
+            return Err(ApiError::Unprocessable {
                 field: Some("body".into()),
                 message: format!("chunk {n}: {l} bytes; this chunk has {expected}"),
             })
