@@ -7,8 +7,7 @@
 
 use super::*;
 
-#[path = "../../../../tests/common/fuzz.rs"]
-mod cases;
+use crate::fuzz_cases as cases;
 
 const BOUNDARY_CHARS: &[u8] = b"abcXYZ0189'()+_,-./:=?";
 
