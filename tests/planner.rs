@@ -559,7 +559,7 @@ fn random_limits_are_never_exceeded_and_never_starve_a_task() {
         .unwrap();
     common::fuzz::run(
         "planner::limits",
-        12,
+        10,
         limit_case,
         |c| {
             common::fuzz::shrink_vec(&c.tasks)

@@ -8,6 +8,14 @@
 //!   it well under 30 s here);
 //! - `ARTEX_FUZZ_SEED=<u64>`: the run's seed (default fixed, so CI is deterministic);
 //! - `ARTEX_FUZZ_CASE=<i>`: replay only case `i` of that seed (as a failure prints it).
+//!
+//! The targets: `assigner::plan` (actors/src/assigner/props.rs), the bundle reader and
+//! the upgrade channel's frames (upgrade/src/{bundle,channel}/tests/fuzz.rs), the
+//! `/upgrade` form reader and the new side's listener pass (src/hot_upgrade/…/fuzz.rs),
+//! the upload protocol (tests/uploads/fuzz.rs) and limits on a real database
+//! (tests/planner.rs). A long run goes past nextest's 2-minute kill: run it with
+//! `cargo test` instead (it starts the test cluster itself), e.g.
+//! `ARTEX_FUZZ_CASES=20000 ARTEX_FUZZ_SEED=7 cargo test -p artex-upgrade --lib fuzz`.
 #![allow(dead_code)]
 
 use std::fmt::Debug;
