@@ -39,6 +39,19 @@ enum Body {
     Stalled { bytes: Vec<u8>, declared: usize },
 }
 
+/// Headers a chunk request may carry besides its own.
+const EXTRA_HEADERS: [(&str, &str); 6] = [
+    ("Content-Range", "bytes 0-9/10"),
+    ("Upload-Offset", "5"),
+    ("Content-Encoding", "gzip"),
+    ("Expect", "100-continue"),
+    ("Content-Type", "multipart/form-data; boundary=x"),
+    (
+        "Chunk-Sha256",
+        "0000000000000000000000000000000000000000000000000000000000000000",
+    ),
+];
+
 /// What a chunk's body is made of.
 #[derive(Debug, Clone)]
 enum Action {
@@ -51,6 +64,9 @@ enum Action {
         exact: bool,
         /// And `sha` is their sha256.
         honest: bool,
+        /// Headers the protocol does not know (ranges, offsets, an encoding) or that
+        /// change the exchange (`Expect: 100-continue`): ignored, or honoured.
+        extra: Vec<(&'static str, &'static str)>,
     },
     Progress,
     Complete {
@@ -193,6 +209,11 @@ fn action(rng: &mut fastrand::Rng, file: &[u8], chunk: usize, chunks: u64) -> Ac
                 body,
                 exact,
                 honest: exact && header_ok,
+                extra: EXTRA_HEADERS
+                    .iter()
+                    .filter(|_| rng.u8(0..12) == 0)
+                    .copied()
+                    .collect(),
             }
         }
     }
@@ -314,6 +335,13 @@ fn request(
             }
             // A reset after the server answered early and closed with our body unread.
             Err(_) => break,
+        }
+    }
+    // An interim `100 Continue` (asked by `Expect`) comes before the answer.
+    while raw.starts_with(b"HTTP/1.1 100") {
+        match raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            Some(at) => drop(raw.drain(..at + 4)),
+            None => break,
         }
     }
     let text = String::from_utf8_lossy(&raw);
@@ -444,10 +472,12 @@ fn run_case(http: &str, c: &Case) -> Option<uuid::Uuid> {
                 body,
                 exact,
                 honest,
+                extra,
             } => {
                 let path = format!("/api/v1/uploads/{id}/chunks/{n}");
-                let headers: Vec<(&str, String)> =
+                let mut headers: Vec<(&str, String)> =
                     sha.iter().map(|s| ("Chunk-Sha256", s.clone())).collect();
+                headers.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
                 let a = request(http, "PUT", &path, &headers, body);
                 let what = format!("chunk {n} ({body:?})");
                 // A body cut short may leave the server nothing to answer on.
