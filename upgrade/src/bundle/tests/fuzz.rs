@@ -494,6 +494,10 @@ fn rename(bytes: &mut Vec<u8>, nth: usize, name: &[u8]) {
 #[derive(Debug, Clone)]
 struct Case {
     seed: usize,
+    /// The limits unpacked under: [`LIMITS`], or one of them tightened to the seed's
+    /// sizes (`tight`: 0 binary, 1 manifest, 2 ratio, 3 entries), so that a limit is met
+    /// on its edge as well as far from it.
+    tight: Option<(u8, u64)>,
     mutations: Vec<Mutation>,
 }
 
@@ -556,18 +560,41 @@ fn outcome(r: &Result<VerifiedBundle>) -> String {
     }
 }
 
+fn limits_of(tight: Option<(u8, u64)>) -> Limits {
+    match tight {
+        None => LIMITS,
+        Some((0, v)) => Limits {
+            max_binary_bytes: v,
+            ..LIMITS
+        },
+        Some((1, v)) => Limits {
+            max_manifest_bytes: v,
+            ..LIMITS
+        },
+        Some((2, v)) => Limits {
+            max_ratio: v,
+            ..LIMITS
+        },
+        Some((_, v)) => Limits {
+            max_entries: v as usize,
+            ..LIMITS
+        },
+    }
+}
+
 fn check(corpus: &Corpus, case: &Case, outcomes: &Outcomes) {
     let (name, seed) = &corpus.seeds[case.seed % corpus.seeds.len()];
     let mut bytes = seed.clone();
     for m in &case.mutations {
         apply(&mut bytes, m);
     }
+    let limits = limits_of(case.tight);
     let ground = Ground::new(&bytes);
     let before = ground.listing();
     let result = unpack(
         &ground.zip,
         &corpus.key.verifying_key(),
-        &LIMITS,
+        &limits,
         &ground.dest,
     );
     let after = ground.listing();
@@ -583,7 +610,7 @@ fn check(corpus: &Corpus, case: &Case, outcomes: &Outcomes) {
         Ok(bundle) => {
             let written = fs::read(&binary).unwrap();
             assert!(
-                written.len() as u64 <= LIMITS.max_binary_bytes,
+                written.len() as u64 <= limits.max_binary_bytes,
                 "seed {name:?}: {} bytes written, over the limit",
                 written.len()
             );
@@ -629,6 +656,21 @@ fn mutated_bundles_are_refused_or_pass_only_as_signed() {
         1000,
         |rng| Case {
             seed: rng.usize(..seeds),
+            tight: match rng.u8(0..4) {
+                0 => {
+                    // Around the seeds' own sizes: 300, 40,000 and 0 bytes of binary,
+                    // ~170 of manifest, 3 entries, ratios near 1 (stored) and 3:1.
+                    let edges: [(u8, &[u64]); 4] = [
+                        (0, &[0, 299, 300, 301, 39_999, 40_000]),
+                        (1, &[100, 160, 170, 180, 4096]),
+                        (2, &[1, 2, 3, 4]),
+                        (3, &[2, 3, 4]),
+                    ];
+                    let (which, values) = edges[rng.usize(0..4)];
+                    Some((which, values[rng.usize(..values.len())]))
+                }
+                _ => None,
+            },
             mutations: (0..[1, 1, 1, 2, 2, 3, 4][rng.usize(0..7)])
                 .map(|_| mutation(rng))
                 .collect(),
