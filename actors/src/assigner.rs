@@ -265,6 +265,9 @@ impl Handler<AssignNow> for Assigner {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use uuid::Uuid;
 

@@ -142,3 +142,6 @@ impl NewSide {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -11,6 +11,7 @@ pub mod bundles;
 pub mod fixtures;
 pub mod fleet;
 pub mod formation;
+pub mod fuzz;
 pub mod http;
 pub mod procs;
 pub mod proxy;

@@ -12,6 +12,7 @@
 //! - `flows`: an upload's task joins the flow its spec names.
 //! - `lifecycle`: abandoned uploads expire, files kept past their task, shared folders.
 //! - `apart`: deployments on one host keep their uploads apart (default folders).
+//! - `fuzz`: random and hostile requests get clear answers and never corrupt a file.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,6 +21,7 @@ mod apart;
 mod chunks;
 mod client;
 mod flows;
+mod fuzz;
 mod hosts;
 mod lifecycle;
 mod refusals;

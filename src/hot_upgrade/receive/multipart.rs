@@ -102,15 +102,21 @@ impl FirstFilePart {
                     self.state = State::Closed;
                     return Ok(true);
                 }
+                // The limits are on what the body says, not on what is buffered: a
+                // line is as long in one piece as in many.
+                let line = find(&self.buf, b"\r\n")
+                    .unwrap_or(self.buf.len() - usize::from(self.buf.ends_with(b"\r")));
+                if line > MAX_BOUNDARY_LINE {
+                    return Err(WriteError::Refused(
+                        "multipart boundary line does not end".into(),
+                    ));
+                }
                 match find(&self.buf, b"\r\n") {
                     Some(at) => {
                         self.buf.drain(..at + 2);
                         self.state = State::Headers;
                         Ok(true)
                     }
-                    None if self.buf.len() > MAX_BOUNDARY_LINE => Err(WriteError::Refused(
-                        "multipart boundary line does not end".into(),
-                    )),
                     None => Ok(false),
                 }
             }
@@ -121,12 +127,18 @@ impl FirstFilePart {
                 } else {
                     find(&self.buf, b"\r\n\r\n").map(|at| (at, 4))
                 };
+                // As long however the body is cut: the block's own length, or (not ended
+                // yet) what is buffered but a terminator's first bytes.
+                let block = match end {
+                    Some((at, _)) => at,
+                    None => self.buf.len() - partial_suffix(&self.buf, b"\r\n\r\n"),
+                };
+                if block > MAX_PART_HEADERS {
+                    return Err(WriteError::Refused(format!(
+                        "multipart part headers longer than {MAX_PART_HEADERS} bytes"
+                    )));
+                }
                 let Some((at, sep)) = end else {
-                    if self.buf.len() > MAX_PART_HEADERS {
-                        return Err(WriteError::Refused(format!(
-                            "multipart part headers longer than {MAX_PART_HEADERS} bytes"
-                        )));
-                    }
                     return Ok(false);
                 };
                 let headers = String::from_utf8_lossy(&self.buf[..at]).to_ascii_lowercase();
@@ -186,9 +198,20 @@ fn keep_tail(buf: &mut Vec<u8>, keep: usize) {
     buf.drain(..drop);
 }
 
+/// The length of the longest end of `buf` that begins `needle` (shorter than it).
+fn partial_suffix(buf: &[u8], needle: &[u8]) -> usize {
+    (1..needle.len().min(buf.len() + 1))
+        .rev()
+        .find(|&k| buf.ends_with(&needle[..k]))
+        .unwrap_or(0)
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {
@@ -274,5 +297,50 @@ mod tests {
         assert!(parse(b"no boundary anywhere", 3)
             .unwrap_err()
             .contains("without a file part"));
+    }
+
+    /// Found by the fuzz target (`multipart/fuzz.rs`): the limits on a boundary line and
+    /// on a part's headers held only when the body came in small pieces; in one piece,
+    /// the same oversized line or header block was taken.
+    #[test]
+    fn the_limits_hold_however_the_body_is_cut() {
+        let file = |headers: &str, after_boundary: &str| {
+            let mut b = format!("--{BOUNDARY}{after_boundary}\r\n").into_bytes();
+            b.extend_from_slice(
+                format!("Content-Disposition: form-data; name=\"b\"; filename=\"b.zip\"{headers}\r\n\r\nPK").as_bytes(),
+            );
+            b.extend_from_slice(format!("\r\n--{BOUNDARY}--\r\n").as_bytes());
+            b
+        };
+        let long_line = file("", &" ".repeat(MAX_BOUNDARY_LINE + 1));
+        let long_headers = file(&format!("\r\nX-Pad: {}", "p".repeat(MAX_PART_HEADERS)), "");
+        // (Pieces of a byte cost seconds on 16 KiB of headers: what matters is pieces
+        // smaller than the limit, and one piece holding it all.)
+        for size in [1, 7, 4096, usize::MAX] {
+            let size = size.min(long_line.len());
+            let err = parse(&long_line, size).unwrap_err();
+            assert!(
+                err.contains("boundary line does not end"),
+                "pieces of {size}: {err}"
+            );
+        }
+        for size in [100, 4096, usize::MAX] {
+            let size = size.min(long_headers.len());
+            let err = parse(&long_headers, size).unwrap_err();
+            assert!(err.contains("headers longer"), "pieces of {size}: {err}");
+        }
+        // Just within both limits: taken, in any pieces.
+        let line = file("", &" ".repeat(MAX_BOUNDARY_LINE));
+        let head = "Content-Disposition: form-data; name=\"b\"; filename=\"b.zip\"";
+        let pad = MAX_PART_HEADERS - head.len() - "\r\nX-Pad: ".len();
+        let headers = file(&format!("\r\nX-Pad: {}", "p".repeat(pad)), "");
+        for size in [1, 7, 4096, usize::MAX] {
+            let size = size.min(line.len());
+            assert_eq!(parse(&line, size).unwrap(), b"PK", "pieces of {size}");
+        }
+        for size in [100, 4096, usize::MAX] {
+            let size = size.min(headers.len());
+            assert_eq!(parse(&headers, size).unwrap(), b"PK", "pieces of {size}");
+        }
     }
 }

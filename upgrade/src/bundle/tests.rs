@@ -728,3 +728,5 @@ fn rfc3339_formatting_matches_known_dates() {
     assert_eq!(rfc3339_utc(1_709_164_800), "2024-02-29T00:00:00Z");
     assert_eq!(rfc3339_utc(4_102_444_799), "2099-12-31T23:59:59Z");
 }
+
+mod fuzz;

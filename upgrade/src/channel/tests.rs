@@ -310,3 +310,5 @@ async fn a_real_child_process_receives_the_listener() {
         .unwrap();
     assert!(status.success(), "child test failed: {status}");
 }
+
+mod fuzz;
