@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,7 +147,6 @@ pub fn start(soak: &Arc<Soak>, world: &Arc<World>, plan: Vec<Planned>) -> JoinHa
             .iter()
             .map(|p| (p.fault.target(), Arc::default()))
             .collect();
-        let variant = Arc::new(AtomicUsize::new(0));
         let mut running = Vec::new();
         for p in plan {
             let wait = p.at - soak.now();
@@ -158,18 +156,13 @@ pub fn start(soak: &Arc<Soak>, world: &Arc<World>, plan: Vec<Planned>) -> JoinHa
             if soak.load_stopped() {
                 break;
             }
-            let (s, w, lock, v) = (
-                soak.clone(),
-                world.clone(),
-                locks[p.fault.target()].clone(),
-                variant.clone(),
-            );
+            let (s, w, lock) = (soak.clone(), world.clone(), locks[p.fault.target()].clone());
             running.push(tokio::spawn(async move {
                 let _held = lock.lock().await;
                 let from = s.now();
                 let outcome = match tokio::time::timeout(
                     Duration::from_secs(180),
-                    apply(&s, &w, p.fault, p.hold, &v),
+                    apply(&s, &w, p.fault, p.hold),
                 )
                 .await
                 {
@@ -212,13 +205,7 @@ pub async fn finish(faults: JoinHandle<()>) {
 }
 
 /// Does `fault`, holds it, undoes it; says what came of it.
-async fn apply(
-    soak: &Soak,
-    world: &Arc<World>,
-    fault: Fault,
-    hold: f64,
-    variant: &AtomicUsize,
-) -> String {
+async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> String {
     let hold_for = Duration::from_secs_f64(hold);
     match fault {
         Fault::Kill9(role) => {
@@ -228,8 +215,11 @@ async fn apply(
             format!("killed pid {pid}, started again as pid {}", world.pid(role))
         }
         Fault::Upgrade { good } => {
+            // The good bundle w3 does not run now: the one it runs is answered
+            // "unchanged" (the same binary), which upgrades nothing.
+            let pick = world.next_good();
             let bundle = if good {
-                world.good[variant.fetch_add(1, Ordering::Relaxed) % world.good.len()].clone()
+                world.good[pick].clone()
             } else {
                 world.bad.clone()
             };
@@ -238,9 +228,17 @@ async fn apply(
             let status = body["status"].as_str().unwrap_or("").to_string();
             let error = body["error"].as_str().unwrap_or("").to_string();
             match (good, code) {
+                (true, 200) if status == "unchanged" => {
+                    soak.violation(
+                        "hot upgrades",
+                        format!("the running binary was sent: {body}"),
+                    );
+                    format!("unchanged: {body}")
+                }
                 (true, 200) => match body["new_pid"].as_i64() {
                     Some(new) => {
                         world.upgraded("w3", new as i32);
+                        world.runs_good(pick);
                         format!("pid {old} upgraded to pid {new}")
                     }
                     None => {

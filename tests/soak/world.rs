@@ -68,6 +68,8 @@ pub struct World {
     /// The history's retention, as given to the planners (e.g. "3m").
     pub retention: String,
     roles: Mutex<HashMap<&'static str, Role>>,
+    /// Which of [`World::good`] w3 runs (none: the build the run started with).
+    running_good: Mutex<Option<usize>>,
     retired: Mutex<Vec<(String, Proc)>>,
     _dir: tempfile::TempDir,
 }
@@ -138,6 +140,7 @@ impl World {
             token_file,
             retention,
             roles: Mutex::default(),
+            running_good: Mutex::default(),
             retired: Mutex::default(),
             _dir: dir,
         };
@@ -191,6 +194,9 @@ impl World {
             other => panic!("no role {other}"),
         };
         let pid = proc.pid();
+        if role == "w3" {
+            *self.running_good.lock().unwrap() = None;
+        }
         if let Some(old) = roles.insert(
             role,
             Role {
@@ -218,6 +224,19 @@ impl World {
             let _ = connection.await;
         });
         Some(client)
+    }
+
+    /// The good bundle to upgrade w3 to: one it does not run.
+    pub fn next_good(&self) -> usize {
+        match *self.running_good.lock().unwrap() {
+            Some(i) => (i + 1) % self.good.len(),
+            None => 0,
+        }
+    }
+
+    /// w3 runs good bundle `i` now.
+    pub fn runs_good(&self, i: usize) {
+        *self.running_good.lock().unwrap() = Some(i);
     }
 
     /// The pid serving as `role` now.
