@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod bundles;
+pub mod disk;
 pub mod fixtures;
 pub mod fleet;
 pub mod formation;

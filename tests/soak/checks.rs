@@ -148,14 +148,7 @@ async fn finals(soak: &Soak, world: &World) -> Result<(), tokio_postgres::Error>
             }
         }
     }
-    let flows: Vec<Uuid> = soak
-        .flows
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(_, done)| !**done)
-        .map(|(id, _)| *id)
-        .collect();
+    let flows = soak.open_flows();
     if !flows.is_empty() {
         let rows = c
             .query(

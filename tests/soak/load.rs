@@ -287,14 +287,7 @@ async fn operators(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
             }
         }
         if tick.is_multiple_of(15) {
-            let flows: Vec<Uuid> = soak
-                .flows
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(_, done)| !**done)
-                .map(|(id, _)| *id)
-                .collect();
+            let flows = soak.open_flows();
             if flows.is_empty() {
                 continue;
             }

@@ -234,6 +234,17 @@ impl Soak {
             .or_insert(0) += 1;
     }
 
+    /// The flows not seen finished yet.
+    pub fn open_flows(&self) -> Vec<Uuid> {
+        self.flows
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, done)| !**done)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Whether the load must stop.
     pub fn load_stopped(&self) -> bool {
         self.stop_load.load(Ordering::Relaxed)

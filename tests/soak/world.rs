@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::common::bundles::{Keys, TOKEN};
+use crate::common::disk::SmallDisk;
 use crate::common::fleet::{Fleet, FleetDb};
 use crate::common::procs::{alive, serve_address, Proc};
 use crate::Soak;
@@ -71,6 +71,8 @@ pub struct World {
     /// Which of [`World::good`] w3 runs (none: the build the run started with).
     running_good: Mutex<Option<usize>>,
     retired: Mutex<Vec<(String, Proc)>>,
+    /// w3's upload disk, unmounted after every process is gone (fields drop in order).
+    _disk: SmallDisk,
     _dir: tempfile::TempDir,
 }
 
@@ -102,8 +104,7 @@ impl World {
         let token_file = dir.path().join("write-token");
         std::fs::write(&token_file, WRITE_TOKEN).expect("the write token");
         let uploads = dir.path().join("uploads");
-        std::fs::create_dir_all(&uploads).expect("the upload folder");
-        mount_tmpfs(&uploads);
+        let disk = SmallDisk::mount(&uploads, UPLOAD_DISK);
         let files = dir.path().join("files");
         std::fs::create_dir_all(&files).expect("the files folder");
         let journal = soak.settings.out.join("journal.log");
@@ -142,6 +143,7 @@ impl World {
             roles: Mutex::default(),
             running_good: Mutex::default(),
             retired: Mutex::default(),
+            _disk: disk,
             _dir: dir,
         };
         let pid = serve.pid();
@@ -312,33 +314,12 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        // Processes first (their Proc handles kill them), then the folder's mount.
+        // What a hot upgrade spawned is no handle's child: killed here; the handles
+        // kill theirs as the fields drop, and the disk goes last.
         for (_, r) in self.roles.lock().unwrap().drain() {
             if r.pid != r.proc.pid() {
                 let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
             }
         }
-        let _ = Command::new("umount").arg("-l").arg(&self.uploads).status();
     }
-}
-
-/// Mounts a tmpfs of [`UPLOAD_DISK`] on `dir`: a disk that fills.
-fn mount_tmpfs(dir: &Path) {
-    let out = Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            &format!("size={UPLOAD_DISK},mode=0700"),
-            "tmpfs",
-        ])
-        .arg(dir)
-        .output()
-        .expect("running mount");
-    assert!(
-        out.status.success(),
-        "mounting a tmpfs on {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -257,41 +257,6 @@ async fn a_payload_over_the_limit_is_refused_as_the_api_refuses_it() {
     assert_eq!(code, 201, "{body}");
 }
 
-/// A tmpfs mounted on a folder for the test's life (root only, as CI runs).
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = std::process::Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir)
-            .output()
-            .expect("running mount");
-        assert!(
-            out.status.success(),
-            "this test needs root to mount a small disk (CI runs as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        SmallDisk(dir.to_path_buf())
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 // Found by the soak (scripts/soak.sh): a chunk written to a disk that filled up was
 // answered 500, as if the worker had failed, where the disk's own limit is the same
 // refusal as `--upload-max-bytes`.
@@ -300,7 +265,7 @@ async fn a_disk_that_fills_up_gets_507_not_500() {
     let db = crate::common::TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let uploads = dir.path().join("uploads");
-    let _disk = SmallDisk::mount(&uploads, "1m");
+    let _disk = crate::common::disk::SmallDisk::mount(&uploads, "1m");
     let f = fleet(&db, &uploads, &[]).await;
     // 3 MiB declared (well within the worker's quota) on a 1 MiB disk.
     let file = data(3 * 1024 * 1024, 9);
