@@ -7,6 +7,8 @@
 //!   and a notification.
 //! - `status_machine`: the status machine's trigger: legal moves applied and audited,
 //!   illegal ones refused, and the history rows it writes.
+//! - `status_model`: the same trigger against a model of it: random sequences of plain
+//!   SQL and runtime writes, the row, history and held counters equal to the model's.
 //! - `leases`: who holds a task: a holder and a lease when held, neither otherwise.
 //! - `fencing`: the lease epoch, and writes with a stale one changing nothing.
 //! - `retries`: failed and timed-out attempts retried until the budget is spent.
@@ -22,6 +24,7 @@ mod leases;
 mod plans;
 mod retries;
 mod status_machine;
+mod status_model;
 mod unique;
 
 use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, ReapParams, Step};

@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod formation;
 pub mod http;
 pub mod procs;
+pub mod props;
 pub mod proxy;
 
 use std::fs::{File, OpenOptions};

@@ -236,6 +236,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // New tables, functions and a trigger on them, which older builds never touch.
         change: Change::Expand,
     },
+    Migration {
+        version: 21,
+        name: "ran_needs_a_start",
+        sql: include_str!("../../../migrations/V21__ran_needs_a_start.sql"),
+        // The status trigger's functions redefined: a write that clears `started_at` no
+        // longer counts as a start; every write older builds make is read as before.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
