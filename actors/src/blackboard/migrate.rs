@@ -238,10 +238,11 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 21,
-        name: "ran_needs_a_start",
-        sql: include_str!("../../../migrations/V21__ran_needs_a_start.sql"),
-        // The status trigger's functions redefined: a write that clears `started_at` no
-        // longer counts as a start; every write older builds make is read as before.
+        name: "start_times_and_unique_windows",
+        sql: include_str!("../../../migrations/V21__start_times_and_unique_windows.sql"),
+        // Functions redefined: a write that clears `started_at` no longer counts as a
+        // start, a unique key's window reaches back 100 years at most; every write older
+        // builds make is read as before.
         change: Change::Expand,
     },
 ];

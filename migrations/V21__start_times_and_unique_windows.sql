@@ -1,6 +1,8 @@
--- V21: a write that clears a task's start time does not say that it ran (issue 25, found by
--- the status machine's model test, tests/blackboard/status_model.rs). Expand: the two
--- trigger functions redefined; every write older builds make is treated as before.
+-- V21: two fixes found by the property tests of issue 25. Expand: functions redefined;
+-- every write older builds make is treated as before.
+--
+-- 1. A write that clears a task's start time does not say that it ran (found by the
+-- status machine's model test, tests/blackboard/status_model.rs).
 --
 -- V3 reads a write that moves a task from `assigned` straight to an outcome and changes
 -- `started_at` as "it ran": its start, then its outcome. A write that set `started_at` to
@@ -174,4 +176,20 @@ begin
     end if;
     return null;
 end
+$$;
+
+-- 2. A unique key's window reaches back 100 years at most. `artex.submit(…, unique_for =>
+-- interval '10000 years')` (or the API's `"unique_for": "1000000000d"`) computed
+-- `now() - window`, before the oldest time PostgreSQL holds: once a finished task had the
+-- key, every submission with it failed with "timestamp out of range" (the API answered
+-- 500). A longer window means the same as 100 years: any task with the key finished
+-- since. (The API, the CLI and the library refuse windows over 100 years: a clear
+-- message naming `unique_for`.)
+create or replace function artex.task_with_unique_key(key text, window_ interval) returns uuid
+language sql stable as $$
+    select id from artex.tasks
+    where unique_key = key
+      and (finished_at is null
+           or finished_at > now() - least(window_, interval '100 years'))
+    order by id desc limit 1
 $$;
