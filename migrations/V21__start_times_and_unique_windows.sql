@@ -190,6 +190,8 @@ language sql stable as $$
     select id from artex.tasks
     where unique_key = key
       and (finished_at is null
-           or finished_at > now() - least(window_, interval '100 years'))
+           -- (`least` skips NULLs: without a window, finished tasks do not count.)
+           or (window_ is not null
+               and finished_at > now() - least(window_, interval '100 years')))
     order by id desc limit 1
 $$;

@@ -303,3 +303,51 @@ async fn a_window_past_the_time_range_finds_the_finished_task() {
         );
     }
 }
+
+/// Found by the API's property while V21 was written: a window capped with `least`
+/// (which skips NULLs) made "no window" a window of 100 years, and a plain insert with
+/// the key of a finished task failed as a duplicate. Without a window, finished tasks do
+/// not count; with a window of 0, neither do they.
+#[tokio::test]
+async fn a_finished_task_keeps_its_key_only_within_a_window() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let old: Uuid = c
+        .query_one(
+            "insert into artex.tasks (kind, unique_key) values ('echo', 'k') returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.execute(
+        "update artex.tasks set status = 'canceled' where id = $1",
+        &[&old],
+    )
+    .await
+    .unwrap();
+    for window in [None, Some("0")] {
+        let r = c
+            .query_one(
+                "select id, duplicate from artex.submit('echo', unique_key => 'k',
+                     unique_for => $1::text::interval, allow_unregistered_kind => true)",
+                &[&window],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{window:?}: {e:?}"));
+        let (id, duplicate): (Uuid, bool) = (r.get(0), r.get(1));
+        assert!(!duplicate && id != old, "{window:?}");
+        c.execute(
+            "update artex.tasks set status = 'canceled' where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    }
+    c.execute(
+        "insert into artex.tasks (kind, unique_key) values ('echo', 'k')",
+        &[],
+    )
+    .await
+    .expect("a plain insert with a finished task's key");
+}
