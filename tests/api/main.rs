@@ -8,8 +8,8 @@
 //!
 //! # Layout
 //! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
-//! - `submit_fuzz`: random and mutated submissions: a task written or a 4xx naming the
-//!   field, nothing written; never a 5xx.
+//! - `submit_fuzz`: random and mutated submissions of tasks and flows: written, or a 4xx
+//!   naming the field with nothing written; never a 5xx.
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
 //! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.

@@ -3,7 +3,9 @@
 //! numbers, deep nesting and payloads near the limits, alone, in batches, or as broken
 //! JSON. Every answer is a valid task written (the row holds what was sent) or a 4xx
 //! whose JSON error names a field, with nothing written: never a 5xx, never a dropped
-//! connection. Cases and seed: `tests/common/props.rs`.
+//! connection. `POST /api/v1/flows` likewise, with DAGs, cycles and unknown
+//! dependencies: a flow and all its tasks written, or a refusal that writes nothing.
+//! Cases and seed: `tests/common/props.rs`.
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -696,4 +698,158 @@ async fn a_unique_window_past_a_hundred_years_is_refused_naming_it() {
     assert_eq!(again.status, 200, "{}", again.text());
     assert_eq!(again.json()["duplicate"], json!(true));
     assert_eq!(id_of(&again), id_of(&first));
+}
+
+/// A flow as sent: its tasks' names, dependencies (possibly on no task of the flow, or
+/// in a cycle), and mutations of its fields and its tasks' fields.
+fn flow() -> impl Strategy<Value = (Value, bool)> {
+    const TASK_FIELDS: [&str; 8] = [
+        "name",
+        "kind",
+        "payload",
+        "depends_on",
+        "priority",
+        "max_retries",
+        "timeout_ms",
+        "shard_key",
+    ];
+    let task_mutation = (
+        proptest::sample::select(TASK_FIELDS.to_vec()),
+        prop_oneof![hostile().prop_map(Some), Just(None)],
+    );
+    (
+        1usize..6,
+        proptest::collection::vec((any::<proptest::sample::Index>(), any::<bool>()), 0..6),
+        proptest::collection::vec((any::<proptest::sample::Index>(), task_mutation), 0..3),
+        proptest::option::weighted(
+            0.2,
+            (
+                proptest::sample::select(vec!["name", "tasks", "allow_unregistered_kind", "extra"]),
+                hostile(),
+            ),
+        ),
+        payload(),
+    )
+        .prop_map(|(n, edges, task_mutations, flow_mutation, payload)| {
+            let mut deps: Vec<Vec<String>> = vec![Vec::new(); n];
+            for (at, back) in edges {
+                let i = at.index(n);
+                // Mostly upstream tasks (a DAG); sometimes a later one (a cycle) or none.
+                let j = if back && i > 0 {
+                    at.index(i)
+                } else {
+                    at.index(n)
+                };
+                let dep = format!("t{j}");
+                if !deps[i].contains(&dep) {
+                    deps[i].push(dep);
+                }
+            }
+            let mut tasks: Vec<Map<String, Value>> = (0..n)
+                .map(|i| {
+                    let mut t = Map::new();
+                    t.insert("name".into(), json!(format!("t{i}")));
+                    t.insert("kind".into(), json!("echo"));
+                    t.insert("payload".into(), payload.clone());
+                    t.insert("depends_on".into(), json!(deps[i]));
+                    t
+                })
+                .collect();
+            let mut clean = true;
+            for (at, (field, value)) in task_mutations {
+                let t = &mut tasks[at.index(n)];
+                clean = false;
+                match value {
+                    Some(v) => t.insert(field.into(), v),
+                    None => t.remove(field),
+                };
+            }
+            let mut f = Map::new();
+            f.insert("name".into(), json!("fuzzed flow"));
+            f.insert(
+                "tasks".into(),
+                Value::Array(tasks.into_iter().map(Value::Object).collect()),
+            );
+            if let Some((field, v)) = flow_mutation {
+                clean = false;
+                f.insert(field.into(), v);
+            }
+            (Value::Object(f), clean)
+        })
+}
+
+#[test]
+fn every_flow_submission_is_a_flow_or_a_clear_refusal() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (db, c) = rt.block_on(async {
+        let db = TestDb::new().await;
+        fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
+        let c = connect(&db.url).await;
+        (db, c)
+    });
+    let server = Server::with(&db.url, true, true, false, 2 << 20);
+    let counts = || {
+        rt.block_on(async {
+            let r = c.query_one(COUNTS, &[]).await.expect("counting");
+            (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2))
+        })
+    };
+    props::check("POST /api/v1/flows", 96, flow(), |(body, clean)| {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let n = body["tasks"].as_array().map_or(0, |t| t.len()) as i64;
+        let before = counts();
+        let r = call(
+            &server.addr,
+            "POST",
+            "/api/v1/flows",
+            Some(WRITE_TOKEN),
+            Some(&bytes),
+        );
+        let after = counts();
+        let shown: String = r.text().chars().take(600).collect();
+        prop_assert!(
+            (200..500).contains(&r.status),
+            "answered {} {shown}",
+            r.status
+        );
+        if r.status >= 300 {
+            prop_assert_eq!(
+                after,
+                before,
+                "a refused flow ({} {}) wrote something",
+                r.status,
+                shown
+            );
+            let v = r.json_or_null();
+            prop_assert!(
+                v["error"].as_str().is_some_and(|m| !m.is_empty()) && v.get("field").is_some(),
+                "not an artex error body: {} {shown}",
+                r.status
+            );
+        } else {
+            prop_assert_eq!(after.2 - before.2, 1, "flows written");
+            prop_assert_eq!(after.0 - before.0, n, "tasks written");
+            prop_assert_eq!(after.1 - before.1, n, "history rows written");
+        }
+        // An unmutated flow is refused only for a dependency that is no upstream task.
+        let acyclic = body["tasks"].as_array().is_some_and(|ts| {
+            ts.iter().enumerate().all(|(i, t)| {
+                t["depends_on"].as_array().is_some_and(|d| {
+                    d.iter().all(|x| {
+                        x.as_str()
+                            .and_then(|s| s.strip_prefix('t'))
+                            .and_then(|s| s.parse::<usize>().ok())
+                            .is_some_and(|j| j < i)
+                    })
+                })
+            })
+        });
+        if clean && acyclic {
+            prop_assert!(r.status < 300, "a valid flow refused: {} {shown}", r.status);
+        }
+        Ok(())
+    });
 }
