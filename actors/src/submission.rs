@@ -590,6 +590,11 @@ impl<'a> From<&'a FlowTaskSpec> for TaskFields<'a> {
 /// The longest unique key, in bytes (the column's check).
 pub const MAX_UNIQUE_KEY_BYTES: usize = 200;
 
+/// The longest `unique_for` window: 100 years, all the history there can be. A longer
+/// one reached past the oldest time PostgreSQL holds and failed the duplicate check with
+/// "timestamp out of range" (found by tests/api/submit_fuzz.rs).
+pub const MAX_UNIQUE_FOR: std::time::Duration = std::time::Duration::from_secs(36_500 * 86_400);
+
 /// The most tags a task may carry (the column's check, `artex.tags_valid`).
 pub const MAX_TAGS: usize = 20;
 
@@ -667,6 +672,16 @@ fn task_rules<'a>(t: impl Into<TaskFields<'a>>) -> std::result::Result<(), (Fiel
         return Err((
             Field::UniqueFor,
             "needs a unique_key: the window is how long a finished task keeps its key".into(),
+        ));
+    }
+    if let Some(w) = t.unique_for.filter(|w| *w > MAX_UNIQUE_FOR) {
+        return Err((
+            Field::UniqueFor,
+            format!(
+                "{} s; at most {} s (36500d, 100 years)",
+                w.as_secs(),
+                MAX_UNIQUE_FOR.as_secs()
+            ),
         ));
     }
     Ok(())

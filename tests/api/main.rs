@@ -8,6 +8,8 @@
 //!
 //! # Layout
 //! - `tasks`: tasks submitted, listed, shown, controlled and retried; bad input refused.
+//! - `submit_fuzz`: random and mutated submissions of tasks and flows: written, or a 4xx
+//!   naming the field with nothing written; never a 5xx.
 //! - `flows`: flows submitted with their DAG, shown, controlled and listed.
 //! - `schedules`: cron schedules added, listed, paused, resumed, removed; bad ones refused.
 //! - `access`: the read and write scopes and their tokens.
@@ -33,6 +35,7 @@ mod processes;
 mod schedules;
 mod schemathesis;
 mod search;
+mod submit_fuzz;
 mod tasks;
 
 use std::net::TcpListener;

@@ -186,7 +186,7 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_written() {
     assert!(m.contains("not valid JSON"), "{m}");
     api.w("POST", "/api/v1/tasks", None)
         .error(400, Some("body"));
-    post("42").error(400, None);
+    post("42").error(400, Some("body"));
     post("[1]").error(400, Some("[0]"));
     // Wrong types, each named.
     let m = post(r#"{"kind": 7}"#).error(400, Some("kind"));

@@ -7,9 +7,13 @@
 //!   and a notification.
 //! - `status_machine`: the status machine's trigger: legal moves applied and audited,
 //!   illegal ones refused, and the history rows it writes.
+//! - `status_model`: the same trigger against a model of it: random sequences of plain
+//!   SQL and runtime writes, the row, history and held counters equal to the model's.
 //! - `leases`: who holds a task: a holder and a lease when held, neither otherwise.
 //! - `fencing`: the lease epoch, and writes with a stale one changing nothing.
 //! - `retries`: failed and timed-out attempts retried until the budget is spent.
+//! - `submit_sql`: `artex.submit` with random and mutated arguments: a valid task or an
+//!   SQL error with a message, nothing written.
 //! - `plans`: the scanner's claim on its index, the trigger's joins in bulk updates.
 
 #[path = "../common/mod.rs"]
@@ -22,6 +26,8 @@ mod leases;
 mod plans;
 mod retries;
 mod status_machine;
+mod status_model;
+mod submit_sql;
 mod unique;
 
 use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, ReapParams, Step};

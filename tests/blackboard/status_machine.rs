@@ -400,3 +400,60 @@ async fn the_history_holds_real_transitions_only() {
         "an assignment followed by a start has no row of its own: 3 rows in all"
     );
 }
+
+/// Found by `status_model`: a task assigned again after an earlier attempt keeps that
+/// attempt's start time; a plain SQL write that ended it and cleared the time was read
+/// as "it ran" with a start dated NULL, and the history refused it with a not-null
+/// violation on another table (V21).
+#[tokio::test]
+async fn a_write_that_clears_the_start_time_is_not_a_start() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let reassigned = || async {
+        let id = insert_task(&c).await;
+        assign(&c, id, "w1").await;
+        move_to(&c, id, "running").await.unwrap();
+        c.execute(
+            "update artex.tasks set status = 'pending', retries = 1, error = 'x' where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        assign(&c, id, "w1").await;
+        id
+    };
+
+    // A legal end of an unstarted attempt: accepted, audited as the assignment and its end.
+    let id = reassigned().await;
+    c.execute(
+        "update artex.tasks set status = 'failed', started_at = null where id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("assigned -> failed refused: {}", msg(&e)));
+    assert_eq!(status_of(&c, id).await, "failed");
+    assert_eq!(
+        transitions(&c, id).await[3..],
+        [
+            pair(Some("pending"), "assigned"),
+            pair(Some("assigned"), "failed")
+        ]
+    );
+
+    // An outcome that never started: the illegal transition, said so.
+    let id = reassigned().await;
+    let before = snapshot(&c, id).await;
+    let e = c
+        .execute(
+            "update artex.tasks set status = 'succeeded', started_at = null where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        msg(&e).contains("illegal task transition assigned -> succeeded"),
+        "{}",
+        msg(&e)
+    );
+    assert_eq!(snapshot(&c, id).await, before);
+}

@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - `input`: bad input refused, kinds, payload limits and sources.
+//! - `submit_fuzz`: `artex submit` with random and mutated arguments: a task or a
+//!   message and a non-zero exit, never a panic, nothing written on a refusal.
 //! - `output`: what one-shot commands print, in text and as JSON.
 //! - `embedded_cluster`: the embedded PostgreSQL cluster's life.
 //! - `waiting`: `submit --wait` and `flow show --follow`.
@@ -19,6 +21,7 @@ mod embedded_cluster;
 mod input;
 mod output;
 mod pipes;
+mod submit_fuzz;
 mod up;
 mod waiting;
 

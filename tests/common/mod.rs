@@ -15,6 +15,7 @@ pub mod formation;
 pub mod fuzz;
 pub mod http;
 pub mod procs;
+pub mod props;
 pub mod proxy;
 
 use std::fs::{File, OpenOptions};

@@ -236,6 +236,15 @@ pub const MIGRATIONS: &[Migration] = &[
         // New tables, functions and a trigger on them, which older builds never touch.
         change: Change::Expand,
     },
+    Migration {
+        version: 21,
+        name: "start_times_and_unique_windows",
+        sql: include_str!("../../../migrations/V21__start_times_and_unique_windows.sql"),
+        // Functions redefined: a write that clears `started_at` no longer counts as a
+        // start, a unique key's window reaches back 100 years at most; every write older
+        // builds make is read as before.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -54,7 +54,8 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
     let Some(obj) = v.as_object() else {
         let name = prefix.trim_end_matches('.');
         return Err(ApiError::BadRequest {
-            field: (!name.is_empty()).then(|| name.to_string()),
+            // A body that is no task at all is the body's fault, as an empty or broken one.
+            field: Some(if name.is_empty() { "body" } else { name }.to_string()),
             message: format!(
                 "{}expected a task: a JSON object like {{\"kind\": \"echo\", \"payload\": {{}}}}, \
                  got {}",
