@@ -135,6 +135,14 @@ impl Proc {
         self.exited
     }
 
+    /// Its exit status if it has exited, without waiting.
+    pub fn exited_now(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
     /// Everything it logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

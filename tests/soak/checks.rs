@@ -50,6 +50,12 @@ pub fn start(
     feed: &Arc<std::sync::Mutex<FeedSeen>>,
 ) -> Vec<JoinHandle<()>> {
     let mut handles = Vec::new();
+    let (s, w) = (soak.clone(), world.clone());
+    handles.push(tokio::spawn(async move {
+        while pause(&s, Duration::from_secs(1)).await {
+            w.supervise(&s);
+        }
+    }));
     let (s, w, f) = (soak.clone(), world.clone(), feed.clone());
     handles.push(tokio::spawn(async move {
         while pause(&s, Duration::from_secs(30)).await {

@@ -224,7 +224,10 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
                 world.bad.clone()
             };
             let old = world.pid("w3");
+            // The old process exits once it has handed over: not a failure to restart.
+            world.hold("w3", true);
             let (code, body) = upgrade(world, &bundle).await;
+            world.hold("w3", false);
             let status = body["status"].as_str().unwrap_or("").to_string();
             let error = body["error"].as_str().unwrap_or("").to_string();
             match (good, code) {

@@ -37,6 +37,9 @@ struct Role {
     proc: Proc,
     pid: i32,
     generation: u32,
+    /// A fault took it down on purpose (kill -9, a hot upgrade under way): the
+    /// supervisor leaves it to the fault.
+    held: bool,
 }
 
 /// The fleet and its processes.
@@ -153,6 +156,7 @@ impl World {
                 proc: serve,
                 pid,
                 generation: 0,
+                held: false,
             },
         );
         for role in ["p1", "p2", "w1", "w2", "w3"] {
@@ -205,6 +209,7 @@ impl World {
                 proc,
                 pid,
                 generation,
+                held: false,
             },
         ) {
             self.retired
@@ -253,8 +258,43 @@ impl World {
         }
     }
 
+    /// Marks `role` as taken down on purpose (or given back) for the supervisor.
+    pub fn hold(&self, role: &str, held: bool) {
+        if let Some(r) = self.roles.lock().unwrap().get_mut(role) {
+            r.held = held;
+        }
+    }
+
+    /// What systemd's `Restart=on-failure` does: starts again every role whose process
+    /// ended by itself with a failure (e.g. PostgreSQL went away while it started), or,
+    /// for w3 after an upgrade, whose serving process is gone. Counted per role.
+    pub fn supervise(&self, soak: &Soak) {
+        let mut down = Vec::new();
+        for (role, r) in self.roles.lock().unwrap().iter_mut() {
+            if r.held || *role == "serve" {
+                continue;
+            }
+            let failed = if r.pid == r.proc.pid() {
+                r.proc
+                    .exited_now()
+                    .filter(|s| !s.success())
+                    .map(|s| s.to_string())
+            } else {
+                (!alive(r.pid)).then(|| "the upgraded process is gone".to_string())
+            };
+            if let Some(why) = failed {
+                down.push((*role, why));
+            }
+        }
+        for (role, why) in down {
+            soak.count(&format!("supervisor restarted {role} ({why})"));
+            self.launch(role);
+        }
+    }
+
     /// kill -9 of `role`'s serving process, recorded; returns its pid.
     pub fn kill9(&self, soak: &Soak, role: &str) -> i32 {
+        self.hold(role, true);
         let pid = self.pid(role);
         soak.deaths.lock().unwrap().insert(pid, soak.now());
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
