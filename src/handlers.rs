@@ -142,7 +142,12 @@ async fn journal(mut ctx: TaskContext, checkpoints: bool) -> Result<Value, TaskE
         entry.ran();
         done += 1;
         if checkpoints {
-            ctx.save_checkpoint(json!({ "done": done })).await?;
+            if let Err(e) = ctx.save_checkpoint(json!({ "done": done })).await {
+                if ctx.is_cancelled() {
+                    entry.how = "canceled";
+                }
+                return Err(e);
+            }
         }
     }
     entry.how = "ok";

@@ -324,6 +324,64 @@ async fn a_zombie_worker_that_lost_its_lease_cannot_write() {
     assert_no_double_run(&c).await;
 }
 
+/// A held task's row kept locked most of the time by short writes (as a handler that
+/// checkpoints every 100 ms keeps it under load) still has its lease renewed: a renewal
+/// that finds the row locked goes again at once, not a third of the lease later. It used
+/// to wait, so two renewals in a row met the lock, the worker's own fence stopped the
+/// task before its lease could run out, and it ran again (the re-run of a hot upgrade's
+/// transferred task under load).
+#[tokio::test]
+async fn a_task_whose_row_is_locked_at_renewal_time_keeps_its_lease() {
+    let db = TestDb::new().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal");
+    // 6 s of work (two lease lengths), no checkpoint of its own: the locks are ours.
+    let id = db
+        .bb
+        .operator()
+        .submit(
+            &NewTask::new("journal", json!({ "file": file, "steps": 60, "ms": 100 })),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_status(&db.bb, id, "running", Duration::from_secs(20)).await;
+
+    // The row locked 450 ms of every 600 ms until the task ends. Renewals come every
+    // second: of three in a row at most one can fall in a free 150 ms, so without a
+    // prompt second try two in a row meet the lock and the lease is never renewed in
+    // time; retried every 100 ms, one lands in each free window.
+    let locker = db.client().await;
+    loop {
+        locker.batch_execute("begin").await.unwrap();
+        locker
+            .query("select 1 from artex.tasks where id = $1 for update", &[&id])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        locker.batch_execute("commit").await.unwrap();
+        let t = db.bb.operator().task(id).await.unwrap();
+        if t.status.is_terminal() || t.retries > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+    let t = db.bb.operator().task(id).await.unwrap();
+    let journal = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(t.retries, 0, "{journal}\n{}", w.log_text());
+    // One execution: one start and one end, in attempt 1.
+    let lines: Vec<&str> = journal.lines().collect();
+    assert_eq!(lines.len(), 2, "{journal}");
+    assert!(
+        lines.iter().all(|l| l.split(' ').nth(1) == Some("1")),
+        "{journal}"
+    );
+    assert!(!w.log_text().contains("lease not renewed in time"));
+}
+
 #[tokio::test]
 async fn three_planners_never_assign_a_task_twice() {
     let db = TestDb::new().await;

@@ -5,6 +5,7 @@
 //! # Layout
 //! - `under_load`: five upgrades in a row under continuous traffic.
 //! - `cancel`: a task handed over in an upgrade canceled through its new process.
+//! - `transfer`: tasks handed over under load run on once in the new process.
 //! - `rollback`: failed upgrades rolled back, leaving no process behind.
 //! - `hostile`: hostile bundles, bad callers and stalled uploads refused.
 //! - `configuration`: upgrades off unless configured; an upgrade folder ours alone.
@@ -20,6 +21,7 @@ mod hostile;
 mod rollback;
 mod schema;
 mod systemd;
+mod transfer;
 mod under_load;
 
 use std::path::Path;

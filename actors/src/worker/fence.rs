@@ -36,6 +36,10 @@ pub(super) const FENCE_TICK: Duration = Duration::from_millis(100);
 /// After a failed renewal, how soon the next attempt goes.
 pub(super) const RENEW_RETRY: Duration = Duration::from_millis(500);
 
+/// After a renewal that found a held row locked by a write of the worker's own (which
+/// lasts milliseconds), how soon the next attempt goes.
+pub(super) const RENEW_LOCKED_RETRY: Duration = FENCE_TICK;
+
 /// How long before a lease's end the task is stopped: a fifth of the lease, at most 2 s
 /// (a process that is late by more than that, is late by a scheduling stall).
 pub fn margin(lease: Duration) -> Duration {

@@ -372,7 +372,8 @@ impl TaskContext {
     }
 
     /// Saves progress durably, fenced by this attempt's lease: an error means the lease was
-    /// lost (the task belongs to someone else now) or the database is unreachable, and the
+    /// lost (the task belongs to someone else now), the task was canceled (then
+    /// [`TaskContext::is_cancelled`] says so too), or the database is unreachable, and the
     /// handler should stop.
     pub async fn save_checkpoint(&mut self, state: serde_json::Value) -> Result<(), TaskError> {
         match self.bb.save_checkpoint(self.id, self.epoch, &state).await {
@@ -384,6 +385,19 @@ impl TaskContext {
                     return Err(TaskError::new("suspended for a task transfer"));
                 }
                 Ok(())
+            }
+            // An operator's cancel can reach the row before the worker tells the handler
+            // (it learns of it through a wake-up or its next renewal): say which it was,
+            // so the handler stops as canceled, not as if its lease had been lost.
+            Ok(false)
+                if self
+                    .bb
+                    .canceled_among(&[self.id])
+                    .await
+                    .is_ok_and(|c| !c.is_empty()) =>
+            {
+                self.cancel.raise();
+                Err(TaskError::new("canceled while this attempt ran"))
             }
             Ok(false) => Err(TaskError::new(
                 "lease lost: the task was taken back or transferred",

@@ -1,7 +1,7 @@
 //! Staying alive in the blackboard: lease renewals (every third of the lease, sooner
-//! after a failure; see `fence` for what happens when they keep failing) and heartbeats
-//! (`last_seen`, and the capacity the self-sized queue asks for; a worker declared gone
-//! registers again, once).
+//! after a failure or a row found locked; see `fence` for what happens when they keep
+//! failing) and heartbeats (`last_seen`, and the capacity the self-sized queue asks for;
+//! a worker declared gone registers again, once).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -89,10 +89,21 @@ impl Worker {
             match res {
                 Ok(kept) => {
                     let epochs: HashMap<Uuid, i64> = held.iter().copied().collect();
+                    let mut skipped = false;
                     for (id, renewed) in &kept {
                         if let (true, Some(epoch)) = (*renewed, epochs.get(id)) {
                             act.leases.renewed((*id, *epoch), sent, lease);
                         }
+                        skipped |= !*renewed;
+                    }
+                    if skipped {
+                        // A row was locked by a write of this worker's own (a handler's
+                        // checkpoint, a batch of starts and outcomes): held, not renewed.
+                        // Those locks last milliseconds, so the renewal goes again a tick
+                        // later rather than a third of the lease later: a task that
+                        // checkpoints often had its row locked at two renewals in a row
+                        // under load, and was stopped by its own fence (a re-run).
+                        ctx.run_later(fence::RENEW_LOCKED_RETRY, |act, ctx| act.renew(ctx));
                     }
                     let kept: HashSet<Uuid> = kept.into_iter().map(|(id, _)| id).collect();
                     let lost: HashSet<(Uuid, i64)> = held

@@ -234,8 +234,9 @@ const RECORD: &str = "update artex.tasks t
     returning t.id";
 
 // Renewals skip the rows locked by the worker's own batch of outcomes in flight (which
-// locks them in another order: waiting here deadlocked the two). Such a row is still the
-// worker's (reported `false`: held, not renewed); the batch finishes it. The others are
+// locks them in another order: waiting here deadlocked the two), and the row a handler's
+// checkpoint holds for a moment. Such a row is still the worker's (reported `false`: held,
+// not renewed); the worker renews it again a tick later. The others are
 // renewed under their lock, their holder and epoch checked on the latest version.
 const RENEW: &str = "with lockable as materialized (
         select id from artex.tasks where id = any($3::uuid[]) for update skip locked
