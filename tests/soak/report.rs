@@ -185,6 +185,9 @@ fn fmt_map<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
         .join(", ")
 }
 
+/// Samples further apart than this (seconds) are not joined by a line.
+const MAX_SAMPLE_GAP: f64 = 12.0;
+
 /// The colour of a fault kind's band.
 fn colour(kind: &str) -> &'static str {
     match kind {
@@ -289,19 +292,20 @@ fn svg(samples: &[Sample], faults: &[crate::FaultRecord]) -> String {
             top + PANEL
         );
         for (j, points) in lines_of.iter().enumerate() {
-            if points.is_empty() {
-                continue;
+            // A gap in the samples (PostgreSQL away, a process restarted) is a gap in
+            // the line, not a slope across it.
+            for run in points.chunk_by(|a, b| b.0 - a.0 <= MAX_SAMPLE_GAP) {
+                let path: Vec<String> = run
+                    .iter()
+                    .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
+                    .collect();
+                let _ = writeln!(
+                    svg,
+                    "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.2\" points=\"{}\"/>",
+                    lines[j % lines.len()],
+                    path.join(" ")
+                );
             }
-            let path: Vec<String> = points
-                .iter()
-                .map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v)))
-                .collect();
-            let _ = writeln!(
-                svg,
-                "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.2\" points=\"{}\"/>",
-                lines[j % lines.len()],
-                path.join(" ")
-            );
         }
     }
     let axis = TOP + 4.0 * (PANEL + GAP) - GAP + 14.0;
@@ -316,9 +320,10 @@ fn svg(samples: &[Sample], faults: &[crate::FaultRecord]) -> String {
     while t <= end {
         let _ = writeln!(
             svg,
-            "<text x=\"{:.1}\" y=\"{axis:.1}\" text-anchor=\"middle\">{:.0} min</text>",
+            "<text x=\"{:.1}\" y=\"{axis:.1}\" text-anchor=\"middle\">{}:{:02}</text>",
             x(t),
-            t / 60.0
+            t as u64 / 60,
+            t as u64 % 60
         );
         t += step;
     }
