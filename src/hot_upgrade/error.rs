@@ -29,6 +29,9 @@ pub enum UpgradeError {
         /// Milliseconds from upload received to rollback complete.
         elapsed_ms: u64,
     },
+    /// 503: the database could not be read (the new build's schema is checked against
+    /// it before anything is spawned); nothing changed, try again when it is back.
+    Unavailable(String),
     /// 500: something on this side failed before anything changed.
     Internal(String),
 }

@@ -45,11 +45,15 @@ pub async fn check_new_build(bb: &Blackboard, schema: Option<&Schema>) -> Result
         tracing::info!("the bundle does not say which schema it needs; the new process checks");
         return Ok(());
     };
-    let applied = bb
-        .maintenance()
-        .applied_migrations()
-        .await
-        .map_err(|e| UpgradeError::Internal(format!("reading the database's schema: {e}")))?;
+    let applied = bb.maintenance().applied_migrations().await.map_err(|e| {
+        let why = format!("reading the database's schema: {e}");
+        // Found by the soak: an upgrade sent while PostgreSQL restarted answered 500.
+        if e.is_connection() {
+            UpgradeError::Unavailable(why)
+        } else {
+            UpgradeError::Internal(why)
+        }
+    })?;
     let verdict = match applied {
         Some(applied) => check_range(&applied, &needs_of(schema)),
         None => Err(SchemaMismatch::NoSchema),

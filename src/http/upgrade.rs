@@ -73,6 +73,10 @@ fn error_response(e: UpgradeError) -> HttpResponse {
                 "elapsed_ms": elapsed_ms,
             }),
         ),
+        UpgradeError::Unavailable(m) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": m, "status": "not_started" }),
+        ),
         UpgradeError::Internal(m) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": m, "status": "not_started" }),

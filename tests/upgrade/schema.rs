@@ -140,3 +140,34 @@ async fn a_bundle_needing_a_newer_schema_is_refused_with_409_and_nothing_spawned
     .unwrap();
     wait_gone(new, Duration::from_secs(30)).await;
 }
+
+// Found by the soak: an upgrade sent while PostgreSQL restarted answered 500, as if the
+// worker had failed; the database away is a 503, and nothing is spawned.
+#[tokio::test]
+async fn an_upgrade_while_the_database_is_away_is_503_and_nothing_spawned() {
+    let pg = common::PrivateCluster::start().await;
+    let c = common::connect(&pg.url).await;
+    let keys = Keys::new();
+    let bundle = keys.variant_bundles(1).remove(0).0;
+    let mut w = upgradable_worker("worker", &pg.url, &keys, &[], &[]);
+    let http = worker_http(&c, &w).await;
+    drop(c);
+    pg.cluster.stop().expect("stopping the private cluster");
+    let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), false);
+    pg.cluster
+        .start()
+        .expect("starting the private cluster again");
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["status"], "not_started", "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("reading the database's schema"),
+        "{body}"
+    );
+    // The worker carries on: nothing spawned took its place.
+    assert!(w.wait_exit(Duration::from_millis(500)).is_none());
+    let (code, _) = http_get(&http, "/status").unwrap();
+    assert_ne!(code, 0);
+}
