@@ -725,6 +725,41 @@ async fn bounded(soak: &Soak, world: &World) {
     if soak.settings.minutes * 60.0 < keep + 120.0 {
         return;
     }
+    // Tables and indexes plateau once the retention has passed twice: the largest size
+    // of the last quarter of the run is at most half as much again as that of the
+    // second quarter (pruning goes by whole partitions, and deleted rows' room is
+    // reused, not given back).
+    let end = soak.settings.length().as_secs_f64();
+    if end >= 4.0 * (keep + 120.0) {
+        let largest = |from: f64, to: f64| {
+            soak.samples
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|s| s.at >= from && s.at < to)
+                .filter_map(|s| s.table_bytes)
+                .max()
+        };
+        if let (Some(mid), Some(last)) = (largest(end / 4.0, end / 2.0), largest(end * 0.75, end)) {
+            soak.counters.lock().unwrap().insert(
+                format!(
+                    "tables and indexes, MiB, largest in the second quarter → last quarter: {} →",
+                    mid >> 20
+                ),
+                (last >> 20) as u64,
+            );
+            if last as f64 > mid as f64 * 1.5 {
+                soak.violation(
+                    "history bounded by the retention",
+                    format!(
+                        "tables and indexes grew from {} MiB to {} MiB",
+                        mid >> 20,
+                        last >> 20
+                    ),
+                );
+            }
+        }
+    }
     let Some(c) = world.client().await else {
         return;
     };

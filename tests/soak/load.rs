@@ -390,12 +390,13 @@ fn send_upload(world: &World, file: &Path) -> Result<Uuid, String> {
     Uuid::parse_str(stdout.trim()).map_err(|e| format!("artex upload printed {stdout:?}: {e}"))
 }
 
-/// API readers: every second the task list, the stats, the workers and the flows from
-/// `artex serve`. Anything but a 200 or a 503 (the database is away) is a broken promise;
+/// Dashboard and API readers: every second the dashboard's page, the task list, the
+/// stats, the workers and the flows from `artex serve`. Anything but a 200 or a 503 (the database is away) is a broken promise;
 /// a refused connection too (nothing stops `serve`).
 async fn api_readers(soak: Arc<Soak>, world: Arc<World>, _seed: u64) {
     while !soak.load_stopped() {
         for path in [
+            "/",
             "/api/v1/tasks?limit=20",
             "/api/v1/stats",
             "/api/v1/workers",
