@@ -223,6 +223,11 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
             } else {
                 world.bad.clone()
             };
+            // A w3 just started again (after a kill) binds its port once it has
+            // registered: an upgrade is sent to a w3 that serves.
+            if !serving_w3(world).await {
+                soak.violation("hot upgrades", "w3 did not answer /health for 60 s");
+            }
             let old = world.pid("w3");
             // The old process exits once it has handed over: not a failure to restart.
             world.hold("w3", true);
@@ -377,4 +382,20 @@ async fn upgrade(world: &Arc<World>, bundle: &std::path::Path) -> (u16, Value) {
         ))
     });
     (code, body)
+}
+
+/// Waits (up to 60 s) until w3 answers `/health` from host `cl`.
+async fn serving_w3(world: &Arc<World>) -> bool {
+    for _ in 0..120 {
+        let w = world.clone();
+        let answer =
+            tokio::task::spawn_blocking(move || w.fleet.http_get("cl", &w.w3_http(), "/health"))
+                .await
+                .expect("the curl thread");
+        if answer.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
 }
