@@ -314,9 +314,10 @@ mod tests {
         clock.read(key(1), Instant::now(), lease);
         assert!(fenced.as_mut().poll(&mut cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 1);
-        // Lease given 100 ms more than the margin, then 200 ms pass (a freeze): no poll.
-        clock.read(key(1), Instant::now(), m + Duration::from_millis(100));
-        std::thread::sleep(Duration::from_millis(200));
+        // A lease read 200 ms ago with 100 ms more than the margin left (the process was
+        // frozen since): no poll.
+        let frozen_since = Instant::now() - Duration::from_millis(200);
+        clock.read(key(1), frozen_since, m + Duration::from_millis(100));
         assert!(fenced.as_mut().poll(&mut cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 1);
         // A renewal that raced the look: polled again.
