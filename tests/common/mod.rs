@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod formation;
 pub mod fuzz;
 pub mod http;
+pub mod journal;
 pub mod procs;
 pub mod props;
 pub mod proxy;

@@ -419,43 +419,36 @@ struct Execution {
 /// No two executions of one task ran at once. An execution with no end line ended with
 /// its process (a kill -9 recorded); a frozen process executes nothing while frozen.
 fn overlaps(soak: &Soak, world: &World) {
-    let text = std::fs::read_to_string(&world.journal).unwrap_or_default();
     let unix0 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
         - soak.now();
-    let at = |ms: &str| {
-        ms.parse::<f64>()
-            .map(|m| m / 1000.0 - unix0)
-            .unwrap_or(f64::NAN)
-    };
+    let at = |ms: u128| ms as f64 / 1000.0 - unix0;
     let deaths = soak.deaths.lock().unwrap().clone();
     let frozen = soak.frozen.lock().unwrap().clone();
     let mut open: HashMap<(String, i32), f64> = HashMap::new();
     let mut runs: Vec<(String, i32, f64, f64)> = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let (task, pid) = (f[0].to_string(), f[2].parse::<i32>().unwrap_or(0));
-        match f[3] {
+    for line in crate::common::journal::read(&world.journal) {
+        let (task, pid) = (line.task.to_string(), line.pid);
+        match line.what.as_str() {
             "start" => {
-                if let Some(prev) = open.insert((task.clone(), pid), at(f[4])) {
+                if let Some(prev) = open.insert((task.clone(), pid), at(line.at_ms)) {
                     soak.violation(
                         "0 overlapping executions",
                         format!("task {task} started twice in pid {pid} (first at {prev:.1}s)"),
                     );
                 }
             }
-            // The execution's code last ran at the line's last field (its drop, when a
-            // worker stopped it, comes later and runs none of it).
+            // The execution's code last ran at `active_ms` (its drop, when a worker
+            // stopped it, comes later and runs none of it).
             "end" => match open.remove(&(task.clone(), pid)) {
-                Some(start) => runs.push((task, pid, start, at(f.get(6).unwrap_or(&f[4])))),
+                Some(start) => {
+                    runs.push((task, pid, start, at(line.active_ms.unwrap_or(line.at_ms))))
+                }
                 None => soak.violation(
                     "0 overlapping executions",
-                    format!("task {task} ended in pid {pid} without a start: {line}"),
+                    format!("task {task} ended in pid {pid} without a start: {line:?}"),
                 ),
             },
             _ => {}

@@ -7,26 +7,10 @@ use artex_actors::blackboard::{NewTask, TaskStatus};
 use serde_json::json;
 
 use crate::common::bundles::{Keys, TOKEN};
+use crate::common::journal;
 use crate::common::procs::{wait_for, wait_status, worker_http, Proc};
 use crate::common::{run_cli as artex, TestDb};
 use crate::{curl_upgrade, upgradable_worker, KillAll};
-
-/// The journal's lines: (pid, "start"|"end", how, unix ms).
-fn journal_of(file: &std::path::Path) -> Vec<(i32, String, String, u128)> {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (
-                f[2].parse().unwrap(),
-                f[3].to_string(),
-                f.get(5).unwrap_or(&"").to_string(),
-                f[4].parse().unwrap(),
-            )
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
@@ -67,9 +51,9 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
         "the new process to resume the task",
         Duration::from_secs(45),
         || async {
-            journal_of(&file)
+            journal::read(&file)
                 .iter()
-                .any(|(pid, what, _, _)| *pid == new && what == "start")
+                .any(|l| l.pid == new && l.what == "start")
                 .then_some(())
         },
     )
@@ -84,9 +68,9 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
         "the new process's handler to stop, told it was canceled",
         Duration::from_secs(10),
         || async {
-            journal_of(&file)
+            journal::read(&file)
                 .iter()
-                .any(|(pid, what, how, _)| *pid == new && what == "end" && how == "canceled")
+                .any(|l| l.pid == new && l.what == "end" && l.how == "canceled")
                 .then_some(())
         },
     )
@@ -103,9 +87,9 @@ async fn a_task_handed_over_in_a_hot_upgrade_is_canceled_in_its_new_process() {
         .unwrap();
     assert_eq!(last.reason.as_deref(), Some("not needed"));
     // Every execution ended: none runs on in either process.
-    let lines = journal_of(&file);
-    let starts = lines.iter().filter(|l| l.1 == "start").count();
-    let ends = lines.iter().filter(|l| l.1 == "end").count();
+    let lines = journal::read(&file);
+    let starts = lines.iter().filter(|l| l.what == "start").count();
+    let ends = lines.iter().filter(|l| l.what == "end").count();
     assert_eq!(starts, ends, "{lines:?}");
 }
 
@@ -137,17 +121,15 @@ async fn a_cancel_found_by_a_checkpoint_stops_the_handler_as_canceled() {
     let (code, _, err) = artex(&db.url, &["cancel", &id.to_string()]);
     assert_eq!(code, 0, "{err}");
     wait_for("the execution to end", Duration::from_secs(15), || async {
-        journal_of(&file)
+        journal::read(&file)
             .iter()
-            .any(|(_, what, _, _)| what == "end")
+            .any(|l| l.what == "end")
             .then_some(())
     })
     .await;
-    let lines = journal_of(&file);
+    let lines = journal::read(&file);
     assert!(
-        lines
-            .iter()
-            .any(|(_, what, how, _)| what == "end" && how == "canceled"),
+        lines.iter().any(|l| l.what == "end" && l.how == "canceled"),
         "{lines:?}\n{}",
         w.log_text()
     );

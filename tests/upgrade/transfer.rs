@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::Duration;
 
 use artex_actors::blackboard::{NewTask, TaskStatus};
@@ -13,6 +12,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::common::bundles::{Keys, TOKEN};
+use crate::common::journal::{self, Line};
 use crate::common::procs::{wait_for, worker_http, Proc};
 use crate::common::TestDb;
 use crate::{curl_upgrade, upgradable_worker, KillAll};
@@ -23,34 +23,6 @@ const TASKS: usize = 8;
 /// slowed by a loaded machine (a full run) reaches the transfer, and to run on in the new
 /// process past many lease renewals (the tests' lease is 3 s).
 const STEPS: u64 = 150;
-
-/// One line of a `journal-checkpoint` task's side file.
-#[derive(Debug, Clone)]
-struct Line {
-    task: Uuid,
-    attempt: i32,
-    pid: i32,
-    what: String,
-    how: String,
-}
-
-fn journal(file: &Path) -> Vec<Line> {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            // `<task> <attempt> <pid> start <ms>` or `… end <ms> <how>`
-            let f: Vec<&str> = l.split(' ').collect();
-            Line {
-                task: f[0].parse().unwrap(),
-                attempt: f[1].parse().unwrap(),
-                pid: f[2].parse().unwrap(),
-                what: f[3].to_string(),
-                how: f.get(5).unwrap_or(&"").to_string(),
-            }
-        })
-        .collect()
-}
 
 /// What happened to `id`: its history and its executions, for a failure's message.
 async fn story(db: &TestDb, id: Uuid, lines: &[Line]) -> String {
@@ -163,7 +135,7 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
     let _ = stop_tx.send(());
     traffic.await.unwrap();
 
-    let lines = journal(&file);
+    let lines = journal::read(&file);
     let mut failures = String::new();
     for id in &ids {
         let t = db.bb.operator().task(*id).await.unwrap();
