@@ -3,7 +3,9 @@
 //! drops whole partitions past the retention (never a big DELETE; a live consumer that
 //! still needs one holds it back for up to one more retention, then gets 410), and
 //! deletes finished tasks past the retention that no unfinished flow needs, in bounded
-//! batches. The retention is a setting in the blackboard (`artex.event_retention.keep`,
+//! batches. After the retention was shortened, the partition holding now is still as wide
+//! as the old retention made it (a day at the default): its rows past the new retention
+//! are deleted by row, in batches, until it can go whole (V22). The retention is a setting in the blackboard (`artex.event_retention.keep`,
 //! `--history-retention`, `artex events retention --set`), so every planner agrees; the
 //! SQL is in `blackboard/maintenance.rs` and V10.
 
@@ -20,7 +22,11 @@ use crate::supervisor::{guarded, ActorStats};
 /// edges) keep each transaction short.
 const TASK_BATCH: i32 = 2_000;
 
-/// How long one run may spend deleting finished tasks: it goes on while batches come back
+/// History rows deleted per statement from a partition made before the retention was
+/// shortened (narrow rows, no dependants).
+const HISTORY_BATCH: i32 = 5_000;
+
+/// How long one run may spend deleting finished tasks (and, as long again, history rows): it goes on while batches come back
 /// full, so it keeps up with the finishing rate (measured ~4,000 deletions/s on a loaded
 /// 2-core host, ~110 bytes of WAL each), and a backlog (the first run after upgrading a
 /// database that never pruned) drains over several runs instead of one long one.
@@ -33,6 +39,9 @@ pub struct MaintenanceReport {
     pub partitions_made: Vec<String>,
     /// History partitions dropped (past the retention).
     pub partitions_dropped: Vec<String>,
+    /// History rows deleted one by one: past the retention, in a partition made wider
+    /// before the retention was shortened.
+    pub history_rows_pruned: u64,
     /// Finished tasks deleted (past the retention).
     pub tasks_pruned: u64,
 }
@@ -68,15 +77,15 @@ impl Maintenance {
         if !partitions_dropped.is_empty() {
             tracing::info!(partitions = ?partitions_dropped, "history: partitions past the retention dropped");
         }
-        let mut tasks_pruned = 0;
-        let started = Instant::now();
-        loop {
-            let n = bb.prune_finished_tasks(now, TASK_BATCH).await?;
-            tasks_pruned += n;
-            if n < TASK_BATCH as u64 || started.elapsed() >= TASK_BUDGET {
-                break;
-            }
+        let history_rows_pruned =
+            drain(HISTORY_BATCH, |batch| bb.prune_history_rows(now, batch)).await?;
+        if history_rows_pruned > 0 {
+            tracing::info!(
+                rows = history_rows_pruned,
+                "history rows past a shortened retention deleted"
+            );
         }
+        let tasks_pruned = drain(TASK_BATCH, |batch| bb.prune_finished_tasks(now, batch)).await?;
         if tasks_pruned > 0 {
             tracing::info!(
                 tasks = tasks_pruned,
@@ -86,6 +95,7 @@ impl Maintenance {
         Ok(MaintenanceReport {
             partitions_made,
             partitions_dropped,
+            history_rows_pruned,
             tasks_pruned,
         })
     }
@@ -103,6 +113,24 @@ impl Maintenance {
                 Err(_) => ctx.stop(),
             })
             .wait(ctx);
+    }
+}
+
+/// Deletes in batches of `batch` while batches come back full, for [`TASK_BUDGET`] at
+/// most; returns how many rows went.
+async fn drain<F, Fut>(batch: i32, mut delete: F) -> Result<u64>
+where
+    F: FnMut(i32) -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    let started = Instant::now();
+    loop {
+        let n = delete(batch).await?;
+        total += n;
+        if n < batch as u64 || started.elapsed() >= TASK_BUDGET {
+            return Ok(total);
+        }
     }
 }
 

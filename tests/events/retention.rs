@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use tokio_postgres::Client;
 
-use crate::all_positions;
 use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::{count, run_cli as artex, TestDb};
+use crate::{all_positions, FEED_ROWS};
 
 /// The partition that holds the history written so far, and where its slice ends.
 async fn current_partition(c: &Client) -> (String, DateTime<Utc>) {
@@ -258,4 +258,96 @@ async fn a_shortened_retention_remakes_the_partitions_ahead_in_smaller_slices() 
         .collect();
     assert!(widths.len() >= 3, "{widths:?}");
     assert!(widths.iter().all(|w| *w <= 450.0), "{widths:?}");
+}
+
+// Found by the hour-long soak: after `--history-retention 10m` on a fresh blackboard the
+// partition holding now was still a day wide (made at the default retention), and nothing
+// was pruned for the hour. Its rows past the new retention now go row by row (V22); a
+// live consumer holds back what it has not read, until it falls silent.
+#[tokio::test]
+async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keep = chrono::Duration::minutes(10);
+    db.bb
+        .maintenance()
+        .set_event_retention(keep.to_std().unwrap())
+        .await
+        .unwrap();
+    for i in 0..60 {
+        db.bb
+            .operator()
+            .submit(&NewTask::new("echo", json!({ "i": i })), "test")
+            .await
+            .unwrap();
+    }
+    let rows: Vec<(String, DateTime<Utc>)> = c
+        .query(
+            &format!(
+                "select xid::text || '-' || id, at from artex.task_transitions
+                 where {FEED_ROWS} order by xid, id"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows.len(), 60);
+    let positions =
+        |from: usize| -> Vec<String> { rows[from..].iter().map(|r| r.0.clone()).collect() };
+    let (part, hi) = current_partition(&c).await;
+    let (lo,): (DateTime<Utc>,) = {
+        let r = c
+            .query_one(
+                "select lo from artex.history_partitions where name = $1",
+                &[&part],
+            )
+            .await
+            .unwrap();
+        (r.get(0),)
+    };
+    assert!(
+        hi - lo > chrono::Duration::seconds(75),
+        "made wide: {lo} .. {hi}"
+    );
+
+    // The retention has passed for the first 40 rows; "live" (heard from now) has read 20.
+    let t1 = rows[39].1 + keep + chrono::Duration::microseconds(1);
+    db.bb
+        .feed()
+        .ack_events("live", rows[19].0.parse::<EventPosition>().unwrap())
+        .await
+        .unwrap();
+    let alive = "update artex.event_cursors set updated_at = $1 where consumer = 'live'";
+    c.execute(alive, &[&t1]).await.unwrap();
+    let r = Maintenance::run_once(&db.bb.maintenance(), Some(t1))
+        .await
+        .unwrap();
+    assert_eq!(r.history_rows_pruned, 20, "{r:?}");
+    assert!(!r.partitions_dropped.contains(&part), "{r:?}");
+    assert_eq!(all_positions(&c).await, positions(20));
+    let pruned = db.bb.feed().event_retention().await.unwrap().pruned_through;
+    assert_eq!(
+        pruned.to_string(),
+        rows[19].0,
+        "readers below it are told they missed events"
+    );
+
+    // "live" falls silent: a minute later every row has passed the retention and goes.
+    let t2 = t1 + chrono::Duration::minutes(11);
+    let r = Maintenance::run_once(&db.bb.maintenance(), Some(t2))
+        .await
+        .unwrap();
+    assert_eq!(r.history_rows_pruned, 40, "{r:?}");
+    assert!(all_positions(&c).await.is_empty());
+    let pruned = db.bb.feed().event_retention().await.unwrap().pruned_through;
+    assert_eq!(pruned.to_string(), rows[59].0);
+    // The partition itself still goes whole once its slice has passed the retention.
+    let r = Maintenance::run_once(&db.bb.maintenance(), Some(hi + keep))
+        .await
+        .unwrap();
+    assert!(r.partitions_dropped.contains(&part), "{r:?}");
+    assert_eq!(r.history_rows_pruned, 0, "{r:?}");
 }

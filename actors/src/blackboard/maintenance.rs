@@ -30,6 +30,12 @@ const MAKE_PARTITIONS: &str =
 const DROP_PARTITIONS: &str =
     "select p from artex.drop_history_partitions(coalesce($1::timestamptz, now())) p";
 
+// History rows past the retention in partitions wider than a slice now is (made before
+// the retention was shortened), oldest first, at most `$2`; a live consumer holds back
+// what it has not read as it holds partitions back (V22).
+const PRUNE_HISTORY_ROWS: &str =
+    "select artex.prune_history_rows(coalesce($1::timestamptz, now()), $2::int4)";
+
 // Finished tasks past the retention that no unfinished flow needs, oldest first, at most
 // `$2` (and flows left empty).
 const PRUNE_TASKS: &str =
@@ -97,6 +103,18 @@ impl MaintenanceBoard {
         let client = self.bb.client().await?;
         let rows = client.query(DROP_PARTITIONS, &[&now]).await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Deletes up to `batch` history rows past the retention that whole partitions do not
+    /// take in time: those of a partition made wider before the retention was shortened
+    /// (V22's `prune_history_rows`); returns how many.
+    pub async fn prune_history_rows(&self, now: Option<DateTime<Utc>>, batch: i32) -> Result<u64> {
+        let client = self.bb.client().await?;
+        let n: i64 = client
+            .query_one(PRUNE_HISTORY_ROWS, &[&now, &batch])
+            .await?
+            .try_get(0)?;
+        Ok(n as u64)
     }
 
     /// Deletes up to `batch` finished tasks past the retention that no unfinished flow

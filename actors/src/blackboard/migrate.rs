@@ -245,6 +245,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // builds make is read as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 22,
+        name: "history_past_a_shortened_retention",
+        sql: include_str!("../../../migrations/V22__history_past_a_shortened_retention.sql"),
+        // One new function, which only this build's Maintenance calls; older builds
+        // prune as before (a shortened retention takes effect once the wide slice ends).
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
