@@ -570,3 +570,69 @@ fn random_limits_are_never_exceeded_and_never_starve_a_task() {
         |c| rt.block_on(check_limit_case(c)),
     );
 }
+
+/// Reads one `POST /wake` from a fake worker's side of the connection; returns its body.
+async fn read_push(sock: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        assert!(
+            sock.read_line(&mut line).await.unwrap() > 0,
+            "the push ended early"
+        );
+        if line.trim_end().is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    sock.read_exact(&mut body).await.unwrap();
+    String::from_utf8(body).unwrap()
+}
+
+/// Found by the hour-long soak: a planner kept the kept-alive wake-up connection of every
+/// worker that died, one descriptor each (in CLOSE_WAIT) for as long as it lived. A
+/// connection the worker closes between pushes is now closed by the planner at once, and
+/// the next push opens another.
+#[tokio::test]
+async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once() {
+    use artex_actors::blackboard::Push;
+    use artex_actors::waker::Waker;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::time::timeout;
+
+    let db = TestDb::new().await;
+    let waker = Waker::start(db.bb.planner(), "test-planner").await.unwrap();
+    let worker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = worker.local_addr().unwrap().to_string();
+    let within = std::time::Duration::from_secs(30);
+
+    waker.greet(&[("w1".to_string(), addr.clone())]);
+    let (sock, _) = timeout(within, worker.accept()).await.unwrap().unwrap();
+    let mut sock = BufReader::new(sock);
+    assert_eq!(read_push(&mut sock).await, r#"[""]"#, "a plain wake-up");
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+    sock.get_mut().write_all(answer).await.unwrap();
+    // The worker's side goes, as a killed process's does (FIN), and no push follows.
+    sock.get_mut().shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    timeout(within, sock.read_to_end(&mut rest))
+        .await
+        .expect("the planner closes its side instead of keeping the descriptor")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+
+    // The link lives on: the next push reaches the worker over a new connection.
+    waker.deliver(vec![Push {
+        worker: "w1".into(),
+        addr: addr.clone(),
+        payloads: vec!["cancel".into()],
+        tasks: Vec::new(),
+    }]);
+    let (sock, _) = timeout(within, worker.accept()).await.unwrap().unwrap();
+    let mut sock = BufReader::new(sock);
+    assert_eq!(read_push(&mut sock).await, r#"["cancel"]"#);
+}

@@ -13,7 +13,10 @@
 //! after its death, as its vanished LISTEN backend used to exclude it.
 //!
 //! Pushes to one worker go in order, one request at a time; pushes that queue up meanwhile
-//! go together in the next request. A push is a hint like a NOTIFY: the worker's poll
+//! go together in the next request. Between pushes the link watches its connection: one
+//! the worker closed (it died, or its keep-alive ended) is closed at once, and a link with
+//! nothing to push for [`FORGET_AFTER`] ends, so workers that died hold no descriptor
+//! (the hour-long soak found a planner keeping one per killed worker). A push is a hint like a NOTIFY: the worker's poll
 //! finds what a planner that died between its commit and its push left announced.
 
 use std::collections::HashMap;
@@ -36,7 +39,8 @@ pub const PUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an unreachable worker is probed.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// A worker unreachable this long is forgotten (its link ends): a worker that comes back
-/// registers under a new id.
+/// registers under a new id. A link with nothing to push this long ends too; a worker
+/// still in the roster is greeted again (`greet`).
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 /// The largest answer head read from a worker.
 const MAX_HEAD: usize = 8 * 1024;
@@ -178,7 +182,16 @@ async fn link(
     mut rx: mpsc::UnboundedReceiver<Push>,
 ) {
     let mut conn: Option<BufStream<TcpStream>> = None;
-    while let Some(first) = rx.recv().await {
+    // A push that reached the link as it was about to end.
+    let mut next: Option<Push> = None;
+    loop {
+        let first = match next.take() {
+            Some(p) => p,
+            None => match wait(&inner, &worker, &addr, &mut rx, &mut conn).await {
+                Some(p) => p,
+                None => break,
+            },
+        };
         let mut batch = vec![first];
         while let Ok(p) = rx.try_recv() {
             batch.push(p);
@@ -205,17 +218,70 @@ async fn link(
                 let tasks: Vec<Uuid> = batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
                 recall(&inner, &worker, &tasks).await;
                 if !probe(&inner, &mut conn, &worker, &addr).await {
-                    break;
+                    // Pushed meanwhile: sent, or failing again, like any other.
+                    next = forget(&inner, &worker, &addr, &mut rx);
+                    if next.is_none() {
+                        return;
+                    }
                 }
             }
         }
     }
-    // Forgotten (or the Waker is gone): a later push starts a new link.
-    let mut links = lock(&inner.links);
-    if links.get(&worker).is_some_and(|l| l.addr == addr) {
-        links.remove(&worker);
-    }
+    // Forgotten, or replaced by a link to the worker's new address.
     lock(&inner.unreachable).remove(&worker);
+}
+
+/// Waits for the next push, closing the kept-alive connection if the worker closes it
+/// meanwhile; `None` when the link is to end (replaced by a link to the worker's new
+/// address, or idle for [`FORGET_AFTER`] and forgotten).
+async fn wait(
+    inner: &Inner,
+    worker: &str,
+    addr: &str,
+    rx: &mut mpsc::UnboundedReceiver<Push>,
+    conn: &mut Option<BufStream<TcpStream>>,
+) -> Option<Push> {
+    let idle = tokio::time::sleep(FORGET_AFTER);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            p = rx.recv() => return p,
+            gone = closed(conn) => {
+                tracing::debug!(%worker, %addr, ?gone, "the worker closed the wake-up connection");
+                *conn = None;
+            }
+            () = &mut idle => return forget(inner, worker, addr, rx),
+        }
+    }
+}
+
+/// Ends the link unless a push reached it meanwhile (returned, to be sent). Pushes are
+/// queued under the links' lock (`send`), so none is queued on a link that has ended: a
+/// later push starts a new one.
+fn forget(
+    inner: &Inner,
+    worker: &str,
+    addr: &str,
+    rx: &mut mpsc::UnboundedReceiver<Push>,
+) -> Option<Push> {
+    let mut links = lock(&inner.links);
+    if let Ok(p) = rx.try_recv() {
+        return Some(p);
+    }
+    if links.get(worker).is_some_and(|l| l.addr == addr) {
+        links.remove(worker);
+    }
+    lock(&inner.unreachable).remove(worker);
+    None
+}
+
+/// Resolves when the worker closes the connection kept alive between pushes (or sends
+/// anything unasked, or it fails); never while there is none.
+async fn closed(conn: &mut Option<BufStream<TcpStream>>) -> std::io::Result<usize> {
+    match conn {
+        Some(stream) => stream.fill_buf().await.map(<[u8]>::len),
+        None => std::future::pending().await,
+    }
 }
 
 /// Gives back the announced tasks the worker has not started.
