@@ -141,8 +141,9 @@ where
 
 /// The blocking side of a chunk: writes what comes in place into the upload's data file
 /// at `offset` (its range locked), hashing; once whole and matching `want`, syncs the
-/// data and marks the chunk received. A chunk marked already is only checked, never
-/// written again; a refused one stays unmarked.
+/// data and marks the chunk received. A chunk marked already is only checked (its hash,
+/// then the bytes stored: others are a 409), never written again; a refused one stays
+/// unmarked.
 fn write_chunk(
     mut rx: tokio::sync::mpsc::Receiver<actix_web::web::Bytes>,
     dir: &Path,
@@ -191,6 +192,17 @@ fn write_chunk(
             "chunk {n}: its sha256 is {got_hash}, not the {want} of its Chunk-Sha256 header; \
              not stored, send it again"
         )));
+    }
+    if let Target::Done = &target {
+        // Acknowledging other bytes than those kept would tell the client they are stored.
+        let stored = data::stored_sha256(dir, offset, expected)?;
+        if stored != want {
+            return Err(UploadError::Conflict(format!(
+                "chunk {n} is stored already, with sha256 {stored}; this copy's bytes differ \
+                 and were not stored (a chunk is kept as first received: declare a new upload \
+                 to send other bytes)"
+            )));
+        }
     }
     if let Target::Write(file) = &target {
         file.sync_data()

@@ -4,7 +4,8 @@
 //! write it at once), and a marker per chunk made only once its bytes are durable.
 //!
 //! A chunk already marked is never written again: a re-sent copy (corrupted or not) is
-//! only read and checked. A refused chunk leaves its range unmarked (its bytes count for
+//! only read and checked, against its own hash and then against the bytes stored (other
+//! bytes are refused, 409, rather than acknowledged unwritten). A refused chunk leaves its range unmarked (its bytes count for
 //! nothing), and the data file itself goes when nothing else is in it.
 
 use std::fs::{self, File};
@@ -101,6 +102,38 @@ pub(super) fn mark(dir: &Path, n: u64) -> Result {
         .open(&path)
         .map_err(io(format!("creating {}", path.display())))?;
     super::disk::sync_dir(dir)
+}
+
+/// The sha256 of the `len` bytes at `offset` as the upload stores them: a durable chunk's
+/// (in the data file, or in the whole file once the upload finished).
+pub(super) fn stored_sha256(dir: &Path, offset: u64, len: u64) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::FileExt;
+    let open = |name: &str| {
+        let path = dir.join(name);
+        File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => UploadError::NotFound(id_of(dir)),
+            _ => io(format!("opening {}", path.display()))(e),
+        })
+    };
+    // The data file is renamed whole once the upload finishes, maybe meanwhile.
+    let file = match open(DATA) {
+        Err(UploadError::NotFound(_)) => open(WHOLE)?,
+        other => other?,
+    };
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0;
+    while at < len {
+        let n = buf
+            .len()
+            .min(usize::try_from(len - at).unwrap_or(usize::MAX));
+        file.read_exact_at(&mut buf[..n], offset + at)
+            .map_err(io(format!("reading the stored bytes in {}", dir.display())))?;
+        hash.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(hex::encode(hash.finalize()))
 }
 
 /// After a refused chunk (its range still locked by `file`): removes the data file if

@@ -289,3 +289,45 @@ async fn a_disk_that_fills_up_gets_507_not_500() {
         0
     );
 }
+
+// Found by the upload fuzz (issue 25): a chunk sent again with other bytes (and their
+// true hash) was acknowledged though nothing was written, telling the client they were
+// stored. A chunk is kept as first received: the same bytes again are 200, others 409,
+// before and after the upload finished, and the file stays the first bytes.
+#[tokio::test]
+async fn a_chunk_sent_again_with_other_bytes_is_409_and_the_first_bytes_stay() {
+    let (db, _dir, _uploads, f) = setup(&[]).await;
+    let file = data(3000, 4);
+    let (id, chunks) = create(&f.http, &file, 1024, "digest");
+    assert_eq!(chunks, 3);
+    let first = chunk(&file, 1024, 0);
+    let mut other = first.to_vec();
+    other[17] ^= 0x40;
+    let (code, body) = put(&f.http, &id, 0, first);
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = put(&f.http, &id, 0, first);
+    assert_eq!(code, 200, "the same bytes again: {body}");
+    let (code, body) = put(&f.http, &id, 0, &other);
+    assert_eq!(code, 409, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("chunk 0 is stored already") && error.contains(&sha(first)),
+        "{error}"
+    );
+    let mut task = None;
+    for n in 1..chunks {
+        let (code, body) = put(&f.http, &id, n, chunk(&file, 1024, n));
+        assert_eq!(code, 200, "chunk {n}: {body}");
+        task = body["task"].as_str().map(String::from);
+    }
+    let task = uuid::Uuid::parse_str(&task.expect("the last chunk wrote the task")).unwrap();
+    // Finished: the whole file answers for its chunks.
+    let (code, body) = put(&f.http, &id, 0, &other);
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = put(&f.http, &id, 0, first);
+    assert_eq!(code, 200, "{body}");
+    let wait = std::time::Duration::from_secs(30);
+    crate::common::procs::wait_status(&db.bb, task, "succeeded", wait).await;
+    let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
+    assert_eq!(result["sha256"], sha(&file), "the file is the first bytes");
+}
