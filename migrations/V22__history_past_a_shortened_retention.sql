@@ -16,6 +16,10 @@
 -- one old slice's worth: partitions made at the current width are never touched by row
 -- (deleting the oldest slice row by row every run is what the partitions avoid).
 --
+-- History from before V10 (`task_transitions_before_v10`, from -infinity) is not such a
+-- partition: it leaves whole once the retention has passed since that upgrade, as V10
+-- says.
+--
 -- A live consumer holds rows back as it holds partitions back (V10): rows past the
 -- retention it has not read stay for up to one more retention. Each batch raises
 -- `pruned_*` to the last position deleted, so a reader below it is told it missed events.
@@ -38,7 +42,8 @@ begin
     from artex.event_cursors c where c.updated_at >= cutoff
     order by c.last_xid, c.last_event limit 1;
     for part in select p.name from artex.history_partitions p
-                where p.lo < cutoff and p.hi > cutoff and p.hi - p.lo > width
+                where isfinite(p.lo) and p.lo < cutoff and p.hi > cutoff
+                  and p.hi - p.lo > width
                 order by p.lo loop
         exit when total >= p_batch;
         execute format('with doomed as (

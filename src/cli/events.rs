@@ -44,7 +44,7 @@ pub(crate) enum EventsCommand {
     /// Drop history partitions and finished tasks past the retention now (the planners'
     /// Maintenance actors do it every run).
     Prune {
-        /// Print `{"partitions_dropped": [...], "tasks_pruned": N}`.
+        /// Print `{"partitions_dropped": [...], "history_rows_pruned": N, "tasks_pruned": N}`.
         #[arg(long)]
         json: bool,
     },
@@ -142,17 +142,20 @@ pub(crate) async fn events(db: &DbConfig, command: EventsCommand) -> Result {
             if json {
                 return print_json(&json!({
                     "partitions_dropped": r.partitions_dropped,
+                    "history_rows_pruned": r.history_rows_pruned,
                     "tasks_pruned": r.tasks_pruned,
                 }));
             }
             outln!(
-                "dropped {} history partition(s){}; deleted {} finished task(s)",
+                "dropped {} history partition(s){}; deleted {} history row(s) past a shortened \
+                 retention and {} finished task(s)",
                 r.partitions_dropped.len(),
                 if r.partitions_dropped.is_empty() {
                     String::new()
                 } else {
                     format!(" ({})", r.partitions_dropped.join(", "))
                 },
+                r.history_rows_pruned,
                 r.tasks_pruned
             )
         }

@@ -29,7 +29,9 @@ pub fn cases(default: u64) -> u64 {
     env_u64("ARTEX_FUZZ_CASES").unwrap_or(default)
 }
 
-fn env_u64(name: &str) -> Option<u64> {
+/// The integer (decimal, or hex after `0x`) in environment variable `name`; panics
+/// naming it when it is not one. Shared with the proptest targets (`props.rs`).
+pub fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
     let v = v.trim();
     let parsed = match v.strip_prefix("0x") {

@@ -23,15 +23,7 @@ pub struct Settings {
 
 /// The settings of a target whose default is `default_cases`.
 pub fn settings(default_cases: u32) -> Settings {
-    let number = |name: &str| -> Option<u64> {
-        let text = std::env::var(name).ok()?;
-        let text = text.trim();
-        let parsed = match text.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16),
-            None => text.parse(),
-        };
-        Some(parsed.unwrap_or_else(|e| panic!("{name}={text:?}: {e}")))
-    };
+    let number = super::fuzz::env_u64;
     let cases = number("ARTEX_FUZZ_CASES")
         .or_else(|| number("PROPTEST_CASES"))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
