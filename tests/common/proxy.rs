@@ -136,7 +136,17 @@ fn connect(s: &Arc<Shared>, client: TcpStream, upstream: TcpStream) {
     let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
-    s.open.lock().unwrap().push((id, c2, u2));
+    {
+        // Under the lock a cut takes: a connection accepted just before a cut that
+        // refuses is closed here, not forwarded after it.
+        let mut open = s.open.lock().unwrap();
+        if s.refusing.load(Ordering::Acquire) {
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = upstream.shutdown(Shutdown::Both);
+            return;
+        }
+        open.push((id, c2, u2));
+    }
     let (Ok(c3), Ok(u3)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
@@ -175,15 +185,21 @@ fn forward_up(s: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
             let fits = cut_at.saturating_sub(before) as usize;
             let _ = to.write_all(&buf[..fits.min(n)]);
             s.up.fetch_sub((n - fits.min(n)) as u64, Ordering::AcqRel);
-            if s.cut_at
-                .compare_exchange(cut_at, NEVER, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            // The first connection past the budget cuts them all, and disarms the cut
+            // only then: until it has, every other one finds the budget spent and
+            // forwards nothing more (disarming first let others forward freely while
+            // the cut was on its way: a whole extra chunk, on a loaded machine).
+            let mut open = s.open.lock().unwrap();
+            if s.cut_at.load(Ordering::Acquire) == cut_at {
                 if s.refuse_after_cut.swap(false, Ordering::AcqRel) {
                     s.refusing.store(true, Ordering::Release);
                 }
+                for (_, client, upstream) in open.drain(..) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    let _ = upstream.shutdown(Shutdown::Both);
+                }
                 s.cuts.fetch_add(1, Ordering::AcqRel);
-                cut_all(s);
+                s.cut_at.store(NEVER, Ordering::Release);
             }
             break;
         }
