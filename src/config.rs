@@ -64,6 +64,18 @@ pub struct DbConfig {
     #[arg(long, env = "ARTEX_DB_STATEMENT_TIMEOUT_MS", default_value_t = 30_000, global = true,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub db_statement_timeout_ms: u64,
+    /// How long `planner`, `worker` and `serve` wait at start for a PostgreSQL they cannot
+    /// reach (refused, reset, timed out; a refused login or a missing database fails at
+    /// once), trying again every 250 ms, milliseconds; 0: fail at once. A fleet that boots
+    /// before its database, or restarts while it does, comes up with it rather than
+    /// exiting, and exhausting a supervisor's start limit.
+    #[arg(
+        long,
+        env = "ARTEX_DB_START_WAIT_MS",
+        default_value_t = 60_000,
+        global = true
+    )]
+    pub db_start_wait_ms: u64,
 }
 
 impl DbConfig {

@@ -503,6 +503,55 @@ async fn postgres_restart_mid_run_loses_nothing() {
     .await;
 }
 
+/// Found by the hour-long soak: a process started while PostgreSQL was down exited at
+/// once (218 times in that hour), each exit a failure a supervisor counts against its
+/// start limit (systemd gives up after 5 in 10 s). A planner, a worker and `serve`
+/// started before their database now wait for it and come up with it; one told not to
+/// wait (`--db-start-wait-ms 0`) fails at once, saying why.
+#[tokio::test]
+async fn processes_started_before_their_database_come_up_with_it() {
+    let private = common::PrivateCluster::start().await;
+    let (cluster, url, bb) = (&private.cluster, private.url.clone(), &private.bb);
+    cluster.stop().unwrap();
+    let (code, _, err) = common::run_cli(
+        &url,
+        &["worker", "--db-start-wait-ms", "0", "--http", "127.0.0.1:0"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("database"), "{err}");
+
+    let mut planner = Proc::planner("planner", &url, &[]);
+    let mut worker = Proc::worker("worker", &url, &[]);
+    let mut serve = Proc::start("serve", &url, &["serve", "--http", "127.0.0.1:0"], &[]);
+    for p in [&planner, &worker, &serve] {
+        wait_for(
+            "a process to say it waits",
+            Duration::from_secs(30),
+            || async {
+                p.log_text()
+                    .contains("the database is unreachable; trying again")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    for p in [&mut planner, &mut worker, &mut serve] {
+        assert!(p.exited_now().is_none(), "{}", p.log_text());
+    }
+
+    cluster.start().unwrap();
+    let id = bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({"up": true})), "test")
+        .await
+        .unwrap();
+    wait_status(bb, id, "succeeded", Duration::from_secs(60)).await;
+    common::procs::serve_address(&serve).await;
+    for p in [&mut planner, &mut worker, &mut serve] {
+        assert!(p.exited_now().is_none(), "{}", p.log_text());
+    }
+}
+
 #[tokio::test]
 async fn sigterm_drains_a_worker_gracefully() {
     let db = TestDb::new().await;

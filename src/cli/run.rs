@@ -17,7 +17,7 @@ use crate::runtime::{
 /// Runs `artex planner`.
 pub(crate) async fn planner(db: &DbConfig, planner: PlannerArgs) -> Result {
     let shutdown = Shutdown::on_signals()?;
-    let bb = connect(db).await?;
+    let bb = connect_within(db, start_wait(db)).await?;
     run_planner(bb, &planner, ActorStats::default(), shutdown.wait()).await
 }
 
@@ -27,7 +27,7 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
     let bb = if crate::hot_upgrade::spawned_by_upgrade() {
         connect_within(db, crate::config::ms(worker.upgrade_ready_ms)).await?
     } else {
-        connect(db).await?
+        connect_within(db, start_wait(db)).await?
     };
     let replica = connect_replica(db)?;
     let listener = bind_http_unless_spawned(&worker.http)?;
@@ -44,19 +44,36 @@ pub(crate) async fn worker(db: &DbConfig, worker: WorkerArgs, registry: Registry
     .map(|_| ())
 }
 
-/// [`connect`], tried again while the database is unreachable, until `deadline`: the new
-/// process of a hot upgrade that meets a primary failover (no primary for a few seconds)
-/// waits for the new primary within the time the old process gives it to become ready,
-/// rather than exiting at once and being rolled back.
+/// How long a long-running command waits at start for the database (`--db-start-wait-ms`).
+fn start_wait(db: &DbConfig) -> std::time::Duration {
+    crate::config::ms(db.db_start_wait_ms)
+}
+
+/// How often [`connect_within`] says it is still waiting.
+const STILL_WAITING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`connect`], tried again every 250 ms while the database is unreachable, until
+/// `deadline`. A planner, worker or `serve` started before its database (a host's boot,
+/// or a restart during PostgreSQL's) comes up with it rather than exiting at once, which
+/// a supervisor would count against its start limit (`--db-start-wait-ms`). The new
+/// process of a hot upgrade that meets a primary failover waits for the new primary
+/// within the time the old process gives it to become ready, rather than being rolled
+/// back.
 async fn connect_within(
     db: &DbConfig,
     deadline: std::time::Duration,
 ) -> Result<artex_actors::Blackboard> {
-    let end = tokio::time::Instant::now() + deadline;
+    let start = tokio::time::Instant::now();
+    let mut said: Option<tokio::time::Instant> = None;
     loop {
         match connect(db).await {
-            Err(Error::Actors(e)) if e.is_connection() && tokio::time::Instant::now() < end => {
-                tracing::warn!(error = %e, "the database is unreachable; trying again");
+            Err(Error::Actors(e)) if e.is_connection() && start.elapsed() < deadline => {
+                if said.is_none_or(|at| at.elapsed() >= STILL_WAITING_EVERY) {
+                    tracing::warn!(error = %e, waited_ms = start.elapsed().as_millis() as u64,
+                        deadline_ms = deadline.as_millis() as u64,
+                        "the database is unreachable; trying again every 250 ms");
+                    said = Some(tokio::time::Instant::now());
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             }
             other => return other,
@@ -67,7 +84,7 @@ async fn connect_within(
 /// Runs `artex serve`.
 pub(crate) async fn serve(db: &DbConfig, serve: ServeArgs) -> Result {
     let shutdown = Shutdown::on_signals()?;
-    let bb = connect(db).await?;
+    let bb = connect_within(db, start_wait(db)).await?;
     let replica = connect_replica(db)?;
     let listener = bind_http(&serve.http)?;
     run_api(bb, replica, &serve, listener, shutdown.wait()).await
