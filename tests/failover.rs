@@ -265,18 +265,13 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
         },
     )
     .await;
-    let slots: Vec<(String, i64)> = primary
-        .query(
-            "select unique_key, count(*) from artex.tasks
+    let slots: Vec<(String, i64)> = common::pairs(
+        &primary,
+        "select unique_key, count(*) from artex.tasks
              where unique_key like 'schedule:failover-probe:%'
              group by unique_key order by unique_key",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     let twice: Vec<_> = slots.iter().filter(|s| s.1 != 1).collect();
     assert!(twice.is_empty(), "slots fired twice: {twice:?}");
     let minutes: Vec<i64> = slots

@@ -94,16 +94,11 @@ async fn five_thousand_mixed_tasks_through_one_planner_and_three_workers() {
     }
     wait_all_finished(&c, Duration::from_secs(180)).await;
 
-    let by_status: HashMap<String, i64> = c
-        .query(
-            "select status::text, count(*) from artex.tasks group by 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let by_status: HashMap<String, i64> = common::pairs(
+        &c,
+        "select status::text, count(*) from artex.tasks group by 1",
+    )
+    .await;
     assert_eq!(by_status.get("succeeded"), Some(&4730), "{by_status:?}");
     assert_eq!(by_status.get("failed"), Some(&250), "{by_status:?}");
     assert_eq!(by_status.get("timeout"), Some(&20), "{by_status:?}");

@@ -339,19 +339,14 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     ] {
         c.batch_execute(step).await.unwrap();
     }
-    let outbox: Vec<(String, String)> = c
-        .query(
-            "select xid::text || '-' || id,
+    let outbox: Vec<(String, String)> = common::pairs(
+        &c,
+        "select xid::text || '-' || id,
                     task_id::text || ' ' || coalesce(from_status::text, 'new') || '>'
                     || to_status::text
              from artex.task_events order by xid, id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    )
+    .await;
     assert!(outbox.len() > 20, "{outbox:?}");
     // The outbox's head was pruned through its 3rd event; consumer "mid" read 10 events.
     c.batch_execute(&format!(

@@ -52,16 +52,11 @@ async fn the_claim_reads_only_the_tasks_it_takes_and_walks_a_large_queue_in_orde
     )
     .await
     .unwrap();
-    let counts: Vec<(String, i64)> = c
-        .query(
-            "select status::text, count(*) from artex.tasks group by 1 order by 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let counts: Vec<(String, i64)> = crate::common::pairs(
+        &c,
+        "select status::text, count(*) from artex.tasks group by 1 order by 1",
+    )
+    .await;
     assert_eq!(
         counts,
         [("paused".to_string(), 99000), ("pending".to_string(), 1000)]

@@ -365,6 +365,21 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// The rows of `sql`'s two columns, as pairs: in a `Vec` (in order) or a map.
+pub async fn pairs<A, B, C>(c: &Client, sql: &str) -> C
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+    C: FromIterator<(A, B)>,
+{
+    c.query(sql, &[])
+        .await
+        .expect(sql)
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 /// Up to `limit` of the tasks assigned to `worker` and not started, as a worker reads
 /// them (a read: nothing is written).
 pub async fn assigned(

@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::common::procs::{history_settled, wait_for, Proc};
-use crate::common::{count, run_cli as artex, TestDb};
+use crate::common::{count, pairs, run_cli as artex, TestDb};
 use crate::{all_positions, FEED_ROWS};
 
 /// The partition that holds the history written so far, and where its slice ends.
@@ -281,19 +281,14 @@ async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row(
             .await
             .unwrap();
     }
-    let rows: Vec<(String, DateTime<Utc>)> = c
-        .query(
-            &format!(
-                "select xid::text || '-' || id, at from artex.task_transitions
-                 where {FEED_ROWS} order by xid, id"
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let rows: Vec<(String, DateTime<Utc>)> = pairs(
+        &c,
+        &format!(
+            "select xid::text || '-' || id, at from artex.task_transitions
+             where {FEED_ROWS} order by xid, id"
+        ),
+    )
+    .await;
     assert_eq!(rows.len(), 60);
     let positions =
         |from: usize| -> Vec<String> { rows[from..].iter().map(|r| r.0.clone()).collect() };
