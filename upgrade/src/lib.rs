@@ -13,6 +13,8 @@
 //! - [`channel`]: the upgrade channel: a Unix socket between generations and its framed
 //!   protocol (JSON frames, file descriptors by SCM_RIGHTS).
 //! - [`error`]: the crate's one [`Error`] type and [`Result`] alias.
+//! - [`malloc`]: the allocator's arenas capped at start (a process tunable, like the
+//!   subreaper's; here because this crate is where artex's few system calls live).
 //! - [`notify`]: systemd's `sd_notify` (`READY=1`, `MAINPID=`) without libsystemd.
 //! - [`private_dir`]: folders only this user can enter (upgrade folder, upgrade channel
 //!   sockets).
@@ -25,6 +27,7 @@
 pub mod bundle;
 pub mod channel;
 pub mod error;
+pub mod malloc;
 pub mod notify;
 pub mod private_dir;
 pub mod signals;
