@@ -108,7 +108,6 @@ pub(super) fn mark(dir: &Path, n: u64) -> Result {
 /// (in the data file, or in the whole file once the upload finished).
 pub(super) fn stored_sha256(dir: &Path, offset: u64, len: u64) -> Result<String> {
     use sha2::{Digest, Sha256};
-    use std::os::unix::fs::FileExt;
     let open = |name: &str| {
         let path = dir.join(name);
         File::open(&path).map_err(|e| match e.kind() {
@@ -122,18 +121,32 @@ pub(super) fn stored_sha256(dir: &Path, offset: u64, len: u64) -> Result<String>
         other => other?,
     };
     let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    hash_range(&file, &mut hash, offset, len, &mut vec![0u8; 64 * 1024])
+        .map_err(io(format!("reading the stored bytes in {}", dir.display())))?;
+    Ok(hex::encode(hash.finalize()))
+}
+
+/// Feeds the `len` bytes of `file` at `offset` into `hash`, a `buf` at a time (the
+/// hash ahead's chunks, a re-sent chunk's stored bytes).
+pub(super) fn hash_range(
+    file: &File,
+    hash: &mut sha2::Sha256,
+    offset: u64,
+    len: u64,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    use sha2::Digest;
+    use std::os::unix::fs::FileExt;
     let mut at = 0;
     while at < len {
         let n = buf
             .len()
             .min(usize::try_from(len - at).unwrap_or(usize::MAX));
-        file.read_exact_at(&mut buf[..n], offset + at)
-            .map_err(io(format!("reading the stored bytes in {}", dir.display())))?;
+        file.read_exact_at(&mut buf[..n], offset + at)?;
         hash.update(&buf[..n]);
         at += n as u64;
     }
-    Ok(hex::encode(hash.finalize()))
+    Ok(())
 }
 
 /// After a refused chunk (its range still locked by `file`): removes the data file if

@@ -7,14 +7,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
 
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use uuid::Uuid;
 
-use super::data::{marker, DATA, WHOLE};
+use super::data::{hash_range, marker, DATA, WHOLE};
 use super::declaration::Meta;
 use super::Uploads;
 
@@ -62,14 +61,8 @@ impl Prefixes {
             };
             // A chunk is hashed whole or not at all: `upto` stays on a chunk boundary.
             let mut hash = p.hash.clone();
-            let mut at = 0u64;
-            while at < len {
-                let k = (len - at).min(PIECE as u64) as usize;
-                if file.read_exact_at(&mut buf[..k], p.upto + at).is_err() {
-                    return;
-                }
-                hash.update(&buf[..k]);
-                at += k as u64;
+            if hash_range(&file, &mut hash, p.upto, len, &mut buf).is_err() {
+                return;
             }
             p.hash = hash;
             p.upto += len;
@@ -103,6 +96,7 @@ impl Prefixes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
     use crate::uploads::CreateRequest;
 
     #[test]
