@@ -96,8 +96,8 @@ impl Prefixes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sha2::Digest;
     use crate::uploads::CreateRequest;
+    use sha2::Digest;
 
     #[test]
     fn only_the_run_of_marked_chunks_from_the_start_is_hashed_ahead() {

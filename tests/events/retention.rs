@@ -293,16 +293,14 @@ async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row(
     let positions =
         |from: usize| -> Vec<String> { rows[from..].iter().map(|r| r.0.clone()).collect() };
     let (part, hi) = current_partition(&c).await;
-    let (lo,): (DateTime<Utc>,) = {
-        let r = c
-            .query_one(
-                "select lo from artex.history_partitions where name = $1",
-                &[&part],
-            )
-            .await
-            .unwrap();
-        (r.get(0),)
-    };
+    let lo: DateTime<Utc> = c
+        .query_one(
+            "select lo from artex.history_partitions where name = $1",
+            &[&part],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert!(
         hi - lo > chrono::Duration::seconds(75),
         "made wide: {lo} .. {hi}"

@@ -109,12 +109,7 @@ impl MaintenanceBoard {
     /// take in time: those of a partition made wider before the retention was shortened
     /// (V22's `prune_history_rows`); returns how many.
     pub async fn prune_history_rows(&self, now: Option<DateTime<Utc>>, batch: i32) -> Result<u64> {
-        let client = self.bb.client().await?;
-        let n: i64 = client
-            .query_one(PRUNE_HISTORY_ROWS, &[&now, &batch])
-            .await?
-            .try_get(0)?;
-        Ok(n as u64)
+        self.prune(PRUNE_HISTORY_ROWS, now, batch).await
     }
 
     /// Deletes up to `batch` finished tasks past the retention that no unfinished flow
@@ -124,11 +119,14 @@ impl MaintenanceBoard {
         now: Option<DateTime<Utc>>,
         batch: i32,
     ) -> Result<u64> {
+        self.prune(PRUNE_TASKS, now, batch).await
+    }
+
+    /// Runs one of the pruning statements (`$1` the clock, `$2` the batch); returns the
+    /// count it answers.
+    async fn prune(&self, sql: &str, now: Option<DateTime<Utc>>, batch: i32) -> Result<u64> {
         let client = self.bb.client().await?;
-        let n: i64 = client
-            .query_one(PRUNE_TASKS, &[&now, &batch])
-            .await?
-            .try_get(0)?;
+        let n: i64 = client.query_one(sql, &[&now, &batch]).await?.try_get(0)?;
         Ok(n as u64)
     }
 }
