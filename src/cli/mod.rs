@@ -356,8 +356,33 @@ fn existing_database(db: &DbConfig) -> Result {
 
 /// Who the history records for changes made from the command line.
 fn cli_actor() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    format!("cli:{user}@{}", crate::process::hostname())
+    format!("cli:{}@{}", cli_user(), crate::process::hostname())
+}
+
+/// `USER` when it is set (a login shell), else the name of the process's uid (cron,
+/// systemd units, CI and `sudo -i`-less root shells set no `USER`), else the uid itself.
+fn cli_user() -> String {
+    user_name(
+        std::env::var("USER").ok(),
+        nix::unistd::Uid::current(),
+        |uid| {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        },
+    )
+}
+
+/// The rule of [`cli_user`], fed its facts.
+fn user_name(
+    env: Option<String>,
+    uid: nix::unistd::Uid,
+    lookup: impl FnOnce(nix::unistd::Uid) -> Option<String>,
+) -> String {
+    env.filter(|u| !u.is_empty())
+        .or_else(|| lookup(uid))
+        .unwrap_or_else(|| format!("uid{uid}"))
 }
 
 /// A time as the CLI shows it (RFC 3339, milliseconds, UTC), or `-`.
@@ -384,4 +409,21 @@ fn parse_task_id(s: &str) -> std::result::Result<Uuid, String> {
 /// A task or flow id.
 fn parse_id(s: &str) -> std::result::Result<Uuid, String> {
     Uuid::parse_str(s).map_err(|e| id_error("an id", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::user_name;
+    use nix::unistd::Uid;
+
+    #[test]
+    fn the_audit_name_is_user_else_the_uid_s_name_else_the_uid() {
+        let root = Uid::from_raw(0);
+        let named = |_: Uid| Some("root".to_string());
+        let nameless = |_: Uid| None;
+        assert_eq!(user_name(Some("ana".into()), root, named), "ana");
+        assert_eq!(user_name(None, root, named), "root");
+        assert_eq!(user_name(Some(String::new()), root, named), "root");
+        assert_eq!(user_name(None, Uid::from_raw(4242), nameless), "uid4242");
+    }
 }

@@ -551,14 +551,7 @@ fn print_task(preview: &TaskPreview, history: &[TransitionRow]) -> Result {
         t.max_retries
     )?;
     // Held: the worker holding it; finished: the one whose transition finished it.
-    let worker = t.assigned_to.as_deref().or_else(|| {
-        history
-            .iter()
-            .rev()
-            .find(|h| h.to_status == t.status)
-            .and_then(|h| h.worker.as_deref())
-    });
-    outln!("worker:      {}", worker.unwrap_or("-"))?;
+    outln!("worker:      {}", t.worker.as_deref().unwrap_or("-"))?;
     outln!(
         "lease:       epoch {}, until {}",
         t.lease_epoch,

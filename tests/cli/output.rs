@@ -237,3 +237,33 @@ async fn json_output_is_one_document_with_the_apis_fields() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// Where `USER` is not set (cron, systemd units, CI), the history names the process's
+/// user by its uid's name, not `unknown`.
+#[tokio::test]
+async fn without_user_set_the_audit_name_is_the_uid_s_name() {
+    let db = TestDb::new().await;
+    let url = Some(db.url.as_str());
+    let out = artex(url, None, &["submit", "echo", "--allow-unregistered-kind"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let out = crate::artex_command(url, None, &["pause", &id])
+        .env_remove("USER")
+        .output()
+        .expect("run artex");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let me = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let me = String::from_utf8_lossy(&me.stdout).trim().to_string();
+    assert!(!me.is_empty());
+    let history = db
+        .bb
+        .operator()
+        .transitions(id.parse().unwrap())
+        .await
+        .unwrap();
+    let actor = &history.last().unwrap().actor;
+    assert!(actor.starts_with(&format!("cli:{me}@")), "{actor}");
+}

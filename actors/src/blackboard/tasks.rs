@@ -125,8 +125,12 @@ pub struct TaskRow {
     pub result: Option<serde_json::Value>,
     /// The last error.
     pub error: Option<String>,
-    /// The worker holding it.
+    /// The worker holding it (assigned or running); `None` otherwise.
     pub assigned_to: Option<String>,
+    /// The worker holding it, or for a finished task the one whose transition ended it
+    /// (a finished task holds no `assigned_to`): what `task show`, the API and the
+    /// dashboard name as its worker.
+    pub worker: Option<String>,
     /// Until when the holder's lease runs.
     pub lease_until: Option<DateTime<Utc>>,
     /// The fencing token.
@@ -194,6 +198,18 @@ pub struct TransitionRow {
     pub assigned_at: Option<DateTime<Utc>>,
 }
 
+/// A task's worker (see [`TaskRow::worker`]) as a column of a select whose task is `t`:
+/// one walk of the history's task index, for finished tasks only.
+macro_rules! worker_of_t {
+    () => {
+        "coalesce(t.assigned_to, case when t.status in ('succeeded', 'failed', 'timeout', \
+         'canceled') then (select h.worker from artex.task_transitions h \
+         where h.task_id = t.id and h.to_status = t.status order by h.id desc limit 1) end)"
+    };
+}
+pub(crate) use worker_of_t;
+
+/// The columns [`task_from_row`] reads, from `artex.tasks t`.
 pub(crate) const TASK_COLUMNS: &str = "id, kind, status::text, payload, result, error, \
     assigned_to, lease_until, lease_epoch, retries, max_retries, priority, run_at, timeout_ms, \
     shard_key, flow_id, flow_task, checkpoint, created_at, updated_at, started_at, finished_at, \
@@ -208,6 +224,7 @@ pub(crate) fn task_from_row(r: &tokio_postgres::Row) -> Result<TaskRow> {
         result: r.try_get(4)?,
         error: r.try_get(5)?,
         assigned_to: r.try_get(6)?,
+        worker: r.try_get(28)?,
         lease_until: r.try_get(7)?,
         lease_epoch: r.try_get(8)?,
         retries: r.try_get(9)?,
@@ -303,6 +320,7 @@ pub(crate) fn preview_from_row(r: &tokio_postgres::Row) -> Result<TaskPreview> {
         result,
         error,
         assigned_to: r.try_get(12)?,
+        worker: r.try_get(36)?,
         lease_until: r.try_get(13)?,
         lease_epoch: r.try_get(14)?,
         retries: r.try_get(15)?,

@@ -8,8 +8,8 @@ use uuid::Uuid;
 use super::OperatorBoard;
 use crate::blackboard::sql::{Param, Tx};
 use crate::blackboard::tasks::{
-    preview_from_row, task_from_row, TaskPreview, TaskRow, TaskStatus, TransitionRow, TASK_COLUMNS,
-    TRANSITIONS,
+    preview_from_row, task_from_row, worker_of_t, TaskPreview, TaskRow, TaskStatus, TransitionRow,
+    TASK_COLUMNS, TRANSITIONS,
 };
 use crate::error::{Error, Result};
 use crate::submission::NewTask;
@@ -31,7 +31,9 @@ macro_rules! preview_select {
                     t.priority, t.run_at, t.timeout_ms, t.shard_key, t.flow_id, t.flow_task,
                     left(v.checkpoint, $1), octet_length(v.checkpoint), t.checkpoint is not null,
                     t.created_at, t.updated_at, t.started_at, t.finished_at, t.unique_key,
-                    t.tags, t.limit_key, t.progress, t.progress_message, t.progress_at
+                    t.tags, t.limit_key, t.progress, t.progress_message, t.progress_at, ",
+            worker_of_t!(),
+            "
              from ",
             $from,
             " cross join lateral (select case when $1 > 0 then t.payload::text end as payload,
@@ -613,7 +615,10 @@ impl OperatorBoard {
     /// One task, or `TaskNotFound`.
     pub async fn task(&self, id: Uuid) -> Result<TaskRow> {
         let client = self.bb.client().await?;
-        let sql = format!("select {TASK_COLUMNS} from artex.tasks where id = $1");
+        let sql = format!(
+            "select {TASK_COLUMNS}, {} from artex.tasks t where id = $1",
+            worker_of_t!()
+        );
         match client.query_opt(&sql, &[&id]).await? {
             Some(row) => task_from_row(&row),
             None => Err(Error::TaskNotFound(id)),

@@ -35,6 +35,10 @@ A.append = function append(el, children) {
   }
   return el;
 };
+// As Element.replaceChildren, skipping null, undefined and false as `A.h` does (the
+// DOM's own would print them as text: "null").
+A.replace = (el, ...children) => { el.replaceChildren(); return A.append(el, children); };
+A.add = (el, ...children) => A.append(el, children);
 A.svg = function svg(tag, attrs, ...children) {
   const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) el.setAttribute(k, String(v));
@@ -69,7 +73,8 @@ A.ago = function ago(t) {
   return (s / 3600).toFixed(1) + " h ago";
 };
 A.ms = (v) => (v === null || v === undefined ? "-" : v < 1000 ? v.toFixed(0) + " ms" : (v / 1000).toFixed(2) + " s");
-A.json = (v) => A.h("pre", { class: "mono" }, v === null || v === undefined ? "null" : JSON.stringify(v, null, 2));
+// A JSON value; none at all (a task without a result yet) shows as "none", not "null".
+A.json = (v) => (v === null || v === undefined ? A.h("p", { class: "muted" }, "none") : A.h("pre", { class: "mono" }, JSON.stringify(v, null, 2)));
 A.sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // ---- tokens and the API -------------------------------------------------------------
@@ -288,12 +293,12 @@ A.route = function route() {
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("on", a.dataset.nav === page.name);
   A.arg = rest.join("/") || null;
   const main = document.getElementById("main");
-  main.replaceChildren();
+  A.replace(main);
   page.show(main, A.arg, new URLSearchParams(qs || "")).catch((e) => A.failed(main, e));
 };
 A.refresh = () => { if (A.current && A.current.reload) A.current.reload().catch(() => {}); };
 A.failed = function failed(main, e) {
-  main.replaceChildren(A.h("p", { class: "error" }, e.message || String(e)),
+  A.replace(main, A.h("p", { class: "error" }, e.message || String(e)),
     A.h("p", { class: "muted" }, e.status === 404 ? "Not found." : "Is the server up? The page retries when the feed reconnects."));
 };
 

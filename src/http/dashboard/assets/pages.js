@@ -22,7 +22,7 @@
   const overview = {
     name: "overview",
     async show(main) {
-      main.append(h("h1", {}, "Overview"), h("div", { id: "overview" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Overview"), h("div", { id: "overview" }, h("p", { class: "muted" }, "Loading…")));
       await overview.reload();
       clearInterval(overviewTimer);
       // The minute rolls on without events too.
@@ -42,7 +42,7 @@
       const backlog = s.backlog || {};
       const latest = per.length ? per[per.length - 1] : {};
       const kinds = Object.entries(r.by_kind || {});
-      box.replaceChildren(
+      A.replace(box,
         h("div", { class: "cards" }, cards),
         h("h2", {}, "Last " + r.window_minutes + " minutes"),
         h("div", { class: "cards" },
@@ -121,7 +121,7 @@
         ? h("div", { class: "actions", id: "bulk" }, h("span", { class: "muted" }, "every matching task: "),
           Object.keys(BULK).map((action) => bulkButton(action)))
         : null;
-      main.append(h("h1", {}, "Tasks"), form, bulk,
+      A.add(main, h("h1", {}, "Tasks"), form, bulk,
         h("div", { class: "table" }, h("table", { id: "task-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "kind"), h("th", {}, "status"),
             h("th", { class: "hide-sm" }, "worker"), h("th", { class: "num hide-sm" }, "retries"),
@@ -146,10 +146,10 @@
       const rows = res.tasks.map((t) => h("tr", { "data-task": t.id },
         h("td", {}, A.taskLink(t.id)), h("td", {}, t.kind),
         h("td", { class: "st" }, A.status(t.status), " ", A.progress(t.progress, t.progress_message, true)),
-        h("td", { class: "hide-sm mono" }, t.assigned_to || "-"), h("td", { class: "num hide-sm" }, t.retries),
+        h("td", { class: "hide-sm mono" }, t.worker || "-"), h("td", { class: "num hide-sm" }, t.retries),
         h("td", { class: "hide-sm" }, (t.tags || []).map((g) => h("span", { class: "tag" }, g))),
         h("td", { title: t.updated_at }, A.ago(t.updated_at))));
-      if (append) body.append(...rows); else body.replaceChildren(...rows);
+      if (append) body.append(...rows); else A.replace(body, ...rows);
       if (!body.children.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No tasks.")));
       tasks.shown = append ? tasks.shown + res.tasks.length : res.tasks.length;
       tasks.next = res.next;
@@ -206,7 +206,7 @@
     name: "tasks",
     async show(main, id) {
       task.id = id;
-      main.append(h("h1", {}, "Task ", h("span", { class: "mono" }, id)), h("div", { id: "task" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Task ", h("span", { class: "mono" }, id)), h("div", { id: "task" }, h("p", { class: "muted" }, "Loading…")));
       await task.reload();
     },
     async reload() {
@@ -221,12 +221,12 @@
       if (!ENDED.includes(t.status)) controls.push("cancel");
       if (ENDED.includes(t.status) && t.status !== "succeeded") controls.push("retry");
       const actions = controls.map((c) => c === "retry" ? retryButton(t.id) : A.controlButton("task", t.id, c, () => task.reload()));
-      box.replaceChildren(
+      A.replace(box,
         h("p", {}, h("span", { id: "task-status" }, A.status(t.status)), " ", t.kind),
         h("div", { class: "actions" }, actions), h("p", { id: "flash" }),
         h("dl", { class: "kv" },
           h("dt", {}, "progress"), h("dd", { id: "task-progress" }, A.progress(t.progress, t.progress_message) || "-"),
-          h("dt", {}, "worker"), h("dd", { class: "mono" }, t.assigned_to || "-"),
+          h("dt", {}, "worker"), h("dd", { class: "mono", id: "task-worker" }, t.worker || "-"),
           h("dt", {}, "retries"), h("dd", {}, t.retries + " of " + t.max_retries),
           h("dt", {}, "priority"), h("dd", {}, t.priority),
           t.flow_id && [h("dt", {}, "flow"), h("dd", {}, h("a", { href: "#/flows/" + t.flow_id, class: "mono" }, t.flow_id), " ", t.flow_task || "")],
@@ -264,7 +264,7 @@
   task.onEvent = (ev) => { if (ev.task_id === task.id) taskReload(); };
   task.onProgress = (ev) => {
     const dd = document.getElementById("task-progress");
-    if (dd && ev.task_id === task.id) dd.replaceChildren(A.progress(ev.progress, ev.message));
+    if (dd && ev.task_id === task.id) A.replace(dd, A.progress(ev.progress, ev.message));
   };
   A.pages.task = task;
   // #/tasks/ID lands on the tasks page object: forward its events.
@@ -280,7 +280,7 @@
   const kinds = {
     name: "kinds",
     async show(main) {
-      main.append(h("h1", {}, "Kinds"), h("div", { id: "kinds-page" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Kinds"), h("div", { id: "kinds-page" }, h("p", { class: "muted" }, "Loading…")));
       await kinds.reload();
     },
     async reload() {
@@ -291,7 +291,7 @@
       const byKind = new Map(limits.map((l) => [l.kind, l]));
       const names = [...new Set([...declared.map((k) => k.kind), ...limits.map((l) => l.kind)])].sort();
       const rate = (r) => r === null ? "-" : r >= 1 ? +r.toFixed(3) + "/s" : r * 60 >= 1 ? +(r * 60).toFixed(3) + "/m" : +(r * 3600).toFixed(3) + "/h";
-      box.replaceChildren(names.length
+      A.replace(box, names.length
         ? h("div", { class: "table" }, h("table", { id: "kinds-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "held"), h("th", { class: "num" }, "concurrency"),
             h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"))),
@@ -317,7 +317,7 @@
   const schedules = {
     name: "schedules",
     async show(main) {
-      main.append(h("h1", {}, "Schedules"),
+      A.add(main, h("h1", {}, "Schedules"),
         h("p", { class: "muted" }, "Each slot of a schedule's cron expression, read in its time zone, submits one task, once, whatever the number of planners."),
         h("p", { id: "flash" }),
         h("div", { class: "table" }, h("table", { id: "schedule-table" },
@@ -342,7 +342,7 @@
         h("td", { "data-col": "last", title: s.last_slot || "" }, s.last_slot ? [A.time(s.last_slot), " ", s.last_task ? A.taskLink(s.last_task) : null] : "-"),
         h("td", { class: "num hide-sm" }, s.fired),
         h("td", {}, A.controlButton("schedule", encodeURIComponent(s.name), s.paused ? "resume" : "pause", () => schedules.reload()))));
-      body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No schedules. Add one with artex schedule add NAME --cron '*/5 * * * *' --kind KIND."))]));
+      A.replace(body, ...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No schedules. Add one with artex schedule add NAME --cron '*/5 * * * *' --kind KIND."))]));
     },
   };
   A.pages.schedules = schedules;
@@ -351,7 +351,7 @@
   const feed = {
     name: "feed",
     async show(main) {
-      main.append(h("h1", {}, "Live feed"), h("p", { class: "muted" }, "Task transitions as they happen (the last 200 since this page opened)."),
+      A.add(main, h("h1", {}, "Live feed"), h("p", { class: "muted" }, "Task transitions as they happen (the last 200 since this page opened)."),
         h("ul", { class: "feed", id: "feed" }, A.recent.map(item)));
     },
     onEvent(ev) {

@@ -21,7 +21,7 @@
         h("label", {}, "in flight", h("input", { name: "parallel", type: "number", min: 1, max: 10, value: 4 })),
         h("button", { type: "submit", class: "primary", id: "upload-start" }, "Upload"));
       form.addEventListener("submit", (e) => { e.preventDefault(); start(form).catch((err) => say(err.message, true)); });
-      main.append(h("h1", {}, "Upload a file"),
+      A.add(main, h("h1", {}, "Upload a file"),
         h("p", { class: "muted" }, "The file goes to this worker in chunks as it is read, each acknowledged once on disk, and is checked whole (its sha256) at the end; an interrupted upload resumes where it stopped (pick the same file again). Then a task of the kind given runs on it here."),
         form,
         h("p", {}, "read and hashed"), h("div", { class: "bar" }, h("div", { id: "hash-bar" })),
@@ -52,8 +52,8 @@
     if (worker) worker.terminate();
     worker = new Worker(document.body.dataset.uploadWorker);
     upload.task = null;
-    document.getElementById("upload-task").replaceChildren("-");
-    document.getElementById("upload-task-status").replaceChildren();
+    A.replace(document.getElementById("upload-task"), "-");
+    A.replace(document.getElementById("upload-task-status"));
     const button = document.getElementById("upload-start");
     button.disabled = true;
     say(saved ? "resuming upload " + saved.id + "…" : "starting…");
@@ -73,7 +73,7 @@
         bar("send-bar", 1);
         say("upload " + m.id + " complete");
         upload.task = m.task;
-        document.getElementById("upload-task").replaceChildren(A.taskLink(m.task));
+        A.replace(document.getElementById("upload-task"), A.taskLink(m.task));
         follow();
       } else if (m.type === "error") {
         button.disabled = false;
@@ -97,7 +97,7 @@
     try {
       const { task } = await A.api("GET", "/api/v1/tasks/" + id);
       const el = document.getElementById("upload-task-status");
-      if (el && upload.task === id) el.replaceChildren(A.status(task.status), task.result ? " " + JSON.stringify(task.result) : "", task.error ? " " + task.error : "");
+      if (el && upload.task === id) A.replace(el, A.status(task.status), task.result ? " " + JSON.stringify(task.result) : "", task.error ? " " + task.error : "");
     } catch (e) { say("task " + id + ": " + e.message, true); }
   }, 250);
 })();
