@@ -266,6 +266,13 @@ pub async fn run_worker(
         }
     };
     let config = worker_config(args, &http_addr);
+    if let Some(warning) = config
+        .wake_addr
+        .as_deref()
+        .and_then(|a| loopback_wake_warning(a, bb.is_remote()))
+    {
+        tracing::warn!(worker = %config.id, "{warning}");
+    }
     let mut registration = Worker::registration(&config, &registry);
     if new_side.is_some() {
         // Until the listener pass, pushes to this address reach the old process: it
@@ -510,6 +517,23 @@ fn wake_addr(http_addr: &str, host: &str) -> String {
     }
 }
 
+/// Why planners elsewhere cannot reach `wake_addr`, when it is a loopback address while
+/// the database (and so, as a rule, the planners) is on another host: their pushes will
+/// fail and the worker will take its tasks by polling.
+pub fn loopback_wake_warning(wake_addr: &str, database_remote: bool) -> Option<String> {
+    let host = wake_addr
+        .rsplit_once(':')
+        .map_or(wake_addr, |(host, _)| host);
+    (database_remote && artex_actors::blackboard::is_loopback_name(host)).then(|| {
+        format!(
+            "this worker's wake-up address {wake_addr} is a loopback address while its \
+             database is on another host: planners elsewhere cannot push to it, and it will \
+             take its tasks by polling. Give --wake-addr (ARTEX_WAKE_ADDR) an address they \
+             reach, with --http listening there."
+        )
+    })
+}
+
 async fn drain(
     worker: &actix::Addr<Worker>,
     config: &WorkerConfig,
@@ -609,4 +633,23 @@ pub async fn run_api(
     handle.stop(true).await;
     let _ = serving.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_wake_warning;
+
+    #[test]
+    fn a_loopback_wake_address_is_named_only_when_the_database_is_elsewhere() {
+        let w = loopback_wake_warning("127.0.0.1:8080", true).expect("a warning");
+        assert!(
+            w.contains("127.0.0.1:8080") && w.contains("--wake-addr"),
+            "{w}"
+        );
+        assert!(loopback_wake_warning("localhost:8080", true).is_some());
+        assert!(loopback_wake_warning("[::1]:8080", true).is_some());
+        assert!(loopback_wake_warning("127.0.0.1:8080", false).is_none());
+        assert!(loopback_wake_warning("10.0.0.7:8080", true).is_none());
+        assert!(loopback_wake_warning("web-3:8080", true).is_none());
+    }
 }

@@ -393,3 +393,173 @@ async fn a_worker_cut_off_stops_its_handler_before_its_lease_expires() {
     assert_eq!(repeats(&c).await.1, 0);
     assert_no_deadlock(&db);
 }
+
+/// A worker on its own host listening on that host's loopback (`--http 127.0.0.1:8080`,
+/// the default of a copied unit file): the planner on another host cannot push to it.
+/// It is still given work and takes it by polling within the poll bound, says so (its
+/// log, `/health`, the roster), and still stops its handler before its lease can expire
+/// when its link to PostgreSQL is cut. Through pgbouncer, as a fleet runs.
+#[tokio::test]
+async fn a_worker_planners_cannot_push_to_polls_for_its_tasks_and_still_fences_itself() {
+    let fleet = Fleet::new(&["db", "p1", "w1", "w2"]);
+    let db = fleet.start_postgres("db").await;
+    let pooler = db.start_pgbouncer(10);
+    let (url, listen) = (pooler.url(), pooler.listen_url());
+    let c = db.client().await;
+    let w1 = fleet.worker(
+        "w1",
+        "w1",
+        &url,
+        &["--http", "127.0.0.1:8080", "--lease-ms", "6000"],
+    );
+    let id = worker_id(&c, &w1).await;
+    let _p = fleet.planner(
+        "p1",
+        "p1",
+        &url,
+        &[
+            "--assign-lease-ms",
+            "6000",
+            "--listen-database-url",
+            &listen,
+        ],
+    );
+    // At start it warned: its wake address is loopback, its database elsewhere.
+    assert!(
+        w1.log_text()
+            .contains("is a loopback address while its database is on another host"),
+        "{}",
+        w1.log_text()
+    );
+    // One task at a time, each started within the poll bound (2 s, plus a planner
+    // round) of its submission; the first also waits for the planner to find the
+    // worker alive behind a failed push.
+    let mut waits_ms = Vec::new();
+    for n in 0..6 {
+        let task: uuid::Uuid = c
+            .query_one(
+                "insert into artex.tasks (kind, payload) values ('sleep', '{\"ms\": 10}') \
+                 returning id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let waited: f64 = wait_for(
+            "the task to finish on w1",
+            Duration::from_secs(30),
+            || async {
+                c.query_opt(
+                    "select (extract(epoch from started_at - created_at) * 1000)::float8 from artex.tasks \
+                 where id = $1 and status = 'succeeded' and started_at is not null",
+                    &[&task],
+                )
+                .await
+                .ok()
+                .flatten()
+                .map(|r| r.get::<_, f64>(0))
+            },
+        )
+        .await;
+        if n > 0 {
+            waits_ms.push(waited);
+        }
+    }
+    let worst = waits_ms.iter().copied().fold(0.0, f64::max);
+    assert!(
+        worst < 3000.0,
+        "a task waited {worst:.0} ms for a worker that polls every 2 s at most: {waits_ms:?}"
+    );
+    let finished_by_w1: i64 = c
+        .query_one(
+            "select count(*) from artex.task_transitions \
+             where to_status = 'succeeded' and worker = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(finished_by_w1, 6);
+    // It says so: its log, its /health (ready, with a note), the roster.
+    let log = w1.log_text();
+    assert!(
+        log.contains("planners cannot push wake-ups to 127.0.0.1:8080")
+            && log.contains("--wake-addr"),
+        "{log}"
+    );
+    let (code, body) = fleet
+        .http_get("w1", "127.0.0.1:8080", "/health")
+        .expect("w1's /health from its own host");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(code, 200, "{health}");
+    assert_eq!(health["wake_ups"], "unreachable, polling", "{health}");
+    assert!(
+        health["notes"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("127.0.0.1:8080"),
+        "{health}"
+    );
+    let out = std::process::Command::new(common::artex_bin())
+        .args(["workers"])
+        .env("ARTEX_DATABASE_URL", db.local_url())
+        .env("ARTEX_LOG", "warn")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("w1 in `artex workers`:\n{listed}"));
+    assert!(row.contains("unreachable, polling"), "{listed}");
+
+    // Cut off from PostgreSQL while it runs a task: it stops the handler before its
+    // lease can expire, and the task finishes once, elsewhere.
+    submit(&c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
+    let task: uuid::Uuid = wait_for(
+        "the long task to run on w1",
+        Duration::from_secs(20),
+        || async {
+            c.query_opt(
+                "select id from artex.tasks where status = 'running' and assigned_to = $1",
+                &[&id],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.get(0))
+        },
+    )
+    .await;
+    let w2 = fleet.worker("w2", "w2", &url, &["--lease-ms", "6000"]);
+    let rescuer = worker_id(&c, &w2).await;
+    fleet.partition("w1");
+    wait_all_done(&c, Duration::from_secs(60)).await;
+    assert!(
+        w1.log_text()
+            .contains("handler stopped before the lease could expire"),
+        "w1 never stopped its handler:\n{}",
+        w1.log_text()
+    );
+    let succeeded: Vec<Option<String>> = c
+        .query(
+            "select worker from artex.task_transitions \
+             where task_id = $1 and to_status = 'succeeded'",
+            &[&task],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(succeeded, [Some(rescuer)], "finished once, by the rescuer");
+    assert_eq!(repeats(&c).await.1, 0);
+    println!(
+        "FIGURE unreachable_worker_pickup_worst_ms={worst:.0} pickups_ms={:?}",
+        waits_ms
+            .iter()
+            .map(|w| w.round() as i64)
+            .collect::<Vec<_>>()
+    );
+    assert_no_deadlock(&db);
+}

@@ -636,3 +636,118 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
     let mut sock = BufReader::new(sock);
     assert_eq!(read_push(&mut sock).await, r#"["cancel"]"#);
 }
+
+/// A worker whose wake-up address stops answering (its port behind a proxy that refuses)
+/// is found alive by its heartbeats, given work and polls for it; when the address
+/// answers again, pushes go through again and every reader of the roster says so.
+#[tokio::test]
+async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
+    use common::procs::{http_get, wait_for, worker_id, Proc};
+    use common::proxy::Proxy;
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The worker's port, known before it starts, so that its wake address can be a proxy
+    // in front of it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = format!("127.0.0.1:{port}");
+    let proxy = Proxy::start(&http);
+    proxy.refuse(true);
+    let w = Proc::worker(
+        "w",
+        &db.url,
+        &["--http", &http, "--wake-addr", &proxy.addr()],
+    );
+    let id = worker_id(&c, &w).await;
+    let _p = Proc::planner("p", &db.url, &[]);
+    let bb = db.bb.clone();
+    let wake_ups = || {
+        let (bb, id) = (bb.clone(), id.clone());
+        async move {
+            let workers = bb.operator().workers(100).await.unwrap();
+            workers
+                .into_iter()
+                .find(|w| w.id == id)
+                .map(|w| w.wake_ups.to_string())
+        }
+    };
+    for _ in 0..3 {
+        fixtures::task(&db.bb, "echo").await;
+    }
+    wait_for(
+        "the tasks done by polling",
+        Duration::from_secs(30),
+        || async {
+            (count(
+                &c,
+                "select count(*) from artex.tasks where status = 'succeeded'",
+            )
+            .await
+                == 3)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(wake_ups().await.as_deref(), Some("unreachable, polling"));
+    let health = wait_for(
+        "/health to say it polls",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = http_get(&http, "/health").ok()?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (v["wake_ups"] == "unreachable, polling").then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(health["ready"], true, "a note, not a failure: {health}");
+
+    // The address answers again: the planner's probe goes through, the record is cleared,
+    // and the worker hears of it with its next heartbeat.
+    proxy.refuse(false);
+    wait_for(
+        "pushes to go through again",
+        Duration::from_secs(20),
+        || async { (wake_ups().await.as_deref() == Some("pushed")).then_some(()) },
+    )
+    .await;
+    wait_for("/health to say pushed", Duration::from_secs(10), || async {
+        let (_, body) = http_get(&http, "/health").ok()?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (v["wake_ups"] == "pushed").then_some(())
+    })
+    .await;
+    // Pushes go over one kept-alive connection: what went up through the proxy counts.
+    let pushed_before = proxy.up_bytes();
+    for _ in 0..2 {
+        fixtures::task(&db.bb, "echo").await;
+    }
+    wait_for("the new tasks done", Duration::from_secs(30), || async {
+        (count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'",
+        )
+        .await
+            == 5)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        proxy.up_bytes() > pushed_before,
+        "no push reached the worker after its address came back"
+    );
+    assert!(proxy
+        .first_lines()
+        .iter()
+        .all(|l| l.starts_with("POST /wake")));
+    assert!(
+        w.log_text()
+            .contains("planners reach this worker's wake-up address again"),
+        "{}",
+        w.log_text()
+    );
+}

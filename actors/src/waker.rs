@@ -5,12 +5,21 @@
 //! blackboard's wake secret as bearer token.
 //!
 //! A push that cannot be delivered (connection refused or reset, no answer within
-//! [`PUSH_TIMEOUT`], an error status) makes the worker **unreachable** for this planner:
-//! its announced tasks that it has not started go back to `pending` at once (a
+//! [`PUSH_TIMEOUT`], an error status) makes the worker **unreachable** for this planner,
+//! and the blackboard records since when (`workers.wake_failed_at`, migrations/V23): its
+//! announced tasks that it has not started go back to `pending` at once (a
 //! compare-and-set: a start it wrote first wins), the planner's rounds give it nothing
 //! (the roster excludes it), and the Waker probes it every [`PROBE_EVERY`] with a plain
 //! wake-up until one is answered. A killed worker is so excluded by the first round
 //! after its death, as its vanished LISTEN backend used to exclude it.
+//!
+//! A worker heard from since its pushes began to fail (its heartbeat's `last_seen` past
+//! `wake_failed_at`) is alive where this planner cannot reach it — `--http
+//! 127.0.0.1:PORT` on another host, a network namespace of its own: it is **polling**.
+//! The rounds give it work again, its pushes are set aside (it reads its assignments at
+//! its poll, within `PUSHED_POLL`), and the probes go on: when one is answered, pushes
+//! resume and the record is cleared. The worker reads the record with its heartbeat and
+//! says so (its log, `/health`, the roster).
 //!
 //! Pushes to one worker go in order, one request at a time; pushes that queue up meanwhile
 //! go together in the next request. Between pushes the link watches its connection: one
@@ -58,8 +67,9 @@ struct Inner {
     secret: Mutex<String>,
     /// Each known worker's queue of pushes (its link task reads it) and address.
     links: Mutex<HashMap<String, Link>>,
-    /// Workers whose last push failed, since when.
-    unreachable: Mutex<HashMap<String, Instant>>,
+    /// Workers whose last push failed: whether each is polling (heard from since its
+    /// pushes began to fail, so given work that it reads at its poll).
+    unreachable: Mutex<HashMap<String, bool>>,
 }
 
 struct Link {
@@ -71,6 +81,7 @@ impl std::fmt::Debug for Waker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waker")
             .field("unreachable", &self.unreachable())
+            .field("polling", &self.polling())
             .finish()
     }
 }
@@ -90,9 +101,24 @@ impl Waker {
         })
     }
 
-    /// The workers whose last push failed: the rounds give them nothing.
+    /// The workers whose last push failed and that have not been heard from since
+    /// their pushes began to fail: the rounds give them nothing.
     pub fn unreachable(&self) -> Vec<String> {
-        lock(&self.inner.unreachable).keys().cloned().collect()
+        lock(&self.inner.unreachable)
+            .iter()
+            .filter(|(_, polling)| !**polling)
+            .map(|(w, _)| w.clone())
+            .collect()
+    }
+
+    /// The workers pushes do not reach that are alive (heard from since): the rounds
+    /// give them work, which they read at their poll.
+    pub fn polling(&self) -> Vec<String> {
+        lock(&self.inner.unreachable)
+            .iter()
+            .filter(|(_, polling)| **polling)
+            .map(|(w, _)| w.clone())
+            .collect()
     }
 
     /// Pushes a round's wake-ups, each to its worker, in order.
@@ -184,6 +210,9 @@ async fn link(
     let mut conn: Option<BufStream<TcpStream>> = None;
     // A push that reached the link as it was about to end.
     let mut next: Option<Push> = None;
+    // A record of failed pushes (this planner's earlier run's, another planner's) is
+    // cleared by the link's first push that goes through.
+    let mut delivered_once = false;
     loop {
         let first = match next.take() {
             Some(p) => p,
@@ -203,21 +232,35 @@ async fn link(
         let body = serde_json::to_string(&payloads).expect("strings serialize");
         match push(&inner, &mut conn, &addr, &worker, &body).await {
             Ok(()) => {
-                if lock(&inner.unreachable).remove(&worker).is_some() {
+                let was_unreachable = lock(&inner.unreachable).remove(&worker).is_some();
+                if was_unreachable {
                     tracing::info!(%worker, %addr, "worker reachable again");
                 }
+                if was_unreachable || !delivered_once {
+                    delivered(&inner, &worker).await;
+                }
+                delivered_once = true;
             }
             Err(why) => {
                 conn = None;
+                let polling = inner.bb.wake_failed(&worker).await.unwrap_or_else(|e| {
+                    tracing::warn!(%worker, error = %e, "cannot record that pushes to the worker fail");
+                    false
+                });
                 let first_failure = lock(&inner.unreachable)
-                    .insert(worker.clone(), Instant::now())
+                    .insert(worker.clone(), polling)
                     .is_none();
-                if first_failure {
-                    tracing::warn!(%worker, %addr, %why, "cannot push a wake-up: the worker gets nothing until it answers again");
+                if first_failure && polling {
+                    tracing::warn!(%worker, %addr, %why, "cannot push a wake-up; the worker is alive (heard from since its pushes began to fail): it is given work and takes it by polling");
+                } else if first_failure {
+                    tracing::warn!(%worker, %addr, %why, "cannot push a wake-up: the worker gets nothing until it answers again or is heard from");
                 }
-                let tasks: Vec<Uuid> = batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
-                recall(&inner, &worker, &tasks).await;
-                if !probe(&inner, &mut conn, &worker, &addr).await {
+                if !polling {
+                    let tasks: Vec<Uuid> =
+                        batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
+                    recall(&inner, &worker, &tasks).await;
+                }
+                if !probe(&inner, &mut conn, &worker, &addr, &mut rx).await {
                     // Pushed meanwhile: sent, or failing again, like any other.
                     next = forget(&inner, &worker, &addr, &mut rx);
                     if next.is_none() {
@@ -300,26 +343,78 @@ async fn recall(inner: &Inner, worker: &str, tasks: &[Uuid]) {
     }
 }
 
-/// Probes an unreachable worker with plain wake-ups until one is answered (true) or it
-/// has been unreachable for [`FORGET_AFTER`] (false).
+/// Probes an unreachable worker with a plain wake-up every [`PROBE_EVERY`] until one is
+/// answered (true), or it has been unreachable for [`FORGET_AFTER`] or is gone (false).
+/// Meanwhile a worker not heard from is looked for in the blackboard after each probe:
+/// once heard from, it is polling (given work again). Pushes that come meanwhile are set
+/// aside: a polling worker reads its tasks at its poll (and a cancel at its next
+/// renewal); the tasks they announce to a worker not heard from (a round under way as
+/// it was found unreachable) go back to `pending`.
 async fn probe(
     inner: &Inner,
     conn: &mut Option<BufStream<TcpStream>>,
     worker: &str,
     addr: &str,
+    rx: &mut mpsc::UnboundedReceiver<Push>,
 ) -> bool {
     let since = Instant::now();
     while since.elapsed() < FORGET_AFTER {
-        tokio::time::sleep(PROBE_EVERY).await;
+        let at = tokio::time::Instant::now() + PROBE_EVERY;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => break,
+                p = rx.recv() => match p {
+                    Some(p) => set_aside(inner, worker, p).await,
+                    // Replaced by a link to the worker's new address.
+                    None => return false,
+                },
+            }
+        }
         if push(inner, conn, addr, worker, "[\"\"]").await.is_ok() {
             lock(&inner.unreachable).remove(worker);
             tracing::info!(%worker, %addr, "worker reachable again");
+            delivered(inner, worker).await;
             return true;
         }
         *conn = None;
+        if is_polling(inner, worker) {
+            continue;
+        }
+        match inner.bb.heard_since_wake_failed(worker).await {
+            Ok(Some(true)) => {
+                lock(&inner.unreachable).insert(worker.to_string(), true);
+                tracing::warn!(%worker, %addr, "the worker is alive but pushes do not reach it: it is given work again and takes it by polling");
+            }
+            Ok(Some(false)) | Err(_) => {}
+            Ok(None) => {
+                tracing::info!(%worker, %addr, "unreachable worker gone; forgetting it");
+                return false;
+            }
+        }
     }
     tracing::info!(%worker, %addr, "worker unreachable for {FORGET_AFTER:?}; forgetting it");
     false
+}
+
+fn is_polling(inner: &Inner, worker: &str) -> bool {
+    lock(&inner.unreachable)
+        .get(worker)
+        .copied()
+        .unwrap_or(false)
+}
+
+/// A push that came while its worker is unreachable: see [`probe`].
+async fn set_aside(inner: &Inner, worker: &str, p: Push) {
+    if !is_polling(inner, worker) {
+        recall(inner, worker, &p.tasks).await;
+    }
+}
+
+/// Clears the record of failed pushes to `worker`: one went through.
+async fn delivered(inner: &Inner, worker: &str) {
+    if let Err(e) = inner.bb.wake_delivered(worker).await {
+        tracing::debug!(%worker, error = %e, "cannot record that a push went through");
+    }
 }
 
 /// Why a push failed.

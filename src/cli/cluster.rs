@@ -47,17 +47,18 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
         return Ok(());
     }
     outln!(
-        "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  SHA256",
+        "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {:<12}  WAKE-UPS",
         "ID",
         "STATE",
         "PID",
         "VERSION",
         "HELD/CAP",
-        "LAST SEEN"
+        "LAST SEEN",
+        "SHA256"
     )?;
     for w in &workers {
         outln!(
-            "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {}",
+            "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {:<12}  {}",
             w.id,
             w.state.as_str(),
             w.pid,
@@ -67,7 +68,8 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
             w.binary_sha256
                 .as_deref()
                 .map(|s| &s[..s.len().min(12)])
-                .unwrap_or("-")
+                .unwrap_or("-"),
+            w.wake_ups
         )?;
     }
     if more {

@@ -110,9 +110,20 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if s.state != artex_actors::worker::WorkerState::Online && !listener_passed {
         reasons.push(format!("worker is {}", s.state));
     }
+    // What an operator should know that does not make the worker unready.
+    let mut notes = Vec::new();
+    if s.wake_ups == artex_actors::worker::WAKE_UPS_POLLING {
+        notes.push(format!(
+            "wake-ups: {}: planners cannot push to {} (see --wake-addr); it polls for its tasks",
+            s.wake_ups,
+            s.wake_addr.as_deref().unwrap_or("-")
+        ));
+    }
     let body = json!({
         "ready": reasons.is_empty(),
         "reasons": reasons,
+        "notes": notes,
+        "wake_ups": s.wake_ups,
         "worker": s.id,
         "pid": std::process::id(),
         "version": state.version,

@@ -253,6 +253,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // prune as before (a shortened retention takes effect once the wide slice ends).
         change: Change::Expand,
     },
+    Migration {
+        version: 23,
+        name: "wake_unreachable",
+        sql: include_str!("../../../migrations/V23__wake_unreachable.sql"),
+        // One nullable column: older planners never write it (and exclude an
+        // unreachable worker as before), older workers never read it.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -96,7 +96,7 @@ pub use planner::{
     ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard, ShardRow, StrandedTask,
     TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use primary::mask_password;
+pub use primary::{is_loopback_name, is_remote, mask_password};
 pub use schedules::ScheduleRow;
 pub use tasks::{CutValue, TaskPreview, TaskRow, TaskStatus, TransitionRow};
 // What a submission is, and its rules, live in `crate::submission`; named here too, where
@@ -105,9 +105,9 @@ pub use crate::submission::{
     check_kind, check_payload, payload_text_len, NewTask, KIND_CHARSET, MAX_KIND_BYTES,
 };
 pub use worker::{
-    AssignedRead, AssignedTask, AttemptRecord, NewUpload, Outcome, ProgressEvent, ProgressNote,
-    Registration, Step, UploadRow, WorkerBoard, WorkerState, MAX_PROGRESS_MESSAGE_CHARS,
-    PROGRESS_CHANNEL,
+    AssignedRead, AssignedTask, AttemptRecord, Beat, NewUpload, Outcome, ProgressEvent,
+    ProgressNote, Registration, Step, UploadRow, WorkerBoard, WorkerState,
+    MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL,
 };
 
 use crate::error::{Error, Result};
@@ -170,6 +170,8 @@ pub struct Blackboard {
     heard: Arc<sql::Heard>,
     /// The pools' hosts, as `primary` keys the server they last reached.
     hosts: String,
+    /// Every server the URL names is on another host (see [`is_remote`]).
+    remote: bool,
 }
 
 impl std::fmt::Debug for Blackboard {
@@ -207,6 +209,7 @@ impl Blackboard {
         // that a busy durable pool never delays the proof that a worker is alive.
         let relaxed = build_pool(config.clone(), 2, &limits)?;
         let hosts = primary::host_list(&config);
+        let remote = primary::config_is_remote(&config);
         Ok(Blackboard {
             pool,
             relaxed,
@@ -215,6 +218,7 @@ impl Blackboard {
             limits,
             heard: sql::Heard::new(),
             hosts,
+            remote,
         })
     }
 
@@ -230,6 +234,12 @@ impl Blackboard {
         keep_alive(&mut config, &self.limits);
         self.listen_config = config;
         Ok(self)
+    }
+
+    /// Whether every server the URL names is on another host: a worker whose wake-up
+    /// address is loopback is then out of the planners' reach.
+    pub fn is_remote(&self) -> bool {
+        self.remote
     }
 
     /// Checks the database answers.

@@ -218,6 +218,44 @@ pub(super) fn host_list(config: &tokio_postgres::Config) -> String {
     hosts.join(",")
 }
 
+/// Whether every server `url` names is on another host: reached over TCP at an address
+/// (or name) that is not loopback. A Unix socket, `localhost` or 127.0.0.0/8 / `::1` is
+/// this host; a URL that does not parse is not judged (false).
+pub fn is_remote(url: &str) -> bool {
+    url.parse::<tokio_postgres::Config>()
+        .is_ok_and(|config| config_is_remote(&config))
+}
+
+/// [`is_remote`] of a parsed URL.
+pub(super) fn config_is_remote(config: &tokio_postgres::Config) -> bool {
+    let hosts: Vec<bool> = if config.get_hosts().is_empty() {
+        config
+            .get_hostaddrs()
+            .iter()
+            .map(|a| !a.is_loopback())
+            .collect()
+    } else {
+        config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                Host::Tcp(name) => !is_loopback_name(name),
+                Host::Unix(_) => false,
+            })
+            .collect()
+    };
+    !hosts.is_empty() && hosts.into_iter().all(|remote| remote)
+}
+
+/// `localhost`, or a loopback IP address (brackets allowed around IPv6).
+pub fn is_loopback_name(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The URL with every password replaced by `***`, for logs and errors: the user info of
 /// a `postgresql://` URL (before the `@` of its authority, whatever hosts follow) and a
 /// `password=` query parameter, or a `password` pair of libpq's key=value form (quoted
@@ -334,6 +372,21 @@ mod tests {
     use std::str::FromStr;
 
     use super::*;
+
+    #[test]
+    fn a_database_is_remote_when_every_host_it_names_is_another_host() {
+        assert!(is_remote("postgresql://u@10.0.0.5:5432/db"));
+        assert!(is_remote("postgresql://u@db1,db2/db"));
+        assert!(is_remote("host=10.1.2.3 dbname=x"));
+        assert!(!is_remote("postgresql://u@127.0.0.1/db"));
+        assert!(!is_remote("postgresql://u@localhost:5433/db"));
+        assert!(!is_remote("postgresql://u@[::1]/db"));
+        assert!(!is_remote("postgresql://u@db1,127.0.0.1/db"));
+        assert!(!is_remote("host=/run/postgresql dbname=x"));
+        assert!(!is_remote("not a url ://"));
+        assert!(is_loopback_name("127.0.0.2") && is_loopback_name("[::1]"));
+        assert!(!is_loopback_name("10.0.0.1") && !is_loopback_name("db"));
+    }
 
     #[test]
     fn passwords_are_masked_in_urls_with_several_hosts() {

@@ -167,32 +167,35 @@ impl Worker {
         let capacity = self.capacity() as i32;
         let draining = self.draining;
         async move {
-            let state = bb.heartbeat(&config.id, inflight, capacity).await?;
-            match state {
+            let beat = bb.heartbeat(&config.id, inflight, capacity).await?;
+            let unreachable = beat.is_some_and(|b| b.wake_unreachable);
+            match beat.map(|b| b.state) {
                 Some(WorkerState::Online | WorkerState::Draining | WorkerState::Upgrading) => {
-                    Ok(false)
+                    Ok((false, unreachable))
                 }
-                _ if draining => Ok(false),
+                _ if draining => Ok((false, unreachable)),
                 // Declared gone (e.g. this process was stopped past the threshold) or
                 // deleted: come back as a new registration; the tasks it held were taken
                 // back and its stale writes are fenced off.
                 _ => {
                     let mut registration = Worker::registration(&config, &registry);
                     registration.capacity = capacity;
-                    bb.register_worker(&registration).await.map(|_| true)
+                    bb.register_worker(&registration).await.map(|_| (true, false))
                 }
             }
         }
         .into_actor(self)
-        .map(|res: crate::Result<bool>, act, ctx| {
+        .map(|res: crate::Result<(bool, bool)>, act, ctx| {
             act.heartbeating = false;
             act.db_result(&res);
             match res {
-                Ok(true) => {
-                    tracing::warn!(worker = %act.config.id, "this worker had been declared gone; registered again");
-                    act.fetch(ctx);
+                Ok((registered, unreachable)) => {
+                    if registered {
+                        tracing::warn!(worker = %act.config.id, "this worker had been declared gone; registered again");
+                        act.fetch(ctx);
+                    }
+                    act.wake_unreachable(unreachable);
                 }
-                Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
             if std::mem::take(&mut act.beat_again) {
@@ -200,5 +203,29 @@ impl Worker {
             }
         })
         .spawn(ctx);
+    }
+
+    /// What the last heartbeat read of the planners' pushes: when they stop reaching
+    /// this worker it says so, once, naming the address they try, and polls for its
+    /// tasks as a worker no push has reached does (see [`super::PUSHED_POLL`]).
+    fn wake_unreachable(&mut self, unreachable: bool) {
+        if unreachable == self.wake_unreachable {
+            return;
+        }
+        self.wake_unreachable = unreachable;
+        let addr = self.config.wake_addr.as_deref().unwrap_or("-");
+        if unreachable {
+            tracing::warn!(worker = %self.config.id, wake_addr = %addr,
+                poll_ms = self.config.poll.as_millis() as u64,
+                max_poll_ms = super::PUSHED_POLL.max(self.config.poll).as_millis() as u64,
+                "planners cannot push wake-ups to {addr}: give --wake-addr an address they \
+                 reach (or --http one that listens where they are); until then this worker \
+                 takes its tasks by polling");
+            self.pushed = false;
+            self.poll_every = self.config.poll;
+        } else {
+            tracing::info!(worker = %self.config.id, wake_addr = %addr,
+                "planners reach this worker's wake-up address again");
+        }
     }
 }

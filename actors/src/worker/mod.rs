@@ -55,7 +55,7 @@ pub use handlers::{
 use handlers::{Attempt, Cancel};
 use ledger::Ledger;
 use progress::{ProgressSlots, PROGRESS_EVERY};
-pub use status::{GetStatus, RunningTask, WorkerStatus};
+pub use status::{GetStatus, RunningTask, WorkerStatus, WAKE_UPS_POLLING};
 pub use transfer::{
     GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport,
 };
@@ -230,6 +230,9 @@ pub struct Worker {
     last_read: Option<intake::LastRead>,
     /// A planner's push reached it (see [`PUSHED_POLL`]).
     pushed: bool,
+    /// Planners record that their pushes fail to reach it (read with its heartbeat):
+    /// it polls for its tasks.
+    wake_unreachable: bool,
     /// When its last read of its assignments was sent.
     read_at: Instant,
     /// When the poll last came due.
@@ -292,6 +295,7 @@ impl Worker {
             ran_dry: false,
             last_read: None,
             pushed: false,
+            wake_unreachable: false,
             read_at: Instant::now(),
             polled_at: Instant::now(),
             poll_every: poll,
@@ -781,7 +785,7 @@ impl Handler<WakeUps> for Worker {
     type Result = ();
 
     fn handle(&mut self, msg: WakeUps, ctx: &mut Context<Self>) {
-        if msg.pushed && !self.pushed {
+        if msg.pushed && !self.pushed && !self.wake_unreachable {
             tracing::info!(worker = %self.config.id, "planners reach this worker: it polls every {PUSHED_POLL:?} now");
             self.pushed = true;
             self.poll_every = PUSHED_POLL.max(self.config.poll);

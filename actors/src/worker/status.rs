@@ -21,6 +21,10 @@ pub struct RunningTask {
     pub running_ms: u64,
 }
 
+/// How a worker whose planners' pushes fail gets its wake-ups, as `/health`, `/status`,
+/// the roster and the dashboard say it.
+pub const WAKE_UPS_POLLING: &str = "unreachable, polling";
+
 /// A snapshot of the worker for `/status` and `/health`.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerStatus {
@@ -56,6 +60,12 @@ pub struct WorkerStatus {
     pub fenced_off: u64,
     /// Tasks it stopped itself, unable to renew their lease before it ran out.
     pub self_fenced: u64,
+    /// How wake-ups reach it: `pushed` (planners push to its `wake_addr`),
+    /// `unreachable, polling` (their pushes fail; it polls for its tasks), or `notify`
+    /// (it LISTENs: no push address).
+    pub wake_ups: &'static str,
+    /// Where planners push its wake-ups.
+    pub wake_addr: Option<String>,
 }
 
 /// Ask for a status snapshot.
@@ -104,6 +114,12 @@ impl Worker {
             finished: self.finished,
             fenced_off: self.fenced_off,
             self_fenced: self.self_fenced,
+            wake_ups: match (&self.config.wake_addr, self.wake_unreachable) {
+                (None, _) => "notify",
+                (Some(_), true) => WAKE_UPS_POLLING,
+                (Some(_), false) => "pushed",
+            },
+            wake_addr: self.config.wake_addr.clone(),
         }
     }
 }

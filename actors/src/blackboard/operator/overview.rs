@@ -43,6 +43,28 @@ pub struct WorkerView {
     pub started_at: DateTime<Utc>,
     /// Last heartbeat.
     pub last_seen: DateTime<Utc>,
+    /// Where planners push its wake-ups (`None`: it LISTENs).
+    pub wake_addr: Option<String>,
+    /// How wake-ups reach it: `pushed`; `unreachable, polling` (planners' pushes fail
+    /// and it has been heard from since: it is given work and polls for it);
+    /// `unreachable` (not heard from since: it gets nothing); `notify` (it LISTENs).
+    pub wake_ups: &'static str,
+    /// Since when planners' pushes fail to reach it (migrations/V23).
+    pub wake_unreachable_since: Option<DateTime<Utc>>,
+}
+
+/// How wake-ups reach a worker (see [`WorkerView::wake_ups`]).
+pub fn wake_ups(
+    wake_addr: Option<&str>,
+    failed_at: Option<DateTime<Utc>>,
+    last_seen: DateTime<Utc>,
+) -> &'static str {
+    match (wake_addr, failed_at) {
+        (None, _) => "notify",
+        (Some(_), None) => "pushed",
+        (Some(_), Some(at)) if last_seen > at => crate::worker::WAKE_UPS_POLLING,
+        (Some(_), Some(_)) => "unreachable",
+    }
 }
 
 /// Counts per status stop at this many (an index walk of at most this many entries each).
@@ -137,7 +159,7 @@ pub struct Stats {
 
 /// The roster, by id. `$1`: at most this many.
 const WORKERS: &str = "select id, host, pid, version, binary_sha256, http_addr, state::text,
-        kinds, capacity, held, inflight, started_at, last_seen
+        kinds, capacity, held, inflight, started_at, last_seen, wake_addr, wake_failed_at
     from artex.workers order by id limit $1";
 
 /// Per status, at most `$1` entries each (of `tasks_listed`, or of the held set
@@ -225,6 +247,13 @@ impl OperatorBoard {
                     inflight: r.try_get(10)?,
                     started_at: r.try_get(11)?,
                     last_seen: r.try_get(12)?,
+                    wake_addr: r.try_get(13)?,
+                    wake_ups: wake_ups(
+                        r.try_get::<_, Option<&str>>(13)?,
+                        r.try_get(14)?,
+                        r.try_get(12)?,
+                    ),
+                    wake_unreachable_since: r.try_get(14)?,
                 })
             })
             .collect()

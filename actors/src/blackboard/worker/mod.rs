@@ -95,6 +95,17 @@ impl std::str::FromStr for WorkerState {
     }
 }
 
+/// What a heartbeat reads back from the worker's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// Its state: [`WorkerState::Gone`] means the reaper gave this worker up and took its
+    /// tasks back.
+    pub state: WorkerState,
+    /// A planner's wake-up pushes fail to reach it (migrations/V23): it takes its tasks
+    /// by polling.
+    pub wake_unreachable: bool,
+}
+
 /// How a worker introduces itself.
 #[derive(Debug, Clone)]
 pub struct Registration {
@@ -135,7 +146,7 @@ const REGISTER: &str = "with r as (insert into artex.workers
         version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
         kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
         lease_ms = excluded.lease_ms, wake_addr = excluded.wake_addr,
-        state = 'online', last_seen = now()
+        wake_failed_at = null, state = 'online', last_seen = now()
     returning 1)
     select pg_notify('artex_tasks', '') from r";
 
@@ -150,9 +161,10 @@ const HEARTBEAT: &str = "with before as (select capacity from artex.workers wher
                 (select r.released from artex.worker_released r where r.worker = w.id), 0),
                 0), 2147483647)::int4
         where id = $1
-        returning state::text
+        returning state::text, wake_failed_at is not null as unreachable
     )
-    select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end
+    select beat.state, case when $3 > before.capacity then pg_notify('artex_tasks', '') end,
+           beat.unreachable
     from beat, before";
 
 // The blackboard's id (migrations/V13__blackboard_identity.sql). In a database copied from
@@ -168,7 +180,9 @@ const RENEW_COPIED_ID: &str =
 
 const BLACKBOARD_ID: &str = "select id from artex.blackboard";
 
-const SET_WAKE_ADDR: &str = "update artex.workers set wake_addr = $2 where id = $1";
+// A new address: whether pushes reach it is not known yet.
+const SET_WAKE_ADDR: &str =
+    "update artex.workers set wake_addr = $2, wake_failed_at = null where id = $1";
 
 const SET_BINARY: &str = "update artex.workers set binary_sha256 = $2 where id = $1";
 
@@ -251,22 +265,26 @@ impl WorkerBoard {
     }
 
     /// Refreshes `last_seen` and sets the worker's `capacity` (without waiting for the
-    /// WAL flush; a grown capacity wakes the planners); returns the state the row holds —
-    /// [`WorkerState::Gone`] means the reaper gave this worker up and took its tasks
-    /// back — or `None` if the row was deleted. A capacity below what the worker holds
-    /// is fine: it is assigned nothing until it holds less.
+    /// WAL flush; a grown capacity wakes the planners); returns what the row holds (see
+    /// [`Beat`]), or `None` if the row was deleted. A capacity below what the worker
+    /// holds is fine: it is assigned nothing until it holds less.
     pub async fn heartbeat(
         &self,
         worker: &str,
         inflight: i32,
         capacity: i32,
-    ) -> Result<Option<WorkerState>> {
+    ) -> Result<Option<Beat>> {
         let client = self.bb.relaxed_client().await?;
         client
             .relaxed(HEARTBEAT, &[&worker, &inflight, &capacity.max(1)])
             .await?
             .first()
-            .map(|r| r.try_get::<_, &str>(0)?.parse())
+            .map(|r| {
+                Ok(Beat {
+                    state: r.try_get::<_, &str>(0)?.parse()?,
+                    wake_unreachable: r.try_get(2)?,
+                })
+            })
             .transpose()
     }
 

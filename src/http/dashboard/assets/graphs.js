@@ -13,7 +13,7 @@
       const form = h("form", { class: "filters" }, h("label", {}, "flow id", h("input", { name: "id", size: 36, required: true })),
         h("button", { type: "submit" }, "Show"));
       form.addEventListener("submit", (e) => { e.preventDefault(); location.hash = "#/flows/" + new FormData(form).get("id").trim(); });
-      main.append(h("h1", {}, "Flows"), form, h("div", { id: "flows" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Flows"), form, h("div", { id: "flows" }, h("p", { class: "muted" }, "Loading…")));
       await flows.reload();
     },
     async reload() {
@@ -21,7 +21,7 @@
       const box = document.getElementById("flows");
       if (!box) return;
       const res = await A.api("GET", "/api/v1/flows?limit=100");
-      box.replaceChildren(res.flows.length
+      A.replace(box, res.flows.length
         ? h("div", { class: "table" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "flow"), h("th", {}, "name"), h("th", {}, "created"))),
           h("tbody", {}, res.flows.map((f) => h("tr", { "data-flow": f.id },
             h("td", {}, h("a", { href: "#/flows/" + f.id, class: "mono" }, A.short(f.id))), h("td", {}, f.name), h("td", {}, A.time(f.created_at)))))))
@@ -36,7 +36,7 @@
   const flow = {
     async show(main, id) {
       flow.id = id;
-      main.append(h("h1", {}, "Flow ", h("span", { class: "mono" }, id)), h("div", { id: "flow" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Flow ", h("span", { class: "mono" }, id)), h("div", { id: "flow" }, h("p", { class: "muted" }, "Loading…")));
       await flow.reload();
     },
     async reload() {
@@ -46,7 +46,7 @@
       const f = await A.api("GET", "/api/v1/flows/" + encodeURIComponent(id));
       if (flow.id !== id) return;
       const counts = Object.entries(f.counts || {}).map(([s, n]) => [A.status(s), " " + n + " "]);
-      box.replaceChildren(
+      A.replace(box,
         h("p", {}, h("strong", {}, f.name), " ", h("span", { id: "flow-state", "data-state": f.state }, f.state), " · ", counts),
         h("div", { class: "actions" }, ["pause", "resume", "cancel"].map((c) => A.controlButton("flow", f.id, c, () => flow.reload()))),
         h("p", { id: "flash" }),
@@ -109,7 +109,7 @@
   const workers = {
     name: "workers",
     async show(main) {
-      main.append(h("h1", {}, "Workers"),
+      A.add(main, h("h1", {}, "Workers"),
         h("p", { class: "muted" }, "Grouped by address: after a hot upgrade the new process (another pid, another binary) serves the same socket and replaces the one before."),
         h("div", { id: "workers" }, h("p", { class: "muted" }, "Loading…")));
       await workers.reload();
@@ -137,9 +137,12 @@
               i > 0 ? h("span", { class: "muted" }, " · replaced by pid " + ws[i - 1].pid) : null),
             h("div", { class: "muted" }, "sha256 ", h("span", { class: "mono", title: w.binary_sha256 || "" }, (w.binary_sha256 || "-").slice(0, 16)),
               " · held " + w.held + "/" + w.capacity + " · last seen " + A.ago(w.last_seen) + " · kinds " + w.kinds.join(", ")),
+            h("div", { class: w.wake_ups && w.wake_ups.startsWith("unreachable") ? "error" : "muted", "data-wake-ups": w.wake_ups || "" },
+              "wake-ups: " + (w.wake_ups || "-"),
+              w.wake_ups && w.wake_ups.startsWith("unreachable") ? " (planners cannot push to " + (w.wake_addr || "-") + "; see --wake-addr)" : ""),
             h("div", { class: "muted mono" }, w.id))));
       });
-      box.replaceChildren(...(blocks.length ? blocks : [h("p", { class: "muted" }, "No worker has registered.")]));
+      A.replace(box, ...(blocks.length ? blocks : [h("p", { class: "muted" }, "No worker has registered.")]));
     },
   };
   A.pages.workers = workers;
