@@ -2,9 +2,8 @@
 //! user builds their own worker: the stock kinds plus one,
 //! `stamp`, whose result is the wall-clock time its handler started (`{"t_us": …}`, Unix
 //! microseconds), so enqueue → handler start is measured where the handler runs, not
-//! where the database thinks the task started. `artex-bench dispatch-sql` prints the
-//! planner round's read (its roster and claim in one statement), for `EXPLAIN ANALYZE`
-//! against a backlog or a large fleet; `artex-bench keyed-submit-sql` prints the two
+//! where the database thinks the task started. (The planner round's read, timed by the bench
+//! with `EXPLAIN ANALYZE`, is read from its function's source, `artex.dispatch_round`.) `artex-bench keyed-submit-sql` prints the two
 //! statements of a batch of tasks with unique keys (the API's and the library's path). `artex-bench sha256 FILE` hashes FILE once on one
 //! thread and prints the seconds it took: the upload part's floor (the upload protocol
 //! hashes a file four times: client and worker, whole and per chunk).
@@ -23,10 +22,6 @@ fn main() -> ExitCode {
             artex_actors::blackboard::operator::LOCK_KEYS,
             artex_actors::blackboard::operator::SUBMIT_KEYED
         );
-        return ExitCode::SUCCESS;
-    }
-    if std::env::args().nth(1).as_deref() == Some("dispatch-sql") {
-        println!("{}", artex_actors::blackboard::DISPATCH_SQL);
         return ExitCode::SUCCESS;
     }
     if std::env::args().nth(1).as_deref() == Some("sha256") {

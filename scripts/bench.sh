@@ -560,13 +560,19 @@ fi
 # it (prepared; the 7 runs let PostgreSQL settle on the plan it keeps), for 500 tasks,
 # with one simulated worker of ample capacity on the roster, in a transaction rolled back
 # afterwards.
-dispatch_sql=$("$tmp/artex-bench" dispatch-sql)
+# The round's read lives once, as artex.dispatch_round's body.
+dispatch_sql_of() { # db → the statement
+    sql "$1" -c "select substring(prosrc from 'return query (.*);\s*end\s*$')
+        from pg_proc where proname = 'dispatch_round' and pronamespace = 'artex'::regnamespace"
+}
 claim_ms() { # db → median execution time of 7 runs
+    local dispatch_sql
+    dispatch_sql=$(dispatch_sql_of "$1")
     { echo "begin;"
       echo "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
             values ('bench-sim', 'sim', 1, 'bench', 'artex_w_bench_sim', array['noop'], 100000);"
       echo "prepare claim as $dispatch_sql;"
-      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim(600, 500, 1, '{}');"; done
+      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim(600, 500, 1, '{}', '{}');"; done
       echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
 }
 # Drain rate on top of the backlog: the first half of $w3_small completions (so a backlog
@@ -698,7 +704,7 @@ for fleet in 10 2000; do
         select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $slots
         from generate_series(1, $fleet) g" -c "analyze artex.workers"
     insert_tasks $db "$w1" noop
-    dispatch_ms=$(query_ms $db "prepare dispatch as $dispatch_sql" "execute dispatch(600, 2000, 1, '{}', '{}')")
+    dispatch_ms=$(query_ms $db "prepare dispatch as $(dispatch_sql_of $db)" "execute dispatch(600, 2000, 1, '{}', '{}')")
     ARTEX_DATABASE_URL=$(db_url $db) "$artex" planner --worker-suspect-ms 600000 \
         --worker-timeout-ms 600000 >>"$tmp/log/$db.planner" 2>&1 &
     procs+=($!)

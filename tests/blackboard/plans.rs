@@ -2,10 +2,9 @@
 //! 100,000 in its order, and the trigger does not join a bulk update's old and new rows
 //! in a nested loop.
 
-use artex_actors::blackboard::DISPATCH_SQL;
 use serde_json::Value;
 
-use crate::common::{fixtures, TestDb};
+use crate::common::{fixtures, function_statement, TestDb};
 
 /// Whether a plan (EXPLAIN's JSON) walks the index `name` anywhere.
 fn uses_index(plan: &Value, name: &str) -> bool {
@@ -65,8 +64,9 @@ async fn the_claim_reads_only_the_tasks_it_takes_and_walks_a_large_queue_in_orde
     // A worker that runs both kinds, with room for every task: the claim's kinds come
     // from the roster.
     fixtures::worker(&db.bb, "sim", &["echo", "sleep"], 100_000).await;
+    let dispatch = function_statement(&c, "dispatch_round").await;
     c.batch_execute(&format!(
-        "prepare claim(float8, int8, int4, int4[], text[]) as {DISPATCH_SQL}"
+        "prepare claim(float8, int8, int4, int4[], text[]) as {dispatch}"
     ))
     .await
     .unwrap();
@@ -197,31 +197,58 @@ async fn a_bulk_update_does_not_join_old_and_new_rows_in_a_nested_loop() {
     );
 }
 
-/// Whitespace runs as one space: the texts compared below are the same statement.
-fn squeezed(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
+/// Every plan-cached function of the hot path exists, takes the arguments its call
+/// sends, and runs one statement that plans (its own source, prepared and EXPLAINed:
+/// the statement lives only there).
 #[tokio::test]
-async fn the_plan_cached_functions_run_the_statements_the_code_names() {
+async fn the_hot_path_functions_take_their_calls_and_their_statements_plan() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let statements = artex_actors::blackboard::plan_cached_statements();
-    assert_eq!(statements.len(), 5);
-    for (function, statement) in statements {
-        let source: String = c
+    let calls = artex_actors::blackboard::hot_calls();
+    assert_eq!(calls.len(), 5);
+    for (function, call) in calls {
+        let args: i16 = c
             .query_one(
-                "select prosrc from pg_proc
+                "select pronargs from pg_proc
                  where proname = $1 and pronamespace = 'artex'::regnamespace",
                 &[&function],
             )
             .await
             .unwrap_or_else(|e| panic!("artex.{function}: {e}"))
             .get(0);
-        assert!(
-            squeezed(&source).contains(&format!("return query {};", squeezed(statement))),
-            "artex.{function} does not run the code's statement: a changed constant needs \
-             a migration that replaces the function.\nfunction:\n{source}\nconstant:\n{statement}"
+        let sent = call.matches('$').count();
+        assert_eq!(
+            sent, args as usize,
+            "{call} sends {sent} arguments; artex.{function} takes {args}"
         );
+        let statement = function_statement(&c, function).await;
+        let types: String = c
+            .query_one(
+                "select array_to_string(array(select format_type(t, null)
+                     from unnest(proargtypes) t), ', ')
+                 from pg_proc where proname = $1 and pronamespace = 'artex'::regnamespace",
+                &[&function],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let nulls = vec!["null"; args as usize].join(", ");
+        c.batch_execute(&format!(
+            "begin; prepare hot_{function}({types}) as {statement}"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("artex.{function}'s statement does not prepare: {e}"));
+        let plan: Value = c
+            .query_one(
+                &format!("explain (format json) execute hot_{function}({nulls})"),
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("artex.{function}'s statement does not plan: {e}"))
+            .get(0);
+        c.batch_execute(&format!("deallocate hot_{function}; rollback"))
+            .await
+            .unwrap();
+        assert!(plan[0]["Plan"].is_object(), "{function}: {plan}");
     }
 }

@@ -2,7 +2,7 @@
 //! the budget is spent, and the trigger ends a retry past it; a kind's retry policy
 //! (its backoff in SQL and Rust alike, the reaper's retries, the default budget).
 
-use artex_actors::blackboard::{AssignedTask, FlowSpec, NewTask, Outcome, DISPATCH_SQL};
+use artex_actors::blackboard::{AssignedTask, FlowSpec, NewTask, Outcome};
 use artex_actors::retry::{Backoff, RetryPolicy, MAX_BACKOFF_MS};
 use chrono::Utc;
 use serde_json::json;
@@ -79,9 +79,10 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
     assert_eq!(reason.as_deref(), Some("boom 1"), "the audit says why");
     // Not runnable before its backoff ends, though a worker has free slots for its kind.
     fixtures::worker(&db.bb, "sim", &["echo"], 10).await;
+    let dispatch = crate::common::function_statement(&c, "dispatch_round").await;
     let read = c
         .query(
-            DISPATCH_SQL,
+            &dispatch,
             &[
                 &600.0f64,
                 &10i64,

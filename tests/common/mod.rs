@@ -425,6 +425,20 @@ pub async fn start_assigned(
         .collect()
 }
 
+/// The one statement a plan-cached function of the hot path runs (its `return query …;`),
+/// read from the function's own source in `pg_proc`: what a test PREPAREs to EXPLAIN it.
+pub async fn function_statement(c: &Client, function: &str) -> String {
+    c.query_one(
+        "select substring(prosrc from 'return query (.*);\\s*end\\s*$') from pg_proc
+         where proname = $1 and pronamespace = 'artex'::regnamespace",
+        &[&function],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("artex.{function}: {e}"))
+    .get::<_, Option<String>>(0)
+    .unwrap_or_else(|| panic!("artex.{function} runs no `return query …;`"))
+}
+
 /// The first column of every row of `sql` about one task (`$1`), as text.
 pub async fn lines_of(c: &Client, sql: &str, task: uuid::Uuid) -> Vec<String> {
     c.query(sql, &[&task])

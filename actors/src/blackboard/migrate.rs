@@ -261,6 +261,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // unreachable worker as before), older workers never read it.
         change: Change::Expand,
     },
+    Migration {
+        version: 24,
+        name: "hot_statements_live_once",
+        sql: include_str!("../../../migrations/V24__hot_statements_live_once.sql"),
+        // Comments only.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

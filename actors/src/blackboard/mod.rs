@@ -79,15 +79,15 @@ pub use operator::{
     ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,
     SCHEDULES_LISTED, STATUS_COUNT_CAP,
 };
-pub use planner::DISPATCH as DISPATCH_SQL;
 
-/// The hot path's statements that run inside plan-cached functions
-/// (migrations/V16__plan_cached_hot_path.sql): (function in schema `artex`, the text of
-/// its one statement). The functions must run exactly these texts (a test compares).
-pub fn plan_cached_statements() -> Vec<(&'static str, &'static str)> {
-    planner::PLAN_CACHED
+/// The hot path's plan-cached functions (migrations/V16__plan_cached_hot_path.sql) and
+/// the calls artex sends them: (function in schema `artex`, call). Each statement is
+/// written once, as the function's body (migrations/schema.sql); tests read it from
+/// `pg_proc` to EXPLAIN it.
+pub fn hot_calls() -> Vec<(&'static str, &'static str)> {
+    planner::HOT_CALLS
         .iter()
-        .chain(worker::PLAN_CACHED.iter())
+        .chain(worker::HOT_CALLS.iter())
         .copied()
         .collect()
 }

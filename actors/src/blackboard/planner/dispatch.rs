@@ -102,109 +102,6 @@ impl AssignReport {
 // claim of the others; the write checks again under lock. Roster rows come first (task
 // columns null), then the claimed tasks of both kinds in claim order (roster columns
 // null).
-/// The planner round's read (public so the benchmark can time it and a test can prove
-/// with EXPLAIN that its claim uses `tasks_runnable`).
-pub const DISPATCH: &str = "with roster as materialized (
-        select w.id, w.kinds, w.capacity,
-               least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
-               w.host, w.wake_addr
-        from artex.workers w left join artex.worker_released r on r.worker = w.id
-        where w.state = 'online'
-          and w.last_seen > now() - make_interval(secs => $1::float8)
-          and (w.session is null
-               or w.session in (select application_name from pg_stat_activity))
-          and w.id <> all($5::text[])
-    ),
-    limits as materialized (
-        select l.kind, l.concurrency, l.key_concurrency,
-               case when l.rate_per_sec is not null then
-                   floor(least(greatest(l.rate_per_sec, 1),
-                               l.tokens + l.rate_per_sec
-                                          * extract(epoch from now() - l.refilled_at)))
-               end as tokens
-        from artex.kind_limits l
-    ),
-    held as materialized (
-        select t.kind, coalesce(t.limit_key, '') as key, count(*) as n
-        from artex.tasks t
-        where t.assigned_to is not null and t.limited and t.kind in (select kind from limits)
-        group by t.kind, coalesce(t.limit_key, '')
-    ),
-    keys as (
-        with recursive k (kind, key) as (
-            (select t.kind, coalesce(t.limit_key, '') from artex.tasks t
-             where t.listed = 'pending' and t.limited
-             order by t.kind, coalesce(t.limit_key, '') limit 1)
-            union all
-            select n.kind, n.key from k cross join lateral (
-                select t.kind, coalesce(t.limit_key, '') as key from artex.tasks t
-                where t.listed = 'pending' and t.limited
-                  and (t.kind, coalesce(t.limit_key, '')) > (k.kind, k.key)
-                order by t.kind, coalesce(t.limit_key, '') limit 1) n
-        )
-        select k.kind, k.key from k
-        where k.kind = any(array(select distinct unnest(r.kinds) from roster r
-                                 where r.capacity > r.held))
-    ),
-    room as materialized (
-        select l.kind, l.concurrency, l.key_concurrency, l.tokens,
-               l.concurrency - coalesce((select sum(h.n) from held h where h.kind = l.kind), 0)
-                   as kind_room
-        from limits l
-    ),
-    waiting as (
-        select w.* from keys k left join room l on l.kind = k.kind
-             left join held h on h.kind = k.kind and h.key = k.key
-        cross join lateral (
-            select t.id, t.kind, t.priority, t.run_at from artex.tasks t
-            where t.listed = 'pending' and t.limited and t.kind = k.kind
-              and coalesce(t.limit_key, '') = k.key and t.run_at <= now()
-              and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
-            order by t.priority desc, t.run_at, t.id
-            limit greatest(least($2::int8,
-                case when k.key <> '' then l.key_concurrency - coalesce(h.n, 0) end,
-                l.kind_room, l.tokens), 0)
-        ) w
-    ),
-    fits as (
-        select f.id from (
-            select w.*,
-                   row_number() over (partition by w.kind
-                                      order by w.priority desc, w.run_at, w.id) as nth_of_kind
-            from waiting w
-        ) f left join room l on l.kind = f.kind
-        where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
-          and (l.tokens is null or f.nth_of_kind <= l.tokens)
-        order by f.priority desc, f.run_at, f.id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-    ),
-    claimed as (
-        select id, kind, host, priority, run_at, false as limited from artex.tasks
-        where listed = 'pending' and not limited and run_at <= now()
-          and kind = any(array(select distinct unnest(r.kinds) from roster r
-                               where r.capacity > r.held))
-          and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
-        order by priority desc, run_at, id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-        for update skip locked
-    ),
-    claimed_limited as (
-        select id, kind, host, priority, run_at, true as limited from artex.tasks
-        where id = any(array(select id from fits)) and listed = 'pending' and limited
-        order by priority desc, run_at, id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-        for update skip locked
-    )
-    select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
-           r.wake_addr, null::bool
-    from roster r
-    union all
-    (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
-     from (select * from claimed union all select * from claimed_limited) c
-     order by c.priority desc, c.run_at, c.id)";
 
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
@@ -217,30 +114,6 @@ pub const DISPATCH: &str = "with roster as materialized (
 // kinds among $2, into those of them `artex.over_limits` refuses (counted under the
 // kinds' row locks: see migrations/V18); those stay pending. An assigned task of a
 // limited kind is marked `limited`, which puts it in the index the limits count.
-const ASSIGN: &str = "with room as materialized (
-        select w.id,
-               greatest(w.capacity - greatest(w.taken - coalesce(r.released, 0), 0), 0) as free,
-               w.lease_ms, w.host
-        from artex.workers w left join artex.worker_released r on r.worker = w.id
-        where w.id = any($3::text[]) and w.state = 'online'
-        order by w.id
-        for update of w
-    ),
-    wanted as (
-        select v.id, v.worker, row_number() over (partition by v.worker order by v.n) as k
-        from unnest($2::uuid[], $3::text[]) with ordinality as v(id, worker, n)
-        where v.id <> all($5::uuid[])
-    )
-    update artex.tasks t
-    set status = 'assigned', assigned_to = wanted.worker,
-        lease_until = now() + coalesce(make_interval(secs => room.lease_ms / 1000.0),
-                                       make_interval(secs => $4::float8)),
-        limited = t.limited or t.kind in (select kind from artex.kind_limits)
-    from artex.set_context($1, 'assigned') ctx, wanted, room
-    where ctx and wanted.worker = room.id and wanted.k <= room.free
-      and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
-      and (t.host is null or t.host = room.host)
-    returning t.id";
 
 // Each chosen worker's wake-up carries what it was given (see blackboard/carried.rs):
 // the tasks of $2 still assigned to it, read after the commit, as its own read would
@@ -251,50 +124,21 @@ const ASSIGN: &str = "with room as materialized (
 // A worker woken over HTTP (its `wake_addr`, migrations/V14) is not notified here: its
 // payloads come back as rows, which the planner pushes after the commit (`waker`); the
 // others are notified on their channels by this statement.
-const WAKE: &str = "with held as materialized (
-        select t.assigned_to as worker,
-               json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
-                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id,
-                   coalesce(t.payload_bytes, octet_length(t.payload::text)),
-                   t.xmin::text::int8,
-                   (extract(epoch from t.lease_until) * 1000)::float8)::text as task,
-               row_number() over (partition by t.assigned_to
-                                  order by t.priority desc, t.run_at, t.id) as n
-        from artex.tasks t
-        where t.id = any($2::uuid[]) and t.status::text = 'assigned'
-          and t.assigned_to = any($1::text[])
-    ),
-    carried as (
-        select worker, n, task,
-               sum(octet_length(task) + 1) over (partition by worker order by n) as upto
-        from held where octet_length(task) <= 1000
-    ),
-    notes as (
-        select worker, '[' || string_agg(task, ',' order by n) || ']' as payload
-        from carried group by worker, upto / 6500
-        union all
-        select worker, '' from held where octet_length(task) > 1000
-        union all
-        select id, '' from artex.workers
-        where id = any($1::text[]) and id not in (select worker from held)
-    )
-    select w.id, w.wake_addr,
-           case when w.wake_addr is not null then notes.payload end,
-           case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end
-    from notes join artex.workers w on w.id = notes.worker
-    order by w.id";
 
-// The three statements above run as plan-cached functions (migrations/V16, whose
-// statements are these constants' texts: `tests/blackboard/plans.rs` compares them).
-/// (function, statement) of the round's plan-cached statements.
-pub(crate) const PLAN_CACHED: [(&str, &str); 3] = [
-    ("dispatch_round", DISPATCH),
-    ("assign_round", ASSIGN),
-    ("wake_round", WAKE),
-];
+// The three statements described above are the bodies of plan-cached functions
+// (migrations/V16: a function keeps its statement's plan for the server session, where an
+// unnamed statement is planned at every call), each written once, there: read them in
+// migrations/schema.sql. Tests EXPLAIN them through the functions' own source.
 const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5)";
 const ASSIGN_CALL: &str = "select * from artex.assign_round($1, $2, $3, $4, $5)";
 const WAKE_CALL: &str = "select * from artex.wake_round($1, $2)";
+
+/// The functions a planner round calls, with the calls it sends: (function, call).
+pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
+    ("dispatch_round", DISPATCH_CALL),
+    ("assign_round", ASSIGN_CALL),
+    ("wake_round", WAKE_CALL),
+];
 
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
 /// `plan` matches them to workers; the assignments are written (compare-and-set on
@@ -393,7 +237,7 @@ pub struct Round<'a> {
     pub unreachable: &'a [String],
 }
 
-/// The rows of WAKE as pushes (one per worker woken over HTTP, its payloads in order),
+/// The rows of `artex.wake_round` as pushes (one per worker woken over HTTP, its payloads in order),
 /// and how many workers the statement notified itself.
 fn pushes_of(rows: &[tokio_postgres::Row]) -> Result<(Vec<Push>, usize)> {
     let mut pushes: Vec<Push> = Vec::new();

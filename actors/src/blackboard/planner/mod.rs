@@ -15,8 +15,8 @@ mod schedules;
 mod shards;
 mod wake;
 
-pub(crate) use dispatch::PLAN_CACHED;
-pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, DISPATCH};
+pub(crate) use dispatch::HOT_CALLS;
+pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
 pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{

@@ -157,7 +157,7 @@ impl AttemptRecord {
     }
 }
 
-/// An assigned task from a row of `FETCH`'s or `TAKE_OVER`'s result.
+/// An assigned task from a row of `artex.read_assigned`'s or `TAKE_OVER`'s result.
 pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
     Ok(AssignedTask {
         id: r.try_get(0)?,
@@ -173,65 +173,6 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         lease_left_ms: r.try_get(10)?,
     })
 }
-
-// What the worker holds and has not read yet is what it reads: no write, no lock (the
-// tasks are its own, fenced by their epoch). It reads up to its capacity in start order
-// and skips the ones it already has.
-// The worker reads what it may hold in memory: in order, while the payloads read so far
-// ($3: bytes it may still take) fit, and always the first when it holds nothing ($4), so
-// a task larger than the whole budget still runs, alone. The sizes (kept per row, see
-// migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
-// ($2); only the rows that fit are read whole.
-// One row more, sorted first, says the snapshot the read saw and the database's clock
-// (see blackboard/carried.rs); its task columns are null.
-const FETCH: &str = "select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-        checkpoint, flow_id, payload_bytes,
-        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
-        null::text, null::float8, n
-    from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, lease_until,
-                 coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
-                 sum(coalesce(payload_bytes, octet_length(payload::text))) over
-                     (order by priority desc, run_at, id rows unbounded preceding) as upto,
-                 row_number() over (order by priority desc, run_at, id) as n
-          from artex.tasks
-          where assigned_to = $1 and status = 'assigned'
-          order by priority desc, run_at, id
-          limit $2) t
-    where upto <= $3 or (n = 1 and $4)
-    union all
-    select null, null, null, null, null, null, null, null, null, null, null,
-           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0
-    order by n";
-
-// Statements that name their rows by id find each through the primary key. Their
-// `status` test is written `status::text = …` on purpose: as a plain enum test it lets
-// PostgreSQL drive the join from a partial index (`tasks_held`) that statistics show
-// nearly empty, and with hundreds of tasks held it compares every held row with every
-// listed one (seen: 250,000 comparisons for one batch of 500).
-//
-// Starts and outcomes, one statement per batch. A task still `assigned` whose handler
-// ran (`started_ago_ms` given) gets its start time with its outcome (or with `running`);
-// one that did not run can only be given back (`pending`).
-const RECORD: &str = "update artex.tasks t
-    set status = v.status::artex.task_status,
-        result = v.result,
-        error = coalesce(v.error, t.error),
-        retries = t.retries + v.failed::int,
-        run_at = case when v.status = 'pending'
-                      then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end,
-        started_at = case when t.status = 'assigned' and v.started_ago_ms is not null
-                          then now() - make_interval(secs => v.started_ago_ms / 1000.0)
-                          else t.started_at end
-    from artex.set_context($1, null) ctx, artex.defer_wakeups() deferred,
-         unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::bool[],
-                $8::float8[], $9::float8[])
-             as v(id, epoch, status, result, error, failed, delay_ms, started_ago_ms)
-    where ctx and deferred and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and (t.status::text = 'running'
-           or (t.status::text = 'assigned'
-               and (v.started_ago_ms is not null or v.status = 'pending')))
-    returning t.id";
 
 // Renewals skip the rows locked by the worker's own batch of outcomes in flight (which
 // locks them in another order: waiting here deadlocked the two), and the row a handler's
@@ -276,13 +217,39 @@ const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
     from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
     where d.task_id = $1 and u.status = 'succeeded'";
 
-// FETCH and RECORD run as plan-cached functions (migrations/V16, whose statements are
-// these constants' texts: `tests/blackboard/plans.rs` compares them).
-/// (function, statement) of the worker's plan-cached statements.
-pub(crate) const PLAN_CACHED: [(&str, &str); 2] =
-    [("read_assigned", FETCH), ("record_attempts", RECORD)];
+// The worker's two hot statements are the bodies of plan-cached functions
+// (migrations/V16), each written once, there: read them in migrations/schema.sql. Tests
+// EXPLAIN them through the functions' own source.
+//
+// `artex.read_assigned`:
+// What the worker holds and has not read yet is what it reads: no write, no lock (the
+// tasks are its own, fenced by their epoch). It reads up to its capacity in start order
+// and skips the ones it already has.
+// The worker reads what it may hold in memory: in order, while the payloads read so far
+// ($3: bytes it may still take) fit, and always the first when it holds nothing ($4), so
+// a task larger than the whole budget still runs, alone. The sizes (kept per row, see
+// migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
+// ($2); only the rows that fit are read whole.
+// One row more, sorted first, says the snapshot the read saw and the database's clock
+// (see blackboard/carried.rs); its task columns are null.
 const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
+// `artex.record_attempts`:
+// Statements that name their rows by id find each through the primary key. Their
+// `status` test is written `status::text = …` on purpose: as a plain enum test it lets
+// PostgreSQL drive the join from a partial index (`tasks_held`) that statistics show
+// nearly empty, and with hundreds of tasks held it compares every held row with every
+// listed one (seen: 250,000 comparisons for one batch of 500).
+//
+// Starts and outcomes, one statement per batch. A task still `assigned` whose handler
+// ran (`started_ago_ms` given) gets its start time with its outcome (or with `running`);
+// one that did not run can only be given back (`pending`).
 const RECORD_CALL: &str = "select * from artex.record_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The functions a worker's intake and outcomes call, with the calls it sends.
+pub(crate) const HOT_CALLS: [(&str, &str); 2] = [
+    ("read_assigned", FETCH_CALL),
+    ("record_attempts", RECORD_CALL),
+];
 
 impl WorkerBoard {
     /// Up to `limit` tasks assigned to `worker` and not started, in start order, as many as

@@ -22,7 +22,7 @@ mod progress;
 mod transfer;
 mod uploads;
 
-pub(crate) use attempts::PLAN_CACHED;
+pub(crate) use attempts::HOT_CALLS;
 pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Step};
 pub use progress::{ProgressEvent, ProgressNote, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL};
 pub use uploads::{NewUpload, UploadRow};
