@@ -253,72 +253,139 @@ pub async fn run_worker(
     let upgrade = UpgradeSettings::from_args(args)?;
     let access = Access::from_args(&args.access)?;
     let mut new_side = NewSide::connect_if_spawned().await?;
-    let http_addr = match (&mut new_side, &listener) {
-        (Some(s), _) => s.welcome().await?.0,
-        (None, Some(l)) => l
-            .local_addr()
-            .map_err(|e| Error::io("reading the HTTP listener's address", e))?
-            .to_string(),
-        (None, None) => {
-            return Err(Error::Invalid(
-                "no HTTP listener and no upgrade channel to receive one from".into(),
-            ))
-        }
-    };
+    let http_addr = http_address(&mut new_side, &listener).await?;
     let config = worker_config(args, &http_addr);
-    if let Some(warning) = config
-        .wake_addr
-        .as_deref()
-        .and_then(|a| loopback_wake_warning(a, bb.is_remote()))
-    {
-        tracing::warn!(worker = %config.id, "{warning}");
-    }
-    let mut registration = Worker::registration(&config, &registry);
-    if new_side.is_some() {
-        // Until the listener pass, pushes to this address reach the old process: it
-        // takes none until then (its poll finds what it is given meanwhile).
-        registration.wake_addr = None;
-    }
+    warn_if_out_of_reach(&config, &bb);
     // A hot upgrade's new process may meet a primary failover: it waits for the new
     // primary within the time the old one gives it to be ready, rather than exiting
-    // (and being rolled back). Registering again is an upsert.
+    // (and being rolled back).
     let patience = new_side.as_ref().map(|_| ms(args.upgrade_ready_ms));
+    register(&bb, &config, &registry, new_side.is_some(), patience).await?;
+    // A new process receives the socket only now, registered: one that cannot reach the
+    // blackboard never accepts a connection.
+    let listener = match (listener, &mut new_side) {
+        (Some(l), _) => l,
+        (None, Some(s)) => receive_listener(s, &bb, &config).await?,
+        (None, None) => unreachable!("checked by http_address"),
+    };
+    tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
+        concurrency = config.concurrency, prefetch = ?config.prefetch, lease_ms = args.lease_ms,
+        drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(), access = ?access,
+        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), "worker registered; listening");
+    let worker = start_worker(&bb, &config, registry, &stats).await;
+    let passed = Arc::new(AtomicBool::new(false));
+    let parts = (&worker, upgrade, access, stats, &listener, &passed);
+    let app = WorkerApp::new(&bb, replica, args, &config, patience, parts).await?;
+    let sweeping = actix::spawn(sweep_uploads(
+        app.uploads.clone(),
+        ms(args.uploads.upload_sweep_ms),
+    ));
+    let server = app.serve(listener, &http_addr)?;
+    let handle = server.handle();
+    let serving = actix::spawn(server);
+    if let Some(s) = new_side {
+        s.take_tasks(&worker).await?;
+        // The unstarted tasks moved here were announced on no channel it listens on.
+        worker.do_send(artex_actors::worker::Wake);
+    }
+    notify_service(artex_upgrade::notify::ready());
+    let serving_on = format!("serving on {http_addr}");
+    notify_service(artex_upgrade::notify::status(&serving_on));
+    shutdown.await;
+    let passed = passed.load(Ordering::Acquire);
+    let report = stop_worker(&worker, &config, args, &handle, passed).await?;
+    let _ = serving.await;
+    sweeping.abort();
+    remove_own_generation();
+    Ok(report)
+}
+
+/// Warns when planners elsewhere cannot reach the worker's wake address (see
+/// [`loopback_wake_warning`]).
+fn warn_if_out_of_reach(config: &WorkerConfig, bb: &Blackboard) {
+    let warning = config
+        .wake_addr
+        .as_deref()
+        .and_then(|a| loopback_wake_warning(a, bb.is_remote()));
+    if let Some(warning) = warning {
+        tracing::warn!(worker = %config.id, "{warning}");
+    }
+}
+
+/// The address the worker serves HTTP on: its listener's, or, for a hot upgrade's new
+/// process, the one its predecessor's welcome names.
+async fn http_address(
+    new_side: &mut Option<NewSide>,
+    listener: &Option<std::net::TcpListener>,
+) -> Result<String> {
+    match (new_side, listener) {
+        (Some(s), _) => Ok(s.welcome().await?.0),
+        (None, Some(l)) => Ok(l
+            .local_addr()
+            .map_err(|e| Error::io("reading the HTTP listener's address", e))?
+            .to_string()),
+        (None, None) => Err(Error::Invalid(
+            "no HTTP listener and no upgrade channel to receive one from".into(),
+        )),
+    }
+}
+
+/// Registers the worker (an upsert: again is fine), waiting `patience` for a database
+/// that is away. A hot upgrade's new process registers without its wake address: until
+/// the listener pass, pushes to it reach the old process (its poll finds what it is
+/// given meanwhile).
+async fn register(
+    bb: &Blackboard,
+    config: &WorkerConfig,
+    registry: &Registry,
+    spawned_by_upgrade: bool,
+    patience: Option<Duration>,
+) -> Result {
+    let mut registration = Worker::registration(config, registry);
+    if spawned_by_upgrade {
+        registration.wake_addr = None;
+    }
     let board = bb.worker();
     retry_unreachable(patience, "registering", || {
         board.register_worker(&registration)
     })
     .await?;
-    // A new process receives the socket only now, registered: one that cannot reach the
-    // blackboard never accepts a connection.
-    let listener = match (listener, &mut new_side) {
-        (Some(l), _) => l,
-        (None, Some(s)) => {
-            let listener = s.receive_listener(&config.id).await?;
-            // Pushes may come now. Not a reason to fail the upgrade if the database is
-            // away (a failover): until it is recorded, the poll finds this worker's tasks.
-            let (board, id, addr) = (bb.worker(), config.id.clone(), config.wake_addr.clone());
-            actix::spawn(async move {
-                let recorded = retry_unreachable(
-                    Some(Duration::from_secs(60)),
-                    "recording where planners push wake-ups",
-                    || board.set_wake_addr(&id, addr.as_deref()),
-                )
-                .await;
-                if let Err(e) = recorded {
-                    tracing::warn!(error = %e, "cannot record where planners push wake-ups; this worker polls for its tasks");
-                }
-            });
-            listener
+    Ok(())
+}
+
+/// A hot upgrade's new process receives the listening socket, then records where
+/// planners push its wake-ups — not a reason to fail the upgrade if the database is away
+/// (a failover): until it is recorded, the poll finds this worker's tasks.
+async fn receive_listener(
+    new_side: &mut NewSide,
+    bb: &Blackboard,
+    config: &WorkerConfig,
+) -> Result<std::net::TcpListener> {
+    let listener = new_side.receive_listener(&config.id).await?;
+    let (board, id, addr) = (bb.worker(), config.id.clone(), config.wake_addr.clone());
+    actix::spawn(async move {
+        let recorded = retry_unreachable(
+            Some(Duration::from_secs(60)),
+            "recording where planners push wake-ups",
+            || board.set_wake_addr(&id, addr.as_deref()),
+        )
+        .await;
+        if let Err(e) = recorded {
+            tracing::warn!(error = %e, "cannot record where planners push wake-ups; this worker polls for its tasks");
         }
-        (None, None) => unreachable!("checked above"),
-    };
-    tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
-        concurrency = config.concurrency, prefetch = ?config.prefetch,
-        lease_ms = args.lease_ms, drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(),
-        upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), access = ?access,
-        "worker registered; listening");
-    // The kinds' retry policies before the first task: its failure waits as its kind
-    // says (the worker reads them again every few seconds while it holds tasks).
+    });
+    Ok(listener)
+}
+
+/// Starts the Worker actor, supervised, with its kinds' retry policies read first: a
+/// task that fails at once waits as its kind says (the worker reads them again every
+/// few seconds while it holds tasks).
+async fn start_worker(
+    bb: &Blackboard,
+    config: &WorkerConfig,
+    registry: Registry,
+    stats: &ActorStats,
+) -> actix::Addr<Worker> {
     let policies = match bb.worker().retry_policies(&registry.kinds()).await {
         Ok(p) => p,
         Err(e) => {
@@ -327,60 +394,183 @@ pub async fn run_worker(
         }
     };
     let (b, c, r, s) = (bb.worker(), config.clone(), registry, stats.clone());
-    let worker = Supervisor::start(move |_| {
+    Supervisor::start(move |_| {
         Worker::new(b.clone(), c.clone(), r.clone(), s.clone())
             .with_retry_policies(policies.clone())
-    });
-    let listener_passed = Arc::new(AtomicBool::new(false));
-    let binary_sha256 = BinaryDigest::start();
-    record_binary(&bb, &config.id, &binary_sha256);
-    let upgrader = Arc::new(Upgrader {
-        worker: worker.clone(),
-        bb: bb.clone(),
-        public_key: upgrade.public_key,
-        token: upgrade.token,
-        listener: listener
-            .try_clone()
-            .map_err(|e| Error::io("duplicating the HTTP listener for upgrades", e))?,
-        dir: upgrade.dir,
-        ready_deadline: ms(args.upgrade_ready_ms),
-        body_timeout: ms(args.upgrade_body_timeout_ms),
-        suspend_deadline: ms(args.transfer_suspend_ms),
-        lease_secs: ms(args.lease_ms).as_secs_f64(),
-        limits: artex_upgrade::Limits::default(),
-        binary_sha256: binary_sha256.clone(),
-        in_progress: AtomicBool::new(false),
-        listener_passed: listener_passed.clone(),
-    });
-    let state = http::AppState {
-        worker: worker.clone(),
-        stats,
-        version: VERSION.to_string(),
-        binary_sha256,
-        listener_passed: listener_passed.clone(),
-        db: http::probe::DbProbe::start(bb.clone()),
-    };
-    let events =
-        http::events::EventsState::start(bb.feed(), args.access.max_event_streams as usize);
-    let wake_target = http::wake::WakeTarget {
-        worker: config.id.clone(),
-        // A new process may meet a failover here too: it waits as for its registration.
-        secret: retry_unreachable(patience, "reading the wake-ups' secret", || {
-            board.wake_secret()
+    })
+}
+
+/// Stops the worker after `shutdown`: drains it (see [`Drain`]) and stops serving. After
+/// a hot upgrade (`passed`: the successor serves the socket) it stops serving first, then
+/// finishes its remaining tasks.
+async fn stop_worker(
+    worker: &actix::Addr<Worker>,
+    config: &WorkerConfig,
+    args: &WorkerArgs,
+    handle: &actix_web::dev::ServerHandle,
+    passed: bool,
+) -> Result<DrainReport> {
+    if passed {
+        notify_service(artex_upgrade::notify::status(
+            "upgraded; draining: finishing the last tasks",
+        ));
+        hot_upgrade::drain::stop_serving(handle).await;
+        drain(worker, config, args).await
+    } else {
+        notify_service(artex_upgrade::notify::stopping());
+        let report = drain(worker, config, args).await?;
+        handle.stop(true).await;
+        Ok(report)
+    }
+}
+
+/// See [`WorkerApp::new`].
+type AppParts<'a> = (
+    &'a actix::Addr<Worker>,
+    UpgradeSettings,
+    Access,
+    ActorStats,
+    &'a std::net::TcpListener,
+    &'a Arc<AtomicBool>,
+);
+
+/// What a worker's HTTP server serves: its own routes (health, status, metrics, events,
+/// upgrade, wake), uploads, and with `--api` the API and the dashboard.
+struct WorkerApp {
+    state: http::AppState,
+    access: Access,
+    events: http::events::EventsState,
+    upgrader: Arc<Upgrader>,
+    uploads: Arc<Uploads>,
+    wake_target: http::wake::WakeTarget,
+    api: Option<http::api::ApiState>,
+}
+
+impl WorkerApp {
+    /// `parts`: the worker actor, the upgrade settings, the access rules, the actors'
+    /// statistics, the listener (a duplicate serves the listener pass) and the flag the
+    /// pass raises.
+    async fn new(
+        bb: &Blackboard,
+        replica: Option<Replica>,
+        args: &WorkerArgs,
+        config: &WorkerConfig,
+        patience: Option<Duration>,
+        parts: AppParts<'_>,
+    ) -> Result<WorkerApp> {
+        let (worker, upgrade, access, stats, listener, listener_passed) = parts;
+        let binary_sha256 = BinaryDigest::start();
+        record_binary(bb, &config.id, &binary_sha256);
+        let upgrader = Arc::new(Upgrader {
+            worker: worker.clone(),
+            bb: bb.clone(),
+            public_key: upgrade.public_key,
+            token: upgrade.token,
+            listener: listener
+                .try_clone()
+                .map_err(|e| Error::io("duplicating the HTTP listener for upgrades", e))?,
+            dir: upgrade.dir,
+            ready_deadline: ms(args.upgrade_ready_ms),
+            body_timeout: ms(args.upgrade_body_timeout_ms),
+            suspend_deadline: ms(args.transfer_suspend_ms),
+            lease_secs: ms(args.lease_ms).as_secs_f64(),
+            limits: artex_upgrade::Limits::default(),
+            binary_sha256: binary_sha256.clone(),
+            in_progress: AtomicBool::new(false),
+            listener_passed: listener_passed.clone(),
+        });
+        let state = http::AppState {
+            worker: worker.clone(),
+            stats,
+            version: VERSION.to_string(),
+            binary_sha256,
+            listener_passed: listener_passed.clone(),
+            db: http::probe::DbProbe::start(bb.clone()),
+        };
+        let board = bb.worker();
+        let wake_target = http::wake::WakeTarget {
+            worker: config.id.clone(),
+            // A new process may meet a failover here too: it waits as for its registration.
+            secret: retry_unreachable(patience, "reading the wake-ups' secret", || {
+                board.wake_secret()
+            })
+            .await?,
+        };
+        Ok(WorkerApp {
+            state,
+            access,
+            events: http::events::EventsState::start(
+                bb.feed(),
+                args.access.max_event_streams as usize,
+            ),
+            upgrader,
+            uploads: open_uploads(bb, args, config, patience).await?,
+            wake_target,
+            api: args.api.then(|| api_state(bb, replica, config)),
         })
-        .await?,
-    };
-    let api = args.api.then(|| http::api::ApiState {
+    }
+
+    /// The HTTP server on `listener`, one thread, stopped by the worker's own shutdown.
+    fn serve(
+        self,
+        listener: std::net::TcpListener,
+        http_addr: &str,
+    ) -> Result<actix_web::dev::Server> {
+        let server = HttpServer::new(move || {
+            let api = self.api.clone();
+            App::new()
+                .app_data(web::Data::new(self.state.clone()))
+                .app_data(web::Data::new(self.access.clone()))
+                .app_data(web::Data::new(self.events.clone()))
+                .app_data(web::Data::new(self.upgrader.clone()))
+                .app_data(web::Data::new(self.uploads.clone()))
+                .app_data(web::Data::new(self.wake_target.clone()))
+                .configure(http::routes)
+                .configure(move |cfg| {
+                    if let Some(api) = api {
+                        cfg.app_data(web::Data::new(api));
+                        http::api::api_routes(cfg);
+                        http::api::method_not_allowed(cfg, http::api::api_routes);
+                    }
+                })
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(10)
+        .listen(listener)
+        .map_err(|e| Error::io(format!("serving HTTP on {http_addr}"), e))?
+        .run();
+        Ok(server)
+    }
+}
+
+/// With `--api`, what the API and the dashboard serve from (reads from `replica` when
+/// there is one).
+fn api_state(
+    bb: &Blackboard,
+    replica: Option<Replica>,
+    config: &WorkerConfig,
+) -> http::api::ApiState {
+    tracing::info!(worker = %config.id, "serving the HTTP API on http://{}/api/v1",
+        config.http_addr.as_deref().unwrap_or("-"));
+    http::api::ApiState {
         bb: bb.operator(),
         reads: http::api::reads::Reads::new(&bb.operator(), replica),
         feed: bb.feed(),
         max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
-    });
-    if api.is_some() {
-        tracing::info!(worker = %config.id, "serving the HTTP API on http://{http_addr}/api/v1");
     }
-    // Uploads are this blackboard's only: its id keys the default folder and every
-    // upload's meta.json (other deployments on this host keep theirs apart).
+}
+
+/// The worker's upload folder. Uploads are this blackboard's only: its id keys the
+/// default folder and every upload's meta.json (other deployments on this host keep
+/// theirs apart).
+async fn open_uploads(
+    bb: &Blackboard,
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    patience: Option<Duration>,
+) -> Result<Arc<Uploads>> {
+    let board = bb.worker();
     let blackboard = retry_unreachable(patience, "reading the blackboard's id", || {
         board.blackboard_id()
     })
@@ -394,65 +584,7 @@ pub async fn run_worker(
     )?;
     tracing::info!(worker = %config.id, %blackboard, folder = %uploads.settings().dir.display(),
         "uploads kept in their folder");
-    let sweeping = actix::spawn(sweep_uploads(
-        uploads.clone(),
-        ms(args.uploads.upload_sweep_ms),
-    ));
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(web::Data::new(state.clone()))
-            .app_data(web::Data::new(access.clone()))
-            .app_data(web::Data::new(events.clone()))
-            .app_data(web::Data::new(upgrader.clone()))
-            .app_data(web::Data::new(uploads.clone()))
-            .app_data(web::Data::new(wake_target.clone()))
-            .configure(http::routes)
-            .configure(|cfg| {
-                if let Some(api) = &api {
-                    cfg.app_data(web::Data::new(api.clone()));
-                    http::api::api_routes(cfg);
-                    http::api::method_not_allowed(cfg, http::api::api_routes);
-                }
-            })
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(10)
-    .listen(listener)
-    .map_err(|e| Error::io(format!("serving HTTP on {http_addr}"), e))?
-    .run();
-    let handle = server.handle();
-    let serving = actix::spawn(server);
-    if let Some(s) = new_side {
-        s.take_tasks(&worker).await?;
-        // The unstarted tasks moved here were announced on no channel it listens on.
-        worker.do_send(artex_actors::worker::Wake);
-    }
-    notify_service(artex_upgrade::notify::ready());
-    notify_service(artex_upgrade::notify::status(&format!(
-        "serving on {http_addr}"
-    )));
-    shutdown.await;
-    let report = if listener_passed.load(Ordering::Acquire) {
-        // The successor serves the socket: stop serving here first, then finish the
-        // remaining tasks.
-        notify_service(artex_upgrade::notify::status(
-            "upgraded; draining: finishing the last tasks",
-        ));
-        hot_upgrade::drain::stop_serving(&handle).await;
-        let report = drain(&worker, &config, args).await?;
-        let _ = serving.await;
-        report
-    } else {
-        notify_service(artex_upgrade::notify::stopping());
-        let report = drain(&worker, &config, args).await?;
-        handle.stop(true).await;
-        let _ = serving.await;
-        report
-    };
-    sweeping.abort();
-    remove_own_generation();
-    Ok(report)
+    Ok(uploads)
 }
 
 /// Sweeps the upload folder every `every` (see [`Uploads::sweep`]).

@@ -7,9 +7,23 @@ use std::time::Duration;
 use actix::prelude::*;
 use serde::Serialize;
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 use super::Worker;
-use crate::blackboard::{AttemptRecord, Outcome, Step, WorkerState};
+use crate::blackboard::{AttemptRecord, Outcome, Step, WorkerBoard, WorkerState};
+
+/// A drain or a task transfer under way, and who waits for its end.
+#[derive(Debug, Default)]
+pub(super) struct Stopping {
+    /// It takes no new work (a drain, or a task transfer).
+    pub draining: bool,
+    /// Drains waiting for nothing to run and every outcome to be written.
+    pub drain_waiters: Vec<oneshot::Sender<()>>,
+    /// Tasks stopped at a checkpoint for a task transfer: (task id, epoch held).
+    pub suspended: Vec<(Uuid, i64)>,
+    /// Task transfers waiting for resumable tasks to reach a checkpoint.
+    pub suspend_waiters: Vec<oneshot::Sender<()>>,
+}
 
 /// Stop taking work, give back what was assigned but not started, let running tasks
 /// finish within `deadline`, give back what is still running then, write every outcome,
@@ -36,11 +50,11 @@ impl Handler<Drain> for Worker {
     type Result = ResponseActFuture<Self, DrainReport>;
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
-        self.draining = true;
+        self.stopping.draining = true;
         // Tasks stopped for a task transfer that did not take them: back to the planner (a
         // release counts no attempt, so the retry figures play no part).
-        for (id, epoch) in std::mem::take(&mut self.suspended) {
-            self.outbox.push(AttemptRecord {
+        for (id, epoch) in std::mem::take(&mut self.stopping.suspended) {
+            self.outcomes.outbox.push(AttemptRecord {
                 id,
                 epoch,
                 retries: 0,
@@ -51,80 +65,97 @@ impl Handler<Drain> for Worker {
         }
         self.pump(ctx);
         self.flush(ctx);
-        let finished_before = self.finished;
+        let finished_before = self.outcomes.finished;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         // The queue is empty now: what is left ran here, its outcome not written yet.
-        let running = self.ledger.outcome_unwritten();
+        let running = self.held.ledger.outcome_unwritten();
         Box::pin(
-            async move {
-                // Draining first: a task given back while the roster still shows this
-                // worker online could be assigned to it again.
-                if let Err(e) = bb.set_worker_state(&id, WorkerState::Draining).await {
-                    tracing::warn!(error = %e, "cannot mark the worker draining");
-                }
-                // Queued and unread tasks go back; running ones finish here, and finished
-                // ones whose outcome is on its way stay for it.
-                bb.release_assigned(&id, "released by a draining worker", &running)
-                    .await
-                    .map(|v| v.len())
-                    .unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
-                        0
-                    })
-            }
-            .into_actor(self)
-            .then(move |released, act, _ctx| {
-                let (tx, rx) = oneshot::channel();
-                act.drain_waiters.push(tx);
-                act.check_drained();
-                async move {
-                    let finished_in_time = tokio::time::timeout(msg.deadline, rx).await.is_ok();
-                    (released, finished_in_time)
-                }
-                .into_actor(act)
-            })
-            .then(move |(released, finished_in_time), act, _ctx| {
-                let mut report = DrainReport {
-                    released_unstarted: released,
-                    ..Default::default()
-                };
-                let mut late = Vec::new();
-                if !finished_in_time {
-                    for (id, r) in act.running.drain() {
-                        r.abort.abort();
-                        late.push(r.record(id, Step::Finish(Outcome::Released)));
+            async move { release_unstarted(&bb, &id, &running).await }
+                .into_actor(self)
+                .then(move |released, act, _ctx| {
+                    let (tx, rx) = oneshot::channel();
+                    act.stopping.drain_waiters.push(tx);
+                    act.check_drained();
+                    async move {
+                        let in_time = tokio::time::timeout(msg.deadline, rx).await.is_ok();
+                        (released, in_time)
                     }
-                }
-                report.released_running = late.len();
-                let mut outcomes = std::mem::take(&mut act.outbox);
-                outcomes.extend(late);
-                let bb = act.bb.clone();
-                let id = act.config.id.clone();
-                async move {
-                    // The last writes of this process: retry for a while if the database
-                    // is restarting, then leave what is left to the reaper.
-                    for attempt in 0..50 {
-                        match bb.record(&id, &outcomes).await {
-                            Ok(_) => break,
-                            Err(e) => {
-                                tracing::warn!(error = %e, attempt, "cannot record final outcomes");
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                        }
-                    }
-                    if let Err(e) = bb.set_worker_state(&id, WorkerState::Gone).await {
-                        tracing::warn!(error = %e, "cannot deregister; the reaper will mark it gone");
-                    }
-                    report
-                }
-                .into_actor(act)
-                .map(move |mut report, act, _| {
-                    report.finished_during_drain = act.finished - finished_before;
-                    report
+                    .into_actor(act)
                 })
-            }),
+                .then(move |(released, in_time), act, _ctx| {
+                    act.end_drain(released, in_time)
+                        .map(move |mut report, act, _| {
+                            report.finished_during_drain = act.outcomes.finished - finished_before;
+                            report
+                        })
+                }),
         )
+    }
+}
+
+impl Worker {
+    /// The drain's end: what still runs past the deadline (`in_time` false) is stopped
+    /// and given back, every outcome is written, and the worker is marked gone.
+    fn end_drain(
+        &mut self,
+        released: usize,
+        in_time: bool,
+    ) -> impl ActorFuture<Self, Output = DrainReport> {
+        let mut late = Vec::new();
+        if !in_time {
+            for (id, r) in self.held.running.drain() {
+                r.abort.abort();
+                late.push(r.record(id, Step::Finish(Outcome::Released)));
+            }
+        }
+        let report = DrainReport {
+            released_unstarted: released,
+            released_running: late.len(),
+            ..Default::default()
+        };
+        let mut outcomes = std::mem::take(&mut self.outcomes.outbox);
+        outcomes.extend(late);
+        let (bb, id) = (self.bb.clone(), self.config.id.clone());
+        async move {
+            write_last(&bb, &id, &outcomes).await;
+            report
+        }
+        .into_actor(self)
+    }
+}
+
+/// Marks the worker draining, then gives back what is assigned to it but not `running`
+/// here; how many. Draining first: a task given back while the roster still shows this
+/// worker online could be assigned to it again. Running ones finish here, and finished
+/// ones whose outcome is on its way stay for it.
+async fn release_unstarted(bb: &WorkerBoard, id: &str, running: &[Uuid]) -> usize {
+    if let Err(e) = bb.set_worker_state(id, WorkerState::Draining).await {
+        tracing::warn!(error = %e, "cannot mark the worker draining");
+    }
+    bb.release_assigned(id, "released by a draining worker", running)
+        .await
+        .map(|v| v.len())
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
+            0
+        })
+}
+
+/// The last writes of this process: its outcomes, retried for a while if the database is
+/// restarting (then what is left is the reaper's), and its state, gone.
+async fn write_last(bb: &WorkerBoard, id: &str, outcomes: &[AttemptRecord]) {
+    for attempt in 0..50 {
+        match bb.record(id, outcomes).await {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "cannot record final outcomes");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    if let Err(e) = bb.set_worker_state(id, WorkerState::Gone).await {
+        tracing::warn!(error = %e, "cannot deregister; the reaper will mark it gone");
     }
 }
 
@@ -133,14 +164,14 @@ impl Worker {
     pub(super) fn check_drained(&mut self) {
         // Drained: nothing runs, every outcome is written, and no read is in flight (what
         // it brings is dropped, but only once it has come back).
-        if self.draining
-            && self.running.is_empty()
-            && self.queue.is_empty()
-            && self.outbox.is_empty()
-            && !self.flushing
-            && !self.fetching
+        if self.stopping.draining
+            && self.held.running.is_empty()
+            && self.held.queue.is_empty()
+            && self.outcomes.outbox.is_empty()
+            && !self.outcomes.flight.busy()
+            && !self.intake.flight.busy()
         {
-            for w in self.drain_waiters.drain(..) {
+            for w in self.stopping.drain_waiters.drain(..) {
                 let _ = w.send(());
             }
         }

@@ -172,14 +172,31 @@ impl Worker {
     pub(super) fn fence(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         let margin = margin(self.config.lease);
-        let due_running: Vec<Uuid> = self
+        let stopped = self.stop_due_running(now, margin);
+        let dropped = self.drop_due_queued(now, margin);
+        let held: HashSet<(Uuid, i64)> = self.held.keys().into_iter().collect();
+        self.held.leases.keep_only(&held);
+        if stopped {
+            self.flush(ctx);
+        }
+        if stopped || dropped {
+            self.check_suspended();
+            self.check_drained();
+        }
+    }
+
+    /// Stops the handlers whose lease ends within `margin` of `now`, recording each
+    /// attempt failed (to be retried) unless its task was canceled; whether any was.
+    fn stop_due_running(&mut self, now: Instant, margin: Duration) -> bool {
+        let due: Vec<Uuid> = self
+            .held
             .running
             .iter()
-            .filter(|(id, r)| self.leases.due((**id, r.epoch), now, margin))
+            .filter(|(id, r)| self.held.leases.due((**id, r.epoch), now, margin))
             .map(|(id, _)| *id)
             .collect();
-        for id in &due_running {
-            let Some(r) = self.running.remove(id) else {
+        for id in &due {
+            let Some(r) = self.held.running.remove(id) else {
                 continue;
             };
             r.abort.abort();
@@ -191,7 +208,7 @@ impl Worker {
                     "a canceled task's handler ran past the grace: stopped");
                 continue;
             }
-            self.self_fenced += 1;
+            self.liveness.self_fenced += 1;
             tracing::warn!(task = %id, epoch = r.epoch, kind = %r.kind,
                 "lease not renewed in time: handler stopped before the lease could expire");
             let outcome = Outcome::Failed {
@@ -200,11 +217,19 @@ impl Worker {
                     .into(),
                 retry_in_ms: self.backoff_ms(&r.kind, r.retries),
             };
-            self.outbox.push(r.record(*id, Step::Finish(outcome)));
+            self.outcomes
+                .outbox
+                .push(r.record(*id, Step::Finish(outcome)));
         }
+        !due.is_empty()
+    }
+
+    /// Drops unrun the queued tasks whose lease ends within `margin` of `now`; whether
+    /// any was.
+    fn drop_due_queued(&mut self, now: Instant, margin: Duration) -> bool {
         let mut dropped = Vec::new();
-        self.queue.retain(|t| {
-            let due = self.leases.due((t.id, t.epoch), now, margin);
+        self.held.queue.retain(|t| {
+            let due = self.held.leases.due((t.id, t.epoch), now, margin);
             if due {
                 dropped.push((t.id, t.epoch));
             }
@@ -212,22 +237,9 @@ impl Worker {
         });
         for key in &dropped {
             tracing::warn!(task = %key.0, epoch = key.1, "lease not renewed in time: queued task dropped unrun");
-            self.ledger.dropped_unrun(*key);
+            self.held.ledger.dropped_unrun(*key);
         }
-        let held: HashSet<(Uuid, i64)> = self
-            .running
-            .iter()
-            .map(|(id, r)| (*id, r.epoch))
-            .chain(self.queue.iter().map(|t| (t.id, t.epoch)))
-            .collect();
-        self.leases.keep_only(&held);
-        if !due_running.is_empty() {
-            self.flush(ctx);
-        }
-        if !due_running.is_empty() || !dropped.is_empty() {
-            self.check_suspended();
-            self.check_drained();
-        }
+        !dropped.is_empty()
     }
 }
 

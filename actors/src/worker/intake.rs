@@ -6,13 +6,99 @@
 //! end is placed on the local clock through that read (sent at a known instant, the
 //! database's clock read during it), erring early as every lease estimate here does.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::Worker;
+use super::flight::SingleFlight;
+use super::{Worker, WorkerConfig, PUSHED_POLL};
 use crate::blackboard::carried::{parse_carried, ReadSnapshot};
-use crate::blackboard::AssignedTask;
+use crate::blackboard::{AssignedRead, AssignedTask};
+
+/// How tasks reach the worker: its reads (one in flight at a time, a repeat asked for
+/// meanwhile following it), the poll's pace, and what it knows of the planners' pushes.
+#[derive(Debug)]
+pub(super) struct Intake {
+    /// A read of its assignments is in flight.
+    pub flight: SingleFlight,
+    /// The last read returned as many tasks as it asked for, or stopped at the memory
+    /// budget: there may be more.
+    pub maybe_more: bool,
+    /// What its latest finished read saw: which carried tasks it may take, and how long
+    /// their leases surely run (see `blackboard::carried`).
+    pub last_read: Option<LastRead>,
+    /// A planner's push reached it (see [`PUSHED_POLL`]).
+    pub pushed: bool,
+    /// Planners record that their pushes fail to reach it (read with its heartbeat): it
+    /// polls for its tasks.
+    pub wake_unreachable: bool,
+    /// When its last read was sent.
+    pub read_at: Instant,
+    /// When the poll last came due.
+    pub polled_at: Instant,
+    /// The poll's period now (see [`PUSHED_POLL`]).
+    pub poll_every: Duration,
+    /// When it last gave slots back (sent outcomes to be written) and has not read new
+    /// tasks since: how long the planner takes to refill it is part of the depth.
+    pub gave_back: Option<Instant>,
+    /// A handler slot went idle with the queue empty since the last refill: the queue,
+    /// not the handlers, held the pace back (see `QueueDepth::starved`).
+    pub ran_dry: bool,
+}
+
+impl Intake {
+    /// Polling every `poll` until a push reaches it.
+    pub fn new(poll: Duration) -> Self {
+        Intake {
+            flight: SingleFlight::default(),
+            maybe_more: false,
+            last_read: None,
+            pushed: false,
+            wake_unreachable: false,
+            read_at: Instant::now(),
+            polled_at: Instant::now(),
+            poll_every: poll,
+            gave_back: None,
+            ran_dry: false,
+        }
+    }
+
+    /// A read of its assignments found `found` new tasks: a worker woken by pushes that
+    /// none has reached yet polls every [`WorkerConfig::poll`] while reads find tasks, and
+    /// backs off (doubling) to [`PUSHED_POLL`] while they find none.
+    pub fn read_found(&mut self, found: usize, config: &WorkerConfig) {
+        let most = PUSHED_POLL.max(config.poll);
+        self.poll_every = if config.wake_addr.is_none() {
+            config.poll
+        } else if self.pushed {
+            most
+        } else if found > 0 {
+            config.poll
+        } else {
+            (self.poll_every * 2).clamp(config.poll, most)
+        };
+    }
+
+    /// Whether the safety-net poll is due now (it then counts from now).
+    pub fn poll_due(&mut self) -> bool {
+        let due = self.polled_at.elapsed() >= self.poll_every;
+        if due {
+            self.polled_at = Instant::now();
+        }
+        due
+    }
+
+    /// A planner's push reached it: once, it slows its poll down to [`PUSHED_POLL`]
+    /// (unless the planners record that pushes fail: then it keeps polling).
+    pub fn pushed(&mut self, config: &WorkerConfig) {
+        if self.pushed || self.wake_unreachable {
+            return;
+        }
+        tracing::info!(worker = %config.id, "planners reach this worker: it polls every {PUSHED_POLL:?} now");
+        self.pushed = true;
+        self.poll_every = PUSHED_POLL.max(config.poll);
+    }
+}
 
 /// What the worker's latest finished read of its assignments saw.
 #[derive(Debug, Clone)]
@@ -34,19 +120,19 @@ impl Handler<Carried> for Worker {
     type Result = ();
 
     fn handle(&mut self, msg: Carried, ctx: &mut Context<Self>) {
-        if self.draining {
+        if self.stopping.draining {
             // Still `assigned` in the blackboard: the drain gives them back, a task
             // transfer moves them.
             return;
         }
-        let Some(last) = self.last_read.clone() else {
+        let Some(last) = self.intake.last_read.clone() else {
             // No read has finished yet (the first is under way): it finds them.
             self.fetch(ctx);
             return;
         };
-        let free_slots = self.capacity().saturating_sub(self.held());
-        let mut room = self.config.queue_max_bytes as i64 - self.held_bytes();
-        let mut holds_nothing = self.held() == 0;
+        let free_slots = self.capacity().saturating_sub(self.held.count());
+        let mut room = self.config.queue_max_bytes as i64 - self.held.bytes();
+        let mut holds_nothing = self.held.count() == 0;
         let mut left_over = false;
         let mut new = Vec::new();
         for payload in &msg.0 {
@@ -71,19 +157,19 @@ impl Handler<Carried> for Worker {
                     left_over = true;
                     continue;
                 }
-                if !self.ledger.take_carried((c.task.id, c.task.epoch)) {
+                if !self.held.ledger.take_carried((c.task.id, c.task.epoch)) {
                     continue;
                 }
                 let mut task = c.task;
                 task.lease_left_ms = c.lease_until_ms - last.db_clock_ms;
-                self.hold_until(&task, last.sent);
+                self.held.hold_until(&task, last.sent);
                 room -= task.payload_bytes;
                 holds_nothing = false;
                 new.push(task);
             }
         }
         if left_over {
-            self.maybe_more = true;
+            self.intake.maybe_more = true;
         }
         self.refill(new, free_slots, ctx);
         if left_over {
@@ -96,29 +182,24 @@ impl Worker {
     /// Reads the tasks assigned to it (up to its capacity) into the queue and starts
     /// what fits.
     pub(super) fn fetch(&mut self, ctx: &mut Context<Self>) {
-        if self.draining {
+        if self.stopping.draining {
             return;
         }
-        if self.fetching {
-            self.fetch_again = true;
+        // A read in flight: one more follows it (the capacity is looked at then).
+        if self.intake.flight.owe() || self.held.count() >= self.capacity() {
             return;
         }
-        if self.held() >= self.capacity() {
-            return;
-        }
-        self.fetching = true;
-        self.read_at = Instant::now();
-        self.fetch_again = false;
-        let read = self.ledger.start_read();
+        self.intake.flight.start();
+        self.intake.read_at = Instant::now();
+        let read = self.held.ledger.start_read();
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let limit = self.capacity();
         // Payloads are held in memory from the read until the handler ends: read only
         // what fits in the budget (one task at least, when nothing is held).
-        let room = self.config.queue_max_bytes as i64 - self.held_bytes();
-        let holds_nothing = self.held() == 0;
-        let budget = room.max(0);
-        let free_slots = limit - self.held();
+        let room = self.config.queue_max_bytes as i64 - self.held.bytes();
+        let holds_nothing = self.held.count() == 0;
+        let free_slots = limit - self.held.count();
         let sent = Instant::now();
         async move {
             bb.read_assigned(&id, limit as i64, room, holds_nothing)
@@ -126,25 +207,12 @@ impl Worker {
         }
         .into_actor(self)
         .map(move |res, act, ctx| {
-            act.fetching = false;
-            act.db_result(&res);
+            let again = act.intake.flight.end();
+            act.liveness.db_result(&res);
             match res {
                 Ok(Some(read_back)) => {
-                    let tasks = read_back.tasks;
-                    let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
-                    // Near the budget, the next task may not have fitted.
-                    act.maybe_more = tasks.len() == limit || bytes * 2 > budget;
-                    let new = act.ledger.read_returned(read, tasks, |t| (t.id, t.epoch));
-                    act.read_found(new.len());
-                    for t in &new {
-                        act.hold_until(t, sent);
-                    }
-                    act.last_read = Some(LastRead {
-                        snapshot: read_back.snapshot,
-                        sent,
-                        db_clock_ms: read_back.db_clock_ms,
-                    });
-                    act.refill(new, free_slots, ctx);
+                    let budget = room.max(0);
+                    act.read_back(read, read_back, (limit, free_slots, budget), sent, ctx)
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -152,12 +220,52 @@ impl Worker {
                     tracing::warn!(error = %e, "cannot read assigned tasks; retrying on the next poll");
                 }
             }
-            if act.fetch_again {
+            if again {
                 act.fetch(ctx);
             }
             act.check_drained();
         })
         .spawn(ctx);
+    }
+
+    /// A read (the ledger's `read`, sent at `sent`, asking for `limit` tasks within
+    /// `budget` bytes with `free_slots` free) came back: what it did not have yet goes
+    /// to the queue.
+    fn read_back(
+        &mut self,
+        read: super::ledger::Read,
+        read_back: AssignedRead,
+        (limit, free_slots, budget): (usize, usize, i64),
+        sent: Instant,
+        ctx: &mut Context<Self>,
+    ) {
+        let tasks = read_back.tasks;
+        let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
+        // Near the budget, the next task may not have fitted.
+        self.intake.maybe_more = tasks.len() == limit || bytes * 2 > budget;
+        let new = self
+            .held
+            .ledger
+            .read_returned(read, tasks, |t| (t.id, t.epoch));
+        self.intake.read_found(new.len(), &self.config);
+        for t in &new {
+            self.held.hold_until(t, sent);
+        }
+        self.intake.last_read = Some(LastRead {
+            snapshot: read_back.snapshot,
+            sent,
+            db_clock_ms: read_back.db_clock_ms,
+        });
+        self.refill(new, free_slots, ctx);
+    }
+
+    /// The safety-net poll: a read of its assignments, unless it read less than a poll
+    /// period ago.
+    pub(super) fn poll(&mut self, ctx: &mut Context<Self>) {
+        if self.intake.read_at.elapsed() < self.intake.poll_every {
+            return;
+        }
+        self.fetch(ctx);
     }
 
     /// New tasks it took (read, or carried by a wake-up) into the queue, and started
@@ -171,20 +279,88 @@ impl Worker {
         if new.is_empty() {
             return;
         }
-        if let Some(at) = self.gave_back.take() {
+        if let Some(at) = self.intake.gave_back.take() {
             self.depth.refilled(at.elapsed());
         }
         // Every free slot filled after the handlers ran dry: a backlog larger than the
         // queue. Deepen it now.
-        if std::mem::take(&mut self.ran_dry) && new.len() >= free_slots {
+        if std::mem::take(&mut self.intake.ran_dry) && new.len() >= free_slots {
             if let Some(depth) = self.depth.starved() {
                 tracing::debug!(worker = %self.config.id, depth,
                     "local queue deepened: refills run dry");
-                self.beat_again = self.heartbeating;
-                self.heartbeat(ctx);
+                self.beat_now(ctx);
             }
         }
-        self.queue.extend(new);
+        self.held.queue.extend(new);
         self.pump(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Intake, WorkerConfig, PUSHED_POLL};
+
+    fn config(wake_addr: Option<&str>) -> WorkerConfig {
+        let ms = Duration::from_millis;
+        WorkerConfig {
+            id: "h:1:a".into(),
+            host: "h".into(),
+            version: "test".into(),
+            http_addr: None,
+            wake_addr: wake_addr.map(str::to_string),
+            concurrency: 1,
+            prefetch: None,
+            queue_max_bytes: 1 << 20,
+            lease: ms(30_000),
+            heartbeat: ms(2_000),
+            poll: ms(200),
+            default_timeout: ms(1_000),
+            cancel_grace: ms(1_000),
+            retry_base: ms(100),
+            retry_cap: ms(1_000),
+        }
+    }
+
+    #[test]
+    fn a_worker_no_push_has_reached_backs_off_while_reads_find_nothing() {
+        let c = config(Some("h:8080"));
+        let mut intake = Intake::new(c.poll);
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            intake.read_found(0, &c);
+            seen.push(intake.poll_every.as_millis());
+        }
+        assert_eq!(seen, [400, 800, 1600, 2000, 2000, 2000]);
+        intake.read_found(3, &c);
+        assert_eq!(
+            intake.poll_every, c.poll,
+            "reads that find tasks poll fast again"
+        );
+    }
+
+    #[test]
+    fn pushes_slow_the_poll_unless_the_planners_say_they_fail() {
+        let c = config(Some("h:8080"));
+        let mut intake = Intake::new(c.poll);
+        intake.pushed(&c);
+        intake.read_found(5, &c);
+        assert_eq!(intake.poll_every, PUSHED_POLL);
+        let mut unreachable = Intake::new(c.poll);
+        unreachable.wake_unreachable = true;
+        unreachable.pushed(&c);
+        unreachable.read_found(5, &c);
+        assert_eq!(
+            unreachable.poll_every, c.poll,
+            "a worker pushes fail to reach polls on"
+        );
+        let listening = config(None);
+        let mut intake = Intake::new(listening.poll);
+        intake.read_found(0, &listening);
+        assert_eq!(
+            intake.poll_every, listening.poll,
+            "a LISTEN worker's poll is the net"
+        );
     }
 }

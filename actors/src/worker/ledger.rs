@@ -39,11 +39,6 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// An empty ledger, before the first read.
-    pub fn new() -> Self {
-        Ledger::default()
-    }
-
     /// A read of the assignments starts: returns its number, which
     /// [`Ledger::read_returned`] needs.
     pub fn start_read(&mut self) -> Read {
@@ -150,7 +145,7 @@ mod tests {
 
     #[test]
     fn reads_are_numbered_in_the_order_they_start() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         let first = ledger.start_read();
         let second = ledger.start_read();
         assert!(first < second);
@@ -159,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_read_takes_every_task_it_does_not_know_in_order() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         let keys = [key(3, 1), key(1, 1), key(2, 1)];
         assert_eq!(read(&mut ledger, &keys), keys);
         assert_eq!(
@@ -170,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_held_task_is_not_taken_again() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         assert_eq!(read(&mut ledger, &[key(1, 1)]), [key(1, 1)]);
         assert_eq!(read(&mut ledger, &[key(1, 1), key(2, 1)]), [key(2, 1)]);
         assert_eq!(read(&mut ledger, &[key(1, 1), key(2, 1)]), []);
@@ -178,7 +173,7 @@ mod tests {
 
     #[test]
     fn the_same_task_at_a_new_epoch_is_a_new_task() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1)]);
         assert_eq!(read(&mut ledger, &[key(1, 2)]), [key(1, 2)]);
     }
@@ -187,7 +182,7 @@ mod tests {
     fn a_task_let_go_is_not_taken_by_a_read_that_started_before() {
         // The read starts, the outcome is written, then the read comes back: its snapshot
         // may predate the write, so the task may read `assigned`; it must not run again.
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1)]);
         let in_flight = ledger.start_read();
         ledger.let_go(key(1, 1));
@@ -199,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_task_let_go_stays_until_a_read_started_after_the_write() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1)]);
         let before = ledger.start_read();
         ledger.let_go(key(1, 1));
@@ -213,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_read_forgets_only_what_was_let_go_before_it_started() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1), key(2, 1)]);
         ledger.let_go(key(1, 1));
         let r = ledger.start_read();
@@ -230,7 +225,7 @@ mod tests {
 
     #[test]
     fn a_read_never_forgets_a_held_task() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1)]);
         for _ in 0..3 {
             assert_eq!(read(&mut ledger, &[key(1, 1)]), []);
@@ -240,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_task_let_go_has_its_outcome_written() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1), key(2, 1)]);
         ledger.let_go(key(1, 1));
         assert_eq!(ledger.outcome_unwritten(), [key(2, 1).0]);
@@ -250,7 +245,7 @@ mod tests {
     fn letting_go_of_a_task_never_taken_still_keeps_it_from_earlier_reads() {
         // A lease lost or a record fenced off for a key the ledger did not hold (e.g.
         // after a drop) is remembered all the same.
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         let r = ledger.start_read();
         ledger.let_go(key(1, 1));
         assert_eq!(ledger.read_returned(r, [key(1, 1)], |k| *k), []);
@@ -259,7 +254,7 @@ mod tests {
 
     #[test]
     fn a_task_taken_over_is_held_whatever_the_ledger_said() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1)]);
         ledger.let_go(key(1, 1));
         ledger.took_over(key(1, 1));
@@ -272,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_task_dropped_unrun_is_forgotten_at_once() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1), key(2, 1)]);
         ledger.dropped_unrun(key(1, 1));
         assert_eq!(ledger.outcome_unwritten(), [key(2, 1).0]);
@@ -282,7 +277,7 @@ mod tests {
 
     #[test]
     fn outcome_unwritten_lists_held_tasks_only() {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::default();
         read(&mut ledger, &[key(1, 1), key(2, 1), key(3, 1)]);
         ledger.let_go(key(2, 1));
         ledger.dropped_unrun(key(3, 1));

@@ -4,16 +4,98 @@
 //! most every [`PROGRESS_EVERY`], and a task's last value just before its outcome
 //! (`WorkerBoard::save_progress`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use actix::prelude::*;
 use uuid::Uuid;
 
+use super::flight::SingleFlight;
+use super::Worker;
 use crate::blackboard::{ProgressNote, MAX_PROGRESS_MESSAGE_CHARS};
 
 /// How often, at most, a worker writes its tasks' progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Handlers' progress on its way to the blackboard: what they reported, the write in
+/// flight, and when the last one was sent.
+pub(super) struct Progress {
+    pub slots: ProgressSlots,
+    pub flight: SingleFlight,
+    pub sent: Instant,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            slots: ProgressSlots::default(),
+            flight: SingleFlight::default(),
+            sent: Instant::now(),
+        }
+    }
+}
+
+impl Worker {
+    /// Writes the progress its running tasks reported since the last write, all in one
+    /// statement (none when nothing was reported). A value of a task that no longer runs
+    /// here is dropped; one whose row the worker's own batch in flight locked is kept for
+    /// the next write, unless a newer one came.
+    ///
+    /// Never while a renewal is in flight, nor a renewal during it: both skip the rows
+    /// the other locks, and with leases renewed about every second too they would meet
+    /// again and again (the next tick, a tenth of a second later, tries again).
+    pub(super) fn write_progress(&mut self, ctx: &mut Context<Self>) {
+        if self.progress.flight.busy() || self.liveness.renew.busy() {
+            return;
+        }
+        let notes: Vec<_> = self
+            .progress
+            .slots
+            .take_all()
+            .into_iter()
+            .filter(|n| {
+                self.held
+                    .running
+                    .get(&n.id)
+                    .is_some_and(|r| r.epoch == n.epoch)
+            })
+            .collect();
+        self.progress.sent = Instant::now();
+        if notes.is_empty() {
+            return;
+        }
+        self.progress.flight.start();
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move {
+            let res = bb.save_progress(&id, &notes, false).await;
+            (res, notes)
+        }
+        .into_actor(self)
+        .map(|(res, notes), act, ctx| {
+            act.progress.flight.end();
+            // A renewal waited for this write (see above).
+            if act.liveness.renew.take_owed() {
+                act.renew(ctx);
+            }
+            act.liveness.db_result(&res);
+            let written: HashSet<Uuid> = match res {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, count = notes.len(), "cannot write progress; retrying");
+                    HashSet::new()
+                }
+            };
+            for n in notes.into_iter().filter(|n| !written.contains(&n.id)) {
+                if act.held.running.get(&n.id).is_some_and(|r| r.epoch == n.epoch) {
+                    act.progress.slots.put_back(n);
+                }
+            }
+        })
+        .spawn(ctx);
+    }
+}
 
 /// The latest progress each running task reported and the worker has not written yet,
 /// shared by the worker and its handlers' contexts.

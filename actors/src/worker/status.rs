@@ -84,6 +84,7 @@ impl Worker {
     /// A snapshot for `/status`.
     pub(super) fn status(&self) -> WorkerStatus {
         let mut running: Vec<RunningTask> = self
+            .held
             .running
             .iter()
             .map(|(id, r)| RunningTask {
@@ -96,25 +97,25 @@ impl Worker {
         running.sort_by_key(|r| std::cmp::Reverse(r.running_ms));
         WorkerStatus {
             id: self.config.id.clone(),
-            state: if self.draining {
+            state: if self.stopping.draining {
                 WorkerState::Draining
             } else {
                 WorkerState::Online
             },
-            database_ok: self.db_error.is_none(),
-            database_error: self.db_error.clone(),
+            database_ok: self.liveness.db_error.is_none(),
+            database_error: self.liveness.db_error.clone(),
             running,
-            queued: self.queue.len(),
+            queued: self.held.queue.len(),
             prefetch: self.depth.current(),
             prefetch_auto: self.depth.is_auto(),
             finished_per_s: self.depth.rate(),
             refill_ms: self.depth.refill().as_secs_f64() * 1000.0,
-            payload_bytes: self.held_bytes(),
-            unwritten_outcomes: self.outbox.len(),
-            finished: self.finished,
-            fenced_off: self.fenced_off,
-            self_fenced: self.self_fenced,
-            wake_ups: match (&self.config.wake_addr, self.wake_unreachable) {
+            payload_bytes: self.held.bytes(),
+            unwritten_outcomes: self.outcomes.outbox.len(),
+            finished: self.outcomes.finished,
+            fenced_off: self.outcomes.fenced_off,
+            self_fenced: self.liveness.self_fenced,
+            wake_ups: match (&self.config.wake_addr, self.intake.wake_unreachable) {
                 (None, _) => "notify",
                 (Some(_), true) => WAKE_UPS_POLLING,
                 (Some(_), false) => "pushed",

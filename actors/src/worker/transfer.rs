@@ -40,15 +40,15 @@ impl Handler<SuspendForTransfer> for Worker {
     type Result = ResponseActFuture<Self, SuspendReport>;
 
     fn handle(&mut self, msg: SuspendForTransfer, ctx: &mut Context<Self>) -> Self::Result {
-        self.draining = true;
+        self.stopping.draining = true;
         self.pump(ctx);
-        for r in self.running.values() {
+        for r in self.held.running.values() {
             if r.resumable {
                 r.suspend.store(true, Ordering::Release);
             }
         }
         let (tx, rx) = oneshot::channel();
-        self.suspend_waiters.push(tx);
+        self.stopping.suspend_waiters.push(tx);
         self.check_suspended();
         Box::pin(
             async move {
@@ -59,20 +59,21 @@ impl Handler<SuspendForTransfer> for Worker {
                 // Past the deadline: stop the stragglers; the blackboard holds their last
                 // checkpoint, which is what the new process resumes from.
                 let late: Vec<Uuid> = act
+                    .held
                     .running
                     .iter()
                     .filter(|(_, r)| r.resumable)
                     .map(|(id, _)| *id)
                     .collect();
                 for id in late {
-                    if let Some(r) = act.running.remove(&id) {
+                    if let Some(r) = act.held.running.remove(&id) {
                         r.abort.abort();
-                        act.suspended.push((id, r.epoch));
+                        act.stopping.suspended.push((id, r.epoch));
                     }
                 }
                 SuspendReport {
-                    suspended: std::mem::take(&mut act.suspended),
-                    staying: act.ledger.outcome_unwritten(),
+                    suspended: std::mem::take(&mut act.stopping.suspended),
+                    staying: act.held.ledger.outcome_unwritten(),
                 }
             }),
         )
@@ -122,8 +123,8 @@ impl Handler<ResumeTasks> for Worker {
                     for t in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
                         report.resumed.push(t.id);
-                        act.ledger.took_over((t.id, t.epoch));
-                        act.hold_until(&t, sent);
+                        act.held.ledger.took_over((t.id, t.epoch));
+                        act.held.hold_until(&t, sent);
                         act.run(t, ctx);
                     }
                     act.flush(ctx);
@@ -141,8 +142,8 @@ pub struct ResumeWork;
 impl Handler<ResumeWork> for Worker {
     type Result = ();
     fn handle(&mut self, _msg: ResumeWork, ctx: &mut Context<Self>) {
-        self.draining = false;
-        for r in self.running.values() {
+        self.stopping.draining = false;
+        for r in self.held.running.values() {
             r.suspend.store(false, Ordering::Release);
         }
         let bb = self.bb.clone();
@@ -172,11 +173,12 @@ impl Worker {
     /// Wakes a waiting task transfer once no resumable task is still on its way to a checkpoint.
     pub(super) fn check_suspended(&mut self) {
         let waiting = self
+            .held
             .running
             .values()
             .any(|r| r.resumable && r.suspend.load(Ordering::Acquire));
         if !waiting {
-            for w in self.suspend_waiters.drain(..) {
+            for w in self.stopping.suspend_waiters.drain(..) {
                 let _ = w.send(());
             }
         }
