@@ -12,9 +12,12 @@
 //!   actors.
 //! - [`schedule`]: what a cron schedule is and its rules (pure): its slots in its time
 //!   zone, and the catch-up rules for slots missed while no planner ran.
-//! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor and its run loop
-//!   (read, run, record); `worker/intake.rs` its reads, and the tasks a wake-up
-//!   carries, started without a read; `worker/liveness.rs` lease renewals and heartbeats;
+//! - [`worker`]: the worker runtime. `worker/mod.rs` is the actor, its run loop and
+//!   what runs a handler, composing its parts, each owning its state: `worker/held.rs`
+//!   what it holds; `worker/intake.rs` its reads, the poll's pace, and the tasks a
+//!   wake-up carries, started without a read; `worker/outcomes.rs` starts and outcomes
+//!   written in batches; `worker/policies.rs` its kinds' retry policies;
+//!   `worker/liveness.rs` lease renewals and heartbeats;
 //!   `worker/fence.rs` self-fencing (a task whose lease could not be renewed in time is
 //!   stopped before it can expire); [`worker::handlers`] the handler registry and what a
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
@@ -31,6 +34,8 @@
 //! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
 //!   the attempts a task of the kind gets by default.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
+//! - `flight.rs`: "one call in flight, coalesce the repeats", the loop shape every
+//!   actor's call to the blackboard takes.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
 //!   by the Reaper).
 //! - [`error`]: this crate's error type (a leaf but for one call: every PostgreSQL error
@@ -42,6 +47,7 @@
 pub mod assigner;
 pub mod blackboard;
 pub mod error;
+mod flight;
 pub mod maintenance;
 pub mod reaper;
 pub mod retry;

@@ -10,6 +10,7 @@ use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
 use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, TASKS_CHANNEL};
+use crate::flight::SingleFlight;
 use crate::supervisor::ActorStats;
 use crate::waker::Waker;
 
@@ -23,8 +24,8 @@ pub struct Scanner {
     assigner: Addr<Assigner>,
     poll: Duration,
     stats: ActorStats,
-    in_flight: bool,
-    again: bool,
+    /// A round is under way; another is owed after it.
+    round: SingleFlight,
     waker: Option<Waker>,
 }
 
@@ -42,8 +43,7 @@ impl Scanner {
             assigner,
             poll,
             stats,
-            in_flight: false,
-            again: false,
+            round: SingleFlight::default(),
             waker: None,
         }
     }
@@ -57,23 +57,18 @@ impl Scanner {
     /// Starts an assignment round, or, if one is running, asks for another right after it
     /// (a burst of wake-ups costs one extra round). [`ScanNow`] runs one and awaits it.
     fn start_round(&mut self, ctx: &mut Context<Self>) {
-        if self.in_flight {
-            self.again = true;
+        if !self.round.start() {
             return;
         }
-        self.in_flight = true;
-        self.again = false;
         self.assigner
             .send(AssignNow)
             .into_actor(self)
             .map(|res, act, ctx| {
-                act.in_flight = false;
+                let mut again = act.round.end();
                 match res {
                     Ok(Ok(report)) => {
                         act.stats.ran("scanner");
-                        if report.more_may_fit() {
-                            act.again = true;
-                        }
+                        again |= report.more_may_fit();
                         if report.assigned > 0 {
                             tracing::debug!(assigned = report.assigned, "assigned tasks");
                         }
@@ -87,7 +82,7 @@ impl Scanner {
                         tracing::warn!(error = %e, "assigner unavailable; retrying on the next poll");
                     }
                 }
-                if act.again {
+                if again {
                     act.start_round(ctx);
                 }
             })
@@ -138,7 +133,7 @@ impl Actor for Scanner {
 
 impl Supervised for Scanner {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        self.in_flight = false;
+        self.round.reset();
         self.stats.restarted("scanner");
     }
 }

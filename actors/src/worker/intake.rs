@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::flight::SingleFlight;
 use super::{Worker, WorkerConfig, PUSHED_POLL};
 use crate::blackboard::carried::{parse_carried, ReadSnapshot};
 use crate::blackboard::{AssignedRead, AssignedTask};
+use crate::flight::SingleFlight;
 
 /// How tasks reach the worker: its reads (one in flight at a time, a repeat asked for
 /// meanwhile following it), the poll's pace, and what it knows of the planners' pushes.

@@ -10,9 +10,9 @@ use std::time::Instant;
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::flight::SingleFlight;
 use super::{fence, Worker};
 use crate::blackboard::{WorkerBoard, WorkerState};
+use crate::flight::SingleFlight;
 
 /// The renewal and the heartbeat in flight, and what they tell of the database.
 #[derive(Debug, Default)]

@@ -21,7 +21,6 @@
 pub mod depth;
 pub mod drain;
 mod fence;
-mod flight;
 pub mod handlers;
 mod held;
 mod intake;

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::flight::SingleFlight;
 use super::Worker;
 use crate::blackboard::{AttemptRecord, Step, WorkerBoard};
+use crate::flight::SingleFlight;
 
 /// How soon a batch that could not be written is tried again.
 const FLUSH_RETRY: Duration = Duration::from_millis(100);

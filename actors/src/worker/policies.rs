@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::flight::SingleFlight;
 use super::{Worker, WorkerConfig, POLICY_REFRESH};
+use crate::flight::SingleFlight;
 use crate::retry::RetryPolicy;
 
 /// Its kinds' retry policies as last read.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::flight::SingleFlight;
 use super::Worker;
 use crate::blackboard::{ProgressNote, MAX_PROGRESS_MESSAGE_CHARS};
+use crate::flight::SingleFlight;
 
 /// How often, at most, a worker writes its tasks' progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);

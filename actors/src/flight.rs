@@ -1,12 +1,12 @@
-//! "One call in flight, coalesce the repeats": the shape of every loop of the worker that
-//! writes or reads the blackboard (outcomes, renewals, heartbeats, reads, progress,
-//! retry policies). A loop asked to run while its call is in flight either owes one more
+//! "One call in flight, coalesce the repeats": the shape of every loop of an actor that
+//! writes or reads the blackboard (the worker's outcomes, renewals, heartbeats, reads,
+//! progress and retry policies; the Scanner's assignment rounds). A loop asked to run while its call is in flight either owes one more
 //! run when the call ends ([`SingleFlight::start`]) or lets the request go
 //! ([`SingleFlight::try_start`]: a timer's tick, which comes again anyway).
 
 /// A loop's call in flight, and whether another run was asked for meanwhile.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SingleFlight {
+pub(crate) struct SingleFlight {
     busy: bool,
     again: bool,
 }
