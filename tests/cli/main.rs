@@ -12,6 +12,8 @@
 //! - `bundles`: `bundle create`.
 //! - `pipes`: output into a pipe whose reader has gone (`| head -1`): quiet, exit 141.
 //! - `up`: `artex up`'s banner and default port.
+//! - `reference`: docs/cli.md and docs/configuration.md current, man pages, `--help`'s
+//!   grouping.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -21,6 +23,7 @@ mod embedded_cluster;
 mod input;
 mod output;
 mod pipes;
+mod reference;
 mod submit_fuzz;
 mod up;
 mod waiting;
