@@ -14,11 +14,13 @@
 //! - `up`: `artex up`'s banner and default port.
 //! - `reference`: docs/cli.md and docs/configuration.md current, man pages, `--help`'s
 //!   grouping.
+//! - `doc_links`: every relative link in README.md and docs/ resolves.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod bundles;
+mod doc_links;
 mod embedded_cluster;
 mod input;
 mod output;
