@@ -75,6 +75,16 @@ fn docs_man_writes_a_page_per_command() {
     for expected in ["artex\\-worker", "\\-\\-concurrency", "ARTEX_CONCURRENCY"] {
         assert!(worker.contains(expected), "{expected} missing:\n{worker}");
     }
+    // The synopsis knows no headings: a command's own options still come first.
+    let at = |s: &str| {
+        worker
+            .find(s)
+            .unwrap_or_else(|| panic!("{s} missing:\n{worker}"))
+    };
+    assert!(
+        at("\\-\\-concurrency") < at("\\-\\-database\\-url"),
+        "{worker}"
+    );
     let written = std::fs::read_dir(dir.path()).unwrap().count();
     assert_eq!(written, paths.len(), "one page per command, no other file");
 }
