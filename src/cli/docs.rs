@@ -96,7 +96,7 @@ pub fn cli_markdown() -> String {
     md.push_str(
         "Every command takes these options, before or after its name (`artex --database-url \
          URL tasks` or `artex tasks --database-url URL`), and reads each from its \
-         environment variable when it is not given.\n\n",
+         environment variable when it is not given; `-v` too (see [`artex`](#artex)).\n\n",
     );
     for a in root.get_arguments().filter(|a| is_shared(a)) {
         md.push_str(&arg_item(a));
@@ -123,16 +123,23 @@ pub fn cli_markdown() -> String {
             }
             md.push('\n');
         }
+        // Global options (`-v` and the shared ones) are told once, on `artex` and at the top.
+        let root_or_own = |a: &&Arg| *path == root.get_name() || !a.is_global_set();
         let own: Vec<_> = cmd
             .get_arguments()
             .filter(|a| !a.is_hide_set() && !is_shared(a) && !is_builtin(a))
+            .filter(root_or_own)
             .collect();
-        if !own.is_empty() {
-            md.push_str("Options:\n\n");
-            for a in own {
-                md.push_str(&arg_item(a));
+        let (positional, options): (Vec<_>, Vec<_>) =
+            own.into_iter().partition(|a| a.is_positional());
+        for (title, args) in [("Arguments", positional), ("Options", options)] {
+            if !args.is_empty() {
+                let _ = writeln!(md, "{title}:\n");
+                for a in args {
+                    md.push_str(&arg_item(a));
+                }
+                md.push('\n');
             }
-            md.push('\n');
         }
     }
     md
