@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use clap::Args;
 
+/// The heading `--help` shows the connection options under: every command takes them, so
+/// each command's own options come first (as `git` and `cargo` group theirs). Their
+/// display order (801…) keeps them after a command's own options in man pages' synopses
+/// too, which know no headings.
+pub const DB_HEADING: &str = "Database connection";
+
 /// Where the blackboard is.
 #[derive(Debug, Clone, Args)]
 pub struct DbConfig {
@@ -18,6 +24,8 @@ pub struct DbConfig {
         long,
         env = "ARTEX_DATABASE_URL",
         global = true,
+        help_heading = DB_HEADING,
+        display_order = 801,
         hide_env_values = true
     )]
     pub database_url: Option<String>,
@@ -29,6 +37,8 @@ pub struct DbConfig {
         long,
         env = "ARTEX_LISTEN_DATABASE_URL",
         global = true,
+        help_heading = DB_HEADING,
+        display_order = 802,
         hide_env_values = true
     )]
     pub listen_database_url: Option<String>,
@@ -40,28 +50,41 @@ pub struct DbConfig {
         long,
         env = "ARTEX_READ_DATABASE_URL",
         global = true,
+        help_heading = DB_HEADING,
+        display_order = 803,
         hide_env_values = true
     )]
     pub read_database_url: Option<String>,
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
-    #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true)]
+    #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true,
+        help_heading = DB_HEADING,
+        display_order = 804)]
     pub data_dir: PathBuf,
     /// Connections in each process's pool (the budget per process is this, plus two
-    /// for heartbeats and renewals, plus one LISTEN session per listener: see README).
+    /// for heartbeats and renewals, plus one LISTEN session per listener: see
+    /// docs/operating/notes.md).
     #[arg(long, env = "ARTEX_POOL_SIZE", default_value_t = 4, global = true,
+        help_heading = DB_HEADING,
+        display_order = 805,
         value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub pool_size: u16,
     /// How long to reach PostgreSQL and log in, milliseconds.
     #[arg(long, env = "ARTEX_DB_CONNECT_TIMEOUT_MS", default_value_t = 5_000, global = true,
+        help_heading = DB_HEADING,
+        display_order = 806,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub db_connect_timeout_ms: u64,
     /// How long a caller waits for a free pooled connection, milliseconds.
     #[arg(long, env = "ARTEX_DB_POOL_WAIT_MS", default_value_t = 5_000, global = true,
+        help_heading = DB_HEADING,
+        display_order = 807,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub db_pool_wait_ms: u64,
     /// The server cancels a statement of artex's that runs longer, milliseconds
     /// (`statement_timeout`; migrations are exempt).
     #[arg(long, env = "ARTEX_DB_STATEMENT_TIMEOUT_MS", default_value_t = 30_000, global = true,
+        help_heading = DB_HEADING,
+        display_order = 808,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub db_statement_timeout_ms: u64,
     /// How long `planner`, `worker` and `serve` wait at start for a PostgreSQL they cannot
@@ -73,7 +96,9 @@ pub struct DbConfig {
         long,
         env = "ARTEX_DB_START_WAIT_MS",
         default_value_t = 60_000,
-        global = true
+        global = true,
+        help_heading = DB_HEADING,
+        display_order = 809
     )]
     pub db_start_wait_ms: u64,
 }

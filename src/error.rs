@@ -57,12 +57,12 @@ pub enum Error {
 pub type Result<T = (), E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The process exit code for this error (README, "Exit codes"): 2 for bad input (the
-    /// message names the option or value), 3 for a cluster not running (`db status`), 4
-    /// and 5 for a task or flow waited for that failed (or timed out) or was canceled, 141
-    /// when standard output was closed before everything was written (128 + SIGPIPE, what
-    /// a shell reports for a program a closed pipe ended), 1 for every failure (database,
-    /// network, upgrade channel, files). 0 is success.
+    /// The process exit code for this error (docs/command-line.md, "Exit codes"): 2 for
+    /// bad input (the message names the option or value), 3 for a cluster not running
+    /// (`db status`), 4 and 5 for a task or flow waited for that failed (or timed out) or
+    /// was canceled, 141 when standard output was closed before everything was written
+    /// (128 + SIGPIPE, what a shell reports for a program a closed pipe ended), 1 for
+    /// every failure (database, network, upgrade channel, files). 0 is success.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Invalid(_) => 2,

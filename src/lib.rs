@@ -28,7 +28,7 @@
 //!   `/upgrade` route only passes the request to [`hot_upgrade`].
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
 //! - [`hot_upgrade`]: the app side of a hot upgrade, every step from one module root
-//!   (its documentation walks them): the bundle received and checked, the upgrade
+//!   (docs/hot-upgrade.md walks them): the bundle received and checked, the upgrade
 //!   channel's old and new side (listener pass, task transfer), rollback, and the drain
 //!   of the old process.
 //! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
@@ -64,6 +64,12 @@ pub use artex_actors::worker::{Registry, TaskContext, TaskError, UploadFile};
 pub use artex_actors::Blackboard;
 pub use error::{Error, Result};
 pub use runtime::{run_planner, run_worker};
+
+/// The Rust examples of docs/handlers.md, compiled by `cargo test --doc` so that the
+/// guide's worker binary stays one that builds.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/handlers.md")]
+pub struct HandlersGuide;
 
 /// This build's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -341,7 +341,7 @@ fn peak_rss(pid: i32) -> u64 {
 #[tokio::test]
 async fn eight_fifty_megabyte_payloads_keep_the_worker_within_its_memory_bound() {
     const MB: i64 = 1024 * 1024;
-    /// The bound README states for one 50 MB payload held at a time.
+    /// The bound for one 50 MB payload held at a time (`--queue-max-bytes`: docs/cli.md).
     const BOUND: u64 = 450 * 1024 * 1024;
     let db = TestDb::new().await;
     let c = db.client().await;

@@ -19,7 +19,7 @@
 //! connected to it. Heartbeats and lease renewals commit with `synchronous_commit = off`
 //! and may be lost in a failover: no running task is taken back from a live worker (no lease
 //! expiry, no worker declared gone), which is what shows their loss re-ran nothing.
-//! Figures are printed as `FIGURE failover_…=` lines (README quotes them). Needs root.
+//! Figures are printed as `FIGURE failover_…=` lines (docs/operating/failover.md quotes them). Needs root.
 //!
 //! A second, smaller test shows the pools' side alone on a cluster of its own: a session
 //! refused as read-only (SQLSTATE 25006, a demoted primary) is closed, not handed out

@@ -5,7 +5,7 @@
 //! PostgreSQL stops its handler before its lease can expire, and the task finishes once,
 //! elsewhere — these three through pgbouncer in transaction mode (the fleet's setup: no
 //! worker holds a session). No run leaves a deadlock in the server's log. Each test prints its figures
-//! (`FIGURE name=value`), which README's reliability section quotes.
+//! (`FIGURE name=value`), which docs/reliability.md quotes.
 
 mod common;
 

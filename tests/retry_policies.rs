@@ -45,7 +45,7 @@ async fn a_fixed_200_ms_backoff_spaces_retries_200_ms_apart_and_its_attempts_bou
     let db = TestDb::new().await;
     let c = db.client().await;
     // Declared as a worker's registration does, so that the policy is set before any
-    // worker runs (a running worker reads it within 5 s: see README).
+    // worker runs (a running worker reads it within 5 s: see docs/handlers.md).
     c.execute("insert into artex.kinds (kind) values ('fail')", &[])
         .await
         .unwrap();

@@ -221,8 +221,8 @@ fn statuses(f: &FlowView) -> Vec<TaskStatus> {
 /// `artex flow show --follow`: flow `id` (as `flow show` shows it), then each change of
 /// its tasks as it happens, until the flow has finished: people get a line per change
 /// and a summary, `json` a JSON line of the whole flow at the start and after every
-/// change. The result is the flow's outcome (README, "Exit codes"), or
-/// [`Error::OutputClosed`] once the reader of standard output has gone.
+/// change. The result is the flow's outcome (docs/command-line.md, "Exit codes"),
+/// or [`Error::OutputClosed`] once the reader of standard output has gone.
 async fn follow_flow(bb: &Blackboard, id: Uuid, json: bool) -> Result {
     let reader = Reader::watch();
     let mut feed = feed_from_now(bb).await?;

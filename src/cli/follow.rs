@@ -120,8 +120,8 @@ pub(crate) async fn wait_task(bb: &Blackboard, id: Uuid) -> Result<TaskRow> {
     Ok(task)
 }
 
-/// Ok for a task that succeeded; the exit code of its outcome otherwise (README, "Exit
-/// codes").
+/// Ok for a task that succeeded; the exit code of its outcome otherwise
+/// (docs/command-line.md, "Exit codes").
 pub(crate) fn task_outcome(task: &TaskRow) -> Result {
     let error = task
         .error

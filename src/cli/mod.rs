@@ -19,6 +19,7 @@
 //!   `flow submit` share.
 //! - `kind`: `kind retry` (a kind's retry policy).
 //! - `bundle`: `bundle keygen|create|info`.
+//! - `docs`: `docs cli|configuration|man`, the reference pages made from these definitions.
 //! - `run`: `up`, `planner`, `worker`, `serve`.
 //! - `master`: `master`.
 //! - `upload`: `upload`, a file sent to a worker in chunks (its own HTTP/1.1 client).
@@ -31,6 +32,7 @@
 mod bundle;
 mod cluster;
 mod db;
+pub mod docs;
 mod events;
 mod flows;
 mod follow;
@@ -70,7 +72,8 @@ pub struct Cli {
     db: DbConfig,
     /// Log what one-shot commands do (they print only their result and errors by
     /// default; `ARTEX_LOG` sets the filter outright).
-    #[arg(short, long, global = true)]
+    // Shown after each command's own options, which a reader of `--help` came for.
+    #[arg(short, long, global = true, display_order = 900)]
     verbose: bool,
     #[command(subcommand)]
     command: Command,
@@ -193,6 +196,12 @@ enum Command {
         #[command(subcommand)]
         command: bundle::BundleCommand,
     },
+    /// The reference pages made from these definitions: docs/cli.md, docs/configuration.md
+    /// and man pages (`artex docs man DIR`); connects to nothing.
+    Docs {
+        #[command(subcommand)]
+        command: docs::DocsCommand,
+    },
 }
 
 /// Parses the command line and runs it with `registry`'s handlers; the whole `main` of a
@@ -261,6 +270,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Stats(args) => cluster::stats(db, args).await,
         Command::Bundle { command } => bundle::bundle(command),
         Command::Upload(args) => upload::upload(args).await,
+        Command::Docs { command } => docs::docs(command),
     }
 }
 

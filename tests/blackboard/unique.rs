@@ -289,9 +289,9 @@ async fn a_submission_in_the_callers_transaction_exists_and_wakes_only_on_commit
     assert!(err.to_string().contains("no worker has declared"), "{err}");
 }
 
-/// The README's psql example, run as written with `psql`.
+/// docs/handlers.md's psql example, run as written with `psql`.
 #[tokio::test]
-async fn the_readme_psql_example_submits_in_the_applications_transaction() {
+async fn the_documented_psql_example_submits_in_the_applications_transaction() {
     let db = TestDb::new().await;
     fixtures::worker(&db.bb, "w1", &["send-receipt"], 10).await;
     let c = db.client().await;
@@ -300,14 +300,14 @@ async fn the_readme_psql_example_submits_in_the_applications_transaction() {
     )
     .await
     .unwrap();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let example = readme
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/handlers.md")).unwrap();
+    let example = page
         .split("<!-- example: psql-submit -->")
         .nth(1)
         .and_then(|rest| rest.split("```sql\n").nth(1))
         .and_then(|block| block.split("```").next())
-        .expect("README has the psql-submit example");
+        .expect("docs/handlers.md has the psql-submit example");
     let run = |sql: &str| {
         std::process::Command::new("psql")
             .args([

@@ -12,15 +12,20 @@
 //! - `bundles`: `bundle create`.
 //! - `pipes`: output into a pipe whose reader has gone (`| head -1`): quiet, exit 141.
 //! - `up`: `artex up`'s banner and default port.
+//! - `reference`: docs/cli.md and docs/configuration.md current, man pages, `--help`'s
+//!   grouping.
+//! - `doc_links`: every relative link in README.md and docs/ resolves.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod bundles;
+mod doc_links;
 mod embedded_cluster;
 mod input;
 mod output;
 mod pipes;
+mod reference;
 mod submit_fuzz;
 mod up;
 mod waiting;

@@ -8,7 +8,7 @@ use crate::common::procs::{http_get, wait_for, Proc};
 use crate::common::TestDb;
 use crate::{artex, stderr};
 
-/// `artex up`'s default HTTP address (README, "CLI reference").
+/// `artex up`'s default HTTP address (README's tour; docs/getting-started.md).
 const DEFAULT: &str = "127.0.0.1:27839";
 
 /// The one test that runs `up` on its default port (every other gives `--http

@@ -7,8 +7,8 @@
 //!   prepared statement would live on one server connection and be asked for on another
 //!   (pgbouncer 1.18 does not track them). Its parameters are typed by their Rust types
 //!   ([`Param`]), so no `describe` round trip is needed either. The price is a parse and
-//!   plan per call, which the batched hot path pays once per batch (measured in README,
-//!   "Fleet").
+//!   plan per call, which the batched hot path pays once per batch (measured in
+//!   docs/bench/2026-12-02.md, "Before V15: every statement unnamed").
 //! - **No session state.** Nothing is `set` for a session: a session setting made through
 //!   a transaction pooler lands on one server connection and stays there for whoever gets
 //!   it next (the relaxed pool's `synchronous_commit = off` would reach task outcomes).
