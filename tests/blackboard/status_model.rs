@@ -7,13 +7,14 @@
 //!
 //! The model is written from the rules (SPEC §1, migrations V1, V3, V10, V11, V12), not
 //! from the trigger's code: where they differ, the test fails and says on which step.
-//! Cases and seed: `tests/common/props.rs`.
+//! Cases and seed: `testkit/src/props.rs`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use artex_actors::blackboard::{AttemptRecord, Control, Outcome, Step};
 use artex_actors::Error;
+use artex_testkit::props;
 use chrono::{DateTime, Duration as Span, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -21,7 +22,7 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::{fixtures, props, TestDb};
+use crate::common::{fixtures, TestDb};
 
 type Ts = DateTime<Utc>;
 

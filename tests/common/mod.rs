@@ -12,11 +12,9 @@ pub mod disk;
 pub mod fixtures;
 pub mod fleet;
 pub mod formation;
-pub mod fuzz;
 pub mod http;
 pub mod journal;
 pub mod procs;
-pub mod props;
 pub mod proxy;
 
 use std::fs::{File, OpenOptions};

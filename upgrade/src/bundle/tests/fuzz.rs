@@ -3,11 +3,11 @@
 //! duplicated headers, hostile names, symlink modes, inserted and deleted bytes) and
 //! unpacked. Whatever the bytes: no panic, nothing written but `dest/artex`, never more
 //! than the size limit, and a bundle passes only with a manifest this key signed and the
-//! very binary that manifest names. Bounded and seeded: `tests/common/fuzz.rs`.
+//! very binary that manifest names. Bounded and seeded: `testkit/src/fuzz.rs`.
 
 use super::*;
 
-use crate::fuzz_cases as cases;
+use artex_testkit::fuzz as cases;
 
 /// Small limits, so that bombs and lying sizes meet them with little work.
 const LIMITS: Limits = Limits {
