@@ -643,8 +643,8 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
 /// answers again, pushes go through again and every reader of the roster says so.
 #[tokio::test]
 async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
+    use artex_testkit::proxy::Proxy;
     use common::procs::{http_get, wait_for, worker_id, Proc};
-    use common::proxy::Proxy;
     use std::time::Duration;
 
     let db = TestDb::new().await;

@@ -363,7 +363,7 @@ fn request(
             match length {
                 Some(n) => b[..n.min(b.len())].to_vec(),
                 None if head.contains("transfer-encoding: chunked") => {
-                    crate::common::http::dechunk(b)
+                    artex_testkit::http::dechunk(b)
                 }
                 None => b.to_vec(),
             }
