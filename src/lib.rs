@@ -55,11 +55,6 @@ pub mod runtime;
 pub mod tokens;
 pub mod uploads;
 
-/// The seeded fuzz harness the test modules share (multipart, upgrade channel).
-#[cfg(test)]
-#[path = "../tests/common/fuzz.rs"]
-mod fuzz_cases;
-
 pub use artex_actors::worker::{Registry, TaskContext, TaskError, UploadFile};
 pub use artex_actors::Blackboard;
 pub use error::{Error, Result};

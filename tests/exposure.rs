@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use artex_actors::blackboard::{Assignment, NewTask, Round};
 use artex_actors::Blackboard;
 use common::fixtures;
-use common::http::{Exchange, Request};
 use common::procs::{http_get, http_get_as, wait_for, worker_http, worker_id, Proc};
 use common::{assert_statement_timeout, count, PrivateCluster, TestDb, READ_TOKEN};
 use dev_db_state::postmaster_and_children;
@@ -27,6 +26,7 @@ const ROUND: Round<'static> = Round {
     alive_secs: 600.0,
     unreachable: &[],
 };
+use artex_testkit::http::{Exchange, Request};
 use nix::sys::signal::Signal;
 use serde_json::json;
 

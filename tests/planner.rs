@@ -8,6 +8,7 @@ mod common;
 use artex_actors::assigner::{Assigner, AssignerConfig};
 use artex_actors::blackboard::{NewTask, ReapParams};
 use artex_actors::reaper::Reaper;
+use artex_testkit::fuzz;
 use common::{count, fixtures, TestDb};
 use serde_json::json;
 
@@ -391,7 +392,7 @@ fn limit_case(rng: &mut fastrand::Rng) -> LimitCase {
             (kinds, rng.i32(1..=8))
         })
         .collect();
-    let tasks = (0..common::fuzz::len(rng, 40))
+    let tasks = (0..fuzz::len(rng, 40))
         .map(|_| {
             let key = [None, Some("x"), Some("y"), Some("z")][rng.usize(0..4)];
             (rng.usize(0..3), key)
@@ -548,7 +549,7 @@ async fn check_limit_case(c: &LimitCase) {
 /// Random limits, rosters and backlogs, assigned by three planners at once (issue 25 §2):
 /// never more held than a kind's concurrency or a key's key_concurrency, and a task left
 /// waiting always has a reason (a limit reached, or no free worker of its kind). Seeded
-/// and bounded: `tests/common/fuzz.rs`.
+/// and bounded: `testkit/src/fuzz.rs`.
 #[test]
 fn random_limits_are_never_exceeded_and_never_starve_a_task() {
     // One thread: the three planners' statements still run at once, each on its own
@@ -557,12 +558,12 @@ fn random_limits_are_never_exceeded_and_never_starve_a_task() {
         .enable_all()
         .build()
         .unwrap();
-    common::fuzz::run(
+    fuzz::run(
         "planner::limits",
         10,
         limit_case,
         |c| {
-            common::fuzz::shrink_vec(&c.tasks)
+            fuzz::shrink_vec(&c.tasks)
                 .into_iter()
                 .map(|tasks| LimitCase { tasks, ..c.clone() })
                 .collect()
@@ -642,8 +643,8 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
 /// answers again, pushes go through again and every reader of the roster says so.
 #[tokio::test]
 async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
+    use artex_testkit::proxy::Proxy;
     use common::procs::{http_get, wait_for, worker_id, Proc};
-    use common::proxy::Proxy;
     use std::time::Duration;
 
     let db = TestDb::new().await;

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
+use artex_testkit::http::Request;
 use chrono::{DateTime, Utc};
-use common::http::Request;
 use common::procs::{wait_for, wait_status, worker_http, Proc};
 use common::{run_cli, TestDb};
 use serde_json::{json, Value};

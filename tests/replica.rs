@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use artex::dev_db::{find_server_binaries, Cluster, ClusterOptions};
 use artex_actors::Blackboard;
+use artex_testkit::http::Request;
 use browser::Browser;
-use common::http::Request;
 use common::procs::{serve_address, wait_for, worker_http, Proc};
 use common::{connect, run_cli, READ_TOKEN};
 use serde_json::{json, Value};

@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
+use artex_testkit::http::Request;
 use common::bundles::{Keys, TOKEN};
-use common::http::Request;
 use common::procs::{http_get, online_http, wait_for, Proc, FAST_WORKER};
 use common::TestDb;
 use nix::errno::Errno;

@@ -3,9 +3,9 @@
 //! for what the document does not say, nor answered 500; one it does not allow is refused
 //! with the API's error body, not ignored.
 
+use artex_testkit::http::Request;
 use serde_json::json;
 
-use crate::common::http::Request;
 use crate::common::procs::{worker_http, Proc};
 use crate::common::TestDb;
 use crate::{call, declare, id_of, written, Server, WRITE_TOKEN};

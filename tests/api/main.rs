@@ -43,8 +43,8 @@ use std::net::TcpListener;
 use artex::config::{AccessArgs, ServeArgs};
 use artex_actors::blackboard::Registration;
 use artex_actors::Blackboard;
+use artex_testkit::http::{Request, Response};
 use common::fixtures;
-use common::http::{Request, Response};
 use common::{count, read_token_file, READ_TOKEN};
 use tokio_postgres::Client;
 

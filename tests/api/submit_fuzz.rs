@@ -5,15 +5,16 @@
 //! whose JSON error names a field, with nothing written: never a 5xx, never a dropped
 //! connection. `POST /api/v1/flows` likewise, with DAGs, cycles and unknown
 //! dependencies: a flow and all its tasks written, or a refusal that writes nothing.
-//! Cases and seed: `tests/common/props.rs`.
+//! Cases and seed: `testkit/src/props.rs`.
 
+use artex_testkit::props;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
 use super::{call, declare, id_of, written, Server, WRITE_TOKEN};
-use crate::common::{connect, fixtures, props, TestDb};
+use crate::common::{connect, fixtures, TestDb};
 
 /// The database's default payload limit (`artex.limits`), bytes of the payload's text.
 const PAYLOAD_LIMIT: usize = 1 << 20;

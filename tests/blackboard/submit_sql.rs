@@ -4,15 +4,16 @@
 //! arrays reach it. Each call is a valid task (its row holds the arguments, and the
 //! library's rules accept it) or an SQL error with a message and no internal error
 //! class, with nothing written and the session still usable. Cases and seed:
-//! `tests/common/props.rs`.
+//! `testkit/src/props.rs`.
 
 use artex_actors::blackboard::NewTask;
+use artex_testkit::props;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::{fixtures, props, TestDb};
+use crate::common::{fixtures, TestDb};
 
 /// Every argument as text, cast where the function's parameter has another type.
 const SUBMIT: &str = "select id, duplicate from artex.submit(

@@ -2,13 +2,14 @@
 //! for every option, unknown flags, odd kinds and payloads. Each run (the real binary,
 //! spawned) either submits a valid task, printing its id, or exits non-zero with a
 //! message and writes nothing: never a panic (exit 101) nor a signal. Few cases by
-//! default (each is a process): `ARTEX_FUZZ_CASES` for more (`tests/common/props.rs`).
+//! default (each is a process): `ARTEX_FUZZ_CASES` for more (`testkit/src/props.rs`).
 
+use artex_testkit::props;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use crate::artex;
-use crate::common::{connect, fixtures, props, TestDb};
+use crate::common::{connect, fixtures, TestDb};
 
 /// An option and the values it is tried with (valid ones first).
 fn option() -> impl Strategy<Value = Vec<String>> {

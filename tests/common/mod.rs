@@ -8,16 +8,11 @@
 #![allow(dead_code)]
 
 pub mod bundles;
-pub mod disk;
 pub mod fixtures;
 pub mod fleet;
 pub mod formation;
-pub mod fuzz;
-pub mod http;
 pub mod journal;
 pub mod procs;
-pub mod props;
-pub mod proxy;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::PermissionsExt;

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use artex_testkit::http::Request;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-use super::http::Request;
 
 /// A running `artex` process; killed (SIGKILL) and reaped on drop. If the test is failing,
 /// its log is printed so the failure can be read.

@@ -26,9 +26,9 @@ mod uploads;
 use std::path::Path;
 use std::time::Duration;
 
+use artex_testkit::http::{Request, Response};
 use browser::Browser;
 use common::bundles::{Keys, TOKEN as UPGRADE_TOKEN};
-use common::http::{Request, Response};
 use common::procs::{serve_address, worker_http, worker_id, Proc};
 use common::{count, TestDb, READ_TOKEN};
 use serde_json::{json, Value};

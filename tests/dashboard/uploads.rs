@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use artex_testkit::http::Request;
+use artex_testkit::proxy::Proxy;
 use serde_json::{json, Value};
 
 use crate::browser::Browser;
-use crate::common::http::Request;
 use crate::common::procs::wait_for;
-use crate::common::proxy::Proxy;
 use crate::common::{TestDb, READ_TOKEN};
 use crate::{call, created, Cluster, WRITE_TOKEN};
 

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
 use artex_actors::maintenance::Maintenance;
+use artex_testkit::http::{Exchange, Request};
 use chrono::Utc;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::http::{Exchange, Request};
 use crate::common::procs::{history_settled, wait_for, Proc};
 use crate::common::TestDb;
 

@@ -15,11 +15,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use artex_actors::Blackboard;
+use artex_testkit::disk::SmallDisk;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::common::bundles::{Keys, TOKEN};
-use crate::common::disk::SmallDisk;
 use crate::common::fleet::{Fleet, FleetDb};
 use crate::common::procs::{alive, serve_address, Proc};
 use crate::Soak;

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use artex_testkit::http::{Ended, Exchange, Request};
 use serde_json::Value;
 
 use crate::common;
 use crate::common::bundles::{Keys, TOKEN};
-use crate::common::http::{Ended, Exchange, Request};
 use crate::common::procs::{http_get, wait_for, worker_http, Proc};
 use crate::common::TestDb;
 use crate::{curl_upgrade, upgradable_worker, wait_gone, KillAll};

@@ -186,7 +186,7 @@ fn chunks_put(lines: &[String]) -> Vec<u64> {
 async fn connections_cut_midway_resend_only_the_chunks_in_flight() {
     let (db, dir, _uploads, f) = setup(&[]).await;
     let (_t, token) = token_file();
-    let proxy = common::proxy::Proxy::start(&f.http);
+    let proxy = artex_testkit::proxy::Proxy::start(&f.http);
     let chunk = 65536u64;
     let (path, content) = test_file(dir.path(), 48 * chunk as usize, 29);
 
@@ -241,7 +241,7 @@ async fn a_link_down_past_the_retries_resumes_and_sends_only_the_missing_chunks(
     let (db, dir, uploads, f) = setup(&[]).await;
     let c = db.client().await;
     let (_t, token) = token_file();
-    let proxy = common::proxy::Proxy::start(&f.http);
+    let proxy = artex_testkit::proxy::Proxy::start(&f.http);
     let (path, content) = test_file(dir.path(), 48 * 65536, 31);
     let args = [
         "--chunk-size",

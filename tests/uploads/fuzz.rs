@@ -9,15 +9,15 @@
 //! never a 5xx, and never later than the client's timeout (a hung connection fails the
 //! case). An upload whose declared sha256 is the file's ends with a task, whose run (the
 //! `digest` handler reads the stored file) finds exactly the file's sha256: no refused,
-//! cut or repeated chunk ever corrupted it. Seeded and bounded: `tests/common/fuzz.rs`.
+//! cut or repeated chunk ever corrupted it. Seeded and bounded: `testkit/src/fuzz.rs`.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
+use artex_testkit::fuzz as cases;
 use serde_json::{json, Value};
 
-use crate::common::fuzz as cases;
 use crate::common::procs::wait_status;
 use crate::{data, setup, sha, WRITE_TOKEN};
 
@@ -363,7 +363,7 @@ fn request(
             match length {
                 Some(n) => b[..n.min(b.len())].to_vec(),
                 None if head.contains("transfer-encoding: chunked") => {
-                    crate::common::http::dechunk(b)
+                    artex_testkit::http::dechunk(b)
                 }
                 None => b.to_vec(),
             }

@@ -30,7 +30,7 @@ mod restarts;
 use std::path::Path;
 use std::time::Duration;
 
-use common::http::{Exchange, Request};
+use artex_testkit::http::{Exchange, Request};
 use common::procs::{worker_http, Proc};
 use common::TestDb;
 use serde_json::{json, Value};

@@ -1,9 +1,9 @@
 //! Hostile input gets a clear 4xx and a full quota a 507, with nothing left behind.
 
+use artex_testkit::http::Request;
 use serde_json::{json, Value};
 
 use crate::common::count;
-use crate::common::http::Request;
 use crate::{call, chunk, create, data, entries, fleet, put, setup, sha};
 
 #[tokio::test]
@@ -265,7 +265,7 @@ async fn a_disk_that_fills_up_gets_507_not_500() {
     let db = crate::common::TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let uploads = dir.path().join("uploads");
-    let _disk = crate::common::disk::SmallDisk::mount(&uploads, "1m");
+    let _disk = artex_testkit::disk::SmallDisk::mount(&uploads, "1m");
     let f = fleet(&db, &uploads, &[]).await;
     // 3 MiB declared (well within the worker's quota) on a 1 MiB disk.
     let file = data(3 * 1024 * 1024, 9);

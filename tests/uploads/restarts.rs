@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use artex_testkit::http::Request;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::http::Request;
 use crate::common::procs::{wait_for, Proc};
 use crate::common::{count, TestDb};
 use crate::{

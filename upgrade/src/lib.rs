@@ -34,11 +34,6 @@ pub mod signals;
 pub mod spawn;
 pub mod subreaper;
 
-/// The seeded fuzz harness the test modules share (bundle, channel).
-#[cfg(test)]
-#[path = "../../tests/common/fuzz.rs"]
-mod fuzz_cases;
-
 pub use bundle::{Limits, Manifest, Schema, SchemaMigration, VerifiedBundle};
 pub use channel::{Channel, ChannelListener, PROTOCOL_VERSION};
 /// Key types used by [`bundle`], re-exported so callers need no ed25519 dependency.

@@ -2,17 +2,16 @@
 //! a worker's free slots, only its kinds and its host, no task twice, no task left while
 //! an eligible worker has a slot, each worker at most its share and as one run when the
 //! fleet is uniform, and the same answer whatever the roster's order. Bounded and seeded:
-//! see `tests/common/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
+//! see `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
 
 use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
+use artex_testkit::fuzz;
+
 use super::plan;
 use crate::blackboard::{Assignment, Claimed, RosterEntry};
-
-#[path = "../../../tests/common/fuzz.rs"]
-mod fuzz;
 
 const KINDS: [&str; 4] = ["a", "b", "c", "d"];
 const HOSTS: [&str; 3] = ["h1", "h2", "h3"];

@@ -2,7 +2,7 @@
 //! `Ready` carries any number of descriptors (none, one, several) on the `Listener`
 //! message or on another one. Only `Listener` with exactly one descriptor is taken; every
 //! other frame is refused, and every descriptor that came is closed (each is the only
-//! other end of a witness socket, which then sees EOF). Seeded: `tests/common/fuzz.rs`.
+//! other end of a witness socket, which then sees EOF). Seeded: `testkit/src/fuzz.rs`.
 
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use artex_upgrade::channel::{self, ChannelListener};
 
 use super::*;
-use crate::fuzz_cases as cases;
+use artex_testkit::fuzz as cases;
 
 const LIMIT: Duration = Duration::from_secs(20);
 

@@ -1,12 +1,13 @@
 //! An operator's statements, for the CLI, the HTTP API and the dashboard: submit tasks
-//! and flows (`tasks.rs`, `flows.rs`), read and list them (`flow_list.rs`), control them
-//! (pause, resume, cancel, retry), the roster and statistics (`overview.rs`), and the
-//! input limits and known kinds (`inputs.rs`), schedules (`schedules.rs`: add, list,
-//! pause, resume, remove), and the reads a streaming replica serves
-//! (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
+//! and flows (`submit.rs`, `flows.rs`), read and list them (`tasks.rs`, `flow_list.rs`),
+//! control them (pause, resume, cancel, retry; in bulk: `bulk.rs`), the roster and
+//! statistics (`overview.rs`), and the input limits and known kinds (`inputs.rs`),
+//! schedules (`schedules.rs`: add, list, pause, resume, remove), and the reads a streaming
+//! replica serves (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
 
+mod bulk;
 mod flow_list;
 mod flows;
 mod inputs;
@@ -14,8 +15,10 @@ mod kind_limits;
 mod overview;
 mod replica;
 mod schedules;
+mod submit;
 mod tasks;
 
+pub use bulk::{BulkAction, BulkReport, BULK_BATCH};
 pub use flow_list::FlowSummary;
 pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
 pub use overview::{
@@ -23,9 +26,8 @@ pub use overview::{
 };
 pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
 pub use schedules::SCHEDULES_LISTED;
-pub use tasks::{
-    submit_in, BulkAction, BulkReport, Submitted, TaskFilter, BULK_BATCH, LOCK_KEYS, SUBMIT_KEYED,
-};
+pub use submit::{submit_in, Submitted, LOCK_KEYS, SUBMIT_KEYED};
+pub use tasks::TaskFilter;
 
 use super::Blackboard;
 

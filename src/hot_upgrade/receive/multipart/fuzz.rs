@@ -3,11 +3,11 @@
 //! a closing boundary or none) and mutations of them, fed in random pieces. Whatever the
 //! body: no panic, memory within one piece and the header limit, the same answer however
 //! the body is cut, and for a well-formed form exactly the first file part's bytes.
-//! Seeded and bounded: `tests/common/fuzz.rs`.
+//! Seeded and bounded: `testkit/src/fuzz.rs`.
 
 use super::*;
 
-use crate::fuzz_cases as cases;
+use artex_testkit::fuzz as cases;
 
 const BOUNDARY_CHARS: &[u8] = b"abcXYZ0189'()+_,-./:=?";
 

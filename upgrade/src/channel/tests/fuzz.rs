@@ -4,12 +4,12 @@
 //! receiver must answer every `recv` with a frame or an error, never panic, never wait
 //! past the close, and every descriptor it was sent must end up closed (each one is the
 //! only other end of a witness socket, which then sees EOF). Seeded and bounded:
-//! `tests/common/fuzz.rs`.
+//! `testkit/src/fuzz.rs`.
 
 use super::*;
 use std::os::fd::OwnedFd;
 
-use crate::fuzz_cases as cases;
+use artex_testkit::fuzz as cases;
 
 /// What the hostile peer writes, in order: each piece one `sendmsg`, with `fds`
 /// descriptors attached.

@@ -23,7 +23,7 @@ pub struct Settings {
 
 /// The settings of a target whose default is `default_cases`.
 pub fn settings(default_cases: u32) -> Settings {
-    let number = super::fuzz::env_u64;
+    let number = crate::fuzz::env_u64;
     let cases = number("ARTEX_FUZZ_CASES")
         .or_else(|| number("PROPTEST_CASES"))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX))

@@ -1,6 +1,6 @@
 //! Bounded randomized testing without a framework (issue 25 §2): a target generates cases
 //! from a seeded RNG, checks each, and on a failure shrinks the case and prints how to
-//! replay it. Shared by the crates' own test modules through `#[path]`, so it depends on
+//! replay it. Shared by the crates' own test modules as a dev-dependency, so it depends on
 //! nothing but `std` and `fastrand` (in the tree already; proptest would add a dozen crates
 //! to build on every machine for what these 150 lines do).
 //!
@@ -16,7 +16,6 @@
 //! (tests/planner.rs). A long run goes past nextest's 2-minute kill: run it with
 //! `cargo test` instead (it starts the test cluster itself), e.g.
 //! `ARTEX_FUZZ_CASES=20000 ARTEX_FUZZ_SEED=7 cargo test -p artex-upgrade --lib fuzz`.
-#![allow(dead_code)]
 
 use std::fmt::Debug;
 use std::panic::{self, AssertUnwindSafe};

@@ -6,11 +6,12 @@
 //! ([`Request::length`], [`Exchange::write`]), an event stream read line by line
 //! ([`Exchange::head`], [`Exchange::read_line`]), and how the answer ended ([`Ended`]).
 //!
-//! Raw sockets stay only where they are not a client: the fault proxy (`proxy.rs`) and
-//! the fake server of `uploads/client.rs`. curl stays where the request must come from
-//! another network namespace (`fleet.rs`), from processes of its own (the load loops of
-//! `upgrade/under_load.rs`), or where curl is what is tested: operators upgrade with
-//! `curl -T` and `curl -F` (`upgrade/main.rs`, `upgrade/hostile.rs`).
+//! Raw sockets stay only where they are not a client: the fault proxy ([`crate::proxy`])
+//! and the fake server of `tests/uploads/client.rs`. curl stays where the request must
+//! come from another network namespace (`tests/common/fleet.rs`), from processes of its
+//! own (the load loops of `tests/upgrade/under_load.rs`), or where curl is what is
+//! tested: operators upgrade with `curl -T` and `curl -F` (`tests/upgrade/main.rs`,
+//! `tests/upgrade/hostile.rs`).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -1,0 +1,162 @@
+//! Planners: several at once never assign a task twice, a stopped one leaves the work
+//! to another, NOTIFY dispatches at once (and its listener reconnects), the poll catches
+//! what no notification announced.
+
+use std::time::Duration;
+
+use artex_actors::blackboard::NewTask;
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+use super::{assert_no_double_run, tasks, wait_all_finished, ASSIGNMENT_ROWS};
+use crate::common::procs::{wait_status, worker_id, Proc};
+use crate::common::{count, TestDb};
+
+#[tokio::test]
+async fn three_planners_never_assign_a_task_twice() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _planners: Vec<Proc> = (0..3)
+        .map(|i| Proc::planner(&format!("planner{i}"), &db.url, &["--batch", "50"]))
+        .collect();
+    let workers: Vec<Proc> = (0..3)
+        .map(|i| Proc::worker(&format!("worker{i}"), &db.url, &["--concurrency", "20"]))
+        .collect();
+    for w in &workers {
+        worker_id(&c, w).await;
+    }
+    // Submitted in waves so every planner is woken many times and they race.
+    for wave in 0..30 {
+        let batch: Vec<NewTask> = (0..100)
+            .map(|i| NewTask::new("echo", json!({ "wave": wave, "i": i })))
+            .collect();
+        db.bb.operator().submit_many(&batch, "test").await.unwrap();
+    }
+    wait_all_finished(&c, Duration::from_secs(120)).await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'"
+        )
+        .await,
+        3000
+    );
+    // A task is assigned again only after it was taken back (its worker was declared
+    // gone under load, say): never while another worker holds it.
+    let assignments = count(
+        &c,
+        &format!("select count(*) from artex.task_transitions where {ASSIGNMENT_ROWS}"),
+    )
+    .await;
+    assert!(
+        assignments >= 3000,
+        "{assignments} assignments in the history"
+    );
+    let assigned_without_release = count(
+        &c,
+        &format!(
+            "select count(*) from (
+                 select task_id,
+                        count(*) filter (where {ASSIGNMENT_ROWS}) as assignments,
+                        count(*) filter (where to_status = 'pending'
+                                         and from_status in ('assigned', 'running')) as releases
+                 from artex.task_transitions group by task_id) x
+             where assignments > releases + 1"
+        ),
+    )
+    .await;
+    assert_eq!(assigned_without_release, 0);
+    assert_no_double_run(&c).await;
+    // (Which planner made each assignment is no longer in the history since V10: an
+    // assignment followed by a start has no row of its own, and the start names the
+    // worker, not the planner.)
+}
+
+#[tokio::test]
+async fn a_stopped_planner_leaves_the_work_to_another() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut p1 = Proc::planner("planner1", &db.url, &[]);
+    let _p2 = Proc::planner("planner2", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    worker_id(&c, &w).await;
+    p1.signal(Signal::SIGTERM);
+    let status = p1
+        .wait_exit(Duration::from_secs(10))
+        .expect("planner exits");
+    assert!(status.success());
+    db.bb
+        .operator()
+        .submit_many(&tasks("echo", 50, json!({})), "test")
+        .await
+        .unwrap();
+    wait_all_finished(&c, Duration::from_secs(30)).await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where status = 'succeeded'"
+        )
+        .await,
+        50
+    );
+}
+
+#[tokio::test]
+async fn notify_dispatches_at_once_and_a_dropped_listener_reconnects() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Polls so slow that only NOTIFY (or the reconnect rescan) can explain a dispatch.
+    let _p = Proc::planner("planner", &db.url, &["--planner-poll-ms", "600000"]);
+    let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
+    worker_id(&c, &w).await;
+    let id = db
+        .bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({"n": 1})), "test")
+        .await
+        .unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(10)).await;
+    // Cut every LISTEN session: both reconnect, re-LISTEN and rescan.
+    let cut = count(
+        &c,
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity
+         where datname = current_database() and query ilike 'listen%'",
+    )
+    .await;
+    assert!(
+        cut >= 2,
+        "expected the planner's and the worker's LISTEN sessions, cut {cut}"
+    );
+    let id = db
+        .bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({"n": 2})), "test")
+        .await
+        .unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn the_poll_catches_tasks_that_no_notification_announces() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let w = Proc::worker("worker", &db.url, &[]);
+    worker_id(&c, &w).await;
+    // Delayed: the insert's NOTIFY comes too early, nothing announces it becoming due.
+    let id = db
+        .bb
+        .operator()
+        .submit(
+            &NewTask {
+                run_at: Some(chrono::Utc::now() + chrono::Duration::milliseconds(1500)),
+                ..NewTask::new("echo", json!({}))
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
+    let t = db.bb.operator().task(id).await.unwrap();
+    assert!(t.started_at.unwrap() >= t.run_at);
+}

@@ -1,0 +1,153 @@
+//! Packing a binary into a signed bundle: hashed while it is copied, so the manifest
+//! describes exactly the bytes in the archive, and renamed into place when complete.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ed25519_dalek::{Signer, SigningKey};
+use sha2::{Digest, Sha256};
+use zip::write::SimpleFileOptions;
+use zip::{CompressionMethod, ZipWriter};
+
+use crate::channel::PROTOCOL_VERSION;
+use crate::error::{Error, Result};
+
+use super::{Manifest, Schema, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME, SIGNATURE_NAME, TARGET};
+
+/// Packs `binary` into a signed bundle at `out` and returns the manifest it signed, with
+/// `schema` as what the binary needs of the database.
+///
+/// The archive is written next to `out` and renamed into place, so a reader never sees a
+/// half-written bundle. The binary is hashed while it is copied, so the manifest describes
+/// exactly the bytes in the archive even if the file changes meanwhile.
+pub fn create(
+    binary: &Path,
+    secret: &SigningKey,
+    manifest_version: &str,
+    schema: Option<Schema>,
+    out: &Path,
+) -> Result<Manifest> {
+    create_with_progress(binary, secret, manifest_version, schema, out, &mut |_| {})
+}
+
+/// As [`create`], calling `progress` with the number of bytes of the binary just hashed
+/// and compressed after each read (for a progress bar: the binary is the slow part).
+pub fn create_with_progress(
+    binary: &Path,
+    secret: &SigningKey,
+    manifest_version: &str,
+    schema: Option<Schema>,
+    out: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Manifest> {
+    let meta =
+        fs::metadata(binary).map_err(|source| Error::io("reading binary", binary, source))?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile {
+            path: binary.to_owned(),
+        });
+    }
+    let file_name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "bundle.zip".to_owned());
+    let tmp = out.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
+    let result = write_bundle(binary, secret, manifest_version, schema, &tmp, progress).and_then(
+        |manifest| {
+            fs::rename(&tmp, out)
+                .map(|()| manifest)
+                .map_err(|source| Error::io("renaming bundle into place", out, source))
+        },
+    );
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_bundle(
+    binary: &Path,
+    secret: &SigningKey,
+    manifest_version: &str,
+    schema: Option<Schema>,
+    tmp: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Manifest> {
+    let zip_err = |source| Error::ZipWrite {
+        path: tmp.to_owned(),
+        source,
+    };
+    let write_err = |source| Error::io("writing bundle", tmp, source);
+    let file = File::create_new(tmp).map_err(|source| Error::io("creating bundle", tmp, source))?;
+    let mut zip = ZipWriter::new(BufWriter::new(file));
+    let deflated = SimpleFileOptions::default().compression_method(CompressionMethod::Deflated);
+
+    zip.start_file(BINARY_NAME, deflated.unix_permissions(0o755))
+        .map_err(zip_err)?;
+    let mut input =
+        File::open(binary).map_err(|source| Error::io("opening binary", binary, source))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_BUFFER];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => return Err(Error::io("reading binary", binary, source)),
+        };
+        hasher.update(&buf[..n]);
+        zip.write_all(&buf[..n]).map_err(write_err)?;
+        progress(n as u64);
+    }
+
+    let manifest = Manifest {
+        version: manifest_version.to_owned(),
+        target: TARGET.to_owned(),
+        channel_protocol: PROTOCOL_VERSION,
+        binary_sha256: hex::encode(hasher.finalize()),
+        created_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .map(|d| rfc3339_utc(d.as_secs())),
+        schema,
+    };
+    let manifest_bytes = serde_json::to_vec_pretty(&manifest).map_err(Error::ManifestEncode)?;
+    let signature = hex::encode(secret.sign(&manifest_bytes).to_bytes());
+
+    let plain = deflated.unix_permissions(0o644);
+    zip.start_file(MANIFEST_NAME, plain).map_err(zip_err)?;
+    zip.write_all(&manifest_bytes).map_err(write_err)?;
+    zip.start_file(SIGNATURE_NAME, plain).map_err(zip_err)?;
+    zip.write_all(signature.as_bytes()).map_err(write_err)?;
+    let file = zip
+        .finish()
+        .map_err(zip_err)?
+        .into_inner()
+        .map_err(|e| write_err(e.into_error()))?;
+    file.sync_all().map_err(write_err)?;
+    Ok(manifest)
+}
+
+/// Formats seconds since the Unix epoch as RFC 3339 in UTC (civil-from-days, after
+/// Howard Hinnant), to stamp manifests without a date-time dependency.
+pub(super) fn rfc3339_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
