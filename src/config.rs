@@ -177,7 +177,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "ARTEX_HEARTBEAT_MS", default_value_t = 2_000)]
     pub heartbeat_ms: u64,
     /// Safety-net poll for missed wake-ups, milliseconds; once planners' pushes reach the
-    /// worker, it polls at most every 2 s.
+    /// worker, it polls at most every 2 s. A worker planners cannot push to (its wake
+    /// address out of their reach) takes its tasks by this poll: every this often while
+    /// reads find tasks, backing off to 2 s apart while they find none.
     #[arg(long, env = "ARTEX_WORKER_POLL_MS", default_value_t = 200)]
     pub worker_poll_ms: u64,
     /// Handler timeout per attempt when neither task nor handler sets one, milliseconds.
