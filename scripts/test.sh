@@ -33,7 +33,7 @@ if [ ! -x /usr/bin/pg_autoctl ] || ! ls /usr/lib/postgresql/*/lib/pgautofailover
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y \
         postgresql-15-auto-failover pg-auto-failover-cli
 fi
-# tests/dashboard.rs drives a headless Chromium through chromedriver.
+# tests/dashboard/ drives a headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver
