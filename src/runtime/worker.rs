@@ -54,6 +54,9 @@ pub async fn run_worker(
     // primary within the time the old one gives it to be ready, rather than exiting
     // (and being rolled back).
     let patience = new_side.as_ref().map(|_| ms(args.upgrade_ready_ms));
+    // Every read its start needs comes before its registration: once its row is there,
+    // a database that goes away no longer stops the process.
+    let facts = StartFacts::read(&bb, patience).await?;
     register(&bb, &config, &registry, new_side.is_some(), patience).await?;
     // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
@@ -69,7 +72,7 @@ pub async fn run_worker(
     let worker = start_worker(&bb, &config, registry, &stats).await;
     let passed = Arc::new(AtomicBool::new(false));
     let parts = (&worker, upgrade, access, stats, &listener, &passed);
-    let app = WorkerApp::new(&bb, replica, args, &config, patience, parts).await?;
+    let app = WorkerApp::new(&bb, replica, args, &config, facts, parts)?;
     let sweeping = actix::spawn(sweep_uploads(
         app.uploads.clone(),
         ms(args.uploads.upload_sweep_ms),
@@ -218,6 +221,34 @@ async fn stop_worker(
     }
 }
 
+/// What a worker reads from the blackboard before it registers.
+struct StartFacts {
+    /// The bearer token planners' wake-up pushes carry.
+    wake_secret: String,
+    /// The blackboard's id, which keys the upload folder.
+    blackboard: uuid::Uuid,
+}
+
+impl StartFacts {
+    /// Reads them, waiting `patience` for a database that is away: a hot upgrade's new
+    /// process may meet a failover, and waits as for its registration.
+    async fn read(bb: &Blackboard, patience: Option<Duration>) -> Result<StartFacts> {
+        let board = bb.worker();
+        let wake_secret = retry_unreachable(patience, "reading the wake-ups' secret", || {
+            board.wake_secret()
+        })
+        .await?;
+        let blackboard = retry_unreachable(patience, "reading the blackboard's id", || {
+            board.blackboard_id()
+        })
+        .await?;
+        Ok(StartFacts {
+            wake_secret,
+            blackboard,
+        })
+    }
+}
+
 /// See [`WorkerApp::new`].
 type AppParts<'a> = (
     &'a actix::Addr<Worker>,
@@ -244,12 +275,12 @@ impl WorkerApp {
     /// `parts`: the worker actor, the upgrade settings, the access rules, the actors'
     /// statistics, the listener (a duplicate serves the listener pass) and the flag the
     /// pass raises.
-    async fn new(
+    fn new(
         bb: &Blackboard,
         replica: Option<Replica>,
         args: &WorkerArgs,
         config: &WorkerConfig,
-        patience: Option<Duration>,
+        facts: StartFacts,
         parts: AppParts<'_>,
     ) -> Result<WorkerApp> {
         let (worker, upgrade, access, stats, listener, listener_passed) = parts;
@@ -281,14 +312,9 @@ impl WorkerApp {
             listener_passed: listener_passed.clone(),
             db: http::probe::DbProbe::start(bb.clone()),
         };
-        let board = bb.worker();
         let wake_target = http::wake::WakeTarget {
             worker: config.id.clone(),
-            // A new process may meet a failover here too: it waits as for its registration.
-            secret: retry_unreachable(patience, "reading the wake-ups' secret", || {
-                board.wake_secret()
-            })
-            .await?,
+            secret: facts.wake_secret,
         };
         Ok(WorkerApp {
             state,
@@ -298,7 +324,7 @@ impl WorkerApp {
                 args.access.max_event_streams as usize,
             ),
             upgrader,
-            uploads: open_uploads(bb, args, config, patience).await?,
+            uploads: open_uploads(bb, args, config, facts.blackboard)?,
             wake_target,
             api: args.api.then(|| api_state(bb, replica, config)),
         })
@@ -358,17 +384,12 @@ fn api_state(
 /// The worker's upload folder. Uploads are this blackboard's only: its id keys the
 /// default folder and every upload's meta.json (other deployments on this host keep
 /// theirs apart).
-async fn open_uploads(
+fn open_uploads(
     bb: &Blackboard,
     args: &WorkerArgs,
     config: &WorkerConfig,
-    patience: Option<Duration>,
+    blackboard: uuid::Uuid,
 ) -> Result<Arc<Uploads>> {
-    let board = bb.worker();
-    let blackboard = retry_unreachable(patience, "reading the blackboard's id", || {
-        board.blackboard_id()
-    })
-    .await?;
     let uploads = Uploads::open(
         crate::uploads::UploadSettings::from_args(&args.uploads),
         bb.worker(),
