@@ -40,7 +40,7 @@ case "${1:-}" in
 esac
 all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet
 # The parts tests/bench runs; the rest stay in scripts/bench-legacy.sh until moved.
-in_rust=limit,w1,w1idle,w2
+in_rust=limit,w1,w1idle,w2,w6
 rust=() legacy=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do
