@@ -1,54 +1,19 @@
 #!/usr/bin/env bash
-# The parts of the artex benchmark not yet moved to Rust (tests/bench, issue 34 §5):
-# scripts/bench.sh runs this script for them, with ARTEX_BENCH_ONLY naming only those
-# and the ceilings of a `limit` run it made in Rust passed on in ARTEX_BENCH_CEILING_1,
-# ARTEX_BENCH_CEILING_100 and ARTEX_BENCH_FLOOR_MS. A part moved to Rust leaves this file.
+# The parts of the artex benchmark (issue 5) not yet moved to Rust (tests/bench, issue 34
+# §5): w4, history, api, dash, replica, upload, fleet. scripts/bench.sh runs this
+# script for them, with ARTEX_BENCH_ONLY naming only those, --quick passed on, and the
+# ceilings of the `limit` it ran in Rust in ARTEX_BENCH_CEILING_1 and
+# ARTEX_BENCH_CEILING_100. A part moved to Rust leaves this file. Like the Rust parts,
+# it builds release, starts a private durable PostgreSQL cluster and prints one
+# `RESULT name=value unit` line per figure; `# …` lines are context.
 #
-# The artex benchmark (issue 5). Builds release, starts a private durable PostgreSQL
-# cluster (fsync and synchronous_commit on: the defaults), runs the workloads below and
-# prints one `RESULT name=value unit` line per figure; `# …` lines are context.
-#
-#   Limit  pgbench, a minimal jobs table, claim + done in one transaction: 1 job and 100
-#          jobs per transaction. The ceiling every other figure is divided by.
-#   W1     20,000 no-op tasks inserted in bulk, then 1 planner + 1 worker (concurrency 10,
-#          local queue 2,000) drain them; again with 2 workers. Time from process start to
-#          the last finish.
-#   W1 from idle  the same 20,000 no-op tasks, made runnable at one instant while the
-#          runtime idles, as users submit them: inserted with plain SQL (the column default
-#          id) with `run_at` 8 s ahead while 1 planner + 2 workers at default flags (no
-#          --prefetch: the queue sizes itself) sit idle. Tasks/s from the first start to
-#          the last finish; WAL bytes and PostgreSQL CPU per task, of the insert and of
-#          the run.
-#   W5     bursts: 10 bursts of 20,000 no-op tasks inserted (plain SQL) into 1 planner +
-#          2 workers at default flags, each 5 s after the previous one finished (an idle
-#          gap however fast the box is): each burst's tasks/s (first start to last finish)
-#          and its first task's start after the idle gap (from the end of its insert).
-#   W2     idle planner + worker, 20 warm-up tasks, then 300 inserted 20 ms apart:
-#          enqueue → handler start, p50/p95/p99.
-#          Then its floor, in the same run: a minimal LISTEN/NOTIFY + `for update skip
-#          locked` loop (examples/latency-floor.rs) fed the same way; W2 as a ratio to it.
-#   W3     claim cost (EXPLAIN ANALYZE of the planner round's read: roster + claim) and
-#          drain rate with 10,000 pending, 1,000,000 pending, and 10,000 pending over 1,000,000 finished.
 #   W4     ARTEX_BENCH_W4_TASKS tasks (default 1,000,000; ~5 min on an idle 2-core box)
 #          through 1 planner + 2 workers: tasks/s per tenth of the run, table size and
 #          dead tuples at the end, peak RSS of planner and workers.
-#   W6     the planner against a fleet: 20,000 pending no-op tasks assigned by one planner
-#          to 10 simulated workers of 2,000 slots, then to 2,000 of 10 slots (rows without
-#          a process or LISTEN session, which the roster accepts): assignment throughput,
-#          rounds, and the cost of the round's read (roster + claim). Target: 2,000
-#          workers at least half the rate of 10.
 #   fleet  ARTEX_BENCH_FLEET_WORKERS (default 500) real workers and 2 planners through a
 #          real pgbouncer in transaction mode (pool of 40): RSS per idle worker, what the idle
 #          fleet costs PostgreSQL per worker, W1 from idle with the backends sampled
 #          throughout, W2; against 10 workers connected directly (issue 22).
-#   unique what a unique key costs a submission: 20,000 tasks in batches of 100 without
-#          keys (one insert a batch), with distinct keys (each through `artex.submit`, the
-#          SQL path), and the same keys again (all duplicates); then keyed batches as the
-#          API and the library send them (the keys' locks, one set-based statement), new and
-#          again: tasks/s and WAL bytes per task.
-#   limits W1 from idle with a limit key on each task (1,000 keys) and no limits, then
-#          with the kind limited per key and overall (room enough not to bind), then with
-#          two tags per task: tasks/s and WAL bytes per task (insert, run) of each.
 #   api    submission through the HTTP API (`artex serve`, `POST /api/v1/tasks`, 4
 #          clients) one task a request and 100 a request, against plain SQL inserts of the
 #          same tasks in the same run: tasks/s and the API's ratio to SQL.
@@ -56,19 +21,15 @@
 #          tasks while a dashboard's requests (the `dash` part's, in a loop) go to
 #          `artex serve --read-database-url` on a streaming standby of this cluster, then
 #          to one on the primary; each as a ratio to W1 with no dashboard load.
+#   history, dash, upload: see their sections below.
 #
-# Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
-# that every task succeeded with its audit trail, asserts no speed.)
-# ARTEX_BENCH_ONLY=w1,w2 runs only those parts (of limit, w1, w1idle, w2, w3, w4, w5, w6, history, unique, limits, api, dash, replica, upload, fleet;
-# ratios to the ceiling need `limit`); ARTEX_BENCH_WORKER_ARGS replaces the workers'
-# `--concurrency 10 --prefetch 2000` of W1–W4 (e.g. to compare prefetch depths), and
-# ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers,
-# which run at defaults otherwise.
+# Usage (through scripts/bench.sh): scripts/bench-legacy.sh [--quick]
+# ARTEX_BENCH_ONLY=w4,api runs only those parts; ARTEX_BENCH_WORKER_ARGS replaces the
+# workers' `--concurrency 10 --prefetch 2000` of W4;
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB" tries server settings.
 # ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs without those indexes.
-# ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for W1 with 2 workers,
-# W1 from idle and W2, the statements that cost the time (it slows PostgreSQL down a
-# little).
+# ARTEX_BENCH_PROFILE=1 also loads pg_stat_statements and prints, for the idle fleet,
+# the statements that cost the time (it slows PostgreSQL down a little).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,7 +43,7 @@ else
     limit_tx=500 w1idle_lead=8 w5_bursts=10 w5=20000 w5_gap=5
 fi
 profile=${ARTEX_BENCH_PROFILE:-0}
-only=",${ARTEX_BENCH_ONLY:-limit,w1,w1idle,w2,w3,w4,w5,w6,history,unique,limits,api,dash,replica,upload,fleet},"
+only=",${ARTEX_BENCH_ONLY:-w4,history,api,dash,replica,upload,fleet},"
 want() { [[ $only == *",$1,"* ]]; }
 read -r -a worker_args <<<"${ARTEX_BENCH_WORKER_ARGS:---concurrency 10 --prefetch 2000}"
 read -r -a defaults_worker_args <<<"${ARTEX_BENCH_DEFAULTS_WORKER_ARGS:-}"
@@ -264,44 +225,8 @@ echo "# $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg);
 echo "# workers: ${worker_args[*]}; at defaults (W1 from idle, W5): ${defaults_worker_args[*]:-no flags}"
 $quick && echo "# --quick: tiny sizes; the figures mean nothing"
 
-# ---- Limit: the minimal queue cycle, claim + done in one transaction (pgbench) ----------
-# 8 clients on 2 threads (the best of 1, 4, 8 and 16 here); the 1-client run gives the
-# latency floor: one durable claim + done.
-ceiling1=${ARTEX_BENCH_CEILING_1:-} ceiling100=${ARTEX_BENCH_CEILING_100:-} floor_ms=${ARTEX_BENCH_FLOOR_MS:-}
-limit_run() { # jobs_per_tx clients transactions_per_client → "tps latency_ms"
-    local jobs=$(($1 * $2 * $3 * 11 / 10)) # 10% spare: skip locked may claim short
-    sql bench_limit -c "drop table if exists jobs" \
-        -c "create table jobs (id bigint generated always as identity primary key,
-                status smallint not null default 0, payload jsonb not null default '{}',
-                done_at timestamptz)" \
-        -c "create index jobs_pending on jobs (id) where status = 0" \
-        -c "insert into jobs (payload) select '{}' from generate_series(1, $jobs)" \
-        -c "vacuum analyze jobs" -c checkpoint
-    cat >"$tmp/claim.sql" <<SQL
-begin;
-with c as (select id from jobs where status = 0 order by id limit $1 for update skip locked)
-update jobs j set status = 1, done_at = now() from c where j.id = c.id;
-commit;
-SQL
-    pgbench -n -M prepared -f "$tmp/claim.sql" -c "$2" -j 2 -t "$3" "$(db_url bench_limit)" \
-        >"$tmp/log/pgbench" 2>&1 || die "pgbench: $(cat "$tmp/log/pgbench")"
-    awk '/^tps/ { tps = $3 } /^latency average/ { lat = $4 } END { print tps, lat }' "$tmp/log/pgbench"
-}
-if want limit; then
-new_db bench_limit
-fields=$(limit_run 1 8 $((limit_tx * 10)))
-read -r tps _ <<<"$fields"
-ceiling1=$(calc "$tps")
-result limit_jobs_per_s_1_per_tx "$ceiling1" jobs/s
-fields=$(limit_run 100 8 "$limit_tx")
-read -r tps _ <<<"$fields"
-ceiling100=$(calc "$tps * 100")
-result limit_jobs_per_s_100_per_tx "$ceiling100" jobs/s
-fields=$(limit_run 1 1 $((limit_tx * 4)))
-read -r _ floor_ms <<<"$fields"
-result limit_latency_ms_1_client "$floor_ms" ms
-drop_db bench_limit
-fi
+# The ceilings of a `limit` run (in Rust, by scripts/bench.sh), for the ratios.
+ceiling1=${ARTEX_BENCH_CEILING_1:-} ceiling100=${ARTEX_BENCH_CEILING_100:-}
 # A throughput figure, and the same as a fraction of both ceilings.
 throughput() { # name tasks/s
     result "$1" "$2" tasks/s
@@ -324,314 +249,8 @@ statements() { # db label tasks
         order by total_exec_time desc limit 15" | sed 's/^/#   /'
 }
 
-# ---- W1: throughput, 1 and 2 workers --------------------------------------------------
-for workers in 1 2; do
-    want w1 || break
-    db=bench_w1_$workers
-    new_db $db
-    insert_tasks $db $w1 noop
-    if [ "$profile" = 1 ] && [ $workers = 2 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
-    wait_idle $db
-    read -r commits0 wal0 syncs0 <<<"$(counters $db)"
-    pg0=$(pg_cpu_s)
-    t0=$EPOCHREALTIME
-    start_runtime $db $workers
-    wait_until $db "$unfinished" 600
-    artex_cpu=0
-    for p in "${procs[@]}"; do artex_cpu=$(calc "$artex_cpu + $(cpu_s "$p")" 2); done
-    stop_runtime
-    wait_idle $db
-    pg=$(calc "$(pg_cpu_s) - $pg0" 2)
-    read -r commits wal syncs <<<"$(counters $db)"
-    check_all_succeeded $db $w1
-    rate=$(sql $db -c "select $w1 / (extract(epoch from max(finished_at)) - $t0) from artex.tasks")
-    throughput w1_tasks_per_s_${workers}worker "$(calc "$rate")"
-    # Of that time, start-up: from the processes' start to the first task finished.
-    result w1_${workers}worker_first_finish_ms "$(sql $db -c "select round(((extract(epoch from min(finished_at)) - $t0) * 1000)::numeric) from artex.tasks")" ms
-    # What one task costs: transactions PostgreSQL ran (including those in which each
-    # LISTENing session reads the NOTIFY queue), WAL written and flushed, CPU spent by
-    # PostgreSQL and by the artex processes (both include start-up; PostgreSQL's includes
-    # autovacuum, the checkpointer and this script's polling).
-    commits=$((commits - commits0)) wal=$((wal - wal0)) syncs=$((syncs - syncs0))
-    result w1_${workers}worker_pg_transactions_per_task "$(calc "$commits / $w1" 2)" transactions
-    result w1_${workers}worker_wal_bytes_per_task "$(calc "$wal / $w1")" bytes
-    result w1_${workers}worker_wal_flushes_per_task "$(calc "$syncs / $w1" 2)" fsyncs
-    result w1_${workers}worker_cpu_us_per_task_postgres "$(calc "$pg * 1e6 / $w1")" us
-    result w1_${workers}worker_cpu_us_per_task_artex "$(calc "$artex_cpu * 1e6 / $w1")" us
-    if [ "$profile" = 1 ] && [ $workers = 2 ]; then
-        statements $db "W1 with 2 workers" $w1
-    fi
-    drop_db $db
-done
-
-# ---- W1 from idle: runnable at one instant, plain-SQL ids, default flags ---------------
-# The runtime idles (its queues shrunk to their minimum) until the whole batch becomes
-# runnable at once; the scanner finds it at its next poll (≤ 200 ms after run_at: no
-# NOTIFY announces a time), which is why the rate counts from the first start.
+# Exactly $1 workers online.
 online() { echo "(select count(*) from artex.workers where state = 'online') = $1"; }
-if want w1idle; then
-db=bench_w1idle
-new_db $db
-start_runtime_at_defaults $db 2
-wait_until $db "$(online 2)" 60
-# Both parts start from a checkpoint, as W1's run does: full-page images count alike.
-sql $db -c checkpoint
-read -r _ wal0 _ <<<"$(counters $db)"
-pg0=$(pg_cpu_s)
-sql $db -c "insert into artex.tasks (kind, run_at)
-    select 'noop', now() + interval '$w1idle_lead s' from generate_series(1, $w1)"
-read -r _ wal1 _ <<<"$(counters $db)"
-pg1=$(pg_cpu_s)
-[ "$(sql $db -c "select max(run_at) > now() and min(started_at) is null from artex.tasks")" = t ] \
-    || die "w1idle: the insert took longer than the ${w1idle_lead} s lead"
-if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
-wait_until $db "$unfinished" 600
-if [ "$profile" = 1 ]; then statements $db "W1 from idle (the run)" $w1; fi
-read -r _ wal2 _ <<<"$(counters $db)"
-pg2=$(pg_cpu_s)
-capacity=$(sql $db -c "select string_agg(capacity::text, ' ') from artex.workers where state = 'online'")
-stop_runtime
-check_all_succeeded $db $w1
-[ "$(sql $db -c "select count(*) from artex.tasks where substr(id::text, 15, 1) <> '7'")" = 0 ] \
-    || die "w1idle: ids by the column default are not time-ordered (UUIDv7)"
-rate=$(sql $db -c "select $w1 / extract(epoch from max(finished_at) - min(started_at)) from artex.tasks")
-throughput w1idle_tasks_per_s_2workers "$(calc "$rate")"
-result w1idle_first_start_after_run_at_ms "$(sql $db -c "select round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric) from artex.tasks")" ms
-echo "# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: $capacity"
-# Where the time goes: assignment rounds (when a task was assigned: its start row's
-# `assigned_at`, or its own row when it ended unstarted — both its transaction's start),
-# their sizes, and the timeline from run_at.
-rounds_sql="with r as (select coalesce(assigned_at, at) at, count(*) n from artex.task_transitions
-    where assigned_at is not null or to_status = 'assigned' group by 1)"
-sql $db -F' ' -c "$rounds_sql select count(*), round(avg(n)), min(n), max(n),
-        round((extract(epoch from max(at) - min(at)) * 1000)::numeric)
-    from r" | {
-    read -r rounds avg lo hi span
-    echo "# W1 from idle: $rounds assignment rounds over $span ms, $avg tasks each on average (min $lo, max $hi)"
-}
-sql $db -F' ' -c "$rounds_sql
-    select string_agg(n::text || '@' || round((extract(epoch from at - (select min(run_at) from artex.tasks)) * 1000)::numeric), ' ' order by at)
-    from (select * from r order by at limit 12) f" | sed 's/^/# W1 from idle: first rounds (tasks@ms after run_at): /'
-sql $db -F' ' -c "select round((extract(epoch from percentile_disc(0.1) within group (order by finished_at) - min(run_at)) * 1000)::numeric),
-        round((extract(epoch from percentile_disc(0.5) within group (order by finished_at) - min(run_at)) * 1000)::numeric),
-        round((extract(epoch from max(finished_at) - min(run_at)) * 1000)::numeric)
-    from artex.tasks" | { read -r f10 f50 f100; echo "# W1 from idle: 10% finished +$f10 ms, 50% +$f50 ms, all +$f100 ms after run_at"; }
-result w1idle_wal_bytes_per_task_insert "$(calc "($wal1 - $wal0) / $w1")" bytes
-result w1idle_wal_bytes_per_task_run "$(calc "($wal2 - $wal1) / $w1")" bytes
-result w1idle_cpu_us_per_task_postgres_insert "$(calc "($pg1 - $pg0) * 1e6 / $w1")" us
-# The run's CPU includes the ~${w1idle_lead} s of idling around it (polls, heartbeats).
-result w1idle_cpu_us_per_task_postgres_run "$(calc "($pg2 - $pg1) * 1e6 / $w1")" us
-drop_db $db
-fi
-
-# ---- W5: bursts after idle gaps, default flags -------------------------------------------
-if want w5; then
-db=bench_w5
-new_db $db
-sql $db -c "create table bench.bursts (burst int primary key, committed_at timestamptz not null)"
-start_runtime_at_defaults $db 2
-wait_until $db "$(online 2)" 60
-sleep 1
-for b in $(seq "$w5_bursts"); do
-    [ "$b" = 1 ] || { wait_until $db "$unfinished" 600; sleep "$w5_gap"; }
-    # The time is taken at the end of the insert, in its transaction: the tasks become
-    # runnable at its commit, a moment (one WAL flush) later.
-    sql $db -c "insert into artex.tasks (kind, payload)
-            select 'noop', jsonb_build_object('burst', $b) from generate_series(1, $w5);
-        insert into bench.bursts values ($b, clock_timestamp())"
-done
-wait_until $db "$unfinished" 600
-stop_runtime
-check_all_succeeded $db $((w5_bursts * w5))
-sql $db -F' ' -c "select b.burst, round($w5 / extract(epoch from max(t.finished_at) - min(t.started_at))),
-        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric, 1)
-    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
-    group by b.burst, b.committed_at order by 1" >"$tmp/bursts"
-while read -r b rate first; do
-    throughput "w5_burst_$(printf %02d "$b")_tasks_per_s" "$rate"
-    result "w5_burst_$(printf %02d "$b")_first_start_ms" "$first" ms
-done <"$tmp/bursts"
-# How each burst went, from its insert's end: first start, half and 99% finished, last.
-sql $db -F' ' -c "select b.burst, round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric),
-        round((extract(epoch from percentile_disc(0.5) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
-        round((extract(epoch from percentile_disc(0.99) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric),
-        round((extract(epoch from max(t.finished_at) - b.committed_at) * 1000)::numeric)
-    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
-    group by b.burst, b.committed_at order by 1" | while read -r b first half p99 last; do
-    echo "# W5 burst $b: first start +$first ms, half finished +$half ms, 99% +$p99 ms, last +$last ms"
-done
-throughput w5_tasks_per_s_median "$(sort -n -k2 "$tmp/bursts" | awk '{ r[NR] = $2 } END { print r[int((NR + 1) / 2)] }')"
-result w5_first_start_ms_median "$(sort -n -k3 "$tmp/bursts" | awk '{ r[NR] = $3 } END { print r[int((NR + 1) / 2)] }')" ms
-result w5_first_start_ms_max "$(sort -n -k3 "$tmp/bursts" | tail -n 1 | cut -d' ' -f3)" ms
-drop_db $db
-fi
-
-# ---- W2: latency on an idle system ------------------------------------------------------
-# W2's floor: the latency ceiling of any PostgreSQL queue on this box, this run. Sets
-# floor_p[p50|p95|p99] (ms) and reports them.
-declare -A floor_p
-w2_floor() { # db (its tables are used, its artex schema is not)
-    "$tmp/latency-floor" setup "$(db_url "$1")"
-    : >"$tmp/log/$1.floor"
-    "$tmp/latency-floor" run "$(db_url "$1")" $((w2_warm + w2)) >>"$tmp/log/$1.floor" 2>&1 &
-    local floor=$!
-    procs+=($floor)
-    for _ in $(seq 600); do grep -q '^listening' "$tmp/log/$1.floor" && break; sleep 0.1; done
-    grep -q '^listening' "$tmp/log/$1.floor" || die "latency-floor is not listening: $(tail -n 5 "$tmp/log/$1.floor")"
-    sql "$1" -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
-        perform pg_sleep(0.02); commit;
-        insert into floor_jobs (warmup) values (i <= $w2_warm);
-        commit;
-    end loop; end \$\$"
-    wait "$floor" || die "latency-floor failed: $(tail -n 5 "$tmp/log/$1.floor")"
-    procs=() # the runtime was stopped before: the floor was the only one
-    read -r floor_p[p50] floor_p[p95] floor_p[p99] <<<"$(sql "$1" -F' ' -c "select
-            round(percentile_cont(0.5) within group (order by ms)::numeric, 2),
-            round(percentile_cont(0.95) within group (order by ms)::numeric, 2),
-            round(percentile_cont(0.99) within group (order by ms)::numeric, 2)
-        from (select started_us / 1000.0 - extract(epoch from created_at) * 1000 ms
-              from floor_jobs where not warmup) t")"
-    for p in p50 p95 p99; do result "w2_floor_enqueue_to_start_ms_$p" "${floor_p[$p]}" ms; done
-}
-if want w2; then
-db=bench_w2
-new_db $db
-start_runtime $db 1 "$tmp/artex-bench"
-wait_until $db "exists (select 1 from artex.workers where state = 'online')" 60
-sleep 1
-# One session inserts and commits each task on its own, 20 ms apart. created_at is the
-# inserting transaction's start (the server's clock), so a figure includes the insert's
-# own commit, the planner's wake-up and assignment round, the worker's wake-up and its
-# start transaction; the `stamp` kind returns the time its handler began (same clock).
-if [ "$profile" = 1 ]; then sql $db -c "select pg_stat_statements_reset()" >/dev/null; fi
-sql $db -c "do \$\$ begin for i in 1..$((w2_warm + w2)) loop
-    perform pg_sleep(0.02); commit;
-    insert into artex.tasks (id, kind, payload)
-        values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', i <= $w2_warm));
-    commit;
-end loop; end \$\$"
-wait_until $db "$unfinished" 60
-stop_runtime
-if [ "$profile" = 1 ]; then statements $db "W2" $((w2_warm + w2)); fi
-check_all_succeeded $db $((w2_warm + w2))
-fields=$(sql $db -F' ' -c "select
-        round(percentile_cont(0.5) within group (order by handler)::numeric, 2),
-        round(percentile_cont(0.95) within group (order by handler)::numeric, 2),
-        round(percentile_cont(0.99) within group (order by handler)::numeric, 2),
-        round(percentile_cont(0.5) within group (order by db)::numeric, 2),
-        round(percentile_cont(0.99) within group (order by db)::numeric, 2)
-    from (select (result->>'t_us')::float8 / 1000 - extract(epoch from created_at) * 1000 handler,
-                 extract(epoch from started_at - created_at) * 1000 db
-          from artex.tasks where payload->>'warmup' = 'false') t")
-read -r p50 p95 p99 d50 d99 <<<"$fields"
-for p in p50:$p50 p95:$p95 p99:$p99; do
-    result "w2_enqueue_to_handler_ms_${p%%:*}" "${p#*:}" ms
-    if [ -n "$floor_ms" ]; then
-        result "w2_enqueue_to_handler_ms_${p%%:*}_vs_limit_latency" "$(calc "${p#*:} / $floor_ms" 1)" ratio
-    fi
-done
-# The floor, in the same run: a minimal LISTEN/NOTIFY + `for update skip locked` loop
-# (examples/latency-floor.rs) fed by the same inserts 20 ms apart; artex's W2 as a
-# multiple of it.
-w2_floor $db
-for p in p50:$p50 p95:$p95 p99:$p99; do
-    result "w2_enqueue_to_handler_ms_${p%%:*}_vs_floor" "$(calc "${p#*:} / ${floor_p[${p%%:*}]}" 2)" ratio
-done
-# The same, up to the start of the worker's `running` transaction only (database clock).
-result w2_enqueue_to_running_ms_p50 "$d50" ms
-result w2_enqueue_to_running_ms_p99 "$d99" ms
-# Where the median goes: each step from the start of one transaction to the start of the
-# next (audit rows carry their transaction's start time).
-sql $db -F' ' -c "select round(percentile_cont(0.5) within group (order by a)::numeric, 2),
-        round(percentile_cont(0.5) within group (order by r)::numeric, 2),
-        round(percentile_cont(0.5) within group (order by h)::numeric, 2)
-    from (select extract(epoch from asg.at - t.created_at) * 1000 a,
-                 extract(epoch from run.at - asg.at) * 1000 r,
-                 (t.result->>'t_us')::float8 / 1000 - extract(epoch from run.at) * 1000 h
-          from artex.tasks t
-          join artex.task_transitions run on run.task_id = t.id and run.to_status = 'running'
-          cross join lateral (select run.assigned_at as at) asg
-          where t.payload->>'warmup' = 'false') s" | {
-    read -r a r h
-    result w2_p50_insert_to_assignment_ms "$a" ms
-    result w2_p50_assignment_to_start_ms "$r" ms
-    result w2_p50_start_to_handler_ms "$h" ms
-}
-drop_db $db
-fi
-
-# ---- W3: claim cost against the backlog ---------------------------------------------------
-# The planner round's read (its roster and claim in one statement) as the runtime sends
-# it (prepared; the 7 runs let PostgreSQL settle on the plan it keeps), for 500 tasks,
-# with one simulated worker of ample capacity on the roster, in a transaction rolled back
-# afterwards.
-# The round's read lives once, as artex.dispatch_round's body.
-dispatch_sql_of() { # db → the statement
-    sql "$1" -c "select substring(prosrc from 'return query (.*);\s*end\s*$')
-        from pg_proc where proname = 'dispatch_round' and pronamespace = 'artex'::regnamespace"
-}
-claim_ms() { # db → median execution time of 7 runs
-    local dispatch_sql
-    dispatch_sql=$(dispatch_sql_of "$1")
-    { echo "begin;"
-      echo "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-            values ('bench-sim', 'sim', 1, 'bench', 'artex_w_bench_sim', array['noop'], 100000);"
-      echo "prepare claim as $dispatch_sql;"
-      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) execute claim(600, 500, 1, '{}', '{}');"; done
-      echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
-}
-# Drain rate on top of the backlog: the first half of $w3_small completions (so a backlog
-# is left in every case), from the first batch of finishes to the last (start-up
-# excluded), 1 planner + 2 workers.
-w3_drain=$((w3_small / 2))
-drain_rate() { # db → $rate (not in a subshell: the processes it starts must stay ours)
-    local base; base=$(sql "$1" -c "select coalesce(max(id), 0) from artex.task_transitions")
-    start_runtime "$1" 2
-    wait_until "$1" "exists (select 1 from artex.task_transitions where id > $base
-        and to_status = 'succeeded' offset $((w3_drain - 1)))" 600
-    stop_runtime
-    [ "$(sql "$1" -c "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')")" = 0 ] \
-        || die "$1: tasks failed"
-    # Completions after the first batch over the time since it (a batch shares one
-    # timestamp); 0 when a single batch did it all (--quick).
-    rate=$(sql "$1" -c "select coalesce(round(count(*) filter (where at > first)
-            / nullif(extract(epoch from max(at) - min(first)), 0)), 0)
-        from (select at, min(at) over () as first from (
-            select at from artex.task_transitions where id > $base and to_status = 'succeeded'
-            order by id limit $w3_drain) e) t")
-}
-for backlog in small big finished; do
-    want w3 || break
-    db=bench_w3_$backlog
-    new_db $db
-    case $backlog in
-        small) insert_tasks $db $w3_small noop; label=$w3_small ;;
-        big) insert_tasks $db $w3_big noop; label=$w3_big ;;
-        finished)
-            # Finished tasks as the runtime leaves them, written directly (triggers off,
-            # hence no audit rows for these): only the hot table's contents matter here.
-            sql $db -c "set session_replication_role = replica" -c "insert into artex.tasks
-                (id, kind, status, lease_epoch, result, created_at, updated_at, started_at, finished_at)
-                select bench.uuid7(), 'noop', 'succeeded', 1, 'null', now(), now(), now(), now()
-                from generate_series(1, $w3_big)"
-            insert_tasks $db $w3_small noop
-            label=${w3_small}_over_${w3_big}_finished ;;
-    esac
-    ms=$(claim_ms $db)
-    result "w3_claim_ms_${label}_pending" "$ms" ms
-    [ $backlog = small ] && claim_small=$ms
-    [ $backlog = small ] || result "w3_claim_ms_${label}_pending_vs_${w3_small}" "$(calc "$ms / $claim_small" 2)" ratio
-    drain_rate $db
-    throughput "w3_drain_${w3_drain}_tasks_per_s_${label}_pending" "$rate"
-    # The claim again right after the drain, before vacuum has caught up: the index it
-    # walks now starts with the entries of the tasks just taken.
-    ms=$(claim_ms $db)
-    result "w3_claim_ms_${label}_pending_after_drain" "$ms" ms
-    [ $backlog = small ] && drained_small=$ms
-    [ $backlog = small ] || result "w3_claim_ms_${label}_pending_after_drain_vs_${w3_small}" "$(calc "$ms / $drained_small" 2)" ratio
-    drop_db $db
-done
-
 # ---- W4: soak ---------------------------------------------------------------------------
 if want w4; then
 db=bench_w4
@@ -691,48 +310,6 @@ result w4_planner_peak_rss_mb "$(calc "$planner_kb / 1024" 1)" MB
 result w4_worker_peak_rss_mb "$(calc "$worker_kb / 1024" 1)" MB
 drop_db $db
 fi
-# ---- W6: the planner against a fleet of 2,000 workers -------------------------------------
-query_ms() { # db "prepare …" "execute …" → median execution time of 7 runs
-    { echo "begin; $2;"
-      for _ in 1 2 3 4 5 6 7; do echo "explain (analyze) $3;"; done
-      echo "rollback;"; } | sql "$1" | awk '/Execution Time/ { print $3 }' | sort -n | sed -n 4p
-}
-w6_rates=()
-for fleet in 10 2000; do
-    want w6 || break
-    db=bench_w6_$fleet
-    new_db $db
-    slots=$((w1 / fleet > 0 ? w1 / fleet : 1)) # --quick: fewer tasks than workers
-    # Simulated workers: no session (the roster's liveness check is for real ones), seen
-    # now, suspect only after the run.
-    sql $db -c "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-        select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $slots
-        from generate_series(1, $fleet) g" -c "analyze artex.workers"
-    insert_tasks $db "$w1" noop
-    dispatch_ms=$(query_ms $db "prepare dispatch as $(dispatch_sql_of $db)" "execute dispatch(600, 2000, 1, '{}', '{}')")
-    ARTEX_DATABASE_URL=$(db_url $db) "$artex" planner --worker-suspect-ms 600000 \
-        --worker-timeout-ms 600000 >>"$tmp/log/$db.planner" 2>&1 &
-    procs+=($!)
-    wait_until $db "not exists (select 1 from artex.tasks where listed = 'pending')" 600
-    stop_runtime
-    # An assignment writes no history row until it ends (the workers are simulated and
-    # never start anything): the assigned rows' updated_at is the assigning round's time.
-    fields=$(sql $db -F' ' -c "select round(count(*) / greatest(extract(epoch from max(updated_at) - min(updated_at)), 0.001)),
-            count(distinct updated_at)
-        from artex.tasks where status = 'assigned'")
-    read -r rate rounds <<<"$fields"
-    over=$(sql $db -c "select count(*) from artex.workers where held > capacity")
-    [ "$over" = 0 ] || die "$db: $over workers hold more than their capacity"
-    echo "# W6: $w1 tasks to $fleet simulated workers of $slots slots, 1 planner"
-    throughput "w6_assign_per_s_${fleet}_workers" "$rate"
-    result "w6_rounds_${fleet}_workers" "$rounds" rounds
-    result "w6_dispatch_2000_ms_${fleet}_workers" "$dispatch_ms" ms
-    w6_rates+=("$rate")
-    drop_db $db
-done
-if [ ${#w6_rates[@]} = 2 ]; then
-    result w6_2000_vs_10_workers "$(calc "${w6_rates[1]} / ${w6_rates[0]}" 2)" ratio
-fi
 # ---- History: rows and WAL per finished task, by table (issue 13) ----------------------
 # W1's workload with 1 worker, from a checkpoint: history rows per task, and the WAL of
 # the insert and of the run split by relation (pg_waldump: each record counted whole for
@@ -787,111 +364,6 @@ wal_by_table $db "$lsn1" "$lsn2" run $w1
 sql postgres -c "alter system reset wal_keep_size" -c "select pg_reload_conf()" >/dev/null
 drop_db $db
 fi
-# ---- Unique keys: what a key costs a submission (issue 24) ------------------------------
-# 20,000 tasks in batches of 100, one transaction a batch, as artex sends them: without
-# keys one insert a batch (the plain path); with distinct keys each task through
-# `artex.submit` (the key's lock and lookup, then the insert); then the same keys again,
-# every one a duplicate (a lookup, nothing written). Tasks/s and WAL bytes per task.
-unique_round() { # db label sql-of-one-batch($b = batch number)
-    local wal0 t0 t1 wal1
-    read -r _ wal0 _ <<<"$(counters "$1")"
-    t0=$EPOCHREALTIME
-    sql "$1" -c "do \$\$ declare b int; begin for b in 1..$((w1 / 100)) loop
-        $3; commit; end loop; end \$\$"
-    t1=$EPOCHREALTIME
-    read -r _ wal1 _ <<<"$(counters "$1")"
-    result "unique_${2}_tasks_per_s" "$(calc "$w1 / ($t1 - $t0)")" tasks/s
-    result "unique_${2}_wal_bytes_per_task" "$(calc "($wal1 - $wal0) / $w1")" bytes
-}
-if want unique; then
-db=bench_unique
-new_db $db
-sql $db -c "checkpoint" >/dev/null
-unique_round $db no_key "insert into artex.tasks (kind) select 'noop' from generate_series(1, 100)"
-sql $db -c "checkpoint" >/dev/null
-unique_round $db distinct_keys "perform count(*) from generate_series(1, 100) g cross join lateral
-    artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)"
-unique_round $db duplicates "perform count(*) from generate_series(1, 100) g cross join lateral
-    artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)"
-[ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 2)) ] || die "unique: duplicates were written"
-# The API's and the library's path: a batch of 100 keyed tasks is its keys' locks, then
-# one set-based statement (`artex-bench keyed-submit-sql`), one transaction a batch.
-keyed_sql=$("$tmp/artex-bench" keyed-submit-sql)
-lock_sql=${keyed_sql%%;*}
-submit_sql=${keyed_sql#*;}
-keyed_batches() { # file key-prefix
-    local zeros payloads kinds keys
-    zeros="{$(printf '0,%.0s' $(seq 100) | sed 's/,$//')}"
-    payloads="{$(printf '"{}",%.0s' $(seq 100) | sed 's/,$//')}"
-    kinds="{$(printf 'noop,%.0s' $(seq 100) | sed 's/,$//')}"
-    {
-        echo "prepare lk(text[]) as $lock_sql;"
-        echo "prepare sk(text, text, text[], jsonb[], int4[], timestamptz[], int4[], int4[],
-            text[], text[], float8[]) as $submit_sql;"
-        for b in $(seq $((w1 / 100))); do
-            keys="{$(seq -s, -f "$2$b-%g" 100)}"
-            echo "begin; execute lk('$keys'); execute sk('bench', 'submitted', '$kinds',"
-            echo "    '$payloads', '$zeros', '{}', '{}', '{}', '{}', '$keys', '{}'); commit;"
-        done
-    } >"$1"
-}
-keyed_round() { # db label file
-    local wal0 t0 t1 wal1
-    read -r _ wal0 _ <<<"$(counters "$1")"
-    t0=$EPOCHREALTIME
-    sql "$1" -o /dev/null -f "$3"
-    t1=$EPOCHREALTIME
-    read -r _ wal1 _ <<<"$(counters "$1")"
-    result "unique_${2}_tasks_per_s" "$(calc "$w1 / ($t1 - $t0)")" tasks/s
-    result "unique_${2}_wal_bytes_per_task" "$(calc "($wal1 - $wal0) / $w1")" bytes
-}
-keyed_batches "$tmp/keyed.sql" batch-
-sql $db -c "checkpoint" >/dev/null
-keyed_round $db batch_distinct_keys "$tmp/keyed.sql"
-keyed_round $db batch_duplicates "$tmp/keyed.sql"
-[ "$(sql $db -c "select count(*) from artex.tasks")" = $((w1 * 3)) ] || die "unique: a keyed batch wrote duplicates"
-drop_db $db
-fi
-
-# ---- limits and tags: what they cost when used ----------------------------------------
-# W1 from idle (2 workers at default flags) three times on one database: no-op tasks
-# with a limit key each (1,000 keys) and no limits set; the same with the kind limited
-# (per key 5, kind 10,000: room enough that the limits check every round without
-# binding); tasks with two tags and no limit key. Tasks/s of the run, WAL bytes per
-# task of the insert and of the run (the tags' GIN index costs at the insert, the
-# limits' counting index at the assignment).
-limits_round() { # db label insert-columns insert-values
-    sql "$1" -c checkpoint >/dev/null
-    read -r _ wal0 _ <<<"$(counters "$1")"
-    sql "$1" -c "insert into artex.tasks (kind, run_at, $3)
-        select 'noop', now() + interval '$w1idle_lead s', $4 from generate_series(1, $w1) g"
-    read -r _ wal1 _ <<<"$(counters "$1")"
-    wait_until "$1" "$unfinished" 600
-    read -r _ wal2 _ <<<"$(counters "$1")"
-    [ "$(sql "$1" -c "select count(*) from artex.tasks where status = 'succeeded'")" = "$w1" ] \
-        || die "limits $2: not every task succeeded"
-    local rate; rate=$(sql "$1" -c "select $w1 / extract(epoch from max(finished_at) - min(started_at))
-        from artex.tasks")
-    throughput "limits_${2}_tasks_per_s" "$(calc "$rate")"
-    result "limits_${2}_wal_bytes_per_task_insert" "$(calc "($wal1 - $wal0) / $w1")" bytes
-    result "limits_${2}_wal_bytes_per_task_run" "$(calc "($wal2 - $wal1) / $w1")" bytes
-    sql "$1" -c "delete from artex.tasks" >/dev/null
-}
-if want limits; then
-db=bench_limits
-new_db $db
-start_runtime_at_defaults $db 2
-wait_until $db "$(online 2)" 60
-limits_round $db keys_unlimited limit_key "'k' || (g % 1000)"
-sql $db -c "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
-    values ('noop', 10000, 5, 'bench')" >/dev/null
-limits_round $db keys_limited limit_key "'k' || (g % 1000)"
-sql $db -c "delete from artex.kind_limits" >/dev/null
-limits_round $db tagged tags "array['nightly', 'k' || (g % 1000)]"
-stop_runtime
-drop_db $db
-fi
-
 # ---- API: submit throughput through `artex serve` vs plain SQL --------------------------
 # The same no-op tasks submitted through `POST /api/v1/tasks` (`artex serve --http`,
 # examples/api-load.rs: 4 concurrent clients on keep-alive connections) and inserted

@@ -7,9 +7,13 @@
 #   limit   pgbench's minimal claim + done: the ceilings the throughputs are divided by
 #   w1      20,000 no-op tasks in bulk through 1 planner + 1 worker, then 2 workers
 #   w1idle  the same 20,000 made runnable at one instant while 1 planner + 2 workers idle
+#   w5      10 bursts of 20,000 after idle gaps
 #   w2      enqueue → handler start on an idle runtime, and its floor in the same run
-#   w3 w4 w5 w6 history unique limits api dash replica upload fleet: see
-#           scripts/bench-legacy.sh
+#   w6      one planner assigning 20,000 tasks to 10, then 2,000 simulated workers
+#   unique  what a unique key costs a submission
+#   limits  W1 from idle with limit keys, with kind limits, with tags
+#   w3      the planner round's read and the drain rate against backlogs up to 1,000,000
+#   w4 history api dash replica upload fleet: still in scripts/bench-legacy.sh
 # Each part's full description is its module's doc (tests/bench/<part>.rs) or its
 # section of scripts/bench-legacy.sh.
 #
@@ -21,7 +25,7 @@
 # (at defaults otherwise); ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
 # without those indexes; ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
-# time (pg_stat_statements; for now every part then runs from scripts/bench-legacy.sh).
+# time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet.
 # Knobs of single parts (ARTEX_BENCH_W4_TASKS, ARTEX_BENCH_FLEET_WORKERS, …) are
 # described in scripts/bench-legacy.sh.
 #
@@ -35,12 +39,12 @@ quick=0
 case "${1:-}" in
     '') ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet
 # The parts tests/bench runs; the rest stay in scripts/bench-legacy.sh until moved.
-in_rust=limit,w1,w1idle,w2,w6
+in_rust=limit,w1,w1idle,w5,w2,w3,w6,unique,limits
 rust=() legacy=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do
@@ -50,7 +54,7 @@ for part in "${asked[@]}"; do
         echo "scripts/bench.sh: ARTEX_BENCH_ONLY names '$part', not one of $all" >&2
         exit 2
     fi
-    if [[ ",$in_rust," == *",$part,"* ]] && [ "${ARTEX_BENCH_PROFILE:-0}" != 1 ]; then
+    if [[ ",$in_rust," == *",$part,"* ]]; then
         rust+=("$part")
     else
         legacy+=("$part")
@@ -74,8 +78,7 @@ if [ ${#rust[@]} -gt 0 ]; then
     value() { sed -nE "s/^RESULT $1=([0-9.]+) .*/\1/p" "$out"; }
     if [ -n "$(value limit_jobs_per_s_1_per_tx)" ]; then
         ceilings=(ARTEX_BENCH_CEILING_1="$(value limit_jobs_per_s_1_per_tx)"
-            ARTEX_BENCH_CEILING_100="$(value limit_jobs_per_s_100_per_tx)"
-            ARTEX_BENCH_FLOOR_MS="$(value limit_latency_ms_1_client)")
+            ARTEX_BENCH_CEILING_100="$(value limit_jobs_per_s_100_per_tx)")
     fi
 fi
 if [ ${#legacy[@]} -gt 0 ]; then

@@ -13,19 +13,23 @@
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
-//! - `limit`, `w1`, `w1idle`, `w2`, `w6`: one module per workload, named as ARTEX_BENCH_ONLY
+//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w6`, `unique`, `limits`: one module per workload, named as ARTEX_BENCH_ONLY
 //!   names them.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod limit;
+mod limits;
 mod report;
 mod rig;
 mod sql;
+mod unique;
 mod w1;
 mod w1idle;
 mod w2;
+mod w3;
+mod w5;
 mod w6;
 
 use std::path::PathBuf;
@@ -34,7 +38,9 @@ use report::Ceilings;
 use rig::Rig;
 
 /// The parts this program runs, in the order it runs them (the bash bench's order).
-pub const PARTS: [&str; 5] = ["limit", "w1", "w1idle", "w2", "w6"];
+pub const PARTS: [&str; 9] = [
+    "limit", "w1", "w1idle", "w5", "w2", "w3", "w6", "unique", "limits",
+];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
 /// the figures mean nothing).
@@ -73,6 +79,8 @@ impl Sizes {
 /// One run: the rig, the sizes and flags, and the ceilings once `limit` measured them.
 pub struct Bench {
     pub rig: Rig,
+    /// `--quick`: tiny sizes.
+    pub quick: bool,
     pub sizes: Sizes,
     pub ceilings: Ceilings,
     /// The workers' flags for W1–W4 (ARTEX_BENCH_WORKER_ARGS).
@@ -103,15 +111,11 @@ async fn bench() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release"));
     let rig = Rig::start(&bin_dir).await;
-    let env_f64 = |var: &str| std::env::var(var).ok().and_then(|v| v.parse().ok());
     let mut bench = Bench {
         rig,
+        quick,
         sizes: Sizes::new(quick),
-        ceilings: Ceilings {
-            one: env_f64("ARTEX_BENCH_CEILING_1"),
-            hundred: env_f64("ARTEX_BENCH_CEILING_100"),
-            floor_ms: env_f64("ARTEX_BENCH_FLOOR_MS"),
-        },
+        ceilings: Ceilings::default(),
         worker_args: words(
             "ARTEX_BENCH_WORKER_ARGS",
             "--concurrency 10 --prefetch 2000",
@@ -149,14 +153,20 @@ async fn bench() {
             "w1" => w1::run(&mut bench).await,
             "w1idle" => w1idle::run(&mut bench).await,
             "w2" => w2::run(&mut bench).await,
+            "w5" => w5::run(&mut bench).await,
+            "w3" => w3::run(&mut bench).await,
             "w6" => w6::run(&mut bench).await,
+            "unique" => unique::run(&mut bench).await,
+            "limits" => limits::run(&mut bench).await,
             _ => unreachable!("PARTS names every part"),
         }
     }
 }
 
-/// Every statement of the bench prepares against the schema the migrations make: a
-/// migration that breaks the bench fails here, not in the next person's benchmark run.
+/// Every statement of the bench prepares against the schema the migrations make, and a
+/// keyed batch runs: a migration that breaks the bench fails here, not in the next
+/// person's benchmark run (as the keyed batches of the bash bench did, 13 parameters
+/// where it sent 11).
 #[tokio::test]
 async fn statements_prepare() {
     let db = common::TestDb::new().await;
@@ -172,4 +182,14 @@ async fn statements_prepare() {
             panic!("the bench's statement no longer prepares: {e}\n{s}");
         }
     }
+    // The keyed batch is the operator handle's statement, its parameters the bench's:
+    // one batch for real, new and again.
+    let mut c = c;
+    unique::keyed_batches(&mut c, 1).await;
+    unique::keyed_batches(&mut c, 1).await;
+    let tasks: i64 = c.query_one(sql::TASKS, &[]).await.expect("tasks").get(0);
+    assert_eq!(
+        tasks, 100,
+        "a keyed batch, sent twice, writes its 100 tasks once"
+    );
 }

@@ -15,8 +15,8 @@ pub fn fixed(x: f64, decimals: usize) -> String {
     format!("{x:.decimals$}")
 }
 
-/// The ceilings the limit part measured (or that the wrapper passes on from a run of it),
-/// by which throughput figures are divided.
+/// The ceilings the limit part measured, by which throughput figures are divided (none
+/// when `limit` did not run).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Ceilings {
     /// Jobs/s at 1 job a transaction.
@@ -94,5 +94,37 @@ impl Progress {
         if self.tty && self.last.1 > 0 {
             eprintln!();
         }
+    }
+}
+
+/// ARTEX_BENCH_PROFILE=1: whether pg_stat_statements is loaded for the parts to print
+/// the statements that cost the time (it slows PostgreSQL down a little).
+pub fn profiling() -> bool {
+    std::env::var("ARTEX_BENCH_PROFILE").as_deref() == Ok("1")
+}
+
+/// With ARTEX_BENCH_PROFILE=1, forgets what pg_stat_statements counted in `c`'s database.
+pub async fn profile_reset(c: &tokio_postgres::Client) {
+    if profiling() {
+        c.batch_execute(crate::sql::PROFILE_RESET)
+            .await
+            .expect("pg_stat_statements_reset");
+    }
+}
+
+/// With ARTEX_BENCH_PROFILE=1, the statements that cost the time in `c`'s database since
+/// its last reset, per `tasks` tasks.
+pub async fn profile_print(c: &tokio_postgres::Client, label: &str, tasks: u32) {
+    if !profiling() {
+        return;
+    }
+    println!("# pg_stat_statements, {label} (nested = run by a trigger):");
+    println!("#   calls | per task | total ms | mean ms | WAL bytes per task | statement");
+    let rows = c
+        .query(crate::sql::PROFILE_TOP, &[&(tasks as i32)])
+        .await
+        .expect("pg_stat_statements");
+    for r in rows {
+        println!("#   {}", r.get::<_, String>(0));
     }
 }

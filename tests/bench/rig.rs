@@ -74,7 +74,15 @@ impl Rig {
                 println!("# server settings: {settings}");
             }
         }
+        if crate::report::profiling() {
+            exec(&rig.admin, sql::PROFILE_PRELOAD).await;
+            rig.restart_cluster().await;
+            exec(&rig.admin, sql::PROFILE_TRACK_ALL).await;
+        }
         let artex = rig.client("artex").await;
+        if crate::report::profiling() {
+            exec(&artex, sql::PROFILE_EXTENSION).await;
+        }
         artex
             .batch_execute(sql::BENCH_SCHEMA)
             .await

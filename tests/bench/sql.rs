@@ -241,6 +241,19 @@ pub const PREPARED: &[&str] = &[
     SIM_WORKERS,
     W6_RATE,
     OVER_CAPACITY,
+    LIMITS_INSERT_KEYED,
+    LIMITS_INSERT_TAGGED,
+    LIMITS_SET,
+    LIMITS_CLEAR,
+    SUCCEEDED,
+    DELETE_TASKS,
+    TASKS,
+    W3_SIM_WORKER,
+    W3_FINISHED,
+    LAST_TRANSITION,
+    W3_DRAINED,
+    ENDED_BADLY,
+    W3_DRAIN_RATE,
 ];
 
 // ---- W6 (and W3): the planner round's read ----------------------------------------------
@@ -261,6 +274,8 @@ pub fn explain_dispatch(limit: u32) -> String {
     format!("explain (analyze) execute dispatch(600, {limit}, 1, '{{}}', '{{}}')")
 }
 
+/// A prepared statement outlives the transaction's rollback: gone before the next timing.
+pub const DEALLOCATE_DISPATCH: &str = "deallocate dispatch";
 pub const BEGIN: &str = "begin";
 pub const ROLLBACK: &str = "rollback";
 
@@ -280,3 +295,125 @@ pub const W6_RATE: &str = "select
         count(distinct updated_at)
     from artex.tasks where status = 'assigned'";
 pub const OVER_CAPACITY: &str = "select count(*) from artex.workers where held > capacity";
+
+// ---- W5: bursts after idle gaps ---------------------------------------------------------
+
+pub const W5_BURSTS_TABLE: &str =
+    "create table bench.bursts (burst int primary key, committed_at timestamptz not null)";
+/// Burst $1: $2 no-op tasks by plain SQL, the burst's number in the payload…
+pub const W5_INSERT: &str = "insert into artex.tasks (kind, payload)
+    select 'noop', jsonb_build_object('burst', $1::int4) from generate_series(1, $2::int4)";
+/// …and, in the same transaction, the time at the end of its insert: the tasks become
+/// runnable at its commit, a moment (one WAL flush) later.
+pub const W5_MARK: &str = "insert into bench.bursts values ($1::int4, clock_timestamp())";
+/// Per burst of $1 tasks: its number, tasks/s from its first start to its last finish,
+/// its first start after its insert's end (ms, 1 decimal).
+pub const W5_RATES: &str = "select b.burst,
+        round($1::int4 / extract(epoch from max(t.finished_at) - min(t.started_at)))::float8,
+        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric, 1)::float8
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1";
+/// How each burst went, from its insert's end (ms): first start, half and 99% finished, last.
+pub const W5_TIMELINE: &str = "select b.burst,
+        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from percentile_disc(0.5) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from percentile_disc(0.99) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from max(t.finished_at) - b.committed_at) * 1000)::numeric)::int8
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1";
+
+// ---- limits and tags --------------------------------------------------------------------
+
+/// $1 no-op tasks runnable $2 s from now, each with a limit key of 1,000.
+pub const LIMITS_INSERT_KEYED: &str = "insert into artex.tasks (kind, run_at, limit_key)
+    select 'noop', now() + make_interval(secs => $2::float8), 'k' || (g % 1000)
+    from generate_series(1, $1::int4) g";
+/// The same with two tags each and no limit key.
+pub const LIMITS_INSERT_TAGGED: &str = "insert into artex.tasks (kind, run_at, tags)
+    select 'noop', now() + make_interval(secs => $2::float8), array['nightly', 'k' || (g % 1000)]
+    from generate_series(1, $1::int4) g";
+/// The kind limited per key (5) and overall (10,000): room enough not to bind.
+pub const LIMITS_SET: &str =
+    "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+    values ('noop', 10000, 5, 'bench')";
+pub const LIMITS_CLEAR: &str = "delete from artex.kind_limits";
+pub const SUCCEEDED: &str = "select count(*) from artex.tasks where status = 'succeeded'";
+pub const DELETE_TASKS: &str = "delete from artex.tasks";
+
+// ---- unique: what a unique key costs a submission -----------------------------------------
+
+/// `batches` batches of 100 tasks, one transaction a batch, looped in the server (as the
+/// bash bench did, so that no client round trip counts): without keys, one insert a batch.
+pub fn unique_no_key(batches: u32) -> String {
+    unique_loop(
+        batches,
+        "insert into artex.tasks (kind) select 'noop' from generate_series(1, 100)",
+    )
+}
+
+/// The same with a distinct key each (`b-g`), each task through `artex.submit` (the SQL
+/// path: the key's lock and lookup, then the insert); run twice, the second time every
+/// one is a duplicate.
+pub fn unique_keyed(batches: u32) -> String {
+    unique_loop(
+        batches,
+        "perform count(*) from generate_series(1, 100) g cross join lateral
+            artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)",
+    )
+}
+
+fn unique_loop(batches: u32, batch: &str) -> String {
+    format!(
+        "do $$ declare b int; begin for b in 1..{batches} loop {batch}; commit; end loop; end $$"
+    )
+}
+
+pub const TASKS: &str = "select count(*) from artex.tasks";
+
+// ---- ARTEX_BENCH_PROFILE=1: pg_stat_statements -------------------------------------------
+
+pub const PROFILE_PRELOAD: &str =
+    "alter system set shared_preload_libraries = 'pg_stat_statements'";
+pub const PROFILE_TRACK_ALL: &str =
+    "alter system set pg_stat_statements.track = 'all'; select pg_reload_conf()";
+pub const PROFILE_EXTENSION: &str = "create extension pg_stat_statements";
+pub const PROFILE_RESET: &str = "select pg_stat_statements_reset()";
+/// The 15 statements that cost the most time in this database since the last reset, per
+/// $1 tasks (nested = run by a trigger): calls, per task, total ms, mean ms, WAL bytes per
+/// task, the statement's first 70 characters.
+pub const PROFILE_TOP: &str = "select calls::text || ' | ' || round(calls::numeric / $1::int4, 3)
+        || ' | ' || round(total_exec_time::numeric) || ' | ' || round(mean_exec_time::numeric, 3)
+        || ' | ' || round(wal_bytes::numeric / $1::int4) || ' | '
+        || case when toplevel then '' else 'nested ' end
+        || left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
+    from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
+      and query not like '%pg_sleep%' and query not like 'do %'
+    order by total_exec_time desc limit 15";
+
+// ---- W3: claim cost against the backlog ---------------------------------------------------
+
+/// One simulated worker of ample capacity on the roster (in the timed transaction).
+pub const W3_SIM_WORKER: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    values ('bench-sim', 'sim', 1, 'bench', 'artex_w_bench_sim', array['noop'], 100000)";
+/// Finished tasks as the runtime leaves them, written directly with the triggers off
+/// (`REPLICA_ROLE` first, hence no audit rows): only the hot table's contents matter.
+pub const REPLICA_ROLE: &str = "set session_replication_role = replica";
+pub const REPLICA_ROLE_RESET: &str = "reset session_replication_role";
+pub const W3_FINISHED: &str = "insert into artex.tasks
+        (id, kind, status, lease_epoch, result, created_at, updated_at, started_at, finished_at)
+    select bench.uuid7(), 'noop', 'succeeded', 1, 'null', now(), now(), now(), now()
+    from generate_series(1, $1::int4)";
+pub const LAST_TRANSITION: &str = "select coalesce(max(id), 0)::int8 from artex.task_transitions";
+/// At least $2 + 1 successes after transition $1.
+pub const W3_DRAINED: &str = "select exists (select 1 from artex.task_transitions
+    where id > $1::int8 and to_status = 'succeeded' offset $2::int8)";
+pub const ENDED_BADLY: &str =
+    "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')";
+/// Of the first $2 successes after transition $1: those after the first batch over the
+/// time since it (a batch shares one timestamp); 0 when a single batch did it all.
+pub const W3_DRAIN_RATE: &str = "select coalesce(round(count(*) filter (where at > first)
+        / nullif(extract(epoch from max(at) - min(first)), 0)), 0)::float8
+    from (select at, min(at) over () as first from (
+        select at from artex.task_transitions where id > $1::int8 and to_status = 'succeeded'
+        order by id limit $2::int8) e) t";

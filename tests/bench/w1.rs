@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Client;
 
-use crate::report::{fixed, result, Progress};
+use crate::report::{fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::exec;
 use crate::{sql, Bench};
 
@@ -22,6 +22,9 @@ async fn one(bench: &mut Bench, workers: usize) {
     let db = format!("bench_w1_{workers}");
     let c = bench.rig.new_db(&db).await;
     insert_noops(&c, n).await;
+    if workers == 2 {
+        profile_reset(&c).await;
+    }
     // The insert's session gone (its backend's CPU reaped into the postmaster's).
     drop(c);
     bench.rig.wait_idle(&db).await;
@@ -96,6 +99,9 @@ async fn one(bench: &mut Bench, workers: usize) {
         fixed(artex_cpu * 1e6 / tasks, 0),
         "us",
     );
+    if workers == 2 {
+        profile_print(&c, "W1 with 2 workers", n).await;
+    }
     bench.rig.drop_db(&db, c).await;
 }
 

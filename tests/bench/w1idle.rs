@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::report::{fixed, result, Progress};
+use crate::report::{fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::exec;
 use crate::{sql, Bench};
 
@@ -41,6 +41,7 @@ pub async fn run(bench: &mut Bench) {
         in_time,
         "w1idle: the insert took longer than the {lead} s lead"
     );
+    profile_reset(&c).await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench
         .rig
@@ -52,6 +53,7 @@ pub async fn run(bench: &mut Bench) {
             Some(&mut progress),
         )
         .await;
+    profile_print(&c, "W1 from idle (the run)", n).await;
     let wal2 = bench.rig.counters(DB).await.wal;
     let pg2 = bench.rig.pg_cpu_s();
     let capacity: String = c

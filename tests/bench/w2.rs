@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio_postgres::Client;
 
-use crate::report::{fixed, result};
+use crate::report::{fixed, profile_print, profile_reset, result};
 use crate::{sql, Bench};
 
 const DB: &str = "bench_w2";
@@ -27,12 +27,14 @@ pub async fn run(bench: &mut Bench) {
         .wait_until(&c, sql::ANY_ONLINE, &[], Duration::from_secs(60), None)
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    profile_reset(&c).await;
     feed(&c, sql::INSERT_STAMP, warm, n).await;
     bench
         .rig
         .wait_until(&c, sql::UNFINISHED_NONE, &[], Duration::from_secs(60), None)
         .await;
     bench.rig.stop_runtime().await;
+    profile_print(&c, "W2", warm + n).await;
     bench
         .rig
         .check_all_succeeded(&c, DB, (warm + n).into())

@@ -35,7 +35,7 @@ async fn one(bench: &mut Bench, fleet: u32) -> f64 {
         .expect("the fleet");
     exec(&c, sql::ANALYZE_WORKERS).await;
     insert_noops(&c, n).await;
-    let dispatch_ms = dispatch_ms(&c, 2000).await;
+    let dispatch_ms = dispatch_ms(&c, 2000, None).await;
     let args = [
         "planner",
         "--worker-suspect-ms",
@@ -78,13 +78,17 @@ async fn one(bench: &mut Bench, fleet: u32) -> f64 {
 /// The round's read as the runtime sends it (prepared; 7 runs let PostgreSQL settle on
 /// the plan it keeps) for `limit` tasks, in a transaction rolled back afterwards: the
 /// median execution time, as EXPLAIN ANALYZE prints it (ms).
-pub async fn dispatch_ms(c: &Client, limit: u32) -> String {
+/// `before` runs first in that transaction (W3: a simulated worker on the roster).
+pub async fn dispatch_ms(c: &Client, limit: u32, before: Option<&str>) -> String {
     let body: String = c
         .query_one(sql::DISPATCH_BODY, &[])
         .await
         .expect("dispatch_round")
         .get(0);
     exec(c, sql::BEGIN).await;
+    if let Some(before) = before {
+        exec(c, before).await;
+    }
     exec(c, &sql::prepare_dispatch(&body)).await;
     let mut times = Vec::new();
     for _ in 0..7 {
@@ -104,6 +108,7 @@ pub async fn dispatch_ms(c: &Client, limit: u32) -> String {
         }
     }
     exec(c, sql::ROLLBACK).await;
+    exec(c, sql::DEALLOCATE_DISPATCH).await;
     times.sort_by(|a, b| {
         a.parse::<f64>()
             .unwrap_or(0.0)
