@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use tokio_postgres::Client;
+
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::exec;
 use crate::{sql, Bench};
@@ -83,23 +85,7 @@ pub async fn run(bench: &mut Bench) {
         .get(0);
     result("w1idle_first_start_after_run_at_ms", first, "ms");
     println!("# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: {capacity}");
-    // Where the time goes: assignment rounds, their sizes, the timeline from run_at.
-    let r = c.query_one(sql::ROUNDS, &[]).await.expect("rounds");
-    let (rounds, avg, lo, hi, span): (i64, i64, i64, i64, i64) =
-        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
-    println!("# W1 from idle: {rounds} assignment rounds over {span} ms, {avg} tasks each on average (min {lo}, max {hi})");
-    let firsts: String = c
-        .query_one(sql::FIRST_ROUNDS, &[])
-        .await
-        .expect("first rounds")
-        .get(0);
-    println!("# W1 from idle: first rounds (tasks@ms after run_at): {firsts}");
-    let r = c
-        .query_one(sql::FINISHED_AFTER_RUN_AT_MS, &[])
-        .await
-        .expect("finishes");
-    let (f10, f50, f100): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-    println!("# W1 from idle: 10% finished +{f10} ms, 50% +{f50} ms, all +{f100} ms after run_at");
+    timeline(&c).await;
     let per_task = |x: f64| fixed(x / f64::from(n), 0);
     result(
         "w1idle_wal_bytes_per_task_insert",
@@ -123,4 +109,25 @@ pub async fn run(bench: &mut Bench) {
         "us",
     );
     bench.rig.drop_db(DB, c).await;
+}
+
+/// Where the time went: assignment rounds and their sizes, the first rounds, and the
+/// finishes from run_at (`#` lines).
+async fn timeline(c: &Client) {
+    let r = c.query_one(sql::ROUNDS, &[]).await.expect("rounds");
+    let (rounds, avg, lo, hi, span): (i64, i64, i64, i64, i64) =
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+    println!("# W1 from idle: {rounds} assignment rounds over {span} ms, {avg} tasks each on average (min {lo}, max {hi})");
+    let firsts: String = c
+        .query_one(sql::FIRST_ROUNDS, &[])
+        .await
+        .expect("first rounds")
+        .get(0);
+    println!("# W1 from idle: first rounds (tasks@ms after run_at): {firsts}");
+    let r = c
+        .query_one(sql::FINISHED_AFTER_RUN_AT_MS, &[])
+        .await
+        .expect("finishes");
+    let (f10, f50, f100): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    println!("# W1 from idle: 10% finished +{f10} ms, 50% +{f50} ms, all +{f100} ms after run_at");
 }
