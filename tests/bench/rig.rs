@@ -78,6 +78,7 @@ impl Rig {
             exec(&rig.admin, sql::PROFILE_PRELOAD).await;
             rig.restart_cluster().await;
             exec(&rig.admin, sql::PROFILE_TRACK_ALL).await;
+            exec(&rig.admin, sql::RELOAD_CONF).await;
         }
         let artex = rig.client("artex").await;
         if crate::report::profiling() {
@@ -426,7 +427,11 @@ pub async fn connect(url: &str) -> Client {
 
 /// Runs one statement (or several, as one simple query) or fails the bench saying which.
 pub async fn exec(c: &Client, statement: &str) {
-    c.batch_execute(statement)
-        .await
-        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    if let Err(e) = c.batch_execute(statement).await {
+        // The server's own message: tokio-postgres's Display says only "db error".
+        let why = e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_string());
+        panic!("{statement}: {why}");
+    }
 }

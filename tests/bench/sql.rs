@@ -374,8 +374,9 @@ pub const TASKS: &str = "select count(*) from artex.tasks";
 
 pub const PROFILE_PRELOAD: &str =
     "alter system set shared_preload_libraries = 'pg_stat_statements'";
-pub const PROFILE_TRACK_ALL: &str =
-    "alter system set pg_stat_statements.track = 'all'; select pg_reload_conf()";
+/// (alter system runs outside a transaction block: its own statement.)
+pub const PROFILE_TRACK_ALL: &str = "alter system set pg_stat_statements.track = 'all'";
+pub const RELOAD_CONF: &str = "select pg_reload_conf()";
 pub const PROFILE_EXTENSION: &str = "create extension pg_stat_statements";
 pub const PROFILE_RESET: &str = "select pg_stat_statements_reset()";
 /// The 15 statements that cost the most time in this database since the last reset, per
