@@ -1,0 +1,81 @@
+//! limits and tags: what they cost when used. W1 from idle (2 workers at default flags)
+//! three times on one database: no-op tasks with a limit key each (1,000 keys) and no
+//! limits set; the same with the kind limited (per key 5, kind 10,000: room enough that
+//! the limits check every round without binding); tasks with two tags and no limit key.
+//! Tasks/s of the run, WAL bytes per task of the insert and of the run (the tags' GIN
+//! index costs at the insert, the limits' counting index at the assignment).
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::report::{fixed, result, Progress};
+use crate::rig::exec;
+use crate::{sql, Bench};
+
+const DB: &str = "bench_limits";
+
+pub async fn run(bench: &mut Bench) {
+    let c = bench.rig.new_db(DB).await;
+    let args = bench.defaults_worker_args.clone();
+    bench.rig.start_runtime(DB, 2, "artex", &args);
+    bench
+        .rig
+        .wait_until(&c, sql::ONLINE, &[&2i64], Duration::from_secs(60), None)
+        .await;
+    round(bench, &c, "keys_unlimited", sql::LIMITS_INSERT_KEYED).await;
+    exec(&c, sql::LIMITS_SET).await;
+    round(bench, &c, "keys_limited", sql::LIMITS_INSERT_KEYED).await;
+    exec(&c, sql::LIMITS_CLEAR).await;
+    round(bench, &c, "tagged", sql::LIMITS_INSERT_TAGGED).await;
+    bench.rig.stop_runtime().await;
+    bench.rig.drop_db(DB, c).await;
+}
+
+async fn round(bench: &Bench, c: &Client, label: &str, insert: &str) {
+    let n = bench.sizes.w1;
+    exec(c, sql::CHECKPOINT).await;
+    let wal0 = bench.rig.counters(DB).await.wal;
+    c.execute(insert, &[&(n as i32), &bench.sizes.w1idle_lead])
+        .await
+        .expect("the tasks");
+    let wal1 = bench.rig.counters(DB).await.wal;
+    let mut progress = Progress::new(&format!("limits {label}"), n.into());
+    bench
+        .rig
+        .wait_until(
+            c,
+            sql::UNFINISHED_NONE,
+            &[],
+            Duration::from_secs(600),
+            Some(&mut progress),
+        )
+        .await;
+    let wal2 = bench.rig.counters(DB).await.wal;
+    let ok: i64 = c
+        .query_one(sql::SUCCEEDED, &[])
+        .await
+        .expect("succeeded")
+        .get(0);
+    assert_eq!(ok, i64::from(n), "limits {label}: not every task succeeded");
+    let secs: f64 = c
+        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
+        .await
+        .expect("rate")
+        .get(0);
+    bench
+        .ceilings
+        .throughput(&format!("limits_{label}_tasks_per_s"), f64::from(n) / secs);
+    let per_task = |x: i64| fixed(x as f64 / f64::from(n), 0);
+    result(
+        &format!("limits_{label}_wal_bytes_per_task_insert"),
+        per_task(wal1 - wal0),
+        "bytes",
+    );
+    result(
+        &format!("limits_{label}_wal_bytes_per_task_run"),
+        per_task(wal2 - wal1),
+        "bytes",
+    );
+    exec(c, sql::DELETE_TASKS).await;
+}

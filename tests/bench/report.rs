@@ -1,0 +1,130 @@
+//! What the bench prints: one `RESULT name=value unit` line per figure (the names and
+//! units of the bash bench before it, so earlier figures stay comparable), `# …` lines
+//! of context, and a progress line on stderr while a long workload runs.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+/// `RESULT name=value unit`.
+pub fn result(name: &str, value: impl std::fmt::Display, unit: &str) {
+    println!("RESULT {name}={value} {unit}");
+}
+
+/// `x` with `decimals` decimals (the bash bench's `calc`).
+pub fn fixed(x: f64, decimals: usize) -> String {
+    format!("{x:.decimals$}")
+}
+
+/// The ceilings the limit part measured, by which throughput figures are divided (none
+/// when `limit` did not run).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Ceilings {
+    /// Jobs/s at 1 job a transaction.
+    pub one: Option<f64>,
+    /// Jobs/s at 100 jobs a transaction.
+    pub hundred: Option<f64>,
+    /// The 1-client claim + done latency, ms.
+    pub floor_ms: Option<f64>,
+}
+
+impl Ceilings {
+    /// A throughput figure, and the same as a fraction of both ceilings.
+    pub fn throughput(&self, name: &str, tasks_per_s: f64) {
+        let rate = fixed(tasks_per_s, 0);
+        result(name, &rate, "tasks/s");
+        // As the bash did: the ratio of the printed (rounded) figures.
+        let rate: f64 = rate.parse().unwrap_or(tasks_per_s);
+        if let (Some(one), Some(hundred)) = (self.one, self.hundred) {
+            result(
+                &format!("{name}_vs_limit_1_per_tx"),
+                fixed(rate / one, 3),
+                "ratio",
+            );
+            result(
+                &format!("{name}_vs_limit_100_per_tx"),
+                fixed(rate / hundred, 3),
+                "ratio",
+            );
+        }
+    }
+}
+
+/// The progress line of a workload: tasks done of all, and the rate since the last line.
+/// Rewritten in place on a terminal, one line every few seconds otherwise (a log).
+pub struct Progress {
+    label: String,
+    total: u64,
+    last: (Instant, u64),
+    tty: bool,
+}
+
+impl Progress {
+    pub fn new(label: &str, total: u64) -> Progress {
+        Progress {
+            label: label.to_string(),
+            total,
+            last: (Instant::now(), 0),
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// `done` tasks finished so far.
+    pub fn show(&mut self, done: u64) {
+        let (at, before) = self.last;
+        let secs = at.elapsed().as_secs_f64().max(0.001);
+        let rate = done.saturating_sub(before) as f64 / secs;
+        self.last = (Instant::now(), done);
+        let line = format!(
+            "# {}: {done}/{} tasks done, {} tasks/s",
+            self.label,
+            self.total,
+            fixed(rate, 0)
+        );
+        let mut err = std::io::stderr();
+        if self.tty {
+            let _ = write!(err, "\r{line}\x1b[K");
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+        let _ = err.flush();
+    }
+
+    /// The workload ended: the line is left as it stands.
+    pub fn end(&mut self) {
+        if self.tty && self.last.1 > 0 {
+            eprintln!();
+        }
+    }
+}
+
+/// ARTEX_BENCH_PROFILE=1: whether pg_stat_statements is loaded for the parts to print
+/// the statements that cost the time (it slows PostgreSQL down a little).
+pub fn profiling() -> bool {
+    std::env::var("ARTEX_BENCH_PROFILE").as_deref() == Ok("1")
+}
+
+/// With ARTEX_BENCH_PROFILE=1, forgets what pg_stat_statements counted in `c`'s database.
+pub async fn profile_reset(c: &tokio_postgres::Client) {
+    if profiling() {
+        c.batch_execute(crate::sql::PROFILE_RESET)
+            .await
+            .expect("pg_stat_statements_reset");
+    }
+}
+
+/// With ARTEX_BENCH_PROFILE=1, the statements that cost the time in `c`'s database since
+/// its last reset, per `tasks` tasks.
+pub async fn profile_print(c: &tokio_postgres::Client, label: &str, tasks: u32) {
+    if !profiling() {
+        return;
+    }
+    println!("# pg_stat_statements, {label} (nested = run by a trigger):");
+    println!("#   calls | per task | total ms | mean ms | WAL bytes per task | statement");
+    let rows = c
+        .query(crate::sql::PROFILE_TOP, &[&(tasks as i32)])
+        .await
+        .expect("pg_stat_statements");
+    for r in rows {
+        println!("#   {}", r.get::<_, String>(0));
+    }
+}

@@ -1,0 +1,437 @@
+//! What every workload stands on: release binaries copied aside (a rebuild by someone
+//! else during the run changes nothing), a private durable PostgreSQL cluster started by
+//! `artex db start` (fsync and synchronous_commit on: the defaults), a fresh database per
+//! workload cloned from the migrated `artex` one, planners and workers as real processes,
+//! and the counters a figure is made of (WAL, commits, CPU of PostgreSQL and of artex).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio_postgres::{Client, NoTls};
+
+use crate::report::Progress;
+use crate::sql;
+
+/// The binaries the bench runs, from the release folder (`ARTEX_BENCH_BIN_DIR`).
+const BINARIES: [&str; 3] = ["artex", "examples/artex-bench", "examples/latency-floor"];
+
+/// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on every Linux).
+const TICKS: f64 = 100.0;
+
+/// The bench's folder, cluster and processes; everything is stopped and removed on drop.
+pub struct Rig {
+    pub tmp: tempfile::TempDir,
+    /// `postgresql:///artex?host=…`: the migrated database every workload clones.
+    url: String,
+    /// The cluster's PGDATA (its socket folder, where postmaster.pid is).
+    pgdata: PathBuf,
+    /// The `postgres` database, for what must not count against a workload's database.
+    pub admin: Client,
+    /// Planners and workers of the running workload, in start order.
+    pub procs: Vec<Child>,
+}
+
+impl Rig {
+    /// Copies the binaries, starts the cluster, applies ARTEX_BENCH_PG_SETTINGS and
+    /// ARTEX_BENCH_DROP_INDEXES, and creates the bench's helpers in `artex`.
+    pub async fn start(bin_dir: &Path) -> Rig {
+        let tmp = tempfile::Builder::new()
+            .prefix("artex-bench.")
+            .tempdir()
+            .expect("a temporary folder");
+        // As root, the server runs as postgres and must reach its folder.
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod the bench folder");
+        std::fs::create_dir(tmp.path().join("log")).expect("log folder");
+        for bin in BINARIES {
+            let from = bin_dir.join(bin);
+            let name = Path::new(bin).file_name().expect("a binary's name");
+            std::fs::copy(&from, tmp.path().join(name))
+                .unwrap_or_else(|e| panic!("copying {}: {e} (build it first)", from.display()));
+        }
+        let url = db_start(tmp.path()).await;
+        let pgdata = socket_dir(&url);
+        let admin = connect(&db_url(&url, "postgres")).await;
+        let mut rig = Rig {
+            tmp,
+            url,
+            pgdata,
+            admin,
+            procs: Vec::new(),
+        };
+        if let Ok(settings) = std::env::var("ARTEX_BENCH_PG_SETTINGS") {
+            if !settings.trim().is_empty() {
+                for kv in settings.split_whitespace() {
+                    let (name, value) = kv.split_once('=').unwrap_or((kv, ""));
+                    exec(&rig.admin, &sql::alter_system(name, value)).await;
+                }
+                rig.restart_cluster().await;
+                println!("# server settings: {settings}");
+            }
+        }
+        if crate::report::profiling() {
+            exec(&rig.admin, sql::PROFILE_PRELOAD).await;
+            rig.restart_cluster().await;
+            exec(&rig.admin, sql::PROFILE_TRACK_ALL).await;
+            exec(&rig.admin, sql::RELOAD_CONF).await;
+        }
+        let artex = rig.client("artex").await;
+        if crate::report::profiling() {
+            exec(&artex, sql::PROFILE_EXTENSION).await;
+        }
+        artex
+            .batch_execute(sql::BENCH_SCHEMA)
+            .await
+            .expect("the bench schema");
+        if let Ok(indexes) = std::env::var("ARTEX_BENCH_DROP_INDEXES") {
+            for ix in indexes.split_whitespace() {
+                exec(&artex, &sql::drop_index(ix)).await;
+                println!("# without index artex.{ix}");
+            }
+        }
+        rig
+    }
+
+    async fn restart_cluster(&mut self) {
+        self.artex_cmd(&["db", "stop", "--data-dir"]).await;
+        db_start(self.tmp.path()).await;
+        self.admin = connect(&db_url(&self.url, "postgres")).await;
+    }
+
+    async fn artex_cmd(&self, args: &[&str]) {
+        let mut cmd = Command::new(self.bin("artex"));
+        cmd.args(args).arg(self.tmp.path().join("db"));
+        let out = cmd.output().await.expect("running artex");
+        assert!(
+            out.status.success(),
+            "artex {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A copied binary: `artex`, `artex-bench` (the stock kinds and `stamp`) or
+    /// `latency-floor`.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// The folder of the processes' logs.
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.tmp.path().join("log").join(name)
+    }
+
+    /// The URL of database `db` on the cluster.
+    pub fn url(&self, db: &str) -> String {
+        db_url(&self.url, db)
+    }
+
+    /// A client on database `db`.
+    pub async fn client(&self, db: &str) -> Client {
+        connect(&self.url(db)).await
+    }
+
+    /// A fresh database `db` cloned from the migrated `artex`, and a client on it.
+    pub async fn new_db(&self, db: &str) -> Client {
+        for s in sql::new_db(db) {
+            exec(&self.admin, &s).await;
+        }
+        self.client(db).await
+    }
+
+    /// Drops database `db` (its clients must be gone: pass them in).
+    pub async fn drop_db(&self, db: &str, client: Client) {
+        drop(client);
+        self.wait_idle(db).await;
+        exec(&self.admin, &sql::drop_db(db)).await;
+    }
+
+    /// Until no session is connected to `db` (its backends have exited and been reaped,
+    /// so their CPU time is in the postmaster's and their statistics are flushed).
+    pub async fn wait_idle(&self, db: &str) {
+        for _ in 0..200 {
+            let n: i64 = self
+                .admin
+                .query_one(sql::SESSIONS, &[&db])
+                .await
+                .expect("sessions")
+                .get(0);
+            if n == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("sessions still connected to {db}");
+    }
+
+    /// Commits in `db`, WAL bytes and WAL flushes so far (read from `postgres`).
+    pub async fn counters(&self, db: &str) -> Counters {
+        let r = self
+            .admin
+            .query_one(sql::COUNTERS, &[&db])
+            .await
+            .expect("counters");
+        Counters {
+            commits: r.get(0),
+            wal: r.get(1),
+            syncs: r.get(2),
+        }
+    }
+
+    /// CPU seconds of the whole cluster so far: the postmaster, its exited children
+    /// (reaped into its cutime/cstime) and its live ones.
+    pub fn pg_cpu_s(&self) -> f64 {
+        let pid =
+            std::fs::read_to_string(self.pgdata.join("postmaster.pid")).expect("postmaster.pid");
+        let pm: u32 = pid
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("the postmaster's pid");
+        let mut ticks = stat(pm)
+            .map(|f| f[11] + f[12] + f[13] + f[14])
+            .unwrap_or(0.0);
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(f) = stat(pid) {
+                if f[1] as u32 == pm {
+                    ticks += f[11] + f[12];
+                }
+            }
+        }
+        ticks / TICKS
+    }
+
+    /// 1 planner (`artex`) + `workers` workers of `bin` with `worker_args` on `db`.
+    pub fn start_runtime(&mut self, db: &str, workers: usize, bin: &str, worker_args: &[String]) {
+        self.spawn(db, "planner", "artex", &["planner".to_string()]);
+        for i in 1..=workers {
+            let mut args = vec!["worker".to_string()];
+            args.extend(worker_args.iter().cloned());
+            self.spawn(db, &format!("worker{i}"), bin, &args);
+        }
+    }
+
+    /// One artex process on `db`, its output appended to log/<db>.<role>.
+    pub fn spawn(&mut self, db: &str, role: &str, bin: &str, args: &[String]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(&format!("{db}.{role}")))
+            .expect("a log file");
+        let child = Command::new(self.bin(bin))
+            .args(args)
+            .env("ARTEX_DATABASE_URL", self.url(db))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {bin} {role}: {e}"));
+        self.procs.push(child);
+    }
+
+    /// CPU seconds the running processes have spent.
+    pub fn procs_cpu_s(&self) -> f64 {
+        self.procs
+            .iter()
+            .filter_map(|c| c.id())
+            .filter_map(stat)
+            .map(|f| (f[11] + f[12]) / TICKS)
+            .sum()
+    }
+
+    /// SIGTERM to every process, and their ends awaited.
+    pub async fn stop_runtime(&mut self) {
+        for c in &self.procs {
+            if let Some(pid) = c.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        for mut c in self.procs.drain(..) {
+            let _ = c.wait().await;
+        }
+    }
+
+    /// Polls `cond` (a one-boolean statement) every 50 ms, each poll its own transaction
+    /// (a session holding one snapshot keeps every dead index entry of the task table
+    /// alive, and the runtime's claims slow down a hundredfold within a minute). With a
+    /// progress line, counts the finished tasks every 2 s beside it.
+    pub async fn wait_until(
+        &self,
+        c: &Client,
+        cond: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        timeout: Duration,
+        mut progress: Option<&mut Progress>,
+    ) {
+        let deadline = Instant::now() + timeout;
+        let stmt = c.prepare(cond).await.expect("the wait's condition");
+        let mut next_count = Instant::now() + Duration::from_secs(2);
+        loop {
+            if c.query_one(&stmt, params)
+                .await
+                .expect("polling")
+                .get::<_, bool>(0)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for: {cond}"
+            );
+            if let Some(p) = progress.as_deref_mut() {
+                if Instant::now() >= next_count {
+                    let done: i64 = c
+                        .query_one(sql::FINISHED, &[])
+                        .await
+                        .expect("finished")
+                        .get(0);
+                    p.show(done as u64);
+                    next_count = Instant::now() + Duration::from_secs(2);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some(p) = progress {
+            p.end();
+        }
+    }
+
+    /// Every one of `count` tasks succeeded with its audit trail, or the bench fails.
+    pub async fn check_all_succeeded(&self, c: &Client, db: &str, count: i64) {
+        let ok: bool = c
+            .query_one(sql::ALL_SUCCEEDED, &[&count])
+            .await
+            .expect("check")
+            .get(0);
+        if !ok {
+            let by: String = c
+                .query_one(sql::BY_STATUS, &[])
+                .await
+                .expect("statuses")
+                .get(0);
+            panic!("{db}: not all {count} tasks succeeded with their audit trail: {by}");
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.start_kill();
+        }
+        if std::thread::panicking() {
+            eprintln!("bench failed; last lines of the logs:");
+            if let Ok(dir) = std::fs::read_dir(self.tmp.path().join("log")) {
+                for f in dir.flatten() {
+                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    eprintln!("==> {} <==", f.path().display());
+                    for l in &lines[lines.len().saturating_sub(5)..] {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
+        let _ = std::process::Command::new(self.bin("artex"))
+            .args(["db", "stop", "--data-dir"])
+            .arg(self.tmp.path().join("db"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Commits, WAL bytes, WAL flushes (see [`Rig::counters`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Counters {
+    pub commits: i64,
+    pub wal: i64,
+    pub syncs: i64,
+}
+
+/// /proc/PID/stat's fields from the third (state) on, as numbers (state reads as 0):
+/// field N of proc(5) is at index N - 3.
+fn stat(pid: u32) -> Option<Vec<f64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0.0))
+            .collect(),
+    )
+}
+
+/// Starts (creating it the first time) the cluster in `<tmp>/db`; its `artex` URL.
+async fn db_start(tmp: &Path) -> String {
+    let out = Command::new(tmp.join("artex"))
+        .args(["db", "start", "--data-dir"])
+        .arg(tmp.join("db"))
+        .stderr(Stdio::null())
+        .output()
+        .await
+        .expect("artex db start");
+    assert!(out.status.success(), "artex db start failed");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The URL of `db` next to `url`'s `artex`.
+fn db_url(url: &str, db: &str) -> String {
+    url.replacen("/artex?", &format!("/{db}?"), 1)
+}
+
+/// The `host=` of a URL: the cluster's socket folder, which is its PGDATA.
+fn socket_dir(url: &str) -> PathBuf {
+    let host = url
+        .split(['?', '&'])
+        .find_map(|kv| kv.strip_prefix("host="))
+        .expect("the URL names its socket folder");
+    let mut bytes = Vec::new();
+    let mut it = host.bytes();
+    while let Some(b) = it.next() {
+        if b == b'%' {
+            let hex: Vec<u8> = it.by_ref().take(2).collect();
+            let s = std::str::from_utf8(&hex).unwrap_or("");
+            bytes.push(u8::from_str_radix(s, 16).expect("a percent escape"));
+        } else {
+            bytes.push(b);
+        }
+    }
+    PathBuf::from(String::from_utf8(bytes).expect("a UTF-8 path"))
+}
+
+/// A client on `url`, its connection driven by a task of its own.
+pub async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// Runs one statement (or several, as one simple query) or fails the bench saying which.
+pub async fn exec(c: &Client, statement: &str) {
+    if let Err(e) = c.batch_execute(statement).await {
+        // The server's own message: tokio-postgres's Display says only "db error".
+        let why = e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_string());
+        panic!("{statement}: {why}");
+    }
+}

@@ -1,0 +1,420 @@
+//! Every SQL statement the bench sends, in one place (STYLE.md: SQL lives in
+//! actors/src/blackboard or the bench's own SQL module). The parts name these constants
+//! and pass values as parameters; `statements_prepare` (main.rs) prepares each of them
+//! against a freshly migrated blackboard, so a schema change that breaks the bench fails
+//! the plain suite instead of the next person who runs `scripts/bench.sh`.
+
+// ---- The cluster and its databases -------------------------------------------------------
+
+/// `drop database if exists`, then a fresh copy of the migrated `artex` database.
+pub fn new_db(db: &str) -> [String; 2] {
+    [
+        format!("drop database if exists {db}"),
+        format!("create database {db} template artex"),
+    ]
+}
+
+/// `drop database`.
+pub fn drop_db(db: &str) -> String {
+    format!("drop database {db}")
+}
+
+/// `alter system set name = 'value'` (ARTEX_BENCH_PG_SETTINGS).
+pub fn alter_system(name: &str, value: &str) -> String {
+    format!("alter system set {name} = '{}'", value.replace('\'', "''"))
+}
+
+/// Drops one of artex's indexes (ARTEX_BENCH_DROP_INDEXES).
+pub fn drop_index(index: &str) -> String {
+    format!("drop index artex.{index}")
+}
+
+/// The bench's helpers in the `artex` database (and so in every clone of it): task ids
+/// made as artex makes them (UUIDv7, time-ordered), so bulk inserts stay on the right edge.
+pub const BENCH_SCHEMA: &str = "
+create schema bench;
+create function bench.uuid7() returns uuid language sql volatile as $$
+    select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing
+        substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint) from 3)
+        from 1 for 6), 52, 1), 53, 1), 'hex')::uuid
+$$;";
+
+pub const VERSION: &str = "select split_part(version(), ',', 1)";
+pub const CHECKPOINT: &str = "checkpoint";
+pub const VACUUM_ANALYZE: &str = "vacuum analyze";
+
+/// Sessions connected to database $1.
+pub const SESSIONS: &str = "select count(*) from pg_stat_activity where datname = $1";
+
+/// Transactions committed in database $1, WAL bytes written and WAL flushes so far (read
+/// from another database, so that reading them adds nothing to $1).
+pub const COUNTERS: &str = "select xact_commit, (pg_current_wal_lsn() - '0/0')::int8,
+        (select wal_sync from pg_stat_wal)
+    from pg_stat_database where datname = $1";
+
+// ---- Tasks in, tasks done ---------------------------------------------------------------
+
+/// $1 no-op tasks with time-ordered ids (W1's bulk insert, ≤ 100,000 at a time).
+pub const INSERT_NOOPS: &str =
+    "insert into artex.tasks (id, kind) select bench.uuid7(), 'noop' from generate_series(1, $1::int4)";
+
+/// $1 no-op tasks by plain SQL (the column default id), runnable $2 seconds from now.
+pub const INSERT_NOOPS_AT: &str = "insert into artex.tasks (kind, run_at)
+    select 'noop', now() + make_interval(secs => $2::float8) from generate_series(1, $1::int4)";
+
+/// One `stamp` task (W2), inserted and committed on its own.
+pub const INSERT_STAMP: &str = "insert into artex.tasks (id, kind, payload)
+    values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', $1::bool))";
+
+/// Nothing runnable and nothing held, through the indexes (the runnable and the held set):
+/// the wait's polls cost the run nothing.
+pub const UNFINISHED_NONE: &str = "select
+    not exists (select 1 from artex.tasks where listed = 'pending')
+    and not exists (select 1 from artex.tasks where assigned_to is not null)";
+
+/// Nothing left runnable (W6: the simulated workers never start what they are given).
+pub const PENDING_NONE: &str =
+    "select not exists (select 1 from artex.tasks where listed = 'pending')";
+
+/// Exactly $1 workers online.
+pub const ONLINE: &str =
+    "select (select count(*) from artex.workers where state = 'online') = $1::int8";
+
+/// Tasks finished so far (the progress line; through the finished-tasks index).
+pub const FINISHED: &str = "select count(*) from artex.tasks where finished_at is not null";
+
+/// Every one of $1 tasks succeeded, with exactly its three history rows: new → pending,
+/// assigned → running (the assignment has no row of its own when a start follows),
+/// running → succeeded.
+pub const ALL_SUCCEEDED: &str = "select
+    (select count(*) from artex.tasks) = $1::int8
+    and (select count(*) from artex.tasks where status = 'succeeded') = $1::int8
+    and (select count(*) from (select task_id from artex.task_transitions group by 1
+         having string_agg(coalesce(from_status::text, 'new') || '>' || to_status, ','
+                           order by id)
+                = 'new>pending,assigned>running,running>succeeded') t) = $1::int8";
+
+/// Tasks by status, for a failure's message.
+pub const BY_STATUS: &str = "select coalesce(string_agg(status || ' ' || n, ', '), 'none')
+    from (select status, count(*) n from artex.tasks group by 1) s";
+
+/// Seconds from the first start to the last finish.
+pub const FIRST_START_TO_LAST_FINISH_S: &str =
+    "select extract(epoch from max(finished_at) - min(started_at))::float8 from artex.tasks";
+
+/// The first and last finish, as Unix seconds.
+pub const FINISH_SPAN: &str = "select extract(epoch from min(finished_at))::float8,
+    extract(epoch from max(finished_at))::float8 from artex.tasks";
+
+// ---- Limit: the minimal queue cycle (pgbench) -------------------------------------------
+
+/// A minimal jobs table of $1 pending jobs in database `bench_limit`.
+pub const LIMIT_TABLE: [&str; 3] = [
+    "drop table if exists jobs",
+    "create table jobs (id bigint generated always as identity primary key,
+        status smallint not null default 0, payload jsonb not null default '{}',
+        done_at timestamptz)",
+    "create index jobs_pending on jobs (id) where status = 0",
+];
+pub const LIMIT_FILL: &str =
+    "insert into jobs (payload) select '{}' from generate_series(1, $1::int4)";
+pub const LIMIT_VACUUM: &str = "vacuum analyze jobs";
+
+/// pgbench's script: claim `jobs` jobs and mark them done, in one transaction.
+pub fn limit_claim_script(jobs: u32) -> String {
+    format!(
+        "begin;
+with c as (select id from jobs where status = 0 order by id limit {jobs} for update skip locked)
+update jobs j set status = 1, done_at = now() from c where j.id = c.id;
+commit;
+"
+    )
+}
+
+// ---- W1 from idle -----------------------------------------------------------------------
+
+/// The insert finished inside its lead: nothing runnable yet, nothing started.
+pub const W1IDLE_WITHIN_LEAD: &str =
+    "select max(run_at) > now() and min(started_at) is null from artex.tasks";
+pub const CAPACITIES: &str = "select coalesce(string_agg(capacity::text, ' '), '')
+    from artex.workers where state = 'online'";
+/// Ids the column default made that are not UUIDv7.
+pub const NOT_UUID7: &str = "select count(*) from artex.tasks where substr(id::text, 15, 1) <> '7'";
+pub const FIRST_START_AFTER_RUN_AT_MS: &str = "select
+    round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric)::float8
+    from artex.tasks";
+/// Assignment rounds (when a task was assigned: its start row's `assigned_at`, or its own
+/// row when it ended unstarted — both its transaction's start): count, mean, min and max
+/// size, span in ms.
+pub const ROUNDS: &str = "with r as (select coalesce(assigned_at, at) at, count(*) n
+        from artex.task_transitions where assigned_at is not null or to_status = 'assigned'
+        group by 1)
+    select count(*), round(avg(n))::int8, min(n), max(n),
+        round((extract(epoch from max(at) - min(at)) * 1000)::numeric)::int8
+    from r";
+/// The first 12 rounds as `tasks@ms after run_at`.
+pub const FIRST_ROUNDS: &str = "with r as (select coalesce(assigned_at, at) at, count(*) n
+        from artex.task_transitions where assigned_at is not null or to_status = 'assigned'
+        group by 1)
+    select string_agg(n::text || '@' || round((extract(epoch from at
+            - (select min(run_at) from artex.tasks)) * 1000)::numeric), ' ' order by at)
+    from (select * from r order by at limit 12) f";
+/// 10%, 50% and all finished, ms after run_at.
+pub const FINISHED_AFTER_RUN_AT_MS: &str = "select
+    round((extract(epoch from percentile_disc(0.1) within group (order by finished_at) - min(run_at)) * 1000)::numeric)::int8,
+    round((extract(epoch from percentile_disc(0.5) within group (order by finished_at) - min(run_at)) * 1000)::numeric)::int8,
+    round((extract(epoch from max(finished_at) - min(run_at)) * 1000)::numeric)::int8
+    from artex.tasks";
+
+// ---- W2 ---------------------------------------------------------------------------------
+
+pub const ANY_ONLINE: &str = "select exists (select 1 from artex.workers where state = 'online')";
+/// Enqueue → handler start p50, p95, p99, and enqueue → `running` p50, p99 (ms).
+pub const W2_PERCENTILES: &str = "select
+        round(percentile_cont(0.5) within group (order by handler)::numeric, 2)::float8,
+        round(percentile_cont(0.95) within group (order by handler)::numeric, 2)::float8,
+        round(percentile_cont(0.99) within group (order by handler)::numeric, 2)::float8,
+        round(percentile_cont(0.5) within group (order by db)::numeric, 2)::float8,
+        round(percentile_cont(0.99) within group (order by db)::numeric, 2)::float8
+    from (select (result->>'t_us')::float8 / 1000 - extract(epoch from created_at) * 1000 handler,
+                 extract(epoch from started_at - created_at) * 1000 db
+          from artex.tasks where payload->>'warmup' = 'false') t";
+/// Where W2's median goes: each step from the start of one transaction to the start of
+/// the next (audit rows carry their transaction's start time).
+pub const W2_STEPS: &str =
+    "select round(percentile_cont(0.5) within group (order by a)::numeric, 2)::float8,
+        round(percentile_cont(0.5) within group (order by r)::numeric, 2)::float8,
+        round(percentile_cont(0.5) within group (order by h)::numeric, 2)::float8
+    from (select extract(epoch from asg.at - t.created_at) * 1000 a,
+                 extract(epoch from run.at - asg.at) * 1000 r,
+                 (t.result->>'t_us')::float8 / 1000 - extract(epoch from run.at) * 1000 h
+          from artex.tasks t
+          join artex.task_transitions run on run.task_id = t.id and run.to_status = 'running'
+          cross join lateral (select run.assigned_at as at) asg
+          where t.payload->>'warmup' = 'false') s";
+/// W2's floor (examples/latency-floor.rs makes the table): one job, committed on its own.
+pub const FLOOR_INSERT: &str = "insert into floor_jobs (warmup) values ($1::bool)";
+pub const FLOOR_PERCENTILES: &str = "select
+        round(percentile_cont(0.5) within group (order by ms)::numeric, 2)::float8,
+        round(percentile_cont(0.95) within group (order by ms)::numeric, 2)::float8,
+        round(percentile_cont(0.99) within group (order by ms)::numeric, 2)::float8
+    from (select started_us / 1000.0 - extract(epoch from created_at) * 1000 ms
+          from floor_jobs where not warmup) t";
+
+// ---- W1 ---------------------------------------------------------------------------------
+
+/// Seconds from $1 (Unix seconds) to the first and to the last finish.
+pub const FINISHES_SINCE_S: &str = "select
+    (extract(epoch from min(finished_at)) - $1::float8)::float8,
+    (extract(epoch from max(finished_at)) - $1::float8)::float8
+    from artex.tasks";
+
+/// Every statement above that takes no identifier, for `statements_prepare`. (The
+/// `floor_jobs` ones need examples/latency-floor.rs's table and are left to W2's runs.)
+pub const PREPARED: &[&str] = &[
+    VERSION,
+    SESSIONS,
+    COUNTERS,
+    INSERT_NOOPS,
+    INSERT_NOOPS_AT,
+    INSERT_STAMP,
+    UNFINISHED_NONE,
+    PENDING_NONE,
+    ONLINE,
+    FINISHED,
+    ALL_SUCCEEDED,
+    BY_STATUS,
+    FIRST_START_TO_LAST_FINISH_S,
+    FINISH_SPAN,
+    W1IDLE_WITHIN_LEAD,
+    CAPACITIES,
+    NOT_UUID7,
+    FIRST_START_AFTER_RUN_AT_MS,
+    ROUNDS,
+    FIRST_ROUNDS,
+    FINISHED_AFTER_RUN_AT_MS,
+    ANY_ONLINE,
+    W2_PERCENTILES,
+    W2_STEPS,
+    FINISHES_SINCE_S,
+    DISPATCH_BODY,
+    SIM_WORKERS,
+    W6_RATE,
+    OVER_CAPACITY,
+    LIMITS_INSERT_KEYED,
+    LIMITS_INSERT_TAGGED,
+    LIMITS_SET,
+    LIMITS_CLEAR,
+    SUCCEEDED,
+    DELETE_TASKS,
+    TASKS,
+    W3_SIM_WORKER,
+    W3_FINISHED,
+    LAST_TRANSITION,
+    W3_DRAINED,
+    ENDED_BADLY,
+    W3_DRAIN_RATE,
+];
+
+// ---- W6 (and W3): the planner round's read ----------------------------------------------
+
+/// The planner round's read (its roster and claim in one statement), which lives once, as
+/// `artex.dispatch_round`'s body.
+pub const DISPATCH_BODY: &str = "select substring(prosrc from 'return query (.*);\\s*end\\s*$')
+    from pg_proc where proname = 'dispatch_round' and pronamespace = 'artex'::regnamespace";
+
+/// That statement prepared as `dispatch`, as the runtime sends it.
+pub fn prepare_dispatch(body: &str) -> String {
+    format!("prepare dispatch as {body}")
+}
+
+/// One timed run of `dispatch` for `limit` tasks (roster of workers seen within 600 s,
+/// shard 1 of none).
+pub fn explain_dispatch(limit: u32) -> String {
+    format!("explain (analyze) execute dispatch(600, {limit}, 1, '{{}}', '{{}}')")
+}
+
+/// A prepared statement outlives the transaction's rollback: gone before the next timing.
+pub const DEALLOCATE_DISPATCH: &str = "deallocate dispatch";
+pub const BEGIN: &str = "begin";
+pub const ROLLBACK: &str = "rollback";
+
+/// $1 simulated workers of $2 slots: no session (the roster's liveness check is for real
+/// ones), seen now, suspect only after the run.
+pub const SIM_WORKERS: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    select 'sim-' || g, 'sim', 1, 'bench', 'artex_w_sim' || g, array['noop'], $2::int4
+    from generate_series(1, $1::int4) g";
+pub const ANALYZE_WORKERS: &str = "analyze artex.workers";
+
+/// Assignments per second and rounds: an assignment writes no history row until it ends
+/// (the workers are simulated and never start anything), so the assigned rows'
+/// updated_at is the assigning round's time.
+pub const W6_RATE: &str = "select
+        round(count(*) / greatest(extract(epoch from max(updated_at) - min(updated_at)), 0.001))::float8,
+        count(distinct updated_at)
+    from artex.tasks where status = 'assigned'";
+pub const OVER_CAPACITY: &str = "select count(*) from artex.workers where held > capacity";
+
+// ---- W5: bursts after idle gaps ---------------------------------------------------------
+
+pub const W5_BURSTS_TABLE: &str =
+    "create table bench.bursts (burst int primary key, committed_at timestamptz not null)";
+/// Burst $1: $2 no-op tasks by plain SQL, the burst's number in the payload…
+pub const W5_INSERT: &str = "insert into artex.tasks (kind, payload)
+    select 'noop', jsonb_build_object('burst', $1::int4) from generate_series(1, $2::int4)";
+/// …and, in the same transaction, the time at the end of its insert: the tasks become
+/// runnable at its commit, a moment (one WAL flush) later.
+pub const W5_MARK: &str = "insert into bench.bursts values ($1::int4, clock_timestamp())";
+/// Per burst of $1 tasks: its number, tasks/s from its first start to its last finish,
+/// its first start after its insert's end (ms, 1 decimal).
+pub const W5_RATES: &str = "select b.burst,
+        round($1::int4 / extract(epoch from max(t.finished_at) - min(t.started_at)))::float8,
+        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric, 1)::float8
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1";
+/// How each burst went, from its insert's end (ms): first start, half and 99% finished, last.
+pub const W5_TIMELINE: &str = "select b.burst,
+        round((extract(epoch from min(t.started_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from percentile_disc(0.5) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from percentile_disc(0.99) within group (order by t.finished_at) - b.committed_at) * 1000)::numeric)::int8,
+        round((extract(epoch from max(t.finished_at) - b.committed_at) * 1000)::numeric)::int8
+    from artex.tasks t join bench.bursts b on b.burst = (t.payload->>'burst')::int
+    group by b.burst, b.committed_at order by 1";
+
+// ---- limits and tags --------------------------------------------------------------------
+
+/// $1 no-op tasks runnable $2 s from now, each with a limit key of 1,000.
+pub const LIMITS_INSERT_KEYED: &str = "insert into artex.tasks (kind, run_at, limit_key)
+    select 'noop', now() + make_interval(secs => $2::float8), 'k' || (g % 1000)
+    from generate_series(1, $1::int4) g";
+/// The same with two tags each and no limit key.
+pub const LIMITS_INSERT_TAGGED: &str = "insert into artex.tasks (kind, run_at, tags)
+    select 'noop', now() + make_interval(secs => $2::float8), array['nightly', 'k' || (g % 1000)]
+    from generate_series(1, $1::int4) g";
+/// The kind limited per key (5) and overall (10,000): room enough not to bind.
+pub const LIMITS_SET: &str =
+    "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+    values ('noop', 10000, 5, 'bench')";
+pub const LIMITS_CLEAR: &str = "delete from artex.kind_limits";
+pub const SUCCEEDED: &str = "select count(*) from artex.tasks where status = 'succeeded'";
+pub const DELETE_TASKS: &str = "delete from artex.tasks";
+
+// ---- unique: what a unique key costs a submission -----------------------------------------
+
+/// `batches` batches of 100 tasks, one transaction a batch, looped in the server (as the
+/// bash bench did, so that no client round trip counts): without keys, one insert a batch.
+pub fn unique_no_key(batches: u32) -> String {
+    unique_loop(
+        batches,
+        "insert into artex.tasks (kind) select 'noop' from generate_series(1, 100)",
+    )
+}
+
+/// The same with a distinct key each (`b-g`), each task through `artex.submit` (the SQL
+/// path: the key's lock and lookup, then the insert); run twice, the second time every
+/// one is a duplicate.
+pub fn unique_keyed(batches: u32) -> String {
+    unique_loop(
+        batches,
+        "perform count(*) from generate_series(1, 100) g cross join lateral
+            artex.submit('noop', unique_key => b || '-' || g, allow_unregistered_kind => true)",
+    )
+}
+
+fn unique_loop(batches: u32, batch: &str) -> String {
+    format!(
+        "do $$ declare b int; begin for b in 1..{batches} loop {batch}; commit; end loop; end $$"
+    )
+}
+
+pub const TASKS: &str = "select count(*) from artex.tasks";
+
+// ---- ARTEX_BENCH_PROFILE=1: pg_stat_statements -------------------------------------------
+
+pub const PROFILE_PRELOAD: &str =
+    "alter system set shared_preload_libraries = 'pg_stat_statements'";
+/// (alter system runs outside a transaction block: its own statement.)
+pub const PROFILE_TRACK_ALL: &str = "alter system set pg_stat_statements.track = 'all'";
+pub const RELOAD_CONF: &str = "select pg_reload_conf()";
+pub const PROFILE_EXTENSION: &str = "create extension pg_stat_statements";
+pub const PROFILE_RESET: &str = "select pg_stat_statements_reset()";
+/// The 15 statements that cost the most time in this database since the last reset, per
+/// $1 tasks (nested = run by a trigger): calls, per task, total ms, mean ms, WAL bytes per
+/// task, the statement's first 70 characters.
+pub const PROFILE_TOP: &str = "select calls::text || ' | ' || round(calls::numeric / $1::int4, 3)
+        || ' | ' || round(total_exec_time::numeric) || ' | ' || round(mean_exec_time::numeric, 3)
+        || ' | ' || round(wal_bytes::numeric / $1::int4) || ' | '
+        || case when toplevel then '' else 'nested ' end
+        || left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
+    from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
+      and query not like '%pg_sleep%' and query not like 'do %'
+    order by total_exec_time desc limit 15";
+
+// ---- W3: claim cost against the backlog ---------------------------------------------------
+
+/// One simulated worker of ample capacity on the roster (in the timed transaction).
+pub const W3_SIM_WORKER: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    values ('bench-sim', 'sim', 1, 'bench', 'artex_w_bench_sim', array['noop'], 100000)";
+/// Finished tasks as the runtime leaves them, written directly with the triggers off
+/// (`REPLICA_ROLE` first, hence no audit rows): only the hot table's contents matter.
+pub const REPLICA_ROLE: &str = "set session_replication_role = replica";
+pub const REPLICA_ROLE_RESET: &str = "reset session_replication_role";
+pub const W3_FINISHED: &str = "insert into artex.tasks
+        (id, kind, status, lease_epoch, result, created_at, updated_at, started_at, finished_at)
+    select bench.uuid7(), 'noop', 'succeeded', 1, 'null', now(), now(), now(), now()
+    from generate_series(1, $1::int4)";
+pub const LAST_TRANSITION: &str = "select coalesce(max(id), 0)::int8 from artex.task_transitions";
+/// At least $2 + 1 successes after transition $1.
+pub const W3_DRAINED: &str = "select exists (select 1 from artex.task_transitions
+    where id > $1::int8 and to_status = 'succeeded' offset $2::int8)";
+pub const ENDED_BADLY: &str =
+    "select count(*) from artex.tasks where status in ('failed', 'timeout', 'canceled')";
+/// Of the first $2 successes after transition $1: those after the first batch over the
+/// time since it (a batch shares one timestamp); 0 when a single batch did it all.
+pub const W3_DRAIN_RATE: &str = "select coalesce(round(count(*) filter (where at > first)
+        / nullif(extract(epoch from max(at) - min(first)), 0)), 0)::float8
+    from (select at, min(at) over () as first from (
+        select at from artex.task_transitions where id > $1::int8 and to_status = 'succeeded'
+        order by id limit $2::int8) e) t";

@@ -1,0 +1,133 @@
+//! W1 from idle: 20,000 no-op tasks made runnable at one instant while the runtime
+//! idles, as users submit them: inserted with plain SQL (the column default id) with
+//! `run_at` 8 s ahead while 1 planner + 2 workers at default flags (no --prefetch: the
+//! queue sizes itself) sit idle. Tasks/s from the first start to the last finish (the
+//! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
+//! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::report::{fixed, profile_print, profile_reset, result, Progress};
+use crate::rig::exec;
+use crate::{sql, Bench};
+
+const DB: &str = "bench_w1idle";
+
+pub async fn run(bench: &mut Bench) {
+    let n = bench.sizes.w1;
+    let c = bench.rig.new_db(DB).await;
+    let args = bench.defaults_worker_args.clone();
+    bench.rig.start_runtime(DB, 2, "artex", &args);
+    bench
+        .rig
+        .wait_until(&c, sql::ONLINE, &[&2i64], Duration::from_secs(60), None)
+        .await;
+    // Both parts start from a checkpoint, as W1's run does: full-page images count alike.
+    exec(&c, sql::CHECKPOINT).await;
+    let wal0 = bench.rig.counters(DB).await.wal;
+    let pg0 = bench.rig.pg_cpu_s();
+    let lead = bench.sizes.w1idle_lead;
+    c.execute(sql::INSERT_NOOPS_AT, &[&(n as i32), &lead])
+        .await
+        .expect("the insert");
+    let wal1 = bench.rig.counters(DB).await.wal;
+    let pg1 = bench.rig.pg_cpu_s();
+    let in_time: bool = c
+        .query_one(sql::W1IDLE_WITHIN_LEAD, &[])
+        .await
+        .expect("lead")
+        .get(0);
+    assert!(
+        in_time,
+        "w1idle: the insert took longer than the {lead} s lead"
+    );
+    profile_reset(&c).await;
+    let mut progress = Progress::new("W1 from idle", n.into());
+    bench
+        .rig
+        .wait_until(
+            &c,
+            sql::UNFINISHED_NONE,
+            &[],
+            Duration::from_secs(600),
+            Some(&mut progress),
+        )
+        .await;
+    profile_print(&c, "W1 from idle (the run)", n).await;
+    let wal2 = bench.rig.counters(DB).await.wal;
+    let pg2 = bench.rig.pg_cpu_s();
+    let capacity: String = c
+        .query_one(sql::CAPACITIES, &[])
+        .await
+        .expect("capacity")
+        .get(0);
+    bench.rig.stop_runtime().await;
+    bench.rig.check_all_succeeded(&c, DB, n.into()).await;
+    let not7: i64 = c.query_one(sql::NOT_UUID7, &[]).await.expect("ids").get(0);
+    assert_eq!(
+        not7, 0,
+        "w1idle: ids by the column default are not time-ordered (UUIDv7)"
+    );
+    let secs: f64 = c
+        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
+        .await
+        .expect("rate")
+        .get(0);
+    bench
+        .ceilings
+        .throughput("w1idle_tasks_per_s_2workers", f64::from(n) / secs);
+    let first: f64 = c
+        .query_one(sql::FIRST_START_AFTER_RUN_AT_MS, &[])
+        .await
+        .expect("first")
+        .get(0);
+    result("w1idle_first_start_after_run_at_ms", first, "ms");
+    println!("# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: {capacity}");
+    timeline(&c).await;
+    let per_task = |x: f64| fixed(x / f64::from(n), 0);
+    result(
+        "w1idle_wal_bytes_per_task_insert",
+        per_task((wal1 - wal0) as f64),
+        "bytes",
+    );
+    result(
+        "w1idle_wal_bytes_per_task_run",
+        per_task((wal2 - wal1) as f64),
+        "bytes",
+    );
+    result(
+        "w1idle_cpu_us_per_task_postgres_insert",
+        per_task((pg1 - pg0) * 1e6),
+        "us",
+    );
+    // The run's CPU includes the seconds of idling around it (polls, heartbeats).
+    result(
+        "w1idle_cpu_us_per_task_postgres_run",
+        per_task((pg2 - pg1) * 1e6),
+        "us",
+    );
+    bench.rig.drop_db(DB, c).await;
+}
+
+/// Where the time went: assignment rounds and their sizes, the first rounds, and the
+/// finishes from run_at (`#` lines).
+async fn timeline(c: &Client) {
+    let r = c.query_one(sql::ROUNDS, &[]).await.expect("rounds");
+    let (rounds, avg, lo, hi, span): (i64, i64, i64, i64, i64) =
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+    println!("# W1 from idle: {rounds} assignment rounds over {span} ms, {avg} tasks each on average (min {lo}, max {hi})");
+    let firsts: String = c
+        .query_one(sql::FIRST_ROUNDS, &[])
+        .await
+        .expect("first rounds")
+        .get(0);
+    println!("# W1 from idle: first rounds (tasks@ms after run_at): {firsts}");
+    let r = c
+        .query_one(sql::FINISHED_AFTER_RUN_AT_MS, &[])
+        .await
+        .expect("finishes");
+    let (f10, f50, f100): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    println!("# W1 from idle: 10% finished +{f10} ms, 50% +{f50} ms, all +{f100} ms after run_at");
+}
