@@ -58,6 +58,36 @@ fn assert_no_deadlock(db: &FleetDb) {
     );
 }
 
+/// Submits one 12-second `sleep` and waits until it runs on `worker`; its id.
+async fn long_task_running_on(c: &Client, worker: &str) -> uuid::Uuid {
+    submit(c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
+    wait_for("the long task to run", Duration::from_secs(20), || async {
+        c.query_opt(
+            "select id from artex.tasks where status = 'running' and assigned_to = $1",
+            &[&worker],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|r| r.get(0))
+    })
+    .await
+}
+
+/// The workers whose transitions ended `task` succeeded (one, once, when all is well).
+async fn succeeded_by(c: &Client, task: uuid::Uuid) -> Vec<Option<String>> {
+    c.query(
+        "select worker from artex.task_transitions \
+         where task_id = $1 and to_status = 'succeeded'",
+        &[&task],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
 /// (tasks that started more than once, tasks that succeeded more than once).
 async fn repeats(c: &Client) -> (i64, i64) {
     let r = c
@@ -286,18 +316,7 @@ async fn a_worker_cut_off_stops_its_handler_before_its_lease_expires() {
             &listen,
         ],
     );
-    submit(&c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
-    let task: uuid::Uuid = wait_for("the task to run on w1", Duration::from_secs(20), || async {
-        c.query_opt(
-            "select id from artex.tasks where status = 'running' and assigned_to = $1",
-            &[&cut_id],
-        )
-        .await
-        .ok()
-        .flatten()
-        .map(|r| r.get(0))
-    })
-    .await;
+    let task = long_task_running_on(&c, &cut_id).await;
     let w2 = fleet.worker("w2", "w2", &url, &["--lease-ms", "6000"]);
     let rescuer = worker_id(&c, &w2).await;
     fleet.partition("w1");
@@ -354,19 +373,8 @@ async fn a_worker_cut_off_stops_its_handler_before_its_lease_expires() {
         lease_end <= rescued,
         "the rescuer started at {rescued}, before w1's lease ended at {lease_end}"
     );
-    let succeeded: Vec<Option<String>> = c
-        .query(
-            "select worker from artex.task_transitions \
-             where task_id = $1 and to_status = 'succeeded'",
-            &[&task],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     assert_eq!(
-        succeeded,
+        succeeded_by(&c, task).await,
         [Some(rescuer.clone())],
         "finished once, by the rescuer"
     );
@@ -515,22 +523,7 @@ async fn a_worker_planners_cannot_push_to_polls_for_its_tasks_and_still_fences_i
 
     // Cut off from PostgreSQL while it runs a task: it stops the handler before its
     // lease can expire, and the task finishes once, elsewhere.
-    submit(&c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
-    let task: uuid::Uuid = wait_for(
-        "the long task to run on w1",
-        Duration::from_secs(20),
-        || async {
-            c.query_opt(
-                "select id from artex.tasks where status = 'running' and assigned_to = $1",
-                &[&id],
-            )
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.get(0))
-        },
-    )
-    .await;
+    let task = long_task_running_on(&c, &id).await;
     let w2 = fleet.worker("w2", "w2", &url, &["--lease-ms", "6000"]);
     let rescuer = worker_id(&c, &w2).await;
     fleet.partition("w1");
@@ -541,18 +534,11 @@ async fn a_worker_planners_cannot_push_to_polls_for_its_tasks_and_still_fences_i
         "w1 never stopped its handler:\n{}",
         w1.log_text()
     );
-    let succeeded: Vec<Option<String>> = c
-        .query(
-            "select worker from artex.task_transitions \
-             where task_id = $1 and to_status = 'succeeded'",
-            &[&task],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(succeeded, [Some(rescuer)], "finished once, by the rescuer");
+    assert_eq!(
+        succeeded_by(&c, task).await,
+        [Some(rescuer)],
+        "finished once, by the rescuer"
+    );
     assert_eq!(repeats(&c).await.1, 0);
     println!(
         "FIGURE unreachable_worker_pickup_worst_ms={worst:.0} pickups_ms={:?}",
