@@ -132,13 +132,23 @@ pub(crate) async fn up(
     let me = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "artex".into());
+    // Ctrl-C stops this process, not the embedded cluster (one-shot commands and other
+    // processes use it too): say how to stop that.
+    let stop = if db.database_url.is_none() {
+        format!(
+            "Stop with Ctrl-C; the embedded PostgreSQL keeps running for the next start \
+             (stop it with: {me} db stop)."
+        )
+    } else {
+        "Stop with Ctrl-C.".to_string()
+    };
     // The dashboard's URL first: it is what a newcomer opens.
     eprintln!(
         "artex is up: a planner and a worker, in this process.\n  \
            dashboard:  {http}\n  \
            HTTP also:  /health, /status, /metrics, and the API under /api/v1\n\
          Submit a task from another shell:  {me} submit echo --payload '{{\"hello\":\"world\"}}'\n\
-         Stop with Ctrl-C."
+         {stop}"
     );
     let replica = connect_replica(db)?;
     run_worker(

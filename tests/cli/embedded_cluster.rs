@@ -117,6 +117,25 @@ async fn the_embedded_cluster_is_created_once_and_reused() {
     assert_eq!(n, 1);
     drop(c);
 
+    // `up` on the embedded cluster says Ctrl-C leaves the cluster running, and how to
+    // stop it.
+    let log = dir.path().join("up.log");
+    let mut up = crate::artex_command(None, d, &["up", "--http", "127.0.0.1:0"])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run artex up");
+    let banner = common::procs::wait_for("up's banner", std::time::Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        async move { log.contains("Stop with Ctrl-C").then_some(log) }
+    })
+    .await;
+    let _ = up.kill();
+    let _ = up.wait();
+    assert!(
+        banner.contains("the embedded PostgreSQL keeps running") && banner.contains("db stop"),
+        "{banner}"
+    );
+
     // Second start after a stop reuses the cluster: the task is still there.
     assert_eq!(stdout(&artex(None, d, &["db", "stop"])).trim(), "stopped");
     let out = artex(None, d, &["db", "status"]);
