@@ -2,10 +2,8 @@
 //! user builds their own worker: the stock kinds plus one,
 //! `stamp`, whose result is the wall-clock time its handler started (`{"t_us": …}`, Unix
 //! microseconds), so enqueue → handler start is measured where the handler runs, not
-//! where the database thinks the task started. (The planner round's read, timed by the bench
-//! with `EXPLAIN ANALYZE`, is read from its function's source, `artex.dispatch_round`.) `artex-bench keyed-submit-sql` prints the two
-//! statements of a batch of tasks with unique keys (the API's and the library's path). `artex-bench sha256 FILE` hashes FILE once on one
-//! thread and prints the seconds it took: the upload part's floor (the upload protocol
+//! where the database thinks the task started.
+//! `artex-bench sha256 FILE` hashes FILE once on one thread and prints the seconds it took: the upload part's floor (the upload protocol
 //! hashes a file four times: client and worker, whole and per chunk).
 
 use std::process::ExitCode;
@@ -15,15 +13,6 @@ use artex::TaskContext;
 use serde_json::json;
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("keyed-submit-sql") {
-        // PREPAREd by the bench: the keys' locks, then the set-based keyed batch.
-        println!(
-            "{};\n{}",
-            artex_actors::blackboard::operator::LOCK_KEYS,
-            artex_actors::blackboard::operator::SUBMIT_KEYED
-        );
-        return ExitCode::SUCCESS;
-    }
     if std::env::args().nth(1).as_deref() == Some("sha256") {
         return sha256_seconds(std::env::args_os().nth(2));
     }

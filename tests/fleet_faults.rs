@@ -58,6 +58,13 @@ fn assert_no_deadlock(db: &FleetDb) {
     );
 }
 
+/// A planner on host p1 giving leases of 6 s, its LISTEN through `listen` (a pooler's
+/// session-mode alias).
+fn planner_with_6s_leases(fleet: &Fleet, url: &str, listen: &str) -> Proc {
+    let args = ["--assign-lease-ms", "6000", "--listen-database-url", listen];
+    fleet.planner("p1", "p1", url, &args)
+}
+
 /// Submits one 12-second `sleep` and waits until it runs on `worker`; its id.
 async fn long_task_running_on(c: &Client, worker: &str) -> uuid::Uuid {
     submit(c, "sleep", serde_json::json!({ "ms": 12000 }), 1).await;
@@ -305,17 +312,7 @@ async fn a_worker_cut_off_stops_its_handler_before_its_lease_expires() {
     // Leases of 6 s, given and renewed.
     let w1 = fleet.worker("w1", "w1", &url, &["--lease-ms", "6000"]);
     let cut_id = worker_id(&c, &w1).await;
-    let _p = fleet.planner(
-        "p1",
-        "p1",
-        &url,
-        &[
-            "--assign-lease-ms",
-            "6000",
-            "--listen-database-url",
-            &listen,
-        ],
-    );
+    let _p = planner_with_6s_leases(&fleet, &url, &listen);
     let task = long_task_running_on(&c, &cut_id).await;
     let w2 = fleet.worker("w2", "w2", &url, &["--lease-ms", "6000"]);
     let rescuer = worker_id(&c, &w2).await;
@@ -421,17 +418,7 @@ async fn a_worker_planners_cannot_push_to_polls_for_its_tasks_and_still_fences_i
         &["--http", "127.0.0.1:8080", "--lease-ms", "6000"],
     );
     let id = worker_id(&c, &w1).await;
-    let _p = fleet.planner(
-        "p1",
-        "p1",
-        &url,
-        &[
-            "--assign-lease-ms",
-            "6000",
-            "--listen-database-url",
-            &listen,
-        ],
-    );
+    let _p = planner_with_6s_leases(&fleet, &url, &listen);
     // At start it warned: its wake address is loopback, its database elsewhere.
     assert!(
         w1.log_text()

@@ -41,16 +41,7 @@ async fn round(bench: &Bench, c: &Client, label: &str, insert: &str) {
         .expect("the tasks");
     let wal1 = bench.rig.counters(DB).await.wal;
     let mut progress = Progress::new(&format!("limits {label}"), n.into());
-    bench
-        .rig
-        .wait_until(
-            c,
-            sql::UNFINISHED_NONE,
-            &[],
-            Duration::from_secs(600),
-            Some(&mut progress),
-        )
-        .await;
+    bench.rig.drained(c, &mut progress).await;
     let wal2 = bench.rig.counters(DB).await.wal;
     let ok: i64 = c
         .query_one(sql::SUCCEEDED, &[])

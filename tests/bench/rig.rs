@@ -266,6 +266,14 @@ impl Rig {
         }
     }
 
+    /// Waits (ten minutes at most) until no task is unfinished, the progress line
+    /// following: the end of a drain-rate workload.
+    pub async fn drained(&self, c: &Client, progress: &mut Progress) {
+        let ten_minutes = Duration::from_secs(600);
+        self.wait_until(c, sql::UNFINISHED_NONE, &[], ten_minutes, Some(progress))
+            .await;
+    }
+
     /// Polls `cond` (a one-boolean statement) every 50 ms, each poll its own transaction
     /// (a session holding one snapshot keeps every dead index entry of the task table
     /// alive, and the runtime's claims slow down a hundredfold within a minute). With a

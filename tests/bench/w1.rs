@@ -3,7 +3,7 @@
 //! workers. Time from the processes' start to the last finish; what one task costs
 //! PostgreSQL (transactions, WAL written and flushed, CPU) and the artex processes (CPU).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Client;
 
@@ -35,16 +35,7 @@ async fn one(bench: &mut Bench, workers: usize) {
     bench.rig.start_runtime(&db, workers, "artex", &args);
     let c = bench.rig.client(&db).await;
     let mut progress = Progress::new(&format!("W1 with {workers} worker(s)"), n.into());
-    bench
-        .rig
-        .wait_until(
-            &c,
-            sql::UNFINISHED_NONE,
-            &[],
-            Duration::from_secs(600),
-            Some(&mut progress),
-        )
-        .await;
+    bench.rig.drained(&c, &mut progress).await;
     let artex_cpu = bench.rig.procs_cpu_s();
     bench.rig.stop_runtime().await;
     drop(c);

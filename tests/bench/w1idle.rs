@@ -45,16 +45,7 @@ pub async fn run(bench: &mut Bench) {
     );
     profile_reset(&c).await;
     let mut progress = Progress::new("W1 from idle", n.into());
-    bench
-        .rig
-        .wait_until(
-            &c,
-            sql::UNFINISHED_NONE,
-            &[],
-            Duration::from_secs(600),
-            Some(&mut progress),
-        )
-        .await;
+    bench.rig.drained(&c, &mut progress).await;
     profile_print(&c, "W1 from idle (the run)", n).await;
     let wal2 = bench.rig.counters(DB).await.wal;
     let pg2 = bench.rig.pg_cpu_s();

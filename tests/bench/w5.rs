@@ -29,16 +29,7 @@ pub async fn run(bench: &mut Bench) {
     let mut progress = Progress::new("W5", u64::from(bursts as u32 * n));
     for b in 1..=bursts {
         if b > 1 {
-            bench
-                .rig
-                .wait_until(
-                    &c,
-                    sql::UNFINISHED_NONE,
-                    &[],
-                    Duration::from_secs(600),
-                    Some(&mut progress),
-                )
-                .await;
+            bench.rig.drained(&c, &mut progress).await;
             tokio::time::sleep(Duration::from_secs(gap)).await;
         }
         let tx = c.transaction().await.expect("a burst's transaction");
@@ -48,16 +39,7 @@ pub async fn run(bench: &mut Bench) {
         tx.execute(sql::W5_MARK, &[&b]).await.expect("its time");
         tx.commit().await.expect("a burst's commit");
     }
-    bench
-        .rig
-        .wait_until(
-            &c,
-            sql::UNFINISHED_NONE,
-            &[],
-            Duration::from_secs(600),
-            Some(&mut progress),
-        )
-        .await;
+    bench.rig.drained(&c, &mut progress).await;
     bench.rig.stop_runtime().await;
     bench
         .rig
