@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::report::Progress;
 use crate::sql;
@@ -422,16 +422,7 @@ fn socket_dir(url: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(bytes).expect("a UTF-8 path"))
 }
 
-/// A client on `url`, its connection driven by a task of its own.
-pub async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
+use crate::common::connect;
 
 /// Runs one statement (or several, as one simple query) or fails the bench saying which.
 pub async fn exec(c: &Client, statement: &str) {
