@@ -233,8 +233,9 @@ pub fn write_man_pages(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// A Markdown heading's anchor as GitHub makes it (`artex task show` → `artex-task-show`).
-fn anchor(heading: &str) -> String {
+pub fn anchor(heading: &str) -> String {
     heading
+        .trim()
         .to_lowercase()
         .chars()
         .filter_map(|c| match c {

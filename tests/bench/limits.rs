@@ -5,7 +5,6 @@
 //! Tasks/s of the run, WAL bytes per task of the insert and of the run (the tags' GIN
 //! index costs at the insert, the limits' counting index at the assignment).
 
-use std::time::Duration;
 
 use tokio_postgres::Client;
 
@@ -18,11 +17,7 @@ const DB: &str = "bench_limits";
 pub async fn run(bench: &mut Bench) {
     let c = bench.rig.new_db(DB).await;
     let args = bench.defaults_worker_args.clone();
-    bench.rig.start_runtime(DB, 2, "artex", &args);
-    bench
-        .rig
-        .wait_until(&c, sql::ONLINE, &[&2i64], Duration::from_secs(60), None)
-        .await;
+    bench.rig.start_runtime_online(&c, DB, 2, &args).await;
     round(bench, &c, "keys_unlimited", sql::LIMITS_INSERT_KEYED).await;
     exec(&c, sql::LIMITS_SET).await;
     round(bench, &c, "keys_limited", sql::LIMITS_INSERT_KEYED).await;

@@ -213,6 +213,22 @@ impl Rig {
     }
 
     /// 1 planner (`artex`) + `workers` workers of `bin` with `worker_args` on `db`.
+    /// [`Rig::start_runtime`] of `artex` with `workers` workers, waited for (a minute at
+    /// most) until they are online: the idle fleet a workload then feeds.
+    pub async fn start_runtime_online(
+        &mut self,
+        c: &Client,
+        db: &str,
+        workers: usize,
+        worker_args: &[String],
+    ) {
+        self.start_runtime(db, workers, "artex", worker_args);
+        let online = workers as i64;
+        let minute = Duration::from_secs(60);
+        self.wait_until(c, sql::ONLINE, &[&online], minute, None)
+            .await;
+    }
+
     pub fn start_runtime(&mut self, db: &str, workers: usize, bin: &str, worker_args: &[String]) {
         self.spawn(db, "planner", "artex", &["planner".to_string()]);
         for i in 1..=workers {

@@ -5,7 +5,6 @@
 //! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
 //! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run.
 
-use std::time::Duration;
 
 use tokio_postgres::Client;
 
@@ -19,11 +18,7 @@ pub async fn run(bench: &mut Bench) {
     let n = bench.sizes.w1;
     let c = bench.rig.new_db(DB).await;
     let args = bench.defaults_worker_args.clone();
-    bench.rig.start_runtime(DB, 2, "artex", &args);
-    bench
-        .rig
-        .wait_until(&c, sql::ONLINE, &[&2i64], Duration::from_secs(60), None)
-        .await;
+    bench.rig.start_runtime_online(&c, DB, 2, &args).await;
     // Both parts start from a checkpoint, as W1's run does: full-page images count alike.
     exec(&c, sql::CHECKPOINT).await;
     let wal0 = bench.rig.counters(DB).await.wal;

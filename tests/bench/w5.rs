@@ -20,11 +20,7 @@ pub async fn run(bench: &mut Bench) {
     let mut c = bench.rig.new_db(DB).await;
     exec(&c, sql::W5_BURSTS_TABLE).await;
     let args = bench.defaults_worker_args.clone();
-    bench.rig.start_runtime(DB, 2, "artex", &args);
-    bench
-        .rig
-        .wait_until(&c, sql::ONLINE, &[&2i64], Duration::from_secs(60), None)
-        .await;
+    bench.rig.start_runtime_online(&c, DB, 2, &args).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut progress = Progress::new("W5", u64::from(bursts as u32 * n));
     for b in 1..=bursts {

@@ -70,20 +70,6 @@ fn link_targets(line: &str) -> Vec<String> {
     out
 }
 
-/// A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as `-`.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('-'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The anchors of a Markdown file's headings (a repeated heading gets `-1`, `-2` …).
 fn anchors(text: &str) -> HashSet<String> {
     let mut seen = HashSet::new();
@@ -95,7 +81,7 @@ fn anchors(text: &str) -> HashSet<String> {
         if fenced || !line.starts_with('#') {
             continue;
         }
-        let base = anchor(line.trim_start_matches('#'));
+        let base = artex::cli::docs::anchor(line.trim_start_matches('#'));
         let mut name = base.clone();
         let mut n = 0;
         while seen.contains(&name) {
