@@ -83,6 +83,8 @@ CREATE FUNCTION artex.assign_round(p_actor text, p_ids uuid[], p_workers text[],
 #variable_conflict use_column
 begin
     p_limited := artex.over_limits(p_limited);
+    perform set_config('artex.hot', 'on', true);
+    -- pending → assigned, with the next fencing token; each worker's holdings counted.
     return query with room as materialized (
         select w.id,
                greatest(w.capacity - greatest(w.taken - coalesce(r.released, 0), 0), 0) as free,
@@ -96,17 +98,31 @@ begin
         select v.id, v.worker, row_number() over (partition by v.worker order by v.n) as k
         from unnest($2::uuid[], $3::text[]) with ordinality as v(id, worker, n)
         where v.id <> all($5::uuid[])
+    ),
+    assigned as (
+        update artex.tasks t
+        set status = 'assigned', assigned_to = wanted.worker,
+            lease_until = now() + coalesce(make_interval(secs => room.lease_ms / 1000.0),
+                                           make_interval(secs => $4::float8)),
+            lease_epoch = t.lease_epoch + 1, updated_at = now(),
+            limited = t.limited or t.kind in (select kind from artex.kind_limits)
+        from artex.set_context($1, 'assigned') ctx, wanted, room
+        where ctx and wanted.worker = room.id and wanted.k <= room.free
+          and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
+          and (t.host is null or t.host = room.host)
+        returning t.id, t.assigned_to
+    ),
+    counted as (
+        update artex.workers w
+        set taken = w.taken + g.n,
+            held = least(greatest(w.taken + g.n - coalesce(
+                (select r.released from artex.worker_released r where r.worker = w.id), 0),
+                0), 2147483647)::int
+        from (select a.assigned_to as worker, count(*) as n from assigned a group by 1) g
+        where w.id = g.worker
     )
-    update artex.tasks t
-    set status = 'assigned', assigned_to = wanted.worker,
-        lease_until = now() + coalesce(make_interval(secs => room.lease_ms / 1000.0),
-                                       make_interval(secs => $4::float8)),
-        limited = t.limited or t.kind in (select kind from artex.kind_limits)
-    from artex.set_context($1, 'assigned') ctx, wanted, room
-    where ctx and wanted.worker = room.id and wanted.k <= room.free
-      and t.id = wanted.id and t.status::text = 'pending' -- by primary key: see RECORD
-      and (t.host is null or t.host = room.host)
-    returning t.id;
+    select a.id from assigned a;
+    perform set_config('artex.hot', '', true);
 end
 $_$;
 
@@ -114,7 +130,20 @@ $_$;
 -- Name: FUNCTION assign_round(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.assign_round(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits. Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.assign_round(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
+
+--
+-- Name: attempt_status(text, boolean, integer, integer, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.attempt_status(p_wanted text, p_unstarted boolean, p_retries integer, p_max_retries integer, p_error text) RETURNS artex.task_status
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    select case when p_wanted = 'pending' and p_retries > p_max_retries
+                then case when p_unstarted or p_error is null then 'timeout' else 'failed' end
+                else p_wanted
+           end::artex.task_status
+$$;
 
 --
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -
@@ -302,7 +331,7 @@ begin
                 where p.hi <= cutoff order by p.hi loop
         if slow_x is not null and part.hi > cutoff - keep then
             execute format('select exists (select 1 from artex.%I e
-                                           where (e.xid, e.id) > ($1, $2) and e.xid > ''1''
+                                           where (e.xid, coalesce(e.end_id, e.id)) > ($1, $2) and e.xid > ''1''
                                              and e.to_status <> ''assigned''
                                              and e.from_status is distinct from e.to_status)',
                            part.name)
@@ -310,7 +339,7 @@ begin
             exit when needed;
         end if;
         last_x := null;
-        execute format('select e.xid, e.id from artex.%I e where e.xid > ''1''
+        execute format('select e.xid, coalesce(e.end_id, e.id) from artex.%I e where e.xid > ''1''
                         order by e.xid desc, e.id desc limit 1', part.name)
             into last_x, last_i;
         execute format('drop table if exists artex.%I', part.name);
@@ -337,6 +366,22 @@ CREATE FUNCTION artex.history_partition_width(keep interval) RETURNS interval
                  greatest(interval '1 minute',
                           make_interval(secs => floor(extract(epoch from keep) / 8))))
 $$;
+
+--
+-- Name: hot_write(); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.hot_write() RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    select coalesce(current_setting('artex.hot', true) = 'on', false)
+$$;
+
+--
+-- Name: FUNCTION hot_write(); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.hot_write() IS 'True while assign_round or record_attempts writes: they keep the history, the counters and the flows themselves, and the triggers of tasks step aside (V25).';
 
 --
 -- Name: is_kind_name(text); Type: FUNCTION; Schema: artex; Owner: -
@@ -427,15 +472,15 @@ begin
         part := 'task_transitions_' || to_char(lo at time zone 'UTC', 'YYYYMMDD"_"HH24MISS');
         if exists (select 1 from artex.task_transitions_default d
                    where d.at >= lo and d.at < hi) then
-            execute format('create table artex.%I (like artex.task_transitions)
+            execute format('create table artex.%I (like artex.task_history)
                             with (autovacuum_vacuum_insert_threshold = -1)', part);
             execute format('with moved as (delete from artex.task_transitions_default d
                                             where d.at >= $1 and d.at < $2 returning d.*)
                             insert into artex.%I select * from moved', part) using lo, hi;
-            execute format('alter table artex.task_transitions attach partition artex.%I
+            execute format('alter table artex.task_history attach partition artex.%I
                             for values from (%L) to (%L)', part, lo, hi);
         else
-            execute format('create table artex.%I partition of artex.task_transitions
+            execute format('create table artex.%I partition of artex.task_history
                             for values from (%L) to (%L)
                             with (autovacuum_vacuum_insert_threshold = -1)', part, lo, hi);
         end if;
@@ -608,11 +653,11 @@ begin
                             select e.ctid from artex.%I e
                             where e.at < $1
                               and ($3::xid8 is null or e.at < $1 - $5
-                                   or (e.xid, e.id) <= ($3, $4))
+                                   or (e.xid, coalesce(e.end_id, e.id)) <= ($3, $4))
                             order by e.at limit $2),
                         gone as (
                             delete from artex.%I e using doomed where e.ctid = doomed.ctid
-                            returning e.xid, e.id),
+                            returning e.xid, coalesce(e.end_id, e.id) as id),
                         top as (
                             select g.xid, g.id from gone g where g.xid > ''1''
                             order by g.xid desc, g.id desc limit 1)
@@ -686,26 +731,108 @@ CREATE FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigi
     LANGUAGE plpgsql
     AS $_$
 #variable_conflict use_column
+declare
+    ended text;
 begin
-    return query update artex.tasks t
-    set status = v.status::artex.task_status,
-        result = v.result,
-        error = coalesce(v.error, t.error),
-        retries = t.retries + v.failed::int,
-        run_at = case when v.status = 'pending'
-                      then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end,
-        started_at = case when t.status = 'assigned' and v.started_ago_ms is not null
-                          then now() - make_interval(secs => v.started_ago_ms / 1000.0)
-                          else t.started_at end
-    from artex.set_context($1, null) ctx, artex.defer_wakeups() deferred,
-         unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::bool[],
-                $8::float8[], $9::float8[])
-             as v(id, epoch, status, result, error, failed, delay_ms, started_ago_ms)
-    where ctx and deferred and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
-      and (t.status::text = 'running'
-           or (t.status::text = 'assigned'
-               and (v.started_ago_ms is not null or v.status = 'pending')))
-    returning t.id;
+    perform artex.set_context($1, null), artex.defer_wakeups(),
+            set_config('artex.hot', 'on', true), set_config('artex.ended', '', true);
+    -- Starts and outcomes; the history rows the status machine's triggers would write
+    -- (an unstarted task given back: its assignment and its return; a start; a start and
+    -- an end in one write: both), the holder's released count, and the ended tasks that
+    -- have dependents, for the flows after the statement.
+    return query with v as (
+        select * from unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[],
+                             $7::bool[], $8::float8[], $9::float8[])
+            as v(id, epoch, status, result, error, failed, delay_ms, started_ago_ms)
+    ),
+    written as (
+        update artex.tasks t
+        set status = artex.attempt_status(v.status,
+                         t.status::text = 'assigned' and v.started_ago_ms is null,
+                         t.retries + v.failed::int, t.max_retries, coalesce(v.error, t.error)),
+            result = v.result,
+            error = coalesce(v.error, t.error),
+            retries = t.retries + v.failed::int,
+            run_at = case when v.status = 'pending'
+                          then now() + make_interval(secs => v.delay_ms / 1000.0) else t.run_at end,
+            started_at = case when t.status::text = 'assigned' and v.started_ago_ms is not null
+                              then now() - make_interval(secs => greatest(v.started_ago_ms, 0) / 1000.0)
+                              else t.started_at end,
+            assigned_to = case when v.status = 'running' then t.assigned_to end,
+            lease_until = case when v.status = 'running' then t.lease_until end,
+            finished_at = case when artex.attempt_status(v.status,
+                                   t.status::text = 'assigned' and v.started_ago_ms is null,
+                                   t.retries + v.failed::int, t.max_retries,
+                                   coalesce(v.error, t.error))
+                                   in ('succeeded', 'failed', 'timeout')
+                               then now() else t.finished_at end,
+            updated_at = now()
+        from v join artex.tasks o on o.id = v.id
+        where t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+          and (t.status::text = 'running'
+               or (t.status::text = 'assigned'
+                   and (v.started_ago_ms is not null or v.status = 'pending')))
+        returning t.id, t.status, t.flow_id, t.kind, t.error, t.lease_epoch, t.started_at,
+                  o.status as was, o.updated_at as was_at,
+                  o.status = 'assigned' and v.started_ago_ms is not null
+                      and t.status not in ('assigned', 'running') as ran
+    ),
+    steps as (
+        select w.id, 0 as step, 'pending'::artex.task_status as from_status,
+               'assigned'::artex.task_status as to_status, w.lease_epoch,
+               'assigned'::text as reason, w.was_at as at, null::timestamptz as assigned_at,
+               null::timestamptz as started_at, w.flow_id, w.kind
+        from written w
+        where w.was = 'assigned' and w.status <> 'running' and not w.ran
+        union all
+        -- A start and an end in one write: one row, two events (task_transitions).
+        select w.id, 1, w.was, w.status, w.lease_epoch,
+               case when w.ran then
+                        case when w.status in ('failed', 'pending') then w.error end
+                    when w.status = 'running' then 'started'
+                    when w.status in ('failed', 'pending') and w.was = 'running' then w.error
+               end,
+               now(),
+               case when w.was = 'assigned' and (w.ran or w.status = 'running')
+                    then w.was_at end,
+               case when w.ran then w.started_at end,
+               w.flow_id, w.kind
+        from written w
+        where w.was <> w.status
+    ),
+    history as (
+        -- Ids drawn in the rows' order, the start's before its end's: the feed's order.
+        insert into artex.task_history
+            (id, end_id, task_id, from_status, to_status, reason, actor, worker,
+             lease_epoch, at, flow_id, kind, assigned_at, started_at)
+        select nextval('artex.history_id_seq'),
+               case when s.started_at is not null then nextval('artex.history_id_seq') end,
+               s.id, s.from_status, s.to_status, s.reason, $1, $1, s.lease_epoch, s.at,
+               s.flow_id, s.kind, s.assigned_at, s.started_at
+        from (select * from steps order by id, step) s
+    ),
+    released as (
+        insert into artex.worker_released as r (worker, released)
+        select $1, count(*) from written w where w.status not in ('assigned', 'running')
+        having count(*) > 0
+        on conflict (worker) do update set released = r.released + excluded.released
+    ),
+    flows as (
+        select set_config('artex.ended', coalesce(string_agg(w.id || ' ' || w.status, ','), ''),
+                          true) as ended
+        from written w
+        where w.status in ('succeeded', 'failed', 'timeout')
+          and exists (select 1 from artex.task_dependencies d where d.depends_on = w.id)
+    )
+    select w.id from written w, flows;
+    perform set_config('artex.hot', '', true);
+    ended := current_setting('artex.ended');
+    if ended <> '' then
+        perform set_config('artex.ended', '', true);
+        perform artex.tasks_ended(array_agg(split_part(e, ' ', 1)::uuid order by e),
+                                  array_agg(split_part(e, ' ', 2)::artex.task_status order by e))
+        from unnest(string_to_array(ended, ',')) e;
+    end if;
 end
 $_$;
 
@@ -713,7 +840,7 @@ $_$;
 -- Name: FUNCTION record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes. Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
 
 --
 -- Name: retry_delay(integer, double precision, double precision); Type: FUNCTION; Schema: artex; Owner: -
@@ -882,7 +1009,7 @@ CREATE FUNCTION artex.tasks_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 begin
-    insert into artex.task_transitions
+    insert into artex.task_history
         (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
     select n.id, null, n.status, coalesce(artex.current_reason(), 'submitted'),
            artex.current_actor(), 0, n.flow_id, n.kind
@@ -910,6 +1037,11 @@ declare
     wake   boolean;
     events boolean;
 begin
+    -- The hot functions (assign_round, record_attempts) keep the history, the counters
+    -- and the flows in their own statement (V25).
+    if artex.hot_write() then
+        return null;
+    end if;
     with pairs as materialized (
         select n.id, n.flow_id, n.kind, n.error, n.lease_epoch, n.started_at,
                o.status as old_status, n.status as new_status, o.lease_epoch as old_epoch,
@@ -960,7 +1092,7 @@ begin
         where p.ran
     ),
     history as (
-        insert into artex.task_transitions
+        insert into artex.task_history
             (task_id, from_status, to_status, reason, actor, worker, lease_epoch, at,
              flow_id, kind, assigned_at)
         select id, from_status, to_status, reason, artex.current_actor(), worker,
@@ -998,15 +1130,12 @@ CREATE FUNCTION artex.tasks_after_update_flows() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 declare
-    saved_actor  text := coalesce(current_setting('artex.actor', true), '');
-    saved_reason text := coalesce(current_setting('artex.reason', true), '');
-    changed      boolean := false;
     ended_ids    uuid[];
     ended_status artex.task_status[];
-    ids          uuid[];
-    ns           integer[];
-    root         record;
 begin
+    if artex.hot_write() then
+        return null;
+    end if;
     -- The tasks this statement ended. Transition tables carry no statistics, so they are
     -- never joined (a nested loop over two of them is quadratic): a terminal status can
     -- only be entered, never left or changed, so "ended now" is exactly "terminal in
@@ -1035,74 +1164,7 @@ begin
                                           from unnest(ended_ids, ended_status) as u(id, status)
                                           where u.status = 'canceled')));
 
-    -- Promotion.
-    select array_agg(x.task_id order by x.task_id), array_agg(x.n order by x.task_id)
-      into ids, ns
-    from (select d.task_id, count(*)::int as n
-          from artex.task_dependencies d
-          where d.depends_on = any(array(select u.id
-                                         from unnest(ended_ids, ended_status) as u(id, status)
-                                         where u.status = 'succeeded'))
-          group by d.task_id) x;
-    if ids is not null then
-        perform 1 from artex.task_waits w
-        where w.task_id = any(ids) order by w.task_id for update;
-        with counted as (
-            update artex.task_waits w set upstream_left = w.upstream_left - v.n
-            from unnest(ids, ns) as v(task_id, n)
-            where w.task_id = v.task_id
-            returning w.task_id, w.upstream_left
-        )
-        select array_agg(c.task_id order by c.task_id) into ids
-        from counted c where c.upstream_left = 0;
-        if ids is not null then
-            perform 1 from artex.tasks t
-            where t.id = any(ids) and t.status = 'blocked' order by t.id for update;
-            perform artex.set_context(saved_actor, 'all upstream tasks succeeded');
-            changed := true;
-            -- Runnable from now on: queued behind what was runnable before it.
-            update artex.tasks t set status = 'pending', run_at = greatest(t.run_at, now())
-            where t.id = any(ids) and t.status = 'blocked';
-        end if;
-    end if;
-
-    -- Cancel cascade, one ended upstream task at a time so that each canceled task's
-    -- audit row names the task that caused it. Only roots with a downstream task still
-    -- unfinished take a turn (canceling a whole flow at once makes none).
-    for root in
-        select t.id, t.flow_task, t.status::text as status
-        from artex.tasks t
-        where t.id = any(array(select u.id
-                               from unnest(ended_ids, ended_status) as u(id, status)
-                               where u.status <> 'succeeded'))
-          and exists (select 1 from artex.task_dependencies d
-                      join artex.tasks dt on dt.id = d.task_id
-                      where d.depends_on = t.id
-                        and dt.status not in ('succeeded', 'failed', 'timeout', 'canceled'))
-        order by t.id
-    loop
-        with recursive down(id) as (
-            select d.task_id from artex.task_dependencies d where d.depends_on = root.id
-            union
-            select d.task_id from down join artex.task_dependencies d on d.depends_on = down.id
-        )
-        select array_agg(t.id order by t.id) into ids
-        from down join artex.tasks t on t.id = down.id
-        where t.status not in ('succeeded', 'failed', 'timeout', 'canceled');
-        continue when ids is null;
-        perform 1 from artex.tasks t where t.id = any(ids) order by t.id for update;
-        perform artex.set_context(saved_actor,
-            format('upstream task %s (%s) ended %s',
-                   coalesce(quote_literal(root.flow_task), 'outside any flow'), root.id,
-                   root.status));
-        changed := true;
-        update artex.tasks t set status = 'canceled'
-        where t.id = any(ids) and t.status not in ('succeeded', 'failed', 'timeout', 'canceled');
-    end loop;
-
-    if changed then
-        perform artex.set_context(saved_actor, saved_reason);
-    end if;
+    perform artex.tasks_ended(ended_ids, ended_status);
     return null;
 end
 $$;
@@ -1302,6 +1364,98 @@ end
 $$;
 
 --
+-- Name: tasks_ended(uuid[], artex.task_status[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.tasks_ended(p_ids uuid[], p_status artex.task_status[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+declare
+    saved_actor  text := coalesce(current_setting('artex.actor', true), '');
+    saved_reason text := coalesce(current_setting('artex.reason', true), '');
+    changed      boolean := false;
+    ids          uuid[];
+    ns           integer[];
+    root         record;
+begin
+    -- Promotion.
+    select array_agg(x.task_id order by x.task_id), array_agg(x.n order by x.task_id)
+      into ids, ns
+    from (select d.task_id, count(*)::int as n
+          from artex.task_dependencies d
+          where d.depends_on = any(array(select u.id
+                                         from unnest(p_ids, p_status) as u(id, status)
+                                         where u.status = 'succeeded'))
+          group by d.task_id) x;
+    if ids is not null then
+        perform 1 from artex.task_waits w
+        where w.task_id = any(ids) order by w.task_id for update;
+        with counted as (
+            update artex.task_waits w set upstream_left = w.upstream_left - v.n
+            from unnest(ids, ns) as v(task_id, n)
+            where w.task_id = v.task_id
+            returning w.task_id, w.upstream_left
+        )
+        select array_agg(c.task_id order by c.task_id) into ids
+        from counted c where c.upstream_left = 0;
+        if ids is not null then
+            perform 1 from artex.tasks t
+            where t.id = any(ids) and t.status = 'blocked' order by t.id for update;
+            perform artex.set_context(saved_actor, 'all upstream tasks succeeded');
+            changed := true;
+            -- Runnable from now on: queued behind what was runnable before it.
+            update artex.tasks t set status = 'pending', run_at = greatest(t.run_at, now())
+            where t.id = any(ids) and t.status = 'blocked';
+        end if;
+    end if;
+
+    -- Cancel cascade, one ended upstream task at a time so that each canceled task's
+    -- audit row names the task that caused it. Only roots with a downstream task still
+    -- unfinished take a turn (canceling a whole flow at once makes none).
+    for root in
+        select t.id, t.flow_task, t.status::text as status
+        from artex.tasks t
+        where t.id = any(array(select u.id
+                               from unnest(p_ids, p_status) as u(id, status)
+                               where u.status <> 'succeeded'))
+          and exists (select 1 from artex.task_dependencies d
+                      join artex.tasks dt on dt.id = d.task_id
+                      where d.depends_on = t.id
+                        and dt.status not in ('succeeded', 'failed', 'timeout', 'canceled'))
+        order by t.id
+    loop
+        with recursive down(id) as (
+            select d.task_id from artex.task_dependencies d where d.depends_on = root.id
+            union
+            select d.task_id from down join artex.task_dependencies d on d.depends_on = down.id
+        )
+        select array_agg(t.id order by t.id) into ids
+        from down join artex.tasks t on t.id = down.id
+        where t.status not in ('succeeded', 'failed', 'timeout', 'canceled');
+        continue when ids is null;
+        perform 1 from artex.tasks t where t.id = any(ids) order by t.id for update;
+        perform artex.set_context(saved_actor,
+            format('upstream task %s (%s) ended %s',
+                   coalesce(quote_literal(root.flow_task), 'outside any flow'), root.id,
+                   root.status));
+        changed := true;
+        update artex.tasks t set status = 'canceled'
+        where t.id = any(ids) and t.status not in ('succeeded', 'failed', 'timeout', 'canceled');
+    end loop;
+
+    if changed then
+        perform artex.set_context(saved_actor, saved_reason);
+    end if;
+end
+$$;
+
+--
+-- Name: FUNCTION tasks_ended(p_ids uuid[], p_status artex.task_status[]); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.tasks_ended(p_ids uuid[], p_status artex.task_status[]) IS 'The flows'' response to tasks that ended (ids sorted, with their statuses): promotion of dependents, cancel cascade. Called by the flows trigger and by record_attempts (V25).';
+
+--
 -- Name: tasks_held_after_insert(); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1338,6 +1492,11 @@ CREATE FUNCTION artex.tasks_held_after_update() RETURNS trigger
 declare
     deltas jsonb;
 begin
+    -- The hot functions (assign_round, record_attempts) keep the history, the counters
+    -- and the flows in their own statement (V25).
+    if artex.hot_write() then
+        return null;
+    end if;
     select jsonb_object_agg(worker, delta) into deltas
     from (
         select worker, sum(delta) as delta
@@ -1576,10 +1735,10 @@ CREATE TABLE artex.flows (
 );
 
 --
--- Name: task_transitions; Type: TABLE; Schema: artex; Owner: -
+-- Name: task_history; Type: TABLE; Schema: artex; Owner: -
 --
 
-CREATE TABLE artex.task_transitions (
+CREATE TABLE artex.task_history (
     id bigint NOT NULL,
     task_id uuid NOT NULL,
     from_status artex.task_status,
@@ -1592,15 +1751,29 @@ CREATE TABLE artex.task_transitions (
     xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
     flow_id uuid,
     kind text,
-    assigned_at timestamp with time zone
+    assigned_at timestamp with time zone,
+    started_at timestamp with time zone,
+    end_id bigint
 )
 PARTITION BY RANGE (at);
 
 --
--- Name: TABLE task_transitions; Type: COMMENT; Schema: artex; Owner: -
+-- Name: TABLE task_history; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON TABLE artex.task_transitions IS 'The audit trail and the change feed: one row per transition a task went through (V10).';
+COMMENT ON TABLE artex.task_history IS 'The audit trail and the change feed as stored: one row per transition, except a start and an end written together, one row holding both (V26). Read artex.task_transitions for one row per transition.';
+
+--
+-- Name: COLUMN task_history.started_at; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.task_history.started_at IS 'Set on a row holding a start and an end (V26): when the handler started; the start''s event is the row''s id, the end''s end_id.';
+
+--
+-- Name: COLUMN task_history.end_id; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.task_history.end_id IS 'Set on a row holding a start and an end (V26): the end''s event id, drawn right after the row''s id.';
 
 --
 -- Name: history_id_seq; Type: SEQUENCE; Schema: artex; Owner: -
@@ -1617,7 +1790,7 @@ CREATE SEQUENCE artex.history_id_seq
 -- Name: history_id_seq; Type: SEQUENCE OWNED BY; Schema: artex; Owner: -
 --
 
-ALTER SEQUENCE artex.history_id_seq OWNED BY artex.task_transitions.id;
+ALTER SEQUENCE artex.history_id_seq OWNED BY artex.task_history.id;
 
 --
 -- Name: history_partitions; Type: TABLE; Schema: artex; Owner: -
@@ -1856,6 +2029,57 @@ CREATE TABLE artex.task_dependencies (
 );
 
 --
+-- Name: task_transitions; Type: VIEW; Schema: artex; Owner: -
+--
+
+CREATE VIEW artex.task_transitions AS
+ SELECT h.id,
+    h.task_id,
+    h.from_status,
+        CASE
+            WHEN (h.end_id IS NULL) THEN h.to_status
+            ELSE 'running'::artex.task_status
+        END AS to_status,
+        CASE
+            WHEN (h.end_id IS NULL) THEN h.reason
+            ELSE 'started'::text
+        END AS reason,
+    h.actor,
+    h.worker,
+    h.lease_epoch,
+        CASE
+            WHEN (h.end_id IS NULL) THEN h.at
+            ELSE h.started_at
+        END AS at,
+    h.xid,
+    h.flow_id,
+    h.kind,
+    h.assigned_at
+   FROM artex.task_history h
+UNION ALL
+ SELECT h.end_id AS id,
+    h.task_id,
+    'running'::artex.task_status AS from_status,
+    h.to_status,
+    h.reason,
+    h.actor,
+    h.worker,
+    h.lease_epoch,
+    h.at,
+    h.xid,
+    h.flow_id,
+    h.kind,
+    NULL::timestamp with time zone AS assigned_at
+   FROM artex.task_history h
+  WHERE (h.end_id IS NOT NULL);
+
+--
+-- Name: VIEW task_transitions; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON VIEW artex.task_transitions IS 'The audit trail: one row per transition a task went through (a table until V26; now a view of artex.task_history).';
+
+--
 -- Name: task_transitions_default; Type: TABLE; Schema: artex; Owner: -
 --
 
@@ -1872,7 +2096,9 @@ CREATE TABLE artex.task_transitions_default (
     xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
     flow_id uuid,
     kind text,
-    assigned_at timestamp with time zone
+    assigned_at timestamp with time zone,
+    started_at timestamp with time zone,
+    end_id bigint
 )
 WITH (autovacuum_vacuum_insert_threshold='-1');
 
@@ -2120,13 +2346,13 @@ COMMENT ON COLUMN artex.workers.wake_failed_at IS 'When a planner''s wake-up pus
 -- Name: task_transitions_default; Type: TABLE ATTACH; Schema: artex; Owner: -
 --
 
-ALTER TABLE ONLY artex.task_transitions ATTACH PARTITION artex.task_transitions_default DEFAULT;
+ALTER TABLE ONLY artex.task_history ATTACH PARTITION artex.task_transitions_default DEFAULT;
 
 --
--- Name: task_transitions id; Type: DEFAULT; Schema: artex; Owner: -
+-- Name: task_history id; Type: DEFAULT; Schema: artex; Owner: -
 --
 
-ALTER TABLE ONLY artex.task_transitions ALTER COLUMN id SET DEFAULT nextval('artex.history_id_seq'::regclass);
+ALTER TABLE ONLY artex.task_history ALTER COLUMN id SET DEFAULT nextval('artex.history_id_seq'::regclass);
 
 --
 -- Name: blackboard blackboard_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
@@ -2255,13 +2481,6 @@ ALTER TABLE ONLY artex.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
 
 --
--- Name: tasks unique_flow_task; Type: CONSTRAINT; Schema: artex; Owner: -
---
-
-ALTER TABLE ONLY artex.tasks
-    ADD CONSTRAINT unique_flow_task UNIQUE (flow_id, flow_task);
-
---
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
@@ -2304,7 +2523,7 @@ CREATE INDEX task_dependencies_upstream ON artex.task_dependencies USING btree (
 -- Name: task_transitions_task; Type: INDEX; Schema: artex; Owner: -
 --
 
-CREATE INDEX task_transitions_task ON ONLY artex.task_transitions USING btree (task_id);
+CREATE INDEX task_transitions_task ON ONLY artex.task_history USING btree (task_id);
 
 --
 -- Name: task_history_default_task_id_idx; Type: INDEX; Schema: artex; Owner: -
@@ -2316,7 +2535,7 @@ CREATE INDEX task_history_default_task_id_idx ON artex.task_transitions_default 
 -- Name: task_transitions_feed; Type: INDEX; Schema: artex; Owner: -
 --
 
-CREATE INDEX task_transitions_feed ON ONLY artex.task_transitions USING btree (xid, id);
+CREATE INDEX task_transitions_feed ON ONLY artex.task_history USING btree (xid, id);
 
 --
 -- Name: task_history_default_xid_id_idx; Type: INDEX; Schema: artex; Owner: -
@@ -2397,6 +2616,18 @@ CREATE INDEX tasks_unique_key ON artex.tasks USING btree (unique_key, finished_a
 CREATE UNIQUE INDEX tasks_unique_unfinished ON artex.tasks USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (finished_at IS NULL));
 
 --
+-- Name: unique_flow_task; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE UNIQUE INDEX unique_flow_task ON artex.tasks USING btree (flow_id, flow_task) WHERE (flow_id IS NOT NULL);
+
+--
+-- Name: INDEX unique_flow_task; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON INDEX artex.unique_flow_task IS 'A flow''s task names are unique within it; only tasks of flows are indexed (V27; a table constraint over every task until then).';
+
+--
 -- Name: uploads_live_by_host; Type: INDEX; Schema: artex; Owner: -
 --
 
@@ -2460,7 +2691,7 @@ CREATE TRIGGER tasks_before_insert BEFORE INSERT ON artex.tasks FOR EACH ROW EXE
 -- Name: tasks tasks_before_update; Type: TRIGGER; Schema: artex; Owner: -
 --
 
-CREATE TRIGGER tasks_before_update BEFORE UPDATE ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_before_update();
+CREATE TRIGGER tasks_before_update BEFORE UPDATE ON artex.tasks FOR EACH ROW WHEN ((NOT artex.hot_write())) EXECUTE FUNCTION artex.tasks_before_update();
 
 --
 -- Name: tasks tasks_check_input; Type: TRIGGER; Schema: artex; Owner: -

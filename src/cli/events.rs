@@ -318,9 +318,9 @@ fn progress_notes(bb: &Blackboard) -> tokio::sync::mpsc::Receiver<Value> {
 /// Progress lines waiting to be printed, at most.
 const PROGRESS_BUFFER: usize = 1024;
 
-/// A history row the feed shows: inserted into `artex.task_transitions` (decoded under
-/// its partition's name, `artex.task_transitions_…`), a real status change (not an
-/// assignment nor a task transfer), as the table feed shows.
+/// A history row the feed shows: inserted into the stored history `artex.task_history`
+/// (decoded under its partition's name, `artex.task_transitions_…`), a real status change
+/// (not an assignment nor a task transfer), as the table feed shows.
 fn is_feed_row(c: &RowChange) -> bool {
     let from = c.row.get("from_status").and_then(Value::as_str);
     let to = c.row.get("to_status").and_then(Value::as_str);
@@ -345,23 +345,66 @@ fn logical_line(tx: &DecodedTransaction, raw: bool) -> Vec<Value> {
                 }));
             }
         } else if is_feed_row(c) {
-            let r = &c.row;
-            lines.push(json!({
-                "lsn": tx.commit_lsn,
-                "xid": tx.xid,
-                "committed_at": tx.commit_time,
-                "id": r.get("id"),
-                "task_id": r.get("task_id"),
-                "flow_id": r.get("flow_id"),
-                "kind": r.get("kind"),
-                "from": r.get("from_status"),
-                "to": r.get("to_status"),
-                "reason": r.get("reason"),
-                "at": r.get("at"),
-            }));
+            for event in row_events(&c.row) {
+                let mut line = json!({
+                    "lsn": tx.commit_lsn,
+                    "xid": tx.xid,
+                    "committed_at": tx.commit_time,
+                });
+                if let (Some(line), Value::Object(event)) = (line.as_object_mut(), event) {
+                    line.extend(event);
+                }
+                lines.push(line);
+            }
         }
     }
     lines
+}
+
+/// The feed events of one history row: one, or two for a row holding a start and an end
+/// (`end_id` set, V26): the start at the row's id and `started_at`, then the end.
+fn row_events(r: &serde_json::Map<String, Value>) -> Vec<Value> {
+    let event = |id, from, to, reason, at| {
+        json!({
+            "id": id,
+            "task_id": r.get("task_id"),
+            "flow_id": r.get("flow_id"),
+            "kind": r.get("kind"),
+            "from": from,
+            "to": to,
+            "reason": reason,
+            "at": at,
+        })
+    };
+    match r.get("end_id").filter(|v| !v.is_null()) {
+        None => vec![event(
+            r.get("id"),
+            r.get("from_status"),
+            r.get("to_status"),
+            r.get("reason"),
+            r.get("at"),
+        )],
+        Some(end_id) => {
+            let running = json!("running");
+            let started = json!("started");
+            vec![
+                event(
+                    r.get("id"),
+                    r.get("from_status"),
+                    Some(&running),
+                    Some(&started),
+                    r.get("started_at"),
+                ),
+                event(
+                    Some(end_id),
+                    Some(&running),
+                    r.get("to_status"),
+                    r.get("reason"),
+                    r.get("at"),
+                ),
+            ]
+        }
+    }
 }
 
 async fn tail_logical(bb: Blackboard, args: TailArgs) -> Result {

@@ -420,11 +420,12 @@ pub async fn start_assigned(
         .collect()
 }
 
-/// The one statement a plan-cached function of the hot path runs (its `return query …;`),
-/// read from the function's own source in `pg_proc`: what a test PREPAREs to EXPLAIN it.
+/// The statement a plan-cached function of the hot path is about (its `return query …;`,
+/// which ends at the first `;` that ends a line: what follows is upkeep after it), read
+/// from the function's own source in `pg_proc`: what a test PREPAREs to EXPLAIN it.
 pub async fn function_statement(c: &Client, function: &str) -> String {
     c.query_one(
-        "select substring(prosrc from 'return query (.*);\\s*end\\s*$') from pg_proc
+        "select substring(prosrc from 'return query (.*?);[ \t]*\n') from pg_proc
          where proname = $1 and pronamespace = 'artex'::regnamespace",
         &[&function],
     )

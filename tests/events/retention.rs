@@ -18,10 +18,10 @@ async fn current_partition(c: &Client) -> (String, DateTime<Utc>) {
     let r = c
         .query_one(
             "select p.name, p.hi from artex.history_partitions p
-             where p.name = (select tableoid::regclass::text from artex.task_transitions
+             where p.name = (select tableoid::regclass::text from artex.task_history
                              order by at desc limit 1)
                 or 'artex.' || p.name = (select tableoid::regclass::text
-                                         from artex.task_transitions order by at desc limit 1)",
+                                         from artex.task_history order by at desc limit 1)",
             &[],
         )
         .await

@@ -312,7 +312,7 @@ async fn sample(soak: &Soak, world: &World, previous: &mut Option<(f64, i64)>) {
                         (select count(*) from artex.tasks where status::text in ('pending', 'assigned')),
                         (select count(*) from pg_stat_activity where backend_type = 'client backend'),
                         (select sum(pg_total_relation_size(relid))::int8
-                         from pg_partition_tree('artex.task_transitions'))
+                         from pg_partition_tree('artex.task_history'))
                           + pg_total_relation_size('artex.tasks')",
                 &[],
             )
@@ -547,14 +547,27 @@ async fn feed_complete(
     let from = after.unwrap_or(first);
     let rows = c
         .query(
-            "select e.xid::text, e.id, e.task_id, e.to_status::text, coalesce(e.reason, ''),
-                    e.at::text, e.tableoid::regclass::text
-             from artex.task_transitions e
-             where (e.xid, e.id) >= ($1::text::xid8, $2::int8)
+            // The stored rows (their partitions), a row holding a start and an end
+            // expanded into its two events as the feed does (V26).
+            "select e.xid::text, ev.id, e.task_id, ev.to_status::text, coalesce(ev.reason, ''),
+                    ev.at::text, e.tableoid::regclass::text
+             from artex.task_history e
+             cross join lateral (
+                 select e.id,
+                        case when e.end_id is null then e.to_status else 'running' end
+                            as to_status,
+                        case when e.end_id is null then e.reason else 'started' end as reason,
+                        case when e.end_id is null then e.at else e.started_at end as at
+                 union all
+                 select e.end_id, e.to_status, e.reason, e.at where e.end_id is not null
+             ) ev
+             where (e.xid, coalesce(e.end_id, e.id)) >= ($1::text::xid8, $2::int8)
                and (e.xid, e.id) <= ($3::text::xid8, $4::int8)
+               and (e.xid, ev.id) between ($1::text::xid8, $2::int8)
+                                      and ($3::text::xid8, $4::int8)
                and e.xid > '1' and e.to_status <> 'assigned'
                and e.from_status is distinct from e.to_status
-             order by e.xid, e.id",
+             order by e.xid, ev.id",
             &[&from.0.to_string(), &from.1, &last.0.to_string(), &last.1],
         )
         .await

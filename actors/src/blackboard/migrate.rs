@@ -268,6 +268,30 @@ pub const MIGRATIONS: &[Migration] = &[
         // Comments only.
         change: Change::Expand,
     },
+    Migration {
+        version: 25,
+        name: "hot_path_keeps_its_books",
+        sql: include_str!("../../../migrations/V25__hot_path_keeps_its_books.sql"),
+        // Functions redefined with the same calls, results and effects, two new ones, a
+        // trigger given a condition: older builds' writes go through the triggers as before.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 26,
+        name: "one_row_per_run",
+        sql: include_str!("../../../migrations/V26__one_row_per_run.sql"),
+        // The history table renamed, two nullable columns, a view with the table's old
+        // name and columns: older builds read the same rows through it (their feed reads
+        // without the index) and write through the triggers.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 27,
+        name: "flow_task_names_indexed_for_flows_only",
+        sql: include_str!("../../../migrations/V27__flow_task_names_indexed_for_flows_only.sql"),
+        // The same uniqueness rule under the same name, as a partial index.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.

@@ -122,18 +122,35 @@ pub struct Retention {
 // assignment nor a task transfer (audit-only rows). The (xid, id) index of each partition
 // serves the row comparison and the order (a merge of the partitions' indexes); the
 // horizon is an init-plan computed once from the statement's own snapshot.
-const READ: &str = "select e.xid::text, e.id, e.task_id, e.flow_id, coalesce(e.kind, ''),
-        e.from_status::text, e.to_status::text, e.reason, e.at
-    from artex.task_transitions e
-    where (e.xid, e.id) > ($1::text::xid8, $2::int8)
-      and e.xid < (select pg_snapshot_xmin(pg_current_snapshot()))
-      and e.xid > '1' and e.to_status <> 'assigned'
-      and e.from_status is distinct from e.to_status
-    order by e.xid, e.id
+//
+// A stored row holding a start and an end (V26) is two events: the start at the row's
+// id, the end at its `end_id`, drawn right after it. So the read starts at the row whose
+// id is the position (its end may not have been delivered yet), takes one row more than
+// the events it may return (that row may give none), and orders the events it expands.
+const READ: &str = "select r.xid::text, ev.id, r.task_id, r.flow_id, coalesce(r.kind, ''),
+        ev.from_status::text, ev.to_status::text, ev.reason, ev.at
+    from (select e.* from artex.task_history e
+          where (e.xid, e.id) >= ($1::text::xid8, $2::int8)
+            and e.xid < (select pg_snapshot_xmin(pg_current_snapshot()))
+            and e.xid > '1' and e.to_status <> 'assigned'
+            and e.from_status is distinct from e.to_status
+          order by e.xid, e.id
+          limit $3 + 1) r
+    cross join lateral (
+        select r.id, r.from_status,
+               case when r.end_id is null then r.to_status else 'running' end as to_status,
+               case when r.end_id is null then r.reason else 'started' end as reason,
+               case when r.end_id is null then r.at else r.started_at end as at
+        union all
+        select r.end_id, 'running', r.to_status, r.reason, r.at where r.end_id is not null
+    ) ev
+    where (r.xid, ev.id) > ($1::text::xid8, $2::int8)
+    order by r.xid, ev.id
     limit $3";
 
-const HELD_BACK: &str = "select exists (select 1 from artex.task_transitions e
-    where (e.xid, e.id) > ($1::text::xid8, $2::int8)
+const HELD_BACK: &str = "select exists (select 1 from artex.task_history e
+    where (e.xid, e.id) >= ($1::text::xid8, $2::int8)
+      and (e.xid, coalesce(e.end_id, e.id)) > ($1::text::xid8, $2::int8)
       and e.xid >= pg_snapshot_xmin(pg_current_snapshot())
       and e.to_status <> 'assigned' and e.from_status is distinct from e.to_status)";
 
