@@ -61,7 +61,8 @@ for part in "${asked[@]}"; do
     fi
 done
 
-cargo build --release --bin artex --example artex-bench --example latency-floor
+cargo build --release --bin artex --example artex-bench --example latency-floor \
+    --example api-load --example upload-sink
 ceilings=()
 if [ ${#rust[@]} -gt 0 ]; then
     # The test binary, run directly: its output streams as it comes.

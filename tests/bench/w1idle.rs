@@ -5,7 +5,6 @@
 //! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
 //! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run.
 
-
 use tokio_postgres::Client;
 
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};

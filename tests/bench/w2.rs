@@ -83,7 +83,7 @@ pub async fn run(bench: &mut Bench) {
 
 /// `warm` warm-up rows, then `n` more, each inserted by `insert` (its one parameter: is
 /// it a warm-up) in a transaction of its own, 20 ms apart, from one session.
-async fn feed(c: &Client, insert: &str, warm: u32, n: u32) {
+pub async fn feed(c: &Client, insert: &str, warm: u32, n: u32) {
     let insert = c.prepare(insert).await.expect("the insert");
     for i in 1..=warm + n {
         tokio::time::sleep(Duration::from_millis(20)).await;
