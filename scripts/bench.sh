@@ -13,6 +13,7 @@
 #   unique  what a unique key costs a submission
 #   limits  W1 from idle with limit keys, with kind limits, with tags
 #   w3      the planner round's read and the drain rate against backlogs up to 1,000,000
+#   upgrade  5 hot upgrades of a worker under HTTP and task load
 #   w4 history api dash replica upload fleet: still in scripts/bench-legacy.sh
 # Each part's full description is its module's doc (tests/bench/<part>.rs) or its
 # section of scripts/bench-legacy.sh.
@@ -39,12 +40,12 @@ quick=0
 case "${1:-}" in
     '') ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
-all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet
+all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet,upgrade
 # The parts tests/bench runs; the rest stay in scripts/bench-legacy.sh until moved.
-in_rust=limit,w1,w1idle,w5,w2,w3,w6,unique,limits
+in_rust=limit,w1,w1idle,w5,w2,w3,w6,unique,limits,upgrade
 rust=() legacy=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do

@@ -14,7 +14,7 @@
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
 //! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `unique`, `limits`,
-//!   `api`, `dash`, `replica`, `upload`, `fleet`: one module per workload,
+//!   `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
 //!   named as ARTEX_BENCH_ONLY names them; each one's doc says what it measures and the
 //!   knobs (`ARTEX_BENCH_W4_TASKS`, `ARTEX_BENCH_FLEET_WORKERS`, …) it reads.
 
@@ -32,6 +32,7 @@ mod report;
 mod rig;
 mod sql;
 mod unique;
+mod upgrade;
 mod upload;
 mod w1;
 mod w1idle;
@@ -46,10 +47,11 @@ use std::path::PathBuf;
 use report::Ceilings;
 use rig::Rig;
 
-/// The parts this program runs, in the order it runs them (the bash bench's order).
-pub const PARTS: [&str; 16] = [
+/// The parts this program runs, in the order it runs them (the bash bench's order, the
+/// hot upgrades last).
+pub const PARTS: [&str; 17] = [
     "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "unique", "limits", "api",
-    "dash", "replica", "upload", "fleet",
+    "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -181,6 +183,7 @@ async fn run_part(bench: &mut Bench, part: &str) {
         "replica" => replica::run(bench).await,
         "upload" => upload::run(bench).await,
         "fleet" => fleet::run(bench).await,
+        "upgrade" => upgrade::run(bench).await,
         _ => unreachable!("PARTS names every part"),
     }
 }
