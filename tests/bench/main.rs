@@ -5,9 +5,8 @@
 //! and units the bash bench used, so earlier figures stay comparable.
 //!
 //! Run by `scripts/bench.sh` (it builds the release binaries, then runs the ignored test
-//! `bench` here with `ARTEX_BENCH_*` set; the parts not yet moved here still run from
-//! scripts/bench-legacy.sh). The plain suite runs `statements_prepare` only: every
-//! statement of `sql` prepared against the current schema.
+//! `bench` here with `ARTEX_BENCH_*` set). The plain suite runs `statements_prepare`
+//! only: every statement of `sql` prepared against the current schema.
 //!
 //! # Layout
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
