@@ -69,6 +69,12 @@ pub async fn run(bench: &mut Bench) {
             "ratio",
         );
     }
+    steps(&c, d50, d99).await;
+    bench.rig.drop_db(DB, c).await;
+}
+
+/// Enqueue → `running` (p50, p99: `d50`, `d99`), and where the median goes.
+async fn steps(c: &Client, d50: f64, d99: f64) {
     // The same, up to the start of the worker's `running` transaction only (database clock).
     result("w2_enqueue_to_running_ms_p50", fixed(d50, 2), "ms");
     result("w2_enqueue_to_running_ms_p99", fixed(d99, 2), "ms");
@@ -78,7 +84,6 @@ pub async fn run(bench: &mut Bench) {
     result("w2_p50_insert_to_assignment_ms", fixed(a, 2), "ms");
     result("w2_p50_assignment_to_start_ms", fixed(s, 2), "ms");
     result("w2_p50_start_to_handler_ms", fixed(h, 2), "ms");
-    bench.rig.drop_db(DB, c).await;
 }
 
 /// `warm` warm-up rows, then `n` more, each inserted by `insert` (its one parameter: is
