@@ -342,7 +342,7 @@ impl Pgbouncer {
                 tokio_postgres::connect(&bouncer.url(db), tokio_postgres::NoTls).await
             {
                 tokio::spawn(conn);
-                if client.simple_query("select 1").await.is_ok() {
+                if client.simple_query(sql::PING).await.is_ok() {
                     return bouncer;
                 }
             }

@@ -39,6 +39,8 @@ create function bench.uuid7() returns uuid language sql volatile as $$
         from 1 for 6), 52, 1), 53, 1), 'hex')::uuid
 $$;";
 
+/// A round trip (pgbouncer answering).
+pub const PING: &str = "select 1";
 pub const VERSION: &str = "select split_part(version(), ',', 1)";
 pub const CHECKPOINT: &str = "checkpoint";
 pub const VACUUM_ANALYZE: &str = "vacuum analyze";
@@ -212,6 +214,7 @@ pub const FINISHES_SINCE_S: &str = "select
 /// Every statement above that takes no identifier, for `statements_prepare`. (The
 /// `floor_jobs` ones need examples/latency-floor.rs's table and are left to W2's runs.)
 pub const PREPARED: &[&str] = &[
+    PING,
     VERSION,
     SESSIONS,
     COUNTERS,
