@@ -4,34 +4,39 @@
 # one `RESULT name=value unit` line per figure; `# …` lines are context. While a long
 # workload runs, a progress line on stderr says how many tasks are done and at what rate.
 #
-#   limit   pgbench's minimal claim + done: the ceilings the throughputs are divided by
-#   w1      20,000 no-op tasks in bulk through 1 planner + 1 worker, then 2 workers
-#   w1idle  the same 20,000 made runnable at one instant while 1 planner + 2 workers idle
-#   w5      10 bursts of 20,000 after idle gaps
-#   w2      enqueue → handler start on an idle runtime, and its floor in the same run
-#   w6      one planner assigning 20,000 tasks to 10, then 2,000 simulated workers
-#   unique  what a unique key costs a submission
-#   limits  W1 from idle with limit keys, with kind limits, with tags
-#   w3      the planner round's read and the drain rate against backlogs up to 1,000,000
-#   w4 history api dash replica upload fleet: still in scripts/bench-legacy.sh
-# Each part's full description is its module's doc (tests/bench/<part>.rs) or its
-# section of scripts/bench-legacy.sh.
+#   limit    pgbench's minimal claim + done: the ceilings the throughputs are divided by
+#   w1       20,000 no-op tasks in bulk through 1 planner + 1 worker, then 2 workers
+#   w1idle   the same 20,000 made runnable at one instant while 1 planner + 2 workers idle
+#   w5       10 bursts of 20,000 after idle gaps
+#   w2       enqueue → handler start on an idle runtime, and its floor in the same run
+#   w3       the planner round's read and the drain rate against backlogs up to 1,000,000
+#   w4       the soak: 1,000,000 tasks through 1 planner + 2 workers (~5 min)
+#   w6       one planner assigning 20,000 tasks to 10, then 2,000 simulated workers
+#   history  history rows and WAL per finished task, by table (pg_waldump)
+#   unique   what a unique key costs a submission
+#   limits   W1 from idle with limit keys, with kind limits, with tags
+#   api      submission through `artex serve` against plain SQL inserts
+#   dash     the dashboard's first data with 1,000,000 tasks in the table
+#   replica  W1 while a dashboard reads a streaming standby, or the primary
+#   upload   a 1 GiB file: artex upload against curl -T, peak RSS, over a 1 Gbit/s link
+#   fleet    500 real workers through pgbouncer against 10 connected directly
+#   upgrade  5 hot upgrades of a worker under HTTP and task load
+# Each part's full description, and the knobs of single parts (ARTEX_BENCH_W4_TASKS,
+# ARTEX_BENCH_FLEET_WORKERS, …), are in its module's doc: tests/bench/<part>.rs.
 #
 # Usage: scripts/bench.sh [--quick]   (--quick: a tiny run of everything, for CI; checks
 # that every task succeeded with its audit trail, asserts no speed.)
 # ARTEX_BENCH_ONLY=w1,w2 runs only those parts (ratios to the ceilings need `limit`);
 # ARTEX_BENCH_WORKER_ARGS replaces the workers' `--concurrency 10 --prefetch 2000` of
-# W1–W4, ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from idle's and W5's workers
-# (at defaults otherwise); ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
+# W1–W4, history and replica; ARTEX_BENCH_DEFAULTS_WORKER_ARGS gives flags to W1 from
+# idle's and W5's workers (at defaults otherwise);
+# ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
 # without those indexes; ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
 # time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet.
-# Knobs of single parts (ARTEX_BENCH_W4_TASKS, ARTEX_BENCH_FLEET_WORKERS, …) are
-# described in scripts/bench-legacy.sh.
 #
-# The workloads are Rust (tests/bench, the ignored test `bench`); the parts not moved
-# there yet run from scripts/bench-legacy.sh, after the Rust ones, with the ceilings the
-# Rust `limit` measured. Each part runs on a cluster of its program's own.
+# The workloads are Rust: tests/bench, the ignored test `bench`, run here on one cluster
+# of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,13 +44,11 @@ quick=0
 case "${1:-}" in
     '') ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
-all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet
-# The parts tests/bench runs; the rest stay in scripts/bench-legacy.sh until moved.
-in_rust=limit,w1,w1idle,w5,w2,w3,w6,unique,limits
-rust=() legacy=()
+all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet,upgrade
+parts=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do
     part=${part// /}
@@ -54,38 +57,17 @@ for part in "${asked[@]}"; do
         echo "scripts/bench.sh: ARTEX_BENCH_ONLY names '$part', not one of $all" >&2
         exit 2
     fi
-    if [[ ",$in_rust," == *",$part,"* ]]; then
-        rust+=("$part")
-    else
-        legacy+=("$part")
-    fi
+    parts+=("$part")
 done
+[ ${#parts[@]} -gt 0 ] || { echo "scripts/bench.sh: ARTEX_BENCH_ONLY names no part" >&2; exit 2; }
 
-cargo build --release --bin artex --example artex-bench --example latency-floor
-ceilings=()
-if [ ${#rust[@]} -gt 0 ]; then
-    # The test binary, run directly: its output streams as it comes.
-    exe=$(cargo test --test bench --no-run 2>&1 | sed -nE 's/.*Executable tests\/bench\/main.rs \((.*)\)$/\1/p')
-    [ -x "$exe" ] || { echo "scripts/bench.sh: could not build tests/bench" >&2; exit 1; }
-    out=$(mktemp "${TMPDIR:-/tmp}/artex-bench-out.XXXXXX")
-    trap 'rm -f "$out"' EXIT
-    ARTEX_BENCH_ONLY=$(IFS=,; echo "${rust[*]}") ARTEX_BENCH_QUICK=$quick \
-        ARTEX_BENCH_BIN_DIR="${CARGO_TARGET_DIR:-target}/release" \
-        "$exe" --ignored --exact bench --nocapture --test-threads 1 \
-        | sed -u -E 's/^test bench \.\.\. //; /^(running [0-9]+ tests?|ok|test result: .*|)$/d' \
-        | tee "$out"
-    # The ceilings, for the legacy parts' ratios.
-    value() { sed -nE "s/^RESULT $1=([0-9.]+) .*/\1/p" "$out"; }
-    if [ -n "$(value limit_jobs_per_s_1_per_tx)" ]; then
-        ceilings=(ARTEX_BENCH_CEILING_1="$(value limit_jobs_per_s_1_per_tx)"
-            ARTEX_BENCH_CEILING_100="$(value limit_jobs_per_s_100_per_tx)")
-    fi
-fi
-if [ ${#legacy[@]} -gt 0 ]; then
-    q=()
-    [ $quick = 1 ] && q=(--quick)
-    env "${ceilings[@]}" ARTEX_BENCH_ONLY="$(IFS=,; echo "${legacy[*]}")" \
-        scripts/bench-legacy.sh "${q[@]}"
-elif [ ${#rust[@]} -gt 0 ]; then
-    echo "# done"
-fi
+cargo build --release --bin artex --example artex-bench --example latency-floor \
+    --example api-load --example upload-sink
+# The test binary, run directly: its output streams as it comes.
+exe=$(cargo test --test bench --no-run 2>&1 | sed -nE 's/.*Executable tests\/bench\/main.rs \((.*)\)$/\1/p')
+[ -x "$exe" ] || { echo "scripts/bench.sh: could not build tests/bench" >&2; exit 1; }
+ARTEX_BENCH_ONLY=$(IFS=,; echo "${parts[*]}") ARTEX_BENCH_QUICK=$quick \
+    ARTEX_BENCH_BIN_DIR="${CARGO_TARGET_DIR:-target}/release" \
+    "$exe" --ignored --exact bench --nocapture --test-threads 1 \
+    | sed -u -E 's/^test bench \.\.\. //; /^(running [0-9]+ tests?|ok|test result: .*|)$/d'
+echo "# done"

@@ -48,29 +48,14 @@ async fn pgbench(
         .expect("the jobs");
     exec(c, sql::LIMIT_VACUUM).await;
     exec(c, sql::CHECKPOINT).await;
-    let script = bench.rig.tmp.path().join("claim.sql");
-    std::fs::write(&script, sql::limit_claim_script(jobs_per_tx)).expect("claim.sql");
-    let out = Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-f"])
-        .arg(&script)
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            "2",
-            "-t",
-            &transactions.to_string(),
-        ])
-        .arg(bench.rig.url(DB))
-        .output()
-        .await
-        .expect("pgbench (postgresql-contrib)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pgbench: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = pgbench_run(
+        bench,
+        DB,
+        &sql::limit_claim_script(jobs_per_tx),
+        clients,
+        transactions,
+    )
+    .await;
     let field = |prefix: &str, at: usize| {
         text.lines()
             .rfind(|l| l.starts_with(prefix))
@@ -80,4 +65,39 @@ async fn pgbench(
     };
     let tps = field("tps", 2).parse().expect("pgbench's tps");
     (tps, field("latency average", 3))
+}
+
+/// pgbench (prepared, `clients` clients on 2 threads, `transactions` each) of `script` on
+/// `db`: what it printed.
+pub async fn pgbench_run(
+    bench: &Bench,
+    db: &str,
+    script: &str,
+    clients: u32,
+    transactions: u32,
+) -> String {
+    let file = bench.rig.tmp.path().join("pgbench.sql");
+    std::fs::write(&file, script).expect("pgbench's script");
+    let out = Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-f"])
+        .arg(&file)
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-t",
+            &transactions.to_string(),
+        ])
+        .arg(bench.rig.url(db))
+        .output()
+        .await
+        .expect("pgbench (postgresql-contrib)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "pgbench: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }

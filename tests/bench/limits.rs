@@ -5,7 +5,6 @@
 //! Tasks/s of the run, WAL bytes per task of the insert and of the run (the tags' GIN
 //! index costs at the insert, the limits' counting index at the assignment).
 
-
 use tokio_postgres::Client;
 
 use crate::report::{fixed, result, Progress};

@@ -5,30 +5,39 @@
 //! and units the bash bench used, so earlier figures stay comparable.
 //!
 //! Run by `scripts/bench.sh` (it builds the release binaries, then runs the ignored test
-//! `bench` here with `ARTEX_BENCH_*` set; the parts not yet moved here still run from
-//! scripts/bench-legacy.sh). The plain suite runs `statements_prepare` only: every
-//! statement of `sql` prepared against the current schema.
+//! `bench` here with `ARTEX_BENCH_*` set). The plain suite runs `statements_prepare`
+//! only: every statement of `sql` prepared against the current schema.
 //!
 //! # Layout
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
-//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w6`, `unique`, `limits`: one module per workload, named as ARTEX_BENCH_ONLY
-//!   names them.
+//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `unique`, `limits`,
+//!   `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
+//!   named as ARTEX_BENCH_ONLY names them; each one's doc says what it measures and the
+//!   knobs (`ARTEX_BENCH_W4_TASKS`, `ARTEX_BENCH_FLEET_WORKERS`, …) it reads.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod api;
+mod dash;
+mod fleet;
+mod history;
 mod limit;
 mod limits;
+mod replica;
 mod report;
 mod rig;
 mod sql;
 mod unique;
+mod upgrade;
+mod upload;
 mod w1;
 mod w1idle;
 mod w2;
 mod w3;
+mod w4;
 mod w5;
 mod w6;
 
@@ -37,9 +46,11 @@ use std::path::PathBuf;
 use report::Ceilings;
 use rig::Rig;
 
-/// The parts this program runs, in the order it runs them (the bash bench's order).
-pub const PARTS: [&str; 9] = [
-    "limit", "w1", "w1idle", "w5", "w2", "w3", "w6", "unique", "limits",
+/// The parts this program runs, in the order it runs them (the bash bench's order, the
+/// hot upgrades last).
+pub const PARTS: [&str; 17] = [
+    "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "unique", "limits", "api",
+    "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -83,7 +94,7 @@ pub struct Bench {
     pub quick: bool,
     pub sizes: Sizes,
     pub ceilings: Ceilings,
-    /// The workers' flags for W1–W4 (ARTEX_BENCH_WORKER_ARGS).
+    /// The workers' flags for W1–W4, history and replica (ARTEX_BENCH_WORKER_ARGS).
     pub worker_args: Vec<String>,
     /// The flags of W1 from idle's and W5's workers, at defaults otherwise
     /// (ARTEX_BENCH_DEFAULTS_WORKER_ARGS).
@@ -148,18 +159,31 @@ async fn bench() {
         println!("# --quick: tiny sizes; the figures mean nothing");
     }
     for part in PARTS.iter().filter(|p| only.contains(p)) {
-        match *part {
-            "limit" => limit::run(&mut bench).await,
-            "w1" => w1::run(&mut bench).await,
-            "w1idle" => w1idle::run(&mut bench).await,
-            "w2" => w2::run(&mut bench).await,
-            "w5" => w5::run(&mut bench).await,
-            "w3" => w3::run(&mut bench).await,
-            "w6" => w6::run(&mut bench).await,
-            "unique" => unique::run(&mut bench).await,
-            "limits" => limits::run(&mut bench).await,
-            _ => unreachable!("PARTS names every part"),
-        }
+        run_part(&mut bench, part).await;
+    }
+}
+
+/// Runs one part.
+async fn run_part(bench: &mut Bench, part: &str) {
+    match part {
+        "limit" => limit::run(bench).await,
+        "w1" => w1::run(bench).await,
+        "w1idle" => w1idle::run(bench).await,
+        "w2" => w2::run(bench).await,
+        "w5" => w5::run(bench).await,
+        "w3" => w3::run(bench).await,
+        "w6" => w6::run(bench).await,
+        "unique" => unique::run(bench).await,
+        "limits" => limits::run(bench).await,
+        "w4" => w4::run(bench).await,
+        "history" => history::run(bench).await,
+        "api" => api::run(bench).await,
+        "dash" => dash::run(bench).await,
+        "replica" => replica::run(bench).await,
+        "upload" => upload::run(bench).await,
+        "fleet" => fleet::run(bench).await,
+        "upgrade" => upgrade::run(bench).await,
+        _ => unreachable!("PARTS names every part"),
     }
 }
 

@@ -15,7 +15,13 @@ use crate::report::Progress;
 use crate::sql;
 
 /// The binaries the bench runs, from the release folder (`ARTEX_BENCH_BIN_DIR`).
-const BINARIES: [&str; 3] = ["artex", "examples/artex-bench", "examples/latency-floor"];
+const BINARIES: [&str; 5] = [
+    "artex",
+    "examples/artex-bench",
+    "examples/latency-floor",
+    "examples/api-load",
+    "examples/upload-sink",
+];
 
 /// Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on every Linux).
 const TICKS: f64 = 100.0;
@@ -240,31 +246,88 @@ impl Rig {
 
     /// One artex process on `db`, its output appended to log/<db>.<role>.
     pub fn spawn(&mut self, db: &str, role: &str, bin: &str, args: &[String]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log(&format!("{db}.{role}")))
-            .expect("a log file");
-        let child = Command::new(self.bin(bin))
-            .args(args)
-            .env("ARTEX_DATABASE_URL", self.url(db))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .kill_on_drop(true)
+        self.spawn_env(db, role, bin, args, &[]);
+    }
+
+    /// [`Rig::spawn`] with `env` set too (it may name another `ARTEX_DATABASE_URL`).
+    pub fn spawn_env(
+        &mut self,
+        db: &str,
+        role: &str,
+        bin: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) {
+        let mut cmd = self.command(&format!("{db}.{role}"), self.bin(bin));
+        cmd.args(args).env("ARTEX_DATABASE_URL", self.url(db));
+        cmd.envs(env.iter().copied());
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {bin} {role}: {e}"));
         self.procs.push(child);
     }
 
+    /// `program`, its output appended to log/`log`, no input, killed when dropped: for
+    /// the processes a part holds itself (a serve, a sink, a worker it restarts).
+    pub fn command(&self, log: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(log))
+            .expect("a log file");
+        let mut cmd = Command::new(program);
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// `artex serve --http 127.0.0.1:0 ARGS` on `db`, once it says where it listens: the
+    /// process and its address.
+    pub async fn serve(&self, db: &str, args: &[&str]) -> (Child, String) {
+        let name = format!("{db}.serve");
+        let mut cmd = self.command(&name, self.bin("artex"));
+        cmd.args(["serve", "--http", "127.0.0.1:0"])
+            .args(args)
+            .env("ARTEX_DATABASE_URL", self.url(db));
+        let child = cmd.spawn().expect("artex serve");
+        for _ in 0..200 {
+            let log = std::fs::read_to_string(self.log(&name)).unwrap_or_default();
+            let addr = log.lines().find_map(|l| {
+                let rest = l.split("the HTTP API on http://").nth(1)?;
+                rest.split('/').next().map(str::to_string)
+            });
+            if let Some(addr) = addr {
+                return (child, addr);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("artex serve did not say where it listens");
+    }
+
+    /// The pids of the running processes, in start order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().filter_map(Child::id).collect()
+    }
+
+    /// The cluster's port (its socket's name: `.s.PGSQL.<port>` in [`Rig::pgdata`]).
+    pub fn port(&self) -> String {
+        self.url
+            .split(['?', '&'])
+            .find_map(|kv| kv.strip_prefix("port="))
+            .unwrap_or("5432")
+            .to_string()
+    }
+
+    /// The cluster's data folder (pg_wal, postmaster.pid).
+    pub fn pgdata(&self) -> &Path {
+        &self.pgdata
+    }
+
     /// CPU seconds the running processes have spent.
     pub fn procs_cpu_s(&self) -> f64 {
-        self.procs
-            .iter()
-            .filter_map(|c| c.id())
-            .filter_map(stat)
-            .map(|f| (f[11] + f[12]) / TICKS)
-            .sum()
+        self.pids().into_iter().map(cpu_s).sum()
     }
 
     /// SIGTERM to every process, and their ends awaited.
@@ -285,8 +348,13 @@ impl Rig {
     /// Waits (ten minutes at most) until no task is unfinished, the progress line
     /// following: the end of a drain-rate workload.
     pub async fn drained(&self, c: &Client, progress: &mut Progress) {
-        let ten_minutes = Duration::from_secs(600);
-        self.wait_until(c, sql::UNFINISHED_NONE, &[], ten_minutes, Some(progress))
+        self.drained_within(c, progress, Duration::from_secs(600))
+            .await;
+    }
+
+    /// [`Rig::drained`] with a timeout of its own (W4's million tasks, the fleet).
+    pub async fn drained_within(&self, c: &Client, progress: &mut Progress, timeout: Duration) {
+        self.wait_until(c, sql::UNFINISHED_NONE, &[], timeout, Some(progress))
             .await;
     }
 
@@ -398,6 +466,43 @@ fn stat(pid: u32) -> Option<Vec<f64>> {
             .map(|f| f.parse().unwrap_or(0.0))
             .collect(),
     )
+}
+
+/// A `kB` line of /proc/PID/`file` (`VmHWM` of `status`, `Private_Dirty` of
+/// `smaps_rollup`…), 0 when the process is gone.
+pub fn proc_kb(pid: u32, file: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A PostgreSQL server's postmaster (from `pgdata`'s postmaster.pid) and its processes.
+pub fn server_pids(pgdata: &Path) -> Vec<u32> {
+    let pid = std::fs::read_to_string(pgdata.join("postmaster.pid")).unwrap_or_default();
+    let Some(pm) = pid
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<u32>().ok())
+    else {
+        return Vec::new();
+    };
+    let mut pids = vec![pm];
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let pid = entry.file_name().to_str().and_then(|p| p.parse().ok());
+        if let Some(pid) = pid {
+            if stat(pid).is_some_and(|f| f[1] as u32 == pm) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// CPU seconds (user + system) process `pid` has spent, 0 when it is gone.
+pub fn cpu_s(pid: u32) -> f64 {
+    stat(pid).map_or(0.0, |f| (f[11] + f[12]) / TICKS)
 }
 
 /// Starts (creating it the first time) the cluster in `<tmp>/db`; its `artex` URL.

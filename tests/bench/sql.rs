@@ -39,6 +39,8 @@ create function bench.uuid7() returns uuid language sql volatile as $$
         from 1 for 6), 52, 1), 53, 1), 'hex')::uuid
 $$;";
 
+/// A round trip (pgbouncer answering).
+pub const PING: &str = "select 1";
 pub const VERSION: &str = "select split_part(version(), ',', 1)";
 pub const CHECKPOINT: &str = "checkpoint";
 pub const VACUUM_ANALYZE: &str = "vacuum analyze";
@@ -212,6 +214,7 @@ pub const FINISHES_SINCE_S: &str = "select
 /// Every statement above that takes no identifier, for `statements_prepare`. (The
 /// `floor_jobs` ones need examples/latency-floor.rs's table and are left to W2's runs.)
 pub const PREPARED: &[&str] = &[
+    PING,
     VERSION,
     SESSIONS,
     COUNTERS,
@@ -254,6 +257,24 @@ pub const PREPARED: &[&str] = &[
     W3_DRAINED,
     ENDED_BADLY,
     W3_DRAIN_RATE,
+    W4_RETENTION,
+    W4_PARTITIONS_REMADE,
+    NOT_SUCCEEDED,
+    HISTORY_ROWS,
+    W4_RETAINED,
+    W4_TENTHS,
+    W4_SIZES,
+    WAL_LSN,
+    RELMAP,
+    API_SIM_WORKER,
+    BUSY_HOUR,
+    STATUSES,
+    PAUSE_PENDING,
+    REPLAYED,
+    IN_RECOVERY,
+    REPLICA_W1_RATE,
+    WORKER_HTTP,
+    CLIENT_BACKENDS,
 ];
 
 // ---- W6 (and W3): the planner round's read ----------------------------------------------
@@ -418,3 +439,110 @@ pub const W3_DRAIN_RATE: &str = "select coalesce(round(count(*) filter (where at
     from (select at, min(at) over () as first from (
         select at from artex.task_transitions where id > $1::int8 and to_status = 'succeeded'
         order by id limit $2::int8) e) t";
+
+// ---- W4: the soak -------------------------------------------------------------------------
+
+/// ARTEX_BENCH_W4_RETENTION: history and finished tasks kept $1 (an interval's text)…
+pub const W4_RETENTION: &str = "update artex.event_retention set keep = $1::text::interval";
+/// …and a fresh database's partitions (made at the default's day-wide slices) made again
+/// at the short retention's slices, as they would be had it been set from the start.
+pub const W4_PARTITIONS_REMADE: &str = "do $$ declare p record; begin
+        for p in select name from artex.history_partitions loop
+            execute format('drop table artex.%I', p.name);
+        end loop;
+        delete from artex.history_partitions;
+        perform count(*) from artex.make_history_partitions(now(), null);
+    end $$";
+pub const NOT_SUCCEEDED: &str = "select count(*) from artex.tasks where status <> 'succeeded'";
+pub const HISTORY_ROWS: &str = "select count(*) from artex.task_transitions";
+/// With a retention: the history's partitions, and how far the feed was pruned.
+pub const W4_RETAINED: &str = "select
+        (select coalesce(string_agg(name, ' ' order by lo), '') from artex.history_partitions),
+        (select pruned_xid || '-' || pruned_id || ' at ' || coalesce(pruned_at::text, 'never')
+         from artex.event_retention)";
+/// Tasks/s in each tenth of the run (by completion order).
+pub const W4_TENTHS: &str = "select tenth,
+        round(count(*) / greatest(extract(epoch from max(finished_at) - min(finished_at)), 0.001))::float8
+    from (select finished_at, ntile(10) over (order by finished_at) tenth from artex.tasks) t
+    group by 1 order by 1";
+/// The task table's heap and total size, live and dead tuples; the history's size and
+/// partitions.
+pub const W4_SIZES: &str = "select pg_relation_size('artex.tasks'),
+        pg_total_relation_size('artex.tasks'), n_live_tup, n_dead_tup,
+        (select coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 from pg_inherits
+         where inhparent = 'artex.task_transitions'::regclass),
+        (select count(*) from pg_inherits where inhparent = 'artex.task_transitions'::regclass)
+    from pg_stat_user_tables where relid = 'artex.tasks'::regclass";
+
+// ---- history: rows and WAL per finished task, by table -------------------------------------
+
+pub const WAL_KEEP: &str = "alter system set wal_keep_size = '4GB'";
+pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
+/// The WAL position, as text (for pg_waldump) and as bytes.
+pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0')::int8";
+/// Each relfilenode of artex's schema and the table it counts for: a partition as its
+/// parent, an index as `<table>_indexes`.
+pub const RELMAP: &str = "select c.relfilenode::int8,
+        coalesce(pp.relname, t.relname) || case when c.relkind = 'i' then '_indexes' else '' end
+    from pg_class c
+    left join pg_index i on i.indexrelid = c.oid
+    left join pg_class t on t.oid = coalesce(i.indrelid, c.oid)
+    left join pg_inherits h on h.inhrelid = t.oid
+    left join pg_class pp on pp.oid = h.inhparent
+    where c.relfilenode <> 0 and c.relnamespace = 'artex'::regnamespace";
+
+// ---- api: submission through `artex serve` against plain SQL --------------------------------
+
+/// A simulated worker row declaring the kind, as the API checks (no runtime runs).
+pub const API_SIM_WORKER: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    values ('sim-api', 'sim', 1, 'bench', 'artex_w_sim_api', array['noop'], 1)";
+
+/// pgbench's script: `tasks` no-op tasks in one insert.
+pub fn api_insert_script(tasks: u32) -> String {
+    format!(
+        "insert into artex.tasks (kind, payload) select 'noop', '{{}}' from generate_series(1, {tasks});\n"
+    )
+}
+
+// ---- dash and replica: a busy hour's table --------------------------------------------------
+
+/// $1 tasks as a busy hour leaves them: 90% succeeded, finished over the last hour, 5%
+/// failed, 5% pending (with `REPLICA_ROLE`: the rows, not their lives).
+pub const BUSY_HOUR: &str = "insert into artex.tasks (id, kind, status, created_at, updated_at,
+        started_at, finished_at, error)
+    select bench.uuid7(), (array['echo', 'resize', 'etl'])[1 + g % 3], s::artex.task_status,
+        t - interval '2 s', t, case when s = 'pending' then null else t - interval '1 s' end,
+        case when s = 'pending' then null else t end,
+        case when s = 'failed' then 'bench failure' end
+    from generate_series(1, $1::int4) g,
+        lateral (select now() - interval '60 min' * (1 - g::float8 / $1::int4) as t,
+                        case when g % 20 = 0 then 'failed' when g % 20 = 1 then 'pending'
+                             else 'succeeded' end as s) x";
+pub const VACUUM_ANALYZE_TASKS: &str = "vacuum analyze artex.tasks";
+/// Tasks by status, in status order (the dash part's context line).
+pub const STATUSES: &str = "select string_agg(status || ' ' || n, ', ')
+    from (select status, count(*) n from artex.tasks group by 1 order by 1) c";
+/// The busy hour's pending tasks held (with `REPLICA_ROLE`), so that W1's workers run only
+/// W1's tasks.
+pub const PAUSE_PENDING: &str = "update artex.tasks set status = 'paused' where status = 'pending'";
+/// The standby has replayed up to $1 (the primary's `WAL_LSN`).
+pub const REPLAYED: &str = "select pg_last_wal_replay_lsn() >= $1::text::pg_lsn";
+pub const IN_RECOVERY: &str = "select pg_is_in_recovery()::text";
+/// Tasks/s of a W1 of $1 tasks started at $2 (Unix seconds): its own no-op tasks only.
+pub const REPLICA_W1_RATE: &str = "select
+        ($1::int4 / (extract(epoch from max(finished_at)) - $2::float8))::float8
+    from artex.tasks
+    where kind = 'noop' and status = 'succeeded' and finished_at > to_timestamp($2::float8)";
+
+// ---- upload and upgrade: a worker's address ---------------------------------------------
+
+/// The HTTP address of process $1's worker, once it is online.
+pub const WORKER_HTTP: &str =
+    "select http_addr from artex.workers where pid = $1::int4 and state = 'online'";
+
+// ---- fleet ---------------------------------------------------------------------------------
+
+/// The cluster's client backends but the one asking.
+pub const CLIENT_BACKENDS: &str = "select count(*) from pg_stat_activity
+    where backend_type = 'client backend' and pid <> pg_backend_pid()";

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio_postgres::Client;
 
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};
-use crate::rig::exec;
+use crate::rig::{exec, Counters};
 use crate::{sql, Bench};
 
 pub async fn run(bench: &mut Bench) {
@@ -59,10 +59,19 @@ async fn one(bench: &mut Bench, workers: usize) {
         fixed(first * 1000.0, 0),
         "ms",
     );
-    // What one task costs: transactions PostgreSQL ran (including those in which each
-    // LISTENing session reads the NOTIFY queue), WAL written and flushed, CPU spent by
-    // PostgreSQL and by the artex processes (both include start-up; PostgreSQL's includes
-    // autovacuum, the checkpointer and the bench's polling).
+    costs(workers, n, (before, after), pg, artex_cpu);
+    if workers == 2 {
+        profile_print(&c, "W1 with 2 workers", n).await;
+    }
+    bench.rig.drop_db(&db, c).await;
+}
+
+/// What one task costs: transactions PostgreSQL ran (including those in which each
+/// LISTENing session reads the NOTIFY queue), WAL written and flushed, CPU spent by
+/// PostgreSQL and by the artex processes (both include start-up; PostgreSQL's includes
+/// autovacuum, the checkpointer and the bench's polling).
+fn costs(workers: usize, n: u32, (before, after): (Counters, Counters), pg: f64, artex_cpu: f64) {
+    let tasks = f64::from(n);
     let per = |x: i64| x as f64 / tasks;
     let name = |what: &str| format!("w1_{workers}worker_{what}");
     result(
@@ -90,10 +99,6 @@ async fn one(bench: &mut Bench, workers: usize) {
         fixed(artex_cpu * 1e6 / tasks, 0),
         "us",
     );
-    if workers == 2 {
-        profile_print(&c, "W1 with 2 workers", n).await;
-    }
-    bench.rig.drop_db(&db, c).await;
 }
 
 /// `count` no-op tasks with time-ordered ids, 100,000 a statement, then vacuum analyze

@@ -5,7 +5,6 @@
 //! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
 //! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run.
 
-
 use tokio_postgres::Client;
 
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};
@@ -51,11 +50,7 @@ pub async fn run(bench: &mut Bench) {
         .get(0);
     bench.rig.stop_runtime().await;
     bench.rig.check_all_succeeded(&c, DB, n.into()).await;
-    let not7: i64 = c.query_one(sql::NOT_UUID7, &[]).await.expect("ids").get(0);
-    assert_eq!(
-        not7, 0,
-        "w1idle: ids by the column default are not time-ordered (UUIDv7)"
-    );
+    time_ordered_ids(&c).await;
     let secs: f64 = c
         .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
         .await
@@ -72,6 +67,22 @@ pub async fn run(bench: &mut Bench) {
     result("w1idle_first_start_after_run_at_ms", first, "ms");
     println!("# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: {capacity}");
     timeline(&c).await;
+    costs(n, [wal0, wal1, wal2], [pg0, pg1, pg2]);
+    bench.rig.drop_db(DB, c).await;
+}
+
+/// Every id the column default made is a UUIDv7 (time-ordered).
+async fn time_ordered_ids(c: &Client) {
+    let not7: i64 = c.query_one(sql::NOT_UUID7, &[]).await.expect("ids").get(0);
+    assert_eq!(
+        not7, 0,
+        "w1idle: ids by the column default are not time-ordered (UUIDv7)"
+    );
+}
+
+/// WAL bytes and PostgreSQL CPU per task, of the insert (from the first value to the
+/// second) and of the run (to the third).
+fn costs(n: u32, [wal0, wal1, wal2]: [i64; 3], [pg0, pg1, pg2]: [f64; 3]) {
     let per_task = |x: f64| fixed(x / f64::from(n), 0);
     result(
         "w1idle_wal_bytes_per_task_insert",
@@ -94,7 +105,6 @@ pub async fn run(bench: &mut Bench) {
         per_task((pg2 - pg1) * 1e6),
         "us",
     );
-    bench.rig.drop_db(DB, c).await;
 }
 
 /// Where the time went: assignment rounds and their sizes, the first rounds, and the

@@ -69,6 +69,12 @@ pub async fn run(bench: &mut Bench) {
             "ratio",
         );
     }
+    steps(&c, d50, d99).await;
+    bench.rig.drop_db(DB, c).await;
+}
+
+/// Enqueue → `running` (p50, p99: `d50`, `d99`), and where the median goes.
+async fn steps(c: &Client, d50: f64, d99: f64) {
     // The same, up to the start of the worker's `running` transaction only (database clock).
     result("w2_enqueue_to_running_ms_p50", fixed(d50, 2), "ms");
     result("w2_enqueue_to_running_ms_p99", fixed(d99, 2), "ms");
@@ -78,12 +84,11 @@ pub async fn run(bench: &mut Bench) {
     result("w2_p50_insert_to_assignment_ms", fixed(a, 2), "ms");
     result("w2_p50_assignment_to_start_ms", fixed(s, 2), "ms");
     result("w2_p50_start_to_handler_ms", fixed(h, 2), "ms");
-    bench.rig.drop_db(DB, c).await;
 }
 
 /// `warm` warm-up rows, then `n` more, each inserted by `insert` (its one parameter: is
 /// it a warm-up) in a transaction of its own, 20 ms apart, from one session.
-async fn feed(c: &Client, insert: &str, warm: u32, n: u32) {
+pub async fn feed(c: &Client, insert: &str, warm: u32, n: u32) {
     let insert = c.prepare(insert).await.expect("the insert");
     for i in 1..=warm + n {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -27,25 +27,7 @@ pub async fn run(bench: &mut Bench) {
     for backlog in ["small", "big", "finished"] {
         let db = format!("bench_w3_{backlog}");
         let c = bench.rig.new_db(&db).await;
-        let label = match backlog {
-            "small" => {
-                insert_noops(&c, small).await;
-                small.to_string()
-            }
-            "big" => {
-                insert_noops(&c, big).await;
-                big.to_string()
-            }
-            _ => {
-                exec(&c, sql::REPLICA_ROLE).await;
-                c.execute(sql::W3_FINISHED, &[&(big as i32)])
-                    .await
-                    .expect("finished tasks");
-                exec(&c, sql::REPLICA_ROLE_RESET).await;
-                insert_noops(&c, small).await;
-                format!("{small}_over_{big}_finished")
-            }
-        };
+        let label = fill(&c, backlog, small, big).await;
         let claim = claim_ms(&c).await;
         result(&format!("w3_claim_ms_{label}_pending"), &claim, "ms");
         if let Some((small_claim, _)) = first {
@@ -79,6 +61,30 @@ pub async fn run(bench: &mut Bench) {
             }
         }
         bench.rig.drop_db(&db, c).await;
+    }
+}
+
+/// The backlog `backlog` names in `c`'s database: `small` pending, `big` pending, or
+/// `small` pending over `big` finished; its label in the figures' names.
+async fn fill(c: &Client, backlog: &str, small: u32, big: u32) -> String {
+    match backlog {
+        "small" => {
+            insert_noops(c, small).await;
+            small.to_string()
+        }
+        "big" => {
+            insert_noops(c, big).await;
+            big.to_string()
+        }
+        _ => {
+            exec(c, sql::REPLICA_ROLE).await;
+            c.execute(sql::W3_FINISHED, &[&(big as i32)])
+                .await
+                .expect("finished tasks");
+            exec(c, sql::REPLICA_ROLE_RESET).await;
+            insert_noops(c, small).await;
+            format!("{small}_over_{big}_finished")
+        }
     }
 }
 

@@ -41,6 +41,12 @@ pub async fn run(bench: &mut Bench) {
         .rig
         .check_all_succeeded(&c, DB, i64::from(bursts) * i64::from(n))
         .await;
+    report(bench, &c, n).await;
+    bench.rig.drop_db(DB, c).await;
+}
+
+/// Each burst's tasks/s and first start, its timeline, and the medians.
+async fn report(bench: &Bench, c: &tokio_postgres::Client, n: u32) {
     let mut rows: Vec<(i32, f64, f64)> = c
         .query(sql::W5_RATES, &[&(n as i32)])
         .await
@@ -76,5 +82,4 @@ pub async fn run(bench: &mut Bench) {
         fixed(rows[rows.len() - 1].2, 1),
         "ms",
     );
-    bench.rig.drop_db(DB, c).await;
 }
