@@ -381,26 +381,7 @@ async fn upgrading_old_history_and_outbox_loses_no_unread_event_and_no_audit_row
     // The consumer resumes right after its cursor: every event it had not read, at the
     // same position, in the same order, none it had.
     history_settled(&c).await;
-    let read = |start| {
-        let bb = db.bb.clone();
-        async move {
-            let mut feed = EventFeed::open(bb.feed(), start, false, Duration::from_millis(50))
-                .await
-                .unwrap();
-            let batch = feed.next_batch(1000).await.unwrap();
-            batch
-                .events
-                .iter()
-                .map(|e| {
-                    let from = e.from.map(|s| s.to_string()).unwrap_or("new".into());
-                    (
-                        e.position.to_string(),
-                        format!("{} {from}>{}", e.task_id, e.to),
-                    )
-                })
-                .collect::<Vec<_>>()
-        }
-    };
+    let read = |start| feed_pairs(&db, start);
     assert_eq!(
         read(FeedStart::Consumer("mid".into())).await,
         outbox[10..],
@@ -464,15 +445,11 @@ async fn runnable(c: &Client) -> i64 {
     .await
 }
 
-// V15 rebuilds `artex.tasks` with the generated column `listed` and replaces the indexes
-// on `status`. A database holding tasks in every status keeps every row as it was, the
-// column says each task's status where it should, and the runtime then claims and starts
-// the runnable ones through the new indexes.
-#[tokio::test]
-async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    migrated_up_to(&c, 14).await;
+/// Tasks in every status, written by plain SQL through the triggers of the schema the
+/// database has: 1–3 pending (3 not due), 4 assigned, 5 running, 6 succeeded, 7 failed,
+/// 8 timeout, 9 canceled, 10 paused, 11 assigned then given back, 12 canceled while held,
+/// 13 paused, 14 blocked; held ones by `w1`.
+async fn tasks_in_every_status(c: &Client) {
     let step = |status: &str, i: i32| {
         format!(
             "update artex.tasks set status = '{status}',
@@ -509,6 +486,18 @@ async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
             c.batch_execute(&step(s, i)).await.unwrap();
         }
     }
+}
+
+// V15 rebuilds `artex.tasks` with the generated column `listed` and replaces the indexes
+// on `status`. A database holding tasks in every status keeps every row as it was, the
+// column says each task's status where it should, and the runtime then claims and starts
+// the runnable ones through the new indexes.
+#[tokio::test]
+async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    migrated_up_to(&c, 14).await;
+    tasks_in_every_status(&c).await;
     // Every task as JSON; compared on the columns it had before (migrations add some).
     let before = tasks_as_json(&c).await;
     let statuses = count(&c, "select count(distinct status) from artex.tasks").await;
@@ -566,6 +555,138 @@ async fn upgrading_to_hot_rows_keeps_every_task_and_the_runtime_goes_on() {
         .await,
         3
     );
+}
+
+/// The feed from `start` as (position, "task from>to") pairs, as a reader gets them.
+async fn feed_pairs(db: &TestDb, start: FeedStart) -> Vec<(String, String)> {
+    let mut feed = EventFeed::open(db.bb.feed(), start, false, Duration::from_millis(50))
+        .await
+        .unwrap();
+    let batch = feed.next_batch(1000).await.unwrap();
+    batch
+        .events
+        .iter()
+        .map(|e| {
+            let from = e.from.map(|s| s.to_string()).unwrap_or("new".into());
+            (
+                e.position.to_string(),
+                format!("{} {from}>{}", e.task_id, e.to),
+            )
+        })
+        .collect()
+}
+
+// V25–V27 change how the hot path writes the history: a start written with its end is
+// one stored row (`task_history`), read as two transitions through the view that took
+// the table's name. A database at V24 holding tasks in every status (one started and
+// ended in one write) keeps every audit row and every feed position; after it, the
+// worker's combined writes read back as the same three transitions as before, and the
+// feed gives each once, in order, after the old events.
+#[tokio::test]
+async fn upgrading_to_one_row_per_run_keeps_the_audit_and_the_feed_and_the_runtime_goes_on() {
+    use artex_actors::blackboard::{AttemptRecord, Outcome, Step};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    migrated_up_to(&c, 24).await;
+    tasks_in_every_status(&c).await;
+    c.batch_execute(
+        "update artex.tasks set status = 'succeeded', started_at = now() - interval '1 ms'
+         where (payload->>'i')::int = 4",
+    )
+    .await
+    .unwrap();
+    history_settled(&c).await;
+    let audit_before = audit_trails(&c, "at, id").await;
+    // The feed as V24 stores it (this build reads only the V26 shape).
+    let feed_before: Vec<(String, String)> = common::pairs(
+        &c,
+        "select xid::text || '-' || id,
+                task_id::text || ' ' || coalesce(from_status::text, 'new') || '>'
+                || to_status::text
+         from artex.task_transitions
+         where xid > '1' and to_status <> 'assigned' and from_status is distinct from to_status
+         order by xid, id",
+    )
+    .await;
+    assert!(feed_before.len() > 20, "{feed_before:?}");
+    let (mid_xid, mid_id) = feed_before[9].0.split_once('-').unwrap();
+    c.execute(
+        "insert into artex.event_cursors (consumer, last_xid, last_event)
+         values ('mid', $1::text::xid8, $2::text::int8)",
+        &[&mid_xid, &mid_id],
+    )
+    .await
+    .unwrap();
+
+    let (code, out, err) = run_cli(&db.url, &["migrate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(applied(&c).await, (1..=knows()).collect::<Vec<_>>());
+    assert_eq!(audit_trails(&c, "at, id").await, audit_before);
+    assert_eq!(feed_pairs(&db, FeedStart::Beginning).await, feed_before);
+    let resumed = feed_pairs(&db, FeedStart::Consumer("mid".into())).await;
+    assert_eq!(resumed, feed_before[10..]);
+
+    // The runtime goes on: the due pending tasks run, each started and ended in one write.
+    common::fixtures::worker(&db.bb, "w2", &["echo"], 10).await;
+    assert_eq!(common::fixtures::assign(&db.bb).await.assigned, 3);
+    let held = c
+        .query(
+            "select id, lease_epoch from artex.tasks where assigned_to = 'w2' order by id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let batch: Vec<AttemptRecord> = held
+        .iter()
+        .map(|r| AttemptRecord {
+            id: r.get(0),
+            epoch: r.get(1),
+            retries: 0,
+            max_retries: 3,
+            step: Step::Finish(Outcome::Succeeded(serde_json::json!({"ok": true}))),
+            started_ago_ms: Some(5.0),
+        })
+        .collect();
+    assert_eq!(db.bb.worker().record("w2", &batch).await.unwrap().len(), 3);
+    history_settled(&c).await;
+    for r in &held {
+        let id: uuid::Uuid = r.get(0);
+        let trail = common::lines_of(
+            &c,
+            "select coalesce(from_status::text, 'new') || '>' || to_status
+                    || ' ' || coalesce(reason, '-') || ' ' || (assigned_at is not null)
+             from artex.task_transitions where task_id = $1 order by at, id",
+            id,
+        )
+        .await;
+        assert_eq!(
+            trail[trail.len() - 2..],
+            ["assigned>running started true", "running>succeeded - false"],
+            "{id}: {trail:?}"
+        );
+        assert_eq!(
+            count(
+                &c,
+                &format!(
+                    "select count(*) from artex.task_history
+                     where task_id = '{id}' and end_id is not null"
+                )
+            )
+            .await,
+            1,
+            "{id}: one stored row for its start and its end"
+        );
+    }
+    let after = feed_pairs(&db, FeedStart::Consumer("mid".into())).await;
+    assert_eq!(after[..resumed.len()], resumed[..]);
+    let new: Vec<_> = after[resumed.len()..].iter().map(|p| &p.1).collect();
+    let mut expected = Vec::new();
+    for r in &held {
+        let id: uuid::Uuid = r.get(0);
+        expected.push(format!("{id} assigned>running"));
+        expected.push(format!("{id} running>succeeded"));
+    }
+    assert_eq!(new, expected.iter().collect::<Vec<_>>());
 }
 
 /// The schema a freshly migrated blackboard has, as `migrations/schema.sql` holds it:

@@ -454,7 +454,9 @@ pub const W4_PARTITIONS_REMADE: &str = "do $$ declare p record; begin
         perform count(*) from artex.make_history_partitions(now(), null);
     end $$";
 pub const NOT_SUCCEEDED: &str = "select count(*) from artex.tasks where status <> 'succeeded'";
-pub const HISTORY_ROWS: &str = "select count(*) from artex.task_transitions";
+/// Stored history rows (since V26 a start written with its end is one row holding both
+/// transitions; `artex.task_transitions` shows them as two).
+pub const HISTORY_ROWS: &str = "select count(*) from artex.task_history";
 /// With a retention: the history's partitions, and how far the feed was pruned.
 pub const W4_RETAINED: &str = "select
         (select coalesce(string_agg(name, ' ' order by lo), '') from artex.history_partitions),
@@ -470,8 +472,8 @@ pub const W4_TENTHS: &str = "select tenth,
 pub const W4_SIZES: &str = "select pg_relation_size('artex.tasks'),
         pg_total_relation_size('artex.tasks'), n_live_tup, n_dead_tup,
         (select coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 from pg_inherits
-         where inhparent = 'artex.task_transitions'::regclass),
-        (select count(*) from pg_inherits where inhparent = 'artex.task_transitions'::regclass)
+         where inhparent = 'artex.task_history'::regclass),
+        (select count(*) from pg_inherits where inhparent = 'artex.task_history'::regclass)
     from pg_stat_user_tables where relid = 'artex.tasks'::regclass";
 
 // ---- history: rows and WAL per finished task, by table -------------------------------------
@@ -482,8 +484,11 @@ pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
 pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0')::int8";
 /// Each relfilenode of artex's schema and the table it counts for: a partition as its
 /// parent, an index as `<table>_indexes`.
+/// Each relation's file, named by its table (a partition by its parent; the stored history
+/// `task_history` under its pre-V26 name `task_transitions`, so that figures compare).
 pub const RELMAP: &str = "select c.relfilenode::int8,
-        coalesce(pp.relname, t.relname) || case when c.relkind = 'i' then '_indexes' else '' end
+        replace(coalesce(pp.relname, t.relname), 'task_history', 'task_transitions')
+        || case when c.relkind = 'i' then '_indexes' else '' end
     from pg_class c
     left join pg_index i on i.indexrelid = c.oid
     left join pg_class t on t.oid = coalesce(i.indrelid, c.oid)
