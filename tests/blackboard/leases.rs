@@ -154,3 +154,82 @@ async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
     }
     assert_eq!(snapshot(&c, id).await, before);
 }
+
+/// A task assigned to a worker that has not read it yet (its memory budget reads big
+/// payloads one at a time) keeps its lease while the worker renews what it holds: the
+/// worker is alive. Before, the lease ran out while the task waited its turn, the reaper
+/// sent it back with a retry counted, and eight 50 MB tasks could run out of retries
+/// without starting. Another worker's tasks, and a task the worker read with another
+/// epoch, are not renewed.
+#[tokio::test]
+async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_renews() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (read, unread, other) = (
+        insert_task(&c).await,
+        insert_task(&c).await,
+        insert_task(&c).await,
+    );
+    assign(&c, read, "w1").await;
+    assign(&c, unread, "w1").await;
+    assign(&c, other, "w2").await;
+    c.execute(
+        "update artex.tasks set lease_until = now() + interval '2 seconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let epoch: i64 = c
+        .query_one(
+            "select lease_epoch from artex.tasks where id = $1",
+            &[&read],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let kept = db
+        .bb
+        .worker()
+        .renew_leases("w1", &[(read, epoch)], 60.0)
+        .await
+        .unwrap();
+    assert_eq!(kept, vec![(read, true)], "only what it read is reported");
+    let lease_left = |id| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "select extract(epoch from lease_until - now())::float8 from artex.tasks
+                 where id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, f64>(0)
+        }
+    };
+    assert!(lease_left(read).await > 50.0);
+    assert!(
+        lease_left(unread).await > 50.0,
+        "the unread task's lease was renewed"
+    );
+    assert!(
+        lease_left(other).await < 5.0,
+        "another worker's task is not renewed"
+    );
+
+    // Read with a stale epoch, a task is not the worker's to renew.
+    c.execute(
+        "update artex.tasks set lease_until = now() + interval '2 seconds' where id = $1",
+        &[&read],
+    )
+    .await
+    .unwrap();
+    let kept = db
+        .bb
+        .worker()
+        .renew_leases("w1", &[(read, epoch - 1)], 60.0)
+        .await
+        .unwrap();
+    assert!(kept.is_empty(), "{kept:?}");
+    assert!(lease_left(read).await < 5.0);
+}

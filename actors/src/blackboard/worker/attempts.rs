@@ -179,6 +179,13 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
 // checkpoint holds for a moment. Such a row is still the worker's (reported `false`: held,
 // not renewed); the worker renews it again a tick later. The others are
 // renewed under their lock, their holder and epoch checked on the latest version.
+//
+// The tasks assigned to the worker that it has not read yet (its memory budget, or its
+// queue, holds them back: eight 50 MB payloads are read one at a time) are renewed too,
+// through the holder's index: the worker that holds them is alive, and a lease that ran
+// out while a task waited its turn sent it back to the queue with a retry counted, until
+// its retries ran out without it ever starting. Their epochs are checked when the worker
+// reads them.
 const RENEW: &str = "with lockable as materialized (
         select id from artex.tasks where id = any($3::uuid[]) for update skip locked
     ),
@@ -189,6 +196,17 @@ const RENEW: &str = "with lockable as materialized (
         where t.id = l.id and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
           and t.status::text in ('assigned', 'running')
         returning t.id
+    ),
+    unread as materialized (
+        select id from artex.tasks
+        where assigned_to = $1 and status::text = 'assigned' and id <> all($3::uuid[])
+        for update skip locked
+    ),
+    waiting as (
+        update artex.tasks t
+        set lease_until = now() + make_interval(secs => $2::float8)
+        from unread u
+        where t.id = u.id and t.assigned_to = $1 and t.status::text = 'assigned'
     )
     select id, true from renewed
     union all
