@@ -1,5 +1,7 @@
--- V25: the hot path keeps its own books (issue 39). Expand: the functions' calls, results
--- and effects are unchanged; older builds run against it as before.
+-- V25: the hot path keeps its own books, and a start written with its end is one history
+-- row (issue 39). Expand: the functions' calls, results and effects are unchanged, and the
+-- history reads as before through the view `task_transitions`; older builds read and
+-- write through it and the triggers unchanged.
 --
 -- Every write of `tasks` ran the status machine's row trigger and three statement
 -- triggers over the transition tables (the history, the workers' counters, the flows):
@@ -13,6 +15,48 @@
 -- write (submissions, cancels, the reaper, operators' SQL, the flows' own updates) goes
 -- through the triggers as before. The rows each path writes are the same: the status
 -- model test and the history tests hold for both.
+--
+-- A task that starts and ends between two of its worker's flushes (most short tasks) got
+-- two history rows in the write that ended it: assigned → running and running → its end.
+-- Each row cost ~160 B of WAL, two index entries and their CPU. The write now stores one
+-- row that holds both events: `started_at` (when the handler started) and `end_id` (the
+-- end's event id, drawn right after the row's `id`, which is the start's).
+--
+-- - `artex.task_history` is the stored history (the partitioned table, renamed back to
+--   its V10 name; partitions, indexes and the sequence keep theirs).
+-- - `artex.task_transitions` is a view with one row per transition, as the table was:
+--   `artex task show`, the API and every SQL reader see the same rows as before.
+-- - The feed reads the stored rows by `(xid, id)` and gives a two-event row's events in
+--   order; a position is still `(xid, event id)`, and event ids already handed out keep
+--   their meaning. Retention and pruning count a row up to its last event.
+alter table artex.task_transitions rename to task_history;
+alter table artex.task_history
+    add column started_at timestamptz,
+    add column end_id bigint;
+
+comment on table artex.task_history is
+    'The audit trail and the change feed as stored: one row per transition, except a start and an end written together, one row holding both (V25). Read artex.task_transitions for one row per transition.';
+comment on column artex.task_history.started_at is
+    'Set on a row holding a start and an end (V25): when the handler started; the start''s event is the row''s id, the end''s end_id.';
+comment on column artex.task_history.end_id is
+    'Set on a row holding a start and an end (V25): the end''s event id, drawn right after the row''s id.';
+
+create view artex.task_transitions as
+    select h.id, h.task_id, h.from_status,
+           case when h.end_id is null then h.to_status else 'running' end as to_status,
+           case when h.end_id is null then h.reason else 'started' end as reason,
+           h.actor, h.worker, h.lease_epoch,
+           case when h.end_id is null then h.at else h.started_at end as at,
+           h.xid, h.flow_id, h.kind, h.assigned_at
+    from artex.task_history h
+    union all
+    select h.end_id, h.task_id, 'running'::artex.task_status, h.to_status, h.reason,
+           h.actor, h.worker, h.lease_epoch, h.at, h.xid, h.flow_id, h.kind, null
+    from artex.task_history h
+    where h.end_id is not null;
+
+comment on view artex.task_transitions is
+    'The audit trail: one row per transition a task went through (a table until V25; now a view of artex.task_history).';
 
 create function artex.hot_write() returns boolean
     language sql stable
@@ -153,6 +197,182 @@ begin
     return null;
 end
 $$;
+create or replace function artex.make_history_partitions(p_now timestamp with time zone, p_ahead interval) RETURNS SETOF text
+    LANGUAGE plpgsql
+    SET lock_timeout TO '5s'
+    AS $_$
+declare
+    width interval := artex.history_partition_width((select keep from artex.event_retention));
+    lo    timestamptz;
+    hi    timestamptz;
+    part  text;
+    made  integer := 0;
+    ahead record;
+    busy  boolean;
+begin
+    perform pg_advisory_xact_lock(hashtext('artex.history_partitions'));
+    -- After the retention was shortened: the empty partitions ahead that are wider than a
+    -- slice is now are made again at the new width (the newest first, so what stays is
+    -- contiguous), and shorter history leaves in smaller steps from then on.
+    for ahead in select p.name, p.lo, p.hi from artex.history_partitions p
+                 where p.lo > p_now order by p.lo desc loop
+        exit when ahead.hi - ahead.lo <= width;
+        execute format('select exists (select 1 from artex.%I)', ahead.name) into busy;
+        exit when busy;
+        execute format('drop table artex.%I', ahead.name);
+        delete from artex.history_partitions p where p.name = ahead.name;
+    end loop;
+    select max(p.hi) into lo from artex.history_partitions p;
+    if lo is null or lo < p_now - width then
+        lo := date_bin(width, p_now, timestamptz '2000-01-01 00:00:00+00');
+    end if;
+    while lo < p_now + coalesce(p_ahead, width * 3) and made < 100 loop
+        -- Slices end on multiples of the width (the first one may be shorter).
+        hi := date_bin(width, lo, timestamptz '2000-01-01 00:00:00+00') + width;
+        part := 'task_transitions_' || to_char(lo at time zone 'UTC', 'YYYYMMDD"_"HH24MISS');
+        if exists (select 1 from artex.task_transitions_default d
+                   where d.at >= lo and d.at < hi) then
+            execute format('create table artex.%I (like artex.task_history)
+                            with (autovacuum_vacuum_insert_threshold = -1)', part);
+            execute format('with moved as (delete from artex.task_transitions_default d
+                                            where d.at >= $1 and d.at < $2 returning d.*)
+                            insert into artex.%I select * from moved', part) using lo, hi;
+            execute format('alter table artex.task_history attach partition artex.%I
+                            for values from (%L) to (%L)', part, lo, hi);
+        else
+            execute format('create table artex.%I partition of artex.task_history
+                            for values from (%L) to (%L)
+                            with (autovacuum_vacuum_insert_threshold = -1)', part, lo, hi);
+        end if;
+        insert into artex.history_partitions (name, lo, hi) values (part, lo, hi);
+        made := made + 1;
+        return next part;
+        lo := hi;
+    end loop;
+end
+$_$;
+
+create or replace function artex.drop_history_partitions(p_now timestamp with time zone) RETURNS SETOF text
+    LANGUAGE plpgsql
+    SET lock_timeout TO '5s'
+    AS $_$
+declare
+    keep    interval := (select r.keep from artex.event_retention r);
+    cutoff  timestamptz := p_now - keep;
+    slow_x  xid8;
+    slow_i  bigint;
+    part    record;
+    needed  boolean;
+    last_x  xid8;
+    last_i  bigint;
+begin
+    perform pg_advisory_xact_lock(hashtext('artex.history_partitions'));
+    select c.last_xid, c.last_event into slow_x, slow_i
+    from artex.event_cursors c where c.updated_at >= cutoff
+    order by c.last_xid, c.last_event limit 1;
+    for part in select p.name, p.hi from artex.history_partitions p
+                where p.hi <= cutoff order by p.hi loop
+        if slow_x is not null and part.hi > cutoff - keep then
+            execute format('select exists (select 1 from artex.%I e
+                                           where (e.xid, coalesce(e.end_id, e.id)) > ($1, $2) and e.xid > ''1''
+                                             and e.to_status <> ''assigned''
+                                             and e.from_status is distinct from e.to_status)',
+                           part.name)
+                into needed using slow_x, slow_i;
+            exit when needed;
+        end if;
+        last_x := null;
+        execute format('select e.xid, coalesce(e.end_id, e.id) from artex.%I e where e.xid > ''1''
+                        order by e.xid desc, e.id desc limit 1', part.name)
+            into last_x, last_i;
+        execute format('drop table if exists artex.%I', part.name);
+        delete from artex.history_partitions p where p.name = part.name;
+        update artex.event_retention r
+        set pruned_xid = case when (last_x, last_i) > (r.pruned_xid, r.pruned_id)
+                              then last_x else r.pruned_xid end,
+            pruned_id = case when (last_x, last_i) > (r.pruned_xid, r.pruned_id)
+                             then last_i else r.pruned_id end,
+            pruned_at = now();
+        return next part.name;
+    end loop;
+end
+$_$;
+
+create or replace function artex.prune_history_rows(p_now timestamp with time zone, p_batch integer) RETURNS bigint
+    LANGUAGE plpgsql
+    SET lock_timeout TO '5s'
+    AS $_$
+declare
+    keep    interval := (select r.keep from artex.event_retention r);
+    cutoff  timestamptz := p_now - keep;
+    width   interval := artex.history_partition_width(keep);
+    slow_x  xid8;
+    slow_i  bigint;
+    part    record;
+    n       bigint;
+    total   bigint := 0;
+    last_x  xid8;
+    last_i  bigint;
+begin
+    perform pg_advisory_xact_lock(hashtext('artex.history_partitions'));
+    select c.last_xid, c.last_event into slow_x, slow_i
+    from artex.event_cursors c where c.updated_at >= cutoff
+    order by c.last_xid, c.last_event limit 1;
+    for part in select p.name from artex.history_partitions p
+                where isfinite(p.lo) and p.lo < cutoff and p.hi > cutoff
+                  and p.hi - p.lo > width
+                order by p.lo loop
+        exit when total >= p_batch;
+        execute format('with doomed as (
+                            select e.ctid from artex.%I e
+                            where e.at < $1
+                              and ($3::xid8 is null or e.at < $1 - $5
+                                   or (e.xid, coalesce(e.end_id, e.id)) <= ($3, $4))
+                            order by e.at limit $2),
+                        gone as (
+                            delete from artex.%I e using doomed where e.ctid = doomed.ctid
+                            returning e.xid, coalesce(e.end_id, e.id) as id),
+                        top as (
+                            select g.xid, g.id from gone g where g.xid > ''1''
+                            order by g.xid desc, g.id desc limit 1)
+                        select (select count(*) from gone), top.xid, top.id
+                        from (select 1) one left join top on true',
+                       part.name, part.name)
+            into n, last_x, last_i
+            using cutoff, p_batch - total, slow_x, slow_i, keep;
+        total := total + n;
+        if last_x is not null then
+            update artex.event_retention r
+            set pruned_xid = case when (last_x, last_i) > (r.pruned_xid, r.pruned_id)
+                                  then last_x else r.pruned_xid end,
+                pruned_id = case when (last_x, last_i) > (r.pruned_xid, r.pruned_id)
+                                 then last_i else r.pruned_id end,
+                pruned_at = now();
+        end if;
+    end loop;
+    return total;
+end
+$_$;
+
+create or replace function artex.tasks_after_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+begin
+    insert into artex.task_history
+        (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
+    select n.id, null, n.status, coalesce(artex.current_reason(), 'submitted'),
+           artex.current_actor(), 0, n.flow_id, n.kind
+    from new_rows n;
+    if not artex.wakeups_deferred() then
+        perform pg_notify('artex_events', '');
+    end if;
+    if exists (select 1 from new_rows where status = 'pending') then
+        perform pg_notify('artex_tasks', '');
+    end if;
+    return null;
+end
+$$;
+
 create or replace function artex.tasks_after_update() RETURNS trigger
     LANGUAGE plpgsql
     SET enable_nestloop TO 'off'
@@ -217,7 +437,7 @@ begin
         where p.ran
     ),
     history as (
-        insert into artex.task_transitions
+        insert into artex.task_history
             (task_id, from_status, to_status, reason, actor, worker, lease_epoch, at,
              flow_id, kind, assigned_at)
         select id, from_status, to_status, reason, artex.current_actor(), worker,
@@ -394,11 +614,10 @@ begin
                               else t.started_at end,
             assigned_to = case when v.status = 'running' then t.assigned_to end,
             lease_until = case when v.status = 'running' then t.lease_until end,
-            finished_at = case when artex.attempt_status(v.status,
-                                   t.status::text = 'assigned' and v.started_ago_ms is null,
-                                   t.retries + v.failed::int, t.max_retries,
-                                   coalesce(v.error, t.error))
-                                   in ('succeeded', 'failed', 'timeout')
+            -- Ended: an outcome that ends it, or a retry past the budget (attempt_status).
+            finished_at = case when v.status in ('succeeded', 'failed', 'timeout')
+                                    or (v.status = 'pending'
+                                        and t.retries + v.failed::int > t.max_retries)
                                then now() else t.finished_at end,
             updated_at = now()
         from v join artex.tasks o on o.id = v.id
@@ -415,36 +634,35 @@ begin
         select w.id, 0 as step, 'pending'::artex.task_status as from_status,
                'assigned'::artex.task_status as to_status, w.lease_epoch,
                'assigned'::text as reason, w.was_at as at, null::timestamptz as assigned_at,
-               w.flow_id, w.kind
+               null::timestamptz as started_at, w.flow_id, w.kind
         from written w
         where w.was = 'assigned' and w.status <> 'running' and not w.ran
         union all
-        select w.id, 1, w.was,
-               case when w.ran then 'running'::artex.task_status else w.status end,
-               w.lease_epoch,
-               case when w.ran or w.status = 'running' then 'started'
+        -- A start and an end in one write: one row, two events (task_transitions).
+        select w.id, 1, w.was, w.status, w.lease_epoch,
+               case when w.ran then
+                        case when w.status in ('failed', 'pending') then w.error end
+                    when w.status = 'running' then 'started'
                     when w.status in ('failed', 'pending') and w.was = 'running' then w.error
                end,
-               case when w.ran then w.started_at else now() end,
+               now(),
                case when w.was = 'assigned' and (w.ran or w.status = 'running')
                     then w.was_at end,
+               case when w.ran then w.started_at end,
                w.flow_id, w.kind
         from written w
         where w.was <> w.status
-        union all
-        select w.id, 2, 'running', w.status, w.lease_epoch,
-               case when w.status in ('failed', 'pending') then w.error end,
-               now(), null, w.flow_id, w.kind
-        from written w
-        where w.ran
     ),
     history as (
-        insert into artex.task_transitions
-            (task_id, from_status, to_status, reason, actor, worker, lease_epoch, at,
-             flow_id, kind, assigned_at)
-        select id, from_status, to_status, reason, $1, $1, lease_epoch, at, flow_id, kind,
-               assigned_at
-        from steps order by id, step
+        -- Ids drawn in the rows' order, the start's before its end's: the feed's order.
+        insert into artex.task_history
+            (id, end_id, task_id, from_status, to_status, reason, actor, worker,
+             lease_epoch, at, flow_id, kind, assigned_at, started_at)
+        select nextval('artex.history_id_seq'),
+               case when s.started_at is not null then nextval('artex.history_id_seq') end,
+               s.id, s.from_status, s.to_status, s.reason, $1, $1, s.lease_epoch, s.at,
+               s.flow_id, s.kind, s.assigned_at, s.started_at
+        from (select * from steps order by id, step) s
     ),
     released as (
         insert into artex.worker_released as r (worker, released)
@@ -470,6 +688,7 @@ begin
     end if;
 end
 $_$;
+
 
 comment on function artex.assign_round(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
 comment on function artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';

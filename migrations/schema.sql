@@ -760,11 +760,10 @@ begin
                               else t.started_at end,
             assigned_to = case when v.status = 'running' then t.assigned_to end,
             lease_until = case when v.status = 'running' then t.lease_until end,
-            finished_at = case when artex.attempt_status(v.status,
-                                   t.status::text = 'assigned' and v.started_ago_ms is null,
-                                   t.retries + v.failed::int, t.max_retries,
-                                   coalesce(v.error, t.error))
-                                   in ('succeeded', 'failed', 'timeout')
+            -- Ended: an outcome that ends it, or a retry past the budget (attempt_status).
+            finished_at = case when v.status in ('succeeded', 'failed', 'timeout')
+                                    or (v.status = 'pending'
+                                        and t.retries + v.failed::int > t.max_retries)
                                then now() else t.finished_at end,
             updated_at = now()
         from v join artex.tasks o on o.id = v.id
@@ -1761,19 +1760,19 @@ PARTITION BY RANGE (at);
 -- Name: TABLE task_history; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON TABLE artex.task_history IS 'The audit trail and the change feed as stored: one row per transition, except a start and an end written together, one row holding both (V26). Read artex.task_transitions for one row per transition.';
+COMMENT ON TABLE artex.task_history IS 'The audit trail and the change feed as stored: one row per transition, except a start and an end written together, one row holding both (V25). Read artex.task_transitions for one row per transition.';
 
 --
 -- Name: COLUMN task_history.started_at; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON COLUMN artex.task_history.started_at IS 'Set on a row holding a start and an end (V26): when the handler started; the start''s event is the row''s id, the end''s end_id.';
+COMMENT ON COLUMN artex.task_history.started_at IS 'Set on a row holding a start and an end (V25): when the handler started; the start''s event is the row''s id, the end''s end_id.';
 
 --
 -- Name: COLUMN task_history.end_id; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON COLUMN artex.task_history.end_id IS 'Set on a row holding a start and an end (V26): the end''s event id, drawn right after the row''s id.';
+COMMENT ON COLUMN artex.task_history.end_id IS 'Set on a row holding a start and an end (V25): the end''s event id, drawn right after the row''s id.';
 
 --
 -- Name: history_id_seq; Type: SEQUENCE; Schema: artex; Owner: -
@@ -2077,7 +2076,7 @@ UNION ALL
 -- Name: VIEW task_transitions; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON VIEW artex.task_transitions IS 'The audit trail: one row per transition a task went through (a table until V26; now a view of artex.task_history).';
+COMMENT ON VIEW artex.task_transitions IS 'The audit trail: one row per transition a task went through (a table until V25; now a view of artex.task_history).';
 
 --
 -- Name: task_transitions_default; Type: TABLE; Schema: artex; Owner: -
@@ -2625,7 +2624,7 @@ CREATE UNIQUE INDEX unique_flow_task ON artex.tasks USING btree (flow_id, flow_t
 -- Name: INDEX unique_flow_task; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON INDEX artex.unique_flow_task IS 'A flow''s task names are unique within it; only tasks of flows are indexed (V27; a table constraint over every task until then).';
+COMMENT ON INDEX artex.unique_flow_task IS 'A flow''s task names are unique within it; only tasks of flows are indexed (V26; a table constraint over every task until then).';
 
 --
 -- Name: uploads_live_by_host; Type: INDEX; Schema: artex; Owner: -

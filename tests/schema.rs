@@ -576,7 +576,7 @@ async fn feed_pairs(db: &TestDb, start: FeedStart) -> Vec<(String, String)> {
         .collect()
 }
 
-// V25–V27 change how the hot path writes the history: a start written with its end is
+// V25 changes how the hot path writes the history: a start written with its end is
 // one stored row (`task_history`), read as two transitions through the view that took
 // the table's name. A database at V24 holding tasks in every status (one started and
 // ended in one write) keeps every audit row and every feed position; after it, the
@@ -597,7 +597,7 @@ async fn upgrading_to_one_row_per_run_keeps_the_audit_and_the_feed_and_the_runti
     .unwrap();
     history_settled(&c).await;
     let audit_before = audit_trails(&c, "at, id").await;
-    // The feed as V24 stores it (this build reads only the V26 shape).
+    // The feed as V24 stores it (this build reads only the V25 shape).
     let feed_before: Vec<(String, String)> = common::pairs(
         &c,
         "select xid::text || '-' || id,

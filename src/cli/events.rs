@@ -362,7 +362,7 @@ fn logical_line(tx: &DecodedTransaction, raw: bool) -> Vec<Value> {
 }
 
 /// The feed events of one history row: one, or two for a row holding a start and an end
-/// (`end_id` set, V26): the start at the row's id and `started_at`, then the end.
+/// (`end_id` set, V25): the start at the row's id and `started_at`, then the end.
 fn row_events(r: &serde_json::Map<String, Value>) -> Vec<Value> {
     let event = |id, from, to, reason, at| {
         json!({

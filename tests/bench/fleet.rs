@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};
-use crate::rig::{cpu_s, exec, proc_kb};
+use crate::rig::{cpu_s, exec, proc_kb, run_rate};
 use crate::w2::feed;
 use crate::{sql, Bench};
 
@@ -240,12 +240,7 @@ async fn w1_w2(bench: &Bench, c: &Client, db: &str, label: &str) -> Figures {
     };
     let (_, max_backends) = tokio::join!(run, sample_backends(&bench.rig.admin, &done));
     bench.rig.check_all_succeeded(c, db, n.into()).await;
-    let secs: f64 = c
-        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
-        .await
-        .expect("W1's rate")
-        .get(0);
-    let w1_rate = (f64::from(n) / secs).round();
+    let w1_rate = run_rate(c, n).await.round();
     exec(c, sql::DELETE_TASKS).await;
     let (warm, w2) = (bench.sizes.w2_warm, bench.sizes.w2);
     feed(c, sql::INSERT_STAMP, warm, w2).await;

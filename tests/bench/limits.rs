@@ -8,7 +8,7 @@
 use tokio_postgres::Client;
 
 use crate::report::{fixed, result, Progress};
-use crate::rig::exec;
+use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
 const DB: &str = "bench_limits";
@@ -43,14 +43,10 @@ async fn round(bench: &Bench, c: &Client, label: &str, insert: &str) {
         .expect("succeeded")
         .get(0);
     assert_eq!(ok, i64::from(n), "limits {label}: not every task succeeded");
-    let secs: f64 = c
-        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
-        .await
-        .expect("rate")
-        .get(0);
+    let rate = run_rate(c, n).await;
     bench
         .ceilings
-        .throughput(&format!("limits_{label}_tasks_per_s"), f64::from(n) / secs);
+        .throughput(&format!("limits_{label}_tasks_per_s"), rate);
     let per_task = |x: i64| fixed(x as f64 / f64::from(n), 0);
     result(
         &format!("limits_{label}_wal_bytes_per_task_insert"),

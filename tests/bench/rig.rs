@@ -555,3 +555,13 @@ pub async fn exec(c: &Client, statement: &str) {
         panic!("{statement}: {why}");
     }
 }
+
+/// Tasks/s of `n` tasks, from the first start to the last finish (a run's throughput).
+pub async fn run_rate(c: &Client, n: u32) -> f64 {
+    let secs: f64 = c
+        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
+        .await
+        .expect("the run's duration")
+        .get(0);
+    f64::from(n) / secs
+}

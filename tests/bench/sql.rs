@@ -454,7 +454,7 @@ pub const W4_PARTITIONS_REMADE: &str = "do $$ declare p record; begin
         perform count(*) from artex.make_history_partitions(now(), null);
     end $$";
 pub const NOT_SUCCEEDED: &str = "select count(*) from artex.tasks where status <> 'succeeded'";
-/// Stored history rows (since V26 a start written with its end is one row holding both
+/// Stored history rows (since V25 a start written with its end is one row holding both
 /// transitions; `artex.task_transitions` shows them as two).
 pub const HISTORY_ROWS: &str = "select count(*) from artex.task_history";
 /// With a retention: the history's partitions, and how far the feed was pruned.
@@ -485,7 +485,7 @@ pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_ls
 /// Each relfilenode of artex's schema and the table it counts for: a partition as its
 /// parent, an index as `<table>_indexes`.
 /// Each relation's file, named by its table (a partition by its parent; the stored history
-/// `task_history` under its pre-V26 name `task_transitions`, so that figures compare).
+/// `task_history` under its pre-V25 name `task_transitions`, so that figures compare).
 pub const RELMAP: &str = "select c.relfilenode::int8,
         replace(coalesce(pp.relname, t.relname), 'task_history', 'task_transitions')
         || case when c.relkind = 'i' then '_indexes' else '' end

@@ -8,7 +8,7 @@
 use tokio_postgres::Client;
 
 use crate::report::{fixed, profile_print, profile_reset, result, Progress};
-use crate::rig::exec;
+use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
 const DB: &str = "bench_w1idle";
@@ -51,14 +51,10 @@ pub async fn run(bench: &mut Bench) {
     bench.rig.stop_runtime().await;
     bench.rig.check_all_succeeded(&c, DB, n.into()).await;
     time_ordered_ids(&c).await;
-    let secs: f64 = c
-        .query_one(sql::FIRST_START_TO_LAST_FINISH_S, &[])
-        .await
-        .expect("rate")
-        .get(0);
+    let rate = run_rate(&c, n).await;
     bench
         .ceilings
-        .throughput("w1idle_tasks_per_s_2workers", f64::from(n) / secs);
+        .throughput("w1idle_tasks_per_s_2workers", rate);
     let first: f64 = c
         .query_one(sql::FIRST_START_AFTER_RUN_AT_MS, &[])
         .await

@@ -548,7 +548,7 @@ async fn feed_complete(
     let rows = c
         .query(
             // The stored rows (their partitions), a row holding a start and an end
-            // expanded into its two events as the feed does (V26).
+            // expanded into its two events as the feed does (V25).
             "select e.xid::text, ev.id, e.task_id, ev.to_status::text, coalesce(ev.reason, ''),
                     ev.at::text, e.tableoid::regclass::text
              from artex.task_history e

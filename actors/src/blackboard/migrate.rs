@@ -272,23 +272,16 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 25,
         name: "hot_path_keeps_its_books",
         sql: include_str!("../../../migrations/V25__hot_path_keeps_its_books.sql"),
-        // Functions redefined with the same calls, results and effects, two new ones, a
-        // trigger given a condition: older builds' writes go through the triggers as before.
+        // Functions redefined with the same calls, results and effects, three new ones, a
+        // trigger given a condition; the history table renamed with two nullable columns
+        // and a view under its old name and columns: older builds read the same rows
+        // through it (their feed reads without the index) and write through the triggers.
         change: Change::Expand,
     },
     Migration {
         version: 26,
-        name: "one_row_per_run",
-        sql: include_str!("../../../migrations/V26__one_row_per_run.sql"),
-        // The history table renamed, two nullable columns, a view with the table's old
-        // name and columns: older builds read the same rows through it (their feed reads
-        // without the index) and write through the triggers.
-        change: Change::Expand,
-    },
-    Migration {
-        version: 27,
         name: "flow_task_names_indexed_for_flows_only",
-        sql: include_str!("../../../migrations/V27__flow_task_names_indexed_for_flows_only.sql"),
+        sql: include_str!("../../../migrations/V26__flow_task_names_indexed_for_flows_only.sql"),
         // The same uniqueness rule under the same name, as a partial index.
         change: Change::Expand,
     },

@@ -123,7 +123,7 @@ pub struct Retention {
 // serves the row comparison and the order (a merge of the partitions' indexes); the
 // horizon is an init-plan computed once from the statement's own snapshot.
 //
-// A stored row holding a start and an end (V26) is two events: the start at the row's
+// A stored row holding a start and an end (V25) is two events: the start at the row's
 // id, the end at its `end_id`, drawn right after it. So the read starts at the row whose
 // id is the position (its end may not have been delivered yet), takes one row more than
 // the events it may return (that row may give none), and orders the events it expands.

@@ -11,7 +11,7 @@ use crate::error::Result;
 // a transaction at or above the horizon, so its position is above this one: a reader
 // starting here misses nothing committed after it looked. Walks the (xid, id) index
 // backwards, past the few entries of transactions in flight. A stored row's last event
-// is its end's when it holds a start and an end (V26).
+// is its end's when it holds a start and an end (V25).
 pub(crate) const FEED_HEAD: &str = "select e.xid::text, coalesce(e.end_id, e.id)
     from artex.task_history e
     where e.xid < pg_snapshot_xmin(pg_current_snapshot())

@@ -1,4 +1,4 @@
--- V27: the uniqueness of a flow's task names, kept by a partial index (issue 39). Expand:
+-- V26: the uniqueness of a flow's task names, kept by a partial index (issue 39). Expand:
 -- the same rule, under the same name; writes older builds make satisfy it alike.
 --
 -- `unique (flow_id, flow_task)` (V1) indexed every row version of every task, NULL keys
@@ -11,4 +11,4 @@ create unique index unique_flow_task on artex.tasks (flow_id, flow_task)
     where flow_id is not null;
 
 comment on index artex.unique_flow_task is
-    'A flow''s task names are unique within it; only tasks of flows are indexed (V27; a table constraint over every task until then).';
+    'A flow''s task names are unique within it; only tasks of flows are indexed (V26; a table constraint over every task until then).';
