@@ -1588,11 +1588,14 @@ CREATE FUNCTION artex.wake_round(p_workers text[], p_tasks uuid[]) RETURNS TABLE
 begin
     return query with held as materialized (
         select t.assigned_to as worker,
-               json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
+               case when coalesce(t.payload_bytes, octet_length(t.payload::text)) <= 1000
+                     and coalesce(pg_column_size(t.checkpoint), 0) <= 1000
+               then json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
                    t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id,
                    coalesce(t.payload_bytes, octet_length(t.payload::text)),
                    t.xmin::text::int8,
-                   (extract(epoch from t.lease_until) * 1000)::float8)::text as task,
+                   (extract(epoch from t.lease_until) * 1000)::float8)::text
+               end as task,
                row_number() over (partition by t.assigned_to
                                   order by t.priority desc, t.run_at, t.id) as n
         from artex.tasks t
@@ -1608,7 +1611,7 @@ begin
         select worker, '[' || string_agg(task, ',' order by n) || ']' as payload
         from carried group by worker, upto / 6500
         union all
-        select worker, '' from held where octet_length(task) > 1000
+        select worker, '' from held where task is null or octet_length(task) > 1000
         union all
         select id, '' from artex.workers
         where id = any($1::text[]) and id not in (select worker from held)
@@ -1625,7 +1628,7 @@ $_$;
 -- Name: FUNCTION wake_round(p_workers text[], p_tasks uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.wake_round(p_workers text[], p_tasks uuid[]) IS 'The chosen workers'' wake-ups with the tasks they carry. Called by planner/dispatch.rs (WAKE_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.wake_round(p_workers text[], p_tasks uuid[]) IS 'The chosen workers'' wake-ups with the tasks they carry (those whose JSON is at most 1,000 bytes, measured before it is written: V27). Called by planner/dispatch.rs (WAKE_CALL); the statement lives only here.';
 
 --
 -- Name: wakeups_deferred(); Type: FUNCTION; Schema: artex; Owner: -

@@ -285,6 +285,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same uniqueness rule under the same name, as a partial index.
         change: Change::Expand,
     },
+    Migration {
+        version: 27,
+        name: "wake_ups_measure_before_they_build",
+        sql: include_str!("../../../migrations/V27__wake_ups_measure_before_they_build.sql"),
+        // The same function, calls and results: it measures a task before writing it out.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
