@@ -159,8 +159,8 @@ async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
 /// payloads one at a time) keeps its lease while the worker renews what it holds: the
 /// worker is alive. Before, the lease ran out while the task waited its turn, the reaper
 /// sent it back with a retry counted, and eight 50 MB tasks could run out of retries
-/// without starting. Another worker's tasks, and a task the worker read with another
-/// epoch, are not renewed.
+/// without starting. A worker holding nothing renews them too. Another worker's tasks,
+/// and a task the worker read with another epoch, are not renewed.
 #[tokio::test]
 async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_renews() {
     let db = TestDb::new().await;
@@ -232,4 +232,19 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
         .unwrap();
     assert!(kept.is_empty(), "{kept:?}");
     assert!(lease_left(read).await < 5.0);
+
+    // Holding nothing, a worker's renewal still keeps what waits for it unread.
+    c.execute(
+        "update artex.tasks set lease_until = now() + interval '2 seconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let kept = db.bb.worker().renew_leases("w1", &[], 60.0).await.unwrap();
+    assert!(kept.is_empty(), "{kept:?}");
+    assert!(
+        lease_left(unread).await > 50.0,
+        "the unread task's lease was renewed by a worker holding nothing"
+    );
+    assert!(lease_left(other).await < 5.0);
 }

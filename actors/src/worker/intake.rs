@@ -24,6 +24,13 @@ pub(super) struct Intake {
     /// The last read returned as many tasks as it asked for, or stopped at the memory
     /// budget: there may be more.
     pub maybe_more: bool,
+    /// Tasks may be assigned to it that it has not read: its latest read came back with
+    /// tasks, or was made while it held some (and may have left one out for want of
+    /// room). Its renewals then keep their leases even while it holds nothing: a task
+    /// is assigned with the worker's lease, and eight 50 MB tasks read one at a time
+    /// waited longer than that between two renewals of a worker holding nothing at the
+    /// renewal's tick (taken back, read again, failed at last).
+    pub unread: bool,
     /// What its latest finished read saw: which carried tasks it may take, and how long
     /// their leases surely run (see `blackboard::carried`).
     pub last_read: Option<LastRead>,
@@ -52,6 +59,7 @@ impl Intake {
         Intake {
             flight: SingleFlight::default(),
             maybe_more: false,
+            unread: false,
             last_read: None,
             pushed: false,
             wake_unreachable: false,
@@ -170,6 +178,7 @@ impl Handler<Carried> for Worker {
         }
         if left_over {
             self.intake.maybe_more = true;
+            self.intake.unread = true;
         }
         self.refill(new, free_slots, ctx);
         if left_over {
@@ -243,6 +252,7 @@ impl Worker {
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
         // Near the budget, the next task may not have fitted.
         self.intake.maybe_more = tasks.len() == limit || bytes * 2 > budget;
+        self.intake.unread = !tasks.is_empty() || free_slots < limit;
         let new = self
             .held
             .ledger

@@ -65,11 +65,11 @@ impl Worker {
         true
     }
 
-    /// Renews the leases of everything it holds, in one statement. Not beside a write of
-    /// progress: each skips the rows the other locks (see `progress`), so the renewal
-    /// follows it at once instead.
+    /// Renews the leases of everything it holds, and of what is assigned to it and not
+    /// read yet, in one statement. Not beside a write of progress: each skips the rows
+    /// the other locks (see `progress`), so the renewal follows it at once instead.
     pub(super) fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.held.count() == 0 {
+        if self.held.count() == 0 && !self.intake.unread {
             return;
         }
         if self.progress.flight.busy() {

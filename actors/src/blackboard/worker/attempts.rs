@@ -352,8 +352,9 @@ impl WorkerBoard {
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
-    /// Extends the leases of the tasks the worker holds (without waiting for the WAL
-    /// flush). Returns the ids still held, each with whether its lease was extended:
+    /// Extends the leases of the tasks the worker holds, and of those assigned to it that
+    /// it has not read (without waiting for the WAL flush; with nothing `held`, only
+    /// those). Returns the ids still held, each with whether its lease was extended:
     /// `false` when the row was locked by a write in flight (the worker's own batch of
     /// outcomes), which is not waited for. A missing id was taken away.
     pub async fn renew_leases(
@@ -362,9 +363,6 @@ impl WorkerBoard {
         held: &[(Uuid, i64)],
         lease_secs: f64,
     ) -> Result<Vec<(Uuid, bool)>> {
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
         let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
         let epochs: Vec<i64> = held.iter().map(|h| h.1).collect();
         let client = self.bb.relaxed_client().await?;
