@@ -158,6 +158,31 @@ impl AttemptRecord {
 }
 
 /// An assigned task from a row of `artex.read_assigned`'s or `TAKE_OVER`'s result.
+/// Payloads (as JSON text) above which a read's tasks are decoded on a blocking thread.
+const DECODE_ASIDE_BYTES: i64 = 1 << 20;
+
+/// The tasks of `rows` (as [`assigned_from_row`]). Large payloads are decoded on a blocking
+/// thread: the worker's actor runs its lease renewals and its fence on the thread its
+/// reads come back on, and a 50 MB payload is a long decode (longer in a debug build on
+/// a loaded host) that would hold them all back.
+pub(super) async fn decode_assigned(rows: Vec<tokio_postgres::Row>) -> Result<Vec<AssignedTask>> {
+    let mut bytes = 0i64;
+    for r in &rows {
+        bytes += r.try_get::<_, i64>(9)?;
+    }
+    let decode = move || {
+        rows.iter()
+            .map(assigned_from_row)
+            .collect::<Result<Vec<_>>>()
+    };
+    if bytes <= DECODE_ASIDE_BYTES {
+        return decode();
+    }
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| Error::Invalid(format!("decoding a read's payloads failed: {e}")))?
+}
+
 pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
     Ok(AssignedTask {
         id: r.try_get(0)?,
@@ -290,15 +315,19 @@ impl WorkerBoard {
             .query(FETCH_CALL, &[&worker, &limit, &max_bytes, &holds_nothing])
             .await?;
         // The snapshot's row sorts first; the tasks follow in start order.
-        let Some((first, tasks)) = rows.split_first() else {
+        let mut rows = rows.into_iter();
+        let Some(first) = rows.next() else {
             return Err(Error::Invalid(
                 "a read of assignments returned no snapshot row".into(),
             ));
         };
+        let snapshot = ReadSnapshot::parse(first.try_get(11)?)?;
+        let db_clock_ms = first.try_get(12)?;
+        let tasks = rows.collect();
         Ok(Some(AssignedRead {
-            snapshot: ReadSnapshot::parse(first.try_get(11)?)?,
-            db_clock_ms: first.try_get(12)?,
-            tasks: tasks.iter().map(assigned_from_row).collect::<Result<_>>()?,
+            snapshot,
+            db_clock_ms,
+            tasks: decode_assigned(tasks).await?,
         }))
     }
 

@@ -4,7 +4,7 @@
 //! move over. The history's reasons keep their words ("handed over by/to …"): readers of
 //! the history and the feed match on them.
 
-use super::attempts::{assigned_from_row, AssignedTask};
+use super::attempts::{decode_assigned, AssignedTask};
 use super::WorkerBoard;
 use crate::error::Result;
 use uuid::Uuid;
@@ -56,7 +56,7 @@ impl WorkerBoard {
         let rows = client
             .query(TAKE_OVER, &[&from, &to, &lease_secs, &ids, &epochs])
             .await?;
-        rows.iter().map(assigned_from_row).collect()
+        decode_assigned(rows).await
     }
 
     /// Moves every task assigned to `from` over to `to`, except the ones in `running`
