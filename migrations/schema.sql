@@ -2573,7 +2573,13 @@ CREATE INDEX tasks_holder ON artex.tasks USING btree (assigned_to, id) WHERE (as
 -- Name: tasks_kind_id; Type: INDEX; Schema: artex; Owner: -
 --
 
-CREATE INDEX tasks_kind_id ON artex.tasks USING btree (kind, id);
+CREATE INDEX tasks_kind_id ON artex.tasks USING btree (kind, id) WHERE (listed IS NOT NULL);
+
+--
+-- Name: INDEX tasks_kind_id; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON INDEX artex.tasks_kind_id IS 'Tasks by kind, newest first, except the held ones (V28): a kind''s held tasks are found through tasks_holder.';
 
 --
 -- Name: tasks_limited_waiting; Type: INDEX; Schema: artex; Owner: -

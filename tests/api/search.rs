@@ -288,3 +288,62 @@ async fn kinds_limits_are_set_read_cleared_and_refused_naming_the_field() {
         json!({"cleared": false})
     );
 }
+
+/// A kind's listing and its bulk actions take its held tasks too, though the kind index
+/// holds none (migrations/V28: they are found through the holder index and merged by id),
+/// newest first across pages.
+#[tokio::test]
+async fn a_kind_is_listed_and_acted_on_whole_its_held_tasks_included() {
+    let db = TestDb::new().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    let c = db.client().await;
+    // Five echo tasks, oldest first; the second and fourth held by w1, the fifth ended.
+    c.batch_execute(
+        "insert into artex.tasks (id, kind)
+             select ('00000000-0000-7000-8000-00000000000' || i)::uuid, 'echo'
+             from generate_series(1, 5) i;
+         insert into artex.tasks (kind) values ('other');
+         update artex.tasks set status = 'assigned', assigned_to = 'w1',
+             lease_until = now() + interval '1 minute'
+         where id in ('00000000-0000-7000-8000-000000000002',
+                      '00000000-0000-7000-8000-000000000004');
+         update artex.tasks set status = 'running'
+         where id = '00000000-0000-7000-8000-000000000004';
+         update artex.tasks set status = 'canceled'
+         where id = '00000000-0000-7000-8000-000000000005';",
+    )
+    .await
+    .unwrap();
+    let id = |i: u32| format!("00000000-0000-7000-8000-00000000000{i}");
+    let first = api.get("/api/v1/tasks?kind=echo&limit=3").json();
+    assert_eq!(ids(&first), vec![id(5), id(4), id(3)], "{first}");
+    let rest = api
+        .get(&format!("/api/v1/tasks?kind=echo&limit=3&after={}", id(3)))
+        .json();
+    assert_eq!(ids(&rest), vec![id(2), id(1)], "{rest}");
+
+    let canceled = api.w(
+        "POST",
+        "/api/v1/tasks/bulk",
+        Some(&json!({"action": "cancel", "filter": {"kind": "echo"}}).to_string()),
+    );
+    assert_eq!(canceled.status, 200, "{}", canceled.text());
+    assert_eq!(canceled.json()["matched"], 5, "{}", canceled.text());
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'echo' and status = 'canceled'"
+        )
+        .await,
+        5
+    );
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'other' and status = 'pending'"
+        )
+        .await,
+        1
+    );
+}

@@ -131,7 +131,7 @@ impl OperatorBoard {
             n += 1;
             n
         };
-        let conds = filter.conditions(&mut next);
+        let mut conds = filter.conditions(&mut next);
         let filter_sql = if conds.is_empty() {
             "true".to_string()
         } else {
@@ -147,9 +147,10 @@ impl OperatorBoard {
             return Ok(report);
         }
         let (below, limit) = (next(), next());
+        conds.push(format!("(${below}::uuid is null or id < ${below})"));
         let page = format!(
-            "select id from artex.tasks where {filter_sql} and (${below}::uuid is null or id < ${below})
-             order by id desc limit ${limit}"
+            "select id from ({}) p",
+            filter.newest_first(&conds, &format!("${limit}"))
         );
         let write = match action {
             BulkAction::Retry => BULK_RETRY,

@@ -162,6 +162,38 @@ impl TaskFilter {
         params
     }
 
+    /// The tasks matching `conds` (its [`TaskFilter::conditions`] and any the caller
+    /// adds), newest first, at most `limit` (a parameter): a statement to select from.
+    /// The kind index holds no held task (migrations/V28): a kind listed without a status
+    /// or a worker is its unheld tasks by that index and its held ones by the holder
+    /// index (the fleet's work in flight), merged by id.
+    pub(super) fn newest_first(&self, conds: &[String], limit: &str) -> String {
+        let filter = |extra: Option<&str>| {
+            let all: Vec<&str> = conds.iter().map(String::as_str).chain(extra).collect();
+            if all.is_empty() {
+                String::new()
+            } else {
+                format!(" where {}", all.join(" and "))
+            }
+        };
+        if self.kind.is_none() || self.status.is_some() || self.worker.is_some() {
+            return format!(
+                "select * from artex.tasks{} order by id desc limit {limit}",
+                filter(None)
+            );
+        }
+        format!(
+            "(select * from artex.tasks{} order by id desc limit {limit})
+             union all
+             (select * from artex.tasks{} order by id desc limit {limit})
+             order by id desc limit {limit}",
+            filter(Some("listed is not null")),
+            filter(Some(
+                "assigned_to is not null and status in ('assigned', 'running')"
+            )),
+        )
+    }
+
     /// The time range's bounds on ids.
     pub(super) fn bounds(&self) -> (Option<Uuid>, Option<Uuid>) {
         (self.since.map(v7_floor), self.until.map(v7_floor))
@@ -182,13 +214,8 @@ impl TaskFilter {
         if self.after.is_some() {
             conds.push(format!("id < ${}", next()));
         }
-        let limit = next();
-        let filter = if conds.is_empty() {
-            String::new()
-        } else {
-            format!(" where {}", conds.join(" and "))
-        };
-        let page = format!("(select * from artex.tasks{filter} order by id desc limit ${limit}) t");
+        let limit = format!("${}", next());
+        let page = format!("({}) t", self.newest_first(&conds, &limit));
         format!(
             "{} order by t.id desc",
             preview_select!("{page}").replace("{page}", &page)
