@@ -257,7 +257,7 @@ begin
                 l.kind_room, l.tokens), 0)
         ) w
     ),
-    fits as (
+    walked as (
         select f.id from (
             select w.*,
                    row_number() over (partition by w.kind
@@ -269,6 +269,49 @@ begin
         order by f.priority desc, f.run_at, f.id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
                                from roster r))
+    ),
+    places as materialized (
+        select least($2::int8, coalesce(sum(greatest(r.capacity - r.held, 0)), 0)) as n
+        from roster r
+    ),
+    ahead as materialized (
+        select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at
+        from artex.tasks t
+        where t.listed = 'pending' and t.limited and t.run_at <= now()
+          and t.kind = any(array(select distinct unnest(r.kinds) from roster r
+                                 where r.capacity > r.held))
+          and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
+        order by t.priority desc, t.run_at, t.id
+        limit (select 2 * n from places)
+    ),
+    ahead_fits as (
+        select f.id from (
+            select k.*,
+                   row_number() over (partition by k.kind collate "C"
+                                      order by k.priority desc, k.run_at, k.id) as nth_of_kind
+            from (
+                select a.*,
+                       row_number() over (partition by a.kind collate "C", a.key collate "C"
+                                          order by a.priority desc, a.run_at, a.id) as nth_of_key
+                from ahead a
+            ) k left join room l on l.kind = k.kind
+                left join held h on h.kind = k.kind and h.key = k.key
+            where k.key = '' or l.key_concurrency is null
+               or k.nth_of_key <= l.key_concurrency - coalesce(h.n, 0)
+        ) f left join room l on l.kind = f.kind
+        where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
+          and (l.tokens is null or f.nth_of_kind <= l.tokens)
+        order by f.priority desc, f.run_at, f.id
+        limit (select n from places)
+    ),
+    settled as materialized (
+        select (select count(*) from ahead_fits) >= (select n from places)
+               or (select count(*) from ahead) < (select 2 * n from places) as by_the_head
+    ),
+    fits as (
+        select id from ahead_fits where (select by_the_head from settled)
+        union all
+        select id from walked where not (select by_the_head from settled)
     ),
     claimed as (
         select id, kind, host, priority, run_at, false as limited from artex.tasks
@@ -303,7 +346,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]) IS 'The planner round''s read: the roster and the claim. Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]) IS 'The planner round''s read: the roster and the claim; the tasks of limited kinds by the head of their queue when the limits do not bind there, else by a walk of their keys (V29). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -2580,6 +2623,18 @@ CREATE INDEX tasks_kind_id ON artex.tasks USING btree (kind, id) WHERE (listed I
 --
 
 COMMENT ON INDEX artex.tasks_kind_id IS 'Tasks by kind, newest first, except the held ones (V28): a kind''s held tasks are found through tasks_holder.';
+
+--
+-- Name: tasks_limited_runnable; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE INDEX tasks_limited_runnable ON artex.tasks USING btree (priority DESC, run_at, id) WHERE ((listed = 'pending'::artex.task_status) AND limited);
+
+--
+-- Name: INDEX tasks_limited_runnable; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON INDEX artex.tasks_limited_runnable IS 'The runnable tasks of limited kinds in claim order: the head a planner round reads before it walks the keys (V29).';
 
 --
 -- Name: tasks_limited_waiting; Type: INDEX; Schema: artex; Owner: -

@@ -300,6 +300,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // walk the primary key instead.
         change: Change::Expand,
     },
+    Migration {
+        version: 29,
+        name: "limited_kinds_claimed_by_the_head_first",
+        sql: include_str!("../../../migrations/V29__limited_kinds_claimed_by_the_head_first.sql"),
+        // The same function, calls and results, and one more partial index.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
