@@ -752,3 +752,63 @@ async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
         w.log_text()
     );
 }
+
+/// A round takes a limited kind's tasks in claim order within its keys' room, whether it
+/// finds them by the head of the queue (migrations/V29: the limits do not bind there) or
+/// by the walk of the keys (they do). Three keys of three tasks at priorities 9, 5 and 1,
+/// two of each key at most: a worker with room for four takes two of the first key and
+/// two of the second; with room for eight, every key's two (the head of twice eight holds
+/// every task). One of each key at most, with room for four: the head of eight yields
+/// three, so the round walks the keys, and takes one of each.
+#[tokio::test]
+async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
+    use artex_actors::blackboard::LimitSpec;
+    let cases = [
+        (4, 2, vec![("a", 2), ("b", 2)]),
+        (8, 2, vec![("a", 2), ("b", 2), ("c", 2)]),
+        (4, 1, vec![("a", 1), ("b", 1), ("c", 1)]),
+    ];
+    for (capacity, key_concurrency, want) in cases {
+        let db = TestDb::new().await;
+        let ops = db.bb.operator();
+        fixtures::worker(&db.bb, "w1", &["lk"], capacity).await;
+        let spec = LimitSpec {
+            concurrency: None,
+            key_concurrency: Some(key_concurrency),
+            rate_per_sec: None,
+        };
+        ops.set_kind_limit("lk", &spec, "test").await.unwrap();
+        let tasks: Vec<NewTask> = [("c", 1), ("a", 9), ("b", 5)]
+            .iter()
+            .flat_map(|&(key, priority)| {
+                (0..3).map(move |_| NewTask {
+                    limit_key: Some(key.to_string()),
+                    priority,
+                    ..NewTask::new("lk", json!({}))
+                })
+            })
+            .collect();
+        ops.submit_many(&tasks, "test").await.unwrap();
+        let round = Assigner::run_once(&db.bb.planner(), &config())
+            .await
+            .unwrap();
+        assert_eq!(round.assigned, want.iter().map(|w| w.1).sum::<usize>());
+        let client = db.client().await;
+        let held: Vec<(String, i64)> = client
+            .query(
+                "select limit_key, count(*) from artex.tasks where assigned_to is not null
+                 group by limit_key order by limit_key",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let want: Vec<(String, i64)> = want
+            .iter()
+            .map(|&(k, n)| (k.to_string(), n as i64))
+            .collect();
+        assert_eq!(held, want, "capacity {capacity}");
+    }
+}
