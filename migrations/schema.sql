@@ -582,7 +582,7 @@ begin
         select v.id, v.n, t.kind, t.limit_key,
                row_number() over (partition by t.kind, t.limit_key order by v.n) as nth_of_key
         from unnest(ids) with ordinality as v(id, n) join artex.tasks t on t.id = v.id
-        where t.kind in (select kind from lim)
+        where t.id = any(ids) and t.kind in (select kind from lim)
     ),
     held_kind as materialized (
         select h.kind, sum(h.n) as n from held h group by h.kind

@@ -307,6 +307,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same function, calls and results, and one more partial index.
         change: Change::Expand,
     },
+    Migration {
+        version: 30,
+        name: "limits_check_reads_its_tasks_by_id",
+        sql: include_str!("../../../migrations/V30__limits_check_reads_its_tasks_by_id.sql"),
+        // The same function, calls and results: its tasks read through the primary key.
+        change: Change::Expand,
+    },
 ];
 
 /// What `migrate` did.
