@@ -13,6 +13,7 @@
 #   w4       the soak: 1,000,000 tasks through 1 planner + 2 workers (~5 min)
 #   w6       one planner assigning 20,000 tasks to 10, then 2,000 simulated workers
 #   history  history rows and WAL per finished task, by table (pg_waldump)
+#   cycle    the two hot functions alone by plain SQL: WAL and PostgreSQL CPU per task
 #   unique   what a unique key costs a submission
 #   limits   W1 from idle with limit keys, with kind limits, with tags
 #   api      submission through `artex serve` against plain SQL inserts
@@ -47,7 +48,7 @@ case "${1:-}" in
     -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
-all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,unique,limits,api,dash,replica,upload,fleet,upgrade
+all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,cycle,unique,limits,api,dash,replica,upload,fleet,upgrade
 parts=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do

@@ -21,6 +21,7 @@
 mod common;
 
 mod api;
+mod cycle;
 mod dash;
 mod fleet;
 mod history;
@@ -48,9 +49,9 @@ use rig::Rig;
 
 /// The parts this program runs, in the order it runs them (the bash bench's order, the
 /// hot upgrades last).
-pub const PARTS: [&str; 17] = [
-    "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "unique", "limits", "api",
-    "dash", "replica", "upload", "fleet", "upgrade",
+pub const PARTS: [&str; 18] = [
+    "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "cycle", "unique", "limits",
+    "api", "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -177,6 +178,7 @@ async fn run_part(bench: &mut Bench, part: &str) {
         "limits" => limits::run(bench).await,
         "w4" => w4::run(bench).await,
         "history" => history::run(bench).await,
+        "cycle" => cycle::run(bench).await,
         "api" => api::run(bench).await,
         "dash" => dash::run(bench).await,
         "replica" => replica::run(bench).await,

@@ -265,6 +265,10 @@ pub const PREPARED: &[&str] = &[
     W4_TENTHS,
     W4_SIZES,
     WAL_LSN,
+    CYCLE_WORKER,
+    CYCLE_ASSIGN,
+    CYCLE_HELD,
+    CYCLE_RECORD,
     RELMAP,
     API_SIM_WORKER,
     BUSY_HOUR,
@@ -481,6 +485,27 @@ pub const W4_SIZES: &str = "select pg_relation_size('artex.tasks'),
 pub const WAL_KEEP: &str = "alter system set wal_keep_size = '4GB'";
 pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
 /// The WAL position, as text (for pg_waldump) and as bytes.
+/// cycle: the worker its tasks are assigned to, registered and never seen to go.
+pub const CYCLE_WORKER: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', 2000000000)";
+/// cycle: a round's assignment of the $1 first pending tasks to that worker.
+pub const CYCLE_ASSIGN: &str = "with picked as (
+        select id from artex.tasks where listed = 'pending' order by id limit $1
+    )
+    select count(*) from artex.assign_round('bench', array(select id from picked),
+        array_fill('bench-cycle'::text, array[(select count(*)::int from picked)]), 30, '{}')";
+/// cycle: the tasks the worker holds, with their epochs (at most $1).
+pub const CYCLE_HELD: &str = "select id, lease_epoch from artex.tasks
+    where assigned_to = 'bench-cycle' and status = 'assigned' order by id limit $1";
+/// cycle: tasks $1 at epochs $2 started 1 ms ago and succeeded, in one write.
+pub const CYCLE_RECORD: &str = "select * from artex.record_attempts('bench-cycle', $1, $2,
+    array_fill('succeeded'::text, array[cardinality($1::uuid[])]),
+    array_fill(null::jsonb, array[cardinality($1::uuid[])]),
+    array_fill(null::text, array[cardinality($1::uuid[])]),
+    array_fill(false, array[cardinality($1::uuid[])]),
+    array_fill(0::float8, array[cardinality($1::uuid[])]),
+    array_fill(1::float8, array[cardinality($1::uuid[])]))";
 pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0')::int8";
 /// Each relfilenode of artex's schema and the table it counts for: a partition as its
 /// parent, an index as `<table>_indexes`.
