@@ -37,6 +37,7 @@ mod inputs;
 mod listen;
 pub mod maintenance;
 mod migrate;
+mod migrations;
 pub mod operator;
 pub mod planner;
 pub(crate) mod primary;

@@ -1,0 +1,248 @@
+//! The migrations compiled into the binary, in order: each file of `migrations/`, with
+//! what it does to the builds that predate it (see [`Change`] and migrations/README.md).
+//! The runner and the schema range check that read this list are `migrate`.
+
+use super::migrate::{Change, Migration};
+
+/// Every migration, in order. Append-only: a released file is never edited.
+///
+/// V1–V5 count as contractions of their own version: the builds that predate them
+/// migrated at start and refused any schema newer than they knew, so no build older than
+/// a migration ever ran against it, and nothing vouches that one could.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "blackboard",
+        sql: include_str!("../../../migrations/V1__blackboard.sql"),
+        change: Change::Contract { compatible_from: 1 },
+    },
+    Migration {
+        version: 2,
+        name: "flows",
+        sql: include_str!("../../../migrations/V2__flows.sql"),
+        change: Change::Contract { compatible_from: 2 },
+    },
+    Migration {
+        version: 3,
+        name: "batched_hot_path",
+        sql: include_str!("../../../migrations/V3__batched_hot_path.sql"),
+        change: Change::Contract { compatible_from: 3 },
+    },
+    Migration {
+        version: 4,
+        name: "input_limits",
+        sql: include_str!("../../../migrations/V4__input_limits.sql"),
+        change: Change::Contract { compatible_from: 4 },
+    },
+    Migration {
+        version: 5,
+        name: "fleet_capacity_and_liveness",
+        sql: include_str!("../../../migrations/V5__fleet_capacity_and_liveness.sql"),
+        change: Change::Contract { compatible_from: 5 },
+    },
+    Migration {
+        version: 6,
+        name: "planner_shards",
+        sql: include_str!("../../../migrations/V6__planner_shards.sql"),
+        // New tables only: a build that knows V5 runs on, serving every shard as before.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 7,
+        name: "time_ordered_ids",
+        sql: include_str!("../../../migrations/V7__time_ordered_ids.sql"),
+        // A function and column defaults: older builds name their ids or take the
+        // default, whichever it is.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 8,
+        name: "api_indexes",
+        sql: include_str!("../../../migrations/V8__api_indexes.sql"),
+        // Indexes and a nullable column: older builds run on.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 9,
+        name: "uploads",
+        sql: include_str!("../../../migrations/V9__uploads.sql"),
+        // A new table and a nullable column: builds that predate it run on unchanged.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 10,
+        name: "one_history",
+        sql: include_str!("../../../migrations/V10__one_history.sql"),
+        // Drops the outbox `task_events`, which builds up to V9 read (their feed) and
+        // prune (their Reapers), and replaces `task_transitions` by the partitioned one
+        // history: only builds that know V10 run against it. Not split into expand and
+        // contract: writing both shapes meanwhile is the double write this removes.
+        change: Change::Contract {
+            compatible_from: 10,
+        },
+    },
+    Migration {
+        version: 11,
+        name: "stranded_uploads",
+        sql: include_str!("../../../migrations/V11__stranded_uploads.sql"),
+        // One more legal move (pending → failed) that older builds never make, and an
+        // index: they run on unchanged.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 12,
+        name: "held_released_apart",
+        sql: include_str!("../../../migrations/V12__held_released_apart.sql"),
+        // `workers.held` is no longer lowered as tasks are given back (the count moves to
+        // `taken` and `worker_released`): builds up to V11, whose planners read `held` as
+        // the count, would stop assigning to any worker once it had been full.
+        change: Change::Contract {
+            compatible_from: 12,
+        },
+    },
+    Migration {
+        version: 13,
+        name: "blackboard_identity",
+        sql: include_str!("../../../migrations/V13__blackboard_identity.sql"),
+        // A new table (the blackboard's id), which older builds never read.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 14,
+        name: "wake_over_http",
+        sql: include_str!("../../../migrations/V14__wake_over_http.sql"),
+        // A nullable column and one with a default; the trigger treats workers that
+        // older builds register (no wake_addr) as before.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 15,
+        name: "hot_task_rows",
+        sql: include_str!("../../../migrations/V15__hot_task_rows.sql"),
+        // Replaces the indexes older builds claim, read assignments and list by (their
+        // statements, naming `status`, would read the whole table): builds from V15 on
+        // name `listed` and the holder instead.
+        change: Change::Contract {
+            compatible_from: 15,
+        },
+    },
+    Migration {
+        version: 16,
+        name: "plan_cached_hot_path",
+        sql: include_str!("../../../migrations/V16__plan_cached_hot_path.sql"),
+        // Functions only, which older builds never call.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 17,
+        name: "unique_tasks_and_submit",
+        sql: include_str!("../../../migrations/V17__unique_tasks_and_submit.sql"),
+        // A nullable column older builds never set (so its checks never refuse their
+        // inserts), indexes on it, and functions.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 18,
+        name: "tags_and_limits",
+        sql: include_str!("../../../migrations/V18__tags_and_limits.sql"),
+        // The round's plan-cached functions change their signatures: an older planner
+        // cannot call them.
+        change: Change::Contract {
+            compatible_from: 18,
+        },
+    },
+    Migration {
+        version: 19,
+        name: "progress_and_retry_policies",
+        sql: include_str!("../../../migrations/V19__progress_and_retry_policies.sql"),
+        // Nullable columns older builds neither write nor read, functions, and
+        // `artex.submit` with the same signature (its default retry budget may now come
+        // from the kind's policy, which only this build's operators set).
+        change: Change::Expand,
+    },
+    Migration {
+        version: 20,
+        name: "schedules",
+        sql: include_str!("../../../migrations/V20__schedules.sql"),
+        // New tables, functions and a trigger on them, which older builds never touch.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 21,
+        name: "start_times_and_unique_windows",
+        sql: include_str!("../../../migrations/V21__start_times_and_unique_windows.sql"),
+        // Functions redefined: a write that clears `started_at` no longer counts as a
+        // start, a unique key's window reaches back 100 years at most; every write older
+        // builds make is read as before.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 22,
+        name: "history_past_a_shortened_retention",
+        sql: include_str!("../../../migrations/V22__history_past_a_shortened_retention.sql"),
+        // One new function, which only this build's Maintenance calls; older builds
+        // prune as before (a shortened retention takes effect once the wide slice ends).
+        change: Change::Expand,
+    },
+    Migration {
+        version: 23,
+        name: "wake_unreachable",
+        sql: include_str!("../../../migrations/V23__wake_unreachable.sql"),
+        // One nullable column: older planners never write it (and exclude an
+        // unreachable worker as before), older workers never read it.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 24,
+        name: "hot_statements_live_once",
+        sql: include_str!("../../../migrations/V24__hot_statements_live_once.sql"),
+        // Comments only.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 25,
+        name: "hot_path_keeps_its_books",
+        sql: include_str!("../../../migrations/V25__hot_path_keeps_its_books.sql"),
+        // Functions redefined with the same calls, results and effects, three new ones, a
+        // trigger given a condition; the history table renamed with two nullable columns
+        // and a view under its old name and columns: older builds read the same rows
+        // through it (their feed reads without the index) and write through the triggers.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 26,
+        name: "flow_task_names_indexed_for_flows_only",
+        sql: include_str!("../../../migrations/V26__flow_task_names_indexed_for_flows_only.sql"),
+        // The same uniqueness rule under the same name, as a partial index.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 27,
+        name: "wake_ups_measure_before_they_build",
+        sql: include_str!("../../../migrations/V27__wake_ups_measure_before_they_build.sql"),
+        // The same function, calls and results: it measures a task before writing it out.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 28,
+        name: "kind_index_skips_held_tasks",
+        sql: include_str!("../../../migrations/V28__kind_index_skips_held_tasks.sql"),
+        // The same index name and columns, made partial: older builds' listings of a kind
+        // walk the primary key instead.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 29,
+        name: "limited_kinds_claimed_by_the_head_first",
+        sql: include_str!("../../../migrations/V29__limited_kinds_claimed_by_the_head_first.sql"),
+        // The same function, calls and results, and one more partial index.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 30,
+        name: "limits_check_reads_its_tasks_by_id",
+        sql: include_str!("../../../migrations/V30__limits_check_reads_its_tasks_by_id.sql"),
+        // The same function, calls and results: its tasks read through the primary key.
+        change: Change::Expand,
+    },
+];
