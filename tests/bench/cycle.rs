@@ -5,9 +5,9 @@
 //! functions makes, without what a run counts with them (heartbeats, renewals, reads and
 //! the length of the run, which moves with the host's speed).
 
-use tokio_postgres::Client;
 use uuid::Uuid;
 
+use crate::history::lsn;
 use crate::report::{fixed, result, Progress};
 use crate::rig::exec;
 use crate::w1::insert_noops;
@@ -23,7 +23,7 @@ pub async fn run(bench: &mut Bench) {
     exec(&c, sql::CYCLE_WORKER).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
-    let (wal0, cpu0) = (wal_bytes(&c).await, bench.rig.pg_cpu_s());
+    let (wal0, cpu0) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
     let mut progress = Progress::new("cycle", n.into());
     let mut done = 0u64;
     while done < u64::from(n) {
@@ -49,7 +49,7 @@ pub async fn run(bench: &mut Bench) {
         progress.show(done);
     }
     progress.end();
-    let (wal1, cpu1) = (wal_bytes(&c).await, bench.rig.pg_cpu_s());
+    let (wal1, cpu1) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
     bench.rig.check_all_succeeded(&c, DB, n.into()).await;
     println!("# cycle: {n} tasks, rounds of {ROUND}, plain SQL");
     let per_task = f64::from(n);
@@ -64,11 +64,4 @@ pub async fn run(bench: &mut Bench) {
         "us",
     );
     bench.rig.drop_db(DB, c).await;
-}
-
-async fn wal_bytes(c: &Client) -> i64 {
-    c.query_one(sql::WAL_LSN, &[])
-        .await
-        .expect("the WAL position")
-        .get(1)
 }

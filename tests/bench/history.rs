@@ -80,7 +80,7 @@ pub async fn run(bench: &mut Bench) {
 }
 
 /// The WAL position: as pg_waldump takes it, and in bytes.
-async fn lsn(c: &Client) -> (String, i64) {
+pub async fn lsn(c: &Client) -> (String, i64) {
     let r = c
         .query_one(sql::WAL_LSN, &[])
         .await
