@@ -1,7 +1,7 @@
 //! The fencing token: the lease epoch bumps at every assignment and handover, never
 //! moves back, and a write with a stale epoch changes nothing.
 
-use artex_actors::blackboard::Outcome;
+use artex_actors::blackboard::{Outcome, Renewal};
 use chrono::Utc;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
@@ -210,7 +210,7 @@ async fn writes_with_a_stale_epoch_change_nothing() {
             .renew_leases("w2", &[(id, t2.epoch)], 60.0)
             .await
             .unwrap(),
-        [(id, true)]
+        [(id, Renewal::Renewed)]
     );
     let done = bb
         .worker()

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use artex_actors::blackboard::ReapParams;
+use artex_actors::blackboard::{ReapParams, Renewal};
 use chrono::Utc;
 use tokio_postgres::error::SqlState;
+use uuid::Uuid;
 
 use crate::common::TestDb;
 use crate::{assign, insert_task, msg, reap_params, snapshot, status_of, task_in};
@@ -193,7 +194,11 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
         .renew_leases("w1", &[(read, epoch)], 60.0)
         .await
         .unwrap();
-    assert_eq!(kept, vec![(read, true)], "only what it read is reported");
+    assert_eq!(
+        kept,
+        vec![(read, Renewal::Renewed)],
+        "only what it read is reported"
+    );
     let lease_left = |id| {
         let c = &c;
         async move {
@@ -215,6 +220,37 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
     assert!(
         lease_left(other).await < 5.0,
         "another worker's task is not renewed"
+    );
+
+    // Renewed a moment ago, neither lease is due: nothing is written, and the worker is
+    // told what is left of the one it read.
+    let versions = |ids: [Uuid; 2]| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "select array_agg(xmin::text order by id) from artex.tasks where id = any($1)",
+                &[&ids.to_vec()],
+            )
+            .await
+            .unwrap()
+            .get::<_, Vec<String>>(0)
+        }
+    };
+    let written = versions([read, unread]).await;
+    let kept = db
+        .bb
+        .worker()
+        .renew_leases("w1", &[(read, epoch)], 60.0)
+        .await
+        .unwrap();
+    match kept.as_slice() {
+        [(id, Renewal::Kept { left_secs })] if *id == read && *left_secs > 50.0 => {}
+        other => panic!("a lease renewed a moment ago: expected it kept, got {other:?}"),
+    }
+    assert_eq!(
+        versions([read, unread]).await,
+        written,
+        "a renewal rewrote leases that were not due"
     );
 
     // Read with a stale epoch, a task is not the worker's to renew.

@@ -1,7 +1,7 @@
 //! The status machine's trigger: every legal transition applied and audited, every
 //! illegal one refused, and the history holding real transitions only.
 
-use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, Step, TaskStatus};
+use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, Renewal, Step, TaskStatus};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
@@ -361,7 +361,7 @@ async fn the_history_holds_real_transitions_only() {
             .renew_leases("w1", &[(id, t.epoch)], 60.0)
             .await
             .unwrap(),
-        [(id, true)]
+        [(id, Renewal::Renewed)]
     );
     c.execute(
         "update artex.tasks set lease_until = lease_until + interval '1 minute' where id = $1",

@@ -269,6 +269,10 @@ enum Expect {
     /// The row changed (its `updated_at` is the statement's `now()`, which the caller
     /// reads from the database and hands to `change`).
     Changed(Change),
+    /// A renewal for `secs`: `change` where the lease had at most three quarters of
+    /// `secs` left at the statement's `now()`, or more than `secs`; else matched with
+    /// nothing written.
+    Renewal { secs: i64, change: Change },
 }
 
 /// A matched write before the triggers: the `new` row the statement makes at a given
@@ -374,13 +378,37 @@ async fn run_case(
                     here()
                 );
             }
-            (Expect::Changed(change), Seen::Matched) => {
+            (Expect::Renewal { secs, .. }, Seen::Kept(left)) => {
+                prop_assert!(
+                    *left > 0.75 * *secs as f64 && *left <= *secs as f64,
+                    "{}: a renewal for {secs} s wrote nothing with {left} s left",
+                    here()
+                );
+                prop_assert_eq!(
+                    &row,
+                    &model.row,
+                    "{} wrote nothing yet changed the row",
+                    here()
+                );
+            }
+            (Expect::Changed(change) | Expect::Renewal { change, .. }, Seen::Matched) => {
                 let now = row.updated_at;
                 prop_assert!(
                     now > model.row.updated_at,
                     "{}: updated_at did not move",
                     here()
                 );
+                if let (Expect::Renewal { secs, .. }, Some(until)) =
+                    (&expect, model.row.lease_until)
+                {
+                    prop_assert!(
+                        until < now + chrono::Duration::milliseconds(secs * 750)
+                            || until > now + chrono::Duration::seconds(*secs),
+                        "{}: a renewal for {secs} s rewrote a lease with between three \
+                         quarters and all of it left",
+                        here()
+                    );
+                }
                 let known = model.history.len();
                 if let Err(why) = model.apply(change, now) {
                     return Err(TestCaseError::fail(format!(
@@ -395,7 +423,7 @@ async fn run_case(
                     tally.borrow_mut().moved.insert((from, h.to.name()));
                 }
             }
-            (Expect::Changed(change), Seen::Refused(msg)) => {
+            (Expect::Changed(change) | Expect::Renewal { change, .. }, Seen::Refused(msg)) => {
                 let now = model.row.updated_at;
                 let mut probe = model.clone();
                 match probe.apply(change, now) {

@@ -107,7 +107,7 @@ pub use crate::submission::{
 };
 pub use worker::{
     AssignedRead, AssignedTask, AttemptRecord, Beat, NewUpload, Outcome, ProgressEvent,
-    ProgressNote, Registration, Step, UploadRow, WorkerBoard, WorkerState,
+    ProgressNote, Registration, Renewal, Step, UploadRow, WorkerBoard, WorkerState,
     MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL,
 };
 

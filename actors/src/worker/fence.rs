@@ -61,9 +61,9 @@ impl LeaseClock {
         self.publish(key);
     }
 
-    /// A renewal sent at `sent` extended the lease by `lease`.
-    pub fn renewed(&mut self, key: (Uuid, i64), sent: Instant, lease: Duration) {
-        let end = sent + lease;
+    /// A renewal sent at `sent` found the lease `left` long (extended, or not due).
+    pub fn renewed(&mut self, key: (Uuid, i64), sent: Instant, left: Duration) {
+        let end = sent + left;
         let e = self.ends.entry(key).or_insert(end);
         *e = (*e).max(end);
         self.publish(key);

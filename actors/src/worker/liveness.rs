@@ -5,13 +5,13 @@
 //! pushes to it comes back with each).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use uuid::Uuid;
 
 use super::{fence, Worker};
-use crate::blackboard::{WorkerBoard, WorkerState};
+use crate::blackboard::{Renewal, WorkerBoard, WorkerState};
 use crate::flight::SingleFlight;
 
 /// The renewal and the heartbeat in flight, and what they tell of the database.
@@ -40,9 +40,9 @@ impl Liveness {
     }
 }
 
-/// What a renewal came back with: the tasks still held (and whether each was renewed),
+/// What a renewal came back with: the tasks still held (and what became of each lease),
 /// and among the running ones lost, those an operator canceled.
-type Renewed = (crate::Result<Vec<(Uuid, bool)>>, HashSet<Uuid>);
+type Renewed = (crate::Result<Vec<(Uuid, Renewal)>>, HashSet<Uuid>);
 
 impl Worker {
     /// Tells the handler of task `id` (attempt `epoch`), if it runs here, that an
@@ -108,12 +108,12 @@ impl Worker {
     }
 
     /// A renewal sent at `sent` for `held` came back: `kept` are the tasks still held
-    /// (renewed, or held but skipped: their row was locked by a write of its own);
-    /// whatever else it held is lost.
+    /// (renewed, not due, or held but skipped: their row was locked by a write of its
+    /// own); whatever else it held is lost.
     fn renewed(
         &mut self,
         held: &[(Uuid, i64)],
-        kept: &[(Uuid, bool)],
+        kept: &[(Uuid, Renewal)],
         canceled: &HashSet<Uuid>,
         sent: Instant,
         ctx: &mut Context<Self>,
@@ -121,11 +121,20 @@ impl Worker {
         let lease = self.config.lease;
         let epochs: HashMap<Uuid, i64> = held.iter().copied().collect();
         let mut skipped = false;
-        for (id, renewed) in kept {
-            if let (true, Some(epoch)) = (*renewed, epochs.get(id)) {
-                self.held.leases.renewed((*id, *epoch), sent, lease);
+        for (id, renewal) in kept {
+            let Some(epoch) = epochs.get(id) else {
+                continue;
+            };
+            // Counted from `sent`, before the statement's `now()`: the end it knows is
+            // never later than the database's.
+            match renewal {
+                Renewal::Renewed => self.held.leases.renewed((*id, *epoch), sent, lease),
+                Renewal::Kept { left_secs } => {
+                    let left = Duration::try_from_secs_f64(*left_secs).unwrap_or_default();
+                    self.held.leases.renewed((*id, *epoch), sent, left);
+                }
+                Renewal::Locked => skipped = true,
             }
-            skipped |= !*renewed;
         }
         if skipped {
             // A row was locked by a write of this worker's own (a handler's checkpoint,

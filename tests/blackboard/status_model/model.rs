@@ -343,13 +343,16 @@ impl Model {
                     return Expect::Unmatched;
                 }
                 let secs = *secs;
-                changed(
+                let Expect::Changed(change) = changed(
                     Ctx::default(),
                     Box::new(move |now| Row {
                         lease_until: Some(now + Span::seconds(secs)),
                         ..old.clone()
                     }),
-                )
+                ) else {
+                    unreachable!()
+                };
+                Expect::Renewal { secs, change }
             }
             Op::Checkpoint { epoch, n } => {
                 if !(old.status.held() && old.lease_epoch == epoch.of(old.lease_epoch)) {
