@@ -23,6 +23,8 @@
 //!   and everything it started on rollback; joining the old group once it took over.
 //! - [`subreaper`]: a stable parent's tools: child subreaper, reaping any descendant,
 //!   signalling a process group.
+//! - [`task_process`]: a task's program (docs/programs.md) in a session of its own, with
+//!   the protocol's descriptor 3; ended whole, reaped with everything it started.
 
 pub mod bundle;
 pub mod channel;
@@ -33,6 +35,7 @@ pub mod private_dir;
 pub mod signals;
 pub mod spawn;
 pub mod subreaper;
+pub mod task_process;
 
 pub use bundle::{Limits, Manifest, Schema, SchemaMigration, VerifiedBundle};
 pub use channel::{Channel, ChannelListener, PROTOCOL_VERSION};
