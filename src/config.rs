@@ -170,6 +170,14 @@ pub struct WorkerArgs {
     /// Only these kinds (comma-separated); all registered kinds by default.
     #[arg(long, env = "ARTEX_KINDS", value_delimiter = ',')]
     pub kinds: Vec<String>,
+    /// A folder of programs to run as task kinds: each executable file is the kind named
+    /// by its file name without its last extension (docs/programs.md).
+    #[arg(long, env = "ARTEX_TASKS_DIR")]
+    pub tasks_dir: Option<std::path::PathBuf>,
+    /// Variables of this process's environment that programs get (repeat, or separate
+    /// with commas); nothing else of it reaches them.
+    #[arg(long, env = "ARTEX_TASKS_ENV", value_delimiter = ',')]
+    pub tasks_env: Vec<String>,
     /// Lease length in milliseconds; renewed every third of it.
     #[arg(long, env = "ARTEX_LEASE_MS", default_value_t = 30_000)]
     pub lease_ms: u64,
@@ -186,7 +194,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "ARTEX_TASK_TIMEOUT_MS", default_value_t = 300_000)]
     pub task_timeout_ms: u64,
     /// How long a canceled task's handler has to stop after it is told
-    /// (`ctx.cancelled()`) before the worker stops it, milliseconds.
+    /// (`ctx.cancelled()`) before the worker stops it, milliseconds; for a program
+    /// (--tasks-dir), the time between SIGTERM and SIGKILL however it is stopped.
     #[arg(long, env = "ARTEX_CANCEL_GRACE_MS", default_value_t = 5_000)]
     pub cancel_grace_ms: u64,
     /// First retry backoff in milliseconds (doubles per retry, with jitter).

@@ -33,6 +33,7 @@
 //!   of the old process.
 //! - [`uploads`]: chunked, resumable uploads kept in the worker's private upload folder.
 //! - [`handlers`]: the stock binary's task kinds.
+//! - [`programs`]: executables as task kinds (`--tasks-dir`), run under protocol 1.
 //! - [`process`]: host name, worker id, the binary's digest, stop signals, the service
 //!   manager.
 //! - [`dev_db`]: the embedded PostgreSQL cluster (also the tests' and benchmark's).
@@ -51,6 +52,7 @@ pub mod hot_upgrade;
 pub mod http;
 pub mod master;
 pub mod process;
+pub mod programs;
 pub mod runtime;
 pub mod tokens;
 pub mod uploads;

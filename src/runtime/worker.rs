@@ -40,7 +40,7 @@ pub async fn run_worker(
     stats: ActorStats,
     shutdown: impl Future<Output = ()>,
 ) -> Result<DrainReport> {
-    let registry = kinds_to_run(registry, args)?;
+    let registry = kinds_to_run(with_programs(registry, args)?, args)?;
     if args.concurrency == 0 {
         return Err(Error::Invalid("--concurrency: must be at least 1".into()));
     }
@@ -412,6 +412,20 @@ async fn sweep_uploads(uploads: Arc<Uploads>, every: std::time::Duration) {
             Err(e) => tracing::warn!(error = %e, "sweeping uploads"),
         }
     }
+}
+
+/// `registry` with the programs of `--tasks-dir` as kinds.
+fn with_programs(mut registry: Registry, args: &WorkerArgs) -> Result<Registry> {
+    if let Some(dir) = &args.tasks_dir {
+        let kinds = crate::programs::register(
+            &mut registry,
+            dir,
+            &args.tasks_env,
+            ms(args.cancel_grace_ms),
+        )?;
+        tracing::info!(dir = %dir.display(), ?kinds, "programs run as task kinds");
+    }
+    Ok(registry)
 }
 
 /// `registry` narrowed to `--kinds`, each of which must have a handler.

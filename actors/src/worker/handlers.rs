@@ -224,6 +224,7 @@ impl Registry {
             payload: task.payload,
             epoch: task.epoch,
             attempt: task.retries + 1,
+            max_attempts: task.max_retries + 1,
             checkpoint: task.checkpoint,
             bb,
             suspend,
@@ -278,6 +279,7 @@ pub struct TaskContext {
     payload: serde_json::Value,
     epoch: i64,
     attempt: i32,
+    max_attempts: i32,
     checkpoint: Option<serde_json::Value>,
     bb: WorkerBoard,
     suspend: Arc<AtomicBool>,
@@ -361,6 +363,10 @@ impl TaskContext {
     /// 1 for the first attempt, 2 for the first retry, …
     pub fn attempt(&self) -> i32 {
         self.attempt
+    }
+    /// The most attempts the task gets: its retry budget plus one.
+    pub fn max_attempts(&self) -> i32 {
+        self.max_attempts
     }
     /// The fencing token of this attempt.
     pub fn epoch(&self) -> i64 {

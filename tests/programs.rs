@@ -1,0 +1,428 @@
+//! Programs as task kinds (`--tasks-dir`, docs/programs.md), with real planner and worker
+//! processes and real shell, Python and Node programs: the task in on stdin, lines on
+//! descriptor 3, the exit status as the outcome; nothing a program starts outlives its
+//! task; a folder the worker cannot trust stops it at start, naming the path.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use artex_actors::blackboard::{Control, NewTask, TaskRow};
+use common::procs::{wait_for, wait_status, Proc};
+use common::TestDb;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The programs of the first test, by file name.
+const PROGRAMS: &[(&str, &str)] = &[
+    (
+        "echo-in.sh",
+        r#"#!/bin/sh
+input=$(cat)
+echo "to stdout"
+printf '{"progress": 0.5, "message": "echoing"}\n' >&3
+printf '{"result": %s}\n' "$input" >&3
+"#,
+    ),
+    (
+        "env.py",
+        r#"#!/usr/bin/env python3
+import json, os, sys
+task = json.load(sys.stdin)
+out = os.fdopen(3, "w")
+names = ["ARTEX_TASK_ID", "ARTEX_TASK_KIND", "ARTEX_TASK_ATTEMPT", "ARTEX_PROTOCOL",
+         "ARTEX_TEST_PASSED", "ARTEX_TEST_SECRET", "ARTEX_DATABASE_URL", "PATH"]
+out.write(json.dumps({"checkpoint": {"seen": task["payload"]}}) + "\n"); out.flush()
+out.write(json.dumps({"result": {"task": task, "env": {n: os.environ.get(n) for n in names}}}) + "\n")
+"#,
+    ),
+    (
+        "greet.js",
+        r#"#!/usr/bin/env node
+const fs = require("fs");
+const task = JSON.parse(fs.readFileSync(0, "utf8"));
+const name = task.payload.name;
+fs.writeSync(3, JSON.stringify(name ? { result: { greeting: "hello, " + name } }
+                                    : { discard: "payload.name is missing" }) + "\n");
+"#,
+    ),
+    (
+        "fails.sh",
+        "#!/bin/sh\necho 'first line' >&2\necho 'what went wrong' >&2\nexit 3\n",
+    ),
+    (
+        "bad-line.sh",
+        "#!/bin/sh\necho '{\"progress\": 0.1}' >&3\necho '{\"progres\": 1}' >&3\nexec sleep 300\n",
+    ),
+    ("killed.sh", "#!/bin/sh\nkill -9 $$\n"),
+    (
+        "later.sh",
+        r#"#!/bin/sh
+# Snoozed the first time (no attempt counted), put off to a time already past the second
+# (an attempt counted), then it succeeds.
+marker=$(cat | sed 's/.*"marker":"\([^"]*\)".*/\1/')
+if [ ! -e "$marker.1" ]; then : > "$marker.1"; echo '{"snooze_ms": 10}' >&3; exit 0; fi
+if [ ! -e "$marker.2" ]; then : > "$marker.2"
+  echo '{"retry_at": "2020-01-01T00:00:00Z", "reason": "not yet"}' >&3; exit 1; fi
+echo "{\"result\": {\"attempt\": $ARTEX_TASK_ATTEMPT}}" >&3
+"#,
+    ),
+    (
+        "forks.sh",
+        r#"#!/bin/sh
+# Leaves a child running in its group, writes both pids, then exits or waits.
+pidfile=$(cat | sed 's/.*"pidfile":"\([^"]*\)".*/\1/')
+sleep 300 &
+echo "$$ $!" > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
+case "$ARTEX_TASK_KIND" in forks) exit 0 ;; esac
+wait
+"#,
+    ),
+];
+
+fn write_program(dir: &Path, name: &str, text: &str, mode: u32) {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write a program");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+async fn submit(db: &TestDb, kind: &str, payload: Value, timeout_ms: Option<i32>) -> Uuid {
+    let task = NewTask {
+        timeout_ms,
+        max_retries: Some(2),
+        ..NewTask::new(kind, payload)
+    };
+    db.bb
+        .operator()
+        .submit(&task, "test")
+        .await
+        .expect("submit")
+}
+
+async fn ended(db: &TestDb, id: Uuid, status: &str) -> TaskRow {
+    wait_status(&db.bb, id, status, WAIT).await;
+    db.bb.operator().task(id).await.expect("the task")
+}
+
+/// The two pids a `forks.sh`-like program wrote to `pidfile`.
+async fn pids(pidfile: &Path) -> [i32; 2] {
+    wait_for("the program's pids", WAIT, || async {
+        let text = std::fs::read_to_string(pidfile).ok()?;
+        let v: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        <[i32; 2]>::try_from(v).ok()
+    })
+    .await
+}
+
+/// Both processes are gone, killed and reaped (not zombies: no such process at all).
+async fn gone(what: &str, pids: [i32; 2], within: Duration) {
+    wait_for(what, within, || async {
+        pids.iter()
+            .all(|p| kill(Pid::from_raw(*p), None).is_err())
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().expect("tasks dir");
+    for (name, text) in PROGRAMS {
+        write_program(dir.path(), name, text, 0o755);
+    }
+    // Not kinds: a file that is not executable, and a bounds file.
+    write_program(dir.path(), "notes.txt", "not a program", 0o644);
+    write_program(dir.path(), "fails.toml", "timeout = \"1s\"", 0o644);
+    // `hangs` is `forks` that waits for its child instead of exiting.
+    std::os::unix::fs::symlink(dir.path().join("forks.sh"), dir.path().join("hangs.sh"))
+        .expect("symlink");
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let tasks_dir = dir.path().to_str().expect("a UTF-8 path");
+    let _worker = Proc::start(
+        "worker",
+        &db.url,
+        &[
+            "worker",
+            "--http",
+            "127.0.0.1:0",
+            "--heartbeat-ms",
+            "200",
+            "--retry-base-ms",
+            "20",
+            "--retry-cap-ms",
+            "200",
+            "--cancel-grace-ms",
+            "1000",
+            "--tasks-dir",
+            tasks_dir,
+            "--tasks-env",
+            "ARTEX_TEST_PASSED",
+        ],
+        &[
+            ("ARTEX_TEST_PASSED", "yes"),
+            ("ARTEX_TEST_SECRET", "s3cret"),
+        ],
+    );
+    let c = db.client().await;
+    wait_for("the programs' kinds declared", WAIT, || async {
+        let kinds: Vec<String> = c
+            .query_one(
+                "select coalesce(array_agg(k order by k), '{}') from artex.workers, unnest(kinds) k
+                 where state = 'online'",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        let want = [
+            "bad-line", "echo-in", "env", "fails", "forks", "greet", "hangs", "killed", "later",
+        ];
+        want.iter()
+            .all(|k| kinds.contains(&k.to_string()))
+            .then_some(kinds)
+    })
+    .await;
+
+    // Shell: the task in on stdin, its result and progress out on descriptor 3.
+    let id = submit(&db, "echo-in", json!({"n": 7}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    let result = t.result.expect("a result");
+    assert_eq!(result["id"], json!(id.to_string()));
+    assert_eq!(result["kind"], json!("echo-in"));
+    assert_eq!(result["payload"], json!({"n": 7}));
+    assert_eq!(
+        (result["attempt"].clone(), result["max_attempts"].clone()),
+        (json!(1), json!(3))
+    );
+    assert_eq!(result["checkpoint"], Value::Null);
+    let row = c
+        .query_one(
+            "select progress, progress_message from artex.tasks where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<f32>>(0), Some(0.5));
+    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("echoing"));
+
+    // Python: its environment is the protocol's and what --tasks-env passes, nothing
+    // else of the worker's; its checkpoint is saved.
+    let id = submit(&db, "env", json!({"x": 1}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    let result = t.result.expect("a result");
+    let env = &result["env"];
+    assert_eq!(env["ARTEX_TASK_ID"], json!(id.to_string()));
+    assert_eq!(env["ARTEX_TASK_KIND"], json!("env"));
+    assert_eq!(env["ARTEX_TASK_ATTEMPT"], json!("1"));
+    assert_eq!(env["ARTEX_PROTOCOL"], json!("1"));
+    assert_eq!(env["ARTEX_TEST_PASSED"], json!("yes"));
+    assert_eq!(env["ARTEX_TEST_SECRET"], Value::Null, "{env}");
+    assert_eq!(env["ARTEX_DATABASE_URL"], Value::Null, "{env}");
+    assert_eq!(env["PATH"], json!("/usr/local/bin:/usr/bin:/bin"));
+    let checkpoint: Option<Value> = c
+        .query_one("select checkpoint from artex.tasks where id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(checkpoint, Some(json!({"seen": {"x": 1}})));
+
+    // Node: a result, and a discard (failed now, no retry).
+    let id = submit(&db, "greet", json!({"name": "ada"}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.result, Some(json!({"greeting": "hello, ada"})));
+    let id = submit(&db, "greet", json!({}), None).await;
+    let t = ended(&db, id, "failed").await;
+    assert_eq!(
+        t.error.as_deref(),
+        Some("discarded: payload.name is missing")
+    );
+    assert_eq!(t.retries, 1, "a discard ends the task at its first attempt");
+
+    // A failing program: its status and the end of its stderr are the error; retried.
+    let id = submit(&db, "fails", json!({}), None).await;
+    let t = ended(&db, id, "failed").await;
+    assert_eq!(
+        t.error.as_deref(),
+        Some("exited with status 3: first line\nwhat went wrong")
+    );
+    assert_eq!(t.retries, 3, "retried by the kind's policy: {t:?}");
+
+    // A bad line on descriptor 3 fails the attempt at once, naming the line.
+    let id = submit(&db, "bad-line", json!({}), None).await;
+    let t = ended(&db, id, "failed").await;
+    assert!(
+        t.error.as_deref().is_some_and(
+            |e| e.starts_with("fd 3 line 2: unknown key \"progres\"; expected one of progress")
+        ),
+        "{:?}",
+        t.error
+    );
+
+    // Killed by a signal.
+    let id = submit(&db, "killed", json!({}), None).await;
+    let t = ended(&db, id, "failed").await;
+    assert_eq!(t.error.as_deref(), Some("killed by signal SIGKILL"));
+
+    // Snoozed (no attempt counted), then retried at a time of its own (one counted).
+    let marker = dir.path().join("later-marker");
+    let id = submit(&db, "later", json!({"marker": marker}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.result, Some(json!({"attempt": 2})));
+
+    // What a program leaves running in its group is killed when it exits.
+    let pidfile = dir.path().join("forks.pids");
+    let id = submit(&db, "forks", json!({"pidfile": pidfile}), None).await;
+    ended(&db, id, "succeeded").await;
+    let both = pids(&pidfile).await;
+    gone(
+        "the child a program left behind",
+        both,
+        Duration::from_secs(2),
+    )
+    .await;
+
+    // A cancel stops a program and its child within the grace (1 s).
+    let pidfile = dir.path().join("cancel.pids");
+    let id = submit(&db, "hangs", json!({"pidfile": pidfile}), None).await;
+    let both = pids(&pidfile).await;
+    db.bb
+        .operator()
+        .control(Control::Cancel, id, "test", Some("stop it"))
+        .await
+        .expect("cancel");
+    gone(
+        "a canceled program and its child",
+        both,
+        Duration::from_secs(5),
+    )
+    .await;
+    ended(&db, id, "canceled").await;
+
+    // So does a timeout.
+    let pidfile = dir.path().join("timeout.pids");
+    let id = submit(&db, "hangs", json!({"pidfile": pidfile}), Some(500)).await;
+    let both = pids(&pidfile).await;
+    gone(
+        "a program past its timeout and its child",
+        both,
+        Duration::from_secs(5),
+    )
+    .await;
+    let t = ended(&db, id, "timeout").await;
+    assert!(t.error.is_some_and(|e| e.contains("timeout")));
+}
+
+/// The worker stops at start on a folder it cannot trust, naming the path and why.
+#[tokio::test]
+async fn a_tasks_dir_the_worker_cannot_trust_stops_it_at_start() {
+    let db = TestDb::new().await;
+    type Setup = fn(&Path);
+    let cases: [(&str, Setup, &str); 5] = [
+        (
+            "two files, one kind",
+            |d| {
+                write_program(d, "resize.py", "#!/bin/sh\n", 0o755);
+                write_program(d, "resize.sh", "#!/bin/sh\n", 0o755);
+            },
+            "kind 'resize' is defined twice: by ",
+        ),
+        (
+            "a kind compiled in",
+            |d| write_program(d, "echo.sh", "#!/bin/sh\n", 0o755),
+            "kind 'echo' is defined twice: by ",
+        ),
+        (
+            "a world-writable program",
+            |d| write_program(d, "open.sh", "#!/bin/sh\n", 0o757),
+            "open.sh: writable by its group or by everyone (mode 757); refused",
+        ),
+        (
+            "a group-writable folder",
+            |d| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o775)).unwrap(),
+            ": writable by its group or by everyone (mode 775); refused",
+        ),
+        (
+            "a name that is not a kind name",
+            |d| write_program(d, "-x.sh", "#!/bin/sh\n", 0o755),
+            "-x.sh: its name without extension, \"-x\" is not a kind name",
+        ),
+    ];
+    for (case, setup, says) in cases {
+        let dir = tempfile::tempdir().expect("tasks dir");
+        setup(dir.path());
+        let mut worker = Proc::worker(
+            "worker",
+            &db.url,
+            &["--tasks-dir", dir.path().to_str().unwrap()],
+        );
+        let status = worker
+            .wait_exit(WAIT)
+            .unwrap_or_else(|| panic!("{case}: the worker did not stop"));
+        let log = worker.log_text();
+        assert!(!status.success(), "{case}: {log}");
+        assert!(log.contains(says), "{case}: expected {says:?} in\n{log}");
+    }
+}
+
+/// The example programs of docs/programs.md (examples/programs/) run as documented.
+#[tokio::test]
+async fn the_example_programs_run_as_their_page_says() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().expect("tasks dir");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs");
+    for name in ["echo-input.sh", "resize.py", "greet.js"] {
+        let text = std::fs::read_to_string(examples.join(name)).expect("an example");
+        write_program(dir.path(), name, &text, 0o755);
+    }
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _worker = Proc::worker(
+        "worker",
+        &db.url,
+        &["--tasks-dir", dir.path().to_str().unwrap()],
+    );
+    wait_for("a worker online", WAIT, || async {
+        let c = db.client().await;
+        let n: i64 = c
+            .query_one(
+                "select count(*) from artex.workers where state = 'online' and 'resize' = any(kinds)",
+                &[],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (n > 0).then_some(())
+    })
+    .await;
+    let id = submit(&db, "echo-input", json!({"a": [1, 2]}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.result.expect("a result")["payload"], json!({"a": [1, 2]}));
+    let id = submit(&db, "resize", json!({"ms": 10}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.result, Some(json!({"steps": 5, "resumed_from": 0})));
+    let c = db.client().await;
+    let checkpoint: Option<Value> = c
+        .query_one("select checkpoint from artex.tasks where id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(checkpoint, Some(json!({"done": 5})));
+    let id = submit(&db, "greet", json!({"name": "ada"}), None).await;
+    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.result, Some(json!({"greeting": "hello, ada"})));
+    let id = submit(&db, "greet", json!({}), None).await;
+    let t = ended(&db, id, "failed").await;
+    assert_eq!(
+        t.error.as_deref(),
+        Some("discarded: payload.name is missing")
+    );
+}
