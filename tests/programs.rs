@@ -92,6 +92,21 @@ fn write_program(dir: &Path, name: &str, text: &str, mode: u32) {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
+/// A tasks folder a worker accepts (mode 755): as root, programs run as `nobody`, who
+/// must reach them.
+fn tasks_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tasks dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir
+}
+
+/// A folder any user may write in, for what programs write (pids, markers).
+fn writable_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a folder for programs' files");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    dir
+}
+
 async fn submit(db: &TestDb, kind: &str, payload: Value, timeout_ms: Option<i32>) -> Uuid {
     let task = NewTask {
         timeout_ms,
@@ -136,7 +151,8 @@ async fn gone(what: &str, pids: [i32; 2], within: Duration) {
 #[tokio::test]
 async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them() {
     let db = TestDb::new().await;
-    let dir = tempfile::tempdir().expect("tasks dir");
+    let dir = tasks_dir();
+    let out = writable_dir();
     for (name, text) in PROGRAMS {
         write_program(dir.path(), name, text, 0o755);
     }
@@ -274,13 +290,13 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     assert_eq!(t.error.as_deref(), Some("killed by signal SIGKILL"));
 
     // Snoozed (no attempt counted), then retried at a time of its own (one counted).
-    let marker = dir.path().join("later-marker");
+    let marker = out.path().join("later-marker");
     let id = submit(&db, "later", json!({"marker": marker}), None).await;
     let t = ended(&db, id, "succeeded").await;
     assert_eq!(t.result, Some(json!({"attempt": 2})));
 
     // What a program leaves running in its group is killed when it exits.
-    let pidfile = dir.path().join("forks.pids");
+    let pidfile = out.path().join("forks.pids");
     let id = submit(&db, "forks", json!({"pidfile": pidfile}), None).await;
     ended(&db, id, "succeeded").await;
     let both = pids(&pidfile).await;
@@ -292,7 +308,7 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     .await;
 
     // A cancel stops a program and its child within the grace (1 s).
-    let pidfile = dir.path().join("cancel.pids");
+    let pidfile = out.path().join("cancel.pids");
     let id = submit(&db, "hangs", json!({"pidfile": pidfile}), None).await;
     let both = pids(&pidfile).await;
     db.bb
@@ -309,7 +325,7 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     ended(&db, id, "canceled").await;
 
     // So does a timeout.
-    let pidfile = dir.path().join("timeout.pids");
+    let pidfile = out.path().join("timeout.pids");
     let id = submit(&db, "hangs", json!({"pidfile": pidfile}), Some(500)).await;
     let both = pids(&pidfile).await;
     gone(
@@ -327,7 +343,15 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
 async fn a_tasks_dir_the_worker_cannot_trust_stops_it_at_start() {
     let db = TestDb::new().await;
     type Setup = fn(&Path);
-    let cases: [(&str, Setup, &str); 5] = [
+    let cases: [(&str, Setup, &str); 6] = [
+        (
+            "a bounds file with a misspelt key",
+            |d| {
+                write_program(d, "x.sh", "#!/bin/sh\n", 0o755);
+                write_program(d, "x.toml", "timeout = \"1s\"\nmemroy = 5\n", 0o644);
+            },
+            "x.toml: line 2: unknown key \"memroy\"; expected timeout, memory, cpu_seconds",
+        ),
         (
             "two files, one kind",
             |d| {
@@ -378,7 +402,7 @@ async fn a_tasks_dir_the_worker_cannot_trust_stops_it_at_start() {
 #[tokio::test]
 async fn the_example_programs_run_as_their_page_says() {
     let db = TestDb::new().await;
-    let dir = tempfile::tempdir().expect("tasks dir");
+    let dir = tasks_dir();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs");
     for name in ["echo-input.sh", "resize.py", "greet.js"] {
         let text = std::fs::read_to_string(examples.join(name)).expect("an example");
@@ -425,4 +449,115 @@ async fn the_example_programs_run_as_their_page_says() {
         t.error.as_deref(),
         Some("discarded: payload.name is missing")
     );
+}
+
+/// The bounds of `NAME.toml`: a timeout, CPU seconds, an address space and open files
+/// hold the program, each failure saying which; a worker running as root runs programs
+/// as `nobody` unless the file says `user = "root"`.
+#[tokio::test]
+async fn bounds_beside_a_program_hold_it() {
+    let db = TestDb::new().await;
+    let dir = tasks_dir();
+    let root = nix::unistd::geteuid().is_root();
+    let mut programs = vec![
+        (
+            "slow.sh",
+            "#!/bin/sh\nexec sleep 30\n",
+            Some("timeout = \"300ms\""),
+        ),
+        (
+            "spin.sh",
+            "#!/bin/sh\nwhile :; do :; done\n",
+            Some("cpu_seconds = 1"),
+        ),
+        (
+            "hog.py",
+            "#!/usr/bin/env python3\nx = bytearray(400 * 1024 * 1024)\n",
+            Some("memory = \"200MiB\""),
+        ),
+        (
+            "files.py",
+            "#!/usr/bin/env python3\nfs = [open('/dev/null') for _ in range(64)]\n",
+            Some("open_files = 16"),
+        ),
+        (
+            "whoami.sh",
+            "#!/bin/sh\necho \"{\\\"result\\\": $(id -u)}\" >&3\n",
+            None,
+        ),
+    ];
+    if root {
+        programs.push((
+            "asroot.sh",
+            "#!/bin/sh\necho \"{\\\"result\\\": $(id -u)}\" >&3\n",
+            Some("user = \"root\""),
+        ));
+    }
+    for (name, text, bounds) in &programs {
+        write_program(dir.path(), name, text, 0o755);
+        if let Some(b) = bounds {
+            let kind = name.split('.').next().unwrap();
+            write_program(dir.path(), &format!("{kind}.toml"), b, 0o644);
+        }
+    }
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _worker = Proc::worker(
+        "worker",
+        &db.url,
+        &["--tasks-dir", dir.path().to_str().unwrap()],
+    );
+    let once = |kind: &str| NewTask {
+        max_retries: Some(0),
+        ..NewTask::new(kind, json!({}))
+    };
+    let mut ids = Vec::new();
+    for kind in ["slow", "spin", "hog", "files", "whoami"] {
+        // Submitted once its worker declared it.
+        let id = wait_for(&format!("kind {kind} to be accepted"), WAIT, || async {
+            db.bb.operator().submit(&once(kind), "test").await.ok()
+        })
+        .await;
+        ids.push(id);
+    }
+    let t = ended(&db, ids[0], "timeout").await;
+    assert!(
+        t.error
+            .as_deref()
+            .is_some_and(|e| e.contains("timeout of 300 ms")),
+        "{:?}",
+        t.error
+    );
+    let t = ended(&db, ids[1], "failed").await;
+    assert_eq!(
+        t.error.as_deref(),
+        Some("killed by signal SIGXCPU: over its CPU bound of 1 s")
+    );
+    let t = ended(&db, ids[2], "failed").await;
+    let e = t.error.unwrap_or_default();
+    assert!(
+        e.starts_with("exited with status 1 (its memory bound: 200 MiB of address space): ")
+            && e.contains("MemoryError"),
+        "{e}"
+    );
+    let t = ended(&db, ids[3], "failed").await;
+    let e = t.error.unwrap_or_default();
+    assert!(e.contains("Too many open files"), "{e}");
+    let t = ended(&db, ids[4], "succeeded").await;
+    let me = nix::unistd::geteuid().as_raw();
+    let nobody = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    assert_eq!(t.result, Some(json!(if root { nobody } else { me })));
+    if root {
+        let id = db
+            .bb
+            .operator()
+            .submit(&once("asroot"), "test")
+            .await
+            .unwrap();
+        let t = ended(&db, id, "succeeded").await;
+        assert_eq!(t.result, Some(json!(0)), "user = \"root\" runs it as root");
+    }
 }

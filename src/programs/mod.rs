@@ -5,6 +5,7 @@
 //! defined twice, a name that is not a kind name, or a file (or folder) others could
 //! change stops the worker, naming the path and the reason.
 
+mod bounds;
 mod protocol;
 mod run;
 
@@ -17,11 +18,18 @@ use std::time::Duration;
 
 use artex_actors::blackboard::check_kind;
 use artex_actors::worker::{HandlerFuture, Registry, TaskContext, TaskHandler};
+use artex_upgrade::task_process::{Launch, Resource};
+
+pub use bounds::Bounds;
 
 use crate::error::{Error, Result};
 
 /// The `PATH` a program gets unless `--tasks-env PATH` passes the worker's own.
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The user a program runs as when the worker runs as root and its bounds name none: a
+/// task never runs as root unless its bounds file says `user = "root"`.
+pub const DEFAULT_USER_FOR_ROOT: &str = "nobody";
 
 /// One program, as a task kind's handler.
 #[derive(Debug, Clone)]
@@ -32,6 +40,11 @@ pub struct Program {
     env: Arc<Vec<(OsString, OsString)>>,
     /// SIGTERM to SIGKILL when it is stopped.
     grace: Duration,
+    /// Its bounds (`NAME.toml`), and who it runs as.
+    bounds: Bounds,
+    launch: Launch,
+    /// The user it runs as, when not the worker's.
+    runs_as: Option<String>,
 }
 
 impl TaskHandler for Program {
@@ -59,16 +72,93 @@ pub fn register(
         )));
     }
     let env = Arc::new(passed_env(pass_env)?);
-    artex_upgrade::subreaper::become_subreaper()?;
+    let mut programs = Vec::new();
     for (kind, path) in &found {
+        let bounds = bounds_of(dir, kind)?;
+        let (launch, runs_as) = launch_for(&bounds, path)?;
         let program = Program {
             path: path.clone(),
             env: env.clone(),
             grace,
+            bounds,
+            launch,
+            runs_as,
         };
-        registry.register(kind.clone(), program);
+        programs.push((kind.clone(), program));
+    }
+    artex_upgrade::subreaper::become_subreaper()?;
+    for (kind, program) in programs {
+        match program.bounds.timeout {
+            Some(t) => registry.register_with_timeout(kind, t, program),
+            None => registry.register(kind, program),
+        };
     }
     Ok(found.into_keys().collect())
+}
+
+/// The bounds of `kind` from `DIR/KIND.toml`, if there is one.
+fn bounds_of(dir: &Path, kind: &str) -> Result<Bounds> {
+    let path = dir.join(format!("{kind}.toml"));
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Bounds::default()),
+        Err(e) => {
+            return Err(Error::Invalid(format!(
+                "--tasks-dir: {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let meta = std::fs::metadata(&path)
+        .map_err(|e| Error::Invalid(format!("--tasks-dir: {}: {e}", path.display())))?;
+    check_owner_and_mode(&path, &meta)?;
+    bounds::parse(&text)
+        .map_err(|why| Error::Invalid(format!("--tasks-dir: {}: {why}", path.display())))
+}
+
+/// Who `bounds` run `program` as, and its limits. A worker running as root runs it as
+/// [`DEFAULT_USER_FOR_ROOT`] unless the bounds name a user; any other worker runs it as
+/// itself, and refuses bounds naming someone else. With the launch, the name of the
+/// user when it is not the worker's.
+fn launch_for(bounds: &Bounds, program: &Path) -> Result<(Launch, Option<String>)> {
+    let refuse = |why: String| Error::Invalid(format!("--tasks-dir: {}: {why}", program.display()));
+    let root = nix::unistd::geteuid().is_root();
+    let name = match (&bounds.user, root) {
+        (Some(name), _) => Some(name.as_str()),
+        (None, true) => Some(DEFAULT_USER_FOR_ROOT),
+        (None, false) => None,
+    };
+    let user = match name {
+        None => None,
+        Some(name) => {
+            let found = nix::unistd::User::from_name(name)
+                .map_err(|e| refuse(format!("looking up user {name:?}: {e}")))?
+                .ok_or_else(|| refuse(format!("user {name:?} does not exist on this host")))?;
+            let me = nix::unistd::geteuid();
+            if !root && found.uid != me {
+                return Err(refuse(format!(
+                    "user = {name:?}: only a worker running as root runs programs as another user"
+                )));
+            }
+            (found.uid != me).then_some((name, found.uid.as_raw(), found.gid.as_raw()))
+        }
+    };
+    let mut limits = Vec::new();
+    if let Some(bytes) = bounds.memory {
+        limits.push((Resource::RLIMIT_AS, bytes, bytes));
+    }
+    if let Some(secs) = bounds.cpu_seconds {
+        // SIGXCPU at the bound; SIGKILL a second later for a program that ignores it.
+        limits.push((Resource::RLIMIT_CPU, secs, secs + 1));
+    }
+    if let Some(n) = bounds.open_files {
+        limits.push((Resource::RLIMIT_NOFILE, n, n));
+    }
+    let launch = Launch {
+        user: user.map(|(_, uid, gid)| (uid, gid)),
+        limits,
+    };
+    Ok((launch, user.map(|(name, _, _)| name.to_string())))
 }
 
 /// The programs of `dir` by kind, checked (see the module's comment).

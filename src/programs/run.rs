@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use artex_actors::worker::{HandlerResult, TaskContext, TaskError};
 use artex_upgrade::task_process::{self, Exit, Group};
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -50,8 +51,16 @@ impl Drop for Ender {
 pub async fn attempt(program: Program, ctx: TaskContext) -> HandlerResult {
     let id = ctx.id();
     let env = env_for(&program, &ctx);
-    let started = task_process::start(&program.path, &env)
-        .map_err(|e| TaskError::new(format!("cannot start {}: {e}", program.path.display())))?;
+    let started = task_process::start(&program.path, &env, &program.launch).map_err(|e| {
+        let user = program
+            .runs_as
+            .as_deref()
+            .map_or_else(String::new, |u| format!(" as user {u}"));
+        TaskError::new(format!(
+            "cannot start {}{user}: {e}",
+            program.path.display()
+        ))
+    })?;
     tracing::debug!(task = %id, pid = started.pid, program = %program.path.display(), "program started");
     let ender = Ender {
         group: started.group.clone(),
@@ -122,11 +131,22 @@ pub async fn attempt(program: Program, ctx: TaskContext) -> HandlerResult {
         return Err(then);
     }
     let tail = stderr_tail(&tail.take());
+    let memory = program.bounds.memory.map_or_else(String::new, |b| {
+        format!(" (its memory bound: {} MiB of address space)", b >> 20)
+    });
     match exit {
         Exit::Code(0) => Ok(said.result.unwrap_or(Value::Null)),
-        Exit::Code(code) => Err(TaskError::new(format!("exited with status {code}{tail}"))),
+        Exit::Code(code) => Err(TaskError::new(format!(
+            "exited with status {code}{memory}{tail}"
+        ))),
+        Exit::Signal(Signal::SIGXCPU) if program.bounds.cpu_seconds.is_some() => {
+            Err(TaskError::new(format!(
+                "killed by signal SIGXCPU: over its CPU bound of {} s{tail}",
+                program.bounds.cpu_seconds.unwrap_or_default()
+            )))
+        }
         Exit::Signal(signal) => Err(TaskError::new(format!(
-            "killed by signal {}{tail}",
+            "killed by signal {}{memory}{tail}",
             signal.as_str()
         ))),
         Exit::Lost(why) => Err(TaskError::new(format!("lost the program: {why}"))),

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
+use nix::sys::resource::setrlimit;
+pub use nix::sys::resource::Resource;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -126,11 +128,21 @@ fn warn_failed(pgid: u32, r: Result<bool>) {
     }
 }
 
-/// Starts `program` with exactly `env` as its environment, in a new session (so in a
-/// process group of its own), its descriptor 3 the write end of a pipe whose read end
-/// is returned; stdin, stdout and stderr are pipes. No other descriptor of ours reaches
-/// it (std's and ours are close-on-exec). The program is executed directly: no shell.
-pub fn start(program: &Path, env: &[(OsString, OsString)]) -> Result<TaskProcess> {
+/// Who a program runs as and what it may use.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Run as this user and group (ours when `None`); supplementary groups are dropped.
+    pub user: Option<(u32, u32)>,
+    /// Resource limits (soft, hard) set before exec.
+    pub limits: Vec<(Resource, u64, u64)>,
+}
+
+/// Starts `program` with exactly `env` as its environment, as `launch` says, in a new
+/// session (so in a process group of its own), its descriptor 3 the write end of a pipe
+/// whose read end is returned; stdin, stdout and stderr are pipes. No other descriptor of
+/// ours reaches it (std's and ours are close-on-exec). The program is executed directly:
+/// no shell.
+pub fn start(program: &Path, env: &[(OsString, OsString)], launch: &Launch) -> Result<TaskProcess> {
     let spawn_err = |source: std::io::Error| Error::Spawn {
         binary: program.to_owned(),
         source,
@@ -145,12 +157,19 @@ pub fn start(program: &Path, env: &[(OsString, OsString)]) -> Result<TaskProcess
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if let Some((uid, gid)) = launch.user {
+        command.uid(uid).gid(gid);
+    }
+    let limits = launch.limits.clone();
     // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed; it makes three raw system calls (setsid, dup2,
-    // fcntl) on descriptor numbers copied in, and touches no lock, allocation or shared
-    // state.
+    // async-signal-safe calls are allowed; it makes raw system calls (setrlimit, setsid,
+    // dup2, fcntl) on values copied in before the fork (`limits` is only read), and
+    // touches no lock, allocation or shared state.
     unsafe {
         command.pre_exec(move || {
+            for (resource, soft, hard) in &limits {
+                setrlimit(*resource, *soft, *hard).map_err(std::io::Error::from)?;
+            }
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
