@@ -13,6 +13,7 @@ use artex_upgrade::task_process::{self, Exit, Group};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
 
 use super::protocol::{self, Line, MAX_LINE_BYTES};
 use super::Program;
@@ -67,10 +68,10 @@ pub async fn attempt(program: Program, ctx: TaskContext) -> HandlerResult {
         grace: program.grace,
     };
     let io = |e: std::io::Error| TaskError::new(format!("program {}: {e}", program.path.display()));
-    let stdin = tokio::process::ChildStdin::from_std(started.stdin).map_err(io)?;
-    let stdout = tokio::process::ChildStdout::from_std(started.stdout).map_err(io)?;
-    let stderr = tokio::process::ChildStderr::from_std(started.stderr).map_err(io)?;
-    let lines = tokio::net::unix::pipe::Receiver::from_owned_fd(started.protocol).map_err(io)?;
+    let stdin = pipe::Sender::from_owned_fd(started.stdin).map_err(io)?;
+    let stdout = pipe::Receiver::from_owned_fd(started.stdout).map_err(io)?;
+    let stderr = pipe::Receiver::from_owned_fd(started.stderr).map_err(io)?;
+    let lines = pipe::Receiver::from_owned_fd(started.protocol).map_err(io)?;
 
     let input = json!({
         "id": id,
@@ -106,7 +107,7 @@ pub async fn attempt(program: Program, ctx: TaskContext) -> HandlerResult {
         tokio::select! {
             _ = &mut pipes, if !drained => drained = true,
             e = &mut exited, if exit.is_none() => {
-                exit = Some(e.unwrap_or_else(|_| Exit::Lost("its watcher stopped".into())));
+                exit = Some(e);
                 let_go.as_mut().reset(tokio::time::Instant::now() + PIPES_AFTER_EXIT);
             }
             () = &mut let_go, if exit.is_some() => {
@@ -171,7 +172,7 @@ fn env_for(program: &Program, ctx: &TaskContext) -> Vec<(OsString, OsString)> {
 
 /// Writes the task to stdin and closes it. A program that exits (or closes stdin)
 /// without reading it all is its own business.
-async fn feed(mut stdin: tokio::process::ChildStdin, input: String) {
+async fn feed(mut stdin: pipe::Sender, input: String) {
     let _ = stdin.write_all(input.as_bytes()).await;
     let _ = stdin.shutdown().await;
 }

@@ -12,8 +12,8 @@
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
-//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `unique`, `limits`,
-//!   `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
+//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `cycle`, `unique`,
+//!   `limits`, `programs`, `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
 //!   named as ARTEX_BENCH_ONLY names them; each one's doc says what it measures and the
 //!   knobs (`ARTEX_BENCH_W4_TASKS`, `ARTEX_BENCH_FLEET_WORKERS`, …) it reads.
 
@@ -27,6 +27,7 @@ mod fleet;
 mod history;
 mod limit;
 mod limits;
+mod programs;
 mod replica;
 mod report;
 mod rig;
@@ -49,9 +50,9 @@ use rig::Rig;
 
 /// The parts this program runs, in the order it runs them (the bash bench's order, the
 /// hot upgrades last).
-pub const PARTS: [&str; 18] = [
+pub const PARTS: [&str; 19] = [
     "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "cycle", "unique", "limits",
-    "api", "dash", "replica", "upload", "fleet", "upgrade",
+    "programs", "api", "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -179,6 +180,7 @@ async fn run_part(bench: &mut Bench, part: &str) {
         "w4" => w4::run(bench).await,
         "history" => history::run(bench).await,
         "cycle" => cycle::run(bench).await,
+        "programs" => programs::run(bench).await,
         "api" => api::run(bench).await,
         "dash" => dash::run(bench).await,
         "replica" => replica::run(bench).await,

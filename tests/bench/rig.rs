@@ -126,6 +126,12 @@ impl Rig {
         self.tmp.path().join(name)
     }
 
+    /// A folder `name` in the bench's own (mode 755: a worker running as root runs
+    /// programs as `nobody`, who must reach them).
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
     /// The folder of the processes' logs.
     pub fn log(&self, name: &str) -> PathBuf {
         self.tmp.path().join("log").join(name)

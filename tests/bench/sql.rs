@@ -269,6 +269,8 @@ pub const PREPARED: &[&str] = &[
     CYCLE_ASSIGN,
     CYCLE_HELD,
     CYCLE_RECORD,
+    INSERT_PROGRAM_TASKS,
+    RUNNING_AT_LEAST,
     RELMAP,
     API_SIM_WORKER,
     BUSY_HOUR,
@@ -506,6 +508,12 @@ pub const CYCLE_RECORD: &str = "select * from artex.record_attempts('bench-cycle
     array_fill(false, array[cardinality($1::uuid[])]),
     array_fill(0::float8, array[cardinality($1::uuid[])]),
     array_fill(1::float8, array[cardinality($1::uuid[])]))";
+/// programs: $2 tasks of kind $1, by plain SQL.
+pub const INSERT_PROGRAM_TASKS: &str =
+    "insert into artex.tasks (kind) select $1::text from generate_series(1, $2::int4)";
+/// programs: at least $1 tasks running.
+pub const RUNNING_AT_LEAST: &str =
+    "select count(*) >= $1::int8 from artex.tasks where status = 'running'";
 pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0')::int8";
 /// Each relfilenode of artex's schema and the table it counts for: a partition as its
 /// parent, an index as `<table>_indexes`.

@@ -12,6 +12,8 @@
 //! - [`bundle`]: signed upgrade bundles: keygen, create, and a hostile-input `unpack`.
 //! - [`channel`]: the upgrade channel: a Unix socket between generations and its framed
 //!   protocol (JSON frames, file descriptors by SCM_RIGHTS).
+//! - [`clone_spawn`]: starting a program without copying our address space
+//!   (`CLONE_VM | CLONE_VFORK`), for [`task_process`].
 //! - [`error`]: the crate's one [`Error`] type and [`Result`] alias.
 //! - [`malloc`]: the allocator's arenas capped at start (a process tunable, like the
 //!   subreaper's; here because this crate is where artex's few system calls live).
@@ -28,6 +30,7 @@
 
 pub mod bundle;
 pub mod channel;
+pub mod clone_spawn;
 pub mod error;
 pub mod malloc;
 pub mod notify;

@@ -2,7 +2,8 @@
 //! own, with the protocol's descriptor 3 (a pipe the program writes its JSON lines to),
 //! and nothing else of ours but the environment it is given.
 //!
-//! A thread of its own waits for the program without reaping it (`WNOWAIT`): while the
+//! Its exit is awaited without reaping it (`WNOWAIT`; through a pidfd on the caller's
+//! runtime, or a thread of its own on kernels without one): while the
 //! leader is an unreaped zombie its process group id cannot be reused, so the group can be
 //! signalled safely until everything in it is killed and reaped. When the leader exits,
 //! whatever it left in its group is killed (SIGKILL) and reaped (the worker is a child
@@ -13,26 +14,26 @@
 //! (`setsid`, `setpgid`) is not followed.
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::process::{ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sys::resource::setrlimit;
 pub use nix::sys::resource::Resource;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
+use crate::clone_spawn;
 use crate::error::{Error, Result};
 use crate::subreaper::signal_group;
 
-/// The descriptor a program writes its protocol lines to.
-pub const PROTOCOL_FD: i32 = 3;
 /// How long ending a group may take before the watcher gives up on a process that does
 /// not die (uninterruptible sleep): it is logged and left.
 const END_GROUP_PATIENCE: Duration = Duration::from_secs(10);
@@ -48,22 +49,61 @@ pub enum Exit {
     Lost(String),
 }
 
+type ExitFuture = Pin<Box<dyn Future<Output = Exit> + Send>>;
+
+/// How a program ended, once it did and its group is gone. Dropped before then (the
+/// attempt was given up: a timeout, a lost lease), the wait goes on by itself on the
+/// runtime, so that the program and what it started are still reaped.
+pub struct Exited {
+    wait: Option<ExitFuture>,
+}
+
+impl Future for Exited {
+    type Output = Exit;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Exit> {
+        let Some(wait) = self.wait.as_mut() else {
+            return std::task::Poll::Ready(Exit::Lost("its exit was already taken".into()));
+        };
+        let exit = std::task::ready!(wait.as_mut().poll(cx));
+        self.wait = None;
+        std::task::Poll::Ready(exit)
+    }
+}
+
+impl Drop for Exited {
+    fn drop(&mut self) {
+        let Some(wait) = self.wait.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    wait.await;
+                });
+            }
+            // Only a thread-watched program can be here (a pidfd needs the runtime): its
+            // thread reaps it whether or not anyone hears of it.
+            Err(_) => drop(wait),
+        }
+    }
+}
+
 /// A started program: its pipes and its end.
-#[derive(Debug)]
 pub struct TaskProcess {
     /// Its pid, which is also its process group and session id.
     pub pid: u32,
-    /// Its standard input.
-    pub stdin: ChildStdin,
-    /// Its standard output.
-    pub stdout: ChildStdout,
-    /// Its standard error.
-    pub stderr: ChildStderr,
+    /// Its standard input (the write end).
+    pub stdin: OwnedFd,
+    /// Its standard output (the read end).
+    pub stdout: OwnedFd,
+    /// Its standard error (the read end).
+    pub stderr: OwnedFd,
     /// The read end of its descriptor 3.
     pub protocol: OwnedFd,
     /// Resolves once it exited and everything it left in its group was killed and
     /// reaped.
-    pub exited: tokio::sync::oneshot::Receiver<Exit>,
+    pub exited: Exited,
     /// Its process group, to end it early.
     pub group: Group,
 }
@@ -140,87 +180,50 @@ pub struct Launch {
 /// Starts `program` with exactly `env` as its environment, as `launch` says, in a new
 /// session (so in a process group of its own), its descriptor 3 the write end of a pipe
 /// whose read end is returned; stdin, stdout and stderr are pipes. No other descriptor of
-/// ours reaches it (std's and ours are close-on-exec). The program is executed directly:
-/// no shell.
+/// ours reaches it. The program is executed directly: no shell. Started by
+/// [`clone_spawn`](crate::clone_spawn): our address space is not copied.
 pub fn start(program: &Path, env: &[(OsString, OsString)], launch: &Launch) -> Result<TaskProcess> {
     let spawn_err = |source: std::io::Error| Error::Spawn {
         binary: program.to_owned(),
         source,
     };
-    let (read_end, write_end) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.into()))?;
-    let write_fd = write_end.as_raw_fd();
-    let mut command = Command::new(program);
-    command
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some((uid, gid)) = launch.user {
-        command.uid(uid).gid(gid);
-    }
-    let limits = launch.limits.clone();
-    // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed; it makes raw system calls (setrlimit, setsid,
-    // dup2, fcntl) on values copied in before the fork (`limits` is only read), and
-    // touches no lock, allocation or shared state.
-    unsafe {
-        command.pre_exec(move || {
-            for (resource, soft, hard) in &limits {
-                setrlimit(*resource, *soft, *hard).map_err(std::io::Error::from)?;
-            }
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if write_fd == PROTOCOL_FD {
-                // dup2 onto itself would keep close-on-exec: clear it instead.
-                if libc::fcntl(PROTOCOL_FD, libc::F_SETFD, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(write_fd, PROTOCOL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().map_err(spawn_err)?;
-    // Only the program holds the write end now: its end (and its group's) is the
-    // protocol's end of file.
-    drop(write_end);
-    let pid = child.id();
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        unreachable!("stdin, stdout and stderr were asked as pipes");
-    };
-    // The std handle is dropped without waiting: the watcher reaps it, after its group.
-    drop(child);
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.into()));
+    let (stdin_r, stdin) = pipe()?;
+    let (stdout, stdout_w) = pipe()?;
+    let (stderr, stderr_w) = pipe()?;
+    let (protocol, protocol_w) = pipe()?;
+    let limits: Vec<_> = launch
+        .limits
+        .iter()
+        .map(|&(r, soft, hard)| (r as libc::__rlimit_resource_t, soft, hard))
+        .collect();
+    let fds = [
+        stdin_r.as_raw_fd(),
+        stdout_w.as_raw_fd(),
+        stderr_w.as_raw_fd(),
+        protocol_w.as_raw_fd(),
+    ];
+    let mut plan =
+        clone_spawn::Plan::new(program, env, fds, &limits, launch.user).map_err(spawn_err)?;
+    let pid = clone_spawn::spawn(&mut plan).map_err(spawn_err)?;
+    // Only the program holds its ends now: its end (and its group's) is each pipe's end
+    // of file.
+    drop((stdin_r, stdout_w, stderr_w, protocol_w));
     let group = Group {
         pgid: pid,
         state: Arc::default(),
     };
-    let (tx, exited) = tokio::sync::oneshot::channel();
-    let watched = group.clone();
-    let watcher = std::thread::Builder::new()
-        .name(format!("program-{pid}"))
-        .spawn(move || {
-            let exit = wait_without_reaping(pid);
-            end_group(&watched);
-            let _ = tx.send(exit);
-        });
-    if let Err(source) = watcher {
-        // Without its watcher nobody would reap it: stop it here, and say why.
-        group.terminate(Duration::ZERO);
-        end_group(&group);
-        return Err(spawn_err(source));
-    }
+    let wait = match watch_by_pidfd(pid, &group) {
+        Some(wait) => wait,
+        None => watch_by_thread(pid, &group).map_err(spawn_err)?,
+    };
+    let exited = Exited { wait: Some(wait) };
     Ok(TaskProcess {
         pid,
         stdin,
         stdout,
         stderr,
-        protocol: read_end,
+        protocol,
         exited,
         group,
     })
@@ -239,32 +242,102 @@ fn wait_without_reaping(pid: u32) -> Exit {
     }
 }
 
+/// Waits for the program through a pidfd on the caller's runtime: no thread of its own
+/// (a thread per program was a tenth of the worker's CPU per program). `None` where the
+/// kernel has no pidfd (before 5.3) or no runtime is there.
+fn watch_by_pidfd(pid: u32, group: &Group) -> Option<ExitFuture> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a descriptor pidfd_open just returned, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    tokio::runtime::Handle::try_current().ok()?;
+    // SAFETY: an OwnedFd's descriptor stays open, and the same, until it is dropped,
+    // which is when the AsyncFd is.
+    let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
+    let group = group.clone();
+    Some(Box::pin(async move {
+        // Readable once the process has exited.
+        let exit = loop {
+            match fd.readable().await {
+                Ok(mut ready) => match peek_exit(pid) {
+                    Some(exit) => break exit,
+                    None => ready.clear_ready(),
+                },
+                Err(e) => break Exit::Lost(format!("waiting for pid {pid}: {e}")),
+            }
+        };
+        if !end_group_now(&group) {
+            // Something of the group outlived a SIGKILL for now: wait for it off the
+            // runtime's threads.
+            let g = group.clone();
+            if tokio::task::spawn_blocking(move || end_group(&g))
+                .await
+                .is_err()
+            {
+                end_group(&group);
+            }
+        }
+        exit
+    }))
+}
+
+/// Waits for the program on a thread of its own (kernels without pidfd).
+fn watch_by_thread(pid: u32, group: &Group) -> std::io::Result<ExitFuture> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let watched = group.clone();
+    let watcher = std::thread::Builder::new()
+        .name(format!("program-{pid}"))
+        .spawn(move || {
+            let exit = wait_without_reaping(pid);
+            end_group(&watched);
+            let _ = tx.send(exit);
+        });
+    if let Err(e) = watcher {
+        // Without its watcher nobody would reap it: stop it here, and say why.
+        group.terminate(Duration::ZERO);
+        end_group(group);
+        return Err(e);
+    }
+    Ok(Box::pin(async move {
+        rx.await
+            .unwrap_or_else(|_| Exit::Lost("its watcher stopped".into()))
+    }))
+}
+
+/// How process `pid` (our child, exited) ended, leaving it a zombie; `None` while it
+/// runs.
+fn peek_exit(pid: u32) -> Option<Exit> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+    match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
+        Ok(WaitStatus::Signaled(_, signal, _)) => Some(Exit::Signal(signal)),
+        Ok(_) | Err(Errno::EINTR) => None,
+        Err(e) => Some(Exit::Lost(format!("waiting for pid {pid}: {e}"))),
+    }
+}
+
+/// [`end_group`] if one pass does it, without waiting; false if the group is still
+/// there (nothing is marked then).
+fn end_group_now(group: &Group) -> bool {
+    let mut state = group.state.lock().unwrap_or_else(|e| e.into_inner());
+    let done = end_group_pass(group);
+    if done {
+        state.reaped = true;
+    }
+    done
+}
+
 /// Kills what is left of the group (its leader, unreaped, keeps the group's id ours
 /// until then) and reaps every process of it that is, or becomes as its parent dies, our
-/// child; returns once the group is empty, or after [`END_GROUP_PATIENCE`].
+/// child; returns once the group is empty, or after [`END_GROUP_PATIENCE`]. The group's
+/// lock is held throughout: [`Group::terminate`] never signals an id that was let go.
 fn end_group(group: &Group) {
     let mut state = group.state.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
-    let pgid = Pid::from_raw(group.pgid as i32);
-    loop {
-        match signal_group(group.pgid, Signal::SIGKILL) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                tracing::warn!(pgid = group.pgid, error = %e, "cannot end a program's process group");
-                break;
-            }
-        }
-        loop {
-            match waitid(Id::PGid(pgid), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG) {
-                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(e) => {
-                    tracing::warn!(pgid = group.pgid, error = %e, "cannot reap a program's process group");
-                    break;
-                }
-            }
-        }
+    while !end_group_pass(group) {
         if started.elapsed() > END_GROUP_PATIENCE {
             tracing::warn!(
                 pgid = group.pgid,
@@ -275,4 +348,36 @@ fn end_group(group: &Group) {
         std::thread::sleep(Duration::from_millis(2));
     }
     state.reaped = true;
+}
+
+/// SIGKILL to the group and every exited child of it reaped, again while that reaped
+/// something; true once the group is gone (or cannot be signalled: nothing more to do).
+/// The caller holds the group's lock.
+fn end_group_pass(group: &Group) -> bool {
+    let pgid = Pid::from_raw(group.pgid as i32);
+    loop {
+        match signal_group(group.pgid, Signal::SIGKILL) {
+            Ok(false) => return true,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(pgid = group.pgid, error = %e, "cannot end a program's process group");
+                return true;
+            }
+        }
+        let mut reaped = false;
+        loop {
+            match waitid(Id::PGid(pgid), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) => reaped = true,
+                Err(Errno::EINTR) => {}
+                Err(e) => {
+                    tracing::warn!(pgid = group.pgid, error = %e, "cannot reap a program's process group");
+                    return true;
+                }
+            }
+        }
+        if !reaped {
+            return false;
+        }
+    }
 }
