@@ -561,3 +561,69 @@ async fn bounds_beside_a_program_hold_it() {
         assert_eq!(t.result, Some(json!(0)), "user = \"root\" runs it as root");
     }
 }
+
+/// A worker that loses a task's lease (the task sent back to the queue behind its back)
+/// stops that task's program and what it started: nothing runs on for a task the worker
+/// no longer holds.
+#[tokio::test]
+async fn a_lost_lease_stops_the_program_and_its_children() {
+    let db = TestDb::new().await;
+    let dir = tasks_dir();
+    let out = writable_dir();
+    let (_, forks) = PROGRAMS
+        .iter()
+        .find(|(name, _)| *name == "forks.sh")
+        .expect("forks.sh");
+    write_program(dir.path(), "hangs.sh", forks, 0o755);
+    let planner = Proc::planner("planner", &db.url, &[]);
+    // Leases of 3 s, renewed every second; stopped programs get 1 s before SIGKILL.
+    let _worker = Proc::worker(
+        "worker",
+        &db.url,
+        &[
+            "--tasks-dir",
+            dir.path().to_str().unwrap(),
+            "--cancel-grace-ms",
+            "1000",
+        ],
+    );
+    let pidfile = out.path().join("lost.pids");
+    let id = wait_for("kind hangs to be accepted", WAIT, || async {
+        let task = NewTask::new("hangs", json!({ "pidfile": pidfile }));
+        db.bb.operator().submit(&task, "test").await.ok()
+    })
+    .await;
+    let c = db.client().await;
+    let send_back = || async {
+        // Once running: a new attempt's pids are written after its start.
+        wait_status(&db.bb, id, "running", WAIT).await;
+        let n = c
+            .execute(
+                "update artex.tasks set status = 'pending' where id = $1 and status = 'running'",
+                &[&id],
+            )
+            .await
+            .expect("sending the task back");
+        assert_eq!(n, 1, "the task was running");
+    };
+    // The planner assigns it here again at once: the newer attempt stops the older one.
+    let both = pids(&pidfile).await;
+    std::fs::remove_file(&pidfile).expect("the first attempt's pids");
+    send_back().await;
+    gone(
+        "the program of an attempt superseded on its own worker, and its child",
+        both,
+        Duration::from_secs(10),
+    )
+    .await;
+    // No planner hands it out again: the worker's renewal finds the lease gone.
+    let both = pids(&pidfile).await;
+    drop(planner);
+    send_back().await;
+    gone(
+        "the program of a task whose lease was lost, and its child",
+        both,
+        Duration::from_secs(10),
+    )
+    .await;
+}

@@ -283,6 +283,21 @@ impl Worker {
         let suspend = Arc::new(AtomicBool::new(false));
         let cancel = Cancel::default();
         tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
+        // An earlier attempt of this task still running here lost its lease: the task was
+        // taken back behind its back and assigned here again (the epoch moved on). It is
+        // stopped as a lost lease's handler is; left running, two attempts of one task
+        // overlapped on this worker, the older untracked.
+        if let Some(old) = self.held.running.remove(&id) {
+            if old.epoch < epoch {
+                tracing::warn!(task = %id, epoch = old.epoch, newer = epoch,
+                    "lease lost to a newer attempt here; stopping the older handler");
+                old.abort.abort();
+                self.held.ledger.let_go((id, old.epoch));
+                self.outcomes.fenced_off += 1;
+            } else {
+                self.held.running.insert(id, old);
+            }
+        }
         self.held.running.insert(
             id,
             Running {
