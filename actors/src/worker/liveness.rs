@@ -156,7 +156,7 @@ impl Worker {
     /// Tasks whose lease it no longer holds: an operator's cancel is told to the
     /// handler; anything else (taken back by the reaper, transferred) stops running here
     /// (whatever it would write would be fenced off anyway).
-    fn lost(&mut self, lost: &HashSet<(Uuid, i64)>, canceled: &HashSet<Uuid>) {
+    pub(super) fn lost(&mut self, lost: &HashSet<(Uuid, i64)>, canceled: &HashSet<Uuid>) {
         for key in lost {
             self.held.ledger.let_go(*key);
         }

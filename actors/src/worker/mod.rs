@@ -32,6 +32,7 @@ pub mod progress;
 pub mod status;
 pub mod transfer;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -285,18 +286,16 @@ impl Worker {
         tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
         // An earlier attempt of this task still running here lost its lease: the task was
         // taken back behind its back and assigned here again (the epoch moved on). It is
-        // stopped as a lost lease's handler is; left running, two attempts of one task
+        // stopped as any lost lease's handler is; left running, two attempts of one task
         // overlapped on this worker, the older untracked.
-        if let Some(old) = self.held.running.remove(&id) {
-            if old.epoch < epoch {
-                tracing::warn!(task = %id, epoch = old.epoch, newer = epoch,
-                    "lease lost to a newer attempt here; stopping the older handler");
-                old.abort.abort();
-                self.held.ledger.let_go((id, old.epoch));
-                self.outcomes.fenced_off += 1;
-            } else {
-                self.held.running.insert(id, old);
-            }
+        if let Some(older) = self
+            .held
+            .running
+            .get(&id)
+            .map(|r| r.epoch)
+            .filter(|e| *e < epoch)
+        {
+            self.lost(&HashSet::from([(id, older)]), &HashSet::new());
         }
         self.held.running.insert(
             id,
