@@ -25,11 +25,11 @@ pub use bounds::Bounds;
 use crate::error::{Error, Result};
 
 /// The `PATH` a program gets unless `--tasks-env PATH` passes the worker's own.
-pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// The user a program runs as when the worker runs as root and its bounds name none: a
 /// task never runs as root unless its bounds file says `user = "root"`.
-pub const DEFAULT_USER_FOR_ROOT: &str = "nobody";
+const DEFAULT_USER_FOR_ROOT: &str = "nobody";
 
 /// One program, as a task kind's handler.
 #[derive(Debug, Clone)]

@@ -28,20 +28,8 @@ pub struct Plan {
     limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     user: Option<(libc::uid_t, libc::gid_t)>,
     /// Set by the child when a step fails: the step and its errno.
-    failed: (c_int, c_int),
+    failed: Option<(&'static str, c_int)>,
 }
-
-/// The steps of the child, by number, for a failure's message.
-const STEPS: [&str; 8] = [
-    "duplicating a descriptor",
-    "dup2",
-    "setsid",
-    "setrlimit",
-    "setgroups",
-    "setgid",
-    "setuid",
-    "execve",
-];
 
 /// Linux's `CLOSE_RANGE_CLOEXEC` (include/uapi/linux/close_range.h).
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
@@ -92,7 +80,7 @@ impl Plan {
             fds,
             limits,
             user,
-            failed: (0, 0),
+            failed: None,
         })
     }
 }
@@ -135,15 +123,13 @@ pub fn spawn(plan: &mut Plan) -> io::Result<u32> {
     }
     // SAFETY: the child wrote `failed` through the pointer before it exited (or never);
     // it has exec'd or exited by now, so nothing writes it any more.
-    let (step, errno) = unsafe { std::ptr::read_volatile(&plan.failed) };
-    if errno != 0 {
+    if let Some((step, errno)) = unsafe { std::ptr::read_volatile(&plan.failed) } {
         // It exited (status 127): reap it.
         let mut status = 0;
         // SAFETY: waits for our own child by pid.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        let what = STEPS.get(step as usize).copied().unwrap_or("a step");
         let e = io::Error::from_raw_os_error(errno);
-        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+        return Err(io::Error::new(e.kind(), format!("{step}: {e}")));
     }
     Ok(pid as u32)
 }
@@ -173,12 +159,12 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         for (i, fd) in plan.fds.iter().enumerate() {
             high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
             if high[i] < 0 {
-                fail(plan, 0);
+                fail(plan, "duplicating a descriptor");
             }
         }
         for (target, fd) in high.iter().enumerate() {
             if libc::dup2(*fd, target as c_int) < 0 {
-                fail(plan, 1);
+                fail(plan, "dup2");
             }
         }
         // Nothing else of ours reaches the program (an error means an old kernel: ours
@@ -190,36 +176,36 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
             CLOSE_RANGE_CLOEXEC,
         );
         if libc::setsid() < 0 {
-            fail(plan, 2);
+            fail(plan, "setsid");
         }
         for (resource, limit) in &plan.limits {
             if libc::setrlimit(*resource, limit) < 0 {
-                fail(plan, 3);
+                fail(plan, "setrlimit");
             }
         }
         if let Some((uid, gid)) = plan.user {
             if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0 {
-                fail(plan, 4);
+                fail(plan, "setgroups");
             }
             if libc::syscall(libc::SYS_setgid, gid) < 0 {
-                fail(plan, 5);
+                fail(plan, "setgid");
             }
             if libc::syscall(libc::SYS_setuid, uid) < 0 {
-                fail(plan, 6);
+                fail(plan, "setuid");
             }
         }
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
-        fail(plan, 7)
+        fail(plan, "execve")
     }
 }
 
 /// Records the failed step and its errno for the parent, and ends the child.
-unsafe fn fail(plan: &mut Plan, step: c_int) -> ! {
+unsafe fn fail(plan: &mut Plan, step: &'static str) -> ! {
     // SAFETY: __errno_location is this thread's errno; the write goes to the plan the
     // parent reads once the child is gone.
     unsafe {
         let errno = *libc::__errno_location();
-        std::ptr::write_volatile(&mut plan.failed, (step, errno.max(1)));
+        std::ptr::write_volatile(&mut plan.failed, Some((step, errno.max(1))));
         libc::_exit(127)
     }
 }

@@ -34,8 +34,8 @@ use crate::clone_spawn;
 use crate::error::{Error, Result};
 use crate::subreaper::signal_group;
 
-/// How long ending a group may take before the watcher gives up on a process that does
-/// not die (uninterruptible sleep): it is logged and left.
+/// How long ending a group may take before giving up on a process that does not die
+/// (uninterruptible sleep): it is logged and left.
 const END_GROUP_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How a program's main process ended.
@@ -154,11 +154,6 @@ impl Group {
                 warn_failed(self.pgid, signal_group(self.pgid, Signal::SIGKILL));
             }
         }
-    }
-
-    /// Its process group id.
-    pub fn pgid(&self) -> u32 {
-        self.pgid
     }
 }
 
@@ -379,5 +374,65 @@ fn end_group_pass(group: &Group) -> bool {
         if !reaped {
             return false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn program(dir: &Path, text: &str) -> std::path::PathBuf {
+        let path = dir.join("p.sh");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// Outside a runtime the exit is awaited on a thread of its own (the path of kernels
+    /// without pidfd): descriptor 3, the environment given and the exit status all come
+    /// through, and the child it left in its group is gone by the time the exit is heard.
+    #[test]
+    fn a_program_watched_by_a_thread_reports_its_exit_after_its_group_is_gone() {
+        // As the worker is: what the program leaves is reparented here, and reaped.
+        crate::subreaper::become_subreaper().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = program(
+            dir.path(),
+            "#!/bin/sh\nsleep 300 &\necho \"$!\" >&3\necho \"$ONLY\" >&3\nexit 3\n",
+        );
+        let env = [(OsString::from("ONLY"), OsString::from("this"))];
+        let p = start(&path, &env, &Launch::default()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert_eq!(rt.block_on(p.exited), Exit::Code(3));
+        let mut said = String::new();
+        std::fs::File::from(p.protocol)
+            .read_to_string(&mut said)
+            .unwrap();
+        let lines: Vec<&str> = said.lines().collect();
+        assert_eq!(lines[1], "this", "{said:?}");
+        let child: i32 = lines[0].parse().unwrap();
+        assert_eq!(
+            nix::sys::signal::kill(Pid::from_raw(child), None),
+            Err(Errno::ESRCH),
+            "the child it left is killed and reaped"
+        );
+    }
+
+    /// A step that fails in the child is the error, named: here execve.
+    #[test]
+    fn a_program_that_cannot_be_executed_is_an_error_naming_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = start(&missing, &[], &Launch::default())
+            .err()
+            .expect("no such program");
+        let text = err.to_string();
+        assert!(text.contains("execve: No such file or directory"), "{text}");
     }
 }
