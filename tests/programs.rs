@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::{Control, NewTask, TaskRow};
 use common::procs::{wait_for, wait_status, Proc};
-use common::TestDb;
+use common::{run_cli, TestDb};
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -120,6 +120,12 @@ async fn submit(db: &TestDb, kind: &str, payload: Value, timeout_ms: Option<i32>
         .expect("submit")
 }
 
+/// A task of `kind` submitted (with no timeout) and ended `status`.
+async fn outcome(db: &TestDb, kind: &str, payload: Value, status: &str) -> TaskRow {
+    let id = submit(db, kind, payload, None).await;
+    ended(db, id, status).await
+}
+
 async fn ended(db: &TestDb, id: Uuid, status: &str) -> TaskRow {
     wait_status(&db.bb, id, status, WAIT).await;
     db.bb.operator().task(id).await.expect("the task")
@@ -210,10 +216,13 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     .await;
 
     // Shell: the task in on stdin, its result and progress out on descriptor 3.
-    let id = submit(&db, "echo-in", json!({"n": 7}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    let t = outcome(&db, "echo-in", json!({"n": 7}), "succeeded").await;
+    assert_eq!(
+        (t.progress, t.progress_message.as_deref()),
+        (Some(0.5), Some("echoing"))
+    );
     let result = t.result.expect("a result");
-    assert_eq!(result["id"], json!(id.to_string()));
+    assert_eq!(result["id"], json!(t.id.to_string()));
     assert_eq!(result["kind"], json!("echo-in"));
     assert_eq!(result["payload"], json!({"n": 7}));
     assert_eq!(
@@ -221,23 +230,14 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
         (json!(1), json!(3))
     );
     assert_eq!(result["checkpoint"], Value::Null);
-    let row = c
-        .query_one(
-            "select progress, progress_message from artex.tasks where id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, Option<f32>>(0), Some(0.5));
-    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("echoing"));
 
     // Python: its environment is the protocol's and what --tasks-env passes, nothing
     // else of the worker's; its checkpoint is saved.
-    let id = submit(&db, "env", json!({"x": 1}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    let t = outcome(&db, "env", json!({"x": 1}), "succeeded").await;
+    assert_eq!(t.checkpoint, Some(json!({"seen": {"x": 1}})));
     let result = t.result.expect("a result");
     let env = &result["env"];
-    assert_eq!(env["ARTEX_TASK_ID"], json!(id.to_string()));
+    assert_eq!(env["ARTEX_TASK_ID"], json!(t.id.to_string()));
     assert_eq!(env["ARTEX_TASK_KIND"], json!("env"));
     assert_eq!(env["ARTEX_TASK_ATTEMPT"], json!("1"));
     assert_eq!(env["ARTEX_PROTOCOL"], json!("1"));
@@ -245,19 +245,11 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     assert_eq!(env["ARTEX_TEST_SECRET"], Value::Null, "{env}");
     assert_eq!(env["ARTEX_DATABASE_URL"], Value::Null, "{env}");
     assert_eq!(env["PATH"], json!("/usr/local/bin:/usr/bin:/bin"));
-    let checkpoint: Option<Value> = c
-        .query_one("select checkpoint from artex.tasks where id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(checkpoint, Some(json!({"seen": {"x": 1}})));
 
     // Node: a result, and a discard (failed now, no retry).
-    let id = submit(&db, "greet", json!({"name": "ada"}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    let t = outcome(&db, "greet", json!({"name": "ada"}), "succeeded").await;
     assert_eq!(t.result, Some(json!({"greeting": "hello, ada"})));
-    let id = submit(&db, "greet", json!({}), None).await;
-    let t = ended(&db, id, "failed").await;
+    let t = outcome(&db, "greet", json!({}), "failed").await;
     assert_eq!(
         t.error.as_deref(),
         Some("discarded: payload.name is missing")
@@ -265,8 +257,7 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     assert_eq!(t.retries, 1, "a discard ends the task at its first attempt");
 
     // A failing program: its status and the end of its stderr are the error; retried.
-    let id = submit(&db, "fails", json!({}), None).await;
-    let t = ended(&db, id, "failed").await;
+    let t = outcome(&db, "fails", json!({}), "failed").await;
     assert_eq!(
         t.error.as_deref(),
         Some("exited with status 3: first line\nwhat went wrong")
@@ -274,8 +265,7 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     assert_eq!(t.retries, 3, "retried by the kind's policy: {t:?}");
 
     // A bad line on descriptor 3 fails the attempt at once, naming the line.
-    let id = submit(&db, "bad-line", json!({}), None).await;
-    let t = ended(&db, id, "failed").await;
+    let t = outcome(&db, "bad-line", json!({}), "failed").await;
     assert!(
         t.error.as_deref().is_some_and(
             |e| e.starts_with("fd 3 line 2: unknown key \"progres\"; expected one of progress")
@@ -285,14 +275,12 @@ async fn programs_in_three_languages_run_their_tasks_and_nothing_outlives_them()
     );
 
     // Killed by a signal.
-    let id = submit(&db, "killed", json!({}), None).await;
-    let t = ended(&db, id, "failed").await;
+    let t = outcome(&db, "killed", json!({}), "failed").await;
     assert_eq!(t.error.as_deref(), Some("killed by signal SIGKILL"));
 
     // Snoozed (no attempt counted), then retried at a time of its own (one counted).
     let marker = out.path().join("later-marker");
-    let id = submit(&db, "later", json!({"marker": marker}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    let t = outcome(&db, "later", json!({"marker": marker}), "succeeded").await;
     assert_eq!(t.result, Some(json!({"attempt": 2})));
 
     // What a program leaves running in its group is killed when it exits.
@@ -427,24 +415,23 @@ async fn the_example_programs_run_as_their_page_says() {
         (n > 0).then_some(())
     })
     .await;
-    let id = submit(&db, "echo-input", json!({"a": [1, 2]}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    // Listed as any kind is.
+    let (code, out, err) = run_cli(&db.url, &["kinds"]);
+    assert_eq!(code, 0, "{err}");
+    for kind in ["echo-input", "resize", "greet"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{kind} "))),
+            "{kind} not in `artex kinds`:\n{out}"
+        );
+    }
+    let t = outcome(&db, "echo-input", json!({"a": [1, 2]}), "succeeded").await;
     assert_eq!(t.result.expect("a result")["payload"], json!({"a": [1, 2]}));
-    let id = submit(&db, "resize", json!({"ms": 10}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    let t = outcome(&db, "resize", json!({"ms": 10}), "succeeded").await;
     assert_eq!(t.result, Some(json!({"steps": 5, "resumed_from": 0})));
-    let c = db.client().await;
-    let checkpoint: Option<Value> = c
-        .query_one("select checkpoint from artex.tasks where id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(checkpoint, Some(json!({"done": 5})));
-    let id = submit(&db, "greet", json!({"name": "ada"}), None).await;
-    let t = ended(&db, id, "succeeded").await;
+    assert_eq!(t.checkpoint, Some(json!({"done": 5})));
+    let t = outcome(&db, "greet", json!({"name": "ada"}), "succeeded").await;
     assert_eq!(t.result, Some(json!({"greeting": "hello, ada"})));
-    let id = submit(&db, "greet", json!({}), None).await;
-    let t = ended(&db, id, "failed").await;
+    let t = outcome(&db, "greet", json!({}), "failed").await;
     assert_eq!(
         t.error.as_deref(),
         Some("discarded: payload.name is missing")

@@ -152,35 +152,40 @@ mod tests {
 
     #[test]
     fn a_bad_line_says_what_is_wrong() {
+        let cases = [
+            ("[1]", "expected a JSON object, got [1]"),
+            (
+                r#"{"progress": "half"}"#,
+                r#"expected a number for "progress", got "half""#,
+            ),
+            (
+                r#"{"progres": 0.5}"#,
+                r#"unknown key "progres"; expected one of progress, checkpoint, result, discard, snooze_ms, retry_at"#,
+            ),
+            (
+                r#"{"result": 1, "extra": 2}"#,
+                r#"unknown key "extra" beside "result""#,
+            ),
+            (
+                r#"{"snooze_ms": -5}"#,
+                r#"expected a whole number of milliseconds for "snooze_ms", got -5"#,
+            ),
+            (
+                r#"{"retry_at": "tomorrow"}"#,
+                r#"expected an RFC 3339 time for "retry_at", got "tomorrow""#,
+            ),
+            (
+                r#"{"discard": 3}"#,
+                r#"expected a string (the reason) for "discard", got 3"#,
+            ),
+        ];
+        for (line, says) in cases {
+            assert_eq!(err(line), says, "{line}");
+        }
         assert!(
             err("{not json").starts_with("not JSON: "),
             "{}",
             err("{not json")
-        );
-        assert_eq!(err("[1]"), "expected a JSON object, got [1]");
-        assert_eq!(
-            err(r#"{"progress": "half"}"#),
-            r#"expected a number for "progress", got "half""#
-        );
-        assert_eq!(
-            err(r#"{"progres": 0.5}"#),
-            r#"unknown key "progres"; expected one of progress, checkpoint, result, discard, snooze_ms, retry_at"#
-        );
-        assert_eq!(
-            err(r#"{"result": 1, "extra": 2}"#),
-            r#"unknown key "extra" beside "result""#
-        );
-        assert_eq!(
-            err(r#"{"snooze_ms": -5}"#),
-            r#"expected a whole number of milliseconds for "snooze_ms", got -5"#
-        );
-        assert_eq!(
-            err(r#"{"retry_at": "tomorrow"}"#),
-            r#"expected an RFC 3339 time for "retry_at", got "tomorrow""#
-        );
-        assert_eq!(
-            err(r#"{"discard": 3}"#),
-            r#"expected a string (the reason) for "discard", got 3"#
         );
         assert!(err("{}").starts_with("an empty object"));
     }

@@ -47,10 +47,10 @@ pub async fn run(bench: &mut Bench) {
     .map(|s| s.to_string())
     .collect();
     bench.rig.start_runtime_online(&c, DB, 1, &args).await;
-    let worker = bench.rig.pids()[1];
+    // The planner, then the worker.
+    let (planner, worker) = (bench.rig.pids()[0], bench.rig.pids()[1]);
 
     // The run.
-    let planner = bench.rig.pids()[0];
     profile_reset(&c).await;
     let (cpu0, pg0, pl0) = (cpu_s(worker), bench.rig.pg_cpu_s(), cpu_s(planner));
     c.execute(sql::INSERT_PROGRAM_TASKS, &[&"true", &(n as i32)])
@@ -81,15 +81,13 @@ pub async fn run(bench: &mut Bench) {
 
     // The same program through xargs, side by side: before and after the run (the
     // host's speed drifts), their mean the bare rate.
-    let bare = (before + xargs_rate(&dir, n)) / 2.0;
+    let after = xargs_rate(&dir, n);
+    let bare = (before + after) / 2.0;
 
     println!("# programs: {n} tasks of `exit 0` in sh, 1 worker, --concurrency {CONCURRENCY}");
     result("programs_tasks_per_s", fixed(rate, 0), "tasks/s");
     result("programs_xargs_per_s", fixed(bare, 0), "runs/s");
-    println!(
-        "# programs: xargs {before:.0} runs/s before the run, {:.0} after",
-        2.0 * bare - before
-    );
+    println!("# programs: xargs {before:.0} runs/s before the run, {after:.0} after");
     result("programs_vs_xargs", fixed(rate / bare, 2), "ratio");
     result(
         "programs_spawn_ms_per_task_xargs",

@@ -166,6 +166,11 @@ async fn a_reap_with_an_empty_batch_is_refused_and_changes_nothing() {
 async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_renews() {
     let db = TestDb::new().await;
     let c = db.client().await;
+    let renew = |held: &[(Uuid, i64)]| {
+        let held = held.to_vec();
+        let worker = db.bb.worker();
+        async move { worker.renew_leases("w1", &held, 60.0).await.unwrap() }
+    };
     let (read, unread, other) = (
         insert_task(&c).await,
         insert_task(&c).await,
@@ -188,12 +193,7 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
         .await
         .unwrap()
         .get(0);
-    let kept = db
-        .bb
-        .worker()
-        .renew_leases("w1", &[(read, epoch)], 60.0)
-        .await
-        .unwrap();
+    let kept = renew(&[(read, epoch)]).await;
     assert_eq!(
         kept,
         vec![(read, Renewal::Renewed)],
@@ -237,12 +237,7 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
         }
     };
     let written = versions([read, unread]).await;
-    let kept = db
-        .bb
-        .worker()
-        .renew_leases("w1", &[(read, epoch)], 60.0)
-        .await
-        .unwrap();
+    let kept = renew(&[(read, epoch)]).await;
     match kept.as_slice() {
         [(id, Renewal::Kept { left_secs })] if *id == read && *left_secs > 50.0 => {}
         other => panic!("a lease renewed a moment ago: expected it kept, got {other:?}"),
@@ -260,12 +255,7 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
     )
     .await
     .unwrap();
-    let kept = db
-        .bb
-        .worker()
-        .renew_leases("w1", &[(read, epoch - 1)], 60.0)
-        .await
-        .unwrap();
+    let kept = renew(&[(read, epoch - 1)]).await;
     assert!(kept.is_empty(), "{kept:?}");
     assert!(lease_left(read).await < 5.0);
 
@@ -276,7 +266,7 @@ async fn a_task_its_worker_has_not_read_yet_keeps_its_lease_while_the_worker_ren
     )
     .await
     .unwrap();
-    let kept = db.bb.worker().renew_leases("w1", &[], 60.0).await.unwrap();
+    let kept = renew(&[]).await;
     assert!(kept.is_empty(), "{kept:?}");
     assert!(
         lease_left(unread).await > 50.0,
