@@ -101,6 +101,31 @@ impl Error {
     }
 }
 
+/// Runs `op` again while it fails for want of the database (every 250 ms), until
+/// `within` has passed; with `None`, once.
+pub async fn retry_unreachable<T, Fut>(
+    within: Option<std::time::Duration>,
+    what: &str,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T>
+where
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let end = within.map(|d| tokio::time::Instant::now() + d);
+    loop {
+        match op().await {
+            Err(e)
+                if e.is_connection()
+                    && end.is_some_and(|end| tokio::time::Instant::now() < end) =>
+            {
+                tracing::warn!(error = %e, "{what}: the database is unreachable; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Whether the server said, in answer to a statement, that this connection is over: it
 /// is shutting down or restarting (class 57P: found by the soak, where a read during a
 /// PostgreSQL stop answered 500 instead of 503), or the connection failed (class 08).

@@ -103,3 +103,56 @@ pub fn failpoint(point: &'static str) {
         panic!("failpoint '{point}' fired (ARTEX_FAILPOINTS)");
     }
 }
+
+/// Delay injection for tests of the windows between two steps (a task transfer's
+/// suspend and take-over, a connect and a registration): when `$ARTEX_DELAYS`
+/// (comma-separated `point=milliseconds`) names `point`, the first call in this process
+/// waits that long, and says so in the log first (a test waits for that line to open its
+/// fault in the window). Costs one lookup otherwise.
+pub async fn delay_point(point: &'static str) {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static ARMED: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let armed = ARMED.get_or_init(|| {
+        Mutex::new(parse_delays(
+            &std::env::var("ARTEX_DELAYS").unwrap_or_default(),
+        ))
+    });
+    let ms = armed.lock().ok().and_then(|mut m| m.remove(point));
+    if let Some(ms) = ms {
+        tracing::warn!(point, ms, "delay point reached: waiting (ARTEX_DELAYS)");
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        tracing::warn!(point, "delay point passed");
+    }
+}
+
+/// `point=ms,point=ms`; an entry that does not parse is named in the log and skipped.
+fn parse_delays(text: &str) -> std::collections::HashMap<String, u64> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .filter_map(|entry| {
+            let parsed = entry
+                .split_once('=')
+                .and_then(|(p, ms)| Some((p.trim().to_string(), ms.trim().parse().ok()?)));
+            if parsed.is_none() {
+                tracing::warn!(entry, "ARTEX_DELAYS: not point=milliseconds; ignored");
+            }
+            parsed
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_delays;
+
+    #[test]
+    fn delays_are_read_as_point_equals_milliseconds_and_bad_entries_skipped() {
+        let d = parse_delays(" before_take_over=1500, bad, x=y ,after_move=0,");
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(d["before_take_over"], 1500);
+        assert_eq!(d["after_move"], 0);
+        assert!(parse_delays("").is_empty());
+    }
+}

@@ -103,6 +103,7 @@ impl NewSide {
             ) => (from, tasks, join_group),
             (m, _) => return Err(ChannelError::unexpected("transfer", &m)),
         };
+        artex_actors::supervisor::delay_point("before_take_over").await;
         let report = if tasks.is_empty() {
             ResumeReport::default()
         } else {

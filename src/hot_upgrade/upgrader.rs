@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 use artex_actors::blackboard::WorkerState;
+use artex_actors::error::retry_unreachable;
 use artex_actors::worker::{
-    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, Worker,
+    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, TransferDone, Worker,
 };
 use artex_actors::Blackboard;
 use artex_upgrade::bundle::VerifiedBundle;
@@ -372,6 +373,7 @@ impl Upgrader {
         match outcome {
             Ok(taken) => {
                 timings.taken_over = ms(Instant::now());
+                self.worker.do_send(TransferDone);
                 self.listener_passed.store(true, Ordering::Release);
                 warn_if_not_in_group(child_pid, our_group);
                 tracing::info!(
@@ -478,6 +480,18 @@ impl Upgrader {
         our_group: u32,
         progress: &mut Progress,
     ) -> Result<ResumeReport, ChannelError> {
+        // Out of the planners' rounds before it stops taking work: a task assigned here
+        // after the unstarted ones moved would wait for this process's drain to give it
+        // back (or for the reaper, were the database away then).
+        let patience = Some(self.lease());
+        let board = self.bb.worker();
+        if let Err(e) = retry_unreachable(patience, "marking this worker upgrading", || {
+            board.set_worker_state(old_worker, WorkerState::Upgrading)
+        })
+        .await
+        {
+            tracing::warn!(error = %e, "cannot mark this worker upgrading; planners may still assign to it (its drain gives that back)");
+        }
         let suspended = self
             .worker
             .send(SuspendForTransfer {
@@ -493,17 +507,22 @@ impl Upgrader {
         // below stays put.
         let mut keep = suspended.staying;
         keep.extend(progress.suspended.iter().map(|(id, _)| *id));
-        progress.moved = self
-            .bb
-            .worker()
-            .move_assigned(old_worker, child_worker, self.lease_secs, &keep)
-            .await
-            .map_err(|source| ChannelError::Blackboard {
-                step: "moving unstarted tasks",
-                source,
-            })?;
+        progress.moved = retry_unreachable(patience, "moving unstarted tasks", || {
+            board.move_assigned(old_worker, child_worker, self.lease_secs, &keep)
+        })
+        .await
+        .map_err(|source| ChannelError::Blackboard {
+            step: "moving unstarted tasks",
+            source,
+        })?;
         old.transfer(old_worker, progress.suspended.clone(), Some(our_group))
             .await
+    }
+
+    /// The worker's lease: how long a step of the transfer or of a rollback waits for a
+    /// database that is away (its tasks' leases would not outlast more).
+    fn lease(&self) -> Duration {
+        Duration::try_from_secs_f64(self.lease_secs).unwrap_or(Duration::from_secs(30))
     }
 
     /// Puts back what a failed upgrade had changed (the child is dead by now): the
@@ -511,19 +530,21 @@ impl Upgrader {
     /// here and the worker takes new work again. What cannot be put back is left to
     /// the reaper, and said.
     async fn roll_back(&self, old_worker: &str, progress: Progress) {
+        // Each step waits a lease for a database that is away (a failover).
+        let (patience, board) = (Some(self.lease()), self.bb.worker());
         if let Some(cw) = &progress.child_worker {
-            if let Err(e) = self
-                .bb
-                .worker()
-                .move_assigned(cw, old_worker, self.lease_secs, &[])
+            if let Err(e) =
+                retry_unreachable(patience, "rollback: taking back unstarted tasks", || {
+                    board.move_assigned(cw, old_worker, self.lease_secs, &[])
+                })
                 .await
             {
                 tracing::warn!(error = %e, "rollback: cannot take back unstarted tasks; the reaper will");
             }
-            if let Err(e) = self
-                .bb
-                .worker()
-                .set_worker_state(cw, WorkerState::Gone)
+            if let Err(e) =
+                retry_unreachable(patience, "rollback: marking the new process gone", || {
+                    board.set_worker_state(cw, WorkerState::Gone)
+                })
                 .await
             {
                 tracing::warn!(error = %e, "rollback: cannot mark the failed worker gone");

@@ -31,31 +31,6 @@ use crate::{dev_db, http};
 mod worker;
 pub use worker::{bind_http, bind_http_unless_spawned, loopback_wake_warning, run_worker};
 
-/// Runs `op` again while it fails for want of the database (every 250 ms), until
-/// `within` has passed; with `None`, once.
-pub async fn retry_unreachable<T, Fut>(
-    within: Option<Duration>,
-    what: &str,
-    mut op: impl FnMut() -> Fut,
-) -> artex_actors::Result<T>
-where
-    Fut: Future<Output = artex_actors::Result<T>>,
-{
-    let end = within.map(|d| tokio::time::Instant::now() + d);
-    loop {
-        match op().await {
-            Err(e)
-                if e.is_connection()
-                    && end.is_some_and(|end| tokio::time::Instant::now() < end) =>
-            {
-                tracing::warn!(error = %e, "{what}: the database is unreachable; trying again");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// How long a stopping planner tries to give its shards back (`--shards auto`).
 const RESIGN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -15,7 +15,6 @@ use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
 use artex_actors::Blackboard;
 
-use super::retry_unreachable;
 use crate::config::{ms, WorkerArgs};
 use crate::error::{Error, Result};
 use crate::hot_upgrade::generation::remove_own_generation;
@@ -24,6 +23,7 @@ use crate::http::auth::Access;
 use crate::process::{hostname, notify_service, worker_id, BinaryDigest};
 use crate::uploads::Uploads;
 use crate::{http, VERSION};
+use artex_actors::error::retry_unreachable;
 
 /// Runs a worker with `registry`'s handlers until `shutdown` resolves; then drains (see
 /// [`Drain`]) and returns what the drain did. It serves HTTP on `listener`; with `None`
@@ -50,10 +50,15 @@ pub async fn run_worker(
     let http_addr = http_address(&mut new_side, &listener).await?;
     let config = worker_config(args, &http_addr);
     warn_if_out_of_reach(&config, &bb);
-    // A hot upgrade's new process may meet a primary failover: it waits for the new
-    // primary within the time the old one gives it to be ready, rather than exiting
-    // (and being rolled back).
-    let patience = new_side.as_ref().map(|_| ms(args.upgrade_ready_ms));
+    // The database it just reached may go away before the registration (a failover, a
+    // restart): the process waits for it rather than exiting. A hot upgrade's new process
+    // waits within the time the old one gives it to be ready (or it is rolled back).
+    let patience = Some(
+        new_side
+            .as_ref()
+            .map_or(START_PATIENCE, |_| ms(args.upgrade_ready_ms)),
+    );
+    artex_actors::supervisor::delay_point("before_register").await;
     // Every read its start needs comes before its registration: once its row is there,
     // a database that goes away no longer stops the process.
     let facts = StartFacts::read(&bb, patience).await?;
@@ -126,6 +131,10 @@ async fn http_address(
         )),
     }
 }
+
+/// How long a worker that reached the database at its start waits for it, should it go
+/// away before the worker is registered.
+const START_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Registers the worker (an upsert: again is fine), waiting `patience` for a database
 /// that is away. A hot upgrade's new process registers without its wake address: until

@@ -9,7 +9,9 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{assert_no_double_run, tasks, wait_all_finished};
-use crate::common::procs::{http_get, wait_for, wait_status, worker_http, worker_id, Proc};
+use crate::common::procs::{
+    http_get, wait_for, wait_status, with_defaults, worker_http, worker_id, Proc, FAST_WORKER,
+};
 use crate::common::{self, count, TestDb};
 
 #[tokio::test]
@@ -296,6 +298,50 @@ async fn postgres_restart_mid_run_loses_nothing() {
         async move { (http_get(&http, "/health").ok()?.0 == 200).then_some(()) }
     })
     .await;
+}
+
+/// A connection lost between a worker's connect and its registration (PostgreSQL
+/// restarting right then) used to end the process; only a hot upgrade's new process
+/// waited there. The window is opened on purpose: the worker is held at the
+/// `before_register` delay point (`ARTEX_DELAYS`) while the server restarts.
+#[tokio::test]
+async fn a_worker_whose_database_restarts_before_it_registers_waits_for_it() {
+    let private = common::PrivateCluster::start().await;
+    let (cluster, url, bb) = (private.cluster.clone(), private.url.clone(), &private.bb);
+    let _p = Proc::planner("planner", &url, &[]);
+    let args = with_defaults("worker", FAST_WORKER, &[]);
+    let mut w = Proc::start(
+        "worker",
+        &url,
+        &args,
+        &[("ARTEX_DELAYS", "before_register=1000")],
+    );
+    wait_for(
+        "the worker at its delay point",
+        Duration::from_secs(30),
+        || async { w.log_text().contains("delay point reached").then_some(()) },
+    )
+    .await;
+    tokio::task::spawn_blocking(move || {
+        cluster.stop().unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        cluster.start().unwrap();
+    })
+    .await
+    .unwrap();
+    let id = bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({"after": "restart"})), "test")
+        .await
+        .unwrap();
+    wait_status(bb, id, "succeeded", Duration::from_secs(60)).await;
+    assert!(w.exited_now().is_none(), "{}", w.log_text());
+    assert!(
+        w.log_text()
+            .contains("the database is unreachable; trying again"),
+        "the window was not hit: {}",
+        w.log_text()
+    );
 }
 
 /// Found by the hour-long soak: a process started while PostgreSQL was down exited at

@@ -11,6 +11,8 @@
 //! - `configuration`: upgrades off unless configured; an upgrade folder ours alone.
 //! - `schema`: a bundle that needs a newer schema refused until it is there.
 //! - `systemd`: READY and the new MAINPID told to systemd.
+//! - `windows`: the task transfer's windows opened on purpose (a delay point): a long
+//!   wait, a locked worker row, a PostgreSQL restart.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,13 +25,14 @@ mod schema;
 mod systemd;
 mod transfer;
 mod under_load;
+mod windows;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::bundles::Keys;
-use common::procs::{alive, wait_for, Proc, FAST_WORKER};
+use common::procs::{alive, wait_for, with_defaults, Proc, FAST_WORKER};
 use serde_json::Value;
 
 /// `curl -T BUNDLE` (or a multipart form) to /upgrade; (HTTP code, JSON body).
@@ -63,11 +66,9 @@ fn upgradable_worker(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Proc {
-    let mut args: Vec<String> = vec!["worker".into()];
-    args.extend(FAST_WORKER.iter().map(|s| s.to_string()));
-    args.extend(keys.flags("upgrades"));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let flags = keys.flags("upgrades");
+    let mut args = with_defaults("worker", FAST_WORKER, extra);
+    args.extend(flags.iter().map(String::as_str));
     Proc::start(name, url, &args, env)
 }
 

@@ -16,6 +16,8 @@ use crate::common::journal::{self, Line};
 use crate::common::procs::{wait_for, worker_http, Proc};
 use crate::common::TestDb;
 use crate::{curl_upgrade, upgradable_worker, KillAll};
+use artex_actors::Blackboard;
+use std::path::Path;
 
 /// Resumable tasks running when the upgrade comes.
 const TASKS: usize = 8;
@@ -25,9 +27,9 @@ const TASKS: usize = 8;
 const STEPS: u64 = 150;
 
 /// What happened to `id`: its history and its executions, for a failure's message.
-async fn story(db: &TestDb, id: Uuid, lines: &[Line]) -> String {
+async fn story(bb: &Blackboard, id: Uuid, lines: &[Line]) -> String {
     let mut s = format!("task {id}:\n");
-    for t in db.bb.operator().transitions(id).await.unwrap() {
+    for t in bb.operator().transitions(id).await.unwrap() {
         let _ = writeln!(
             s,
             "  {} {:?} -> {:?} epoch {} by {} (worker {:?}): {:?}",
@@ -59,15 +61,7 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
     let http = worker_http(&c, &gen0).await;
     let old = gen0.pid();
 
-    let long: Vec<NewTask> = (0..TASKS)
-        .map(|_| {
-            NewTask::new(
-                "journal-checkpoint",
-                json!({ "file": file, "steps": STEPS, "ms": 100 }),
-            )
-        })
-        .collect();
-    let ids = db.bb.operator().submit_many(&long, "test").await.unwrap();
+    let ids = submit_long(&db.bb, &file, TASKS, STEPS).await;
 
     // Load while the upgrade runs: short tasks through the same worker. (No busy loops:
     // they made no difference to this test's outcome in 40 runs, and in a full run they
@@ -89,13 +83,45 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
 
     // Every long task runs here and has saved progress: each is suspended at a
     // checkpoint and handed over.
+    wait_checkpointed(&db.bb, &ids).await;
+
+    let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), false);
+    assert_eq!(code, 200, "{body}");
+    let new = body["new_pid"].as_i64().unwrap() as i32;
+    let _spawned = KillAll(vec![new]);
+    assert_eq!(body["tasks_resumed"], TASKS, "{body}");
+    gen0.wait_exit(Duration::from_secs(60))
+        .expect("the first process exits");
+
+    wait_ended(&db.bb, &ids).await;
+    let _ = stop_tx.send(());
+    traffic.await.unwrap();
+
+    assert_ran_on_once(&db.bb, &ids, &file, old, new, &gen0.log_text()).await;
+}
+
+/// Submits `n` resumable tasks of `steps` checkpointed steps of 100 ms, journaled to `file`.
+pub(crate) async fn submit_long(bb: &Blackboard, file: &Path, n: usize, steps: u64) -> Vec<Uuid> {
+    let long: Vec<NewTask> = (0..n)
+        .map(|_| {
+            NewTask::new(
+                "journal-checkpoint",
+                json!({ "file": file, "steps": steps, "ms": 100 }),
+            )
+        })
+        .collect();
+    bb.operator().submit_many(&long, "test").await.unwrap()
+}
+
+/// Until every one of `ids` runs and has saved a checkpoint past its third step.
+pub(crate) async fn wait_checkpointed(bb: &Blackboard, ids: &[Uuid]) {
     wait_for(
         "the long tasks to run and checkpoint in the first process",
         Duration::from_secs(60),
         || async {
             let mut ready = 0;
-            for id in &ids {
-                let t = db.bb.operator().task(*id).await.ok()?;
+            for id in ids {
+                let t = bb.operator().task(*id).await.ok()?;
                 let done = t
                     .checkpoint
                     .as_ref()
@@ -109,21 +135,16 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
         },
     )
     .await;
+}
 
-    let (code, body) = curl_upgrade(&http, &bundle, Some(TOKEN), false);
-    assert_eq!(code, 200, "{body}");
-    let new = body["new_pid"].as_i64().unwrap() as i32;
-    let _spawned = KillAll(vec![new]);
-    assert_eq!(body["tasks_resumed"], TASKS, "{body}");
-    gen0.wait_exit(Duration::from_secs(60))
-        .expect("the first process exits");
-
+/// Until every one of `ids` has ended.
+pub(crate) async fn wait_ended(bb: &Blackboard, ids: &[Uuid]) {
     wait_for(
         "every long task to end",
         Duration::from_secs(120),
         || async {
-            for id in &ids {
-                let t = db.bb.operator().task(*id).await.ok()?;
+            for id in ids {
+                let t = bb.operator().task(*id).await.ok()?;
                 if !t.status.is_terminal() {
                     return None;
                 }
@@ -132,14 +153,24 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
         },
     )
     .await;
-    let _ = stop_tx.send(());
-    traffic.await.unwrap();
+}
 
-    let lines = journal::read(&file);
+/// Every one of `ids` ran in process `old`, was handed over once, and ran on in `new` to
+/// its end, once, in its first attempt, at the epoch it was handed over at; nobody took
+/// it back in between; `log` (both processes') says no lease was lost.
+pub(crate) async fn assert_ran_on_once(
+    bb: &Blackboard,
+    ids: &[Uuid],
+    file: &Path,
+    old: i32,
+    new: i32,
+    log: &str,
+) {
+    let lines = journal::read(file);
     let mut failures = String::new();
-    for id in &ids {
-        let t = db.bb.operator().task(*id).await.unwrap();
-        let history = db.bb.operator().transitions(*id).await.unwrap();
+    for id in ids {
+        let t = bb.operator().task(*id).await.unwrap();
+        let history = bb.operator().transitions(*id).await.unwrap();
         let mine: Vec<&Line> = lines.iter().filter(|l| l.task == *id).collect();
         let count = |pid: i32, what: &str| {
             mine.iter()
@@ -190,11 +221,10 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
                 failures,
                 "{}\n{}",
                 why.join("; "),
-                story(&db, *id, &lines).await
+                story(bb, *id, &lines).await
             );
         }
     }
-    let log = gen0.log_text();
     let lost: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("lease lost") || l.contains("outcome discarded"))

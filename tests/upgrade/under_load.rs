@@ -262,3 +262,135 @@ async fn five_upgrades_under_load_refuse_nothing_and_lose_nothing() {
     .unwrap();
     wait_gone(last, Duration::from_secs(30)).await;
 }
+
+/// Twenty upgrades back to back, each as soon as the last one's old process is gone,
+/// under a stream of resumable tasks that checkpoint every 100 ms with the tests' 3 s
+/// lease: no task ever runs again. None is retried, none goes back to pending or loses a
+/// lease, every execution of a task starts after the previous one ended, and each runs
+/// in its first attempt only (a handed-over task resumes from its checkpoint).
+#[tokio::test]
+async fn twenty_upgrades_back_to_back_run_no_task_again() {
+    const UPGRADES: usize = 20;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = Keys::new();
+    // Two builds, upgraded to in turn: each upgrade changes the binary.
+    let bundles: Vec<PathBuf> = keys.variant_bundles(2).into_iter().map(|b| b.0).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal");
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let extra = ["--lease-ms", "3000", "--concurrency", "16"];
+    let mut gen0 = upgradable_worker("gen0", &db.url, &keys, &extra, &[]);
+    let http = worker_http(&c, &gen0).await;
+
+    // Every 250 ms a resumable task of 20 steps of 100 ms (each step checkpointed), and
+    // a few short ones.
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (bb, journal) = (db.bb.clone(), file.clone());
+    let traffic = tokio::spawn(async move {
+        let mut long = Vec::new();
+        loop {
+            let t = NewTask::new(
+                "journal-checkpoint",
+                json!({ "file": journal, "steps": 20, "ms": 100 }),
+            );
+            long.push(bb.operator().submit(&t, "traffic").await.unwrap());
+            let short: Vec<NewTask> = (0..3)
+                .map(|i| NewTask::new("echo", json!({ "i": i })))
+                .collect();
+            bb.operator().submit_many(&short, "traffic").await.unwrap();
+            tokio::select! {
+                _ = &mut stop_rx => return long,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    });
+    wait_for("resumable tasks to run", Duration::from_secs(20), || async {
+        (count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'journal-checkpoint' and status = 'running'",
+        )
+        .await
+            > 0)
+        .then_some(())
+    })
+    .await;
+
+    let mut spawned = KillAll(Vec::new());
+    let mut old = gen0.pid();
+    let mut resumed = 0;
+    for i in 0..UPGRADES {
+        let (code, body) = curl_upgrade(&http, &bundles[i % 2], Some(TOKEN), false);
+        assert_eq!(code, 200, "upgrade {}: {body}", i + 1);
+        assert_eq!(body["status"], "upgraded", "{body}");
+        assert_eq!(body["tasks_conflicting"], 0, "{body}");
+        resumed += body["tasks_resumed"].as_u64().unwrap_or(0);
+        let new = body["new_pid"].as_i64().unwrap() as i32;
+        spawned.0.push(new);
+        if i == 0 {
+            gen0.wait_exit(Duration::from_secs(30)).expect("gen0 exits");
+        } else {
+            wait_gone(old, Duration::from_secs(30)).await;
+        }
+        old = new;
+    }
+    let long = {
+        let _ = stop_tx.send(());
+        traffic.await.unwrap()
+    };
+    wait_for("every task to finish", Duration::from_secs(90), || async {
+        (count(&c, "select count(*) from artex.tasks where status not in ('succeeded','failed','timeout','canceled')").await == 0)
+            .then_some(())
+    })
+    .await;
+    eprintln!(
+        "UPGRADE-METRICS back_to_back={UPGRADES} long_tasks={} resumed_in_transfers={resumed}",
+        long.len()
+    );
+    assert!(resumed > 0, "no task crossed an upgrade: nothing was shown");
+
+    let again = common::pairs::<String, String, Vec<(String, String)>>(
+        &c,
+        "select t.id::text, t.status::text || ' after ' || t.retries || ' retries' from artex.tasks t
+         where t.status <> 'succeeded' or t.retries <> 0
+         union all
+         select h.task_id::text, coalesce(h.reason, '') from artex.task_transitions h
+         where (h.to_status = 'pending' and h.from_status is not null)
+            or h.reason like '%lease%'",
+    )
+    .await;
+    assert!(again.is_empty(), "tasks run again or taken back: {again:?}");
+    let lines = crate::common::journal::read(&file);
+    let mut open: std::collections::HashMap<uuid::Uuid, i32> = Default::default();
+    for l in &lines {
+        assert_eq!(l.attempt, 1, "a later attempt ran: {l:?}");
+        match l.what.as_str() {
+            "start" => {
+                if let Some(pid) = open.insert(l.task, l.pid) {
+                    panic!(
+                        "task {} started in {} while running in {pid}",
+                        l.task, l.pid
+                    );
+                }
+            }
+            _ => assert_eq!(
+                open.remove(&l.task),
+                Some(l.pid),
+                "an end without its start: {l:?}"
+            ),
+        }
+    }
+    assert!(open.is_empty(), "executions never ended: {open:?}");
+    let log = gen0.log_text();
+    let lost: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("lease lost") || l.contains("outcome discarded"))
+        .collect();
+    assert!(lost.is_empty(), "{}", lost.join("\n"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_gone(old, Duration::from_secs(30)).await;
+}

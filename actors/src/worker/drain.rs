@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::Worker;
 use crate::blackboard::{AttemptRecord, Outcome, Step, WorkerBoard, WorkerState};
+use crate::error::retry_unreachable;
 
 /// A drain or a task transfer under way, and who waits for its end.
 #[derive(Debug, Default)]
@@ -51,27 +52,17 @@ impl Handler<Drain> for Worker {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.stopping.draining = true;
-        // Tasks stopped for a task transfer that did not take them: back to the planner (a
-        // release counts no attempt, so the retry figures play no part).
-        for (id, epoch) in std::mem::take(&mut self.stopping.suspended) {
-            self.outcomes.outbox.push(AttemptRecord {
-                id,
-                epoch,
-                retries: 0,
-                max_retries: 0,
-                step: Step::Finish(Outcome::Released),
-                started_ago_ms: None,
-            });
-        }
+        self.release_suspended();
         self.pump(ctx);
         self.flush(ctx);
         let finished_before = self.outcomes.finished;
         let bb = self.bb.clone();
         let id = self.config.id.clone();
+        let lease = self.config.lease;
         // The queue is empty now: what is left ran here, its outcome not written yet.
         let running = self.held.ledger.outcome_unwritten();
         Box::pin(
-            async move { release_unstarted(&bb, &id, &running).await }
+            async move { release_unstarted(&bb, &id, &running, lease).await }
                 .into_actor(self)
                 .then(move |released, act, _ctx| {
                     let (tx, rx) = oneshot::channel();
@@ -95,6 +86,22 @@ impl Handler<Drain> for Worker {
 }
 
 impl Worker {
+    /// Tasks stopped for a task transfer that did not take them: back to the planner (a
+    /// release counts no attempt, so the retry figures play no part). One the new
+    /// process took is fenced off by its epoch: its release writes nothing.
+    pub(super) fn release_suspended(&mut self) {
+        for (id, epoch) in std::mem::take(&mut self.stopping.suspended) {
+            self.outcomes.outbox.push(AttemptRecord {
+                id,
+                epoch,
+                retries: 0,
+                max_retries: 0,
+                step: Step::Finish(Outcome::Released),
+                started_ago_ms: None,
+            });
+        }
+    }
+
     /// The drain's end: what still runs past the deadline (`in_time` false) is stopped
     /// and given back, every outcome is written, and the worker is marked gone.
     fn end_drain(
@@ -128,18 +135,31 @@ impl Worker {
 /// Marks the worker draining, then gives back what is assigned to it but not `running`
 /// here; how many. Draining first: a task given back while the roster still shows this
 /// worker online could be assigned to it again. Running ones finish here, and finished
-/// ones whose outcome is on its way stay for it.
-async fn release_unstarted(bb: &WorkerBoard, id: &str, running: &[Uuid]) -> usize {
-    if let Err(e) = bb.set_worker_state(id, WorkerState::Draining).await {
+/// ones whose outcome is on its way stay for it. Each waits up to `patience` for a
+/// database that is away (a failover): what it cannot give back is the reaper's, a
+/// lease later.
+async fn release_unstarted(
+    bb: &WorkerBoard,
+    id: &str,
+    running: &[Uuid],
+    patience: Duration,
+) -> usize {
+    let marked = retry_unreachable(Some(patience), "marking the worker draining", || {
+        bb.set_worker_state(id, WorkerState::Draining)
+    })
+    .await;
+    if let Err(e) = marked {
         tracing::warn!(error = %e, "cannot mark the worker draining");
     }
-    bb.release_assigned(id, "released by a draining worker", running)
-        .await
-        .map(|v| v.len())
-        .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
-            0
-        })
+    retry_unreachable(Some(patience), "giving back unstarted tasks", || {
+        bb.release_assigned(id, "released by a draining worker", running)
+    })
+    .await
+    .map(|v| v.len())
+    .unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot give back unstarted tasks; the reaper will");
+        0
+    })
 }
 
 /// The last writes of this process: its outcomes, retried for a while if the database is

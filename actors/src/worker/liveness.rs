@@ -69,7 +69,7 @@ impl Worker {
     /// read yet, in one statement. Not beside a write of progress: each skips the rows
     /// the other locks (see `progress`), so the renewal follows it at once instead.
     pub(super) fn renew(&mut self, ctx: &mut Context<Self>) {
-        if self.held.count() == 0 && !self.intake.unread {
+        if self.held.count() == 0 && !self.intake.unread && self.stopping.suspended.is_empty() {
             return;
         }
         if self.progress.flight.busy() {
@@ -79,7 +79,11 @@ impl Worker {
         if !self.liveness.renew.start() {
             return;
         }
-        let held = self.held.keys();
+        // Tasks suspended for a task transfer are this process's until the new one takes
+        // them (bumping their epoch): renewed meanwhile, or a take-over slowed by a
+        // failover would find them given to the reaper.
+        let mut held = self.held.keys();
+        held.extend(self.stopping.suspended.iter().copied());
         let running: HashSet<Uuid> = self.held.running.keys().copied().collect();
         let (bb, id, lease) = (self.bb.clone(), self.config.id.clone(), self.config.lease);
         let sent = Instant::now();
@@ -150,6 +154,8 @@ impl Worker {
             .filter(|(id, _)| !kept.contains(id))
             .copied()
             .collect();
+        // A suspended task no longer held here was taken over (or taken back).
+        self.stopping.suspended.retain(|k| !lost.contains(k));
         self.lost(&lost, canceled);
     }
 

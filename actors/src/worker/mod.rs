@@ -64,7 +64,7 @@ use policies::Policies;
 use progress::{Progress, PROGRESS_EVERY};
 pub use status::{GetStatus, RunningTask, WorkerStatus, WAKE_UPS_POLLING};
 pub use transfer::{
-    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport,
+    GetId, ResumeReport, ResumeTasks, ResumeWork, SuspendForTransfer, SuspendReport, TransferDone,
 };
 
 /// How a worker runs.

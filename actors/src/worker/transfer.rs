@@ -4,15 +4,16 @@
 //! [`ResumeReport`]); a rollback has the old one take work again ([`ResumeWork`]).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use serde::Serialize;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::Worker;
-use crate::blackboard::WorkerState;
+use super::{fence, Worker};
+use crate::blackboard::{AssignedTask, Renewal, WorkerBoard, WorkerState};
+use crate::error::retry_unreachable;
 
 /// Task transfer, old side: stop taking work and bring every resumable running task to a
 /// stop at its next checkpoint (aborting those that do not reach one by `deadline`).
@@ -71,8 +72,10 @@ impl Handler<SuspendForTransfer> for Worker {
                         act.stopping.suspended.push((id, r.epoch));
                     }
                 }
+                // Kept (and renewed with what this process holds) until taken over:
+                // the new process may take a while to get to it (a failover).
                 SuspendReport {
-                    suspended: std::mem::take(&mut act.stopping.suspended),
+                    suspended: act.stopping.suspended.clone(),
                     staying: act.held.ledger.outcome_unwritten(),
                 }
             }),
@@ -106,21 +109,24 @@ impl Handler<ResumeTasks> for Worker {
     fn handle(&mut self, msg: ResumeTasks, _ctx: &mut Context<Self>) -> Self::Result {
         let bb = self.bb.clone();
         let me = self.config.id.clone();
-        let lease = self.config.lease.as_secs_f64();
-        let sent = std::time::Instant::now();
+        let lease = self.config.lease;
+        let take = async move {
+            let taken = take_over(&bb, &msg.from, &me, &msg.tasks, lease).await;
+            taken.map(|t| (t, msg.tasks))
+        };
         Box::pin(
-            async move { bb.take_over(&msg.from, &me, &msg.tasks, lease).await.map(|t| (t, msg.tasks)) }
-                .into_actor(self)
+            take.into_actor(self)
                 .map(move |res, act, ctx| {
                     let (taken, asked) = res?;
                     let mut report = ResumeReport::default();
                     for (id, _) in &asked {
-                        if !taken.iter().any(|t| t.id == *id) {
+                        if !taken.iter().any(|(t, _)| t.id == *id) {
                             tracing::warn!(task = %id, "task transfer conflict: the blackboard no longer has this task at that epoch");
                             report.conflicts.push(*id);
                         }
                     }
-                    for t in taken {
+                    act.stopping.suspended.retain(|(id, _)| !taken.iter().any(|(t, _)| t.id == *id));
+                    for (t, sent) in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
                         report.resumed.push(t.id);
                         act.held.ledger.took_over((t.id, t.epoch));
@@ -146,6 +152,10 @@ impl Handler<ResumeWork> for Worker {
         for r in self.held.running.values() {
             r.suspend.store(false, Ordering::Release);
         }
+        // What the rollback could not resume here (the database away past a lease) is
+        // given back rather than held unrun.
+        self.release_suspended();
+        self.flush(ctx);
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         actix::spawn(async move {
@@ -167,6 +177,77 @@ impl Handler<GetId> for Worker {
     fn handle(&mut self, _msg: GetId, _ctx: &mut Context<Self>) -> String {
         self.config.id.clone()
     }
+}
+
+/// Task transfer, old side, once the new process said it took over: what was
+/// suspended here is the new process's (or the blackboard's, for a conflict), not to be
+/// given back by this process's drain.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TransferDone;
+
+impl Handler<TransferDone> for Worker {
+    type Result = ();
+    fn handle(&mut self, _msg: TransferDone, _ctx: &mut Context<Self>) {
+        self.stopping.suspended.clear();
+    }
+}
+
+/// Takes `tasks` over from `from` for `me`: each with the moment its lease is counted
+/// from, on this process's clock.
+/// - Through a database that is away for a moment (a failover, a restart): the tasks'
+///   leases outlast it (their old holder renews them until they are taken), and sending
+///   the take-over again is fine (see the blackboard's `take_over`). Past a lease they
+///   are the reaper's anyway.
+/// - A lease is counted from when its request was sent (the database's clock started
+///   later; see `fence`). A take-over that waited (a planner's round holding the
+///   worker's row, a slow commit) would have the tasks look spent and stopped at once:
+///   one renewal sent right after counts them afresh.
+async fn take_over(
+    bb: &WorkerBoard,
+    from: &str,
+    me: &str,
+    tasks: &[(Uuid, i64)],
+    lease: Duration,
+) -> crate::Result<Vec<(AssignedTask, Instant)>> {
+    let (taken, sent) = retry_unreachable(Some(lease), "taking transferred tasks over", || async {
+        let sent = Instant::now();
+        Ok((
+            bb.take_over(from, me, tasks, lease.as_secs_f64()).await?,
+            sent,
+        ))
+    })
+    .await?;
+    if taken.is_empty() || sent.elapsed() < fence::margin(lease) {
+        return Ok(taken.into_iter().map(|t| (t, sent)).collect());
+    }
+    let held: Vec<(Uuid, i64)> = taken.iter().map(|t| (t.id, t.epoch)).collect();
+    let again = Instant::now();
+    let renewed = bb.renew_leases(me, &held, lease.as_secs_f64()).await;
+    let renewed: Vec<(Uuid, Renewal)> = renewed.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot renew the tasks just taken over; counting their leases from the take-over");
+        Vec::new()
+    });
+    Ok(taken
+        .into_iter()
+        .map(|mut t| {
+            let left = renewed
+                .iter()
+                .find(|(id, _)| *id == t.id)
+                .and_then(|(_, r)| match r {
+                    Renewal::Renewed => Some(lease.as_secs_f64()),
+                    Renewal::Kept { left_secs } => Some(*left_secs),
+                    Renewal::Locked => None,
+                });
+            match left {
+                Some(secs) => {
+                    t.lease_left_ms = secs * 1000.0;
+                    (t, again)
+                }
+                None => (t, sent),
+            }
+        })
+        .collect())
 }
 
 impl Worker {

@@ -13,12 +13,24 @@ use uuid::Uuid;
 // held at, and bumps the epoch so the previous holder can write nothing more. Zero rows
 // for a task means a conflict (the reaper took it, or it was canceled): it stays where
 // the blackboard says it is.
-const TAKE_OVER: &str = "update artex.tasks t
-    set assigned_to = $2, lease_epoch = t.lease_epoch + 1,
-        lease_until = now() + make_interval(secs => $3::float8)
-    from artex.set_context($2, 'handed over by ' || $1) ctx,
+// - The new holder's row is locked first (the counters' trigger locks it anyway, after the
+//   rows are written), and the lease is counted from the clock once it is had: a take-over
+//   that waited for that lock (a planner's round holds it) no longer starts with a lease
+//   already spent by the wait.
+// - Again is fine: a task already taken at the next epoch by the same worker is returned
+//   as taken (its lease extended, no history written), so a take-over whose answer was
+//   lost with its connection can be sent again.
+const TAKE_OVER: &str = "with target as materialized (
+        select w.id from artex.workers w where w.id = $2 for update
+    )
+    update artex.tasks t
+    set assigned_to = $2, lease_epoch = v.epoch + 1,
+        lease_until = clock_timestamp() + make_interval(secs => $3::float8)
+    from target, artex.set_context($2, 'handed over by ' || $1) ctx,
          unnest($4::uuid[], $5::int8[]) as v(id, epoch)
-    where ctx and t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+    where ctx and t.id = v.id
+      and ((t.assigned_to = $1 and t.lease_epoch = v.epoch)
+           or (t.assigned_to = $2 and t.lease_epoch = v.epoch + 1))
       and t.status::text in ('assigned', 'running')
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
               t.checkpoint, t.flow_id,
