@@ -417,6 +417,18 @@ async fn run_case(
                         here()
                     )));
                 }
+                if let (Op::TakeOver { .. }, Some(db), Some(counted)) =
+                    (op, row.lease_until, model.row.lease_until)
+                {
+                    // A take-over counts its lease from the clock once it holds the new
+                    // worker's row, not from the statement's start: a moment later.
+                    prop_assert!(
+                        db >= counted && db < counted + chrono::Duration::seconds(1),
+                        "{}: a take-over's lease ends at {db}, not just after {counted}",
+                        here()
+                    );
+                    model.row.lease_until = Some(db);
+                }
                 prop_assert_eq!(&row, &model.row, "{}: the row", here());
                 for h in &model.history[known..] {
                     let from = h.from.map_or("new", St::name);

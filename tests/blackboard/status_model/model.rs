@@ -392,6 +392,18 @@ impl Model {
                 epoch,
                 secs,
             } => {
+                // Sent again after its answer was lost: `to` holds the task at the next
+                // epoch of the one named; its lease is extended, nothing else changes.
+                if held_by(to) && matches!(epoch, Epoch::Stale) {
+                    let secs = *secs;
+                    return changed(
+                        ctx(to, Some(&format!("handed over by {from}"))),
+                        Box::new(move |now| Row {
+                            lease_until: Some(now + Span::seconds(secs)),
+                            ..old.clone()
+                        }),
+                    );
+                }
                 if !(held_by(from) && old.lease_epoch == epoch.of(old.lease_epoch)) {
                     return Expect::Unmatched;
                 }

@@ -13,15 +13,15 @@ use uuid::Uuid;
 // held at, and bumps the epoch so the previous holder can write nothing more. Zero rows
 // for a task means a conflict (the reaper took it, or it was canceled): it stays where
 // the blackboard says it is.
-// - The new holder's row is locked first (the counters' trigger locks it anyway, after the
-//   rows are written), and the lease is counted from the clock once it is had: a take-over
-//   that waited for that lock (a planner's round holds it) no longer starts with a lease
-//   already spent by the wait.
+// - The new holder's row is locked first, if it has one (the counters' trigger locks it
+//   anyway, after the rows are written), and the lease is counted from the clock once it
+//   is had: a take-over that waited for that lock (a planner's round holds it) no longer
+//   starts with a lease already spent by the wait.
 // - Again is fine: a task already taken at the next epoch by the same worker is returned
 //   as taken (its lease extended, no history written), so a take-over whose answer was
 //   lost with its connection can be sent again.
 const TAKE_OVER: &str = "with target as materialized (
-        select w.id from artex.workers w where w.id = $2 for update
+        select count(*) from (select from artex.workers w where w.id = $2 for update) locked
     )
     update artex.tasks t
     set assigned_to = $2, lease_epoch = v.epoch + 1,
