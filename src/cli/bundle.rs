@@ -60,6 +60,11 @@ pub(crate) enum BundleCommand {
         /// process's own check at start is all that guards the database.
         #[arg(long)]
         no_schema: bool,
+        /// A folder of programs to ship with the binary (a worker's --tasks-dir): each
+        /// file goes in the bundle with its SHA-256 in the signed manifest, and the new
+        /// generation runs them. Flat; hidden files are left out.
+        #[arg(long)]
+        tasks_dir: Option<std::path::PathBuf>,
         /// Print the bundle's path, size and signed manifest as one JSON object.
         #[arg(long)]
         json: bool,
@@ -108,6 +113,7 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
             manifest_version,
             schema_of_this_build,
             no_schema,
+            tasks_dir,
             json,
         } => {
             let key = artex_upgrade::bundle::load_secret_key(&key)?;
@@ -130,8 +136,9 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
                 binary.display()
             ));
             let progress = Progress::labelled("hashing and compressing", size);
-            let manifest = artex_upgrade::bundle::create_with_progress(
+            let manifest = artex_upgrade::bundle::create_with_tasks(
                 &binary,
+                tasks_dir.as_deref(),
                 &key,
                 &version,
                 schema,
@@ -156,8 +163,12 @@ pub(crate) fn bundle(command: BundleCommand) -> Result {
                 Some(m) => format!("needs migrations up to V{}__{}", m.version, m.name),
                 None => "schema not recorded".to_string(),
             };
+            let programs = match manifest.tasks.len() {
+                0 => String::new(),
+                n => format!(", {n} task files"),
+            };
             outln!(
-                "{} (version {}, {needs}, sha256 {})",
+                "{} (version {}, {needs}{programs}, sha256 {})",
                 out.display(),
                 manifest.version,
                 manifest.binary_sha256
@@ -205,9 +216,14 @@ fn info(bundle: &Path, public_key: &Path, json: bool) -> Result {
             "schema:    needs migrations up to V{}__{}",
             m.version,
             m.name
-        ),
-        None => outln!("schema:    not recorded"),
+        )?,
+        None => outln!("schema:    not recorded")?,
     }
+    for t in &manifest.tasks {
+        let what = if t.executable { "program" } else { "file" };
+        outln!("tasks/{}: {what}, sha256 {}", t.name, t.sha256)?;
+    }
+    Ok(())
 }
 
 /// Asks `binary` which schema it needs: `BINARY schema --json`, run with no input, no

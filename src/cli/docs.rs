@@ -208,6 +208,7 @@ pub fn configuration_markdown() -> String {
          | `ARTEX_LOG` | `info` for `up`, `planner`, `worker`, `master` (and `artex_actors::worker=debug` for `up`); `warn` for the other commands, `info` with `-v` | the log filter (`tracing_subscriber`'s `EnvFilter` syntax, e.g. `info,artex_actors::assigner=debug`) |\n\
          | `ARTEX_PG_BIN` | `PATH`, else the newest `/usr/lib/postgresql/*/bin` | where the embedded cluster's `initdb`, `pg_ctl` and `postgres` are |\n\
          | `ARTEX_HANDOVER_SOCKET` | — | set by a hot upgrade for the new process it spawns (the upgrade channel); never set it yourself |\n\
+         | `ARTEX_UPGRADE_TASKS_DIR` | — | set by a hot upgrade for the new process it spawns: the folder where the bundle's programs were installed, in place of `--tasks-dir` (docs/programs.md); never set it yourself |\n\
          | `ARTEX_FAILPOINTS` | — | tests only: names of the faults an actor injects |\n\
          | `ARTEX_DELAYS` | — | tests only: `point=milliseconds,…`, waits injected at named points (`before_register`, `before_take_over`) to hold a window open |\n",
     );

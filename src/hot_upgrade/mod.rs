@@ -16,6 +16,7 @@ mod error;
 pub mod generation;
 mod new_side;
 mod old_side;
+pub mod programs;
 pub mod receive;
 pub mod schema;
 mod upgrader;

@@ -30,6 +30,7 @@ use super::channel::ChannelError;
 use super::error::UpgradeError;
 use super::generation::GENERATION_MARKER;
 use super::old_side::OldSide;
+use super::programs;
 use super::receive::{self, Form, MAX_UPLOAD};
 use super::schema;
 use crate::config::WorkerArgs;
@@ -112,6 +113,8 @@ pub struct Upgrader {
     pub lease_secs: f64,
     /// Bundle limits.
     pub limits: Limits,
+    /// `--tasks-dir`: beside it, the programs a bundle carries are installed.
+    pub tasks_dir: Option<PathBuf>,
     /// sha256 of this process's binary.
     pub binary_sha256: BinaryDigest,
     /// Set while an upgrade runs (a second one gets 409).
@@ -305,7 +308,10 @@ impl Upgrader {
             tasks_moved_unstarted: 0,
             timings_ms: Timings::default(),
         };
-        if verified.manifest.binary_sha256 == self.binary_sha256.get().await {
+        // The same binary with programs is an upgrade all the same: of the programs.
+        if verified.manifest.binary_sha256 == self.binary_sha256.get().await
+            && verified.tasks.is_none()
+        {
             let _ = std::fs::remove_dir_all(&gen_dir);
             report.timings_ms = timings;
             return Ok(report);
@@ -320,6 +326,13 @@ impl Upgrader {
             }
             return Err(e);
         }
+        let programs = match self.install_programs(&verified) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&gen_dir);
+                return Err(e);
+            }
+        };
         let old_worker = self
             .worker
             .send(GetId)
@@ -345,6 +358,15 @@ impl Upgrader {
         let our_group = nix::unistd::getpgrp().as_raw() as u32;
         let options = spawn::SpawnOptions {
             process_group: Some(0),
+            env: programs
+                .iter()
+                .map(|p| {
+                    (
+                        programs::UPGRADE_TASKS_ENV.into(),
+                        p.clone().into_os_string(),
+                    )
+                })
+                .collect(),
             ..spawn::SpawnOptions::default()
         };
         let mut child = spawn::spawn_with(&verified.binary, channel.path(), &args, &options)
@@ -374,6 +396,15 @@ impl Upgrader {
             Ok(taken) => {
                 timings.taken_over = ms(Instant::now());
                 self.worker.do_send(TransferDone);
+                if let (Some(new), Some(dir)) = (&programs, &self.tasks_dir) {
+                    // This generation's own, until it has drained; older ones now go.
+                    let ours = programs::effective_dir(Some(dir));
+                    let keep: Vec<&Path> = [Some(new.as_path()), ours.as_deref()]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    programs::prune(dir, &keep);
+                }
                 self.listener_passed.store(true, Ordering::Release);
                 warn_if_not_in_group(child_pid, our_group);
                 tracing::info!(
@@ -406,6 +437,9 @@ impl Upgrader {
                 }
                 self.roll_back(&old_worker, progress).await;
                 let _ = std::fs::remove_dir_all(&gen_dir);
+                if let Some(p) = &programs {
+                    let _ = std::fs::remove_dir_all(p);
+                }
                 Err(UpgradeError::RolledBack {
                     why: why.to_string(),
                     child_pid: Some(child_pid),
@@ -413,6 +447,25 @@ impl Upgrader {
                 })
             }
         }
+    }
+
+    /// Installs the programs the bundle carries beside `--tasks-dir` for the new
+    /// generation (see [`programs`]); where, or `None` for a bundle without any.
+    fn install_programs(&self, verified: &VerifiedBundle) -> Result<Option<PathBuf>, UpgradeError> {
+        let Some(from) = &verified.tasks else {
+            return Ok(None);
+        };
+        let Some(dir) = &self.tasks_dir else {
+            return Err(UpgradeError::BadBundle(format!(
+                "the bundle carries programs ({} files under tasks/), but this worker runs no \
+                 --tasks-dir to install them beside; start it with --tasks-dir",
+                verified.manifest.tasks.len()
+            )));
+        };
+        let installed = programs::install(from, dir).map_err(UpgradeError::Internal)?;
+        tracing::info!(dir = %installed.display(), files = verified.manifest.tasks.len(),
+            "upgrade: the bundle's programs installed for the new generation");
+        Ok(Some(installed))
     }
 
     /// Verifies and unpacks the bundle into a fresh generation folder, off the async

@@ -1,5 +1,5 @@
 //! A program's bounds, from the optional `NAME.toml` beside it (docs/programs.md):
-//! `timeout`, `memory`, `cpu_seconds`, `open_files` and `user`. A pure rule: the file's
+//! `timeout`, `memory`, `cpu_seconds`, `open_files`, `user` and `resumable`. A pure rule: the file's
 //! text in, the bounds (or the line that is wrong, and why) out.
 //!
 //! The file is TOML limited to what these keys need: `key = value` lines, a value a
@@ -24,6 +24,10 @@ pub struct Bounds {
     pub open_files: Option<u64>,
     /// The user it runs as (`user = "nobody"`).
     pub user: Option<String>,
+    /// In a hot upgrade, stopped (SIGTERM) at its next checkpoint and started again in
+    /// the new process from it (`resumable = true`), rather than run to its end in the old
+    /// one.
+    pub resumable: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -74,14 +78,13 @@ pub fn parse(text: &str) -> Result<Bounds, String> {
                 }
                 b.user = Some(s);
             }
-            "resumable" => {
-                return Err(at(
-                    "resumable is not built yet: programs finish in the old process during a hot upgrade".into(),
-                ))
-            }
+            "resumable" => match value {
+                Scalar::Bool(v) => b.resumable = v,
+                _ => return Err(at("resumable must be true or false".into())),
+            },
             other => {
                 return Err(at(format!(
-                    "unknown key {other:?}; expected timeout, memory, cpu_seconds, open_files or user"
+                    "unknown key {other:?}; expected timeout, memory, cpu_seconds, open_files, user or resumable"
                 )))
             }
         }
@@ -190,7 +193,7 @@ mod tests {
     fn every_bound_reads() {
         let b = parse(
             "# resize.toml\ntimeout = \"90s\"\nmemory = '512MiB' # the address space\n\
-             cpu_seconds = 1_000\nopen_files = 64\nuser = \"nobody\"\n",
+             cpu_seconds = 1_000\nopen_files = 64\nuser = \"nobody\"\nresumable = true\n",
         )
         .unwrap();
         assert_eq!(
@@ -201,6 +204,7 @@ mod tests {
                 cpu_seconds: Some(1000),
                 open_files: Some(64),
                 user: Some("nobody".into()),
+                resumable: true,
             }
         );
         assert_eq!(parse("").unwrap(), Bounds::default());
@@ -216,7 +220,7 @@ mod tests {
         let err = |t: &str| parse(t).unwrap_err();
         assert_eq!(
             err("timeout = \"1s\"\nmemroy = 5"),
-            "line 2: unknown key \"memroy\"; expected timeout, memory, cpu_seconds, open_files or user"
+            "line 2: unknown key \"memroy\"; expected timeout, memory, cpu_seconds, open_files, user or resumable"
         );
         assert_eq!(
             err("[limits]"),
@@ -243,7 +247,12 @@ mod tests {
             err("timeout"),
             "line 1: expected key = value, got \"timeout\""
         );
-        assert!(err("resumable = true").starts_with("line 1: resumable is not built yet"));
+        assert!(parse("resumable = true").unwrap().resumable);
+        assert!(!parse("resumable = false").unwrap().resumable);
+        assert_eq!(
+            err("resumable = 1"),
+            "line 1: resumable must be true or false"
+        );
         assert_eq!(
             err("memory = [1]"),
             "line 1: expected a string, a whole number or true/false, got [1]"

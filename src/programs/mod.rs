@@ -88,10 +88,16 @@ pub fn register(
     }
     artex_upgrade::subreaper::become_subreaper()?;
     for (kind, program) in programs {
+        let resumable = program.bounds.resumable;
         match program.bounds.timeout {
-            Some(t) => registry.register_with_timeout(kind, t, program),
-            None => registry.register(kind, program),
+            Some(t) => registry.register_with_timeout(kind.clone(), t, program),
+            None => registry.register(kind.clone(), program),
         };
+        if resumable {
+            // Its checkpoint line, once a hot upgrade asked it to move, ends it (SIGTERM
+            // to its group) and the new process starts it again from that checkpoint.
+            registry.set_resumable(&kind);
+        }
     }
     Ok(found.into_keys().collect())
 }

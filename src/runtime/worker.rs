@@ -307,6 +307,7 @@ impl WorkerApp {
             ready_deadline: ms(args.upgrade_ready_ms),
             body_timeout: ms(args.upgrade_body_timeout_ms),
             suspend_deadline: ms(args.transfer_suspend_ms),
+            tasks_dir: args.tasks_dir.clone(),
             lease_secs: ms(args.lease_ms).as_secs_f64(),
             limits: artex_upgrade::Limits::default(),
             binary_sha256: binary_sha256.clone(),
@@ -423,12 +424,13 @@ async fn sweep_uploads(uploads: Arc<Uploads>, every: std::time::Duration) {
     }
 }
 
-/// `registry` with the programs of `--tasks-dir` as kinds.
+/// `registry` with the programs of `--tasks-dir` as kinds (or of the folder a hot upgrade
+/// installed the bundle's programs in, for this process).
 fn with_programs(mut registry: Registry, args: &WorkerArgs) -> Result<Registry> {
-    if let Some(dir) = &args.tasks_dir {
+    if let Some(dir) = crate::hot_upgrade::programs::effective_dir(args.tasks_dir.as_deref()) {
         let kinds = crate::programs::register(
             &mut registry,
-            dir,
+            &dir,
             &args.tasks_env,
             ms(args.cancel_grace_ms),
         )?;

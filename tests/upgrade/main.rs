@@ -8,6 +8,7 @@
 //! - `transfer`: tasks handed over under load run on once in the new process.
 //! - `rollback`: failed upgrades rolled back, leaving no process behind.
 //! - `hostile`: hostile bundles, bad callers and stalled uploads refused.
+//! - `programs`: programs shipped in the bundle; a resumable one moved, a plain one not.
 //! - `configuration`: upgrades off unless configured; an upgrade folder ours alone.
 //! - `schema`: a bundle that needs a newer schema refused until it is there.
 //! - `systemd`: READY and the new MAINPID told to systemd.
@@ -20,6 +21,7 @@ mod common;
 mod cancel;
 mod configuration;
 mod hostile;
+mod programs;
 mod rollback;
 mod schema;
 mod systemd;

@@ -1,10 +1,13 @@
-//! Upgrade bundles: a signed ZIP that carries the next `artex` binary.
+//! Upgrade bundles: a signed ZIP that carries the next `artex` binary, and perhaps the
+//! programs it runs as task kinds.
 //!
-//! A bundle holds exactly three flat entries: `artex`, `manifest.json`, and
-//! `manifest.sig` (ed25519 over the manifest's exact bytes). [`unpack`] treats the archive
-//! as hostile: it reads the central directory itself and checks every entry against the
-//! expected names and [`Limits`] before decompressing a byte, then streams through
-//! counting readers and writes only `artex`, only into the caller's private directory.
+//! A bundle holds three flat entries: `artex`, `manifest.json`, and `manifest.sig`
+//! (ed25519 over the manifest's exact bytes); and one `tasks/NAME` entry per file of a
+//! tasks folder, each named with its SHA-256 in the signed manifest. [`unpack`] treats
+//! the archive as hostile: it reads the central directory itself and checks every entry
+//! against the expected names and [`Limits`] before decompressing a byte, then streams
+//! through counting readers and writes only `artex` and the manifest's task files, only
+//! into the caller's private directory.
 //!
 //! # Layout
 //! - `keys`: [`keygen`] and the key files it writes ([`load_secret_key`],
@@ -23,7 +26,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use create::{create, create_with_progress};
+pub use create::{create, create_with_progress, create_with_tasks};
 pub use keys::{keygen, load_public_key, load_secret_key};
 pub use unpack::unpack;
 
@@ -33,6 +36,11 @@ pub const MANIFEST_NAME: &str = "manifest.json";
 pub const SIGNATURE_NAME: &str = "manifest.sig";
 /// Entry name of the binary, and the file name [`unpack`] writes it under.
 pub const BINARY_NAME: &str = "artex";
+/// The folder of the task files' entries (`tasks/NAME`), and the folder [`unpack`]
+/// writes them into.
+pub const TASKS_DIR: &str = "tasks";
+/// Longest task file name.
+pub const MAX_TASK_NAME_BYTES: usize = 128;
 /// The target triple this crate was built for; [`create`] records it and [`unpack`]
 /// refuses bundles built for another.
 pub const TARGET: &str = env!("ARTEX_UPGRADE_TARGET");
@@ -65,8 +73,45 @@ pub struct Manifest {
     /// receiving worker then leaves the check to the new binary's own start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<Schema>,
+    /// The files of the tasks folder the bundle carries (`artex bundle create
+    /// --tasks-dir`), sorted by name; empty for a bundle that carries none (the worker then
+    /// keeps the programs it runs). A worker built before these were carried refuses a
+    /// bundle that has them (an unexpected `tasks/…` entry), never runs it without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskFile>,
 }
 
+/// One file of a bundle's tasks folder, as its signed manifest names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFile {
+    /// Its name in the folder (entry `tasks/NAME`): letters, digits, `.`, `_` and `-`,
+    /// not starting with a dot, at most [`MAX_TASK_NAME_BYTES`].
+    pub name: String,
+    /// Lowercase hex SHA-256 of its bytes.
+    pub sha256: String,
+    /// Written with mode 0755 (a program) rather than 0644 (its `NAME.toml`, data).
+    pub executable: bool,
+}
+
+/// Whether `name` may name a task file (see [`TaskFile::name`]); the reason if not.
+pub fn check_task_name(name: &[u8]) -> std::result::Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("empty name");
+    }
+    if name.len() > MAX_TASK_NAME_BYTES {
+        return Err("longer than 128 bytes");
+    }
+    if name[0] == b'.' {
+        return Err("starts with a dot");
+    }
+    if !name
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("not only letters, digits, '.', '_' and '-'");
+    }
+    Ok(())
+}
 /// The database schema a binary needs: every migration it knows, oldest first, each of
 /// which the database must have applied (artex's `migrations/README.md` says why all of
 /// them). What the numbers mean is the caller's business; this crate only carries them,
@@ -100,15 +145,19 @@ pub struct Limits {
     /// Largest uncompressed/compressed ratio of any entry (zip bombs compress ~1000:1;
     /// real binaries about 3:1).
     pub max_ratio: u64,
+    /// Most bytes of all the task files together, uncompressed.
+    pub max_tasks_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_entries: 8,
+            // The binary, the manifest, its signature and up to 256 task files.
+            max_entries: 3 + 256,
             max_binary_bytes: 256 * 1024 * 1024,
-            max_manifest_bytes: 64 * 1024,
+            max_manifest_bytes: 128 * 1024,
             max_ratio: 200,
+            max_tasks_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -120,6 +169,9 @@ pub struct VerifiedBundle {
     pub manifest: Manifest,
     /// `dest_dir/artex`, mode 0700, fsynced, its SHA-256 equal to the manifest's.
     pub binary: PathBuf,
+    /// `dest_dir/tasks` (mode 0755) when the manifest names task files: each written
+    /// there, its SHA-256 equal to the manifest's.
+    pub tasks: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -167,8 +167,8 @@ pub enum Error {
         /// The repeated name.
         name: String,
     },
-    /// An entry other than artex, manifest.json and manifest.sig.
-    #[error("unexpected entry {name}: a bundle holds only artex, manifest.json and manifest.sig")]
+    /// An entry other than artex, manifest.json, manifest.sig and `tasks/NAME`.
+    #[error("unexpected entry {name}: a bundle holds only artex, manifest.json, manifest.sig and tasks/NAME files")]
     UnexpectedEntry {
         /// The name, quoted and escaped.
         name: String,
@@ -282,6 +282,40 @@ pub enum Error {
         expected: String,
         /// Digest of the bytes written.
         found: String,
+    },
+    /// A task file's SHA-256 differs from the manifest's.
+    #[error("task file tasks/{name} has SHA-256 {found}, manifest says {expected}")]
+    TaskDigestMismatch {
+        /// The file's name.
+        name: String,
+        /// Digest in the manifest.
+        expected: String,
+        /// Digest of the bytes written.
+        found: String,
+    },
+    /// The task files in the archive are not exactly those the signed manifest names.
+    #[error("task file tasks/{name} {reason}")]
+    TaskFileUnsigned {
+        /// The file's name.
+        name: String,
+        /// "is in the archive but not in the signed manifest", or the other way round.
+        reason: &'static str,
+    },
+    /// A tasks folder that cannot be bundled as it is.
+    #[error("tasks folder {path}: {reason}")]
+    TasksDirInvalid {
+        /// The folder, or the file in it.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The task files declare more bytes together than the limit.
+    #[error("the task files declare {declared} bytes together, limit is {limit}")]
+    TasksTooLarge {
+        /// Bytes declared.
+        declared: u64,
+        /// The limit.
+        limit: u64,
     },
     /// The bundle speaks another upgrade channel protocol.
     #[error("bundle speaks upgrade channel protocol {found}, this process speaks {expected}")]

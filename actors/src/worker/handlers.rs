@@ -170,6 +170,16 @@ impl Registry {
         self.register(kind, handler)
     }
 
+    /// Marks the registered `kind` resumable, as [`Registry::register_resumable`] does
+    /// (for a handler registered otherwise, e.g. with a timeout); an unknown kind is
+    /// left alone.
+    pub fn set_resumable(&mut self, kind: &str) -> &mut Self {
+        if self.handlers.contains_key(kind) {
+            self.resumable.insert(kind.to_string());
+        }
+        self
+    }
+
     /// The registered kinds, sorted.
     pub fn kinds(&self) -> Vec<String> {
         let mut k: Vec<String> = self.handlers.keys().cloned().collect();

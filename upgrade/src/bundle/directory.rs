@@ -10,9 +10,31 @@ use zip::ZipArchive;
 
 use crate::error::{Error, Result};
 
-use super::{Limits, BINARY_NAME, MANIFEST_NAME, MAX_SIGNATURE_BYTES, SIGNATURE_NAME};
+use super::{
+    check_task_name, Limits, BINARY_NAME, MANIFEST_NAME, MAX_SIGNATURE_BYTES, SIGNATURE_NAME,
+};
 
 const EXPECTED_NAMES: [&str; 3] = [BINARY_NAME, MANIFEST_NAME, SIGNATURE_NAME];
+/// The prefix of a task file's entry name.
+const TASK_PREFIX: &[u8] = b"tasks/";
+
+/// What an entry is, by its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum EntryName {
+    /// `artex`, `manifest.json` or `manifest.sig`.
+    Fixed(&'static str),
+    /// `tasks/NAME`: the file `NAME` of the tasks folder.
+    Task(String),
+}
+
+impl EntryName {
+    fn shown(&self) -> String {
+        match self {
+            EntryName::Fixed(n) => (*n).to_string(),
+            EntryName::Task(n) => format!("tasks/{n}"),
+        }
+    }
+}
 
 /// One central-directory record, as the archive declares it.
 #[derive(Debug)]
@@ -174,8 +196,9 @@ pub(super) fn read_central_directory(
 }
 
 /// Checks an entry name without ever turning it into a path: the three expected names
-/// are flat, so anything resembling a path is refused outright.
-pub(super) fn check_name(raw: &[u8]) -> Result<&'static str> {
+/// are flat, and a task file is one flat name under `tasks/`; anything else resembling a
+/// path is refused outright.
+pub(super) fn check_name(raw: &[u8]) -> Result<EntryName> {
     let unsafe_name = |reason| Error::UnsafeEntryName {
         name: show_name(raw),
         reason,
@@ -198,14 +221,25 @@ pub(super) fn check_name(raw: &[u8]) -> Result<&'static str> {
     if raw.split(|&b| b == b'/').any(|part| part == b"..") {
         return Err(unsafe_name("contains a `..` component"));
     }
+    if let Some(file) = raw.strip_prefix(TASK_PREFIX) {
+        if file.contains(&b'/') {
+            return Err(unsafe_name(
+                "nested below tasks/ (a bundle's tasks folder is flat)",
+            ));
+        }
+        check_task_name(file).map_err(unsafe_name)?;
+        // Only ASCII passed the check.
+        return Ok(EntryName::Task(String::from_utf8_lossy(file).into_owned()));
+    }
     if raw.contains(&b'/') {
         return Err(unsafe_name(
-            "contains a path separator (bundle entries are flat)",
+            "contains a path separator (bundle entries are flat, but for tasks/NAME)",
         ));
     }
     EXPECTED_NAMES
         .into_iter()
         .find(|expected| expected.as_bytes() == raw)
+        .map(EntryName::Fixed)
         .ok_or_else(|| Error::UnexpectedEntry {
             name: show_name(raw),
         })
@@ -216,15 +250,14 @@ const S_IFREG: u32 = 0o100_000;
 const DOS_DIRECTORY: u32 = 0x10;
 
 pub(super) fn check_entries(entries: &[CentralEntry], limits: &Limits) -> Result {
-    let mut seen: Vec<&'static str> = Vec::with_capacity(EXPECTED_NAMES.len());
+    let mut seen: Vec<EntryName> = Vec::with_capacity(entries.len());
+    let mut tasks_bytes = 0u64;
     for entry in entries {
-        let name = check_name(&entry.name)?;
-        if seen.contains(&name) {
-            return Err(Error::DuplicateEntry {
-                name: name.to_owned(),
-            });
+        let kind = check_name(&entry.name)?;
+        let name = kind.shown();
+        if seen.contains(&kind) {
+            return Err(Error::DuplicateEntry { name });
         }
-        seen.push(name);
 
         // Unix tools put st_mode in the high half of the external attributes; the file
         // type bits there are the only way a ZIP marks symlinks and devices.
@@ -236,20 +269,20 @@ pub(super) fn check_entries(entries: &[CentralEntry], limits: &Limits) -> Result
         };
         if not_regular {
             return Err(Error::NotRegularFile {
-                name: name.to_owned(),
+                name,
                 mode,
                 made_by: entry.made_by >> 8,
             });
         }
         if entry.flags & 1 != 0 {
             return Err(Error::UnsupportedEntry {
-                name: name.to_owned(),
+                name,
                 reason: "encrypted".to_owned(),
             });
         }
         if entry.method != 0 && entry.method != 8 {
             return Err(Error::UnsupportedEntry {
-                name: name.to_owned(),
+                name,
                 reason: format!(
                     "compression method {} (only stored and deflate are accepted)",
                     entry.method
@@ -257,29 +290,40 @@ pub(super) fn check_entries(entries: &[CentralEntry], limits: &Limits) -> Result
             });
         }
 
-        let limit = match name {
-            BINARY_NAME => limits.max_binary_bytes,
-            MANIFEST_NAME => limits.max_manifest_bytes,
-            _ => MAX_SIGNATURE_BYTES,
+        let limit = match &kind {
+            EntryName::Fixed(BINARY_NAME) => limits.max_binary_bytes,
+            EntryName::Fixed(MANIFEST_NAME) => limits.max_manifest_bytes,
+            EntryName::Fixed(_) => MAX_SIGNATURE_BYTES,
+            EntryName::Task(_) => limits.max_tasks_bytes,
         };
         if entry.uncompressed > limit {
             return Err(Error::EntryTooLarge {
-                name: name.to_owned(),
+                name,
                 declared: entry.uncompressed,
                 limit,
             });
         }
         if entry.uncompressed > entry.compressed.saturating_mul(limits.max_ratio) {
             return Err(Error::CompressionRatio {
-                name: name.to_owned(),
+                name,
                 uncompressed: entry.uncompressed,
                 compressed: entry.compressed,
                 limit: limits.max_ratio,
             });
         }
+        if matches!(kind, EntryName::Task(_)) {
+            tasks_bytes = tasks_bytes.saturating_add(entry.uncompressed);
+            if tasks_bytes > limits.max_tasks_bytes {
+                return Err(Error::TasksTooLarge {
+                    declared: tasks_bytes,
+                    limit: limits.max_tasks_bytes,
+                });
+            }
+        }
+        seen.push(kind);
     }
     for expected in EXPECTED_NAMES {
-        if !seen.contains(&expected) {
+        if !seen.contains(&EntryName::Fixed(expected)) {
             return Err(Error::MissingEntry { name: expected });
         }
     }

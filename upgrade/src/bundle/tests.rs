@@ -6,6 +6,7 @@
 //! - `archive`: archives refused for their shape: names, entry types, counts, sizes.
 //! - `verify`: well-formed archives refused for what they carry: binary, manifest,
 //!   signature, target; and the destination's rules.
+//! - `tasks`: bundles carrying a tasks folder: round trip, tampered and unsigned files.
 //! - `fuzz`: valid and hostile bundles mutated at random.
 
 use std::collections::BTreeSet;
@@ -21,7 +22,7 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
 
 use super::create::rfc3339_utc;
-use super::directory::{check_name, u16_at, CENTRAL_LEN, CENTRAL_SIGNATURE, S_IFMT};
+use super::directory::{check_name, u16_at, EntryName, CENTRAL_LEN, CENTRAL_SIGNATURE, S_IFMT};
 use super::*;
 use crate::channel::PROTOCOL_VERSION;
 use crate::error::{Error, Result};
@@ -86,6 +87,7 @@ fn manifest_for(binary: &[u8]) -> Manifest {
         binary_sha256: hex::encode(Sha256::digest(binary)),
         created_at: None,
         schema: None,
+        tasks: Vec::new(),
     }
 }
 
@@ -301,4 +303,5 @@ fn rfc3339_formatting_matches_known_dates() {
 
 mod archive;
 mod fuzz;
+mod tasks;
 mod verify;

@@ -4,7 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -16,11 +16,12 @@ use crate::error::{Error, Result};
 
 use super::directory::{check_entries, cross_check, read_central_directory, CentralEntry};
 use super::{
-    Limits, Manifest, VerifiedBundle, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME, MAX_SIGNATURE_BYTES,
-    SIGNATURE_NAME, TARGET,
+    check_task_name, Limits, Manifest, VerifiedBundle, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME,
+    MAX_SIGNATURE_BYTES, SIGNATURE_NAME, TARGET, TASKS_DIR,
 };
 
-/// Verifies the bundle at `zip_path` and writes its binary to `dest_dir/artex`.
+/// Verifies the bundle at `zip_path` and writes its binary to `dest_dir/artex`, and its
+/// task files, if it carries any, to `dest_dir/tasks/`.
 ///
 /// `dest_dir` must be an empty directory owned by this user and private to it (no group
 /// or other permission bits): the caller creates it fresh for this bundle. No path is
@@ -43,7 +44,13 @@ pub fn unpack(
     // larger archive cannot hold entries within the limits.
     let max_archive = limits
         .max_binary_bytes
-        .saturating_add(limits.max_binary_bytes / 256)
+        .saturating_add(limits.max_tasks_bytes)
+        .saturating_add(
+            limits
+                .max_binary_bytes
+                .saturating_add(limits.max_tasks_bytes)
+                / 256,
+        )
         .saturating_add(limits.max_manifest_bytes)
         .saturating_add(MAX_SIGNATURE_BYTES)
         .saturating_add(1024 * 1024);
@@ -98,23 +105,102 @@ pub fn unpack(
         });
     }
 
+    check_task_files(&manifest, &entries)?;
+
     let (binary_index, binary_entry) = entry(BINARY_NAME)?;
     let binary = dest_dir.join(BINARY_NAME);
     let written = RemoveOnDrop::new(binary.clone());
-    let digest = write_binary(&mut archive, binary_index, binary_entry, zip_path, &binary)?;
+    let digest = write_file(
+        &mut archive,
+        binary_index,
+        binary_entry,
+        zip_path,
+        &binary,
+        0o700,
+    )?;
     if !digest.eq_ignore_ascii_case(&manifest.binary_sha256) {
         return Err(Error::DigestMismatch {
             expected: manifest.binary_sha256,
             found: digest,
         });
     }
+    let tasks = if manifest.tasks.is_empty() {
+        None
+    } else {
+        let dir = dest_dir.join(TASKS_DIR);
+        let made = RemoveOnDrop::new_dir(dir.clone());
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)))
+            .map_err(|source| Error::io("creating the tasks folder", &dir, source))?;
+        for file in &manifest.tasks {
+            let (index, e) = entry(&format!("{TASKS_DIR}/{}", file.name))?;
+            let path = dir.join(&file.name);
+            let mode = if file.executable { 0o755 } else { 0o644 };
+            let digest = write_file(&mut archive, index, e, zip_path, &path, mode)?;
+            if !digest.eq_ignore_ascii_case(&file.sha256) {
+                return Err(Error::TaskDigestMismatch {
+                    name: file.name.clone(),
+                    expected: file.sha256.clone(),
+                    found: digest,
+                });
+            }
+        }
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| Error::io("syncing directory", &dir, source))?;
+        Some((dir, made))
+    };
     // Make the new directory entry durable too: the binary is about to be exec'd, and a
     // crash now must not leave a supervisor pointing at a name that never hit the disk.
     File::open(dest_dir)
         .and_then(|dir| dir.sync_all())
         .map_err(|source| Error::io("syncing directory", dest_dir, source))?;
     written.keep();
-    Ok(VerifiedBundle { manifest, binary })
+    let tasks = tasks.map(|(dir, made)| {
+        made.keep();
+        dir
+    });
+    Ok(VerifiedBundle {
+        manifest,
+        binary,
+        tasks,
+    })
+}
+
+/// The task files in the archive must be exactly those the signed manifest names, each
+/// name one a task file may have: an extra file could not be checked against a digest,
+/// and a missing one would run the new build without a program it was signed with.
+fn check_task_files(manifest: &Manifest, entries: &[CentralEntry]) -> Result {
+    let prefix = format!("{TASKS_DIR}/");
+    let archived: Vec<&[u8]> = entries
+        .iter()
+        .filter_map(|e| e.name.strip_prefix(prefix.as_bytes()))
+        .collect();
+    for file in &manifest.tasks {
+        if let Err(reason) = check_task_name(file.name.as_bytes()) {
+            return Err(Error::TaskFileUnsigned {
+                name: format!("{:?}", file.name),
+                reason,
+            });
+        }
+        if !archived.contains(&file.name.as_bytes()) {
+            return Err(Error::TaskFileUnsigned {
+                name: file.name.clone(),
+                reason: "is named in the signed manifest but not in the archive",
+            });
+        }
+    }
+    for name in archived {
+        if !manifest.tasks.iter().any(|f| f.name.as_bytes() == name) {
+            return Err(Error::TaskFileUnsigned {
+                name: String::from_utf8_lossy(name).into_owned(),
+                reason: "is in the archive but not in the signed manifest",
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_dest_dir(dest_dir: &Path) -> Result {
@@ -233,40 +319,48 @@ fn verify_signature(public: &VerifyingKey, manifest: &[u8], signature_hex: &[u8]
         })
 }
 
-fn write_binary(
+/// Streams one entry to a new file at `dest` (never one already there) with `mode`,
+/// fsynced; its SHA-256.
+fn write_file(
     archive: &mut ZipArchive<File>,
     index: usize,
     entry: &CentralEntry,
     path: &Path,
-    binary: &Path,
+    dest: &Path,
+    mode: u32,
 ) -> Result<String> {
-    let write_err = |source| Error::io("writing binary", binary, source);
+    let write_err = |source| Error::io("writing", dest, source);
     // create_new: never follow or reuse something already at that name.
     let mut out = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o700)
-        .open(binary)
-        .map_err(|source| Error::io("creating binary", binary, source))?;
+        .mode(mode)
+        .open(dest)
+        .map_err(|source| Error::io("creating", dest, source))?;
     let mut hasher = Sha256::new();
     copy_entry(archive, index, entry, path, |chunk| {
         hasher.update(chunk);
         out.write_all(chunk).map_err(write_err)
     })?;
-    // The umask may have narrowed the mode at creation; the owner must be able to exec.
-    out.set_permissions(fs::Permissions::from_mode(0o700))
+    // The umask may have narrowed the mode at creation.
+    out.set_permissions(fs::Permissions::from_mode(mode))
         .and_then(|()| out.sync_all())
         .map_err(write_err)?;
     Ok(hex::encode(hasher.finalize()))
 }
 
-/// Removes a file when dropped, unless [`RemoveOnDrop::keep`] was called: the cleanup
-/// for every early return after the binary was created.
-struct RemoveOnDrop(Option<PathBuf>);
+/// Removes a file (or a folder and what it holds) when dropped, unless
+/// [`RemoveOnDrop::keep`] was called: the cleanup for every early return after the binary
+/// or the tasks folder was created.
+struct RemoveOnDrop(Option<PathBuf>, bool);
 
 impl RemoveOnDrop {
     fn new(path: PathBuf) -> Self {
-        Self(Some(path))
+        Self(Some(path), false)
+    }
+
+    fn new_dir(path: PathBuf) -> Self {
+        Self(Some(path), true)
     }
 
     fn keep(mut self) {
@@ -277,9 +371,14 @@ impl RemoveOnDrop {
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
-            if let Err(e) = fs::remove_file(&path) {
+            let removed = if self.1 {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            if let Err(e) = removed {
                 if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot remove refused binary");
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove what a refused bundle wrote");
                 }
             }
         }

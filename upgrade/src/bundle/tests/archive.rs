@@ -48,7 +48,7 @@ fn parent_escape_entry_is_refused() {
 
 #[test]
 fn suspicious_names_are_refused_for_the_right_reason() {
-    let cases: [(&[u8], &str); 7] = [
+    let cases: [(&[u8], &str); 10] = [
         (b"", "empty name"),
         (b"art\0ex", "contains NUL"),
         (b"/artex", "absolute path"),
@@ -57,7 +57,16 @@ fn suspicious_names_are_refused_for_the_right_reason() {
         (b"a/../artex", "contains a `..` component"),
         (
             b"bin/artex",
-            "contains a path separator (bundle entries are flat)",
+            "contains a path separator (bundle entries are flat, but for tasks/NAME)",
+        ),
+        (
+            b"tasks/sub/run.sh",
+            "nested below tasks/ (a bundle's tasks folder is flat)",
+        ),
+        (b"tasks/.hidden", "starts with a dot"),
+        (
+            b"tasks/r\xc3\xa9sum\xc3\xa9.sh",
+            "not only letters, digits, '.', '_' and '-'",
         ),
     ];
     for (name, want) in cases {
@@ -70,7 +79,11 @@ fn suspicious_names_are_refused_for_the_right_reason() {
         check_name(b"artex2"),
         Err(Error::UnexpectedEntry { .. })
     ));
-    assert_eq!(check_name(b"artex").unwrap(), BINARY_NAME);
+    assert_eq!(check_name(b"artex").unwrap(), EntryName::Fixed(BINARY_NAME));
+    assert_eq!(
+        check_name(b"tasks/resize.py").unwrap(),
+        EntryName::Task("resize.py".into())
+    );
 }
 
 #[test]
@@ -136,7 +149,7 @@ fn ten_thousand_entries_are_refused() {
             err,
             Error::TooManyEntries {
                 found: 10_000,
-                limit: 8,
+                limit: 259,
                 ..
             }
         ),

@@ -20,6 +20,7 @@ const LIMITS: Limits = Limits {
     max_binary_bytes: 64 * 1024,
     max_manifest_bytes: 4096,
     max_ratio: 200,
+    max_tasks_bytes: 16 * 1024,
 };
 
 /// The corpus: what is mutated. Built once per target.
