@@ -614,3 +614,77 @@ async fn a_lost_lease_stops_the_program_and_its_children() {
     )
     .await;
 }
+
+/// A worker cut off from PostgreSQL (the server stopped under it) stops its programs
+/// before their lease ends, even one that ignores SIGTERM with a grace far longer than
+/// the lease: the SIGKILL comes within what is left of the lease, so no other worker can
+/// be running the task by then.
+#[tokio::test]
+async fn a_worker_cut_off_from_postgres_kills_its_programs_before_their_lease_ends() {
+    let private = common::PrivateCluster::start().await;
+    let (cluster, url, bb) = (private.cluster.clone(), private.url.clone(), &private.bb);
+    let dir = tasks_dir();
+    let out = writable_dir();
+    write_program(
+        dir.path(),
+        "stubborn.sh",
+        r#"#!/bin/sh
+# SIGTERM ignored, by this shell and the sleeps it starts.
+trap '' TERM
+pidfile=$(cat | sed 's/.*"pidfile":"\([^"]*\)".*/\1/')
+sleep 300 &
+echo "$$ $!" > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
+wait
+"#,
+        0o755,
+    );
+    let _planner = Proc::planner("planner", &url, &[]);
+    // Leases of 3 s; a grace of 30 s, which would outlive the lease tenfold.
+    let _worker = Proc::worker(
+        "worker",
+        &url,
+        &[
+            "--tasks-dir",
+            dir.path().to_str().unwrap(),
+            "--cancel-grace-ms",
+            "30000",
+        ],
+    );
+    let pidfile = out.path().join("stubborn.pids");
+    let task = NewTask::new("stubborn", json!({ "pidfile": pidfile }));
+    let id = wait_for("kind stubborn to be accepted", WAIT, || async {
+        bb.operator().submit(&task, "test").await.ok()
+    })
+    .await;
+    let both = pids(&pidfile).await;
+    // Right after a renewal (the lease's end moved), the server goes: the next renewal,
+    // a second away, never comes, and the lease ends no earlier than it says now.
+    let c = common::connect(&url).await;
+    let first = lease_until(&c, id).await;
+    let lease_end = wait_for("a renewal", WAIT, || async {
+        let now = lease_until(&c, id).await;
+        (now != first).then_some(now)
+    })
+    .await;
+    tokio::task::spawn_blocking(move || cluster.stop().unwrap())
+        .await
+        .unwrap();
+    gone(
+        "the program that ignores SIGTERM, and its child",
+        both,
+        Duration::from_secs(40),
+    )
+    .await;
+    let dead_at = chrono::Utc::now();
+    assert!(
+        dead_at < lease_end,
+        "the program was still running at {dead_at}, past its lease's end at {lease_end}"
+    );
+}
+
+async fn lease_until(c: &tokio_postgres::Client, id: Uuid) -> chrono::DateTime<chrono::Utc> {
+    c.query_one("select lease_until from artex.tasks where id = $1", &[&id])
+        .await
+        .expect("the task's lease")
+        .get(0)
+}

@@ -37,14 +37,24 @@ struct Said {
 }
 
 /// Ends the program's group when the attempt is dropped before the program ended.
+/// Ends the program's group when the attempt's future is dropped: a timeout, a drain
+/// past its deadline, or the worker's fence (a lease it could not renew). SIGTERM, then
+/// SIGKILL after the grace, or after half of what is left of the lease if that is
+/// sooner: a program that ignores SIGTERM must be gone before another worker may take
+/// its task (the other half is for the kill, the reaping, and the clocks).
 struct Ender {
     group: Group,
     grace: Duration,
+    ctx: TaskContext,
 }
 
 impl Drop for Ender {
     fn drop(&mut self) {
-        self.group.terminate(self.grace);
+        let grace = self
+            .ctx
+            .lease_left()
+            .map_or(self.grace, |left| self.grace.min(left / 2));
+        self.group.terminate(grace);
     }
 }
 
@@ -66,6 +76,7 @@ pub async fn attempt(program: Program, ctx: TaskContext) -> HandlerResult {
     let ender = Ender {
         group: started.group.clone(),
         grace: program.grace,
+        ctx: ctx.clone(),
     };
     let io = |e: std::io::Error| TaskError::new(format!("program {}: {e}", program.path.display()));
     let stdin = pipe::Sender::from_owned_fd(started.stdin).map_err(io)?;

@@ -126,16 +126,21 @@ struct GroupState {
 
 impl Group {
     /// Ends the program: SIGTERM to its whole group now, SIGKILL after `grace` if any of
-    /// it still runs then. Asked again, or after the program ended, it does nothing.
+    /// it still runs then. Asked again, it sends no second SIGTERM, and a shorter grace
+    /// brings the SIGKILL forward (a cancel's grace, then the lease running out); after
+    /// the program ended it does nothing.
     pub fn terminate(&self, grace: Duration) {
         {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.reaped || state.terminating {
+            if state.reaped {
                 return;
             }
-            state.terminating = true;
-            // Under the lock, with the group not reaped: its id is still its own.
-            warn_failed(self.pgid, signal_group(self.pgid, Signal::SIGTERM));
+            // Once: a later call (with a shorter grace) only brings the SIGKILL forward.
+            if !state.terminating {
+                state.terminating = true;
+                // Under the lock, with the group not reaped: its id is still its own.
+                warn_failed(self.pgid, signal_group(self.pgid, Signal::SIGTERM));
+            }
         }
         let group = self.clone();
         let spawned = std::thread::Builder::new()
@@ -421,6 +426,37 @@ mod tests {
             nix::sys::signal::kill(Pid::from_raw(child), None),
             Err(Errno::ESRCH),
             "the child it left is killed and reaped"
+        );
+    }
+
+    /// A program that ignores SIGTERM, told to stop with a long grace and then a short
+    /// one (a cancel, then its lease running out): the shorter one wins.
+    #[test]
+    fn a_second_terminate_with_a_shorter_grace_brings_the_kill_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = program(
+            dir.path(),
+            "#!/bin/sh
+trap '' TERM
+echo up >&3
+while :; do sleep 0.05; done
+",
+        );
+        let p = start(&path, &[], &Launch::default()).unwrap();
+        let mut up = [0u8; 3];
+        std::fs::File::from(p.protocol).read_exact(&mut up).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        p.group.terminate(Duration::from_secs(60));
+        p.group.terminate(Duration::from_millis(100));
+        assert_eq!(rt.block_on(p.exited), Exit::Signal(Signal::SIGKILL));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
         );
     }
 

@@ -117,6 +117,15 @@ impl LeaseEnd {
         );
     }
 
+    /// How long after `now` the lease surely still runs, as this worker knows it (zero
+    /// once past); `None` while unknown.
+    pub fn left(&self, now: Instant) -> Option<Duration> {
+        match self.0.load(Ordering::Acquire) {
+            0 => None,
+            v => Some((base() + Duration::from_micros(v - 1)).saturating_duration_since(now)),
+        }
+    }
+
     /// Whether the lease ends within `margin` of `now` (the fence's own test, [`LeaseClock::due`]).
     fn due(&self, now: Instant, margin: Duration) -> bool {
         match self.0.load(Ordering::Acquire) {

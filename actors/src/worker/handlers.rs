@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
+use super::fence::LeaseEnd;
 use super::progress::ProgressSlots;
 use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
@@ -213,18 +214,20 @@ impl Registry {
     }
 
     /// One attempt at `task`, ready to run: its handler called with its context, under
-    /// its timeout, with panics caught. `suspend` is the flag a hot upgrade raises to stop
-    /// the attempt at its next checkpoint; `cancel` tells it the task was canceled;
-    /// `progress` keeps what it reports for the worker to write.
+    /// its timeout, with panics caught, steered by the worker (see [`Steering`]).
     pub(super) fn attempt(
         &self,
         task: AssignedTask,
         bb: WorkerBoard,
-        suspend: Arc<AtomicBool>,
-        cancel: Cancel,
-        progress: ProgressSlots,
+        steering: Steering,
         default_timeout: Duration,
     ) -> impl Future<Output = Result<serde_json::Value, Attempt>> + 'static {
+        let Steering {
+            suspend,
+            cancel,
+            progress,
+            lease,
+        } = steering;
         let handler = self.get(&task.kind);
         let timeout = self.timeout(&task, default_timeout);
         let kind = task.kind.clone();
@@ -240,6 +243,7 @@ impl Registry {
             suspend,
             cancel,
             progress,
+            lease,
         };
         async move {
             let Some(handler) = handler else {
@@ -295,6 +299,18 @@ pub struct TaskContext {
     suspend: Arc<AtomicBool>,
     cancel: Cancel,
     progress: ProgressSlots,
+    lease: LeaseEnd,
+}
+
+/// How the worker reaches a running attempt: `suspend`, the flag a hot upgrade raises to
+/// stop it at its next checkpoint; `cancel`, raised when the task was canceled;
+/// `progress`, what it reports, for the worker to write; `lease`, the end of the lease it
+/// runs under as the worker knows it (renewals move it).
+pub(super) struct Steering {
+    pub suspend: Arc<AtomicBool>,
+    pub cancel: Cancel,
+    pub progress: ProgressSlots,
+    pub lease: LeaseEnd,
 }
 
 /// An operator's cancel of a running task, as its handler sees it: raised once, when the
@@ -385,6 +401,14 @@ impl TaskContext {
     /// Progress saved by an earlier attempt (here or in another process), if any.
     pub fn checkpoint(&self) -> Option<&serde_json::Value> {
         self.checkpoint.as_ref()
+    }
+
+    /// How long the lease this attempt runs under surely still runs, as this worker
+    /// knows it (renewals extend it; zero once past): a handler that must stop what it
+    /// started before another worker may take the task stops it within this. `None`
+    /// while unknown.
+    pub fn lease_left(&self) -> Option<Duration> {
+        self.lease.left(std::time::Instant::now())
     }
 
     /// Saves progress durably, fenced by this attempt's lease: an error means the lease was

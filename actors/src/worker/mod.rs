@@ -55,7 +55,7 @@ pub use handlers::{
     AfterError, HandlerFuture, HandlerResult, Registry, TaskContext, TaskError, TaskHandler,
     UploadFile,
 };
-use handlers::{Attempt, Cancel};
+use handlers::{Attempt, Cancel, Steering};
 use held::{Held, Running};
 use intake::Intake;
 use liveness::Liveness;
@@ -314,16 +314,20 @@ impl Worker {
                 payload_bytes: task.payload_bytes,
             },
         );
+        let lease = self.held.leases.watch((id, epoch));
         let attempt = fence::Fenced::new(
             self.registry.attempt(
                 task,
                 self.bb.clone(),
-                suspend,
-                cancel,
-                self.progress.slots.clone(),
+                Steering {
+                    suspend,
+                    cancel,
+                    progress: self.progress.slots.clone(),
+                    lease: lease.clone(),
+                },
                 self.config.default_timeout,
             ),
-            self.held.leases.watch((id, epoch)),
+            lease,
             fence::margin(self.config.lease),
         );
         actix::spawn(async move {
