@@ -688,3 +688,72 @@ async fn lease_until(c: &tokio_postgres::Client, id: Uuid) -> chrono::DateTime<c
         .expect("the task's lease")
         .get(0)
 }
+
+/// A program's progress lines reach `/events` as progress events, live, as a Rust
+/// handler's reports do (and `task show` has the last one: the first test).
+#[tokio::test]
+async fn a_programs_progress_reaches_server_sent_events() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let dir = tasks_dir();
+    write_program(
+        dir.path(),
+        "steps.py",
+        r#"#!/usr/bin/env python3
+import json, os, sys, time
+json.load(sys.stdin)
+out = os.fdopen(3, "w")
+for step in range(1, 4):
+    # A step a second and more: each of the worker's periodic writes has a new value.
+    time.sleep(1.1)
+    out.write(json.dumps({"progress": step / 3, "message": f"step {step} of 3"}) + "\n")
+    out.flush()
+"#,
+        0o755,
+    );
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let worker = Proc::worker(
+        "worker",
+        &db.url,
+        &["--tasks-dir", dir.path().to_str().unwrap()],
+    );
+    let http = common::procs::worker_http(&c, &worker).await;
+    let mut stream = artex_testkit::http::Request::get("/events")
+        .header("Accept", "text/event-stream")
+        .bearer(common::READ_TOKEN)
+        .start(&http)
+        .unwrap();
+    assert_eq!(stream.head().unwrap().status, 200);
+    let id = submit(&db, "steps", json!({}), None).await;
+    let mut event = None;
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let mut line = String::new();
+        assert!(stream.read_line(&mut line).unwrap() > 0, "the stream ended");
+        let line = line.trim_end();
+        if line.is_empty() {
+            event = None;
+        } else if let Some(e) = line.strip_prefix("event: ") {
+            event = Some(e.to_string());
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            if event.as_deref() == Some("progress") {
+                let v: Value = serde_json::from_str(data).unwrap();
+                if v["task_id"] == json!(id.to_string()) {
+                    seen.push(v);
+                }
+            }
+        }
+    }
+    assert_eq!(seen[0]["kind"], json!("steps"));
+    let step = (seen[0]["progress"].as_f64().unwrap() * 3.0).round() as i64;
+    assert_eq!(
+        seen[0]["message"],
+        json!(format!("step {step} of 3")),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1]["progress"].as_f64() > seen[0]["progress"].as_f64(),
+        "{seen:?}"
+    );
+    ended(&db, id, "succeeded").await;
+}
