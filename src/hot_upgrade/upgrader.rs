@@ -360,12 +360,7 @@ impl Upgrader {
             process_group: Some(0),
             env: programs
                 .iter()
-                .map(|p| {
-                    (
-                        programs::UPGRADE_TASKS_ENV.into(),
-                        p.clone().into_os_string(),
-                    )
-                })
+                .map(|p| (programs::UPGRADE_TASKS_ENV.into(), p.clone().into()))
                 .collect(),
             ..spawn::SpawnOptions::default()
         };

@@ -36,7 +36,6 @@ struct Said {
     broken: Option<String>,
 }
 
-/// Ends the program's group when the attempt is dropped before the program ended.
 /// Ends the program's group when the attempt's future is dropped: a timeout, a drain
 /// past its deadline, or the worker's fence (a lease it could not renew). SIGTERM, then
 /// SIGKILL after the grace, or after half of what is left of the lease if that is

@@ -20,7 +20,9 @@ pub(super) struct Stopping {
     pub draining: bool,
     /// Drains waiting for nothing to run and every outcome to be written.
     pub drain_waiters: Vec<oneshot::Sender<()>>,
-    /// Tasks stopped at a checkpoint for a task transfer: (task id, epoch held).
+    /// Tasks stopped at a checkpoint for a task transfer: (task id, epoch held). Kept,
+    /// and renewed with what this process holds, until the new process takes them (the
+    /// renewal finds them gone, or `TransferDone`), or given back (a drain, a rollback).
     pub suspended: Vec<(Uuid, i64)>,
     /// Task transfers waiting for resumable tasks to reach a checkpoint.
     pub suspend_waiters: Vec<oneshot::Sender<()>>,

@@ -5,7 +5,7 @@
 //! pushes to it comes back with each).
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 use uuid::Uuid;
@@ -131,13 +131,9 @@ impl Worker {
             };
             // Counted from `sent`, before the statement's `now()`: the end it knows is
             // never later than the database's.
-            match renewal {
-                Renewal::Renewed => self.held.leases.renewed((*id, *epoch), sent, lease),
-                Renewal::Kept { left_secs } => {
-                    let left = Duration::try_from_secs_f64(*left_secs).unwrap_or_default();
-                    self.held.leases.renewed((*id, *epoch), sent, left);
-                }
-                Renewal::Locked => skipped = true,
+            match renewal.left(lease) {
+                Some(left) => self.held.leases.renewed((*id, *epoch), sent, left),
+                None => skipped = true,
             }
         }
         if skipped {

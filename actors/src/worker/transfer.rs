@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::{fence, Worker};
-use crate::blackboard::{AssignedTask, Renewal, WorkerBoard, WorkerState};
+use crate::blackboard::{AssignedTask, WorkerBoard, WorkerState};
 use crate::error::retry_unreachable;
 
 /// Task transfer, old side: stop taking work and bring every resumable running task to a
@@ -223,25 +223,23 @@ async fn take_over(
     }
     let held: Vec<(Uuid, i64)> = taken.iter().map(|t| (t.id, t.epoch)).collect();
     let again = Instant::now();
-    let renewed = bb.renew_leases(me, &held, lease.as_secs_f64()).await;
-    let renewed: Vec<(Uuid, Renewal)> = renewed.unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot renew the tasks just taken over; counting their leases from the take-over");
-        Vec::new()
-    });
+    let renewed = bb
+        .renew_leases(me, &held, lease.as_secs_f64())
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot renew the tasks just taken over; counting their leases from the take-over");
+            Vec::new()
+        });
     Ok(taken
         .into_iter()
         .map(|mut t| {
             let left = renewed
                 .iter()
                 .find(|(id, _)| *id == t.id)
-                .and_then(|(_, r)| match r {
-                    Renewal::Renewed => Some(lease.as_secs_f64()),
-                    Renewal::Kept { left_secs } => Some(*left_secs),
-                    Renewal::Locked => None,
-                });
+                .and_then(|(_, r)| r.left(lease));
             match left {
-                Some(secs) => {
-                    t.lease_left_ms = secs * 1000.0;
+                Some(left) => {
+                    t.lease_left_ms = left.as_secs_f64() * 1000.0;
                     (t, again)
                 }
                 None => (t, sent),

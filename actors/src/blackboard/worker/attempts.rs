@@ -120,6 +120,20 @@ pub enum Renewal {
     Locked,
 }
 
+impl Renewal {
+    /// What is left of the lease after a renewal of length `lease`, from the statement's
+    /// `now()`; `None` when the row was locked (nothing learnt).
+    pub fn left(&self, lease: std::time::Duration) -> Option<std::time::Duration> {
+        match self {
+            Renewal::Renewed => Some(lease),
+            Renewal::Kept { left_secs } => {
+                Some(std::time::Duration::try_from_secs_f64(*left_secs).unwrap_or_default())
+            }
+            Renewal::Locked => None,
+        }
+    }
+}
+
 /// One start or finish of an attempt to record, fenced by the epoch the worker held.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
