@@ -12,7 +12,8 @@
 //! # Layout
 //! - `keys`: [`keygen`] and the key files it writes ([`load_secret_key`],
 //!   [`load_public_key`]).
-//! - `create`: [`create`] (and [`create_with_progress`]): packing and signing a binary.
+//! - `create`: [`create`] (and [`create_with_tasks`]): packing and signing a binary (and a
+//!   tasks folder).
 //! - `unpack`: [`unpack`]: verifying a hostile bundle and writing its binary.
 //! - `directory`: the archive's central directory, read by hand and checked entry by
 //!   entry before anything is decompressed.
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use create::{create, create_with_progress, create_with_tasks};
+pub use create::{create, create_with_tasks};
 pub use keys::{keygen, load_public_key, load_secret_key};
 pub use unpack::unpack;
 
@@ -41,6 +42,13 @@ pub const BINARY_NAME: &str = "artex";
 pub const TASKS_DIR: &str = "tasks";
 /// Longest task file name.
 pub const MAX_TASK_NAME_BYTES: usize = 128;
+/// The prefix of a task file's entry name.
+const TASK_ENTRY_PREFIX: &str = "tasks/";
+
+/// The entry name of task file `name`.
+fn task_entry(name: &str) -> String {
+    format!("{TASK_ENTRY_PREFIX}{name}")
+}
 /// The target triple this crate was built for; [`create`] records it and [`unpack`]
 /// refuses bundles built for another.
 pub const TARGET: &str = env!("ARTEX_UPGRADE_TARGET");
@@ -112,6 +120,7 @@ pub fn check_task_name(name: &[u8]) -> std::result::Result<(), &'static str> {
     }
     Ok(())
 }
+
 /// The database schema a binary needs: every migration it knows, oldest first, each of
 /// which the database must have applied (artex's `migrations/README.md` says why all of
 /// them). What the numbers mean is the caller's business; this crate only carries them,

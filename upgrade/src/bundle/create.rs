@@ -17,8 +17,8 @@ use crate::channel::PROTOCOL_VERSION;
 use crate::error::{Error, Result};
 
 use super::{
-    check_task_name, Limits, Manifest, Schema, TaskFile, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME,
-    SIGNATURE_NAME, TARGET, TASKS_DIR,
+    check_task_name, task_entry, Limits, Manifest, Schema, TaskFile, BINARY_NAME, COPY_BUFFER,
+    MANIFEST_NAME, SIGNATURE_NAME, TARGET,
 };
 
 /// Packs `binary` into a signed bundle at `out` and returns the manifest it signed, with
@@ -34,19 +34,6 @@ pub fn create(
     schema: Option<Schema>,
     out: &Path,
 ) -> Result<Manifest> {
-    create_with_progress(binary, secret, manifest_version, schema, out, &mut |_| {})
-}
-
-/// As [`create`], calling `progress` with the number of bytes of the binary just hashed
-/// and compressed after each read (for a progress bar: the binary is the slow part).
-pub fn create_with_progress(
-    binary: &Path,
-    secret: &SigningKey,
-    manifest_version: &str,
-    schema: Option<Schema>,
-    out: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Manifest> {
     create_with_tasks(
         binary,
         None,
@@ -54,12 +41,14 @@ pub fn create_with_progress(
         manifest_version,
         schema,
         out,
-        progress,
+        &mut |_| {},
     )
 }
 
-/// As [`create_with_progress`], with every file of `tasks_dir` (when given) as a
-/// `tasks/NAME` entry, its SHA-256 and whether it is executable in the signed manifest.
+/// As [`create`], with every file of `tasks_dir` (when given) as a `tasks/NAME` entry,
+/// its SHA-256 and whether it is executable in the signed manifest, calling `progress`
+/// with the number of bytes of the binary just hashed and compressed after each read (for
+/// a progress bar: the binary is the slow part).
 /// The folder must be flat: a subfolder, a symlink or a name a task file cannot have is
 /// refused, naming it; hidden files are left out, as a worker's `--tasks-dir` ignores them.
 pub fn create_with_tasks(
@@ -118,7 +107,7 @@ fn list_tasks(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>> {
     let listing =
         fs::read_dir(dir).map_err(|source| Error::io("listing the tasks folder", dir, source))?;
     let mut files = Vec::new();
-    let mut total = 0u64;
+    let (mut total, limit) = (0u64, Limits::default().max_tasks_bytes);
     for item in listing {
         let item = item.map_err(|source| Error::io("listing the tasks folder", dir, source))?;
         let path = item.path();
@@ -144,7 +133,6 @@ fn list_tasks(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>> {
             ));
         }
         total = total.saturating_add(meta.len());
-        let limit = Limits::default().max_tasks_bytes;
         if total > limit {
             return Err(invalid(
                 dir,
@@ -214,11 +202,8 @@ fn write_bundle(
             & 0o100
             != 0;
         let mode = if executable { 0o755 } else { 0o644 };
-        zip.start_file(
-            format!("{TASKS_DIR}/{name}"),
-            deflated.unix_permissions(mode),
-        )
-        .map_err(zip_err)?;
+        zip.start_file(task_entry(name), deflated.unix_permissions(mode))
+            .map_err(zip_err)?;
         let sha256 = copy_hashed(&mut zip, path, "reading task file", &write_err, &mut |_| {})?;
         tasks.push(TaskFile {
             name: name.clone(),

@@ -11,12 +11,11 @@ use zip::ZipArchive;
 use crate::error::{Error, Result};
 
 use super::{
-    check_task_name, Limits, BINARY_NAME, MANIFEST_NAME, MAX_SIGNATURE_BYTES, SIGNATURE_NAME,
+    check_task_name, task_entry, Limits, BINARY_NAME, MANIFEST_NAME, MAX_SIGNATURE_BYTES,
+    SIGNATURE_NAME, TASK_ENTRY_PREFIX,
 };
 
 const EXPECTED_NAMES: [&str; 3] = [BINARY_NAME, MANIFEST_NAME, SIGNATURE_NAME];
-/// The prefix of a task file's entry name.
-const TASK_PREFIX: &[u8] = b"tasks/";
 
 /// What an entry is, by its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +30,7 @@ impl EntryName {
     fn shown(&self) -> String {
         match self {
             EntryName::Fixed(n) => (*n).to_string(),
-            EntryName::Task(n) => format!("tasks/{n}"),
+            EntryName::Task(n) => task_entry(n),
         }
     }
 }
@@ -221,7 +220,7 @@ pub(super) fn check_name(raw: &[u8]) -> Result<EntryName> {
     if raw.split(|&b| b == b'/').any(|part| part == b"..") {
         return Err(unsafe_name("contains a `..` component"));
     }
-    if let Some(file) = raw.strip_prefix(TASK_PREFIX) {
+    if let Some(file) = raw.strip_prefix(TASK_ENTRY_PREFIX.as_bytes()) {
         if file.contains(&b'/') {
             return Err(unsafe_name(
                 "nested below tasks/ (a bundle's tasks folder is flat)",

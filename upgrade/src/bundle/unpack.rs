@@ -16,8 +16,8 @@ use crate::error::{Error, Result};
 
 use super::directory::{check_entries, cross_check, read_central_directory, CentralEntry};
 use super::{
-    check_task_name, Limits, Manifest, VerifiedBundle, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME,
-    MAX_SIGNATURE_BYTES, SIGNATURE_NAME, TARGET, TASKS_DIR,
+    task_entry, Limits, Manifest, VerifiedBundle, BINARY_NAME, COPY_BUFFER, MANIFEST_NAME,
+    MAX_SIGNATURE_BYTES, SIGNATURE_NAME, TARGET, TASKS_DIR, TASK_ENTRY_PREFIX,
 };
 
 /// Verifies the bundle at `zip_path` and writes its binary to `dest_dir/artex`, and its
@@ -135,7 +135,7 @@ pub fn unpack(
             .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)))
             .map_err(|source| Error::io("creating the tasks folder", &dir, source))?;
         for file in &manifest.tasks {
-            let (index, e) = entry(&format!("{TASKS_DIR}/{}", file.name))?;
+            let (index, e) = entry(&task_entry(&file.name))?;
             let path = dir.join(&file.name);
             let mode = if file.executable { 0o755 } else { 0o644 };
             let digest = write_file(&mut archive, index, e, zip_path, &path, mode)?;
@@ -172,19 +172,14 @@ pub fn unpack(
 /// The task files in the archive must be exactly those the signed manifest names, each
 /// name one a task file may have: an extra file could not be checked against a digest,
 /// and a missing one would run the new build without a program it was signed with.
+/// (Every archived name passed `check_name` already, so a manifest name found among them
+/// is one a task file may have.)
 fn check_task_files(manifest: &Manifest, entries: &[CentralEntry]) -> Result {
-    let prefix = format!("{TASKS_DIR}/");
     let archived: Vec<&[u8]> = entries
         .iter()
-        .filter_map(|e| e.name.strip_prefix(prefix.as_bytes()))
+        .filter_map(|e| e.name.strip_prefix(TASK_ENTRY_PREFIX.as_bytes()))
         .collect();
     for file in &manifest.tasks {
-        if let Err(reason) = check_task_name(file.name.as_bytes()) {
-            return Err(Error::TaskFileUnsigned {
-                name: format!("{:?}", file.name),
-                reason,
-            });
-        }
         if !archived.contains(&file.name.as_bytes()) {
             return Err(Error::TaskFileUnsigned {
                 name: file.name.clone(),
@@ -352,26 +347,35 @@ fn write_file(
 /// Removes a file (or a folder and what it holds) when dropped, unless
 /// [`RemoveOnDrop::keep`] was called: the cleanup for every early return after the binary
 /// or the tasks folder was created.
-struct RemoveOnDrop(Option<PathBuf>, bool);
+struct RemoveOnDrop {
+    path: Option<PathBuf>,
+    folder: bool,
+}
 
 impl RemoveOnDrop {
     fn new(path: PathBuf) -> Self {
-        Self(Some(path), false)
+        Self {
+            path: Some(path),
+            folder: false,
+        }
     }
 
     fn new_dir(path: PathBuf) -> Self {
-        Self(Some(path), true)
+        Self {
+            path: Some(path),
+            folder: true,
+        }
     }
 
     fn keep(mut self) {
-        self.0 = None;
+        self.path = None;
     }
 }
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let removed = if self.1 {
+        if let Some(path) = self.path.take() {
+            let removed = if self.folder {
                 fs::remove_dir_all(&path)
             } else {
                 fs::remove_file(&path)

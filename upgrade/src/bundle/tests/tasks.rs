@@ -157,17 +157,20 @@ fn a_tasks_folder_that_cannot_be_bundled_is_named() {
     let src = scene.root.path().join("src-bin");
     fs::write(&src, BINARY).unwrap();
     let dir = tasks_folder(&scene);
+    let refused = || {
+        create_with_tasks(
+            &src,
+            Some(&dir),
+            &scene.key,
+            "2",
+            None,
+            &scene.zip,
+            &mut |_| {},
+        )
+        .unwrap_err()
+    };
     fs::create_dir(dir.join("lib")).unwrap();
-    let err = create_with_tasks(
-        &src,
-        Some(&dir),
-        &scene.key,
-        "2",
-        None,
-        &scene.zip,
-        &mut |_| {},
-    )
-    .unwrap_err();
+    let err = refused();
     assert!(
         matches!(err, Error::TasksDirInvalid { ref path, ref reason }
             if path.ends_with("lib") && reason.contains("flat")),
@@ -175,32 +178,14 @@ fn a_tasks_folder_that_cannot_be_bundled_is_named() {
     );
     fs::remove_dir(dir.join("lib")).unwrap();
     std::os::unix::fs::symlink("/bin/sh", dir.join("sh")).unwrap();
-    let err = create_with_tasks(
-        &src,
-        Some(&dir),
-        &scene.key,
-        "2",
-        None,
-        &scene.zip,
-        &mut |_| {},
-    )
-    .unwrap_err();
+    let err = refused();
     assert!(
         matches!(err, Error::TasksDirInvalid { ref path, .. } if path.ends_with("sh")),
         "{err:?}"
     );
     fs::remove_file(dir.join("sh")).unwrap();
     fs::write(dir.join("bad name.sh"), "").unwrap();
-    let err = create_with_tasks(
-        &src,
-        Some(&dir),
-        &scene.key,
-        "2",
-        None,
-        &scene.zip,
-        &mut |_| {},
-    )
-    .unwrap_err();
+    let err = refused();
     assert!(err.to_string().contains("bad name.sh"), "{err}");
     assert!(!scene.zip.exists(), "no bundle written");
 }
