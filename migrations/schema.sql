@@ -137,7 +137,7 @@ COMMENT ON FUNCTION artex.assign_round(p_actor text, p_ids uuid[], p_workers tex
 --
 
 CREATE FUNCTION artex.attempt_status(p_wanted text, p_unstarted boolean, p_retries integer, p_max_retries integer, p_error text) RETURNS artex.task_status
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     select case when p_wanted = 'pending' and p_retries > p_max_retries
                 then case when p_unstarted or p_error is null then 'timeout' else 'failed' end
@@ -2216,7 +2216,7 @@ END) STORED,
     CONSTRAINT tasks_retries_check CHECK ((retries >= 0)),
     CONSTRAINT tasks_shard_check CHECK (((shard >= 0) AND (shard < 1024))),
     CONSTRAINT tasks_shard_key_check CHECK ((shard_key <> ''::text)),
-    CONSTRAINT tasks_tags_valid CHECK (artex.tags_valid(tags)),
+    CONSTRAINT tasks_tags_valid CHECK (((tags IS NULL) OR artex.tags_valid(tags))),
     CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
     CONSTRAINT tasks_unique_key_check CHECK (((unique_key <> ''::text) AND (octet_length(unique_key) <= 200)))
 )

@@ -245,4 +245,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same function, calls and results: its tasks read through the primary key.
         change: Change::Expand,
     },
+    Migration {
+        version: 31,
+        name: "per_row_checks_without_function_calls",
+        sql: include_str!("../../../migrations/V31__per_row_checks_without_function_calls.sql"),
+        // The same rule in the tags' constraint, and the same function: older builds'
+        // writes pass it unchanged.
+        change: Change::Expand,
+    },
 ];
