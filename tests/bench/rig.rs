@@ -84,6 +84,7 @@ impl Rig {
             exec(&rig.admin, sql::PROFILE_PRELOAD).await;
             rig.restart_cluster().await;
             exec(&rig.admin, sql::PROFILE_TRACK_ALL).await;
+            exec(&rig.admin, sql::PROFILE_TRACK_PLANNING).await;
             exec(&rig.admin, sql::RELOAD_CONF).await;
         }
         let artex = rig.client("artex").await;

@@ -403,14 +403,17 @@ pub const PROFILE_PRELOAD: &str =
     "alter system set shared_preload_libraries = 'pg_stat_statements'";
 /// (alter system runs outside a transaction block: its own statement.)
 pub const PROFILE_TRACK_ALL: &str = "alter system set pg_stat_statements.track = 'all'";
+/// Plans counted apart from calls: a statement planned at most calls is re-planned.
+pub const PROFILE_TRACK_PLANNING: &str = "alter system set pg_stat_statements.track_planning = on";
 pub const RELOAD_CONF: &str = "select pg_reload_conf()";
 pub const PROFILE_EXTENSION: &str = "create extension pg_stat_statements";
 pub const PROFILE_RESET: &str = "select pg_stat_statements_reset()";
 /// The 15 statements that cost the most time in this database since the last reset, per
-/// $1 tasks (nested = run by a trigger): calls, per task, total ms, mean ms, WAL bytes per
-/// task, the statement's first 70 characters.
+/// $1 tasks (nested = run by a trigger): calls, per task, total ms, mean ms, plans and
+/// their total ms, WAL bytes per task, the statement's first 70 characters.
 pub const PROFILE_TOP: &str = "select calls::text || ' | ' || round(calls::numeric / $1::int4, 3)
         || ' | ' || round(total_exec_time::numeric) || ' | ' || round(mean_exec_time::numeric, 3)
+        || ' | ' || plans || ' | ' || round(total_plan_time::numeric)
         || ' | ' || round(wal_bytes::numeric / $1::int4) || ' | '
         || case when toplevel then '' else 'nested ' end
         || left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
