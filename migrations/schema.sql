@@ -79,6 +79,7 @@ $$;
 
 CREATE FUNCTION artex.assign_round(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 begin
@@ -192,6 +193,7 @@ $$;
 
 CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 begin
@@ -735,6 +737,7 @@ COMMENT ON FUNCTION artex.prune_history_rows(p_now timestamp with time zone, p_b
 
 CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 begin
@@ -772,6 +775,7 @@ COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_byt
 
 CREATE FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 declare
@@ -1626,6 +1630,7 @@ COMMENT ON FUNCTION artex.uuid_v7() IS 'A time-ordered UUID (version 7, RFC 9562
 
 CREATE FUNCTION artex.wake_round(p_workers text[], p_tasks uuid[]) RETURNS TABLE(worker text, wake_addr text, payload text, notified text)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 begin

@@ -253,4 +253,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // writes pass it unchanged.
         change: Change::Expand,
     },
+    Migration {
+        version: 32,
+        name: "hot_functions_plan_once",
+        sql: include_str!("../../../migrations/V32__hot_functions_plan_once.sql"),
+        // The same functions, with a setting of their own: older builds call them alike.
+        change: Change::Expand,
+    },
 ];
