@@ -1641,14 +1641,20 @@ begin
                then json_build_array(t.id, t.kind, t.payload, t.lease_epoch, t.retries,
                    t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id,
                    coalesce(t.payload_bytes, octet_length(t.payload::text)),
-                   t.xmin::text::int8,
+                   t.version,
                    (extract(epoch from t.lease_until) * 1000)::float8)::text
                end as task,
                row_number() over (partition by t.assigned_to
                                   order by t.priority desc, t.run_at, t.id) as n
-        from artex.tasks t
-        where t.id = any($2::uuid[]) and t.status::text = 'assigned'
-          and t.assigned_to = any($1::text[])
+        -- Each task by its id through the primary key (a nested loop that cannot become
+        -- a read of everything the workers hold, filtered against the array: V33).
+        from unnest($2::uuid[]) as i(id)
+        cross join lateral (
+            select t.*, t.xmin::text::int8 as version from artex.tasks t
+            where t.id = i.id and t.status::text = 'assigned'
+              and t.assigned_to = any($1::text[])
+            offset 0
+        ) t
     ),
     carried as (
         select worker, n, task,

@@ -260,4 +260,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same functions, with a setting of their own: older builds call them alike.
         change: Change::Expand,
     },
+    Migration {
+        version: 33,
+        name: "wake_ups_read_their_tasks_by_id",
+        sql: include_str!("../../../migrations/V33__wake_ups_read_their_tasks_by_id.sql"),
+        // The same function, calls and results: its tasks read through the primary key.
+        change: Change::Expand,
+    },
 ];
