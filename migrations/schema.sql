@@ -197,6 +197,40 @@ CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigi
     AS $_$
 #variable_conflict use_column
 begin
+    -- No task of a limited kind waits: the round is the roster and the claim, without
+    -- the limits' dozen nodes that a plan starts and ends at every call (V34).
+    if not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
+        return query with roster as materialized (
+            select w.id, w.kinds, w.capacity,
+                   least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
+                   w.host, w.wake_addr
+            from artex.workers w left join artex.worker_released r on r.worker = w.id
+            where w.state = 'online'
+              and w.last_seen > now() - make_interval(secs => $1::float8)
+              and (w.session is null
+                   or w.session in (select application_name from pg_stat_activity))
+              and w.id <> all($5::text[])
+        ),
+        claimed as (
+            select id, kind, host, priority, run_at, false as limited from artex.tasks
+            where listed = 'pending' and not limited and run_at <= now()
+              and kind = any(array(select distinct unnest(r.kinds) from roster r
+                                   where r.capacity > r.held))
+              and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
+            order by priority desc, run_at, id
+            limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                                   from roster r))
+            for update skip locked
+        )
+        select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
+               r.wake_addr, null::bool
+        from roster r
+        union all
+        (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
+         from claimed c
+         order by c.priority desc, c.run_at, c.id);
+        return;
+    end if;
     return query with roster as materialized (
         select w.id, w.kinds, w.capacity,
                least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,

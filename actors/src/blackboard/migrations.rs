@@ -267,4 +267,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same function, calls and results: its tasks read through the primary key.
         change: Change::Expand,
     },
+    Migration {
+        version: 34,
+        name: "rounds_without_limits_run_a_small_statement",
+        sql: include_str!("../../../migrations/V34__rounds_without_limits_run_a_small_statement.sql"),
+        // The same function, calls and results: a smaller statement when no limited task
+        // is pending.
+        change: Change::Expand,
+    },
 ];
