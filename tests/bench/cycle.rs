@@ -1,5 +1,5 @@
 //! cycle: the two hot functions alone, by plain SQL (issue 39). W1's tasks assigned to one
-//! registered worker and ended in rounds of 500 by `artex.assign_round` and
+//! registered worker and ended in rounds of 500 by `artex.assign_and_wake` and
 //! `artex.record_attempts` on one connection, from a checkpoint; no process of artex runs.
 //! The WAL and the cluster's CPU per task that a change of the schema or of the two
 //! functions makes, without what a run counts with them (heartbeats, renewals, reads and

@@ -494,11 +494,11 @@ pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
 pub const CYCLE_WORKER: &str =
     "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
     values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', 2000000000)";
-/// cycle: a round's assignment of the $1 first pending tasks to that worker.
+/// cycle: a round's assignment (and its wake-up) of the $1 first pending tasks to that worker.
 pub const CYCLE_ASSIGN: &str = "with picked as (
         select id from artex.tasks where listed = 'pending' order by id limit $1
     )
-    select count(*) from artex.assign_round('bench', array(select id from picked),
+    select count(task) from artex.assign_and_wake('bench', array(select id from picked),
         array_fill('bench-cycle'::text, array[(select count(*)::int from picked)]), 30, '{}')";
 /// cycle: the tasks the worker holds, with their epochs (at most $1).
 pub const CYCLE_HELD: &str = "select id, lease_epoch from artex.tasks

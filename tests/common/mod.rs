@@ -435,6 +435,20 @@ pub async fn function_statement(c: &Client, function: &str) -> String {
     .unwrap_or_else(|| panic!("artex.{function} runs no `return query …;`"))
 }
 
+/// Every `return query …;` statement of function `artex.<function>`, in order.
+pub async fn function_statements(c: &Client, function: &str) -> Vec<String> {
+    c.query(
+        "select m[1] from pg_proc, regexp_matches(prosrc, 'return query (.*?);[ \t]*\n', 'g') m
+         where proname = $1 and pronamespace = 'artex'::regnamespace",
+        &[&function],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("artex.{function}: {e}"))
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
 /// The first column of every row of `sql` about one task (`$1`), as text.
 pub async fn lines_of(c: &Client, sql: &str, task: uuid::Uuid) -> Vec<String> {
     c.query(sql, &[&task])

@@ -270,9 +270,18 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 34,
         name: "rounds_without_limits_run_a_small_statement",
-        sql: include_str!("../../../migrations/V34__rounds_without_limits_run_a_small_statement.sql"),
+        sql: include_str!(
+            "../../../migrations/V34__rounds_without_limits_run_a_small_statement.sql"
+        ),
         // The same function, calls and results: a smaller statement when no limited task
         // is pending.
+        change: Change::Expand,
+    },
+    Migration {
+        version: 35,
+        name: "assignments_and_wake_ups_in_one_statement",
+        sql: include_str!("../../../migrations/V35__assignments_and_wake_ups_in_one_statement.sql"),
+        // A new function: `assign_round` and `wake_round` stay for older builds.
         change: Change::Expand,
     },
 ];

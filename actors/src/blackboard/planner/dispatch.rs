@@ -1,7 +1,7 @@
 //! The planner's SQL: the roster of workers with spare capacity, the batched claim and
 //! assignment (one transaction: the roster and the claim in one statement, `for update
-//! skip locked`, then one compare-and-set update; the chosen workers are woken right
-//! after the commit, in the same round trip), and the reaper's sweeps.
+//! skip locked`, then one compare-and-set update that also writes the chosen workers'
+//! wake-ups, notified at the commit and pushed right after it), and the reaper's sweeps.
 
 use uuid::Uuid;
 
@@ -115,29 +115,27 @@ impl AssignReport {
 // kinds' row locks: see migrations/V18); those stay pending. An assigned task of a
 // limited kind is marked `limited`, which puts it in the index the limits count.
 
-// Each chosen worker's wake-up carries what it was given (see blackboard/carried.rs):
-// the tasks of $2 still assigned to it, read after the commit, as its own read would
-// return them, with the `xmin` of the row version read and the lease's end. In start
-// order, in notifications of at most ~7,500 bytes (NOTIFY takes < 8,000); a task
-// longer than 1,000 bytes as JSON is not carried: its worker also gets a plain wake-up
-// and reads it. A chosen worker with nothing left to carry gets a plain wake-up too.
-// A worker woken over HTTP (its `wake_addr`, migrations/V14) is not notified here: its
-// payloads come back as rows, which the planner pushes after the commit (`waker`); the
-// others are notified on their channels by this statement.
+// Each chosen worker's wake-up carries what it was given (see blackboard/carried.rs),
+// written by the assignment's own statement from the rows it wrote (migrations/V35): the
+// tasks as the worker's own read would return them, with the `xmin` of the row version
+// written and the lease's end. In start order, in notifications of at most ~7,500 bytes
+// (NOTIFY takes < 8,000); a task longer than 1,000 bytes as JSON is not carried: its
+// worker also gets a plain wake-up and reads it. A chosen worker given nothing gets a
+// plain wake-up too. A worker woken over HTTP (its `wake_addr`, migrations/V14) is not
+// notified here: its payloads come back as rows, which the planner pushes after the
+// commit (`waker`); the others are notified on their channels, at the commit.
 
-// The three statements described above are the bodies of plan-cached functions
+// The two statements described above are the bodies of plan-cached functions
 // (migrations/V16: a function keeps its statement's plan for the server session, where an
 // unnamed statement is planned at every call), each written once, there: read them in
 // migrations/schema.sql. Tests EXPLAIN them through the functions' own source.
 const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5)";
-const ASSIGN_CALL: &str = "select * from artex.assign_round($1, $2, $3, $4, $5)";
-const WAKE_CALL: &str = "select * from artex.wake_round($1, $2)";
+const ASSIGN_CALL: &str = "select * from artex.assign_and_wake($1, $2, $3, $4, $5)";
 
 /// The functions a planner round calls, with the calls it sends: (function, call).
-pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
+pub(crate) const HOT_CALLS: [(&str, &str); 2] = [
     ("dispatch_round", DISPATCH_CALL),
-    ("assign_round", ASSIGN_CALL),
-    ("wake_round", WAKE_CALL),
+    ("assign_and_wake", ASSIGN_CALL),
 ];
 
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
@@ -177,46 +175,34 @@ where
             .filter(|id| of_limited_kinds.contains(id))
             .collect()
     };
-    let mut chosen = workers.clone();
-    chosen.sort_unstable();
-    chosen.dedup();
-    // One round trip: the assignment, its commit (a failed assignment makes it a
-    // rollback), then the chosen workers' wake-ups in a transaction of their own that
-    // does not wait for the WAL flush (see migrations/V3__batched_hot_path.sql).
-    let (rows, committed, _, woken, wake_committed) = futures_util::future::join5(
+    // One round trip: the assignments with the chosen workers' wake-ups (one
+    // statement: the notifications leave at the commit), then the commit (a failed
+    // assignment makes it a rollback).
+    let (rows, committed) = futures_util::future::join(
         client.query(
             ASSIGN_CALL,
             &[&actor, &ids, &workers, &lease_secs, &limited],
         ),
         client.batch("commit"),
-        client.batch("begin; set local synchronous_commit = off"),
-        client.query(WAKE_CALL, &[&chosen, &ids]),
-        client.batch("commit"),
     )
     .await;
-    if committed.is_ok() && wake_committed.is_ok() {
+    if committed.is_ok() {
         client.ended();
     }
     let rows = rows?;
     committed?;
-    report.assigned = rows.len();
-    match woken.and_then(|rows| pushes_of(&rows)) {
-        Ok((mut pushes, notified)) => {
-            // Each push names the tasks it announces: given back if it cannot be sent.
-            for p in &mut pushes {
-                p.tasks = plan
-                    .iter()
-                    .filter(|a| a.worker == p.worker)
-                    .map(|a| a.task)
-                    .collect();
-            }
-            report.workers_notified = notified + pushes.len();
-            report.pushes = pushes;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot wake the chosen workers; they will find their tasks at their next poll");
-        }
+    let (assigned, mut pushes, notified) = assigned_and_pushes(&rows)?;
+    report.assigned = assigned;
+    // Each push names the tasks it announces: given back if it cannot be sent.
+    for p in &mut pushes {
+        p.tasks = plan
+            .iter()
+            .filter(|a| a.worker == p.worker)
+            .map(|a| a.task)
+            .collect();
     }
+    report.workers_notified = notified + pushes.len();
+    report.pushes = pushes;
     Ok(report)
 }
 
@@ -237,18 +223,24 @@ pub struct Round<'a> {
     pub unreachable: &'a [String],
 }
 
-/// The rows of `artex.wake_round` as pushes (one per worker woken over HTTP, its payloads in order),
-/// and how many workers the statement notified itself.
-fn pushes_of(rows: &[tokio_postgres::Row]) -> Result<(Vec<Push>, usize)> {
+/// The rows of `artex.assign_and_wake`: how many tasks it assigned (the rows naming a
+/// task), the pushes (one per worker woken over HTTP, its payloads in order) and how
+/// many workers the statement notified itself.
+fn assigned_and_pushes(rows: &[tokio_postgres::Row]) -> Result<(usize, Vec<Push>, usize)> {
+    let mut assigned = 0;
     let mut pushes: Vec<Push> = Vec::new();
     let mut notified = std::collections::BTreeSet::new();
     for r in rows {
-        let worker: String = r.try_get(0)?;
-        let Some(addr) = r.try_get::<_, Option<String>>(1)? else {
+        if r.try_get::<_, Option<Uuid>>(0)?.is_some() {
+            assigned += 1;
+            continue;
+        }
+        let worker: String = r.try_get(1)?;
+        let Some(addr) = r.try_get::<_, Option<String>>(2)? else {
             notified.insert(worker);
             continue;
         };
-        let payload: String = r.try_get(2)?;
+        let payload: String = r.try_get(3)?;
         match pushes.last_mut() {
             Some(p) if p.worker == worker => p.payloads.push(payload),
             _ => pushes.push(Push {
@@ -259,7 +251,7 @@ fn pushes_of(rows: &[tokio_postgres::Row]) -> Result<(Vec<Push>, usize)> {
             }),
         }
     }
-    Ok((pushes, notified.len()))
+    Ok((assigned, pushes, notified.len()))
 }
 
 impl PlannerBoard {
