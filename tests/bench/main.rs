@@ -210,6 +210,15 @@ async fn statements_prepare() {
             panic!("the bench's statement no longer prepares: {e}\n{s}");
         }
     }
+    // The round's read that W3 and W6 take from the function's source.
+    let dispatch: String = c
+        .query_one(sql::DISPATCH_BODY, &[])
+        .await
+        .expect("dispatch_round's statement")
+        .get(0);
+    c.batch_execute(&sql::prepare_dispatch(&dispatch))
+        .await
+        .unwrap_or_else(|e| panic!("dispatch_round's statement no longer prepares: {e}"));
     // The keyed batch is the operator handle's statement, its parameters the bench's:
     // one batch for real, new and again.
     let mut c = c;

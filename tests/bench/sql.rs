@@ -285,9 +285,10 @@ pub const PREPARED: &[&str] = &[
 
 // ---- W6 (and W3): the planner round's read ----------------------------------------------
 
-/// The planner round's read (its roster and claim in one statement), which lives once, as
-/// `artex.dispatch_round`'s body.
-pub const DISPATCH_BODY: &str = "select substring(prosrc from 'return query (.*);\\s*end\\s*$')
+/// The planner round's read (its roster and claim in one statement), which lives once, in
+/// `artex.dispatch_round`: its first `return query`, the one a round runs when no task of
+/// a limited kind is pending (V34), as in W3's and W6's databases.
+pub const DISPATCH_BODY: &str = "select substring(prosrc from 'return query (.*?);[ \t]*\n')
     from pg_proc where proname = 'dispatch_round' and pronamespace = 'artex'::regnamespace";
 
 /// That statement prepared as `dispatch`, as the runtime sends it.
