@@ -1155,13 +1155,24 @@ $$;
 --
 
 CREATE FUNCTION artex.tags_valid(tags text[]) RETURNS boolean
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE plpgsql IMMUTABLE
     AS $$
-    select tags is null
-        or (cardinality(tags) between 1 and 20
-            and array_ndims(tags) = 1
-            and not exists (select 1 from unnest(tags) t
-                            where t is null or t = '' or octet_length(t) > 64))
+declare
+    tag text;
+begin
+    if tags is null then
+        return true;
+    end if;
+    if cardinality(tags) not between 1 and 20 or array_ndims(tags) <> 1 then
+        return false;
+    end if;
+    foreach tag in array tags loop
+        if tag is null or tag = '' or octet_length(tag) > 64 then
+            return false;
+        end if;
+    end loop;
+    return true;
+end
 $$;
 
 --

@@ -284,4 +284,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // A new function: `assign_round` and `wake_round` stay for older builds.
         change: Change::Expand,
     },
+    Migration {
+        version: 36,
+        name: "tags_checked_without_a_query",
+        sql: include_str!("../../../migrations/V36__tags_checked_without_a_query.sql"),
+        // The same function and rule.
+        change: Change::Expand,
+    },
 ];
