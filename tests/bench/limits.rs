@@ -7,7 +7,7 @@
 
 use tokio_postgres::Client;
 
-use crate::report::{fixed, result, Progress};
+use crate::report::{fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
@@ -34,8 +34,10 @@ async fn round(bench: &Bench, c: &Client, label: &str, insert: &str) {
         .await
         .expect("the tasks");
     let wal1 = bench.rig.counters(DB).await.wal;
+    profile_reset(c).await;
     let mut progress = Progress::new(&format!("limits {label}"), n.into());
     bench.rig.drained(c, &mut progress).await;
+    profile_print(c, &format!("limits {label} (the run)"), n).await;
     let wal2 = bench.rig.counters(DB).await.wal;
     let ok: i64 = c
         .query_one(sql::SUCCEEDED, &[])
