@@ -6,9 +6,10 @@
 -- limited task pending the walk finds nothing, yet PostgreSQL starts and ends all of
 -- its plan's nodes at every call: 0.3 ms of a round's read on an idle queue, where the
 -- read itself took 0.08 ms, and the planner reads up to three times per task under a
--- steady trickle (W2). When no task of a limited kind is pending (one probe of the
--- limited queue's index), the round is now the roster and the claim alone, the same
--- rows the whole statement returns then; otherwise the whole statement runs as before.
+-- steady trickle (W2). When no kind is limited and no task of a limited kind is
+-- pending (a look at `kind_limits`, then one probe of the limited queue's index), the
+-- round is now the roster and the claim alone, the same rows the whole statement
+-- returns then; otherwise the whole statement runs as before.
 create or replace function artex.dispatch_round(p_alive_secs float8, p_batch int8, p_shard_count int4, p_shards int4[], p_unreachable text[])
 returns table (worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
 language plpgsql
@@ -16,9 +17,12 @@ set plan_cache_mode = force_generic_plan
 as $fn$
 #variable_conflict use_column
 begin
-    -- No task of a limited kind waits: the round is the roster and the claim, without
-    -- the limits' dozen nodes that a plan starts and ends at every call (V34).
-    if not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
+    -- No kind is limited and no task of a limited kind waits: the round is the roster
+    -- and the claim, without the limits' dozen nodes that a plan starts and ends at
+    -- every call (V34). (With limits set, the probe of the limited queue would walk the
+    -- same index entries as the whole statement's head of that queue: it is skipped.)
+    if not exists (select 1 from artex.kind_limits)
+       and not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
         return query with roster as materialized (
             select w.id, w.kinds, w.capacity,
                    least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,

@@ -302,9 +302,12 @@ CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigi
     AS $_$
 #variable_conflict use_column
 begin
-    -- No task of a limited kind waits: the round is the roster and the claim, without
-    -- the limits' dozen nodes that a plan starts and ends at every call (V34).
-    if not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
+    -- No kind is limited and no task of a limited kind waits: the round is the roster
+    -- and the claim, without the limits' dozen nodes that a plan starts and ends at
+    -- every call (V34). (With limits set, the probe of the limited queue would walk the
+    -- same index entries as the whole statement's head of that queue: it is skipped.)
+    if not exists (select 1 from artex.kind_limits)
+       and not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
         return query with roster as materialized (
             select w.id, w.kinds, w.capacity,
                    least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
