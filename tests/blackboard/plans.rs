@@ -258,3 +258,64 @@ async fn the_hot_path_functions_take_their_calls_and_their_statements_plan() {
         }
     }
 }
+
+/// `dispatch_round` has two statements (V34): the roster and the claim alone, when no kind
+/// is limited and no limited task waits, and the whole round otherwise. Without limits
+/// they return the same rows: each runs, in a transaction of its own rolled back, the
+/// scanner's arguments (every shard; two shards of four; a worker left out) over workers
+/// and tasks of two kinds, four priorities, future run times and a pinned host.
+#[tokio::test]
+async fn the_rounds_small_statement_returns_what_the_whole_one_returns_without_limits() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 5).await;
+    fixtures::worker(&db.bb, "w2", &["echo", "sleep"], 20).await;
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload, priority, run_at, host)
+             select case when g % 3 = 0 then 'sleep' else 'echo' end,
+                    jsonb_build_object('n', g), g % 4,
+                    now() + case when g % 7 = 0 then interval '1 hour' else interval '0' end,
+                    case when g % 11 = 0 then 'elsewhere' end
+             from generate_series(1, 60) g;
+         analyze artex.tasks;",
+    )
+    .await
+    .unwrap();
+    let statements = function_statements(&c, "dispatch_round").await;
+    assert_eq!(statements.len(), 2, "dispatch_round's statements");
+    let cases = [
+        "600, 100, 1, '{}', '{}'",
+        "600, 10, 4, '{0,2}', '{}'",
+        "600, 100, 1, '{}', '{w1}'",
+    ];
+    let mut rounds: Vec<Vec<Vec<String>>> = Vec::new();
+    for statement in &statements {
+        c.batch_execute(&format!(
+            "begin; prepare round(float8, int8, int4, int4[], text[]) as
+                 select r::text from ({statement}) r"
+        ))
+        .await
+        .unwrap();
+        let mut these = Vec::new();
+        for args in cases {
+            let rows = c
+                .query(&format!("execute round({args})"), &[])
+                .await
+                .unwrap();
+            these.push(rows.iter().map(|r| r.get(0)).collect());
+        }
+        c.batch_execute("deallocate round; rollback").await.unwrap();
+        rounds.push(these);
+    }
+    for (i, args) in cases.iter().enumerate() {
+        assert!(
+            rounds[0][i].len() > 2,
+            "round({args}) claimed nothing: {:?}",
+            rounds[0][i]
+        );
+        assert_eq!(
+            rounds[0][i], rounds[1][i],
+            "round({args}): the small statement (left) and the whole one (right) differ"
+        );
+    }
+}

@@ -420,19 +420,16 @@ pub async fn start_assigned(
         .collect()
 }
 
-/// The statement a plan-cached function of the hot path is about (its `return query …;`,
-/// which ends at the first `;` that ends a line: what follows is upkeep after it), read
-/// from the function's own source in `pg_proc`: what a test PREPAREs to EXPLAIN it.
+/// The statement a plan-cached function of the hot path is about (its first `return
+/// query …;`, which ends at the first `;` that ends a line: what follows is upkeep after
+/// it), read from the function's own source in `pg_proc`: what a test PREPAREs to EXPLAIN
+/// it.
 pub async fn function_statement(c: &Client, function: &str) -> String {
-    c.query_one(
-        "select substring(prosrc from 'return query (.*?);[ \t]*\n') from pg_proc
-         where proname = $1 and pronamespace = 'artex'::regnamespace",
-        &[&function],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("artex.{function}: {e}"))
-    .get::<_, Option<String>>(0)
-    .unwrap_or_else(|| panic!("artex.{function} runs no `return query …;`"))
+    function_statements(c, function)
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("artex.{function} runs no `return query …;`"))
 }
 
 /// Every `return query …;` statement of function `artex.<function>`, in order.

@@ -78,8 +78,9 @@ pub fn carries_assignments(payload: &str) -> bool {
 }
 
 /// The tasks a wake-up carries: a JSON array of arrays written by the planner's
-/// `artex.assign_and_wake` (see blackboard/planner/dispatch.rs), each `[id, kind, payload, epoch, retries, max_retries,
-/// timeout_ms, checkpoint, flow_id, payload_bytes, xmin, lease_until_ms]`.
+/// `artex.assign_and_wake` (see blackboard/planner/dispatch.rs), each `[id, kind, payload,
+/// epoch, retries, max_retries, timeout_ms, checkpoint, flow_id, payload_bytes, xmin,
+/// lease_until_ms]`.
 pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
     type Row = (
         Uuid,
