@@ -1,7 +1,9 @@
-//! limits and tags: what they cost when used. W1 from idle (2 workers at default flags)
-//! three times on one database: no-op tasks with a limit key each (1,000 keys) and no
-//! limits set; the same with the kind limited (per key 5, kind 10,000: room enough that
-//! the limits check every round without binding); tasks with two tags and no limit key.
+//! limits, tags and unique keys: what they cost when used. W1 from idle (2 workers at
+//! default flags) four times on one database: no-op tasks with a limit key each (1,000
+//! keys) and no limits set; the same with the kind limited (per key 5, kind 10,000: room
+//! enough that the limits check every round without binding); tasks with two tags and no
+//! limit key; tasks with a unique key each (the unique index is written at each write
+//! that is not HOT, and checked at the claim).
 //! Tasks/s of the run, WAL bytes per task of the insert and of the run (the tags' GIN
 //! index costs at the insert, the limits' counting index at the assignment).
 
@@ -22,6 +24,7 @@ pub async fn run(bench: &mut Bench) {
     round(bench, &c, "keys_limited", sql::LIMITS_INSERT_KEYED).await;
     exec(&c, sql::LIMITS_CLEAR).await;
     round(bench, &c, "tagged", sql::LIMITS_INSERT_TAGGED).await;
+    round(bench, &c, "unique_keys", sql::LIMITS_INSERT_UNIQUE).await;
     bench.rig.stop_runtime().await;
     bench.rig.drop_db(DB, c).await;
 }

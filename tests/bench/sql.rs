@@ -246,6 +246,7 @@ pub const PREPARED: &[&str] = &[
     OVER_CAPACITY,
     LIMITS_INSERT_KEYED,
     LIMITS_INSERT_TAGGED,
+    LIMITS_INSERT_UNIQUE,
     LIMITS_SET,
     LIMITS_CLEAR,
     SUCCEEDED,
@@ -359,6 +360,10 @@ pub const LIMITS_INSERT_KEYED: &str = "insert into artex.tasks (kind, run_at, li
 /// The same with two tags each and no limit key.
 pub const LIMITS_INSERT_TAGGED: &str = "insert into artex.tasks (kind, run_at, tags)
     select 'noop', now() + make_interval(secs => $2::float8), array['nightly', 'k' || (g % 1000)]
+    from generate_series(1, $1::int4) g";
+/// The same with a distinct unique key each and no limit key.
+pub const LIMITS_INSERT_UNIQUE: &str = "insert into artex.tasks (kind, run_at, unique_key)
+    select 'noop', now() + make_interval(secs => $2::float8), 'u' || g
     from generate_series(1, $1::int4) g";
 /// The kind limited per key (5) and overall (10,000): room enough not to bind.
 pub const LIMITS_SET: &str =
