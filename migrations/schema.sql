@@ -293,10 +293,10 @@ CREATE FUNCTION artex.defer_wakeups() RETURNS boolean
 $$;
 
 --
--- Name: dispatch_round(double precision, bigint, integer, integer[], text[]); Type: FUNCTION; Schema: artex; Owner: -
+-- Name: dispatch_round(double precision, bigint, integer, integer[], text[], boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
+CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean DEFAULT true) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -450,7 +450,8 @@ begin
     ),
     settled as materialized (
         select (select count(*) from ahead_fits) >= (select n from places)
-               or (select count(*) from ahead) < (select 2 * n from places) as by_the_head
+               or (select count(*) from ahead) < (select 2 * n from places)
+               or not $6 as by_the_head
     ),
     fits as (
         select id from ahead_fits where (select by_the_head from settled)
@@ -487,10 +488,10 @@ end
 $_$;
 
 --
--- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]); Type: COMMENT; Schema: artex; Owner: -
+-- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[]) IS 'The planner round''s read: the roster and the claim; the tasks of limited kinds by the head of their queue when the limits do not bind there, else by a walk of their keys (V29). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim; the tasks of limited kinds by the head of their queue when the limits do not bind there, else (when p_walk) by a walk of their keys (V29, V37). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

@@ -25,6 +25,7 @@ const ROUND: Round<'static> = Round {
     lease_secs: 30.0,
     alive_secs: 600.0,
     unreachable: &[],
+    walk: true,
 };
 use artex_testkit::http::{Exchange, Request};
 use nix::sys::signal::Signal;

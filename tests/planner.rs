@@ -812,3 +812,61 @@ async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
         assert_eq!(held, want, "capacity {capacity}");
     }
 }
+
+/// A round that may not walk the keys (migrations/V37: the Assigner lets one every
+/// `WALK_EVERY`) takes what fits of the head of the limited queue, and the next that may
+/// walk finds the key beyond it. Keys a, b, c of three tasks at priorities 9, 5 and 1, one
+/// of each key at most, a worker with room for three: the head of six holds a and b only.
+#[tokio::test]
+async fn a_round_that_may_not_walk_takes_what_fits_of_the_head() {
+    use artex_actors::assigner::plan;
+    use artex_actors::blackboard::{LimitSpec, Round};
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    fixtures::worker(&db.bb, "w1", &["lk"], 3).await;
+    let spec = LimitSpec {
+        concurrency: None,
+        key_concurrency: Some(1),
+        rate_per_sec: None,
+    };
+    ops.set_kind_limit("lk", &spec, "test").await.unwrap();
+    let tasks: Vec<NewTask> = [("c", 1), ("a", 9), ("b", 5)]
+        .iter()
+        .flat_map(|&(key, priority)| {
+            (0..3).map(move |_| NewTask {
+                limit_key: Some(key.to_string()),
+                priority,
+                ..NewTask::new("lk", json!({}))
+            })
+        })
+        .collect();
+    ops.submit_many(&tasks, "test").await.unwrap();
+    let client = db.client().await;
+    let held = || async {
+        client
+            .query(
+                "select limit_key from artex.tasks where assigned_to is not null
+                 order by limit_key",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect::<Vec<String>>()
+    };
+    let planner = db.bb.planner();
+    for (walk, want) in [(false, vec!["a", "b"]), (true, vec!["a", "b", "c"])] {
+        let round = Round {
+            actor: "test-planner",
+            batch: 100,
+            shards: (1, &[]),
+            lease_secs: 30.0,
+            alive_secs: 600.0,
+            unreachable: &[],
+            walk,
+        };
+        planner.dispatch(&round, plan).await.unwrap();
+        assert_eq!(held().await, want, "walk: {walk}");
+    }
+}

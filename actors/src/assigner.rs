@@ -9,10 +9,13 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::time::Instant;
 
 use actix::prelude::*;
 
-use crate::blackboard::{AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry, Round};
+use crate::blackboard::{
+    AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry, Round, WALK_EVERY,
+};
 use crate::error::Result;
 use crate::shard_keeper::ShardView;
 use crate::supervisor::{guarded, ActorStats};
@@ -136,6 +139,9 @@ pub struct Assigner {
     /// Pushes the wake-ups of workers woken over HTTP; `None`: they find their tasks by
     /// polling (tests that drive rounds by hand).
     waker: Option<Waker>,
+    /// When a round last could walk the keys of limited kinds: the next may once
+    /// [`WALK_EVERY`] has passed (`None`: the first round may).
+    walked_at: Option<Instant>,
 }
 
 /// The first round's batch after idle.
@@ -152,6 +158,7 @@ impl Assigner {
             ramp,
             leased: None,
             waker: None,
+            walked_at: None,
         }
     }
 
@@ -168,16 +175,19 @@ impl Assigner {
         self
     }
 
-    /// One assignment round; see the module doc.
+    /// One assignment round; see the module doc. It walks the keys of limited kinds if
+    /// the head of their queue does not fill it.
     pub async fn run_once(bb: &PlannerBoard, config: &AssignerConfig) -> Result<AssignReport> {
-        Assigner::run_excluding(bb, config, &[]).await
+        Assigner::run_excluding(bb, config, &[], true).await
     }
 
-    /// One assignment round that gives `unreachable` workers nothing.
+    /// One assignment round that gives `unreachable` workers nothing, and walks the keys
+    /// of limited kinds only if `walk`.
     async fn run_excluding(
         bb: &PlannerBoard,
         config: &AssignerConfig,
         unreachable: &[String],
+        walk: bool,
     ) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
         let round = Round {
@@ -187,6 +197,7 @@ impl Assigner {
             lease_secs: config.lease_secs,
             alive_secs: config.suspect_after_secs,
             unreachable,
+            walk,
         };
         bb.dispatch(&round, plan).await
     }
@@ -228,11 +239,18 @@ impl Handler<AssignNow> for Assigner {
         };
         let waker = self.waker.clone();
         let unreachable = waker.as_ref().map(Waker::unreachable).unwrap_or_default();
+        let now = Instant::now();
+        let walk = self
+            .walked_at
+            .is_none_or(|at| now.duration_since(at) >= WALK_EVERY);
+        if walk {
+            self.walked_at = Some(now);
+        }
         Box::pin(
             async move {
                 guarded(
                     "assigner",
-                    Assigner::run_excluding(&bb, &config, &unreachable),
+                    Assigner::run_excluding(&bb, &config, &unreachable, walk),
                 )
                 .await
             }

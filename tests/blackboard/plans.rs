@@ -262,7 +262,7 @@ async fn the_hot_path_functions_take_their_calls_and_their_statements_plan() {
 /// `dispatch_round` has two statements (V34): the roster and the claim alone, when no kind
 /// is limited and no limited task waits, and the whole round otherwise. Without limits
 /// they return the same rows: each runs, in a transaction of its own rolled back, the
-/// scanner's arguments (every shard; two shards of four; a worker left out) over workers
+/// scanner's arguments (every shard; two shards of four, no walk; a worker left out) over workers
 /// and tasks of two kinds, four priorities, future run times and a pinned host.
 #[tokio::test]
 async fn the_rounds_small_statement_returns_what_the_whole_one_returns_without_limits() {
@@ -284,14 +284,14 @@ async fn the_rounds_small_statement_returns_what_the_whole_one_returns_without_l
     let statements = function_statements(&c, "dispatch_round").await;
     assert_eq!(statements.len(), 2, "dispatch_round's statements");
     let cases = [
-        "600, 100, 1, '{}', '{}'",
-        "600, 10, 4, '{0,2}', '{}'",
-        "600, 100, 1, '{}', '{w1}'",
+        "600, 100, 1, '{}', '{}', true",
+        "600, 10, 4, '{0,2}', '{}', false",
+        "600, 100, 1, '{}', '{w1}', true",
     ];
     let mut rounds: Vec<Vec<Vec<String>>> = Vec::new();
     for statement in &statements {
         c.batch_execute(&format!(
-            "begin; prepare round(float8, int8, int4, int4[], text[]) as
+            "begin; prepare round(float8, int8, int4, int4[], text[], bool) as
                  select r::text from ({statement}) r"
         ))
         .await

@@ -291,4 +291,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // The same function and rule.
         change: Change::Expand,
     },
+    Migration {
+        version: 37,
+        name: "limited_keys_walked_when_due",
+        sql: include_str!("../../../migrations/V37__limited_keys_walked_when_due.sql"),
+        // A sixth argument with a default: a call with five, an older build's, walks as
+        // before.
+        change: Change::Expand,
+    },
 ];

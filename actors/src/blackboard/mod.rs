@@ -95,7 +95,7 @@ pub fn hot_calls() -> Vec<(&'static str, &'static str)> {
 pub use planner::{
     agree_count, AssignReport, Assignment, Claimed, CountAgreement, FiredSlot, PlannerBoard, Push,
     ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard, ShardRow, StrandedTask,
-    TakenShard, DEFAULT_SHARD_COUNT,
+    TakenShard, DEFAULT_SHARD_COUNT, WALK_EVERY,
 };
 pub use primary::{is_loopback_name, is_remote, mask_password};
 pub use schedules::ScheduleRow;

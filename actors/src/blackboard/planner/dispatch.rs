@@ -129,7 +129,7 @@ impl AssignReport {
 // (migrations/V16: a function keeps its statement's plan for the server session, where an
 // unnamed statement is planned at every call), each written once, there: read them in
 // migrations/schema.sql. Tests EXPLAIN them through the functions' own source.
-const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5)";
+const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5, $6)";
 const ASSIGN_CALL: &str = "select * from artex.assign_and_wake($1, $2, $3, $4, $5)";
 
 /// The functions a planner round calls, with the calls it sends: (function, call).
@@ -221,7 +221,17 @@ pub struct Round<'a> {
     pub alive_secs: f64,
     /// Workers whose last push failed: offered nothing.
     pub unreachable: &'a [String],
+    /// Whether the round may walk the keys of limited kinds when the head of their queue
+    /// does not fill it (migrations/V37): the Assigner lets it every [`WALK_EVERY`].
+    pub walk: bool,
 }
+
+/// How often an Assigner's round may walk the keys of limited kinds (migrations/V37). A
+/// walk costs an index probe and a lookup per key with a task waiting (15-25 ms with
+/// 1,000 keys); between walks a round takes what fits of the head of the limited queue,
+/// so a task whose key is not in that head waits at most this long, or until the
+/// planner's next round when none comes sooner.
+pub const WALK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The rows of `artex.assign_and_wake`: how many tasks it assigned (the rows naming a
 /// task), the pushes (one per worker woken over HTTP, its payloads in order) and how
@@ -272,6 +282,7 @@ impl PlannerBoard {
             lease_secs,
             alive_secs,
             unreachable,
+            walk,
         } = *round;
         let client = self.bb.client().await?;
         let client = Tx::new(client);
@@ -279,7 +290,14 @@ impl PlannerBoard {
             client.begin(),
             client.query(
                 DISPATCH_CALL,
-                &[&alive_secs, &batch, &shards.0, &shards.1, &unreachable],
+                &[
+                    &alive_secs,
+                    &batch,
+                    &shards.0,
+                    &shards.1,
+                    &unreachable,
+                    &walk,
+                ],
             ),
         )
         .await;

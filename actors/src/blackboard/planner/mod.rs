@@ -16,7 +16,7 @@ mod shards;
 mod wake;
 
 pub(crate) use dispatch::HOT_CALLS;
-pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round};
+pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, WALK_EVERY};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
 pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{
