@@ -55,6 +55,19 @@ pub struct DbConfig {
         hide_env_values = true
     )]
     pub read_database_url: Option<String>,
+    /// How far behind the primary the replica of --read-database-url may be and still
+    /// serve reads (90s, 1500ms, …): further behind, unreachable, or no longer a standby,
+    /// reads go to the primary until it catches up (`/health` and `/metrics` say so).
+    #[arg(
+        long,
+        env = "ARTEX_READ_MAX_LAG",
+        global = true,
+        default_value = "5s",
+        value_parser = parse_duration,
+        help_heading = DB_HEADING,
+        display_order = 803
+    )]
+    pub read_max_lag: Duration,
     /// Folder of the embedded PostgreSQL cluster (used when no --database-url is given).
     #[arg(long, env = "ARTEX_DATA_DIR", default_value = ".artex", global = true,
         help_heading = DB_HEADING,

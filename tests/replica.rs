@@ -259,6 +259,10 @@ async fn operators_read_from_the_replica() {
             "--public-read",
             "--read-database-url",
             &pair.replica_url,
+            // Its replay stays paused for a while below, and the point is that the
+            // replica serves reads meanwhile: no fallback for lag here.
+            "--read-max-lag",
+            "1h",
         ],
         &[],
     );
@@ -403,7 +407,13 @@ async fn operators_read_from_the_replica() {
     let worker = Proc::worker(
         "worker",
         &pair.primary_url,
-        &["--api", "--read-database-url", &pair.replica_url],
+        &[
+            "--api",
+            "--read-database-url",
+            &pair.replica_url,
+            "--read-max-lag",
+            "1h",
+        ],
     );
     let worker_addr = worker_http(&primary, &worker).await;
     let (page, from, _) = get(&worker_addr, "/api/v1/tasks", None);
@@ -472,4 +482,255 @@ async fn operators_read_from_the_replica() {
     );
     let (page, _, _) = get(&addr, "/api/v1/tasks?status=canceled", None);
     assert_eq!(page["tasks"].as_array().map(Vec::len), Some(2));
+}
+
+/// `GET path` (open or read scope): status and body.
+fn fetch(addr: &str, path: &str) -> (u16, String) {
+    let r = Request::get(path)
+        .bearer(READ_TOKEN)
+        .send(addr)
+        .expect("GET");
+    (r.status, r.text())
+}
+
+/// The replica's state in `/health` (which must answer 200 whatever it is).
+fn replica_state(addr: &str) -> String {
+    let (status, body) = fetch(addr, "/health");
+    assert_eq!(status, 200, "/health: {body}");
+    let health: Value = serde_json::from_str(&body).expect("JSON");
+    health["replica"]["state"]
+        .as_str()
+        .unwrap_or_else(|| panic!("/health has no replica state: {health}"))
+        .to_string()
+}
+
+/// Waits until `/health` says the replica is `state`.
+async fn replica_becomes(addr: &str, state: &str) {
+    wait_for(
+        &format!("the replica to be {state}"),
+        Duration::from_secs(30),
+        || async { (replica_state(addr) == state).then_some(()) },
+    )
+    .await;
+}
+
+/// `artex_replica_read_fallbacks_total` for `reason` in `/metrics`.
+fn fallbacks(addr: &str, reason: &str) -> u64 {
+    let (status, text) = fetch(addr, "/metrics");
+    assert_eq!(status, 200, "/metrics: {text}");
+    let line = format!("artex_replica_read_fallbacks_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .unwrap_or_else(|| panic!("/metrics has no {line}: {text}"))
+        .parse()
+        .expect("a count")
+}
+
+/// Stops (`stop`) or starts the standby's server.
+fn standby_server(pair: &Pair, action: &str) {
+    let mut cmd = server_command(&pair.bin, "pg_ctl");
+    cmd.args([action, "-w", "-t", "60", "-m", "fast", "-D"])
+        .arg(&pair.standby);
+    if action == "start" {
+        cmd.arg("-l")
+            .arg(pair.standby.parent().expect("home").join("log"));
+    }
+    run(cmd, &format!("pg_ctl {action} (standby)"), None);
+}
+
+/// Reads degrade, never fail: while the replica's replay is paused past
+/// `--read-max-lag`, while its server is down, and when it cancels a read to replay WAL
+/// that conflicts with it, reads come from the primary and say so; `/health` stays 200
+/// and tells why; `/metrics` counts each fallback by its reason; the replica serves
+/// again once it is well. The CLI reads the primary when the replica is down.
+#[tokio::test]
+async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
+    let pair = Pair::start().await;
+    let standby = connect(&pair.replica_url).await;
+    let primary = connect(&pair.primary_url).await;
+    let write_file = pair.dir.path().join("write-token");
+    std::fs::write(&write_file, WRITE_TOKEN).expect("token");
+    let serve = Proc::start(
+        "serve",
+        &pair.primary_url,
+        &[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--write-token-file",
+            write_file.to_str().expect("path"),
+            "--public-read",
+            "--read-database-url",
+            &pair.replica_url,
+            "--read-max-lag",
+            "1s",
+        ],
+        &[],
+    );
+    let addr = serve_address(&serve).await;
+    let task =
+        |n: u32| json!({ "kind": "echo", "payload": { "n": n }, "allow_unregistered_kind": true });
+    replica_becomes(&addr, "ok").await;
+    let (a, lsn) = post(&addr, "/api/v1/tasks", task(1));
+    let a = a["id"].as_str().expect("id").to_string();
+    replayed(&standby, &lsn).await;
+    let (page, from, _) = get(&addr, "/api/v1/tasks", None);
+    assert_eq!(
+        (from.as_deref(), ids(&page)),
+        (Some("replica"), vec![a.clone()])
+    );
+
+    // Lagging: replay paused while the primary moves on.
+    pause_replay(&standby).await;
+    let (b, _) = post(&addr, "/api/v1/tasks", task(2));
+    let b = b["id"].as_str().expect("id").to_string();
+    replica_becomes(&addr, "lagging").await;
+    let (page, from, status) = get(&addr, "/api/v1/tasks", None);
+    assert_eq!(
+        (status, from.as_deref(), ids(&page)),
+        (200, Some("primary"), vec![b.clone(), a.clone()]),
+        "a lagging replica serves no read"
+    );
+    let (_, health) = fetch(&addr, "/health");
+    assert!(
+        health.contains("replica: reads go to the primary") && health.contains("\"ready\":true"),
+        "{health}"
+    );
+    assert!(fallbacks(&addr, "lagging") >= 1);
+    standby
+        .batch_execute("select pg_wal_replay_resume()")
+        .await
+        .expect("resuming replay");
+    replica_becomes(&addr, "ok").await;
+    let (page, from, _) = get(&addr, "/api/v1/tasks", None);
+    assert_eq!(
+        (from.as_deref(), ids(&page)),
+        (Some("replica"), vec![b.clone(), a.clone()])
+    );
+
+    // Down: its server stopped. The first read after it goes to the primary whether the
+    // check or the read itself finds it gone.
+    drop(standby);
+    standby_server(&pair, "stop");
+    for path in [
+        "/api/v1/tasks",
+        "/api/v1/stats",
+        "/api/v1/replica",
+        "/api/v1/workers",
+    ] {
+        let (_, from, status) = get(&addr, path, None);
+        assert_eq!(status, 200, "{path} with the replica down");
+        if path != "/api/v1/replica" {
+            assert_eq!(from.as_deref(), Some("primary"), "{path}");
+        }
+    }
+    replica_becomes(&addr, "unreachable").await;
+    assert!(fallbacks(&addr, "unreachable") >= 1);
+    let (replica, _, _) = get(&addr, "/api/v1/replica", None);
+    assert_eq!(
+        (
+            &replica["replica"],
+            replica["health"]["serves_reads"].as_bool()
+        ),
+        (&Value::Null, Some(false)),
+        "{replica}"
+    );
+    let (code, out, err) = run_cli(
+        &pair.primary_url,
+        &["tasks", "--json", "--read-database-url", &pair.replica_url],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("replica of --read-database-url is unreachable"),
+        "{err}"
+    );
+    assert_eq!(
+        ids(&serde_json::from_str(&out).expect("JSON")),
+        [b.clone(), a.clone()]
+    );
+    standby_server(&pair, "start");
+    replica_becomes(&addr, "ok").await;
+    let (_, from, _) = get(&addr, "/api/v1/tasks", None);
+    assert_eq!(from.as_deref(), Some("replica"));
+
+    // A conflict: the standby cancels a read at once to replay a lock it conflicts with
+    // (max_standby_streaming_delay = 0); the read is made again on the primary. The read
+    // walks 300,000 tasks for a payload none has, long enough to be caught running.
+    let standby = connect(&pair.replica_url).await;
+    let conf = pair.standby.join("postgresql.auto.conf");
+    let mut auto = std::fs::read_to_string(&conf).expect("postgresql.auto.conf");
+    auto.push_str("max_standby_streaming_delay = 0\n");
+    std::fs::write(&conf, auto).expect("postgresql.auto.conf");
+    standby
+        .batch_execute("select pg_reload_conf()")
+        .await
+        .expect("reload");
+    primary
+        .batch_execute(
+            "insert into artex.tasks (kind, payload)
+                 select 'echo', jsonb_build_object('n', g) from generate_series(1, 300000) g",
+        )
+        .await
+        .expect("300,000 tasks");
+    let lsn: String = primary
+        .query_one("select pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    replayed(&standby, &lsn).await;
+    let before = fallbacks(&addr, "conflict");
+    let mut conflicted = false;
+    for _ in 0..10 {
+        let reader = {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                get(
+                    &addr,
+                    "/api/v1/tasks?where=%7B%22absent%22%3A1%7D&limit=1",
+                    None,
+                )
+            })
+        };
+        let running = wait_for(
+            "the read on the standby",
+            Duration::from_secs(10),
+            || async {
+                if reader.is_finished() {
+                    return Some(false);
+                }
+                let n: i64 = standby
+                    .query_one(
+                        // A page's statement (its text is cut at 1 kB: the filter is not
+                        // in what pg_stat_activity keeps).
+                        "select count(*) from pg_stat_activity
+                     where state = 'active' and pid <> pg_backend_pid()
+                       and query like 'select t.id, t.kind, t.status::text,%'",
+                        &[],
+                    )
+                    .await
+                    .ok()?
+                    .get(0);
+                (n > 0).then_some(true)
+            },
+        )
+        .await;
+        if running {
+            primary
+                .batch_execute("begin; lock table artex.tasks in access exclusive mode; commit")
+                .await
+                .expect("a lock the standby replays");
+        }
+        let (page, from, status) = reader.join().expect("the read");
+        assert_eq!((status, &page["tasks"]), (200, &json!([])), "{page}");
+        if running && from.as_deref() == Some("primary") {
+            conflicted = true;
+            break;
+        }
+    }
+    assert!(
+        conflicted,
+        "no read was cancelled by a conflict in ten tries"
+    );
+    assert!(fallbacks(&addr, "conflict") > before);
+    drop(serve);
 }

@@ -337,14 +337,19 @@ pub(crate) async fn connect_one_shot(db: &DbConfig) -> Result<Blackboard> {
 /// list|show, stats, workers): to the replica of --read-database-url when one is given, without touching
 /// the primary (its schema is checked there: it is the primary's, replicated); else as
 /// [`connect_one_shot`].
+/// A replica that cannot be reached is said so on standard error, and the primary
+/// reads instead.
 pub(crate) async fn connect_reads(db: &DbConfig) -> Result<ReadBoard> {
-    match crate::runtime::connect_replica(db)? {
-        Some(replica) => {
-            replica.check_schema().await?;
-            Ok(replica.reads())
+    if let Some(replica) = crate::runtime::connect_replica(db)? {
+        match replica.check_schema().await {
+            Ok(_) => return Ok(replica.reads()),
+            Err(e) if e.is_connection() => {
+                eprintln!("artex: the replica of --read-database-url is unreachable ({e}); reading the primary");
+            }
+            Err(e) => return Err(e.into()),
         }
-        None => Ok(connect_one_shot(db).await?.operator().reads()),
     }
+    Ok(connect_one_shot(db).await?.operator().reads())
 }
 
 /// As [`connect_one_shot`], without the schema check: for `artex migrate`.

@@ -89,7 +89,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     api::method_not_allowed(cfg, api::worker_routes);
 }
 
-async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn health(
+    state: web::Data<AppState>,
+    api: Option<web::Data<api::ApiState>>,
+) -> Result<HttpResponse, ApiError> {
     let s = state
         .worker
         .send(GetStatus)
@@ -119,6 +122,9 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
             s.wake_addr.as_deref().unwrap_or("-")
         ));
     }
+    // With --api and a replica: its state, which never makes the worker unready.
+    let replica = api.as_ref().and_then(|a| a.reads.health());
+    notes.extend(replica.as_ref().and_then(api::replica_note));
     let body = json!({
         "ready": reasons.is_empty(),
         "reasons": reasons,
@@ -131,6 +137,7 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
         "handed_over": listener_passed,
         // Which server the process writes to: after a failover, the new primary.
         "database_host": state.db.host(),
+        "replica": replica,
     });
     Ok(if reasons.is_empty() {
         HttpResponse::Ok().json(body)
@@ -167,7 +174,11 @@ async fn status(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResp
     })))
 }
 
-async fn metrics(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn metrics(
+    _: auth::CanRead,
+    state: web::Data<AppState>,
+    api: Option<web::Data<api::ApiState>>,
+) -> Result<HttpResponse, ApiError> {
     let s = state
         .worker
         .send(GetStatus)
@@ -241,6 +252,9 @@ async fn metrics(_: auth::CanRead, state: web::Data<AppState>) -> Result<HttpRes
             "artex_actor_errors_total{{actor=\"{actor}\"}} {}\n",
             c.errors
         ));
+    }
+    if let Some(api) = &api {
+        out.push_str(&api::replica_metrics(&api.reads));
     }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

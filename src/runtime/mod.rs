@@ -86,7 +86,9 @@ pub fn connect_replica(db: &DbConfig) -> Result<Option<Replica>> {
     let limits = db.limits();
     tracing::info!(replica = %artex_actors::blackboard::mask_password(url),
         "operators' reads come from the replica; writes and the feed from the primary");
-    Ok(Some(Replica::connect_with(url, limits)?))
+    Ok(Some(
+        Replica::connect_with(url, limits)?.with_max_lag(db.read_max_lag),
+    ))
 }
 
 /// How often the planner's Maintenance actor keeps history bounded: often enough for

@@ -77,8 +77,8 @@ pub use operator::{
 };
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
-    ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, RECENT_SAMPLE,
-    SCHEDULES_LISTED, STATUS_COUNT_CAP,
+    ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, DEFAULT_READ_MAX_LAG,
+    RECENT_SAMPLE, SCHEDULES_LISTED, STATUS_COUNT_CAP,
 };
 
 /// The hot path's plan-cached functions (migrations/V16__plan_cached_hot_path.sql) and

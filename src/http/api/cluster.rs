@@ -21,8 +21,10 @@ pub(super) async fn workers(
     let q = query(&req, &["limit"])?;
     let limit = param(&q, "limit", |s| parse_int(s, 1, 10_000))?.unwrap_or(1000);
     // One more than asked says whether there are more.
-    let (bb, from) = state.reads.board(&req).await?;
-    let mut workers = bb.workers(limit + 1).await?;
+    let (mut workers, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.workers(limit + 1).await })
+        .await?;
     let more = workers.len() as i64 > limit;
     workers.truncate(limit as usize);
     Ok(HttpResponse::Ok()
@@ -41,8 +43,12 @@ pub(super) async fn stats(
     let q = query(&req, &["window_minutes", "sample"])?;
     let window = param(&q, "window_minutes", |s| parse_int(s, 1, 60))?.unwrap_or(15);
     let sample = param(&q, "sample", |s| parse_int(s, 1, RECENT_SAMPLE))?.unwrap_or(RECENT_SAMPLE);
-    let (bb, from) = state.reads.board(&req).await?;
-    let stats = bb.stats_sampled(window as u32, None, sample).await?;
+    let (stats, from) = state
+        .reads
+        .read(&req, |bb| async move {
+            bb.stats_sampled(window as u32, None, sample).await
+        })
+        .await?;
     let replica = state.reads.lag().await?;
     let mut body = serde_json::to_value(&stats)
         .map_err(|e| ApiError::Internal(format!("encoding the statistics: {e}")))?;
@@ -50,8 +56,9 @@ pub(super) async fn stats(
     Ok(HttpResponse::Ok().insert_header(from.header()).json(body))
 }
 
-/// `GET /api/v1/replica`: `{"replica": …}`, how far the replica of
-/// `--read-database-url` is behind the primary (null without one).
+/// `GET /api/v1/replica`: `{"replica": …, "health": …}`, how far the replica of
+/// `--read-database-url` is behind the primary now (null without one, or when it does
+/// not answer) and whether it serves reads (null without one).
 pub(super) async fn replica(
     _: CanRead,
     req: HttpRequest,
@@ -59,7 +66,7 @@ pub(super) async fn replica(
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
     let replica = state.reads.lag().await?;
-    Ok(HttpResponse::Ok().json(json!({ "replica": replica })))
+    Ok(HttpResponse::Ok().json(json!({ "replica": replica, "health": state.reads.health() })))
 }
 
 /// `GET /api/v1/events/head`: `{"after": "XID-ID"}`, the position of the newest event a
@@ -75,7 +82,15 @@ pub(super) async fn events_head(
 }
 
 /// `GET /health` of `artex serve` (open): 200 when the database answered a real round
-/// trip recently, 503 with the reason otherwise.
-pub(super) async fn health(probe: web::Data<DbProbe>) -> HttpResponse {
-    super::health_body(&probe)
+/// trip recently, 503 with the reason otherwise; the replica's state beside.
+pub(super) async fn health(probe: web::Data<DbProbe>, state: web::Data<ApiState>) -> HttpResponse {
+    super::health_body(&probe, &state.reads)
+}
+
+/// `GET /metrics` of `artex serve` (read scope): the replica's state and the reads sent
+/// to the primary instead, in Prometheus' text format (nothing without a replica).
+pub(super) async fn metrics(_: CanRead, state: web::Data<ApiState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(super::replica_metrics(&state.reads))
 }

@@ -140,8 +140,10 @@ pub(super) async fn list(
     let q = query(&req, &["limit", "after"])?;
     let limit = param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50);
     let after = param(&q, "after", parse_uuid)?;
-    let (bb, from) = state.reads.board(&req).await?;
-    let flows = bb.flows_page(after, limit).await?;
+    let (flows, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.flows_page(after, limit).await })
+        .await?;
     let next = (flows.len() as i64 == limit)
         .then(|| flows.last().map(|f| f.id))
         .flatten();
@@ -160,7 +162,9 @@ pub(super) async fn show(
 ) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id)?;
     query(&req, &[])?;
-    let (bb, from) = state.reads.board(&req).await?;
-    let flow = bb.flow(id).await?;
+    let (flow, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.flow(id).await })
+        .await?;
     Ok(HttpResponse::Ok().insert_header(from.header()).json(flow))
 }

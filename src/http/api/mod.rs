@@ -23,6 +23,7 @@ mod cluster;
 mod flows;
 mod kinds;
 pub mod reads;
+pub mod replica_health;
 mod schedules;
 mod tasks;
 mod uploads;
@@ -326,6 +327,7 @@ pub fn api_routes(r: &mut impl Routes) {
 /// `/events` (the feed, as on a worker).
 pub fn serve_routes(r: &mut impl Routes) {
     r.add(Method::GET, "/health", cluster::health);
+    r.add(Method::GET, "/metrics", cluster::metrics);
     r.add(Method::GET, "/events", events::events);
     api_routes(r);
 }
@@ -611,19 +613,87 @@ async fn check_submission(
 }
 
 /// `/health` of `artex serve`: ready when the database answered recently, and which
-/// server answered (`database_host`).
-pub(crate) fn health_body(probe: &super::probe::DbProbe) -> HttpResponse {
+/// server answered (`database_host`); with a replica, its state (which never makes the
+/// process unready: reads go to the primary meanwhile).
+pub(crate) fn health_body(probe: &super::probe::DbProbe, reads: &reads::Reads) -> HttpResponse {
     let host = probe.host();
-    match probe.verdict() {
-        Ok(()) => HttpResponse::Ok().json(json!({
-            "ready": true,
-            "reasons": [],
-            "database_host": host,
-        })),
-        Err(why) => HttpResponse::ServiceUnavailable().json(json!({
-            "ready": false,
-            "reasons": [why],
-            "database_host": host,
-        })),
+    let replica = reads.health();
+    let notes: Vec<String> = replica
+        .as_ref()
+        .and_then(replica_note)
+        .into_iter()
+        .collect();
+    let (ready, reasons) = match probe.verdict() {
+        Ok(()) => (true, Vec::new()),
+        Err(why) => (false, vec![why]),
+    };
+    let body = json!({
+        "ready": ready,
+        "reasons": reasons,
+        "notes": notes,
+        "database_host": host,
+        "replica": replica,
+    });
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// What `/health`'s notes say of a replica that serves no reads now.
+pub(crate) fn replica_note(replica: &replica_health::ReplicaHealth) -> Option<String> {
+    use replica_health::ReplicaState as S;
+    let why = match replica.state {
+        S::Unknown | S::Ok => return None,
+        S::Lagging => format!(
+            "it has not replayed what the primary wrote {} ms ago (--read-max-lag)",
+            replica.max_lag_ms
+        ),
+        S::Unreachable => format!(
+            "it is unreachable: {}",
+            replica.error.as_deref().unwrap_or("no answer")
+        ),
+        S::NotAStandby => "it is no standby (promoted?)".to_string(),
+    };
+    Some(format!("replica: reads go to the primary: {why}"))
+}
+
+/// The replica's lines of `/metrics` (nothing without a replica).
+pub(crate) fn replica_metrics(reads: &reads::Reads) -> String {
+    let Some(r) = reads.health() else {
+        return String::new();
+    };
+    let mut out = String::new();
+    out.push_str(
+        "# HELP artex_replica_serves_reads 1 if reads go to the replica of --read-database-url now.\n\
+         # TYPE artex_replica_serves_reads gauge\n",
+    );
+    out.push_str(&format!(
+        "artex_replica_serves_reads {}\n",
+        u8::from(r.serves_reads)
+    ));
+    if let Some(ms) = r.lag.as_ref().and_then(|l| l.lag_ms) {
+        out.push_str(
+            "# HELP artex_replica_lag_seconds How old what the replica shows is, at the last check.\n\
+             # TYPE artex_replica_lag_seconds gauge\n",
+        );
+        out.push_str(&format!("artex_replica_lag_seconds {}\n", ms / 1000.0));
+    }
+    out.push_str(
+        "# HELP artex_replica_read_fallbacks_total Reads sent to the primary instead of the replica, by reason.\n\
+         # TYPE artex_replica_read_fallbacks_total counter\n",
+    );
+    let f = r.fallbacks;
+    for (reason, n) in [
+        ("unreachable", f.unreachable),
+        ("lagging", f.lagging),
+        ("not_a_standby", f.not_a_standby),
+        ("conflict", f.conflict),
+    ] {
+        out.push_str(&format!(
+            "artex_replica_read_fallbacks_total{{reason=\"{reason}\"}} {n}\n"
+        ));
+    }
+    out
 }

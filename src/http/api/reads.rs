@@ -7,13 +7,26 @@
 //! served by the replica once the replica has replayed that far, which is waited for at
 //! most [`READ_YOUR_WRITES_WAIT`], and by the primary otherwise. Every read's answer says
 //! which served it ([`READ_FROM`]). See docs/design.md, "Operators read from a replica".
-
+//!
+//! Reads degrade, never fail, for the replica's sake: one that is unreachable, lagging
+//! past `--read-max-lag` or no longer a standby serves nothing
+//! ([`super::replica_health`]), and a read it fails for want of a connection, or
+//! cancels to replay conflicting WAL, is made again on the primary.
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{HttpRequest, HttpResponseBuilder};
 use artex_actors::blackboard::{OperatorBoard, ReadBoard, Replica, ReplicaLag, WalPosition};
 
+use super::replica_health::{Fallback, Health, ReplicaHealth};
 use super::ApiError;
+
+/// PostgreSQL's codes for a statement a standby cancelled to replay WAL that
+/// conflicted with it ("canceling statement due to conflict with recovery"):
+/// `serialization_failure` (a snapshot, a lock, a tablespace) and `deadlock_detected` (a
+/// buffer pin). The API's reads run at read committed, where neither comes otherwise.
+const RECOVERY_CONFLICT: [&str; 2] = ["40001", "40P01"];
 
 /// The header of a write's answer: the primary's WAL position once the write committed
 /// (only with a replica configured).
@@ -58,35 +71,86 @@ impl ReadFrom {
 #[derive(Clone, Debug)]
 pub struct Reads {
     primary: OperatorBoard,
-    replica: Option<Replica>,
+    replica: Option<(Replica, Arc<Health>)>,
 }
 
 impl Reads {
-    /// Reads served by `primary`, or by `replica` when there is one.
+    /// Reads served by `primary`, or by `replica` when there is one and it is well
+    /// (checked in the background from now on: call within the runtime).
     pub fn new(primary: &OperatorBoard, replica: Option<Replica>) -> Self {
+        let replica = replica.map(|replica| {
+            let health = Arc::new(Health::new(replica.max_lag()));
+            Health::watch(&health, primary.clone(), replica.clone());
+            (replica, health)
+        });
         Reads {
             primary: primary.clone(),
             replica,
         }
     }
 
-    /// Where the read `req` goes: the replica if there is one, unless `req` asks for a
-    /// WAL position ([`AFTER_LSN`]) the replica has not replayed within
-    /// [`READ_YOUR_WRITES_WAIT`].
+    /// Runs `read` on the board [`Reads::board`] picks for `req`, and again on the
+    /// primary if the replica fails it for want of a connection or cancels it for a
+    /// conflict with its replay: says which board's answer it is.
+    pub async fn read<T, F, Fut>(
+        &self,
+        req: &HttpRequest,
+        read: F,
+    ) -> Result<(T, ReadFrom), ApiError>
+    where
+        F: Fn(ReadBoard) -> Fut,
+        Fut: Future<Output = artex_actors::Result<T>>,
+    {
+        let (board, from) = self.board(req).await?;
+        let e = match read(board).await {
+            Ok(v) => return Ok((v, from)),
+            Err(e) => e,
+        };
+        let Some((_, health)) = self.replica.as_ref().filter(|_| from == ReadFrom::Replica) else {
+            return Err(e.into());
+        };
+        let why = if e.is_connection() {
+            health.lost(&e.to_string());
+            Fallback::Unreachable
+        } else if is_recovery_conflict(&e) {
+            Fallback::Conflict
+        } else {
+            return Err(e.into());
+        };
+        health.fell_back(why);
+        tracing::info!(error = %e, reason = why.label(), "a read failed on the replica; reading the primary");
+        Ok((read(self.primary.reads()).await?, ReadFrom::Primary))
+    }
+
+    /// Where the read `req` goes: the replica if there is one and it is well, unless
+    /// `req` asks for a WAL position ([`AFTER_LSN`]) the replica has not replayed within
+    /// [`READ_YOUR_WRITES_WAIT`]. Prefer [`Reads::read`], which also falls back when the
+    /// read itself fails on the replica.
     pub async fn board(&self, req: &HttpRequest) -> Result<(ReadBoard, ReadFrom), ApiError> {
         // Read with a replica or without: a malformed header is refused either way, so
         // a client learns of it before a replica is added.
         let after = after_lsn(req)?;
-        let Some(replica) = &self.replica else {
+        let Some((replica, health)) = &self.replica else {
             return Ok((self.primary.reads(), ReadFrom::Primary));
         };
+        if let Some(why) = health.unusable() {
+            health.fell_back(why);
+            return Ok((self.primary.reads(), ReadFrom::Primary));
+        }
         let Some(after) = after else {
             return Ok((replica.reads(), ReadFrom::Replica));
         };
         let deadline = Instant::now() + READ_YOUR_WRITES_WAIT;
         loop {
-            if replica.replayed(after).await? {
-                return Ok((replica.reads(), ReadFrom::Replica));
+            match replica.replayed(after).await {
+                Ok(true) => return Ok((replica.reads(), ReadFrom::Replica)),
+                Ok(false) => {}
+                Err(e) if e.is_connection() => {
+                    health.lost(&e.to_string());
+                    health.fell_back(Fallback::Unreachable);
+                    return Ok((self.primary.reads(), ReadFrom::Primary));
+                }
+                Err(e) => return Err(e.into()),
             }
             if Instant::now() + REPLAY_POLL > deadline {
                 tracing::debug!(%after, "the replica has not replayed a write in time; reading the primary");
@@ -114,12 +178,39 @@ impl Reads {
         }
     }
 
-    /// How far the replica is behind the primary; `None` without a replica.
+    /// How far the replica is behind the primary now; `None` without a replica, or
+    /// when the replica does not answer (its [`Reads::health`] says why).
     pub async fn lag(&self) -> Result<Option<ReplicaLag>, ApiError> {
-        match &self.replica {
-            None => Ok(None),
-            Some(replica) => Ok(Some(replica.lag(&self.primary).await?)),
+        let Some((replica, health)) = &self.replica else {
+            return Ok(None);
+        };
+        match replica.lag(&self.primary).await {
+            Ok(lag) => Ok(Some(lag)),
+            Err(e) if e.is_connection() => {
+                // The primary's position is read first: if it is the one that failed,
+                // the answer is the primary's failure.
+                self.primary.written_position().await?;
+                health.lost(&e.to_string());
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
         }
+    }
+
+    /// The replica's state, its lag at the last check and the reads sent to the
+    /// primary instead; `None` without a replica.
+    pub fn health(&self) -> Option<ReplicaHealth> {
+        self.replica.as_ref().map(|(_, health)| health.view())
+    }
+}
+
+/// Whether `e` is a standby's cancel of a statement for a conflict with its replay.
+fn is_recovery_conflict(e: &artex_actors::Error) -> bool {
+    match e {
+        artex_actors::Error::Db(db) => db
+            .as_db_error()
+            .is_some_and(|d| RECOVERY_CONFLICT.contains(&d.code().code())),
+        _ => false,
     }
 }
 

@@ -138,8 +138,10 @@ pub(super) async fn list(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
-    let (bb, from) = state.reads.board(&req).await?;
-    let schedules = bb.schedules().await?;
+    let (schedules, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.schedules().await })
+        .await?;
     Ok(HttpResponse::Ok()
         .insert_header(from.header())
         .json(json!({ "schedules": schedules })))
@@ -154,8 +156,11 @@ pub(super) async fn show(
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
     query(&req, &[])?;
-    let (bb, from) = state.reads.board(&req).await?;
-    let schedule = bb.schedule(&name).await?;
+    let name = &name;
+    let (schedule, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.schedule(name).await })
+        .await?;
     Ok(HttpResponse::Ok()
         .insert_header(from.header())
         .json(schedule))

@@ -216,8 +216,9 @@ pub(super) async fn list(
     let limit = param(&q, "limit", |s| parse_int(s, 1, 1000))?.unwrap_or(50);
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
     let cut = if full { i32::MAX } else { CUT_CHARS };
-    let (bb, from) = state.reads.board(&req).await?;
     let Some(filter) = matching else {
+        // Where it would have been read, though nothing is: the header is the same.
+        let (_, from) = state.reads.board(&req).await?;
         return Ok(HttpResponse::Ok()
             .insert_header(from.header())
             .json(json!({ "tasks": [], "next": null })));
@@ -227,7 +228,11 @@ pub(super) async fn list(
         limit,
         ..filter
     };
-    let page = bb.tasks_page(&filter, cut).await?;
+    let wanted = &filter;
+    let (page, from) = state
+        .reads
+        .read(&req, |bb| async move { bb.tasks_page(wanted, cut).await })
+        .await?;
     let next = (page.len() as i64 == filter.limit)
         .then(|| page.last().map(|t| t.task.id))
         .flatten();
@@ -405,11 +410,15 @@ pub(super) async fn show(
     let id = path_id(&id)?;
     let q = query(&req, &["full"])?;
     let full = param(&q, "full", parse_bool)?.unwrap_or(false);
-    let (bb, from) = state.reads.board(&req).await?;
-    let task = bb
-        .task_preview(id, if full { i32::MAX } else { CUT_CHARS })
+    let ((task, mut history), from) = state
+        .reads
+        .read(&req, |bb| async move {
+            let task = bb
+                .task_preview(id, if full { i32::MAX } else { CUT_CHARS })
+                .await?;
+            Ok((task, bb.transitions(id).await?))
+        })
         .await?;
-    let mut history = bb.transitions(id).await?;
     if !full {
         // A failure's reason is its error: as large as the error can be.
         for h in &mut history {

@@ -24,7 +24,7 @@ pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_
 pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
-pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition};
+pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition, DEFAULT_READ_MAX_LAG};
 pub use schedules::SCHEDULES_LISTED;
 pub use submit::{submit_in, Submitted, LOCK_KEYS, SUBMIT_KEYED};
 pub use tasks::TaskFilter;

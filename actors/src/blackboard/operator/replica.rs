@@ -102,7 +102,12 @@ fn optional_text<S: serde::Serializer>(
 #[derive(Debug, Clone)]
 pub struct Replica {
     bb: Blackboard,
+    /// How far behind the primary it may be and still serve reads (`--read-max-lag`).
+    max_lag: std::time::Duration,
 }
+
+/// The default of [`Replica::max_lag`] (`--read-max-lag`).
+pub const DEFAULT_READ_MAX_LAG: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Replica {
     /// Prepares pools for the replica at `url` within `limits` (no connection is made
@@ -110,7 +115,20 @@ impl Replica {
     pub fn connect_with(url: &str, limits: DbLimits) -> Result<Self> {
         Ok(Replica {
             bb: Blackboard::connect_with(url, limits)?,
+            max_lag: DEFAULT_READ_MAX_LAG,
         })
+    }
+
+    /// The same replica, to serve reads only while it is at most `max_lag` behind the
+    /// primary.
+    pub fn with_max_lag(mut self, max_lag: std::time::Duration) -> Self {
+        self.max_lag = max_lag;
+        self
+    }
+
+    /// How far behind the primary it may be and still serve reads.
+    pub fn max_lag(&self) -> std::time::Duration {
+        self.max_lag
     }
 
     /// Checks the replica answers.
@@ -149,6 +167,13 @@ impl Replica {
         // record was written (`synchronous_commit = off`) is missing from the replica
         // as much as any other.
         let primary_lsn = primary.written_position().await?;
+        self.lag_behind(primary_lsn).await
+    }
+
+    /// How far the replica is behind `primary_lsn`, a position of the primary read
+    /// before this call ([`OperatorBoard::written_position`]): an error here is the
+    /// replica's.
+    pub async fn lag_behind(&self, primary_lsn: WalPosition) -> Result<ReplicaLag> {
         let client = self.bb.client().await?;
         let r = client.query_one(REPLAY, &[]).await?;
         let in_recovery: bool = r.try_get(0)?;
