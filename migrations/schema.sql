@@ -322,8 +322,9 @@ begin
         claimed as (
             select id, kind, host, priority, run_at, false as limited from artex.tasks
             where listed = 'pending' and not limited and run_at <= now()
-              and kind = any(array(select distinct unnest(r.kinds) from roster r
-                                   where r.capacity > r.held))
+              and kind = any(array(select unnest(r.kinds) from roster r
+                                   where r.capacity > r.held
+                                   except select p.kind from artex.kind_pauses p))
               and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
             order by priority desc, run_at, id
             limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
@@ -378,8 +379,9 @@ begin
                 order by t.kind, coalesce(t.limit_key, '') limit 1) n
         )
         select k.kind, k.key from k
-        where k.kind = any(array(select distinct unnest(r.kinds) from roster r
-                                 where r.capacity > r.held))
+        where k.kind = any(array(select unnest(r.kinds) from roster r
+                                 where r.capacity > r.held
+                                 except select p.kind from artex.kind_pauses p))
     ),
     room as materialized (
         select l.kind, l.concurrency, l.key_concurrency, l.tokens,
@@ -422,8 +424,9 @@ begin
         select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at
         from artex.tasks t
         where t.listed = 'pending' and t.limited and t.run_at <= now()
-          and t.kind = any(array(select distinct unnest(r.kinds) from roster r
-                                 where r.capacity > r.held))
+          and t.kind = any(array(select unnest(r.kinds) from roster r
+                                 where r.capacity > r.held
+                                 except select p.kind from artex.kind_pauses p))
           and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
         order by t.priority desc, t.run_at, t.id
         limit (select 2 * n from places)
@@ -461,8 +464,9 @@ begin
     claimed as (
         select id, kind, host, priority, run_at, false as limited from artex.tasks
         where listed = 'pending' and not limited and run_at <= now()
-          and kind = any(array(select distinct unnest(r.kinds) from roster r
-                               where r.capacity > r.held))
+          and kind = any(array(select unnest(r.kinds) from roster r
+                               where r.capacity > r.held
+                               except select p.kind from artex.kind_pauses p))
           and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
         order by priority desc, run_at, id
         limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
@@ -491,7 +495,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim; the tasks of limited kinds by the head of their queue when the limits do not bind there, else (when p_walk) by a walk of their keys (V29, V37). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there, else (when p_walk) by a walk of their keys (V29, V37). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -766,6 +770,32 @@ $$;
 COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql).';
 
 --
+-- Name: pause_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.pause_kind(p_kind text, p_reason text DEFAULT NULL::text, p_actor text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+begin
+    insert into artex.kind_pauses (kind, reason, paused_by)
+    values (p_kind, p_reason, p_actor)
+    on conflict (kind) do nothing;
+    if not found then
+        return false;
+    end if;
+    insert into artex.kind_changes (kind, change, reason, actor)
+    values (p_kind, 'paused', p_reason, p_actor);
+    return true;
+end
+$$;
+
+--
+-- Name: FUNCTION pause_kind(p_kind text, p_reason text, p_actor text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.pause_kind(p_kind text, p_reason text, p_actor text) IS 'Pauses a task kind: its tasks stay pending until artex.resume_kind. False when it was paused already (nothing written). Audited in artex.kind_changes (V38).';
+
+--
 -- Name: policy_delay_ms(text, double precision, double precision, integer); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1030,6 +1060,31 @@ $_$;
 --
 
 COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
+
+--
+-- Name: resume_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.resume_kind(p_kind text, p_reason text DEFAULT NULL::text, p_actor text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+begin
+    delete from artex.kind_pauses where kind = p_kind;
+    if not found then
+        return false;
+    end if;
+    insert into artex.kind_changes (kind, change, reason, actor)
+    values (p_kind, 'resumed', p_reason, p_actor);
+    perform pg_notify('artex_tasks', '');
+    return true;
+end
+$$;
+
+--
+-- Name: FUNCTION resume_kind(p_kind text, p_reason text, p_actor text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.resume_kind(p_kind text, p_reason text, p_actor text) IS 'Resumes a paused task kind and wakes the planners. False when it was not paused (nothing written). Audited in artex.kind_changes (V38).';
 
 --
 -- Name: retry_delay(integer, double precision, double precision); Type: FUNCTION; Schema: artex; Owner: -
@@ -2015,6 +2070,39 @@ CREATE TABLE artex.history_partitions (
 );
 
 --
+-- Name: kind_changes; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.kind_changes (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    change text NOT NULL,
+    reason text,
+    actor text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT kind_changes_change_check CHECK ((change = ANY (ARRAY['paused'::text, 'resumed'::text])))
+);
+
+--
+-- Name: TABLE kind_changes; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.kind_changes IS 'The audit of kind pauses and resumes, with their reasons (migrations/V38).';
+
+--
+-- Name: kind_changes_id_seq; Type: SEQUENCE; Schema: artex; Owner: -
+--
+
+ALTER TABLE artex.kind_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME artex.kind_changes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: kind_limits; Type: TABLE; Schema: artex; Owner: -
 --
 
@@ -2039,6 +2127,25 @@ CREATE TABLE artex.kind_limits (
 --
 
 COMMENT ON TABLE artex.kind_limits IS 'Fleet-wide limits per task kind, enforced where tasks are assigned: migrations/V18__tags_and_limits.sql.';
+
+--
+-- Name: kind_pauses; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.kind_pauses (
+    kind text NOT NULL,
+    reason text,
+    paused_by text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT kind_pauses_kind_check CHECK (artex.is_kind_name(kind)),
+    CONSTRAINT kind_pauses_reason_check CHECK ((char_length(reason) <= 10000))
+);
+
+--
+-- Name: TABLE kind_pauses; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.kind_pauses IS 'Paused task kinds: their tasks stay pending until resumed (migrations/V38). Written by artex.pause_kind and artex.resume_kind.';
 
 --
 -- Name: kinds; Type: TABLE; Schema: artex; Owner: -
@@ -2607,11 +2714,25 @@ ALTER TABLE ONLY artex.history_partitions
     ADD CONSTRAINT history_partitions_pkey PRIMARY KEY (name);
 
 --
+-- Name: kind_changes kind_changes_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.kind_changes
+    ADD CONSTRAINT kind_changes_pkey PRIMARY KEY (id);
+
+--
 -- Name: kind_limits kind_limits_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
 ALTER TABLE ONLY artex.kind_limits
     ADD CONSTRAINT kind_limits_pkey PRIMARY KEY (kind);
+
+--
+-- Name: kind_pauses kind_pauses_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.kind_pauses
+    ADD CONSTRAINT kind_pauses_pkey PRIMARY KEY (kind);
 
 --
 -- Name: kinds kinds_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
@@ -2710,6 +2831,12 @@ ALTER TABLE ONLY artex.worker_released
 
 ALTER TABLE ONLY artex.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+--
+-- Name: kind_changes_kind; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE INDEX kind_changes_kind ON artex.kind_changes USING btree (kind, id);
 
 --
 -- Name: schedule_changes_by_schedule; Type: INDEX; Schema: artex; Owner: -

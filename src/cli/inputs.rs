@@ -44,8 +44,11 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
     let bb = connect_one_shot(db).await?;
     let kinds = bb.operator().known_kinds().await?;
     let limits = bb.operator().kind_limits(None).await?;
+    let paused = bb.operator().paused_kinds(None).await?;
     if json {
-        return print_json(&serde_json::json!({ "kinds": kinds, "limits": limits }));
+        return print_json(
+            &serde_json::json!({ "kinds": kinds, "limits": limits, "paused": paused }),
+        );
     }
     for k in &kinds {
         outln!("{}", super::kind::kind_line(k))?;
@@ -57,6 +60,12 @@ pub(crate) async fn kinds(db: &DbConfig, json: bool) -> Result {
         outln!("limits:")?;
         for l in &limits {
             outln!("  {}", super::kind::limit_text(l))?;
+        }
+    }
+    if !paused.is_empty() {
+        outln!("paused:")?;
+        for p in &paused {
+            outln!("  {}: {}", p.kind, super::kind::pause_text(p))?;
         }
     }
     Ok(())

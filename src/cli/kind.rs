@@ -3,9 +3,11 @@
 //! most R started per second), enforced where tasks are assigned
 //! (migrations/V18__tags_and_limits.sql); `kind retry K` sets (or `--clear`s) its retry
 //! policy — the backoff after a failed attempt and the attempts a task of the kind gets
-//! when its submission states none (`artex_actors::retry`). `artex kinds` lists both.
+//! when its submission states none (`artex_actors::retry`); `kind pause K` and `kind
+//! resume K` stop and start the handing out of its tasks (migrations/V38__kinds_paused.sql).
+//! `artex kinds` lists all of it.
 
-use artex_actors::blackboard::{parse_rate, rate_text, KindLimit, KnownKind, LimitSpec};
+use artex_actors::blackboard::{parse_rate, rate_text, KindLimit, KindPause, KnownKind, LimitSpec};
 use artex_actors::retry::{Backoff, RetryPolicy};
 use clap::{Args, Subcommand};
 
@@ -25,6 +27,27 @@ pub(crate) enum KindCommand {
     /// Set a kind's retry policy: how long a failed attempt waits before its retry, and
     /// how many attempts its tasks get by default. Workers apply it within 5 s.
     Retry(RetryArgs),
+    /// Pause a kind: its tasks stay pending (submissions are accepted, schedules keep
+    /// firing) until `kind resume`; tasks already handed out finish. Holds across
+    /// restarts and for every planner; audited with the reason.
+    Pause(PauseArgs),
+    /// Resume a paused kind: its pending tasks are handed out again at once.
+    Resume(PauseArgs),
+}
+
+/// The arguments of `artex kind pause` and `artex kind resume`.
+#[derive(Debug, Args)]
+pub(crate) struct PauseArgs {
+    /// The task kind.
+    #[arg(value_parser = parse_kind)]
+    kind: String,
+    /// Why, for the audit (at most 10,000 characters).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Print `{"kind", "changed", "paused"}` as JSON (`paused`: the pause now, null
+    /// when the kind is not paused).
+    #[arg(long)]
+    json: bool,
 }
 
 /// The arguments of `artex kind limit`.
@@ -147,7 +170,52 @@ pub(crate) async fn kind(db: &DbConfig, command: KindCommand) -> Result {
     match command {
         KindCommand::Limit(args) => limit(db, args).await,
         KindCommand::Retry(args) => retry(db, args).await,
+        KindCommand::Pause(args) => pause(db, args, true).await,
+        KindCommand::Resume(args) => pause(db, args, false).await,
     }
+}
+
+/// `artex kind pause` (`pausing`) or `artex kind resume`.
+async fn pause(db: &DbConfig, args: PauseArgs, pausing: bool) -> Result {
+    let bb = connect_one_shot(db).await?;
+    let board = bb.operator();
+    let reason = args.reason.as_deref();
+    let changed = if pausing {
+        board.pause_kind(&args.kind, reason, &cli_actor()).await?
+    } else {
+        board.resume_kind(&args.kind, reason, &cli_actor()).await?
+    };
+    let paused = board.paused_kinds(Some(&args.kind)).await?.pop();
+    if args.json {
+        return print_json(&serde_json::json!({
+            "kind": args.kind,
+            "changed": changed,
+            "paused": paused,
+        }));
+    }
+    match (pausing, changed, &paused) {
+        (true, true, _) => outln!(
+            "kind {} paused: its tasks stay pending until `artex kind resume {}`",
+            args.kind,
+            args.kind
+        ),
+        (false, true, _) => outln!("kind {} resumed", args.kind),
+        (_, false, Some(p)) => outln!("kind {} was paused already: {}", args.kind, pause_text(p)),
+        (_, false, None) => outln!("kind {} was not paused", args.kind),
+    }
+}
+
+/// A pause as `artex kinds` and `artex kind pause` show it.
+pub(crate) fn pause_text(p: &KindPause) -> String {
+    format!(
+        "since {} by {}{}",
+        super::time_text(Some(p.paused_at)),
+        p.paused_by,
+        p.reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    )
 }
 
 async fn retry(db: &DbConfig, args: RetryArgs) -> Result {

@@ -299,4 +299,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // before.
         change: Change::Expand,
     },
+    Migration {
+        version: 38,
+        name: "kinds_paused",
+        sql: include_str!("../../../migrations/V38__kinds_paused.sql"),
+        // New tables and functions; the round's read keeps its arguments and results.
+        change: Change::Expand,
+    },
 ];

@@ -72,8 +72,8 @@ pub use migrate::{
 };
 pub use operator::submit_in;
 pub use operator::{
-    parse_rate, rate_text, BulkAction, BulkReport, KindLimit, LimitSpec, BULK_BATCH,
-    MAX_RATE_PER_SEC,
+    parse_rate, rate_text, BulkAction, BulkReport, KindChange, KindLimit, KindPause, LimitSpec,
+    BULK_BATCH, MAX_PAUSE_REASON_CHARS, MAX_RATE_PER_SEC,
 };
 pub use operator::{
     FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,

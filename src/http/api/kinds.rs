@@ -1,6 +1,7 @@
-//! `/api/v1/kinds…`: the kinds workers declared, each with its retry policy, and every
-//! kind's fleet-wide limits; one kind's limits and retry policy read, set (`PUT`) or
-//! removed (`DELETE`) — what `artex kinds`, `artex kind limit` and `artex kind retry` do.
+//! `/api/v1/kinds…`: the kinds workers declared, each with its retry policy, every
+//! kind's fleet-wide limits and the paused kinds; one kind's limits and retry policy
+//! read, set (`PUT`) or removed (`DELETE`), one kind paused or resumed — what `artex
+//! kinds`, `artex kind limit`, `artex kind retry` and `artex kind pause|resume` do.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_kind, parse_rate, LimitSpec};
@@ -13,9 +14,9 @@ use crate::http::auth::{CanRead, CanWrite};
 /// The fields of a policy in `PUT /api/v1/kinds/{kind}/retry`.
 const POLICY_FIELDS: &[&str] = &["backoff", "base_ms", "cap_ms", "max_attempts"];
 
-/// `GET /api/v1/kinds`: `{"kinds": [...], "limits": [...]}`, the kinds workers declared
-/// by name, each with its `retry` policy (null: the fleet's default), and every kind's
-/// limits with the tasks they count now.
+/// `GET /api/v1/kinds`: `{"kinds": [...], "limits": [...], "paused": [...]}`, the kinds
+/// workers declared by name, each with its `retry` policy (null: the fleet's default),
+/// every kind's limits with the tasks they count now, and the paused kinds.
 pub(super) async fn list(
     _: CanRead,
     req: HttpRequest,
@@ -24,7 +25,57 @@ pub(super) async fn list(
     query(&req, &[])?;
     let kinds = state.bb.known_kinds().await?;
     let limits = state.bb.kind_limits(None).await?;
-    Ok(HttpResponse::Ok().json(json!({ "kinds": kinds, "limits": limits })))
+    let paused = state.bb.paused_kinds(None).await?;
+    Ok(HttpResponse::Ok().json(json!({ "kinds": kinds, "limits": limits, "paused": paused })))
+}
+
+/// `POST /api/v1/kinds/{kind}/pause` (an optional `{"reason": …}`): its tasks stay
+/// pending until it is resumed; 200 `{"kind", "changed", "paused"}` (`changed` false: it
+/// was paused already, and keeps that pause).
+pub(super) async fn pause(
+    _: CanWrite,
+    req: HttpRequest,
+    kind: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    pause_or_resume(req, kind, body, state, true).await
+}
+
+/// `POST /api/v1/kinds/{kind}/resume` (an optional `{"reason": …}`): its tasks are
+/// handed out again; 200 `{"kind", "changed", "paused": null}` (`changed` false: it was
+/// not paused).
+pub(super) async fn resume(
+    _: CanWrite,
+    req: HttpRequest,
+    kind: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    pause_or_resume(req, kind, body, state, false).await
+}
+
+async fn pause_or_resume(
+    req: HttpRequest,
+    kind: web::Path<String>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+    pausing: bool,
+) -> Result<HttpResponse, ApiError> {
+    let kind = kind_of(&kind)?;
+    let reason = super::tasks::read_reason(&req, body, &state).await?;
+    let who = actor(&req);
+    let changed_now = if pausing {
+        state.bb.pause_kind(&kind, reason.as_deref(), &who).await?
+    } else {
+        state.bb.resume_kind(&kind, reason.as_deref(), &who).await?
+    };
+    let paused = state.bb.paused_kinds(Some(&kind)).await?.pop();
+    changed(
+        &state,
+        json!({ "kind": kind, "changed": changed_now, "paused": paused }),
+    )
+    .await
 }
 
 /// `GET /api/v1/kinds/{kind}/retry`: the kind with its policy (404 for a kind no worker

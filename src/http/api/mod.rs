@@ -307,6 +307,8 @@ pub fn api_routes(r: &mut impl Routes) {
         "/api/v1/kinds/{kind}/limits",
         kinds::clear_limits,
     );
+    r.add(M::POST, "/api/v1/kinds/{kind}/pause", kinds::pause);
+    r.add(M::POST, "/api/v1/kinds/{kind}/resume", kinds::resume);
     r.add(M::GET, "/api/v1/kinds/{kind}/retry", kinds::show_retry);
     r.add(M::PUT, "/api/v1/kinds/{kind}/retry", kinds::set_retry);
     r.add(M::DELETE, "/api/v1/kinds/{kind}/retry", kinds::clear_retry);

@@ -12,6 +12,7 @@ mod flow_list;
 mod flows;
 mod inputs;
 mod kind_limits;
+mod kind_pauses;
 mod overview;
 mod replica;
 mod schedules;
@@ -21,6 +22,7 @@ mod tasks;
 pub use bulk::{BulkAction, BulkReport, BULK_BATCH};
 pub use flow_list::FlowSummary;
 pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
+pub use kind_pauses::{KindChange, KindPause, MAX_PAUSE_REASON_CHARS};
 pub use overview::{
     MinuteCount, Percentiles, RecentStats, Stats, WorkerView, RECENT_SAMPLE, STATUS_COUNT_CAP,
 };
