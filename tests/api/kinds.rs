@@ -118,6 +118,11 @@ async fn a_kind_is_paused_and_resumed_with_its_reason() {
     );
     let listed = api.get("/api/v1/kinds").json();
     assert_eq!(listed["paused"][0]["kind"], json!("echo"), "{listed}");
+    let metrics = api.get("/metrics").text();
+    assert!(
+        metrics.contains("artex_kind_paused{kind=\"echo\"} 1"),
+        "{metrics}"
+    );
     let again = api.w("POST", "/api/v1/kinds/echo/pause", None).json();
     assert_eq!(
         (&again["changed"], &again["paused"]["reason"]),
@@ -166,6 +171,7 @@ async fn a_kind_is_paused_and_resumed_with_its_reason() {
         (&json!(true), &json!(null))
     );
     assert_eq!(api.get("/api/v1/kinds").json()["paused"], json!([]));
+    assert!(!api.get("/metrics").text().contains("artex_kind_paused{"));
     let changes = db.bb.operator().kind_changes("echo", 10).await.unwrap();
     assert_eq!(
         changes

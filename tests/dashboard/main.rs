@@ -736,6 +736,41 @@ async fn tagged_tasks_are_filtered_and_canceled_in_bulk_after_a_counted_confirma
         )
         .await;
     assert_eq!(row, json!("0 3 - 30/m"));
+    // Paused with its button (the write token asked for), shown paused, then resumed;
+    // the overview lists it while paused.
+    b.click("#kinds-table tr[data-kind=resize] button[data-action=pause]")
+        .await;
+    b.confirm().await;
+    b.give_token(WRITE_TOKEN).await;
+    b.until(
+        "the kind shown paused",
+        "return !!document.querySelector('#kinds-table tr[data-kind=resize][data-paused=true] [data-status=paused]')",
+    )
+    .await;
+    let paused = db.bb.operator().paused_kinds(Some("resize")).await.unwrap();
+    assert_eq!(paused.len(), 1, "{paused:?}");
+    b.goto(&format!("http://{addr}/#/")).await;
+    b.until(
+        "the overview's paused kinds",
+        "const c = document.querySelector('[data-metric=paused-kinds]'); return c && c.textContent.includes('resize')",
+    )
+    .await;
+    b.goto(&format!("http://{addr}/#/kinds")).await;
+    b.click("#kinds-table tr[data-kind=resize] button[data-action=resume]")
+        .await;
+    b.confirm().await;
+    b.until(
+        "the kind shown handed out again",
+        "return !!document.querySelector('#kinds-table tr[data-kind=resize][data-paused=false]')",
+    )
+    .await;
+    assert!(db
+        .bb
+        .operator()
+        .paused_kinds(None)
+        .await
+        .unwrap()
+        .is_empty());
     b.assert_no_errors().await;
     b.close().await;
 }

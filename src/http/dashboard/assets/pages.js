@@ -58,6 +58,11 @@
             h("div", { class: "n" }, backlog.age_ms === null || backlog.age_ms === undefined ? "-" : A.ms(backlog.age_ms)),
             h("div", { class: "l" }, "backlog age (oldest runnable pending task)")),
           h("div", { class: "card" }, h("div", { class: "n" }, latest.finished || 0), h("div", { class: "l" }, "finished this minute")),
+          (declared.paused || []).length
+            ? h("div", { class: "card", "data-metric": "paused-kinds", title: declared.paused.map((p) => p.kind + (p.reason ? ": " + p.reason : "")).join("\n") },
+              h("div", { class: "n" }, declared.paused.length),
+              h("div", { class: "l" }, h("a", { href: "#/kinds" }, "paused kind(s)"), ": " + declared.paused.map((p) => p.kind).join(", ")))
+            : null,
           s.replica
             ? h("div", { class: "card", "data-metric": "replica-lag", title: "replayed up to " + (s.replica.replay_lsn || "-") + " of the primary's " + s.replica.primary_lsn },
               h("div", { class: "n" }, A.ms(s.replica.lag_ms)),
@@ -276,35 +281,42 @@
   tasks.reload = () => (A.arg ? task.reload() : listReload());
 
   // ---- kinds ------------------------------------------------------------------------
-  // The kinds workers declared and each kind's fleet-wide limits, with what they count.
+  // The kinds workers declared and each kind's fleet-wide limits, with what they count;
+  // paused kinds, and a button to pause or resume each.
   const kinds = {
     name: "kinds",
     async show(main) {
-      A.add(main, h("h1", {}, "Kinds"), h("div", { id: "kinds-page" }, h("p", { class: "muted" }, "Loading…")));
+      A.add(main, h("h1", {}, "Kinds"), h("p", { id: "flash" }), h("div", { id: "kinds-page" }, h("p", { class: "muted" }, "Loading…")));
       await kinds.reload();
     },
     async reload() {
       const box = document.getElementById("kinds-page");
       if (!box) return;
-      const { kinds: declared, limits } = await A.api("GET", "/api/v1/kinds");
+      const { kinds: declared, limits, paused } = await A.api("GET", "/api/v1/kinds");
       const retry = new Map(declared.map((k) => [k.kind, k.retry]));
       const byKind = new Map(limits.map((l) => [l.kind, l]));
-      const names = [...new Set([...declared.map((k) => k.kind), ...limits.map((l) => l.kind)])].sort();
+      const pauses = new Map((paused || []).map((p) => [p.kind, p]));
+      const names = [...new Set([...declared.map((k) => k.kind), ...limits.map((l) => l.kind), ...pauses.keys()])].sort();
       const rate = (r) => r === null ? "-" : r >= 1 ? +r.toFixed(3) + "/s" : r * 60 >= 1 ? +(r * 60).toFixed(3) + "/m" : +(r * 3600).toFixed(3) + "/h";
       A.replace(box, names.length
         ? h("div", { class: "table" }, h("table", { id: "kinds-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "held"), h("th", { class: "num" }, "concurrency"),
-            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"))),
+            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"),
+            h("th", {}, "handed out"), h("th", {}, ""))),
           h("tbody", {}, names.map((k) => {
             const l = byKind.get(k);
-            return h("tr", { "data-kind": k }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
+            const p = pauses.get(k);
+            return h("tr", { "data-kind": k, "data-paused": String(!!p) }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
               h("td", { class: "num" }, l ? l.held : "-"), h("td", { class: "num" }, l && l.concurrency !== null ? l.concurrency : "-"),
               h("td", { class: "num" }, l && l.key_concurrency !== null ? l.key_concurrency : "-"), h("td", { class: "num" }, l ? rate(l.rate_per_sec) : "-"),
               h("td", { class: "retry" }, retry.has(k) ? A.policy(retry.get(k)) : "-"),
-              h("td", { class: "hide-sm muted" }, l ? A.time(l.updated_at) + " by " + l.updated_by : "no limits"));
+              h("td", { class: "hide-sm muted" }, l ? A.time(l.updated_at) + " by " + l.updated_by : "no limits"),
+              h("td", { "data-col": "paused", title: p ? "since " + p.paused_at + " by " + p.paused_by : "" },
+                p ? [A.status("paused"), p.reason ? h("span", { class: "muted" }, " " + p.reason) : null] : "yes"),
+              h("td", {}, A.controlButton("kind", encodeURIComponent(k), p ? "resume" : "pause", () => kinds.reload())));
           }))))
         : h("p", { class: "muted" }, "No worker has declared a kind yet."),
-        h("p", { class: "muted" }, "Set limits with artex kind limit K --concurrency N --key-concurrency N --rate 100/s, or PUT /api/v1/kinds/{kind}/limits."));
+        h("p", { class: "muted" }, "Set limits with artex kind limit K --concurrency N --key-concurrency N --rate 100/s, or PUT /api/v1/kinds/{kind}/limits. A paused kind's tasks stay pending until it is resumed (artex kind pause|resume K)."));
     },
   };
   kinds.onEvent = A.throttle(() => kinds.reload().catch(() => {}), 2000);
