@@ -419,6 +419,19 @@ async fn operators_read_from_the_replica() {
     let (page, from, _) = get(&worker_addr, "/api/v1/tasks", None);
     assert_eq!(from.as_deref(), Some("replica"));
     assert_eq!(ids(&page), [c.as_str(), a.as_str()], "the paused replica's");
+    // Its /health and /metrics say the replica serves its reads.
+    let (status, health) = fetch(&worker_addr, "/health");
+    let health: Value = serde_json::from_str(&health).expect("JSON");
+    assert_eq!(
+        (status, health["replica"]["serves_reads"].as_bool()),
+        (200, Some(true)),
+        "{health}"
+    );
+    let (_, metrics) = fetch(&worker_addr, "/metrics");
+    assert!(
+        metrics.contains("artex_replica_serves_reads 1"),
+        "{metrics}"
+    );
     drop(worker);
 
     // The dashboard: a task the replica shows pending is paused with its button, and
