@@ -1711,31 +1711,6 @@ $$;
 COMMENT ON FUNCTION artex.tasks_ended(p_ids uuid[], p_status artex.task_status[]) IS 'The flows'' response to tasks that ended (ids sorted, with their statuses): promotion of dependents, cancel cascade. Called by the flows trigger and by record_attempts (V25).';
 
 --
--- Name: tasks_held_after_insert(); Type: FUNCTION; Schema: artex; Owner: -
---
-
-CREATE FUNCTION artex.tasks_held_after_insert() RETURNS trigger
-    LANGUAGE plpgsql
-    SET jit TO 'off'
-    AS $$
-declare
-    deltas jsonb;
-begin
-    select jsonb_object_agg(worker, delta) into deltas
-    from (
-        select assigned_to as worker, count(*) as delta
-        from new_rows
-        where assigned_to is not null and status in ('assigned', 'running')
-        group by assigned_to
-    ) per_worker;
-    if deltas is not null then
-        perform artex.apply_held(deltas);
-    end if;
-    return null;
-end
-$$;
-
---
 -- Name: tasks_held_after_update(); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -3059,12 +3034,6 @@ CREATE TRIGGER tasks_check_input AFTER INSERT ON artex.tasks REFERENCING NEW TAB
 --
 
 CREATE TRIGGER tasks_check_input_update BEFORE UPDATE OF kind, payload ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_check_input_update();
-
---
--- Name: tasks tasks_held_after_insert; Type: TRIGGER; Schema: artex; Owner: -
---
-
-CREATE TRIGGER tasks_held_after_insert AFTER INSERT ON artex.tasks REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION artex.tasks_held_after_insert();
 
 --
 -- Name: tasks tasks_held_after_update; Type: TRIGGER; Schema: artex; Owner: -
