@@ -2,6 +2,12 @@
 //! arrives while one batch is being written forms the next. A start is recorded after
 //! the handler began, or with the outcome when the task finished first; every record
 //! names the lease epoch, so a worker that lost a task changes nothing.
+//!
+//! While the local queue holds a task for every slot, a batch waits up to [`LINGER`]
+//! for more: each write is a statement, a commit and a planner round whatever its size,
+//! and short tasks arriving one by one made batches of a few dozen (programs: ~25, the
+//! write's fixed cost two thirds of PostgreSQL's per task). No slot waits meanwhile (the
+//! queue feeds them); a worker whose queue runs low, or that drains, writes at once.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -15,6 +21,10 @@ use crate::flight::SingleFlight;
 
 /// How soon a batch that could not be written is tried again.
 const FLUSH_RETRY: Duration = Duration::from_millis(100);
+/// How long a batch may wait for more while the local queue feeds every slot.
+pub const LINGER: Duration = Duration::from_millis(20);
+/// A batch this large is written without waiting.
+const LINGER_UNTIL: usize = 500;
 
 /// The outcomes waiting to be written, the batch in flight, and what came of the
 /// batches written.
@@ -24,6 +34,8 @@ pub(super) struct Outcomes {
     pub outbox: Vec<AttemptRecord>,
     /// A batch is being written.
     pub flight: SingleFlight,
+    /// A batch waits for more (a timer of [`LINGER`] is set).
+    pub lingering: bool,
     /// Tasks finished by this process (outcomes written).
     pub finished: u64,
     /// Records refused because the lease had been lost.
@@ -37,7 +49,28 @@ type Written = (crate::Result<Vec<Uuid>>, HashSet<Uuid>);
 impl Worker {
     /// Writes the waiting outcomes and the starts not written yet, in one statement.
     pub(super) fn flush(&mut self, ctx: &mut Context<Self>) {
-        if self.outcomes.flight.busy() {
+        self.flush_now(ctx, false);
+    }
+
+    /// [`Worker::flush`]; `lingered`: the batch has waited its [`LINGER`] already.
+    fn flush_now(&mut self, ctx: &mut Context<Self>, lingered: bool) {
+        // A batch in flight calls again when it is written; a lingering one, when its
+        // timer ends.
+        if self.outcomes.flight.busy() || self.outcomes.lingering {
+            return;
+        }
+        let fed = self.held.queue.len() >= self.config.concurrency.max(1);
+        if !lingered
+            && fed
+            && !self.stopping.draining
+            && !self.outcomes.outbox.is_empty()
+            && self.outcomes.outbox.len() < LINGER_UNTIL
+        {
+            self.outcomes.lingering = true;
+            ctx.run_later(LINGER, |act, ctx| {
+                act.outcomes.lingering = false;
+                act.flush_now(ctx, true);
+            });
             return;
         }
         let mut batch = std::mem::take(&mut self.outcomes.outbox);
