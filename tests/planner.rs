@@ -962,16 +962,17 @@ async fn a_paused_kind_s_tasks_stay_pending_until_it_is_resumed() {
     }
 }
 
-/// `artex kind pause|resume` against a running planner and worker: a paused kind's task
-/// stays pending while a task of another kind submitted after it runs, `artex kinds`
-/// lists the pause, and once resumed the task runs; a kind that is no kind name is
-/// refused naming it.
+/// `artex kind pause|resume` against two running planners and a worker: a paused kind's
+/// task stays pending while a task of another kind submitted after it runs, `artex
+/// kinds` lists the pause, and once resumed the task runs; a kind that is no kind name
+/// is refused naming it.
 #[tokio::test]
 async fn a_kind_paused_from_the_cli_waits_while_the_fleet_runs_the_others() {
     use common::procs::Proc;
     use common::run_cli;
     let db = TestDb::new().await;
     let _p = Proc::planner("planner", &db.url, &[]);
+    let _p2 = Proc::planner("planner-2", &db.url, &[]);
     let _w = Proc::worker("worker", &db.url, &[]);
     let (code, out, err) = run_cli(
         &db.url,
