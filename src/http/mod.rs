@@ -124,7 +124,7 @@ async fn health(
     }
     // With --api and a replica: its state, which never makes the worker unready.
     let replica = api.as_ref().and_then(|a| a.reads.health());
-    notes.extend(replica.as_ref().and_then(api::replica_note));
+    notes.extend(replica.as_ref().and_then(|r| r.note()));
     let body = json!({
         "ready": reasons.is_empty(),
         "reasons": reasons,
@@ -254,7 +254,7 @@ async fn metrics(
         ));
     }
     if let Some(api) = &api {
-        out.push_str(&api::replica_metrics(&api.reads));
+        out.push_str(&api.reads.health().map(|r| r.metrics()).unwrap_or_default());
     }
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

@@ -84,7 +84,24 @@ pub(super) async fn events_head(
 /// `GET /health` of `artex serve` (open): 200 when the database answered a real round
 /// trip recently, 503 with the reason otherwise; the replica's state beside.
 pub(super) async fn health(probe: web::Data<DbProbe>, state: web::Data<ApiState>) -> HttpResponse {
-    super::health_body(&probe, &state.reads)
+    let replica = state.reads.health();
+    let notes: Vec<String> = replica.iter().filter_map(|r| r.note()).collect();
+    let (ready, reasons) = match probe.verdict() {
+        Ok(()) => (true, Vec::new()),
+        Err(why) => (false, vec![why]),
+    };
+    let body = json!({
+        "ready": ready,
+        "reasons": reasons,
+        "notes": notes,
+        "database_host": probe.host(),
+        "replica": replica,
+    });
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
 }
 
 /// `GET /metrics` of `artex serve` (read scope), in Prometheus' text format: the paused
@@ -104,7 +121,9 @@ pub(super) async fn metrics(_: CanRead, state: web::Data<ApiState>) -> HttpRespo
         }
         Err(e) => tracing::warn!(error = %e, "/metrics: reading the paused kinds"),
     }
-    out.push_str(&super::replica_metrics(&state.reads));
+    if let Some(replica) = state.reads.health() {
+        out.push_str(&replica.metrics());
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out)

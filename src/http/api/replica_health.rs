@@ -93,6 +93,55 @@ pub struct ReplicaHealth {
     pub fallbacks: Fallbacks,
 }
 
+impl ReplicaHealth {
+    /// What `/health`'s notes say of a replica that serves no reads now.
+    pub fn note(&self) -> Option<String> {
+        let why = match self.state {
+            ReplicaState::Unknown | ReplicaState::Ok => return None,
+            ReplicaState::Lagging => format!(
+                "it has not replayed what the primary wrote {} ms ago (--read-max-lag)",
+                self.max_lag_ms
+            ),
+            ReplicaState::Unreachable => format!(
+                "it is unreachable: {}",
+                self.error.as_deref().unwrap_or("no answer")
+            ),
+            ReplicaState::NotAStandby => "it is no standby (promoted?)".to_string(),
+        };
+        Some(format!("replica: reads go to the primary: {why}"))
+    }
+
+    /// Its lines of `/metrics`, in Prometheus' text format.
+    pub fn metrics(&self) -> String {
+        let mut out = format!(
+            "# HELP artex_replica_serves_reads 1 if reads go to the replica of --read-database-url now.\n\
+             # TYPE artex_replica_serves_reads gauge\n\
+             artex_replica_serves_reads {}\n",
+            u8::from(self.serves_reads)
+        );
+        if let Some(ms) = self.lag.as_ref().and_then(|l| l.lag_ms) {
+            out.push_str(&format!(
+                "# HELP artex_replica_lag_seconds How old what the replica shows is, at the last check.\n\
+                 # TYPE artex_replica_lag_seconds gauge\n\
+                 artex_replica_lag_seconds {}\n",
+                ms / 1000.0
+            ));
+        }
+        out.push_str(
+            "# HELP artex_replica_read_fallbacks_total Reads sent to the primary instead of the replica, by reason.\n\
+             # TYPE artex_replica_read_fallbacks_total counter\n",
+        );
+        for why in Fallback::ALL {
+            out.push_str(&format!(
+                "artex_replica_read_fallbacks_total{{reason=\"{}\"}} {}\n",
+                why.label(),
+                self.fallbacks.of(why)
+            ));
+        }
+        out
+    }
+}
+
 /// Reads sent to the primary instead of the replica, by reason.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Fallbacks {
@@ -104,6 +153,18 @@ pub struct Fallbacks {
     pub not_a_standby: u64,
     /// See [`Fallback::Conflict`].
     pub conflict: u64,
+}
+
+impl Fallbacks {
+    /// The reads sent to the primary for `why`.
+    pub fn of(&self, why: Fallback) -> u64 {
+        match why {
+            Fallback::Unreachable => self.unreachable,
+            Fallback::Lagging => self.lagging,
+            Fallback::NotAStandby => self.not_a_standby,
+            Fallback::Conflict => self.conflict,
+        }
+    }
 }
 
 /// The replica's health, shared by the API's handlers and its checker.
@@ -344,5 +405,22 @@ mod tests {
         h.fell_back(Fallback::Conflict);
         let f = h.fallbacks();
         assert_eq!((f.unreachable, f.lagging, f.conflict), (1, 0, 2));
+        let v = h.view();
+        assert_eq!(
+            v.note().as_deref(),
+            Some("replica: reads go to the primary: it is unreachable: connection reset")
+        );
+        let metrics = v.metrics();
+        for line in [
+            "artex_replica_serves_reads 0",
+            "artex_replica_read_fallbacks_total{reason=\"unreachable\"} 1",
+            "artex_replica_read_fallbacks_total{reason=\"conflict\"} 2",
+            "artex_replica_read_fallbacks_total{reason=\"not_a_standby\"} 0",
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in:\n{metrics}"
+            );
+        }
     }
 }
