@@ -184,12 +184,11 @@ impl Reads {
         let Some((replica, health)) = &self.replica else {
             return Ok(None);
         };
-        match replica.lag(&self.primary).await {
+        // The primary's failure is the answer's; the replica's only makes it unknown.
+        let primary_lsn = self.primary.written_position().await?;
+        match replica.lag_behind(primary_lsn).await {
             Ok(lag) => Ok(Some(lag)),
             Err(e) if e.is_connection() => {
-                // The primary's position is read first: if it is the one that failed,
-                // the answer is the primary's failure.
-                self.primary.written_position().await?;
                 health.lost(&e.to_string());
                 Ok(None)
             }
