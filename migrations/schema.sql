@@ -1907,6 +1907,46 @@ end
 $$;
 
 --
+-- Name: api_tokens; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.api_tokens (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    scope text NOT NULL,
+    secret_sha256 bytea NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone,
+    revoked_by text,
+    revoked_at timestamp with time zone,
+    CONSTRAINT api_tokens_check CHECK ((expires_at > created_at)),
+    CONSTRAINT api_tokens_check1 CHECK (((revoked_at IS NULL) = (revoked_by IS NULL))),
+    CONSTRAINT api_tokens_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$'::text)),
+    CONSTRAINT api_tokens_scope_check CHECK ((scope = ANY (ARRAY['read'::text, 'write'::text, 'admin'::text]))),
+    CONSTRAINT api_tokens_secret_sha256_check CHECK ((octet_length(secret_sha256) = 32))
+);
+
+--
+-- Name: TABLE api_tokens; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.api_tokens IS 'Named bearer tokens of the HTTP API and the dashboard, by scope (read, write, admin), stored as the SHA-256 of their secret; revoked ones kept as their audit (migrations/V41).';
+
+--
+-- Name: api_tokens_id_seq; Type: SEQUENCE; Schema: artex; Owner: -
+--
+
+ALTER TABLE artex.api_tokens ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME artex.api_tokens_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: blackboard; Type: TABLE; Schema: artex; Owner: -
 --
 
@@ -2647,6 +2687,20 @@ ALTER TABLE ONLY artex.task_history ATTACH PARTITION artex.task_transitions_defa
 ALTER TABLE ONLY artex.task_history ALTER COLUMN id SET DEFAULT nextval('artex.history_id_seq'::regclass);
 
 --
+-- Name: api_tokens api_tokens_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.api_tokens
+    ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
+
+--
+-- Name: api_tokens api_tokens_secret_sha256_key; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.api_tokens
+    ADD CONSTRAINT api_tokens_secret_sha256_key UNIQUE (secret_sha256);
+
+--
 -- Name: blackboard blackboard_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
@@ -2806,6 +2860,12 @@ ALTER TABLE ONLY artex.worker_released
 
 ALTER TABLE ONLY artex.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+--
+-- Name: api_tokens_live_name; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE UNIQUE INDEX api_tokens_live_name ON artex.api_tokens USING btree (name) WHERE (revoked_at IS NULL);
 
 --
 -- Name: kind_changes_kind; Type: INDEX; Schema: artex; Owner: -

@@ -1,6 +1,8 @@
 //! Bearer tokens: read from a file (trimmed; an empty file is refused), taken from an
 //! `Authorization: Bearer …` header, and compared in constant time. Used by every scope:
-//! read and write (`http::auth`) and upgrade (`hot_upgrade`).
+//! read and write (`http::auth`) and upgrade (`hot_upgrade`). Named tokens
+//! (`artex token create`) are made here: a random secret, of which the blackboard keeps
+//! only the SHA-256.
 
 use std::path::Path;
 
@@ -21,6 +23,25 @@ pub fn from_file(file: Option<&Path>, flag: &str) -> Result<Option<String>> {
         )));
     }
     Ok(Some(token.to_string()))
+}
+
+/// What a named token's secret starts with: a secret found in a log or a repository
+/// says what it is.
+pub const SECRET_PREFIX: &str = "artex_";
+
+/// A new named token's secret: [`SECRET_PREFIX`] and 32 random bytes from the operating
+/// system, in hex.
+pub fn new_secret() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::Invalid(format!("no randomness for a token's secret: {e}")))?;
+    Ok(format!("{SECRET_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// The SHA-256 of a secret: what the blackboard holds and requests are matched by.
+pub fn secret_sha256(secret: &str) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(secret.as_bytes()).into()
 }
 
 /// The token of an `Authorization: Bearer …` header.
@@ -54,6 +75,18 @@ mod tests {
         assert_eq!(bearer(Some("Bearer  abc ")), Some("abc"));
         assert_eq!(bearer(Some("Basic abc")), None);
         assert_eq!(bearer(None), None);
+    }
+
+    #[test]
+    fn secrets_are_new_each_time_and_hash_to_32_bytes() {
+        let (a, b) = (new_secret().unwrap(), new_secret().unwrap());
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with(SECRET_PREFIX) && a.len() == SECRET_PREFIX.len() + 64,
+            "{a}"
+        );
+        assert_eq!(secret_sha256(&a), secret_sha256(&a.clone()));
+        assert_ne!(secret_sha256(&a), secret_sha256(&b));
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod run;
 mod schedules;
 mod stdout;
 mod tasks;
+mod token;
 mod upload;
 
 use std::io::Write;
@@ -184,6 +185,13 @@ enum Command {
         #[command(subcommand)]
         command: kind::KindCommand,
     },
+    /// Named bearer tokens of the HTTP API and the dashboard: `artex token create NAME
+    /// --scope read|write|admin [--expires 30d]` prints the secret once; `token list`,
+    /// `token revoke NAME`.
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
     /// The workers the blackboard knows: state, pid, version, binary, tasks held.
     Workers(cluster::WorkersArgs),
     /// Tasks by status, and recent throughput and latency.
@@ -266,6 +274,7 @@ async fn dispatch(cli: Cli, registry: Registry) -> Result {
         Command::Limits(args) => inputs::limits(db, args).await,
         Command::Kinds { json } => inputs::kinds(db, json).await,
         Command::Kind { command } => kind::kind(db, command).await,
+        Command::Token { command } => token::token(db, command).await,
         Command::Workers(args) => cluster::workers(db, args).await,
         Command::Stats(args) => cluster::stats(db, args).await,
         Command::Bundle { command } => bundle::bundle(command),

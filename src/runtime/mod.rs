@@ -217,6 +217,7 @@ pub async fn run_api(
     shutdown: impl Future<Output = ()>,
 ) -> Result {
     let access = Access::from_args(&args.access)?;
+    access.watch(bb.operator()).await;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("reading the HTTP listener's address", e))?;

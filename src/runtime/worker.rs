@@ -70,6 +70,7 @@ pub async fn run_worker(
         (None, Some(s)) => receive_listener(s, &bb, &config).await?,
         (None, None) => unreachable!("checked by http_address"),
     };
+    access.watch(bb.operator()).await;
     tracing::info!(worker = %config.id, http = %http_addr, kinds = ?registry.kinds(),
         concurrency = config.concurrency, prefetch = ?config.prefetch, lease_ms = args.lease_ms,
         drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(), access = ?access,

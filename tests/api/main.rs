@@ -37,6 +37,7 @@ mod schemathesis;
 mod search;
 mod submit_fuzz;
 mod tasks;
+mod tokens;
 
 use std::net::TcpListener;
 

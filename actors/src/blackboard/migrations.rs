@@ -313,4 +313,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // A trigger that could find nothing to do, dropped: the same rules.
         change: Change::Expand,
     },
+    Migration {
+        version: 41,
+        name: "named_tokens",
+        sql: include_str!("../../../migrations/V41__named_tokens.sql"),
+        // A new table; nothing reads it but the processes that know it.
+        change: Change::Expand,
+    },
 ];

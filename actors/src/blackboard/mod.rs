@@ -71,6 +71,7 @@ pub use migrate::{
     SchemaMismatch, SchemaStatus, MIGRATIONS,
 };
 pub use operator::submit_in;
+pub use operator::{check_token_name, LiveToken, TokenInfo, TokenScope, MAX_TOKEN_NAME_CHARS};
 pub use operator::{
     parse_rate, rate_text, BulkAction, BulkReport, KindChange, KindLimit, KindPause, LimitSpec,
     BULK_BATCH, MAX_PAUSE_REASON_CHARS, MAX_RATE_PER_SEC,

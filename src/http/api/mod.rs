@@ -26,6 +26,7 @@ pub mod reads;
 pub mod replica_health;
 mod schedules;
 mod tasks;
+mod tokens;
 mod uploads;
 
 use actix_web::http::{Method, StatusCode};
@@ -312,6 +313,10 @@ pub fn api_routes(r: &mut impl Routes) {
     r.add(M::GET, "/api/v1/kinds/{kind}/retry", kinds::show_retry);
     r.add(M::PUT, "/api/v1/kinds/{kind}/retry", kinds::set_retry);
     r.add(M::DELETE, "/api/v1/kinds/{kind}/retry", kinds::clear_retry);
+    r.add(M::GET, "/api/v1/whoami", tokens::whoami);
+    r.add(M::GET, "/api/v1/tokens", tokens::list);
+    r.add(M::POST, "/api/v1/tokens", tokens::create);
+    r.add(M::DELETE, "/api/v1/tokens/{name}", tokens::revoke);
     r.add(M::GET, "/api/v1/schedules", schedules::list);
     r.add(M::POST, "/api/v1/schedules", schedules::add);
     r.add(M::GET, "/api/v1/schedules/{name}", schedules::show);
@@ -412,8 +417,12 @@ async fn openapi() -> HttpResponse {
         .body(OPENAPI)
 }
 
-/// Who the history records for a change made through the API.
+/// Who the history records for a change made through the API: a named token's name
+/// (`token:NAME`), else the caller's address (`api@ADDRESS`).
 fn actor(req: &HttpRequest) -> String {
+    if let Some(name) = crate::http::auth::caller(req).and_then(|c| c.name) {
+        return format!("token:{name}");
+    }
     match req.peer_addr() {
         Some(peer) => format!("api@{}", peer.ip()),
         None => "api".into(),

@@ -2,11 +2,13 @@
 //! and flows (`submit.rs`, `flows.rs`), read and list them (`tasks.rs`, `flow_list.rs`),
 //! control them (pause, resume, cancel, retry; in bulk: `bulk.rs`), the roster and
 //! statistics (`overview.rs`), and the input limits and known kinds (`inputs.rs`),
-//! schedules (`schedules.rs`: add, list, pause, resume, remove), and the reads a streaming
+//! schedules (`schedules.rs`: add, list, pause, resume, remove), the named API tokens
+//! (`api_tokens.rs`), and the reads a streaming
 //! replica serves (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
 
+mod api_tokens;
 mod bulk;
 mod flow_list;
 mod flows;
@@ -19,6 +21,7 @@ mod schedules;
 mod submit;
 mod tasks;
 
+pub use api_tokens::{check_token_name, LiveToken, TokenInfo, TokenScope, MAX_TOKEN_NAME_CHARS};
 pub use bulk::{BulkAction, BulkReport, BULK_BATCH};
 pub use flow_list::FlowSummary;
 pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
