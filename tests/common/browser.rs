@@ -86,7 +86,7 @@ impl Browser {
     pub async fn open_with_token(&self, addr: &str, hash: &str, read: &str) {
         self.goto(&format!("http://{addr}/ui/app.css")).await;
         self.eval(&format!(
-            "sessionStorage.setItem('artex.read', {read:?}); return null"
+            "sessionStorage.setItem('artex.token', {read:?}); return null"
         ))
         .await;
         self.goto(&format!("http://{addr}/{hash}")).await;

@@ -1,6 +1,7 @@
 //! The web dashboard in a real headless Chromium (Debian's `chromium` driven through
 //! `chromedriver`): live counts, an operator action with its confirmation and the
-//! write token asked for in the page, a schedule listed and paused with its button, a
+//! token asked for in the page (whose it is shown, what its scope cannot do hidden), a
+//! schedule listed and paused with its button, a
 //! flow's graph, a hot upgrade on the workers page,
 //! and a browser upload (with the page's SHA-256 checked against known vectors), then one
 //! cut off midway and resumed from a new page, and one resumed from a file that changed
@@ -773,4 +774,100 @@ async fn tagged_tasks_are_filtered_and_canceled_in_bulk_after_a_counted_confirma
         .is_empty());
     b.assert_no_errors().await;
     b.close().await;
+}
+
+/// Waits until `addr` knows the named token `secret` (a server reads them every 2 s).
+async fn until_known(addr: &str, secret: &str) {
+    let auth = format!("Bearer {secret}");
+    common::procs::wait_for(
+        "the named token honored",
+        Duration::from_secs(20),
+        || async {
+            (get(addr, "/api/v1/whoami", &[("Authorization", &auth)]).status == 200).then_some(())
+        },
+    )
+    .await
+}
+
+/// The page asks for one token, shows whose it is, and hides what its scope cannot do:
+/// a named read token hides the pause buttons, a named admin token given in its place
+/// (from the header) shows them, and what it pauses is audited under its name.
+#[tokio::test]
+async fn the_page_shows_whose_token_it_uses_and_hides_what_its_scope_cannot_do() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, addr) = public_serve(&db, dir.path()).await;
+    let (code, body) = call(
+        "PUT",
+        &addr,
+        "/api/v1/kinds/resize/limits",
+        Some(json!({"concurrency": 3})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let secret = |name: &str, scope: &str| {
+        let (code, out, err) = common::run_cli(
+            &db.url,
+            &["token", "create", name, "--scope", scope, "--json"],
+        );
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()["secret"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (viewer, ops) = (secret("viewer", "read"), secret("ops", "admin"));
+    until_known(&addr, &viewer).await;
+    until_known(&addr, &ops).await;
+
+    let b = Browser::start().await;
+    b.goto(&format!("http://{addr}/#/kinds")).await;
+    let pause =
+        "document.querySelector('#kinds-table tr[data-kind=resize] button[data-action=pause]')";
+    let shown = |yes: bool| {
+        format!(
+            "const b = {pause}; return !!b && (getComputedStyle(b).display !== 'none') === {yes}"
+        )
+    };
+    b.until(
+        "public reads: the who and a pause button",
+        &format!(
+        "return document.getElementById('who').textContent === 'public read' && (() => {{ {} }})()",
+        shown(true)
+    ),
+    )
+    .await;
+    b.mark_page().await;
+    b.click("#who").await;
+    b.give_token(&viewer).await;
+    b.until("the viewer named, its pause button hidden", &format!(
+        "return document.getElementById('who').textContent === 'viewer · read' && (() => {{ {} }})()",
+        shown(false)
+    ))
+    .await;
+    assert_eq!(
+        b.eval("return getComputedStyle(document.querySelector('nav a[data-nav=upload]')).display")
+            .await,
+        json!("none")
+    );
+    b.click("#who").await;
+    b.give_token(&ops).await;
+    b.until(
+        "ops named, the pause button shown",
+        &format!(
+        "return document.getElementById('who').textContent === 'ops · admin' && (() => {{ {} }})()",
+        shown(true)
+    ),
+    )
+    .await;
+    b.click("#kinds-table tr[data-kind=resize] button[data-action=pause]")
+        .await;
+    b.confirm().await;
+    b.until(
+        "the kind shown paused",
+        "return !!document.querySelector('#kinds-table tr[data-kind=resize][data-paused=true]')",
+    )
+    .await;
+    let paused = db.bb.operator().paused_kinds(Some("resize")).await.unwrap();
+    assert_eq!(paused[0].paused_by, "token:ops", "{paused:?}");
+    b.finish_on_the_marked_page().await;
 }

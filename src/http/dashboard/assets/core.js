@@ -1,5 +1,5 @@
-// The dashboard's core: an error collector, DOM helpers, the API client (tokens from
-// sessionStorage, asked for in the page), the live feed (SSE read with fetch, so that
+// The dashboard's core: an error collector, DOM helpers, the API client (one token from
+// sessionStorage, asked for in the page, whose owner and scope the header shows), the live feed (SSE read with fetch, so that
 // it can carry the Authorization header), confirmation, and a hash router. Pages
 // register themselves in A.pages (pages.js, graphs.js, upload.js).
 "use strict";
@@ -78,31 +78,53 @@ A.json = (v) => (v === null || v === undefined ? A.h("p", { class: "muted" }, "n
 A.sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // ---- tokens and the API -------------------------------------------------------------
-// Reads use the read token (or the write token); changes use the write token. Either is
-// asked for in the page when the server says 401, and kept in sessionStorage: this tab
-// only, gone when it closes, never in a URL (so never in a server's or proxy's log).
-A.token = (scope) => sessionStorage.getItem("artex." + scope) || "";
-A.authHeaders = function (scope) {
-  const t = scope === "write" ? A.token("write") : A.token("read") || A.token("write");
+// One token: asked for in the page when the server says 401, kept in sessionStorage (this
+// tab only, gone when it closes, never in a URL, so never in a server's or proxy's log).
+// /api/v1/whoami says whose it is and its scope: the header shows it, and body's
+// data-scope hides what the scope cannot do (app.css: [data-needs]). Public reads
+// without a token hide nothing: acting asks for a token.
+const TOKEN_KEY = "artex.token";
+A.token = () => sessionStorage.getItem(TOKEN_KEY) || "";
+A.authHeaders = function () {
+  const t = A.token();
   return t ? { Authorization: "Bearer " + t } : {};
 };
+A.caller = null;
+A.whoami = async function whoami() {
+  let who = null;
+  try {
+    const res = await fetch("/api/v1/whoami", { headers: A.authHeaders(), cache: "no-store" });
+    if (res.ok) who = await res.json();
+  } catch (_) { /* the server is away: the feed's reconnection asks again */ }
+  A.caller = who;
+  const named = who && who.by !== "public";
+  if (named) document.body.dataset.scope = who.scope;
+  else delete document.body.dataset.scope;
+  const el = document.getElementById("who");
+  if (el) {
+    el.textContent = !who ? "no token" : who.by === "public" ? "public read"
+      : (who.name || "token file") + " · " + who.scope;
+    el.dataset.by = who ? who.by : "none";
+  }
+  return who;
+};
 let asking = null;
-A.askToken = function askToken(scope, why) {
+A.askToken = function askToken(why) {
   if (asking) return asking;
   const dlg = document.getElementById("token-dialog");
-  document.getElementById("token-title").textContent = scope === "write" ? "Write token" : "Read token";
   document.getElementById("token-why").textContent = why || "";
   const input = document.getElementById("token-input");
   input.value = "";
   asking = new Promise((resolve) => {
-    dlg.addEventListener("close", function done() {
+    dlg.addEventListener("close", async function done() {
       dlg.removeEventListener("close", done);
-      asking = null;
       if (dlg.returnValue === "ok" && input.value.trim()) {
-        sessionStorage.setItem("artex." + scope, input.value.trim());
+        sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+        await A.whoami();
+        asking = null;
         window.dispatchEvent(new Event("artex-token"));
         resolve(true);
-      } else resolve(false);
+      } else { asking = null; resolve(false); }
     });
   });
   dlg.showModal();
@@ -123,11 +145,10 @@ class ApiError extends Error {
 A.written = null;
 const WRITTEN_FOR_MS = 30000;
 
-// One API call: JSON in and out; a 401 asks for the scope's token and tries again.
+// One API call: JSON in and out; a 401 asks for a token (one that can) and tries again.
 A.api = async function api(method, path, body) {
-  const scope = method === "GET" ? "read" : "write";
   for (;;) {
-    const headers = A.authHeaders(scope);
+    const headers = A.authHeaders();
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (method === "GET" && A.written && Date.now() - A.written.at < WRITTEN_FOR_MS) {
       headers["Artex-After-Lsn"] = A.written.lsn;
@@ -142,7 +163,7 @@ A.api = async function api(method, path, body) {
     try { data = text ? JSON.parse(text) : null; } catch (_) { data = { error: text }; }
     if (res.status === 401) {
       const why = (data && data.error) || "";
-      if (await A.askToken(scope, why)) continue;
+      if (await A.askToken(why)) continue;
     }
     if (!res.ok) throw new ApiError(res.status, data);
     return data;
@@ -170,7 +191,7 @@ A.confirm = function confirm(title, text) {
 // A button that runs `control` (pause, resume, cancel, retry) on a task or a flow after
 // a confirmation, then calls `after`.
 A.controlButton = function controlButton(what, id, control, after) {
-  const b = A.h("button", { class: control === "cancel" ? "danger" : "", "data-action": control }, control);
+  const b = A.h("button", { class: control === "cancel" ? "danger" : "", "data-action": control, "data-needs": "write" }, control);
   b.addEventListener("click", async () => {
     const ok = await A.confirm(control + " " + what + "?", control + " " + what + " " + id + ".");
     if (!ok) return;
@@ -236,11 +257,11 @@ async function follow() {
     try {
       if (!A.live.after) A.live.after = (await A.api("GET", "/api/v1/events/head")).after;
       const res = await fetch("/api/v1/events?after=" + encodeURIComponent(A.live.after), {
-        headers: A.authHeaders("read"), cache: "no-store",
+        headers: A.authHeaders(), cache: "no-store",
       });
       if (res.status === 410) { A.live.after = null; A.refresh(); continue; }
       if (res.status === 401) {
-        if (await A.askToken("read", "the live feed needs the read scope")) continue;
+        if (await A.askToken("the live feed needs a token that may read")) continue;
         throw new ApiError(401, null);
       }
       if (!res.ok || !res.body) throw new Error("events: HTTP " + res.status);
@@ -314,6 +335,8 @@ A.throttle = function throttle(fn, ms) {
 
 window.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", A.route);
+  document.getElementById("who").addEventListener("click", () => A.askToken("another token: its scope decides what the page offers"));
+  A.whoami();
   A.route();
   follow();
 });

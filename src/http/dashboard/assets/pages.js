@@ -174,7 +174,7 @@
   }
   // Counts the matches first (a dry run), says how many in the confirmation, then acts.
   function bulkButton(action) {
-    const b = h("button", { class: action === "retry" ? "" : "danger", "data-bulk": action }, action + " all");
+    const b = h("button", { class: action === "retry" ? "" : "danger", "data-bulk": action, "data-needs": "write" }, action + " all");
     b.addEventListener("click", async () => {
       let filter;
       try { filter = bulkFilter(); } catch (e) { A.flash("payload filter: not JSON (" + e.message + ")", true); return; }
@@ -254,7 +254,7 @@
     },
   };
   function retryButton(id) {
-    const b = h("button", { "data-action": "retry" }, "retry");
+    const b = h("button", { "data-action": "retry", "data-needs": "write" }, "retry");
     b.addEventListener("click", async () => {
       const ok = await A.confirm("retry task?", "Submit a new task like " + id + ".");
       if (!ok) return;
