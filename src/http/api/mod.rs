@@ -478,6 +478,35 @@ async fn submission(
     }
 }
 
+/// The body as a JSON object of only `known` fields: an empty body, another JSON value
+/// or an unknown field is a 400 that shows `example`.
+async fn object_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &ApiState,
+    example: &str,
+    known: &[&str],
+) -> Result<Map<String, Value>, ApiError> {
+    let body = read_body(req, payload, state.max_body_bytes).await?;
+    let Some(value) = parse_json(&body)? else {
+        return Err(ApiError::bad(
+            "body",
+            format!("empty body; expected a JSON object like {example}"),
+        ));
+    };
+    let Value::Object(obj) = value else {
+        return Err(ApiError::bad(
+            "body",
+            format!(
+                "expected a JSON object like {example}, got {}",
+                shown(&value)
+            ),
+        ));
+    };
+    only_fields(&obj, "", known)?;
+    Ok(obj)
+}
+
 /// The body as JSON; `None` for an empty body.
 fn parse_json(body: &[u8]) -> Result<Option<Value>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {

@@ -12,8 +12,9 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use super::{
-    actor, check_submission, field, only_fields, param, parse_bool, parse_int, parse_json,
-    parse_uuid, path_id, query, read_body, submission, ApiError, ApiState, CUT_CHARS, MAX_BATCH,
+    actor, check_submission, field, object_body, only_fields, param, parse_bool, parse_int,
+    parse_json, parse_uuid, path_id, query, read_body, submission, ApiError, ApiState, CUT_CHARS,
+    MAX_BATCH,
 };
 use crate::http::auth::{CanRead, CanWrite};
 
@@ -309,20 +310,8 @@ pub(super) async fn bulk(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let v = parse_json(&body)?.ok_or_else(|| {
-        ApiError::bad(
-            "body",
-            "missing; expected {\"action\": \"retry\", \"filter\": {…}}",
-        )
-    })?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad(
-            "body",
-            format!("expected a JSON object like {{\"action\": \"retry\", \"filter\": {{\"status\": \"failed\"}}}}, got {}", super::shown(&v)),
-        ));
-    };
-    only_fields(obj, "", BULK_FIELDS)?;
+    let example = r#"{"action": "retry", "filter": {"status": "failed"}}"#;
+    let obj = &object_body(&req, body, &state, example, BULK_FIELDS).await?;
     let action: String = field(obj, "", "action", "retry, cancel or delete")?.ok_or_else(|| {
         ApiError::bad(
             "action",

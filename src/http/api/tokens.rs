@@ -6,9 +6,9 @@ use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_token_name, TokenScope};
 use chrono::Utc;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{actor, changed, field, only_fields, param, parse_bool, parse_json, query, read_body};
+use super::{actor, changed, field, object_body, param, parse_bool, query};
 use super::{ApiError, ApiState};
 use crate::config::parse_duration;
 use crate::http::auth::{caller, CanAdmin, CanRead};
@@ -43,17 +43,8 @@ pub(super) async fn create(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let value = parse_json(&body)?.ok_or_else(|| {
-        ApiError::bad(
-            "body",
-            "empty body; expected {\"name\", \"scope\", \"expires\"?}",
-        )
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::bad("body", "expected a JSON object"));
-    };
-    only_fields(&obj, "", &["name", "scope", "expires"])?;
+    let example = r#"{"name": "ci", "scope": "write", "expires": "30d"}"#;
+    let obj = object_body(&req, body, &state, example, &["name", "scope", "expires"]).await?;
     let name: String = field(&obj, "", "name", "a string")?
         .ok_or_else(|| ApiError::bad("name", "name: required"))?;
     check_token_name(&name).map_err(|e| ApiError::bad("name", e.to_string()))?;
