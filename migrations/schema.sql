@@ -352,7 +352,7 @@ begin
           and w.id <> all($5::text[])
     ),
     limits as materialized (
-        select l.kind, l.concurrency, l.key_concurrency,
+        select l.kind, l.concurrency, l.key_concurrency, l.fair,
                case when l.rate_per_sec is not null then
                    floor(least(greatest(l.rate_per_sec, 1),
                                l.tokens + l.rate_per_sec
@@ -384,13 +384,24 @@ begin
                                  except select p.kind from artex.kind_pauses p))
     ),
     room as materialized (
-        select l.kind, l.concurrency, l.key_concurrency, l.tokens,
+        select l.kind, l.concurrency, l.key_concurrency, l.tokens, l.fair,
                l.concurrency - coalesce((select sum(h.n) from held h where h.kind = l.kind), 0)
                    as kind_room
         from limits l
     ),
+    places as materialized (
+        select least($2::int8, coalesce(sum(greatest(r.capacity - r.held, 0)), 0)) as n
+        from roster r
+    ),
+    -- The free slots of the workers that run each kind: what a walk may take of it.
+    kind_places as materialized (
+        select k.kind, least($2::int8, sum(greatest(r.capacity - r.held, 0))) as n
+        from roster r cross join lateral unnest(r.kinds) as k(kind)
+        group by k.kind
+    ),
     waiting as (
-        select w.* from keys k left join room l on l.kind = k.kind
+        select w.*, k.key, coalesce(l.fair, false) as fair
+        from keys k left join room l on l.kind = k.kind
              left join held h on h.kind = k.kind and h.key = k.key
         cross join lateral (
             select t.id, t.kind, t.priority, t.run_at from artex.tasks t
@@ -398,27 +409,37 @@ begin
               and coalesce(t.limit_key, '') = k.key and t.run_at <= now()
               and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
             order by t.priority desc, t.run_at, t.id
-            limit greatest(least($2::int8,
+            limit greatest(least((select p.n from kind_places p where p.kind = k.kind),
                 case when k.key <> '' then l.key_concurrency - coalesce(h.n, 0) end,
                 l.kind_room, l.tokens), 0)
         ) w
     ),
+    -- A fair kind's tasks go round by round: every key's first, then every key's
+    -- second… (`turn`), at one priority; a higher priority goes first whatever its turn.
+    -- Other kinds' tasks are all of turn 1: priority, then age (V43). Each kind takes at
+    -- most the free slots of its workers (`kind_places`), so that one kind's queue does
+    -- not crowd another's out of the round: the plan gives each worker its kinds' tasks
+    -- in this order.
+    turns as (
+        select w.*,
+               case when w.fair then row_number() over (
+                   partition by w.kind, w.key order by w.priority desc, w.run_at, w.id)
+               else 1 end as turn
+        from waiting w
+    ),
     walked as (
-        select f.id from (
+        select f.id, f.turn from (
             select w.*,
                    row_number() over (partition by w.kind
-                                      order by w.priority desc, w.run_at, w.id) as nth_of_kind
-            from waiting w
+                                      order by w.priority desc, w.turn, w.run_at, w.id)
+                       as nth_of_kind
+            from turns w
         ) f left join room l on l.kind = f.kind
         where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
-        order by f.priority desc, f.run_at, f.id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-    ),
-    places as materialized (
-        select least($2::int8, coalesce(sum(greatest(r.capacity - r.held, 0)), 0)) as n
-        from roster r
+          and f.nth_of_kind <= (select p.n from kind_places p where p.kind = f.kind)
+        order by f.priority desc, f.turn, f.run_at, f.id
+        limit $2::int8
     ),
     ahead as materialized (
         select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at
@@ -452,17 +473,19 @@ begin
         limit (select n from places)
     ),
     settled as materialized (
-        select (select count(*) from ahead_fits) >= (select n from places)
-               or (select count(*) from ahead) < (select 2 * n from places)
-               or not $6 as by_the_head
+        select not exists (select 1 from limits l where l.fair)
+               and ((select count(*) from ahead_fits) >= (select n from places)
+                    or (select count(*) from ahead) < (select 2 * n from places)
+                    or not $6) as by_the_head
     ),
     fits as (
-        select id from ahead_fits where (select by_the_head from settled)
+        select id, 1::int8 as turn from ahead_fits where (select by_the_head from settled)
         union all
-        select id from walked where not (select by_the_head from settled)
+        select id, turn from walked where not (select by_the_head from settled)
     ),
     claimed as (
-        select id, kind, host, priority, run_at, false as limited from artex.tasks
+        select id, kind, host, priority, run_at, false as limited, 1::int8 as turn
+        from artex.tasks
         where listed = 'pending' and not limited and run_at <= now()
           and kind = any(array(select unnest(r.kinds) from roster r
                                where r.capacity > r.held
@@ -474,12 +497,12 @@ begin
         for update skip locked
     ),
     claimed_limited as (
-        select id, kind, host, priority, run_at, true as limited from artex.tasks
-        where id = any(array(select id from fits)) and listed = 'pending' and limited
-        order by priority desc, run_at, id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-        for update skip locked
+        select t.id, t.kind, t.host, t.priority, t.run_at, true as limited, f.turn
+        from artex.tasks t join fits f on f.id = t.id
+        where t.id = any(array(select id from fits)) and t.listed = 'pending' and t.limited
+        order by t.priority desc, f.turn, t.run_at, t.id
+        limit $2::int8
+        for update of t skip locked
     )
     select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
            r.wake_addr, null::bool
@@ -487,7 +510,7 @@ begin
     union all
     (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
      from (select * from claimed union all select * from claimed_limited) c
-     order by c.priority desc, c.run_at, c.id);
+     order by c.priority desc, c.turn, c.run_at, c.id);
 end
 $_$;
 
@@ -495,7 +518,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there, else (when p_walk) by a walk of their keys (V29, V37). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -2130,7 +2153,8 @@ CREATE TABLE artex.kind_limits (
     refilled_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_by text NOT NULL,
-    CONSTRAINT kind_limits_check CHECK (((concurrency IS NOT NULL) OR (key_concurrency IS NOT NULL) OR (rate_per_sec IS NOT NULL))),
+    fair boolean DEFAULT false NOT NULL,
+    CONSTRAINT kind_limits_check CHECK (((concurrency IS NOT NULL) OR (key_concurrency IS NOT NULL) OR (rate_per_sec IS NOT NULL) OR fair)),
     CONSTRAINT kind_limits_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT kind_limits_key_concurrency_check CHECK ((key_concurrency > 0)),
     CONSTRAINT kind_limits_kind_check CHECK (artex.is_kind_name(kind)),
@@ -2142,6 +2166,12 @@ CREATE TABLE artex.kind_limits (
 --
 
 COMMENT ON TABLE artex.kind_limits IS 'Fleet-wide limits per task kind, enforced where tasks are assigned: migrations/V18__tags_and_limits.sql.';
+
+--
+-- Name: COLUMN kind_limits.fair; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.kind_limits.fair IS 'Hand the kind''s tasks out round-robin across their limit_key values (V43).';
 
 --
 -- Name: kind_pauses; Type: TABLE; Schema: artex; Owner: -

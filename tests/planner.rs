@@ -419,6 +419,7 @@ async fn check_limit_case(c: &LimitCase) {
             for (k, &(concurrency, key_concurrency, when)) in c.limits.iter().enumerate() {
                 if when == before && (concurrency.is_some() || key_concurrency.is_some()) {
                     let spec = LimitSpec {
+                        fair: false,
                         concurrency,
                         key_concurrency,
                         rate_per_sec: None,
@@ -773,6 +774,7 @@ async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
         let ops = db.bb.operator();
         fixtures::worker(&db.bb, "w1", &["lk"], capacity).await;
         let spec = LimitSpec {
+            fair: false,
             concurrency: None,
             key_concurrency: Some(key_concurrency),
             rate_per_sec: None,
@@ -825,6 +827,7 @@ async fn a_round_that_may_not_walk_takes_what_fits_of_the_head() {
     let ops = db.bb.operator();
     fixtures::worker(&db.bb, "w1", &["lk"], 3).await;
     let spec = LimitSpec {
+        fair: false,
         concurrency: None,
         key_concurrency: Some(1),
         rate_per_sec: None,

@@ -65,8 +65,13 @@ pub(crate) struct LimitArgs {
     /// At most this many started, e.g. 100/s, 30/m, 1000/h.
     #[arg(long, value_parser = parse_rate)]
     rate: Option<f64>,
+    /// Hand the kind's tasks out round-robin across their limit keys (`submit
+    /// --limit-key`): a key with many waiting tasks does not hold back one with few;
+    /// priority orders the tasks of a key. With or without the other limits.
+    #[arg(long)]
+    fair: bool,
     /// Remove the kind's limits.
-    #[arg(long, conflicts_with_all = ["concurrency", "key_concurrency", "rate"])]
+    #[arg(long, conflicts_with_all = ["concurrency", "key_concurrency", "rate", "fair"])]
     clear: bool,
     /// Print the limits as one JSON object (`{"limits": …}`, null when none).
     #[arg(long)]
@@ -82,6 +87,7 @@ async fn limit(db: &DbConfig, args: LimitArgs) -> Result {
         concurrency: args.concurrency,
         key_concurrency: args.key_concurrency,
         rate_per_sec: args.rate,
+        fair: args.fair,
     };
     let setting = spec != LimitSpec::default();
     if setting {
@@ -124,6 +130,9 @@ pub(crate) fn limit_text(l: &KindLimit) -> String {
     }
     if let Some(r) = l.rate_per_sec {
         parts.push(format!("rate {}", rate_text(r)));
+    }
+    if l.fair {
+        parts.push("fair across keys".into());
     }
     format!("{}: {} ({} held)", l.kind, parts.join(", "), l.held)
 }

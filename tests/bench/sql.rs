@@ -249,6 +249,11 @@ pub const PREPARED: &[&str] = &[
     LIMITS_INSERT_UNIQUE,
     LIMITS_SET,
     LIMITS_CLEAR,
+    FAIR_SET,
+    FAIR_BACKLOG,
+    FAIR_ONE,
+    FAIR_SMALL_WAIT,
+    FAIR_STARTED_BETWEEN,
     SUCCEEDED,
     DELETE_TASKS,
     TASKS,
@@ -593,3 +598,25 @@ pub const WORKER_HTTP: &str =
 /// The cluster's client backends but the one asking.
 pub const CLIENT_BACKENDS: &str = "select count(*) from pg_stat_activity
     where backend_type = 'client backend' and pid <> pg_backend_pid()";
+
+// ---- fair: fair dispatch between tenants ---------------------------------------------------
+
+/// `sleep` the fleet's fair kind: round-robin across its limit keys (V43).
+pub const FAIR_SET: &str = "insert into artex.kind_limits (kind, fair, updated_by)
+    values ('sleep', true, 'bench')";
+/// $1 `sleep` tasks of $2 ms each with the limit key $3.
+pub const FAIR_BACKLOG: &str = "insert into artex.tasks (kind, payload, limit_key)
+    select 'sleep', jsonb_build_object('ms', $2::int4), $3::text
+    from generate_series(1, $1::int4)";
+/// One `sleep` task of $1 ms of the key `small`.
+pub const FAIR_ONE: &str = "insert into artex.tasks (kind, payload, limit_key)
+    values ('sleep', jsonb_build_object('ms', $1::int4), 'small')";
+/// The `small` key's tasks: how many have started, and their waits' median (creation to
+/// first start), ms.
+pub const FAIR_SMALL_WAIT: &str = "select count(started_at),
+        (percentile_cont(0.5) within group (order by
+            extract(epoch from started_at - created_at) * 1000))::float8
+    from artex.tasks where limit_key = 'small'";
+/// Tasks started between $1 and $2 (Unix seconds).
+pub const FAIR_STARTED_BETWEEN: &str = "select count(*) from artex.tasks
+    where started_at >= to_timestamp($1::float8) and started_at < to_timestamp($2::float8)";

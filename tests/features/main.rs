@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod fair;
 mod limits;
 mod pauses;
 mod search;

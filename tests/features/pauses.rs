@@ -33,6 +33,7 @@ async fn a_paused_kind_s_tasks_stay_pending_until_it_is_resumed() {
     let ops = db.bb.operator();
     fixtures::worker(&db.bb, "w1", &["a", "b", "lim"], 100).await;
     let spec = LimitSpec {
+        fair: false,
         concurrency: Some(50),
         key_concurrency: None,
         rate_per_sec: None,

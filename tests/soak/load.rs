@@ -94,6 +94,7 @@ pub async fn start(soak: &Arc<Soak>, world: &Arc<World>) -> Load {
     op.set_kind_limit(
         LIMITED_KIND,
         &LimitSpec {
+            fair: false,
             concurrency: Some(LIMIT as i32),
             key_concurrency: None,
             rate_per_sec: None,

@@ -320,4 +320,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // A new table; nothing reads it but the processes that know it.
         change: Change::Expand,
     },
+    Migration {
+        version: 43,
+        name: "fair_dispatch",
+        sql: include_str!("../../../migrations/V43__fair_dispatch.sql"),
+        // A column with a default, which older builds do not write; the round's read
+        // keeps its arguments and results.
+        change: Change::Expand,
+    },
 ];

@@ -6,9 +6,12 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_kind, parse_rate, LimitSpec};
 use artex_actors::retry::{Backoff, RetryPolicy, MAX_BACKOFF_MS};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{actor, changed, field, only_fields, parse_json, query, read_body, ApiError, ApiState};
+use super::{
+    actor, changed, field, object_body, only_fields, parse_json, query, read_body, ApiError,
+    ApiState,
+};
 use crate::http::auth::{CanRead, CanWrite};
 
 /// The fields of a policy in `PUT /api/v1/kinds/{kind}/retry`.
@@ -207,9 +210,9 @@ pub(super) async fn limits(
     Ok(HttpResponse::Ok().json(json!({ "limits": now })))
 }
 
-/// `PUT /api/v1/kinds/{kind}/limits`: `{"concurrency", "key_concurrency", "rate"}` (at
-/// least one; `rate` as `100/s`, `30/m` or `1000/h`) replace the kind's limits; 200
-/// `{"limits": …}`.
+/// `PUT /api/v1/kinds/{kind}/limits`: `{"concurrency", "key_concurrency", "rate",
+/// "fair"}` (at least one; `rate` as `100/s`, `30/m` or `1000/h`; `fair`: round-robin
+/// across limit keys) replace the kind's limits; 200 `{"limits": …}`.
 pub(super) async fn set_limits(
     _: CanWrite,
     req: HttpRequest,
@@ -219,18 +222,9 @@ pub(super) async fn set_limits(
 ) -> Result<HttpResponse, ApiError> {
     query(&req, &[])?;
     let kind = kind_of(&kind)?;
-    let body = read_body(&req, body, state.max_body_bytes).await?;
-    let v = parse_json(&body)?.unwrap_or(Value::Null);
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad(
-            "body",
-            format!(
-                "expected a JSON object like {{\"concurrency\": 5, \"rate\": \"100/s\"}}, got {}",
-                super::shown(&v)
-            ),
-        ));
-    };
-    only_fields(obj, "", &["concurrency", "key_concurrency", "rate"])?;
+    let example = r#"{"concurrency": 5, "rate": "100/s", "fair": true}"#;
+    let known = ["concurrency", "key_concurrency", "rate", "fair"];
+    let obj = &object_body(&req, body, &state, example, &known).await?;
     let positive = "a positive 32-bit integer";
     let rate = match field::<String>(obj, "", "rate", "a rate such as \"100/s\"")? {
         None => None,
@@ -240,6 +234,7 @@ pub(super) async fn set_limits(
         concurrency: field(obj, "", "concurrency", positive)?,
         key_concurrency: field(obj, "", "key_concurrency", positive)?,
         rate_per_sec: rate,
+        fair: field(obj, "", "fair", "true or false")?.unwrap_or(false),
     };
     spec.check()
         .map_err(|(f, e)| ApiError::refused(f, format!("{f}: {e}")))?;

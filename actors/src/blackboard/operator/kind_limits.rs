@@ -1,5 +1,7 @@
 //! Fleet-wide limits per task kind (`artex kind limit`, `/api/v1/kinds/{kind}/limits`):
-//! at most N held at once, at most N of one `limit_key`, at most R started per second.
+//! at most N held at once, at most N of one `limit_key`, at most R started per second;
+//! and fairness: tasks handed out round-robin across their `limit_key`s
+//! (migrations/V43__fair_dispatch.sql).
 //! Enforced by the planner round's write under the kind's row lock
 //! (migrations/V18__tags_and_limits.sql); set and read here.
 
@@ -21,6 +23,9 @@ pub struct LimitSpec {
     /// At most this many of the kind's tasks started per second (a bucket holding one
     /// second's worth, at least one).
     pub rate_per_sec: Option<f64>,
+    /// Hand the kind's tasks out round-robin across their `limit_key`s, so that a key
+    /// with many waiting tasks does not hold back one with few.
+    pub fair: bool,
 }
 
 /// The most a rate may be, per second (the column's check).
@@ -33,10 +38,12 @@ impl LimitSpec {
         if self.concurrency.is_none()
             && self.key_concurrency.is_none()
             && self.rate_per_sec.is_none()
+            && !self.fair
         {
             return Err((
                 "concurrency",
-                "no limit given; set concurrency, key_concurrency or rate (or clear them)".into(),
+                "no limit given; set concurrency, key_concurrency, rate or fair (or clear them)"
+                    .into(),
             ));
         }
         for (field, n) in [
@@ -71,6 +78,8 @@ pub struct KindLimit {
     pub key_concurrency: Option<i32>,
     /// At most this many started per second.
     pub rate_per_sec: Option<f64>,
+    /// Handed out round-robin across their `limit_key`s.
+    pub fair: bool,
     /// The kind's tasks held now (assigned or running) that count against the limits.
     pub held: i64,
     /// When the limits were last set.
@@ -119,7 +128,7 @@ fn trim(x: f64) -> String {
 const KIND_LIMITS: &str = "select l.kind, l.concurrency, l.key_concurrency, l.rate_per_sec,
         (select count(*) from artex.tasks t
          where t.kind = l.kind and t.assigned_to is not null and t.limited),
-        l.updated_at, l.updated_by
+        l.updated_at, l.updated_by, l.fair
     from artex.kind_limits l
     where $1::text is null or l.kind = $1
     order by l.kind";
@@ -129,11 +138,12 @@ const KIND_LIMITS: &str = "select l.kind, l.concurrency, l.key_concurrency, l.ra
 // the fleet's capacity). A fresh bucket is full (one second's worth, at least one token).
 const SET_KIND_LIMIT: &str = "with set as (
         insert into artex.kind_limits as l
-            (kind, concurrency, key_concurrency, rate_per_sec, tokens, refilled_at, updated_by)
-        values ($1, $2, $3, $4, greatest(coalesce($4, 0), 1), now(), $5)
+            (kind, concurrency, key_concurrency, rate_per_sec, tokens, refilled_at, updated_by,
+             fair)
+        values ($1, $2, $3, $4, greatest(coalesce($4, 0), 1), now(), $5, $6)
         on conflict (kind) do update set
             concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
-            rate_per_sec = excluded.rate_per_sec,
+            rate_per_sec = excluded.rate_per_sec, fair = excluded.fair,
             tokens = case when l.rate_per_sec is null then excluded.tokens
                           else least(l.tokens, excluded.tokens) end,
             updated_at = now(), updated_by = excluded.updated_by
@@ -178,6 +188,7 @@ impl OperatorBoard {
                     held: r.try_get(4)?,
                     updated_at: r.try_get(5)?,
                     updated_by: r.try_get(6)?,
+                    fair: r.try_get(7)?,
                 })
             })
             .collect()
@@ -205,6 +216,7 @@ impl OperatorBoard {
                     &spec.key_concurrency,
                     &spec.rate_per_sec,
                     &actor,
+                    &spec.fair,
                 ],
             )
             .await?;
@@ -271,6 +283,7 @@ mod tests {
     fn a_limit_names_what_is_wrong() {
         assert_eq!(LimitSpec::default().check().unwrap_err().0, "concurrency");
         let spec = |c, k, r| LimitSpec {
+            fair: false,
             concurrency: c,
             key_concurrency: k,
             rate_per_sec: r,

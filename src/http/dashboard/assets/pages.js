@@ -281,6 +281,34 @@
   tasks.reload = () => (A.arg ? task.reload() : listReload());
 
   // ---- kinds ------------------------------------------------------------------------
+  // Makes a kind fair (round-robin across its limit keys) or ends it, keeping its other
+  // limits: PUT them with `fair` flipped, or DELETE them when fairness was all there was.
+  function fairButton(k, l) {
+    const on = !!(l && l.fair);
+    const b = h("button", { "data-action": on ? "unfair" : "fair", "data-needs": "write" }, on ? "end" : "make fair");
+    b.addEventListener("click", async () => {
+      const ok = await A.confirm((on ? "end fairness of " : "make fair: ") + k + "?",
+        on ? "Hand its tasks out by priority alone." : "Hand its tasks out round-robin across their limit keys.");
+      if (!ok) return;
+      const body = { fair: !on };
+      if (l && l.concurrency !== null) body.concurrency = l.concurrency;
+      if (l && l.key_concurrency !== null) body.key_concurrency = l.key_concurrency;
+      if (l && l.rate_per_sec !== null) body.rate = l.rate_per_sec + "/s";
+      const path = "/api/v1/kinds/" + encodeURIComponent(k) + "/limits";
+      b.disabled = true;
+      try {
+        if (Object.keys(body).length === 1 && on) await A.api("DELETE", path);
+        else await A.api("PUT", path, body);
+        A.flash(k + (on ? ": by priority" : ": fair across its keys"));
+      } catch (e) {
+        A.flash("refused: " + e.message, true);
+      } finally {
+        b.disabled = false;
+        kinds.reload();
+      }
+    });
+    return b;
+  }
   // The kinds workers declared and each kind's fleet-wide limits, with what they count;
   // paused kinds, and a button to pause or resume each.
   const kinds = {
@@ -301,7 +329,7 @@
       A.replace(box, names.length
         ? h("div", { class: "table" }, h("table", { id: "kinds-table" },
           h("thead", {}, h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "held"), h("th", { class: "num" }, "concurrency"),
-            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"),
+            h("th", { class: "num" }, "per key"), h("th", { class: "num" }, "rate"), h("th", {}, "across keys"), h("th", {}, "retry"), h("th", { class: "hide-sm" }, "limits set"),
             h("th", {}, "handed out"), h("th", {}, ""))),
           h("tbody", {}, names.map((k) => {
             const l = byKind.get(k);
@@ -309,6 +337,7 @@
             return h("tr", { "data-kind": k, "data-paused": String(!!p) }, h("td", {}, h("a", { href: "#/tasks?kind=" + encodeURIComponent(k) }, k)),
               h("td", { class: "num" }, l ? l.held : "-"), h("td", { class: "num" }, l && l.concurrency !== null ? l.concurrency : "-"),
               h("td", { class: "num" }, l && l.key_concurrency !== null ? l.key_concurrency : "-"), h("td", { class: "num" }, l ? rate(l.rate_per_sec) : "-"),
+              h("td", { "data-col": "fair" }, l && l.fair ? "round-robin" : "by priority", " ", fairButton(k, l)),
               h("td", { class: "retry" }, retry.has(k) ? A.policy(retry.get(k)) : "-"),
               h("td", { class: "hide-sm muted" }, l ? A.time(l.updated_at) + " by " + l.updated_by : "no limits"),
               h("td", { "data-col": "paused", title: p ? "since " + p.paused_at + " by " + p.paused_by : "" },
@@ -316,7 +345,7 @@
               h("td", {}, A.controlButton("kind", encodeURIComponent(k), p ? "resume" : "pause", () => kinds.reload())));
           }))))
         : h("p", { class: "muted" }, "No worker has declared a kind yet."),
-        h("p", { class: "muted" }, "Set limits with artex kind limit K --concurrency N --key-concurrency N --rate 100/s, or PUT /api/v1/kinds/{kind}/limits. A paused kind's tasks stay pending until it is resumed (artex kind pause|resume K)."));
+        h("p", { class: "muted" }, "Set limits with artex kind limit K --concurrency N --key-concurrency N --rate 100/s [--fair], or PUT /api/v1/kinds/{kind}/limits. A fair kind's tasks are handed out round-robin across their limit keys; priority orders the tasks of a key. A paused kind's tasks stay pending until it is resumed (artex kind pause|resume K)."));
     },
   };
   kinds.onEvent = A.throttle(() => kinds.reload().catch(() => {}), 2000);

@@ -1,0 +1,106 @@
+//! fair: fair dispatch between tenants (issue 37, `artex kind limit K --fair`). A planner
+//! and 2 workers at default flags, `sleep` tasks of 20 ms: a key `small` submits one task
+//! every 100 ms for 10 s, first on an idle fleet, then behind a backlog of 20,000 tasks
+//! of a key `big` inserted at once (the fleet busy throughout) with the kind fair, then
+//! the same with the kind not fair. Figures: the small key's median wait (creation to
+//! start) each time and its ratio to the idle one (target ≤ 2 when fair), and the tasks
+//! started per second over the 10 s, fair against not fair (target ≥ 0.9).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio_postgres::Client;
+
+use crate::report::{fixed, result, Progress};
+use crate::rig::exec;
+use crate::{sql, Bench};
+
+const DB: &str = "bench_fair";
+const TASK_MS: i32 = 20;
+const EVERY: Duration = Duration::from_millis(100);
+
+pub async fn run(bench: &mut Bench) {
+    let (backlog, secs) = if bench.quick { (300, 1) } else { (20_000, 10) };
+    let c = bench.rig.new_db(DB).await;
+    let args = bench.defaults_worker_args.clone();
+    bench.rig.start_runtime_online(&c, DB, 2, &args).await;
+
+    trickle(&c, secs).await;
+    let idle = small_median(bench, &c).await;
+    exec(&c, sql::DELETE_TASKS).await;
+    exec(&c, sql::FAIR_SET).await;
+    let (fair_wait, fair_rate) = behind_backlog(bench, &c, backlog, secs, "fair").await;
+    exec(&c, sql::LIMITS_CLEAR).await;
+    let (unfair_wait, unfair_rate) = behind_backlog(bench, &c, backlog, secs, "unfair").await;
+    bench.rig.stop_runtime().await;
+    bench.rig.drop_db(DB, c).await;
+
+    result("fair_small_wait_p50_idle_ms", fixed(idle, 1), "ms");
+    result("fair_small_wait_p50_fair_ms", fixed(fair_wait, 1), "ms");
+    result("fair_small_wait_p50_unfair_ms", fixed(unfair_wait, 1), "ms");
+    result("fair_small_wait_vs_idle", fixed(fair_wait / idle, 2), "x");
+    result("fair_tasks_per_s_fair", fixed(fair_rate, 0), "tasks/s");
+    result("fair_tasks_per_s_unfair", fixed(unfair_rate, 0), "tasks/s");
+    result(
+        "fair_throughput_vs_unfair",
+        fixed(fair_rate / unfair_rate, 2),
+        "x",
+    );
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One `small` task every [`EVERY`] for `secs` seconds.
+async fn trickle(c: &Client, secs: u32) {
+    let start = Instant::now();
+    for i in 0..secs * 10 {
+        let due = start + EVERY * i;
+        tokio::time::sleep_until(due.into()).await;
+        c.execute(sql::FAIR_ONE, &[&TASK_MS])
+            .await
+            .expect("a small task");
+    }
+}
+
+/// The `small` key's median wait once all its tasks ran, ms.
+async fn small_median(bench: &Bench, c: &Client) -> f64 {
+    let mut progress = Progress::new("fair: the small key", 0);
+    bench.rig.drained(c, &mut progress).await;
+    let row = c
+        .query_one(sql::FAIR_SMALL_WAIT, &[])
+        .await
+        .expect("the waits");
+    row.get::<_, Option<f64>>(1).expect("small tasks ran")
+}
+
+/// `backlog` tasks of `big`, then the small key's trickle: its median wait, and the
+/// tasks started per second meanwhile.
+async fn behind_backlog(
+    bench: &Bench,
+    c: &Client,
+    backlog: i32,
+    secs: u32,
+    label: &str,
+) -> (f64, f64) {
+    c.execute(sql::FAIR_BACKLOG, &[&backlog, &TASK_MS, &"big"])
+        .await
+        .expect("the backlog");
+    let t0 = unix_now();
+    trickle(c, secs).await;
+    let t1 = unix_now();
+    let started: i64 = c
+        .query_one(sql::FAIR_STARTED_BETWEEN, &[&t0, &t1])
+        .await
+        .expect("started")
+        .get(0);
+    println!(
+        "# fair ({label}): {started} tasks started in {:.1} s",
+        t1 - t0
+    );
+    let wait = small_median(bench, c).await;
+    exec(c, sql::DELETE_TASKS).await;
+    (wait, started as f64 / (t1 - t0))
+}

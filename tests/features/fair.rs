@@ -1,0 +1,162 @@
+//! Fair dispatch (`artex kind limit K --fair`, migrations/V43): a fair kind's tasks are
+//! handed out round-robin across their limit keys, so a key with a backlog does not hold
+//! back one with a few; priority still orders a key's tasks; nothing waits while there is
+//! room. Through the Assigner's rounds, and through three real planner processes.
+
+use std::time::Duration;
+
+use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::blackboard::{LimitSpec, NewTask};
+use serde_json::json;
+
+use crate::common::procs::{wait_for, Proc};
+use crate::common::{count, fixtures, run_cli, TestDb};
+
+fn config() -> AssignerConfig {
+    AssignerConfig {
+        actor: "test-planner".into(),
+        batch: 100,
+        lease_secs: 30.0,
+        suspect_after_secs: 10.0,
+        shards: (1, Vec::new()),
+    }
+}
+
+fn keyed(kind: &str, key: &str, priority: i32, n: i32) -> Vec<NewTask> {
+    (0..n)
+        .map(|i| NewTask {
+            limit_key: Some(key.into()),
+            priority,
+            ..NewTask::new(kind, json!({ "key": key, "n": i }))
+        })
+        .collect()
+}
+
+/// One round with four free slots per kind: the fair kind gives each key its turn (two
+/// of the backlog's, two of the late key's), the same tasks of a kind limited but not
+/// fair go by age (four of the backlog's), a fair kind with one key fills every slot,
+/// and a key's high-priority task comes first within its turn.
+#[tokio::test]
+async fn a_round_gives_every_key_of_a_fair_kind_its_turn() {
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    fixtures::worker(&db.bb, "w-fair", &["fair"], 4).await;
+    fixtures::worker(&db.bb, "w-unfair", &["unfair"], 4).await;
+    fixtures::worker(&db.bb, "w-solo", &["solo"], 4).await;
+    let fair = LimitSpec {
+        fair: true,
+        ..LimitSpec::default()
+    };
+    let unfair = LimitSpec {
+        key_concurrency: Some(100),
+        ..LimitSpec::default()
+    };
+    ops.set_kind_limit("fair", &fair, "test").await.unwrap();
+    ops.set_kind_limit("solo", &fair, "test").await.unwrap();
+    ops.set_kind_limit("unfair", &unfair, "test").await.unwrap();
+    for kind in ["fair", "unfair"] {
+        ops.submit_many(&keyed(kind, "big", 0, 40), "test")
+            .await
+            .unwrap();
+        ops.submit_many(&keyed(kind, "big", 5, 1), "test")
+            .await
+            .unwrap();
+        ops.submit_many(&keyed(kind, "small", 0, 3), "test")
+            .await
+            .unwrap();
+    }
+    ops.submit_many(&keyed("solo", "only", 0, 10), "test")
+        .await
+        .unwrap();
+    Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
+    let c = db.client().await;
+    let rows = c
+        .query(
+            "select kind, limit_key, priority, count(*) from artex.tasks
+             where assigned_to is not null group by 1, 2, 3 order by 1, 2, 3",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, String, i32, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let row = |k: &str, key: &str, p: i32, n: i64| (k.to_string(), key.to_string(), p, n);
+    assert_eq!(
+        got,
+        [
+            // Turn 1: big's high-priority task and small's first; turn 2: one of each.
+            row("fair", "big", 0, 1),
+            row("fair", "big", 5, 1),
+            row("fair", "small", 0, 2),
+            row("solo", "only", 0, 4),
+            // By priority, then age: the backlog's.
+            row("unfair", "big", 0, 3),
+            row("unfair", "big", 5, 1),
+        ]
+    );
+    let shown = ops.kind_limits(Some("fair")).await.unwrap();
+    assert!(shown[0].fair, "{shown:?}");
+}
+
+/// `artex kind limit sleep --fair` with three planner processes and one worker running
+/// two tasks at a time: three tasks of a late key all start before the backlog of 60
+/// submitted ahead of them is a third through (by age alone they would start last).
+#[tokio::test]
+async fn three_planners_hand_a_late_key_its_turn_past_a_backlog() {
+    let db = TestDb::new().await;
+    let (code, out, err) = run_cli(&db.url, &["kind", "limit", "sleep", "--fair", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["limits"]["fair"],
+        json!(true),
+        "{out}"
+    );
+    let ops = db.bb.operator();
+    let backlog: Vec<NewTask> = (0..60)
+        .map(|i| NewTask {
+            limit_key: Some("big".into()),
+            ..NewTask::new("sleep", json!({ "ms": 100, "n": i }))
+        })
+        .collect();
+    ops.submit_many(&backlog, "test").await.unwrap();
+    let late: Vec<NewTask> = (0..3)
+        .map(|i| NewTask {
+            limit_key: Some("small".into()),
+            ..NewTask::new("sleep", json!({ "ms": 100, "late": i }))
+        })
+        .collect();
+    ops.submit_many(&late, "test").await.unwrap();
+    let _planners: Vec<Proc> = (1..=3)
+        .map(|i| Proc::planner(&format!("planner-{i}"), &db.url, &[]))
+        .collect();
+    let _w = Proc::worker("worker", &db.url, &["--concurrency", "2"]);
+    let c = db.client().await;
+    wait_for(
+        "the late key's tasks to succeed",
+        Duration::from_secs(60),
+        || async {
+            (count(
+            &c,
+            "select count(*) from artex.tasks where limit_key = 'small' and status = 'succeeded'",
+        )
+        .await
+            == 3)
+            .then_some(())
+        },
+    )
+    .await;
+    let before = count(
+        &c,
+        "select count(*) from artex.tasks b where b.limit_key = 'big' and b.started_at <
+             (select max(s.started_at) from artex.tasks s where s.limit_key = 'small')",
+    )
+    .await;
+    assert!(
+        before < 20,
+        "{before} of the backlog started before the late key's last"
+    );
+}
