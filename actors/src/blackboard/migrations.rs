@@ -313,4 +313,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // A trigger that could find nothing to do, dropped: the same rules.
         change: Change::Expand,
     },
+    Migration {
+        version: 40,
+        name: "flows_wait_for_signals_and_time",
+        sql: include_str!("../../../migrations/V40__flows_wait_for_signals_and_time.sql"),
+        // New tables and functions; the status machine allows a wait's ends, which an
+        // older build never writes.
+        change: Change::Expand,
+    },
 ];
