@@ -112,9 +112,10 @@ $fn$;
 
 -- A signal to flow `p_flow`: its wait for `p_name` completes now if reached (outcome
 -- `completed`), or the signal is kept until it is (`stored`). Refused, with a message,
--- for an unknown flow (no_data_found), a name no wait of the flow has or a payload over
--- the limit (invalid_parameter_value, program_limit_exceeded), a second signal of the
--- name or a wait that has ended (object_not_in_prerequisite_state).
+-- for an unknown flow (no_data_found), a name that is no name (invalid_parameter_value),
+-- a name no wait of the flow has (undefined_object), a payload over the limit
+-- (program_limit_exceeded), a second signal of the name or a wait that has ended
+-- (object_not_in_prerequisite_state).
 create function artex.signal_flow(p_flow uuid, p_name text, p_payload jsonb default null,
                                   p_actor text default current_user)
 returns table (outcome text, task_id uuid, task_name text)
@@ -155,7 +156,7 @@ begin
                       from artex.flow_waits fw
                       where fw.flow_id = p_flow and fw.signal is not null),
                      'no signal')
-            using errcode = 'invalid_parameter_value';
+            using errcode = 'undefined_object';
     end if;
     select g.actor, g.received_at into got
     from artex.flow_signals g where g.flow_id = p_flow and g.name = p_name;

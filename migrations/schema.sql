@@ -1300,7 +1300,7 @@ begin
                       from artex.flow_waits fw
                       where fw.flow_id = p_flow and fw.signal is not null),
                      'no signal')
-            using errcode = 'invalid_parameter_value';
+            using errcode = 'undefined_object';
     end if;
     select g.actor, g.received_at into got
     from artex.flow_signals g where g.flow_id = p_flow and g.name = p_name;

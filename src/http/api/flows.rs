@@ -192,9 +192,9 @@ pub(super) async fn show(
 
 /// `POST /api/v1/flows/{id}/signals/{name}` (an optional `{"payload": …}`): the flow's
 /// wait for the signal completes now (`"outcome": "completed"`), or the signal is kept
-/// until the wait is reached (`"stored"`). 404 for an unknown flow; 400 for a bad name or
-/// body, or a name no wait of the flow has; 409 for a second signal of the name or a
-/// wait that has ended.
+/// until the wait is reached (`"stored"`). 404 for an unknown flow or a name no wait of
+/// the flow has; 400 for a malformed name or body; 409 for a second signal of the name
+/// or a wait that has ended.
 pub(super) async fn signal(
     _: CanWrite,
     req: HttpRequest,

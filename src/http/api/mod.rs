@@ -185,9 +185,10 @@ impl From<artex_actors::Error> for ApiError {
     fn from(e: artex_actors::Error) -> Self {
         use artex_actors::Error as E;
         match e {
-            E::TaskNotFound(_) | E::FlowNotFound(_) | E::ScheduleNotFound(_) => {
-                ApiError::NotFound(e.to_string())
-            }
+            E::TaskNotFound(_)
+            | E::FlowNotFound(_)
+            | E::ScheduleNotFound(_)
+            | E::NoSuchWait { .. } => ApiError::NotFound(e.to_string()),
             E::Refused(m) => ApiError::Conflict(m),
             E::Invalid(m) => ApiError::Unprocessable {
                 field: None,

@@ -43,8 +43,8 @@ pub struct SignalReport {
 impl OperatorBoard {
     /// Sends signal `name` to flow `flow` as `actor`, with `payload` (the wait's result;
     /// none by default). `FlowNotFound` for an unknown flow; `Invalid` for a name that
-    /// is no name or that no wait of the flow has (the message lists the ones it has);
-    /// `Refused` for a second signal of the name or a wait that has ended.
+    /// is no name; `NoSuchWait` for a name no wait of the flow has (the message lists the
+    /// ones it has); `Refused` for a second signal of the name or a wait that has ended.
     pub async fn signal_flow(
         &self,
         flow: Uuid,
@@ -71,6 +71,9 @@ impl OperatorBoard {
                 match (e.code(), message) {
                     (Some(c), Some(_)) if *c == SqlState::NO_DATA_FOUND => {
                         Error::FlowNotFound(flow)
+                    }
+                    (Some(c), Some(m)) if *c == SqlState::UNDEFINED_OBJECT => {
+                        Error::NoSuchWait { flow, message: m }
                     }
                     (Some(c), Some(m)) if *c == SqlState::INVALID_PARAMETER_VALUE => {
                         Error::Invalid(m)
