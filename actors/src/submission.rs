@@ -95,14 +95,18 @@ impl NewTask {
     }
 }
 
-/// A flow as submitted: a name and its tasks, each naming the tasks it depends on.
+/// A flow as submitted: a name and its tasks, each naming the tasks it depends on. A task
+/// runs a handler (`kind`) or is a wait ([`WaitSpec`]).
 ///
 /// ```
 /// use artex_actors::blackboard::FlowSpec;
 /// let spec = FlowSpec::from_json(r#"{"name": "nightly-etl", "tasks": [
 ///     {"name": "extract", "kind": "echo"},
-///     {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}"#).unwrap();
+///     {"name": "approval", "wait": {"signal": "approved", "timeout": "24h"},
+///      "depends_on": ["extract"]},
+///     {"name": "load", "kind": "echo", "depends_on": ["approval"]}]}"#).unwrap();
 /// assert_eq!(spec.tasks[1].depends_on, ["extract"]);
+/// assert_eq!(spec.tasks[1].wait.as_ref().unwrap().signal.as_deref(), Some("approved"));
 /// spec.validate().unwrap();
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
