@@ -2,7 +2,8 @@
 //! timeout fails the wait and cancels its downstream tasks, or lets the flow through
 //! with `on_timeout: succeed`; with two planner processes each due wait ends once, and
 //! two Schedulers ending the same due waits at once never end one twice; a wait
-//! survives its planner's kill and completes under the next planner.
+//! survives its planner's kill and completes under the next planner; waits and kept
+//! signals survive a PostgreSQL restart.
 
 use std::time::Duration;
 
@@ -237,4 +238,43 @@ async fn a_wait_survives_its_planners_kill_and_ends_under_the_next() {
     assert_eq!(last.reason.as_deref(), Some("timer"));
     assert_eq!(task(&f, "end").status, TaskStatus::Succeeded);
     assert_no_double_success(&c).await;
+}
+
+#[tokio::test]
+async fn waits_survive_a_postgres_restart() {
+    // A private cluster: restarting the shared one would cut every other test off.
+    let private = crate::common::PrivateCluster::start().await;
+    let (cluster, url) = (&private.cluster, private.url.clone());
+    let _p = Proc::planner("planner", &url, &[]);
+    let _w = Proc::worker("worker", &url, &[]);
+    let id = submit_cli(
+        &url,
+        &json!({"name": "restart", "tasks": [
+            {"name": "first", "kind": "echo"},
+            {"name": "delay", "wait": {"for": "2s"}, "depends_on": ["first"]},
+            {"name": "approval", "wait": {"signal": "ok"}, "depends_on": ["first"]},
+            {"name": "later", "wait": {"signal": "later"}, "depends_on": ["delay"]},
+            {"name": "end", "kind": "gather", "depends_on": ["approval", "later"]}]}),
+    );
+    // A signal kept for a wait not reached yet, and one reached wait, then the restart.
+    let (code, _, err) = crate::common::run_cli(
+        &url,
+        &["flow", "signal", &id.to_string(), "later", "--payload", "2"],
+    );
+    assert_eq!(code, 0, "{err}");
+    wait_reached(&private.bb, id, "approval").await;
+    cluster.restart().unwrap();
+    let (code, _, err) = crate::common::run_cli(
+        &url,
+        &["flow", "signal", &id.to_string(), "ok", "--payload", "1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let bb = artex_actors::Blackboard::connect(&url, 2).unwrap();
+    let f = wait_flow(&bb, id, FlowState::Succeeded, Duration::from_secs(90)).await;
+    let end = bb.operator().task(task(&f, "end").id).await.unwrap();
+    assert_eq!(
+        end.result.unwrap()["upstream"],
+        json!({"approval": 1, "later": 2})
+    );
+    assert_no_double_success(&crate::common::connect(&url).await).await;
 }
