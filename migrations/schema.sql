@@ -293,6 +293,32 @@ CREATE FUNCTION artex.defer_wakeups() RETURNS boolean
 $$;
 
 --
+-- Name: deliver_signal(uuid, text, jsonb, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.deliver_signal(p_task uuid, p_name text, p_payload jsonb, p_actor text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+declare
+    saved_actor  text := coalesce(current_setting('artex.actor', true), '');
+    saved_reason text := coalesce(current_setting('artex.reason', true), '');
+    done         boolean;
+begin
+    perform artex.set_context(p_actor, format('signal %s', quote_literal(p_name)));
+    update artex.tasks t set status = 'succeeded', result = p_payload
+    where t.id = p_task and t.status = 'blocked';
+    done := found;
+    if done then
+        update artex.flow_waits w set ended_at = now() where w.task_id = p_task;
+        update artex.flow_signals g set delivered_at = now()
+        where g.task_id = p_task and g.name = p_name;
+    end if;
+    perform artex.set_context(saved_actor, saved_reason);
+    return done;
+end
+$$;
+
+--
 -- Name: dispatch_round(double precision, bigint, integer, integer[], text[], boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -569,6 +595,72 @@ begin
     end loop;
 end
 $_$;
+
+--
+-- Name: fire_due_waits(timestamp with time zone, text, integer); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.fire_due_waits(p_now timestamp with time zone, p_actor text, p_limit integer) RETURNS TABLE(task_id uuid, flow_id uuid, outcome text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+declare
+    at_   timestamptz := coalesce(p_now, now());
+    due   uuid[];
+    saved_actor  text := coalesce(current_setting('artex.actor', true), '');
+    saved_reason text := coalesce(current_setting('artex.reason', true), '');
+begin
+    -- Waits canceled (or paused and canceled) after they were reached leave the index.
+    update artex.flow_waits w set ended_at = now()
+    from artex.tasks t
+    where w.due_at <= at_ and w.ended_at is null and t.id = w.task_id
+      and t.status in ('succeeded', 'failed', 'timeout', 'canceled');
+    select array_agg(d.task_id order by d.task_id) into due
+    from (select w.task_id from artex.flow_waits w join artex.tasks t on t.id = w.task_id
+          where w.due_at <= at_ and w.ended_at is null and t.status = 'blocked'
+          order by w.due_at
+          limit p_limit
+          for update of t skip locked) d;
+    if due is null then
+        return;
+    end if;
+    perform artex.set_context(p_actor, 'timer');
+    return query
+    with done as (
+        update artex.tasks t set status = 'succeeded'
+        from artex.flow_waits w
+        where t.id = any(due) and w.task_id = t.id and w.signal is null
+          and t.status = 'blocked'
+        returning t.id, t.flow_id
+    )
+    select d.id, d.flow_id, 'timer'::text from done d;
+    perform artex.set_context(p_actor, 'timeout');
+    return query
+    with done as (
+        update artex.tasks t
+        set status = case when w.on_timeout = 'succeed' then 'succeeded'::artex.task_status
+                          else 'timeout'::artex.task_status end,
+            error = case when w.on_timeout = 'fail'
+                         then format('no signal %s within %s', quote_literal(w.signal),
+                                     coalesce(w.spec->>'timeout', w.timeout::text)) end
+        from artex.flow_waits w
+        where t.id = any(due) and w.task_id = t.id and w.signal is not null
+          and t.status = 'blocked'
+        returning t.id, t.flow_id, t.status
+    )
+    select d.id, d.flow_id, case when d.status = 'succeeded' then 'timeout: succeeded'
+                                 else 'timeout' end
+    from done d;
+    update artex.flow_waits w set ended_at = now() where w.task_id = any(due);
+    perform artex.set_context(saved_actor, saved_reason);
+end
+$$;
+
+--
+-- Name: FUNCTION fire_due_waits(p_now timestamp with time zone, p_actor text, p_limit integer); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.fire_due_waits(p_now timestamp with time zone, p_actor text, p_limit integer) IS 'Ends the due waits of flows (timers succeed; signal timeouts time out, or succeed with on_timeout = succeed), each once across planners. Called by the Scheduler (V40).';
 
 --
 -- Name: history_partition_width(interval); Type: FUNCTION; Schema: artex; Owner: -
@@ -928,6 +1020,38 @@ $_$;
 COMMENT ON FUNCTION artex.prune_history_rows(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch history rows past the retention from partitions wider than a slice is now (made before the retention was shortened); returns how many (V22).';
 
 --
+-- Name: reach_waits(uuid[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.reach_waits(p_ids uuid[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+declare
+    s record;
+begin
+    update artex.flow_waits w
+    set reached_at = coalesce(w.reached_at, now()),
+        due_at = coalesce(w.until,
+                          coalesce(w.reached_at, now()) + coalesce(w.wait_for, w.timeout))
+    from artex.tasks t
+    where w.task_id = any(p_ids) and t.id = w.task_id and t.status = 'blocked'
+      and w.ended_at is null
+      and not exists (select 1 from artex.task_waits c
+                      where c.task_id = w.task_id and c.upstream_left > 0);
+    for s in
+        select w.task_id, g.name, g.payload, g.actor
+        from artex.flow_waits w
+        join artex.flow_signals g on g.flow_id = w.flow_id and g.name = w.signal
+        where w.task_id = any(p_ids) and w.reached_at is not null and w.ended_at is null
+          and g.delivered_at is null
+        order by w.task_id
+    loop
+        perform artex.deliver_signal(s.task_id, s.name, s.payload, s.actor);
+    end loop;
+end
+$$;
+
+--
 -- Name: read_assigned(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1155,6 +1279,80 @@ CREATE FUNCTION artex.set_context(actor text, reason text) RETURNS boolean
     select set_config('artex.actor', coalesce(actor, ''), true) is not null
        and set_config('artex.reason', coalesce(reason, ''), true) is not null
 $$;
+
+--
+-- Name: signal_flow(uuid, text, jsonb, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.signal_flow(p_flow uuid, p_name text, p_payload jsonb DEFAULT NULL::jsonb, p_actor text DEFAULT CURRENT_USER) RETURNS TABLE(outcome text, task_id uuid, task_name text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+declare
+    w    record;
+    got  record;
+    lim  integer := artex.max_payload_bytes();
+begin
+    perform 1 from artex.flows f where f.id = p_flow;
+    if not found then
+        raise exception 'artex: no flow with id %', p_flow using errcode = 'no_data_found';
+    end if;
+    if p_name is null or not artex.is_kind_name(p_name) then
+        raise exception 'artex: signal name %: expected letters, digits and ._:- (starting with a letter or digit), at most 100 bytes',
+            coalesce(quote_literal(p_name), 'null')
+            using errcode = 'invalid_parameter_value';
+    end if;
+    if octet_length(p_payload::text) > lim then
+        raise exception 'artex: the payload of signal % is % bytes, more than the limit of % bytes',
+            quote_literal(p_name), octet_length(p_payload::text), lim
+            using errcode = 'program_limit_exceeded';
+    end if;
+    -- The wait's row lock first: a promotion reaching it, the timer ending it and
+    -- another signal take it too. Then read it in a snapshot taken after the lock.
+    perform 1 from artex.tasks t
+    where t.id = (select fw.task_id from artex.flow_waits fw
+                  where fw.flow_id = p_flow and fw.signal = p_name)
+    for update;
+    select fw.task_id, t.flow_task, t.status, fw.reached_at into w
+    from artex.flow_waits fw join artex.tasks t on t.id = fw.task_id
+    where fw.flow_id = p_flow and fw.signal = p_name;
+    if not found then
+        raise exception 'artex: flow % has no wait for signal %; it waits for %', p_flow,
+            quote_literal(p_name),
+            coalesce((select string_agg(quote_literal(fw.signal), ', ' order by fw.signal)
+                      from artex.flow_waits fw
+                      where fw.flow_id = p_flow and fw.signal is not null),
+                     'no signal')
+            using errcode = 'undefined_object';
+    end if;
+    select g.actor, g.received_at into got
+    from artex.flow_signals g where g.flow_id = p_flow and g.name = p_name;
+    if found then
+        raise exception 'artex: flow % received signal % already (at %, from %); a signal is taken once',
+            p_flow, quote_literal(p_name), got.received_at, got.actor
+            using errcode = 'object_not_in_prerequisite_state';
+    end if;
+    if w.status in ('succeeded', 'failed', 'timeout', 'canceled') then
+        raise exception 'artex: wait % (task %) of flow % has ended %; the signal is not kept',
+            quote_literal(w.flow_task), w.task_id, p_flow, w.status
+            using errcode = 'object_not_in_prerequisite_state';
+    end if;
+    insert into artex.flow_signals (flow_id, name, payload, actor, task_id)
+    values (p_flow, p_name, p_payload, coalesce(p_actor, current_user), w.task_id);
+    if w.status = 'blocked' and w.reached_at is not null
+       and artex.deliver_signal(w.task_id, p_name, p_payload, coalesce(p_actor, current_user)) then
+        return query select 'completed'::text, w.task_id, w.flow_task;
+    else
+        return query select 'stored'::text, w.task_id, w.flow_task;
+    end if;
+end
+$$;
+
+--
+-- Name: FUNCTION signal_flow(p_flow uuid, p_name text, p_payload jsonb, p_actor text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.signal_flow(p_flow uuid, p_name text, p_payload jsonb, p_actor text) IS 'Sends a signal to a flow: completes its reached wait for that name in this transaction (completed), or keeps the signal until the wait is reached (stored). V40.';
 
 --
 -- Name: submit(text, jsonb, integer, timestamp with time zone, integer, integer, text, text, interval, boolean, text, text, text[], text); Type: FUNCTION; Schema: artex; Owner: -
@@ -1535,12 +1733,24 @@ begin
         end if;
         return new;
     end if;
+    -- A flow's wait (V40) ends from `blocked`: succeeded by its signal or timer, or timed
+    -- out. The lookup runs only for a transition that is otherwise illegal.
     if not artex.transition_allowed(old.status, new.status)
-       and not (ran and artex.transition_allowed(was, new.status)) then
+       and not (ran and artex.transition_allowed(was, new.status))
+       and not (old.status = 'blocked' and new.status in ('succeeded', 'timeout')
+                and exists (select 1 from artex.flow_waits w where w.task_id = old.id)) then
         raise exception 'artex: illegal task transition % -> % for task %',
             old.status, new.status, old.id
             using errcode = 'check_violation',
                   hint = 'allowed from ' || old.status || ': see artex.transition_allowed';
+    end if;
+    -- A wait is never runnable: no worker ever takes it (V40). Looked up only when a
+    -- blocked or paused task is released (a promotion, a resume).
+    if new.status = 'pending' and old.status in ('blocked', 'paused')
+       and exists (select 1 from artex.flow_waits w where w.task_id = old.id) then
+        raise exception 'artex: task % is a wait of flow %: it ends by its signal or timer, never runs',
+            old.id, old.flow_id
+            using errcode = 'check_violation';
     end if;
     if ran and new.started_at > now() then
         raise exception 'artex: task % cannot have started in the future (%)', old.id, new.started_at
@@ -1655,6 +1865,7 @@ declare
     ids          uuid[];
     ns           integer[];
     root         record;
+    reached      uuid[];
 begin
     -- Promotion.
     select array_agg(x.task_id order by x.task_id), array_agg(x.n order by x.task_id)
@@ -1681,9 +1892,17 @@ begin
             where t.id = any(ids) and t.status = 'blocked' order by t.id for update;
             perform artex.set_context(saved_actor, 'all upstream tasks succeeded');
             changed := true;
+            -- A wait (V40) is reached instead: it stays blocked, its timer starts, a
+            -- signal that came before completes it.
+            select array_agg(w.task_id order by w.task_id) into reached
+            from artex.flow_waits w where w.task_id = any(ids);
             -- Runnable from now on: queued behind what was runnable before it.
             update artex.tasks t set status = 'pending', run_at = greatest(t.run_at, now())
-            where t.id = any(ids) and t.status = 'blocked';
+            where t.id = any(ids) and t.status = 'blocked'
+              and (reached is null or t.id <> all(reached));
+            if reached is not null then
+                perform artex.reach_waits(reached);
+            end if;
         end if;
     end if;
 
@@ -2025,6 +2244,58 @@ CREATE TABLE artex.event_retention (
     CONSTRAINT event_retention_keep_check CHECK ((keep >= '00:00:00'::interval)),
     CONSTRAINT event_retention_singleton_check CHECK (singleton)
 );
+
+--
+-- Name: flow_signals; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.flow_signals (
+    flow_id uuid NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    actor text NOT NULL,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    task_id uuid NOT NULL,
+    delivered_at timestamp with time zone,
+    CONSTRAINT flow_signals_name_check CHECK (artex.is_kind_name(name))
+);
+
+--
+-- Name: TABLE flow_signals; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.flow_signals IS 'Signals flows received (artex.signal_flow), one per name and flow: kept until their wait is reached, then delivered (migrations/V40).';
+
+--
+-- Name: flow_waits; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.flow_waits (
+    task_id uuid NOT NULL,
+    flow_id uuid NOT NULL,
+    signal text,
+    until timestamp with time zone,
+    wait_for interval,
+    timeout interval,
+    on_timeout text DEFAULT 'fail'::text NOT NULL,
+    spec jsonb NOT NULL,
+    reached_at timestamp with time zone,
+    due_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    CONSTRAINT flow_waits_check CHECK ((num_nonnulls(signal, until, wait_for) = 1)),
+    CONSTRAINT flow_waits_check1 CHECK (((timeout IS NULL) OR (signal IS NOT NULL))),
+    CONSTRAINT flow_waits_check2 CHECK (((on_timeout = 'fail'::text) OR (timeout IS NOT NULL))),
+    CONSTRAINT flow_waits_on_timeout_check CHECK ((on_timeout = ANY (ARRAY['fail'::text, 'succeed'::text]))),
+    CONSTRAINT flow_waits_signal_check CHECK (artex.is_kind_name(signal)),
+    CONSTRAINT flow_waits_timeout_check CHECK ((timeout > '00:00:00'::interval)),
+    CONSTRAINT flow_waits_wait_for_check CHECK ((wait_for > '00:00:00'::interval))
+);
+
+--
+-- Name: TABLE flow_waits; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.flow_waits IS 'What each wait of a flow waits for (a signal, a time, a delay), when it was reached and is due (migrations/V40).';
 
 --
 -- Name: flows; Type: TABLE; Schema: artex; Owner: -
@@ -2752,6 +3023,20 @@ ALTER TABLE ONLY artex.event_retention
     ADD CONSTRAINT event_retention_pkey PRIMARY KEY (singleton);
 
 --
+-- Name: flow_signals flow_signals_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.flow_signals
+    ADD CONSTRAINT flow_signals_pkey PRIMARY KEY (flow_id, name);
+
+--
+-- Name: flow_waits flow_waits_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.flow_waits
+    ADD CONSTRAINT flow_waits_pkey PRIMARY KEY (task_id);
+
+--
 -- Name: flows flows_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
@@ -2896,6 +3181,18 @@ ALTER TABLE ONLY artex.workers
 --
 
 CREATE UNIQUE INDEX api_tokens_live_name ON artex.api_tokens USING btree (name) WHERE (revoked_at IS NULL);
+
+--
+-- Name: flow_waits_due; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE INDEX flow_waits_due ON artex.flow_waits USING btree (due_at) WHERE ((due_at IS NOT NULL) AND (ended_at IS NULL));
+
+--
+-- Name: flow_waits_signal; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE UNIQUE INDEX flow_waits_signal ON artex.flow_waits USING btree (flow_id, signal) WHERE (signal IS NOT NULL);
 
 --
 -- Name: kind_changes_kind; Type: INDEX; Schema: artex; Owner: -
@@ -3148,6 +3445,20 @@ CREATE TRIGGER workers_forget_released AFTER DELETE ON artex.workers REFERENCING
 --
 
 CREATE TRIGGER workers_record_kinds AFTER INSERT OR UPDATE OF kinds ON artex.workers FOR EACH ROW EXECUTE FUNCTION artex.workers_record_kinds();
+
+--
+-- Name: flow_signals flow_signals_flow_id_fkey; Type: FK CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.flow_signals
+    ADD CONSTRAINT flow_signals_flow_id_fkey FOREIGN KEY (flow_id) REFERENCES artex.flows(id) ON DELETE CASCADE;
+
+--
+-- Name: flow_waits flow_waits_flow_id_fkey; Type: FK CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.flow_waits
+    ADD CONSTRAINT flow_waits_flow_id_fkey FOREIGN KEY (flow_id) REFERENCES artex.flows(id) ON DELETE CASCADE;
 
 --
 -- Name: task_dependencies task_dependencies_depends_on_fkey; Type: FK CONSTRAINT; Schema: artex; Owner: -

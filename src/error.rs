@@ -73,6 +73,7 @@ impl Error {
             Error::Actors(artex_actors::Error::Invalid(_)) => 2,
             Error::Actors(artex_actors::Error::TaskNotFound(_)) => 2,
             Error::Actors(artex_actors::Error::FlowNotFound(_)) => 2,
+            Error::Actors(artex_actors::Error::NoSuchWait { .. }) => 2,
             Error::Actors(artex_actors::Error::ScheduleNotFound(_)) => 2,
             Error::Actors(artex_actors::Error::Refused(_)) => 2,
             _ => 1,

@@ -50,6 +50,14 @@ pub enum Error {
     /// No flow has this id.
     #[error("no flow with id {0}")]
     FlowNotFound(Uuid),
+    /// The flow has no wait for this signal (the message lists the signals it waits for).
+    #[error("{message}")]
+    NoSuchWait {
+        /// The flow.
+        flow: Uuid,
+        /// What is wrong, naming the signals the flow waits for.
+        message: String,
+    },
     /// No schedule has this name.
     #[error("no schedule named {0:?} (see `artex schedule list`)")]
     ScheduleNotFound(String),

@@ -6,13 +6,17 @@
 //! the schedules out, and the unique key makes a slot fire once whatever the number of
 //! planners, across their restarts and failovers. What a slot is, and the catch-up
 //! rules, are `crate::schedule`'s.
+//!
+//! The same pass ends flows' due waits (migrations/V40): timers that reached their time
+//! succeed, signal waits past their timeout time out (or succeed, as the wait says), in
+//! one statement that locks them `for update skip locked`, so each ends once.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 
-use crate::blackboard::{PlannerBoard, ScheduleTurn};
+use crate::blackboard::{PlannerBoard, ScheduleTurn, WaitEnded};
 use crate::error::Result;
 use crate::supervisor::{guarded, ActorStats};
 
@@ -20,11 +24,17 @@ use crate::supervisor::{guarded, ActorStats};
 /// second later.
 const SCHEDULES_PER_PASS: usize = 500;
 
-/// What one pass did: each schedule's turn (the slots it fired, or why it failed).
+/// At most this many due waits are ended in one pass; the rest in the next one.
+const WAITS_PER_PASS: i32 = 1000;
+
+/// What one pass did: each schedule's turn (the slots it fired, or why it failed), and
+/// the flows' waits it ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SchedulerReport {
     /// The schedules taken, in order.
     pub turns: Vec<ScheduleTurn>,
+    /// The due waits ended.
+    pub waits: Vec<WaitEnded>,
 }
 
 impl SchedulerReport {
@@ -76,6 +86,11 @@ impl Scheduler {
             log_turn(&turn);
             passed.push(turn.name.clone());
             report.turns.push(turn);
+        }
+        report.waits = bb.fire_due_waits(now, actor, WAITS_PER_PASS).await?;
+        for w in &report.waits {
+            tracing::info!(task_id = %w.task, flow_id = %w.flow, outcome = %w.outcome,
+                "flow wait ended");
         }
         Ok(report)
     }

@@ -16,6 +16,7 @@
 //! - `task`: the rules on one task's fields ([`check_kind`], [`check_payload`], the
 //!   limits on keys and tags).
 //! - `flow`: the rules on a flow as a whole (names, dependencies, no cycle).
+//! - `wait`: the rules on a flow's waits ([`WaitSpec`]: a signal, a time or a delay).
 //! - `refusal`: [`Refusal`]: the [`Field`] at fault and the [`Reason`].
 
 mod flow;
@@ -23,6 +24,9 @@ mod refusal;
 mod task;
 #[cfg(test)]
 mod tests;
+mod wait;
+#[cfg(test)]
+mod wait_tests;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -37,6 +41,7 @@ pub use task::{
     check_kind, check_payload, payload_text_len, KIND_CHARSET, MAX_KIND_BYTES, MAX_LIMIT_KEY_BYTES,
     MAX_RETRIES, MAX_TAGS, MAX_TAG_BYTES, MAX_UNIQUE_FOR, MAX_UNIQUE_KEY_BYTES,
 };
+pub use wait::{parse_wait_duration, OnTimeout, Wait, WaitSpec, WAIT_KIND};
 
 /// How many known kinds a refusal lists before it says "…".
 const KINDS_LISTED: usize = 20;
@@ -90,14 +95,18 @@ impl NewTask {
     }
 }
 
-/// A flow as submitted: a name and its tasks, each naming the tasks it depends on.
+/// A flow as submitted: a name and its tasks, each naming the tasks it depends on. A task
+/// runs a handler (`kind`) or is a wait ([`WaitSpec`]).
 ///
 /// ```
 /// use artex_actors::blackboard::FlowSpec;
 /// let spec = FlowSpec::from_json(r#"{"name": "nightly-etl", "tasks": [
 ///     {"name": "extract", "kind": "echo"},
-///     {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}"#).unwrap();
+///     {"name": "approval", "wait": {"signal": "approved", "timeout": "24h"},
+///      "depends_on": ["extract"]},
+///     {"name": "load", "kind": "echo", "depends_on": ["approval"]}]}"#).unwrap();
 /// assert_eq!(spec.tasks[1].depends_on, ["extract"]);
+/// assert_eq!(spec.tasks[1].wait.as_ref().unwrap().signal.as_deref(), Some("approved"));
 /// spec.validate().unwrap();
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,8 +124,13 @@ pub struct FlowSpec {
 pub struct FlowTaskSpec {
     /// Unique within the flow; what `depends_on` refers to.
     pub name: String,
-    /// The handler kind.
+    /// The handler kind; none for a wait.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kind: String,
+    /// A wait instead of a handler: the task completes on a signal or at a time, and no
+    /// worker ever takes it (see [`WaitSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitSpec>,
     /// The handler's input; `{}` by default.
     #[serde(default = "empty_object")]
     pub payload: Value,
@@ -237,7 +251,8 @@ impl<'a> Submission<'a> {
                     name: Some(&t.name),
                     kind: &t.kind,
                     payload: &t.payload,
-                    allow_unregistered_kind: *allow_unregistered_kind,
+                    // A wait has no kind: no worker declares one.
+                    allow_unregistered_kind: *allow_unregistered_kind || t.wait.is_some(),
                 })
                 .collect(),
         }

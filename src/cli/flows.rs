@@ -1,18 +1,20 @@
-//! `artex flow submit|show|list`: flows are DAGs of named tasks; what a flow does lives
+//! `artex flow submit|show|signal|list`: flows are DAGs of named tasks; what a flow does lives
 //! in the blackboard (`artex_actors::blackboard::flows`), this file reads the file and
 //! prints, and follows a flow's changes until it has finished (`show --follow`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use artex_actors::blackboard::{FlowSpec, FlowState, FlowView, TaskStatus};
+use artex_actors::blackboard::{
+    FlowSpec, FlowState, FlowView, SignalOutcome, TaskStatus, WaitView,
+};
 use artex_actors::submission::{Refusal, Submission};
 use artex_actors::Blackboard;
 use clap::Subcommand;
 use uuid::Uuid;
 
 use super::follow::{feed_from_now, next_events, transition};
-use super::inputs::{check_submission, refusal_text};
+use super::inputs::{check_submission, read_payload, refusal_text};
 use super::stdout::{outln, Reader};
 use super::{connect_one_shot, connect_reads, parse_id, print_json, print_json_line, time_text};
 use crate::config::DbConfig;
@@ -25,7 +27,10 @@ pub(crate) enum FlowCommand {
     ///
     /// {"name": "nightly-etl", "tasks": [{"name": "extract", "kind": "echo", "payload": {},
     /// "depends_on": []}, {"name": "load", "kind": "echo", "depends_on": ["extract"]}]}
-    /// Each task may also set priority, max_retries, timeout_ms and shard_key.
+    /// Each task may also set priority, max_retries, timeout_ms and shard_key. A task may
+    /// be a wait instead of a kind: {"name": "approval", "wait": {"signal": "approved",
+    /// "timeout": "24h"}}, {"wait": {"until": "2026-12-24T18:00:00Z"}} or {"wait": {"for":
+    /// "1h"}}.
     Submit {
         /// The flow file.
         file: PathBuf,
@@ -50,6 +55,24 @@ pub(crate) enum FlowCommand {
         /// finished; the exit code is its outcome: 0 succeeded, 4 failed, 5 canceled.
         #[arg(long)]
         follow: bool,
+    },
+    /// Send a signal to a flow: its wait for NAME completes now (its result the payload,
+    /// its downstream tasks promoted), or, not reached yet, the signal is kept until it
+    /// is. A flow takes one signal of a name.
+    Signal {
+        /// The flow id.
+        #[arg(value_parser = parse_id)]
+        flow: Uuid,
+        /// The signal's name, as the wait names it ({"wait": {"signal": NAME}}).
+        name: String,
+        /// The signal's payload, as JSON (none by default): the wait's result, which
+        /// downstream tasks read as an upstream result. @FILE reads it from a file, -
+        /// from standard input.
+        #[arg(long)]
+        payload: Option<String>,
+        /// Print the answer as JSON (as `POST /api/v1/flows/{id}/signals/{name}`).
+        #[arg(long)]
+        json: bool,
     },
     /// Flows, newest first: each one's state and its tasks' counts by status.
     List {
@@ -114,6 +137,37 @@ pub(crate) async fn flow(db: &DbConfig, command: FlowCommand, actor: &str) -> Re
                 return print_json(&serde_json::json!({ "id": id }));
             }
             outln!("{id}")
+        }
+        FlowCommand::Signal {
+            flow,
+            name,
+            payload,
+            json,
+        } => {
+            let payload = match payload {
+                Some(arg) => Some(read_payload(Some(&arg))?.value),
+                None => None,
+            };
+            let bb = connect_one_shot(db).await?;
+            let report = bb
+                .operator()
+                .signal_flow(flow, &name, payload.as_ref(), actor)
+                .await?;
+            if json {
+                return print_json(&report);
+            }
+            match report.outcome {
+                SignalOutcome::Completed => outln!(
+                    "signal '{name}': wait '{}' ({}) completed",
+                    report.task_name,
+                    report.task
+                ),
+                SignalOutcome::Stored => outln!(
+                    "signal '{name}': kept; wait '{}' ({}) completes when it is reached",
+                    report.task_name,
+                    report.task
+                ),
+            }
         }
         FlowCommand::List { after, limit, json } => {
             let bb = connect_reads(db).await?;
@@ -203,8 +257,51 @@ fn print_flow(f: &FlowView) -> Result {
             time(t.finished_at),
             t.depends_on.join(", ")
         )?;
+        if let Some(w) = &t.wait {
+            outln!("  {:<width$}  {}", "", wait_text(w))?;
+        }
     }
     Ok(())
+}
+
+/// A wait as `flow show` tells it: what it waits for and where it stands.
+fn wait_text(w: &WaitView) -> String {
+    let spec = |k: &str| w.spec.get(k).and_then(|v| v.as_str());
+    let what = match (spec("signal"), spec("until"), spec("for")) {
+        (Some(signal), _, _) => {
+            let mut s = format!("waits for signal '{signal}'");
+            if let Some(t) = spec("timeout") {
+                let then = if spec("on_timeout") == Some("succeed") {
+                    "then succeeds"
+                } else {
+                    "then fails"
+                };
+                s += &format!(" (timeout {t}, {then})");
+            }
+            s
+        }
+        (_, Some(until), _) => format!("waits until {until}"),
+        (_, _, Some(d)) => format!("waits for {d}"),
+        _ => "waits".to_string(),
+    };
+    let mut parts = vec![what];
+    match (w.reached_at, w.due_at) {
+        (None, _) => parts.push("not reached yet".into()),
+        (Some(at), due) => {
+            parts.push(format!("reached {}", time_text(Some(at))));
+            if let Some(due) = due {
+                parts.push(format!("due {}", time_text(Some(due))));
+            }
+        }
+    }
+    if let Some(at) = w.signal_received_at {
+        let from = w.signal_from.as_deref().unwrap_or("?");
+        parts.push(format!(
+            "signal received {} from {from}",
+            time_text(Some(at))
+        ));
+    }
+    parts.join("; ")
 }
 
 fn flow_finished(state: FlowState) -> bool {

@@ -146,7 +146,7 @@ enum Command {
         #[command(subcommand)]
         command: db::DbCommand,
     },
-    /// Flows: DAGs of named tasks (submit, show, list).
+    /// Flows: DAGs of named tasks (submit, show, signal, list).
     Flow {
         #[command(subcommand)]
         command: flows::FlowCommand,

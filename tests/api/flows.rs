@@ -1,5 +1,6 @@
-//! Flows through the API: submitted and shown with their DAG, controlled, and listed
-//! newest first a keyset page at a time.
+//! Flows through the API: submitted and shown with their DAG, controlled, listed
+//! newest first a keyset page at a time, and signaled (their waits completed or the
+//! signal kept).
 
 use serde_json::{json, Value};
 
@@ -166,4 +167,96 @@ async fn flows_are_listed_newest_first_a_keyset_page_at_a_time() {
     );
     api.get("/api/v1/events/head?from=0")
         .error(400, Some("from"));
+}
+
+#[tokio::test]
+async fn a_signal_completes_a_flows_wait_or_is_kept_for_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    declare(&db.bb, "w1", &["echo"]).await;
+    let api = Server::start(&db.url);
+    // `ready` has no upstream task: reached at once. `later` waits for `first`, which
+    // no planner runs here.
+    let flow = r#"{"name": "waits", "tasks": [
+        {"name": "ready", "wait": {"signal": "go", "timeout": "1h", "on_timeout": "succeed"}},
+        {"name": "first", "kind": "echo"},
+        {"name": "later", "wait": {"signal": "late"}, "depends_on": ["first"]},
+        {"name": "timer", "wait": {"for": "1h"}}]}"#;
+    let created = api.w("POST", "/api/v1/flows", Some(flow));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let id = id_of(&created);
+    let shown = api.get(&format!("/api/v1/flows/{id}")).json();
+    let ready = &shown["tasks"][0];
+    assert_eq!(ready["kind"], "artex:wait", "{shown}");
+    assert_eq!(ready["status"], "blocked", "{shown}");
+    assert_eq!(
+        ready["wait"]["spec"],
+        json!({"signal": "go", "timeout": "1h", "on_timeout": "succeed"})
+    );
+    assert!(ready["wait"]["reached_at"].is_string(), "{shown}");
+    assert!(ready["wait"]["due_at"].is_string(), "{shown}");
+    assert!(shown["tasks"][2]["wait"]["reached_at"].is_null(), "{shown}");
+    assert!(shown["tasks"][1].get("wait").is_none(), "{shown}");
+
+    let signal = |name: &str, body: Option<&str>| {
+        api.w("POST", &format!("/api/v1/flows/{id}/signals/{name}"), body)
+    };
+    let before = written(&c).await;
+    signal("go", Some("{")).error(400, Some("body"));
+    signal("go", Some("[1]")).error(400, Some("body"));
+    signal("go", Some(r#"{"payload": 1, "extra": 2}"#)).error(400, Some("extra"));
+    let m = signal("nope", None).error(404, None);
+    assert!(
+        m.contains("has no wait for signal 'nope'; it waits for 'go', 'late'"),
+        "{m}"
+    );
+    signal("bad%20name", None).error(400, Some("name"));
+    signal("go", Some(r#"{"payload": "a\u0000b"}"#)).error(422, Some("payload"));
+    api.w(
+        "POST",
+        &format!("/api/v1/flows/{}/signals/go", uuid::Uuid::now_v7()),
+        None,
+    )
+    .error(404, None);
+    api.w("POST", "/api/v1/flows/x/signals/go", None)
+        .error(400, Some("id"));
+    assert_eq!(written(&c).await, before, "a refusal wrote something");
+
+    let done = signal("go", Some(r#"{"payload": {"ok": true}}"#));
+    assert_eq!(done.status, 200, "{}", done.text());
+    let done = done.json();
+    assert_eq!(done["outcome"], "completed", "{done}");
+    assert_eq!(done["task_name"], "ready");
+    assert_eq!(done["signal"], "go");
+    let kept = signal("late", None).json();
+    assert_eq!(kept["outcome"], "stored", "{kept}");
+    let m = signal("go", None).error(409, None);
+    assert!(m.contains("received signal 'go' already"), "{m}");
+
+    let shown = api.get(&format!("/api/v1/flows/{id}")).json();
+    assert_eq!(shown["tasks"][0]["status"], "succeeded", "{shown}");
+    assert_eq!(shown["tasks"][2]["status"], "blocked", "{shown}");
+    assert!(shown["tasks"][2]["wait"]["signal_received_at"].is_string());
+    let task = api
+        .get(&format!(
+            "/api/v1/tasks/{}",
+            shown["tasks"][0]["id"].as_str().unwrap()
+        ))
+        .json();
+    assert_eq!(task["task"]["result"], json!({"ok": true}), "{task}");
+    // A wait with a kind: refused, naming the task's field.
+    let bad = r#"{"name": "x", "tasks": [{"name": "w", "kind": "echo", "wait": {"for": "1h"}}]}"#;
+    api.w("POST", "/api/v1/flows", Some(bad))
+        .error(422, Some("tasks[0].kind"));
+    let bad = r#"{"name": "x", "tasks": [{"name": "w", "wait": {"for": 3600}}]}"#;
+    api.w("POST", "/api/v1/flows", Some(bad))
+        .error(400, Some("tasks[0].wait.for"));
+    let bad = r#"{"name": "x", "tasks": [{"name": "w", "wait": {"for": "1h", "at": "x"}}]}"#;
+    api.w("POST", "/api/v1/flows", Some(bad))
+        .error(400, Some("tasks[0].wait.at"));
+    let bad = r#"{"name": "x", "tasks": [{"name": "w", "wait": {"until": "soon"}}]}"#;
+    let m = api
+        .w("POST", "/api/v1/flows", Some(bad))
+        .error(422, Some("tasks[0].wait"));
+    assert!(m.contains("is not an RFC 3339 time"), "{m}");
 }

@@ -44,7 +44,11 @@ async fn the_openapi_description_matches_the_routes_served() {
     let flow = id_of(&api.w(
         "POST",
         "/api/v1/flows",
-        Some(r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#),
+        // Its wait takes the signal of `/signals/{name}` (a flow without it answers 404).
+        Some(
+            r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
+                {"name": "w", "wait": {"signal": "nightly"}}]}"#,
+        ),
     ));
     let schedule = r#"{"name": "nightly", "cron": "0 2 * * *", "kind": "echo"}"#;
     api.w("POST", "/api/v1/schedules", Some(schedule));
@@ -205,7 +209,11 @@ async fn a_refused_reason_is_a_422_the_document_lists_on_every_control_route() {
     let flow = id_of(&api.w(
         "POST",
         "/api/v1/flows",
-        Some(r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"}]}"#),
+        // Its wait takes the signal of `/signals/{name}` (a flow without it answers 404).
+        Some(
+            r#"{"name": "f", "tasks": [{"name": "a", "kind": "echo"},
+                {"name": "w", "wait": {"signal": "nightly"}}]}"#,
+        ),
     ));
     let schedule = r#"{"name": "nightly", "cron": "0 2 * * *", "kind": "echo"}"#;
     assert_eq!(

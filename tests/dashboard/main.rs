@@ -15,6 +15,7 @@
 //! - `uploads`: the upload page: chunks, interrupted and resumed uploads, changed files.
 //! - `no_placeholders`: every page, with tasks in every status, a flow, a schedule and an
 //!   upload, shows no `null`, `undefined`, `NaN` or `[object Object]`.
+//! - `waits`: a flow's waits on its page, and a signal sent from its form.
 
 #[path = "../common/browser.rs"]
 mod browser;
@@ -23,6 +24,7 @@ mod common;
 
 mod no_placeholders;
 mod uploads;
+mod waits;
 
 use std::path::Path;
 use std::time::Duration;

@@ -151,7 +151,11 @@ async fn no_page_shows_null_undefined_nan_or_an_object_s_name() {
         "/api/v1/flows",
         Some(json!({"name": "waiting", "tasks": [
             {"name": "long", "kind": "sleep", "payload": {"ms": 120000}},
-            {"name": "after", "kind": "echo", "depends_on": ["long"]}]})),
+            {"name": "after", "kind": "echo", "depends_on": ["long"]},
+            // Waits, one reached and one not, each shown with what it waits for.
+            {"name": "approval", "wait": {"signal": "ok", "timeout": "1h"}},
+            {"name": "later", "wait": {"until": "2030-01-01T00:00:00Z"},
+             "depends_on": ["long"]}]})),
     ))["id"]
         .as_str()
         .unwrap()

@@ -3,13 +3,18 @@
 //! sees its upstream results; killed workers and a PostgreSQL restart mid-flow; a failing
 //! task cancels exactly its downstream; bad flows are refused with nothing inserted;
 //! pause, resume and cancel (a running handler included); concurrent completions of
-//! siblings; a flow canceled while an upload's task joins it; a 10,000-task flow.
+//! siblings; a flow canceled while an upload's task joins it; a 10,000-task flow; waits
+//! for signals and time.
 //!
 //! # Layout
 //! - `runs`: a diamond, killed workers and a PostgreSQL restart, a 10,000-task flow.
 //! - `failures`: a failing task's downstream canceled; bad flows refused.
 //! - `controls`: pause, resume and cancel.
 //! - `races`: concurrent completions; uploads' tasks joining flows that end or pause.
+//! - `waits`: waits for signals (issue 37): a signal completes a reached wait, or is kept
+//!   for it; a wait is never handed to a worker; bad waits and signals refused; SQL.
+//! - `wait_timers`: timers and timeouts; two planners end each due wait once; a wait
+//!   survives its planner's kill.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,6 +23,8 @@ mod controls;
 mod failures;
 mod races;
 mod runs;
+mod wait_timers;
+mod waits;
 
 use common::count;
 use common::run_cli as artex;

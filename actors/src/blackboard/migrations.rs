@@ -314,6 +314,14 @@ pub const MIGRATIONS: &[Migration] = &[
         change: Change::Expand,
     },
     Migration {
+        version: 40,
+        name: "flows_wait_for_signals_and_time",
+        sql: include_str!("../../../migrations/V40__flows_wait_for_signals_and_time.sql"),
+        // New tables and functions; the status machine allows a wait's ends, which an
+        // older build never writes.
+        change: Change::Expand,
+    },
+    Migration {
         version: 41,
         name: "named_tokens",
         sql: include_str!("../../../migrations/V41__named_tokens.sql"),

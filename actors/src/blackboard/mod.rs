@@ -61,7 +61,7 @@ pub use feed::{
 };
 pub use flows::{
     Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskSpec, FlowTaskView,
-    FlowView,
+    FlowView, WaitSpec, WaitView,
 };
 pub use inputs::{KnownKind, Limits, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use listen::{ListenEvent, ListenSession, Listener, Notification};
@@ -81,6 +81,7 @@ pub use operator::{
     ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, DEFAULT_READ_MAX_LAG,
     RECENT_SAMPLE, SCHEDULES_LISTED, STATUS_COUNT_CAP,
 };
+pub use operator::{SignalOutcome, SignalReport};
 
 /// The hot path's plan-cached functions (migrations/V16__plan_cached_hot_path.sql) and
 /// the calls artex sends them: (function in schema `artex`, call). Each statement is
@@ -96,7 +97,7 @@ pub fn hot_calls() -> Vec<(&'static str, &'static str)> {
 pub use planner::{
     agree_count, AssignReport, Assignment, Claimed, CountAgreement, FiredSlot, PlannerBoard, Push,
     ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard, ShardRow, StrandedTask,
-    TakenShard, DEFAULT_SHARD_COUNT, WALK_EVERY,
+    TakenShard, WaitEnded, DEFAULT_SHARD_COUNT, WALK_EVERY,
 };
 pub use primary::{is_loopback_name, is_remote, mask_password};
 pub use schedules::ScheduleRow;

@@ -1,9 +1,11 @@
 //! The rules on a flow as a whole: a name, tasks with unique names, each task valid as a
-//! task, dependencies on tasks of this flow, and no cycle (the one found is named).
+//! task or as a wait (one wait per signal name), dependencies on tasks of this flow, and
+//! no cycle (the one found is named).
 
 use std::collections::HashMap;
 
 use super::task::task_rules;
+use super::wait::wait_rules;
 use super::{Field, FlowSpec, Reason, Refusal};
 
 /// Why a text holding U+0000 is refused.
@@ -37,6 +39,7 @@ pub(super) fn flow_rules(spec: &FlowSpec) -> std::result::Result<Vec<Vec<usize>>
         ));
     }
     let mut index: HashMap<&str, usize> = HashMap::with_capacity(spec.tasks.len());
+    let mut signals: HashMap<&str, usize> = HashMap::new();
     for (i, t) in spec.tasks.iter().enumerate() {
         if t.name.trim().is_empty() {
             let why = format!(
@@ -75,9 +78,34 @@ pub(super) fn flow_rules(spec: &FlowSpec) -> std::result::Result<Vec<Vec<usize>>
                 Reason::Flow(why),
             ));
         }
-        task_rules(t).map_err(|(field, why)| {
+        let rules = match &t.wait {
+            Some(w) => wait_rules(t, w),
+            None if t.kind.is_empty() => Err((
+                Field::Kind,
+                "must not be empty; a flow task has a kind, or is a wait ({\"wait\": {\"signal\": …}})"
+                    .to_string(),
+            )),
+            None => task_rules(t),
+        };
+        rules.map_err(|(field, why)| {
             Refusal::of_task(i, Some(&t.name), field, Reason::Invalid(why))
         })?;
+        // A signal names one wait of its flow: `artex flow signal` completes that one.
+        if let Some(signal) = t.wait.as_ref().and_then(|w| w.signal.as_deref()) {
+            if let Some(first) = signals.insert(signal, i) {
+                let why = format!(
+                    "tasks '{}' and '{}' both wait for signal '{signal}'; a signal is waited \
+                     for by one wait of a flow",
+                    spec.tasks[first].name, t.name
+                );
+                return Err(Refusal::of_task(
+                    i,
+                    Some(&t.name),
+                    Field::Wait,
+                    Reason::Flow(why),
+                ));
+            }
+        }
     }
     let mut deps = Vec::with_capacity(spec.tasks.len());
     for (i, t) in spec.tasks.iter().enumerate() {

@@ -39,6 +39,8 @@ pub enum Field {
     DependsOn,
     /// The flow's list of tasks as a whole.
     Tasks,
+    /// A flow task's wait (a signal, a time or a delay).
+    Wait,
 }
 
 impl Field {
@@ -59,6 +61,7 @@ impl Field {
             Field::FlowName | Field::TaskName => "name",
             Field::DependsOn => "depends_on",
             Field::Tasks => "tasks",
+            Field::Wait => "wait",
         }
     }
 }

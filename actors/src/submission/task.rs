@@ -181,6 +181,16 @@ pub(super) fn task_rules<'a>(
 ) -> std::result::Result<(), (Field, String)> {
     let t = t.into();
     check_kind(t.kind).map_err(|e| (Field::Kind, e))?;
+    if t.kind == super::WAIT_KIND {
+        return Err((
+            Field::Kind,
+            format!(
+                "{WAIT_KIND:?} is the kind of flows' waits; a task cannot have it (a flow \
+                     task waits with \"wait\": {{…}})",
+                WAIT_KIND = super::WAIT_KIND
+            ),
+        ));
+    }
     check_payload(t.payload).map_err(|e| (Field::Payload, e))?;
     if let Some(n) = t.max_retries.filter(|n| !(0..=MAX_RETRIES).contains(n)) {
         return Err((

@@ -20,6 +20,7 @@ fn flow(tasks: &[(&str, &[&str])]) -> FlowSpec {
             .map(|(n, d)| FlowTaskSpec {
                 name: n.to_string(),
                 kind: "echo".into(),
+                wait: None,
                 payload: empty_object(),
                 depends_on: d.iter().map(|s| s.to_string()).collect(),
                 priority: 0,
@@ -293,7 +294,11 @@ fn each_surface_words_the_same_refusal_with_its_own_names() {
     // The library's wording names a flow task by its name.
     let mut spec = flow(&[("a", &[])]);
     spec.tasks[0].kind = String::new();
-    assert_eq!(err(&spec), "task 'a': kind: must not be empty");
+    assert_eq!(
+        err(&spec),
+        "task 'a': kind: must not be empty; a flow task has a kind, or is a wait ({\"wait\": \
+         {\"signal\": …}})"
+    );
     let e = NewTask::new("echo", json!({"k\u{0}": 1}))
         .validate()
         .unwrap_err();

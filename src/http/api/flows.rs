@@ -1,12 +1,12 @@
 //! `/api/v1/flows…`: submit a flow (the `artex flow submit` format), list them newest
-//! first, show one with its DAG (each task with the names it depends on), and pause,
-//! resume or cancel all of it.
+//! first, show one with its DAG (each task with the names it depends on), pause, resume
+//! or cancel all of it, and send it a signal for its waits.
 
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::FlowSpec;
 use artex_actors::submission::{Reason, Submission};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::{
     actor, check_submission, field, only_fields, param, parse_int, parse_uuid, path_id, query,
@@ -19,6 +19,7 @@ const FLOW_FIELDS: &[&str] = &["name", "tasks", "allow_unregistered_kind"];
 const FLOW_TASK_FIELDS: &[&str] = &[
     "name",
     "kind",
+    "wait",
     "payload",
     "depends_on",
     "priority",
@@ -64,13 +65,33 @@ fn check_shape(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
             ));
         };
         only_fields(t, &prefix, FLOW_TASK_FIELDS)?;
-        for required in ["name", "kind"] {
-            field::<String>(t, &prefix, required, "a string")?.ok_or_else(|| {
-                ApiError::bad(
-                    format!("{prefix}{required}"),
-                    format!("{prefix}{required}: missing"),
-                )
-            })?;
+        field::<String>(t, &prefix, "name", "a string")?.ok_or_else(|| {
+            ApiError::bad(format!("{prefix}name"), format!("{prefix}name: missing"))
+        })?;
+        // A task has a kind, or is a wait (whose rules are the submission's).
+        let waits = field::<Map<String, Value>>(
+            t,
+            &prefix,
+            "wait",
+            "an object like {\"signal\": \"approved\", \"timeout\": \"24h\"}",
+        )?
+        .is_some();
+        if field::<String>(t, &prefix, "kind", "a string")?.is_none() && !waits {
+            return Err(ApiError::bad(
+                format!("{prefix}kind"),
+                format!("{prefix}kind: missing; a flow task has a kind, or is a wait"),
+            ));
+        }
+        if let Some(Value::Object(w)) = t.get("wait") {
+            let prefix = format!("{prefix}wait.");
+            only_fields(
+                w,
+                &prefix,
+                &["signal", "timeout", "on_timeout", "until", "for"],
+            )?;
+            for name in ["signal", "timeout", "on_timeout", "until", "for"] {
+                field::<String>(w, &prefix, name, "a string")?;
+            }
         }
         field::<Vec<String>>(t, &prefix, "depends_on", "an array of task names")?;
         field::<i32>(t, &prefix, "priority", "a 32-bit integer")?;
@@ -167,4 +188,50 @@ pub(super) async fn show(
         .read(&req, |bb| async move { bb.flow(id).await })
         .await?;
     Ok(HttpResponse::Ok().insert_header(from.header()).json(flow))
+}
+
+/// `POST /api/v1/flows/{id}/signals/{name}` (an optional `{"payload": …}`): the flow's
+/// wait for the signal completes now (`"outcome": "completed"`), or the signal is kept
+/// until the wait is reached (`"stored"`). 404 for an unknown flow or a name no wait of
+/// the flow has; 400 for a malformed name or body; 409 for a second signal of the name
+/// or a wait that has ended.
+pub(super) async fn signal(
+    _: CanWrite,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, name) = path.into_inner();
+    let id = path_id(&id)?;
+    query(&req, &[])?;
+    let body = super::read_body(&req, body, state.max_body_bytes).await?;
+    let payload = match super::parse_json(&body)? {
+        None => None,
+        Some(Value::Object(mut obj)) => {
+            only_fields(&obj, "", &["payload"])?;
+            obj.remove("payload")
+        }
+        Some(other) => {
+            return Err(ApiError::bad(
+                "body",
+                format!(
+                    "expected no body or a JSON object like {{\"payload\": {{…}}}}, got {}",
+                    super::shown(&other)
+                ),
+            ))
+        }
+    };
+    let report = state
+        .bb
+        .signal_flow(id, &name, payload.as_ref(), &actor(&req))
+        .await
+        .map_err(|e| match e {
+            artex_actors::Error::Invalid(m) if m.starts_with("payload") => {
+                ApiError::refused("payload", m)
+            }
+            artex_actors::Error::Invalid(m) => ApiError::bad("name", m),
+            e => ApiError::from(e),
+        })?;
+    super::changed(&state, report).await
 }

@@ -1,5 +1,5 @@
 //! The HTTP API, `/api/v1/…`: tasks (submit, list, show, pause|resume|cancel|retry),
-//! flows (submit, list, show with the DAG, pause|resume|cancel), schedules (add, list,
+//! flows (submit, list, show with the DAG, pause|resume|cancel, signals to their waits), schedules (add, list,
 //! show, pause|resume, remove), kinds with their limits and retry policies, workers,
 //! statistics and the live feed (and where its head is). The dashboard's page is
 //! registered with them.
@@ -186,9 +186,10 @@ impl From<artex_actors::Error> for ApiError {
     fn from(e: artex_actors::Error) -> Self {
         use artex_actors::Error as E;
         match e {
-            E::TaskNotFound(_) | E::FlowNotFound(_) | E::ScheduleNotFound(_) => {
-                ApiError::NotFound(e.to_string())
-            }
+            E::TaskNotFound(_)
+            | E::FlowNotFound(_)
+            | E::ScheduleNotFound(_)
+            | E::NoSuchWait { .. } => ApiError::NotFound(e.to_string()),
             E::Refused(m) => ApiError::Conflict(m),
             E::Invalid(m) => ApiError::Unprocessable {
                 field: None,
@@ -293,6 +294,7 @@ pub fn api_routes(r: &mut impl Routes) {
     ] {
         r.add(M::POST, path, control_route(named, action));
     }
+    r.add(M::POST, "/api/v1/flows/{id}/signals/{name}", flows::signal);
     r.add(M::GET, "/api/v1/workers", cluster::workers);
     r.add(M::GET, "/api/v1/stats", cluster::stats);
     r.add(M::GET, "/api/v1/events", events::events);

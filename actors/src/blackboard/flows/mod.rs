@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::TaskStatus;
 
-pub use crate::submission::{FlowSpec, FlowTaskSpec};
+pub use crate::submission::{FlowSpec, FlowTaskSpec, WaitSpec};
 pub use spec::FlowState;
 
 /// One task of a flow as stored.
@@ -43,6 +43,25 @@ pub struct FlowTaskView {
     pub finished_at: Option<DateTime<Utc>>,
     /// The last error.
     pub error: Option<String>,
+    /// For a wait: what it waits for and where it stands (absent for other tasks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitView>,
+}
+
+/// A wait of a flow as stored (migrations/V40): what it waits for, and where it stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitView {
+    /// The wait as submitted: `{"signal": "approved", "timeout": "24h"}`, `{"until": …}`
+    /// or `{"for": "1h"}`.
+    pub spec: serde_json::Value,
+    /// When its upstream tasks had all succeeded (its timer started); null before.
+    pub reached_at: Option<DateTime<Utc>>,
+    /// When it is due once reached: the timer's time, or the signal's timeout.
+    pub due_at: Option<DateTime<Utc>>,
+    /// When its signal came (it completes the wait once reached).
+    pub signal_received_at: Option<DateTime<Utc>>,
+    /// Who sent the signal.
+    pub signal_from: Option<String>,
 }
 
 /// A flow with its tasks.

@@ -9,10 +9,11 @@ use uuid::Uuid;
 
 use super::OperatorBoard;
 use crate::blackboard::flows::{
-    Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskView, FlowView,
+    Control, ControlReport, ControlTarget, FlowSpec, FlowState, FlowTaskView, FlowView, WaitView,
 };
 use crate::blackboard::{TaskStatus, Tx};
 use crate::error::{Error, Result};
+use crate::submission::WAIT_KIND;
 
 const INSERT_FLOW: &str = "insert into artex.flows (id, name) values ($1, $2)";
 
@@ -33,14 +34,30 @@ const INSERT_DEPENDENCIES: &str = "insert into artex.task_dependencies (task_id,
 const INSERT_WAITS: &str = "insert into artex.task_waits (task_id, upstream_left)
     select * from unnest($1::uuid[], $2::int4[])";
 
+// A flow's waits (V40): what each waits for; then those without upstream tasks are
+// reached at once (their timers start).
+const INSERT_FLOW_WAITS: &str = "insert into artex.flow_waits
+        (task_id, flow_id, signal, until, wait_for, timeout, on_timeout, spec)
+    select v.id, $1, v.signal, v.until, make_interval(secs => v.wait_for),
+           make_interval(secs => v.timeout), v.on_timeout, v.spec
+    from unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::float8[], $6::float8[],
+                $7::text[], $8::jsonb[])
+           as v(id, signal, until, wait_for, timeout, on_timeout, spec)";
+
+const REACH_WAITS: &str = "select artex.reach_waits($1::uuid[])";
+
 pub(crate) const FLOW: &str = "select name, created_at from artex.flows where id = $1";
 
 pub(crate) const FLOW_TASKS: &str = "select t.id, t.flow_task, t.kind, t.status::text, t.retries,
         t.started_at, t.finished_at, t.error,
         coalesce((select array_agg(u.flow_task order by u.flow_task)
                   from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
-                  where d.task_id = t.id), '{}')
-    from artex.tasks t where t.flow_id = $1
+                  where d.task_id = t.id), '{}'),
+        w.spec, w.reached_at, w.due_at, g.received_at, g.actor
+    from artex.tasks t
+    left join artex.flow_waits w on w.task_id = t.id
+    left join artex.flow_signals g on g.flow_id = w.flow_id and g.name = w.signal
+    where t.flow_id = $1
     order by t.id";
 
 const TARGET: &str = "select exists (select 1 from artex.tasks where id = $1),
@@ -73,6 +90,8 @@ const RESUME: &str = "with target as materialized (
     update artex.tasks t
     set status = case when exists (select 1 from artex.task_waits w
                                    where w.task_id = t.id and w.upstream_left > 0)
+                           -- A wait (V40) is never runnable: blocked until it ends.
+                           or exists (select 1 from artex.flow_waits fw where fw.task_id = t.id)
                       then 'blocked'::artex.task_status else 'pending' end
     from artex.set_context($1, $2) ctx, target
     where ctx and t.id = target.id
@@ -122,17 +141,33 @@ impl OperatorBoard {
         let flow = Uuid::now_v7();
         let ids: Vec<Uuid> = spec.tasks.iter().map(|_| Uuid::now_v7()).collect();
         let names: Vec<&str> = spec.tasks.iter().map(|t| t.name.as_str()).collect();
-        let kinds: Vec<&str> = spec.tasks.iter().map(|t| t.kind.as_str()).collect();
+        let kinds: Vec<&str> = spec
+            .tasks
+            .iter()
+            .map(|t| match t.wait {
+                Some(_) => WAIT_KIND,
+                None => t.kind.as_str(),
+            })
+            .collect();
         let payloads: Vec<&serde_json::Value> = spec.tasks.iter().map(|t| &t.payload).collect();
         let priorities: Vec<i32> = spec.tasks.iter().map(|t| t.priority).collect();
         let max_retries: Vec<Option<i32>> = spec.tasks.iter().map(|t| t.max_retries).collect();
         let timeouts: Vec<Option<i32>> = spec.tasks.iter().map(|t| t.timeout_ms).collect();
         let shard_keys: Vec<Option<&str>> =
             spec.tasks.iter().map(|t| t.shard_key.as_deref()).collect();
+        // A wait is blocked until it ends: never runnable.
         let statuses: Vec<&str> = deps
             .iter()
-            .map(|d| if d.is_empty() { "pending" } else { "blocked" })
+            .zip(&spec.tasks)
+            .map(|(d, t)| {
+                if d.is_empty() && t.wait.is_none() {
+                    "pending"
+                } else {
+                    "blocked"
+                }
+            })
             .collect();
+        let waits = FlowWaits::of(spec, &ids)?;
         let (mut dep_task, mut dep_on) = (Vec::new(), Vec::new());
         let (mut wait_task, mut wait_left) = (Vec::new(), Vec::new());
         for (i, d) in deps.iter().enumerate() {
@@ -172,6 +207,23 @@ impl OperatorBoard {
                 .await?;
             tx.execute(INSERT_WAITS, &[&wait_task, &wait_left]).await?;
         }
+        if !waits.ids.is_empty() {
+            tx.execute(
+                INSERT_FLOW_WAITS,
+                &[
+                    &flow,
+                    &waits.ids,
+                    &waits.signals,
+                    &waits.until,
+                    &waits.wait_for,
+                    &waits.timeout,
+                    &waits.on_timeout,
+                    &waits.specs,
+                ],
+            )
+            .await?;
+            tx.execute(REACH_WAITS, &[&waits.ids]).await?;
+        }
         tx.commit().await?;
         Ok(flow)
     }
@@ -200,6 +252,16 @@ impl OperatorBoard {
                     finished_at: r.try_get(6)?,
                     error: r.try_get(7)?,
                     depends_on: r.try_get(8)?,
+                    wait: match r.try_get::<_, Option<serde_json::Value>>(9)? {
+                        Some(spec) => Some(WaitView {
+                            spec,
+                            reached_at: r.try_get(10)?,
+                            due_at: r.try_get(11)?,
+                            signal_received_at: r.try_get(12)?,
+                            signal_from: r.try_get(13)?,
+                        }),
+                        None => None,
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -267,6 +329,12 @@ impl OperatorBoard {
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get::<_, String>(1)?.parse()?)))
             .collect::<Result<Vec<(Uuid, TaskStatus)>>>()?;
+        if control == Control::Resume && !changed.is_empty() {
+            // A resumed wait whose upstream tasks have succeeded is reached: its timer
+            // starts, a signal kept while it was paused completes it.
+            let ids: Vec<Uuid> = changed.iter().map(|(id, _)| *id).collect();
+            tx.execute(REACH_WAITS, &[&ids]).await?;
+        }
         if changed.is_empty() {
             let counts: Vec<String> = tx
                 .query(&STATUS_COUNTS.replace("{col}", col), &[&id])
@@ -312,5 +380,38 @@ impl OperatorBoard {
             target,
             changed,
         })
+    }
+}
+
+/// A flow's waits as the insert takes them, one array per column.
+#[derive(Default)]
+struct FlowWaits {
+    ids: Vec<Uuid>,
+    signals: Vec<Option<String>>,
+    until: Vec<Option<DateTime<Utc>>>,
+    wait_for: Vec<Option<f64>>,
+    timeout: Vec<Option<f64>>,
+    on_timeout: Vec<&'static str>,
+    specs: Vec<serde_json::Value>,
+}
+
+impl FlowWaits {
+    /// The waits of `spec`, whose tasks have the ids `ids`.
+    fn of(spec: &FlowSpec, ids: &[Uuid]) -> Result<FlowWaits> {
+        let mut w = FlowWaits::default();
+        for (t, id) in spec.tasks.iter().zip(ids) {
+            let Some(ws) = &t.wait else { continue };
+            let wait = ws
+                .resolve()
+                .map_err(|e| Error::Invalid(format!("task '{}': wait: {e}", t.name)))?;
+            w.ids.push(*id);
+            w.signals.push(wait.signal);
+            w.until.push(wait.until);
+            w.wait_for.push(wait.wait_for.map(|d| d.as_secs_f64()));
+            w.timeout.push(wait.timeout.map(|d| d.as_secs_f64()));
+            w.on_timeout.push(wait.on_timeout.as_str());
+            w.specs.push(serde_json::to_value(ws).unwrap_or_default());
+        }
+        Ok(w)
     }
 }

@@ -2,8 +2,8 @@
 //! and flows (`submit.rs`, `flows.rs`), read and list them (`tasks.rs`, `flow_list.rs`),
 //! control them (pause, resume, cancel, retry; in bulk: `bulk.rs`), the roster and
 //! statistics (`overview.rs`), and the input limits and known kinds (`inputs.rs`),
-//! schedules (`schedules.rs`: add, list, pause, resume, remove), the named API tokens
-//! (`api_tokens.rs`), and the reads a streaming
+//! schedules (`schedules.rs`: add, list, pause, resume, remove), signals to flows' waits
+//! (`signals.rs`), the named API tokens (`api_tokens.rs`), and the reads a streaming
 //! replica serves (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
@@ -18,6 +18,7 @@ mod kind_pauses;
 mod overview;
 mod replica;
 mod schedules;
+mod signals;
 mod submit;
 mod tasks;
 
@@ -31,6 +32,7 @@ pub use overview::{
 };
 pub use replica::{ReadBoard, Replica, ReplicaLag, WalPosition, DEFAULT_READ_MAX_LAG};
 pub use schedules::SCHEDULES_LISTED;
+pub use signals::{SignalOutcome, SignalReport};
 pub use submit::{submit_in, Submitted, LOCK_KEYS, SUBMIT_KEYED};
 pub use tasks::TaskFilter;
 

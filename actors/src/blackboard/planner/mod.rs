@@ -2,8 +2,8 @@
 //! and the claim of runnable tasks in one read, the assignment and the chosen workers'
 //! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), planner
 //! shards owned through leases (`shards.rs`), the Scheduler's firing of due schedules
-//! (`schedules.rs`), and what pushing wake-ups over HTTP needs
-//! (`wake.rs`).
+//! (`schedules.rs`) and of flows' due waits (`waits.rs`), and what pushing wake-ups over
+//! HTTP needs (`wake.rs`).
 //!
 //! Every statement here is one transaction on a pooled connection (a dispatch round's
 //! read and write share theirs, begun by hand); no session state outlives it. The one
@@ -13,6 +13,7 @@ mod dispatch;
 mod reap;
 mod schedules;
 mod shards;
+mod waits;
 mod wake;
 
 pub(crate) use dispatch::HOT_CALLS;
@@ -22,6 +23,7 @@ pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
+pub use waits::WaitEnded;
 pub use wake::Push;
 
 use super::{Blackboard, ListenSession};

@@ -1,4 +1,5 @@
-// Flows (a list, and one flow's DAG drawn as SVG with each node's status, live) and
+// Flows (a list, and one flow's DAG drawn as SVG with each node's status, live, and its
+// waits with a form to signal them) and
 // workers (grouped by address: a hot upgrade shows as a new generation, another pid and
 // binary on the same socket, replacing the one before).
 "use strict";
@@ -55,9 +56,52 @@
         h("div", { class: "table" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "name"), h("th", {}, "kind"), h("th", {}, "status"), h("th", {}, "after"), h("th", { class: "hide-sm" }, "error"))),
           h("tbody", {}, f.tasks.map((t) => h("tr", { "data-node": t.name },
             h("td", {}, h("a", { href: "#/tasks/" + t.id }, t.name)), h("td", {}, t.kind), h("td", {}, A.status(t.status)),
-            h("td", {}, t.depends_on.join(", ") || "-"), h("td", { class: "hide-sm error" }, t.error || "")))))));
+            h("td", {}, t.depends_on.join(", ") || "-"), h("td", { class: "hide-sm error" }, t.error || "")))))),
+        waitsSection(f));
     },
   };
+
+  // A flow's waits (issue 37): what each waits for, when it was reached and is due, its
+  // signal; an open signal wait gets a form that sends it (with an optional JSON payload).
+  function waitText(w) {
+    const s = w.spec || {};
+    if (s.signal) {
+      const t = s.timeout ? " (timeout " + s.timeout + ", then " + (s.on_timeout === "succeed" ? "succeeds" : "fails") + ")" : "";
+      return "signal '" + s.signal + "'" + t;
+    }
+    return s.until ? "until " + s.until : "for " + s.for;
+  }
+  function waitsSection(f) {
+    const waits = f.tasks.filter((t) => t.wait);
+    if (!waits.length) return null;
+    const open = (t) => t.status === "blocked" || t.status === "paused";
+    return [h("h2", {}, "Waits"),
+      h("div", { class: "table" }, h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "name"), h("th", {}, "waits for"), h("th", {}, "status"), h("th", {}, "reached"), h("th", {}, "due"), h("th", {}, "signal"))),
+        h("tbody", {}, waits.map((t) => h("tr", { "data-wait": t.name },
+          h("td", {}, h("a", { href: "#/tasks/" + t.id }, t.name)), h("td", {}, waitText(t.wait)), h("td", {}, A.status(t.status)),
+          h("td", {}, t.wait.reached_at ? A.time(t.wait.reached_at) : "not yet"), h("td", {}, t.wait.due_at ? A.time(t.wait.due_at) : "-"),
+          h("td", {}, t.wait.signal_received_at ? A.time(t.wait.signal_received_at) + " from " + t.wait.signal_from
+            : t.wait.spec.signal && open(t) ? signalForm(f.id, t.wait.spec.signal) : "-"))))))];
+  }
+  function signalForm(flowId, name) {
+    const payload = h("input", { name: "payload", size: 18, placeholder: "payload (JSON, optional)" });
+    const form = h("form", { class: "signal", "data-signal": name }, payload, h("button", { type: "submit" }, "send '" + name + "'"));
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      let body = {};
+      if (payload.value.trim()) {
+        try { body = { payload: JSON.parse(payload.value) }; } catch (err) { return A.flash("payload: not valid JSON: " + err.message, true); }
+      }
+      try {
+        const r = await A.api("POST", "/api/v1/flows/" + flowId + "/signals/" + encodeURIComponent(name), body);
+        A.flash("signal '" + name + "': " + (r.outcome === "completed" ? "wait completed" : "kept until the wait is reached"));
+      } catch (err) {
+        A.flash("signal refused: " + err.message, true);
+      }
+      flow.reload().catch(() => {});
+    });
+    return form;
+  }
   A.pages.flow = flow;
 
   // Layers by longest path from a root; nodes in submission order within a layer.
