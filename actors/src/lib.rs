@@ -34,6 +34,8 @@
 //! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
 //!   the attempts a task of the kind gets by default.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
+//! - [`metrics`]: Prometheus' text format and the lock-free instruments behind every
+//!   process's `/metrics`.
 //! - `flight.rs`: "one call in flight, coalesce the repeats", the loop shape every
 //!   actor's call to the blackboard takes.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
@@ -49,6 +51,7 @@ pub mod blackboard;
 pub mod error;
 mod flight;
 pub mod maintenance;
+pub mod metrics;
 pub mod reaper;
 pub mod retry;
 pub mod scanner;
