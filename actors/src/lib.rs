@@ -23,7 +23,8 @@
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
 //!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
 //!   rate; [`worker::progress`] handlers' progress, kept until it is written (at most
-//!   once a second); [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
+//!   once a second); [`worker::status`] the `/status` snapshot; [`worker::metrics`] what its
+//!   `/metrics` counts; [`worker::drain`] graceful stop;
 //!   [`worker::transfer`] the worker's side of a hot upgrade's task transfer.
 //! - [`submission`]: what a new task, a batch or a flow is and every rule on it (pure);
 //!   the CLI, the HTTP API and uploads build a [`submission::Submission`] and check it.

@@ -7,6 +7,7 @@
 //! planners, across their restarts and failovers. What a slot is, and the catch-up
 //! rules, are `crate::schedule`'s.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -14,6 +15,7 @@ use chrono::{DateTime, Utc};
 
 use crate::blackboard::{PlannerBoard, ScheduleTurn};
 use crate::error::Result;
+use crate::metrics::planner::PlannerMetrics;
 use crate::supervisor::{guarded, ActorStats};
 
 /// At most this many schedules are dealt with in one pass; the rest in the next one, a
@@ -44,6 +46,8 @@ pub struct Scheduler {
     actor: String,
     interval: Duration,
     stats: ActorStats,
+    /// Slots fired, for `/metrics`.
+    metrics: Option<Arc<PlannerMetrics>>,
 }
 
 impl Scheduler {
@@ -55,7 +59,14 @@ impl Scheduler {
             actor,
             interval,
             stats,
+            metrics: None,
         }
+    }
+
+    /// Counts the slots it fires into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<PlannerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// One pass: every due schedule no other planner holds, one transaction each; `now`
@@ -85,7 +96,12 @@ impl Scheduler {
         async move { guarded("scheduler", Scheduler::run_once(&bb, &actor, None)).await }
             .into_actor(self)
             .map(|res, act, ctx| match res {
-                Ok(Ok(_)) => act.stats.ran("scheduler"),
+                Ok(Ok(report)) => {
+                    act.stats.ran("scheduler");
+                    if let Some(m) = &act.metrics {
+                        m.schedule_slots.add(report.fired() as u64);
+                    }
+                }
                 Ok(Err(e)) => {
                     act.stats.failed("scheduler");
                     tracing::warn!(error = %e, "scheduler: pass failed; retrying next interval");

@@ -55,6 +55,20 @@ impl std::fmt::Debug for Access {
 impl Access {
     /// Reads the token files the flags name; an unreadable or empty file is refused.
     pub fn from_args(args: &AccessArgs) -> Result<Access> {
+        Access::from_args_inner(args)
+    }
+
+    /// A planner's `--metrics`: reads need the token of `token_file`, or none without one.
+    pub fn metrics_only(token_file: Option<&std::path::Path>) -> Result<Access> {
+        let read = tokens::from_file(token_file, "--metrics-token-file")?;
+        Ok(Access {
+            public_read: read.is_none(),
+            read,
+            write: None,
+        })
+    }
+
+    fn from_args_inner(args: &AccessArgs) -> Result<Access> {
         Ok(Access {
             read: tokens::from_file(args.read_token_file.as_deref(), "--read-token-file")?,
             write: tokens::from_file(args.write_token_file.as_deref(), "--write-token-file")?,

@@ -313,4 +313,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // A trigger that could find nothing to do, dropped: the same rules.
         change: Change::Expand,
     },
+    Migration {
+        version: 40,
+        name: "fleet_metrics",
+        sql: include_str!("../../../migrations/V40__fleet_metrics.sql"),
+        // New tables and functions, read by `artex serve`'s /metrics only.
+        change: Change::Expand,
+    },
 ];
