@@ -99,8 +99,7 @@ as $fn$
 #variable_conflict use_column
 begin
     perform artex.fold_outcomes(p_fold);
-    return query
-    with waiting as (
+    return query with waiting as (
         select w.kind, w.listed as status, count(*) as n, min(w.due) as due from (
             (select t.kind, t.listed, case when t.run_at <= now()
                     then greatest(t.created_at, t.run_at) end as due
