@@ -81,12 +81,13 @@ comment on function artex.fold_outcomes(integer) is
 -- Waiting tasks are read through the partial index `tasks_listed`, their rows visited
 -- up to `p_cap` per status; held tasks through `tasks_holder` (at most the fleet's
 -- capacity). Never a walk of the table or of its primary key: finished tasks, however
--- many the retention keeps, cost nothing. Plain index scans are off for that reason: an
--- ordered walk of the primary key, filtering, looked cheaper to the planner while the
--- waiting tasks were a large share, and crossed every finished task older than them;
--- bitmap scans of the partial indexes visit only the matching rows, in the table's
--- order. When a status reaches the cap, its count says "at least" (`counts_capped`) and
--- the oldest age is that of the rows visited. `p_fold`: history rows folded first.
+-- many the retention keeps, cost nothing. Sequential and plain index scans are off for
+-- that reason: while waiting tasks were a large share, PostgreSQL chose to scan the
+-- whole table (or, with an order, to walk the primary key), crossing every finished
+-- task; bitmap scans of the partial indexes visit only the matching rows, in the
+-- table's order (tests/metrics/fleet.rs EXPLAINs it). When a status reaches the cap, its
+-- count says "at least" (`counts_capped`) and the oldest age is that of the rows
+-- visited. `p_fold`: history rows folded first.
 create function artex.fleet_metrics(p_cap bigint, p_fold integer)
 returns table (metric text, kind text, label text, value float8)
 language plpgsql
