@@ -605,7 +605,8 @@ impl Worker {
     }
 }
 
-/// An outcome as `/metrics` labels it.
+/// An outcome as `/metrics` labels it. A handler's result is never `Released` (drains
+/// and transfers release tasks without one); like a snooze, it would count no attempt.
 fn attempt_outcome(outcome: &Outcome) -> metrics::AttemptOutcome {
     use metrics::AttemptOutcome as A;
     match outcome {
