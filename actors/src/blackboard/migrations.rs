@@ -314,9 +314,9 @@ pub const MIGRATIONS: &[Migration] = &[
         change: Change::Expand,
     },
     Migration {
-        version: 40,
+        version: 42,
         name: "fleet_metrics",
-        sql: include_str!("../../../migrations/V40__fleet_metrics.sql"),
+        sql: include_str!("../../../migrations/V42__fleet_metrics.sql"),
         // New tables and functions, read by `artex serve`'s /metrics only.
         change: Change::Expand,
     },

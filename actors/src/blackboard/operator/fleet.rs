@@ -1,5 +1,5 @@
 //! The fleet as `artex serve`'s `/metrics` shows it: one call of `artex.fleet_metrics`
-//! (migrations/V40__fleet_metrics.sql), which first folds the tasks ended since the last
+//! (migrations/V42__fleet_metrics.sql), which first folds the tasks ended since the last
 //! call into the per-kind outcome counters, then reads tasks by kind and status, the
 //! oldest runnable task's age per kind, workers, pauses and limits.
 

@@ -1,4 +1,4 @@
--- V40: what `artex serve`'s /metrics reads (issue 37): the fleet's tasks, workers,
+-- V42: what `artex serve`'s /metrics reads (issue 37): the fleet's tasks, workers,
 -- pauses and limits by kind in one call, and outcomes per kind as counters that only
 -- grow. Expand: new tables and functions, nothing on the tasks' hot path.
 --
@@ -19,7 +19,7 @@ create table artex.kind_outcomes (
     primary key (kind, outcome)
 );
 comment on table artex.kind_outcomes is
-    'Tasks ended per kind and outcome, folded from the history by artex.fold_outcomes; only grows (migrations/V40).';
+    'Tasks ended per kind and outcome, folded from the history by artex.fold_outcomes; only grows (migrations/V42).';
 
 create table artex.kind_outcomes_folded (
     only_row boolean primary key default true check (only_row),
@@ -28,7 +28,7 @@ create table artex.kind_outcomes_folded (
     folded_at timestamptz
 );
 comment on table artex.kind_outcomes_folded is
-    'How far artex.fold_outcomes has read the history: its feed position (migrations/V40).';
+    'How far artex.fold_outcomes has read the history: its feed position (migrations/V42).';
 insert into artex.kind_outcomes_folded default values;
 
 -- Folds at most `p_batch` history rows after the cursor; returns how many it read (0
@@ -75,7 +75,7 @@ begin
 end
 $fn$;
 comment on function artex.fold_outcomes(integer) is
-    'Adds the ends found in the next p_batch history rows to artex.kind_outcomes; returns the rows read (migrations/V40).';
+    'Adds the ends found in the next p_batch history rows to artex.kind_outcomes; returns the rows read (migrations/V42).';
 
 -- The fleet as /metrics shows it, one row per sample: (metric, kind, label, value).
 -- Waiting tasks are read through the partial index `tasks_listed`, their rows visited
@@ -169,4 +169,4 @@ begin
 end
 $fn$;
 comment on function artex.fleet_metrics(bigint, integer) is
-    'The fleet as artex serve''s /metrics shows it: tasks by kind and status, the oldest runnable task''s age per kind, ends per kind, workers by state and per kind, pauses and limits (migrations/V40).';
+    'The fleet as artex serve''s /metrics shows it: tasks by kind and status, the oldest runnable task''s age per kind, ends per kind, workers by state and per kind, pauses and limits (migrations/V42).';
