@@ -663,6 +663,144 @@ $$;
 COMMENT ON FUNCTION artex.fire_due_waits(p_now timestamp with time zone, p_actor text, p_limit integer) IS 'Ends the due waits of flows (timers succeed; signal timeouts time out, or succeed with on_timeout = succeed), each once across planners. Called by the Scheduler (V40).';
 
 --
+-- Name: fleet_metrics(bigint, integer); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.fleet_metrics(p_cap bigint, p_fold integer) RETURNS TABLE(metric text, kind text, label text, value double precision)
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+begin
+    perform artex.fold_outcomes(p_fold);
+    return query with waiting as (
+        select w.kind, w.listed as status, count(*) as n, min(w.due) as due from (
+            (select t.kind, t.listed, case when t.run_at <= now()
+                    then greatest(t.created_at, t.run_at) end as due
+             from artex.tasks t where t.listed = 'pending' limit p_cap)
+            union all
+            (select t.kind, t.listed, null from artex.tasks t
+             where t.listed = 'blocked' limit p_cap)
+            union all
+            (select t.kind, t.listed, null from artex.tasks t
+             where t.listed = 'paused' limit p_cap)) w
+        group by 1, 2
+    ),
+    held as (
+        select t.kind, t.status, count(*) as n, count(*) filter (where t.limited) as limited
+        from artex.tasks t where t.assigned_to is not null
+        group by 1, 2
+    ),
+    counts as materialized (
+        select w.kind, w.status, w.n, w.due, 0::bigint as limited from waiting w
+        union all
+        select h.kind, h.status, h.n, null, h.limited from held h
+    ),
+    known as materialized (
+        select k.kind from artex.kinds k
+        union select c.kind from counts c
+    )
+    select 'tasks', k.kind, s.status::text, coalesce(c.n, 0)::float8
+    from known k
+    cross join unnest(array['pending', 'blocked', 'paused', 'assigned', 'running']
+                      ::artex.task_status[]) s(status)
+    left join counts c on c.kind = k.kind and c.status = s.status
+    union all
+    select 'oldest_runnable_age_seconds', k.kind, null,
+           greatest(coalesce(extract(epoch from now() - c.due), 0), 0)::float8
+    from known k left join counts c on c.kind = k.kind and c.status = 'pending'
+    union all
+    select 'counts_capped', null, c.status::text, 1
+    from counts c where c.status in ('pending', 'blocked', 'paused')
+    group by c.status having sum(c.n) >= p_cap
+    union all
+    select 'ended', o.kind, o.outcome::text, o.n::float8 from artex.kind_outcomes o
+    union all
+    select 'workers', null, s.state::text,
+           (select count(*) from artex.workers w where w.state = s.state)::float8
+    from unnest(enum_range(null::artex.worker_state)) s(state)
+    union all
+    select 'kind_workers', k.kind, null,
+           (select count(*) from artex.workers w
+            where w.state = 'online' and k.kind = any(w.kinds))::float8
+    from known k
+    union all
+    select 'kind_paused', p.kind, null, 1 from artex.kind_pauses p
+    union all
+    select 'limit_concurrency', l.kind, null, l.concurrency::float8
+    from artex.kind_limits l where l.concurrency is not null
+    union all
+    select 'limit_key_concurrency', l.kind, null, l.key_concurrency::float8
+    from artex.kind_limits l where l.key_concurrency is not null
+    union all
+    select 'limit_rate_per_second', l.kind, null, l.rate_per_sec
+    from artex.kind_limits l where l.rate_per_sec is not null
+    union all
+    select 'limit_held', l.kind, null,
+           coalesce((select sum(c.limited) from counts c where c.kind = l.kind), 0)::float8
+    from artex.kind_limits l;
+end
+$$;
+
+--
+-- Name: FUNCTION fleet_metrics(p_cap bigint, p_fold integer); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.fleet_metrics(p_cap bigint, p_fold integer) IS 'The fleet as artex serve''s /metrics shows it: tasks by kind and status, the oldest runnable task''s age per kind, ends per kind, workers by state and per kind, pauses and limits (migrations/V42).';
+
+--
+-- Name: fold_outcomes(integer); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.fold_outcomes(p_batch integer) RETURNS bigint
+    LANGUAGE plpgsql
+    SET enable_indexscan TO 'on'
+    SET enable_seqscan TO 'on'
+    AS $$
+declare
+    c record;
+    n bigint;
+begin
+    select last_xid, last_id into c from artex.kind_outcomes_folded for update skip locked;
+    if not found then
+        return 0;
+    end if;
+    with batch as materialized (
+        select e.xid, e.id, e.kind, e.from_status, e.to_status
+        from artex.task_history e
+        where (e.xid, e.id) > (c.last_xid, c.last_id)
+          and e.xid < pg_snapshot_xmin(pg_current_snapshot())
+          and e.xid > '1'
+        order by e.xid, e.id
+        limit p_batch
+    ),
+    counted as (
+        insert into artex.kind_outcomes as k (kind, outcome, n)
+        select b.kind, b.to_status, count(*) from batch b
+        where b.to_status in ('succeeded', 'failed', 'timeout', 'canceled')
+          and b.from_status is distinct from b.to_status and b.kind is not null
+        group by 1, 2
+        on conflict (kind, outcome) do update set n = k.n + excluded.n
+    ),
+    moved as (
+        update artex.kind_outcomes_folded f
+        set last_xid = l.xid, last_id = l.id, folded_at = now()
+        from (select b.xid, b.id from batch b order by b.xid desc, b.id desc limit 1) l
+    )
+    select count(*) into n from batch;
+    return n;
+end
+$$;
+
+--
+-- Name: FUNCTION fold_outcomes(p_batch integer); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.fold_outcomes(p_batch integer) IS 'Adds the ends found in the next p_batch history rows to artex.kind_outcomes; returns the rows read (migrations/V42).';
+
+--
 -- Name: history_partition_width(interval); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -2445,6 +2583,42 @@ COMMENT ON TABLE artex.kind_limits IS 'Fleet-wide limits per task kind, enforced
 COMMENT ON COLUMN artex.kind_limits.fair IS 'Hand the kind''s tasks out round-robin across their limit_key values (V43).';
 
 --
+-- Name: kind_outcomes; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.kind_outcomes (
+    kind text NOT NULL,
+    outcome artex.task_status NOT NULL,
+    n bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT kind_outcomes_n_check CHECK ((n >= 0)),
+    CONSTRAINT kind_outcomes_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::artex.task_status, 'failed'::artex.task_status, 'timeout'::artex.task_status, 'canceled'::artex.task_status])))
+);
+
+--
+-- Name: TABLE kind_outcomes; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.kind_outcomes IS 'Tasks ended per kind and outcome, folded from the history by artex.fold_outcomes; only grows (migrations/V42).';
+
+--
+-- Name: kind_outcomes_folded; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.kind_outcomes_folded (
+    only_row boolean DEFAULT true NOT NULL,
+    last_xid xid8 DEFAULT '0'::xid8 NOT NULL,
+    last_id bigint DEFAULT 0 NOT NULL,
+    folded_at timestamp with time zone,
+    CONSTRAINT kind_outcomes_folded_only_row_check CHECK (only_row)
+);
+
+--
+-- Name: TABLE kind_outcomes_folded; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.kind_outcomes_folded IS 'How far artex.fold_outcomes has read the history: its feed position (migrations/V42).';
+
+--
 -- Name: kind_pauses; Type: TABLE; Schema: artex; Owner: -
 --
 
@@ -3070,6 +3244,20 @@ ALTER TABLE ONLY artex.kind_changes
 
 ALTER TABLE ONLY artex.kind_limits
     ADD CONSTRAINT kind_limits_pkey PRIMARY KEY (kind);
+
+--
+-- Name: kind_outcomes_folded kind_outcomes_folded_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.kind_outcomes_folded
+    ADD CONSTRAINT kind_outcomes_folded_pkey PRIMARY KEY (only_row);
+
+--
+-- Name: kind_outcomes kind_outcomes_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.kind_outcomes
+    ADD CONSTRAINT kind_outcomes_pkey PRIMARY KEY (kind, outcome);
 
 --
 -- Name: kind_pauses kind_pauses_pkey; Type: CONSTRAINT; Schema: artex; Owner: -

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
-# installs PostgreSQL's server binaries, pgbouncer, pg_auto_failover, Chromium and its WebDriver (the
+# installs PostgreSQL's server binaries, pgbouncer, pg_auto_failover, Prometheus, Chromium and its WebDriver (the
 # dashboard's browser tests) and cargo-nextest if missing, runs every test
 # against one throwaway cluster, then stops and removes it, then a 3-minute soak. Extra arguments go to
 # `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
@@ -32,6 +32,12 @@ if [ ! -x /usr/bin/pg_autoctl ] || ! ls /usr/lib/postgresql/*/lib/pgautofailover
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y \
         postgresql-15-auto-failover pg-auto-failover-cli
+fi
+# tests/metrics/ scrapes serve, a worker and a planner with a real Prometheus, and checks
+# docs/alerts.yml with promtool.
+if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus
 fi
 # tests/dashboard/ drives a headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

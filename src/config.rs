@@ -276,6 +276,10 @@ pub struct ServeArgs {
         default_value_t = DEFAULT_MAX_BODY_BYTES,
         value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     pub max_body_bytes: u64,
+    /// How long one read of the fleet from the blackboard serves `/metrics` (5s, 500ms,
+    /// …; 0: every scrape reads it): however many scrapers ask, one read at a time.
+    #[arg(long, env = "ARTEX_METRICS_EVERY", default_value = "5s", value_parser = parse_duration)]
+    pub metrics_every: Duration,
 }
 
 /// Where a worker keeps files uploaded to it (`/api/v1/uploads`, `artex upload`).
@@ -368,6 +372,16 @@ pub struct PlannerArgs {
     #[arg(long, env = "ARTEX_UPLOAD_HOST_DEADLINE_MS", default_value_t = 600_000,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub upload_host_deadline_ms: u64,
+    /// Serve this planner's Prometheus metrics at http://ADDR/metrics (round times,
+    /// assignments, rescues, failed pushes, schedule slots; docs/metrics.md); off by
+    /// default. Port 0 picks a free port (printed at start).
+    #[arg(long = "metrics", env = "ARTEX_METRICS", value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// File holding the bearer token a scrape of --metrics must send (the read scope's
+    /// token will do). Without it /metrics is open, which the planner allows on a
+    /// loopback address only.
+    #[arg(long, env = "ARTEX_METRICS_TOKEN_FILE", value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 fn parse_shard(s: &str) -> Result<(i32, i32), String> {

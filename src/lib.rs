@@ -25,7 +25,8 @@
 //! - [`runtime`]: `run_planner` and `run_worker`, each run until a shutdown future
 //!   resolves (testable in-process), and the connection to the blackboard.
 //! - [`http`]: the worker's HTTP routes and the API of `artex serve` (no SQL); its
-//!   `/upgrade` route only passes the request to [`hot_upgrade`].
+//!   `/upgrade` route only passes the request to [`hot_upgrade`]; serve's fleet-wide
+//!   `/metrics` (read at most once per interval) and a planner's `--metrics` server.
 //! - [`master`]: `artex master`, the stable parent for supervisord and runit.
 //! - [`hot_upgrade`]: the app side of a hot upgrade, every step from one module root
 //!   (docs/hot-upgrade.md walks them): the bundle received and checked, the upgrade

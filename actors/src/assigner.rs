@@ -9,6 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -17,6 +18,7 @@ use crate::blackboard::{
     AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry, Round, WALK_EVERY,
 };
 use crate::error::Result;
+use crate::metrics::planner::PlannerMetrics;
 use crate::shard_keeper::ShardView;
 use crate::supervisor::{guarded, ActorStats};
 use crate::waker::Waker;
@@ -142,6 +144,8 @@ pub struct Assigner {
     /// When a round last could walk the keys of limited kinds: the next may once
     /// [`WALK_EVERY`] has passed (`None`: the first round may).
     walked_at: Option<Instant>,
+    /// Rounds' times and assignments, for `/metrics`.
+    metrics: Option<Arc<PlannerMetrics>>,
 }
 
 /// The first round's batch after idle.
@@ -159,6 +163,7 @@ impl Assigner {
             leased: None,
             waker: None,
             walked_at: None,
+            metrics: None,
         }
     }
 
@@ -166,6 +171,12 @@ impl Assigner {
     /// nothing.
     pub fn with_waker(mut self, waker: Waker) -> Self {
         self.waker = Some(waker);
+        self
+    }
+
+    /// Counts its rounds into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<PlannerMetrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -258,6 +269,9 @@ impl Handler<AssignNow> for Assigner {
             .map(move |res, act, ctx| match res {
                 Ok(Ok(report)) => {
                     act.stats.ran("assigner");
+                    if let Some(m) = &act.metrics {
+                        m.round(now.elapsed(), report.assigned);
+                    }
                     if let Some(waker) = &waker {
                         waker.deliver(report.pushes.clone());
                         waker.greet(&report.reachable);

@@ -23,7 +23,8 @@
 //!   handler sees; `worker/ledger.rs` the pure, unit-tested rule that no task is taken
 //!   twice; [`worker::depth`] the pure sizing of its local queue from its completion
 //!   rate; [`worker::progress`] handlers' progress, kept until it is written (at most
-//!   once a second); [`worker::status`] the `/status` snapshot; [`worker::drain`] graceful stop;
+//!   once a second); [`worker::status`] the `/status` snapshot; [`worker::metrics`] what its
+//!   `/metrics` counts; [`worker::drain`] graceful stop;
 //!   [`worker::transfer`] the worker's side of a hot upgrade's task transfer.
 //! - [`submission`]: what a new task, a batch or a flow is and every rule on it (pure);
 //!   the CLI, the HTTP API and uploads build a [`submission::Submission`] and check it.
@@ -34,6 +35,8 @@
 //! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
 //!   the attempts a task of the kind gets by default.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
+//! - [`metrics`]: Prometheus' text format and the lock-free instruments behind every
+//!   process's `/metrics`.
 //! - `flight.rs`: "one call in flight, coalesce the repeats", the loop shape every
 //!   actor's call to the blackboard takes.
 //! - [`upload_guard`]: fails tasks whose uploaded file's host is gone for good (called
@@ -49,6 +52,7 @@ pub mod blackboard;
 pub mod error;
 mod flight;
 pub mod maintenance;
+pub mod metrics;
 pub mod reaper;
 pub mod retry;
 pub mod scanner;

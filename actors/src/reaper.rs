@@ -12,12 +12,14 @@
 //! workers died. [`Sight`] says when it may judge again: a worker timeout after it sees
 //! the database again.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
 use crate::blackboard::{PlannerBoard, ReapParams, ReapReport};
 use crate::error::Result;
+use crate::metrics::planner::PlannerMetrics;
 use crate::supervisor::{guarded, ActorStats};
 
 /// What the reaper has seen of the blackboard lately, and so whether it may judge the
@@ -84,6 +86,8 @@ pub struct Reaper {
     params: ReapParams,
     stats: ActorStats,
     sight: Sight,
+    /// Rescues, for `/metrics`.
+    metrics: Option<Arc<PlannerMetrics>>,
 }
 
 impl Reaper {
@@ -103,7 +107,14 @@ impl Reaper {
             params,
             stats,
             sight: Sight::new(grace, interval * 3),
+            metrics: None,
         }
+    }
+
+    /// Counts its rescues into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<PlannerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// One sweep; see the module doc.
@@ -144,8 +155,12 @@ impl Reaper {
         async move { guarded("reaper", Reaper::run_once(&bb, &actor, &params)).await }
             .into_actor(self)
             .map(move |res, act, ctx| match res {
-                Ok(Ok(_)) => {
+                Ok(Ok(report)) => {
                     act.stats.ran("reaper");
+                    if let Some(m) = &act.metrics {
+                        m.rescued.add(report.requeued as u64);
+                        m.rescued_ended.add(report.ended as u64);
+                    }
                     act.sight.saw(started);
                 }
                 Ok(Err(e)) => {

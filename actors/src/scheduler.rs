@@ -11,6 +11,7 @@
 //! succeed, signal waits past their timeout time out (or succeed, as the wait says), in
 //! one statement that locks them `for update skip locked`, so each ends once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -18,6 +19,7 @@ use chrono::{DateTime, Utc};
 
 use crate::blackboard::{PlannerBoard, ScheduleTurn, WaitEnded};
 use crate::error::Result;
+use crate::metrics::planner::PlannerMetrics;
 use crate::supervisor::{guarded, ActorStats};
 
 /// At most this many schedules are dealt with in one pass; the rest in the next one, a
@@ -54,6 +56,8 @@ pub struct Scheduler {
     actor: String,
     interval: Duration,
     stats: ActorStats,
+    /// Slots fired, for `/metrics`.
+    metrics: Option<Arc<PlannerMetrics>>,
 }
 
 impl Scheduler {
@@ -65,7 +69,14 @@ impl Scheduler {
             actor,
             interval,
             stats,
+            metrics: None,
         }
+    }
+
+    /// Counts the slots it fires into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<PlannerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// One pass: every due schedule no other planner holds, one transaction each; `now`
@@ -100,7 +111,12 @@ impl Scheduler {
         async move { guarded("scheduler", Scheduler::run_once(&bb, &actor, None)).await }
             .into_actor(self)
             .map(|res, act, ctx| match res {
-                Ok(Ok(_)) => act.stats.ran("scheduler"),
+                Ok(Ok(report)) => {
+                    act.stats.ran("scheduler");
+                    if let Some(m) = &act.metrics {
+                        m.schedule_slots.add(report.fired() as u64);
+                    }
+                }
                 Ok(Err(e)) => {
                     act.stats.failed("scheduler");
                     tracing::warn!(error = %e, "scheduler: pass failed; retrying next interval");

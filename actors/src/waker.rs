@@ -70,6 +70,8 @@ struct Inner {
     /// Workers whose last push failed: whether each is polling (heard from since its
     /// pushes began to fail, so given work that it reads at its poll).
     unreachable: Mutex<HashMap<String, bool>>,
+    /// Pushes that failed (`/metrics`).
+    failed: crate::metrics::Counter,
 }
 
 struct Link {
@@ -87,6 +89,11 @@ impl std::fmt::Debug for Waker {
 }
 
 impl Waker {
+    /// Pushes that failed since the start.
+    pub fn pushes_failed(&self) -> u64 {
+        self.inner.failed.get()
+    }
+
     /// A Waker pushing as `actor`, with the blackboard's wake secret (read now).
     pub async fn start(bb: PlannerBoard, actor: impl Into<String>) -> crate::Result<Waker> {
         let secret = bb.wake_secret().await?;
@@ -97,6 +104,7 @@ impl Waker {
                 secret: Mutex::new(secret),
                 links: Mutex::new(HashMap::new()),
                 unreachable: Mutex::new(HashMap::new()),
+                failed: Default::default(),
             }),
         })
     }
@@ -243,6 +251,7 @@ async fn link(
             }
             Err(why) => {
                 conn = None;
+                inner.failed.inc();
                 let polling = inner.bb.wake_failed(&worker).await.unwrap_or_else(|e| {
                     tracing::warn!(%worker, error = %e, "cannot record that pushes to the worker fail");
                     false

@@ -100,6 +100,17 @@ impl Access {
         })
     }
 
+    /// A planner's `--metrics`: reads need the token of `token_file`, or none without one.
+    pub fn metrics_only(token_file: Option<&std::path::Path>) -> Result<Access> {
+        let read = tokens::from_file(token_file, "--metrics-token-file")?;
+        Ok(Access {
+            public_read: read.is_none(),
+            read,
+            write: None,
+            named: Named::default(),
+        })
+    }
+
     fn named_count(&self) -> usize {
         self.named.read().map_or(0, |n| n.len())
     }

@@ -9,6 +9,8 @@ pub mod api;
 pub mod auth;
 pub mod dashboard;
 pub mod events;
+pub mod fleet_metrics;
+pub mod planner_metrics;
 pub mod probe;
 pub mod upgrade;
 pub mod wake;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::{web, HttpResponse, ResponseError};
+use artex_actors::metrics::{Exposition, Type};
 use artex_actors::supervisor::ActorStats;
 use artex_actors::worker::{GetStatus, Worker};
 use serde_json::json;
@@ -38,6 +41,8 @@ pub struct AppState {
     pub listener_passed: Arc<AtomicBool>,
     /// The database's health, from a recent real round trip.
     pub db: probe::DbProbe,
+    /// The worker's counters and histograms (`/metrics`).
+    pub metrics: Arc<artex_actors::worker::metrics::WorkerMetrics>,
 }
 
 /// An HTTP error: a status code and a JSON body saying what was wrong.
@@ -178,85 +183,64 @@ async fn metrics(
     _: auth::CanRead,
     state: web::Data<AppState>,
     api: Option<web::Data<api::ApiState>>,
+    uploads: Option<web::Data<Arc<crate::uploads::Uploads>>>,
 ) -> Result<HttpResponse, ApiError> {
     let s = state
         .worker
         .send(GetStatus)
         .await
         .map_err(|e| ApiError::unavailable(format!("worker actor unavailable: {e}")))?;
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, kind: &str, value: String| {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
-    };
-    gauge(
-        "artex_tasks_running",
-        "Tasks running in this worker.",
-        "gauge",
-        s.running.len().to_string(),
-    );
-    gauge(
-        "artex_tasks_queued",
-        "Tasks held in this worker's local queue, waiting for a free slot.",
-        "gauge",
-        s.queued.to_string(),
-    );
-    gauge(
-        "artex_queue_depth",
-        "Tasks this worker may hold in its local queue now (--prefetch, or sized from its pace).",
-        "gauge",
-        s.prefetch.to_string(),
-    );
-    gauge(
-        "artex_tasks_finished_total",
-        "Outcomes written by this worker.",
-        "counter",
-        s.finished.to_string(),
-    );
-    gauge(
-        "artex_tasks_fenced_off_total",
-        "Outcomes discarded after a lost lease.",
-        "counter",
-        s.fenced_off.to_string(),
-    );
-    gauge(
-        "artex_tasks_self_fenced_total",
-        "Tasks this worker stopped itself, unable to renew their lease in time.",
-        "counter",
-        s.self_fenced.to_string(),
-    );
-    gauge(
-        "artex_outcomes_unwritten",
-        "Outcomes waiting to be written.",
-        "gauge",
-        s.unwritten_outcomes.to_string(),
-    );
-    gauge(
-        "artex_database_up",
-        "1 if the last database call succeeded.",
-        "gauge",
-        u8::from(s.database_ok).to_string(),
-    );
-    out.push_str("# HELP artex_actor_restarts_total Actor restarts after a panic.\n# TYPE artex_actor_restarts_total counter\n");
-    let snapshot = state.stats.snapshot();
-    for (actor, c) in &snapshot {
-        out.push_str(&format!(
-            "artex_actor_restarts_total{{actor=\"{actor}\"}} {}\n",
-            c.restarts
-        ));
+    let mut out = Exposition::new();
+    for (name, kind, help, value) in [
+        ("artex_tasks_running", Type::Gauge, "Tasks running in this worker.", s.running.len() as f64),
+        ("artex_tasks_queued", Type::Gauge, "Tasks held in this worker's local queue, waiting for a free slot.", s.queued as f64),
+        ("artex_queue_depth", Type::Gauge, "Tasks this worker may hold in its local queue now (--prefetch, or sized from its pace).", s.prefetch as f64),
+        ("artex_tasks_finished_total", Type::Counter, "Outcomes written by this worker.", s.finished as f64),
+        ("artex_tasks_fenced_off_total", Type::Counter, "Outcomes discarded after a lost lease.", s.fenced_off as f64),
+        ("artex_tasks_self_fenced_total", Type::Counter, "Tasks this worker stopped itself, unable to renew their lease in time.", s.self_fenced as f64),
+        ("artex_outcomes_unwritten", Type::Gauge, "Outcomes waiting to be written.", s.unwritten_outcomes as f64),
+        ("artex_database_up", Type::Gauge, "1 if the last database call succeeded.", f64::from(u8::from(s.database_ok))),
+    ] {
+        out.single(name, kind, help, value);
     }
-    out.push_str("# HELP artex_actor_errors_total Actor runs that failed.\n# TYPE artex_actor_errors_total counter\n");
+    let snapshot = state.stats.snapshot();
+    out.family(
+        "artex_actor_restarts_total",
+        Type::Counter,
+        "Actor restarts after a panic.",
+    );
     for (actor, c) in &snapshot {
-        out.push_str(&format!(
-            "artex_actor_errors_total{{actor=\"{actor}\"}} {}\n",
-            c.errors
-        ));
+        out.sample(
+            "artex_actor_restarts_total",
+            &[("actor", actor)],
+            c.restarts as f64,
+        );
+    }
+    out.family(
+        "artex_actor_errors_total",
+        Type::Counter,
+        "Actor runs that failed.",
+    );
+    for (actor, c) in &snapshot {
+        out.sample(
+            "artex_actor_errors_total",
+            &[("actor", actor)],
+            c.errors as f64,
+        );
+    }
+    state.metrics.write(&mut out);
+    if let Some(uploads) = &uploads {
+        out.single(
+            "artex_worker_upload_bytes_total",
+            Type::Counter,
+            "Bytes of upload chunks received and checked by this worker.",
+            uploads.received_bytes() as f64,
+        );
     }
     if let Some(api) = &api {
-        out.push_str(&api.reads.health().map(|r| r.metrics()).unwrap_or_default());
+        out.raw(&api.reads.health().map(|r| r.metrics()).unwrap_or_default());
     }
     Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(out))
+        .content_type(artex_actors::metrics::CONTENT_TYPE)
+        .body(out.finish()))
 }

@@ -7,6 +7,7 @@
 //! transfer), and drains on shutdown.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Supervisor;
@@ -14,6 +15,7 @@ use actix_web::{web, App, HttpServer};
 use artex_actors::assigner::{Assigner, AssignerConfig};
 use artex_actors::blackboard::{ReapParams, Replica};
 use artex_actors::maintenance::Maintenance;
+use artex_actors::metrics::planner::PlannerMetrics;
 use artex_actors::reaper::Reaper;
 use artex_actors::scanner::Scanner;
 use artex_actors::scheduler::Scheduler;
@@ -149,10 +151,33 @@ pub async fn run_planner(
     };
     // Wake-ups of workers of this build are pushed to their HTTP ports.
     let waker = Waker::start(planner.clone(), name.clone()).await?;
-    let (b, s, w) = (planner.clone(), stats.clone(), waker.clone());
+    let metrics = Arc::new(PlannerMetrics::default());
+    let scrape = http::planner_metrics::PlannerScrape {
+        metrics: metrics.clone(),
+        waker: waker.clone(),
+        stats: stats.clone(),
+    };
+    let metrics_server = match &args.metrics {
+        None => None,
+        Some(addr) => {
+            let access = Access::metrics_only(args.metrics_token_file.as_deref())?;
+            let open = args.metrics_token_file.is_none();
+            let server = http::planner_metrics::serve(bind_http(addr)?, scrape, access, open)?;
+            let handle = server.handle();
+            Some((handle, actix::spawn(server)))
+        }
+    };
+    let (b, s, w, m) = (
+        planner.clone(),
+        stats.clone(),
+        waker.clone(),
+        metrics.clone(),
+    );
     let view = keeper.as_ref().map(|(_, v)| v.clone());
     let assigner = Supervisor::start(move |_| {
-        let assigner = Assigner::new(b, assigner_cfg, s).with_waker(w.clone());
+        let assigner = Assigner::new(b, assigner_cfg, s)
+            .with_waker(w.clone())
+            .with_metrics(m.clone());
         match view.clone() {
             Some(v) => assigner.with_leased_shards(v),
             None => assigner,
@@ -177,7 +202,9 @@ pub async fn run_planner(
         name.clone(),
         ms(args.reap_ms),
     );
-    let reaper = Supervisor::start(move |_| Reaper::new(b, every, n, params, s));
+    let m = metrics.clone();
+    let reaper =
+        Supervisor::start(move |_| Reaper::new(b, every, n, params, s).with_metrics(m.clone()));
     if let Some(keep) = args.history_retention {
         bb.maintenance().set_event_retention(keep).await?;
         tracing::info!(retention = ?keep, "history retention set");
@@ -185,7 +212,10 @@ pub async fn run_planner(
     let (b, s) = (bb.maintenance(), stats.clone());
     let maintenance = Supervisor::start(move |_| Maintenance::new(b, MAINTENANCE_EVERY, s));
     let (b, s, n) = (planner.clone(), stats.clone(), name.clone());
-    let scheduler = Supervisor::start(move |_| Scheduler::new(b, n, SCHEDULER_EVERY, s));
+    let m = metrics.clone();
+    let scheduler = Supervisor::start(move |_| {
+        Scheduler::new(b, n, SCHEDULER_EVERY, s).with_metrics(m.clone())
+    });
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
     if let Some((keeper, _)) = keeper {
@@ -202,6 +232,10 @@ pub async fn run_planner(
         }
     }
     drop((scanner, assigner, reaper, maintenance, scheduler));
+    if let Some((handle, serving)) = metrics_server {
+        handle.stop(true).await;
+        let _ = serving.await;
+    }
     Ok(())
 }
 
@@ -226,6 +260,7 @@ pub async fn run_api(
         reads: http::api::reads::Reads::new(&bb.operator(), replica),
         feed: bb.feed(),
         max_body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
+        fleet: http::fleet_metrics::FleetMetrics::new(args.metrics_every),
     };
     let probe = http::probe::DbProbe::start(bb.clone());
     let events =

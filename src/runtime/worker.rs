@@ -12,6 +12,7 @@ use actix::Supervisor;
 use actix_web::{web, App, HttpServer};
 use artex_actors::blackboard::Replica;
 use artex_actors::supervisor::ActorStats;
+use artex_actors::worker::metrics::WorkerMetrics;
 use artex_actors::worker::{Drain, DrainReport, Registry, Worker, WorkerConfig};
 use artex_actors::Blackboard;
 
@@ -75,9 +76,10 @@ pub async fn run_worker(
         concurrency = config.concurrency, prefetch = ?config.prefetch, lease_ms = args.lease_ms,
         drain_ms = args.drain_ms, spawned_by_upgrade = new_side.is_some(), access = ?access,
         upgrades = upgrade.public_key.is_some() && upgrade.token.is_some(), "worker registered; listening");
-    let worker = start_worker(&bb, &config, registry, &stats).await;
+    let metrics = Arc::new(WorkerMetrics::default());
+    let worker = start_worker(&bb, &config, registry, &stats, &metrics).await;
     let passed = Arc::new(AtomicBool::new(false));
-    let parts = (&worker, upgrade, access, stats, &listener, &passed);
+    let parts = (&worker, upgrade, access, stats, &listener, &passed, metrics);
     let app = WorkerApp::new(&bb, replica, args, &config, facts, parts)?;
     let sweeping = actix::spawn(sweep_uploads(
         app.uploads.clone(),
@@ -192,6 +194,7 @@ async fn start_worker(
     config: &WorkerConfig,
     registry: Registry,
     stats: &ActorStats,
+    metrics: &Arc<WorkerMetrics>,
 ) -> actix::Addr<Worker> {
     let policies = match bb.worker().retry_policies(&registry.kinds()).await {
         Ok(p) => p,
@@ -201,9 +204,11 @@ async fn start_worker(
         }
     };
     let (b, c, r, s) = (bb.worker(), config.clone(), registry, stats.clone());
+    let m = metrics.clone();
     Supervisor::start(move |_| {
         Worker::new(b.clone(), c.clone(), r.clone(), s.clone())
             .with_retry_policies(policies.clone())
+            .with_metrics(m.clone())
     })
 }
 
@@ -267,6 +272,7 @@ type AppParts<'a> = (
     ActorStats,
     &'a std::net::TcpListener,
     &'a Arc<AtomicBool>,
+    Arc<WorkerMetrics>,
 );
 
 /// What a worker's HTTP server serves: its own routes (health, status, metrics, events,
@@ -293,7 +299,7 @@ impl WorkerApp {
         facts: StartFacts,
         parts: AppParts<'_>,
     ) -> Result<WorkerApp> {
-        let (worker, upgrade, access, stats, listener, listener_passed) = parts;
+        let (worker, upgrade, access, stats, listener, listener_passed, metrics) = parts;
         let binary_sha256 = BinaryDigest::start();
         record_binary(bb, &config.id, &binary_sha256);
         let upgrader = Arc::new(Upgrader {
@@ -322,6 +328,7 @@ impl WorkerApp {
             binary_sha256,
             listener_passed: listener_passed.clone(),
             db: http::probe::DbProbe::start(bb.clone()),
+            metrics,
         };
         let wake_target = http::wake::WakeTarget {
             worker: config.id.clone(),
@@ -389,6 +396,8 @@ fn api_state(
         reads: http::api::reads::Reads::new(&bb.operator(), replica),
         feed: bb.feed(),
         max_body_bytes: http::api::DEFAULT_MAX_BODY_BYTES as usize,
+        // Not served by a worker (its /metrics is its own).
+        fleet: http::fleet_metrics::FleetMetrics::new(std::time::Duration::from_secs(5)),
     }
 }
 

@@ -55,6 +55,7 @@ impl Uploads {
             .await
             .map_err(|e| UploadError::Internal(format!("the chunk writer failed: {e}")))?;
         if written.is_ok() && matches!(read, Ok(got) if got == expected) {
+            self.received.add(expected);
             // Hash the file on while it is in the page cache, off this request.
             let (me, m) = (self.clone(), meta.clone());
             tokio::task::spawn_blocking(move || me.prefixes.advance(&me.folder(m.id), &m));

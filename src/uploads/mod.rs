@@ -103,6 +103,8 @@ pub struct Uploads {
     finishing: tokio::sync::Mutex<()>,
     /// The whole file's sha256 of uploads being received, hashed ahead.
     prefixes: prefix::Prefixes,
+    /// Bytes of chunks received and checked (`/metrics`).
+    received: artex_actors::metrics::Counter,
 }
 
 impl Uploads {
@@ -141,7 +143,13 @@ impl Uploads {
             starting: std::sync::Mutex::new(()),
             finishing: tokio::sync::Mutex::new(()),
             prefixes: prefix::Prefixes::default(),
+            received: Default::default(),
         }))
+    }
+
+    /// Bytes of chunks this process received and checked.
+    pub fn received_bytes(&self) -> u64 {
+        self.received.get()
     }
 
     /// The settings.

@@ -78,6 +78,8 @@ impl Server {
                 max_event_streams: 10,
             },
             max_body_bytes: max_body,
+            // Each scrape reads the fleet anew: the tests check /metrics right after a change.
+            metrics_every: std::time::Duration::ZERO,
         };
         // Bound here: requests wait in the backlog until the server accepts them.
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -237,6 +237,19 @@ async fn a_task_whose_row_is_locked_at_renewal_time_keeps_its_lease() {
         "{journal}"
     );
     assert!(!w.log_text().contains("lease not renewed in time"));
+    // Its /metrics counted the renewals that extended the lease, and no lease lost.
+    let http = worker_http(&db.client().await, &w).await;
+    let (_, metrics) = http_get(&http, "/metrics").unwrap();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in\n{metrics}"))
+    };
+    assert!(
+        value("artex_worker_lease_renewals_total") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(value("artex_worker_leases_lost_total"), 0.0, "{metrics}");
 }
 
 #[tokio::test]

@@ -92,6 +92,10 @@ async fn tasks_handed_over_under_load_run_on_once_in_the_new_process() {
     assert_eq!(body["tasks_resumed"], TASKS, "{body}");
     gen0.wait_exit(Duration::from_secs(60))
         .expect("the first process exits");
+    // The port is the new process's alone now: its /metrics counts the tasks it took.
+    let (_, metrics) = crate::common::procs::http_get(&http, "/metrics").unwrap();
+    let line = format!("artex_worker_tasks_transferred_total{{direction=\"in\"}} {TASKS}\n");
+    assert!(metrics.contains(&line), "{line:?} not in\n{metrics}");
 
     wait_ended(&db.bb, &ids).await;
     let _ = stop_tx.send(());

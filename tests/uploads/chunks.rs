@@ -45,6 +45,12 @@ async fn chunks_are_acknowledged_checked_and_the_task_runs_where_the_file_is() {
     for n in [1, 2, 4] {
         assert_eq!(put(&f.http, &id, n, chunk(&file, size, n)).0, 200);
     }
+    // Seven chunks written and checked (one twice), the corrupted one not: the worker's
+    // /metrics counts their bytes.
+    let (code, metrics) = common::procs::http_get(&f.http, "/metrics").unwrap();
+    assert_eq!(code, 200, "{metrics}");
+    let line = format!("\nartex_worker_upload_bytes_total {}\n", 7 * size);
+    assert!(metrics.contains(&line), "{line:?} not in\n{metrics}");
     // No task before the file is whole.
     assert_eq!(count(&c, "select count(*) from artex.uploads").await, 0);
     // The last chunk, twice: one task.

@@ -329,6 +329,13 @@ pub const MIGRATIONS: &[Migration] = &[
         change: Change::Expand,
     },
     Migration {
+        version: 42,
+        name: "fleet_metrics",
+        sql: include_str!("../../../migrations/V42__fleet_metrics.sql"),
+        // New tables and functions, read by `artex serve`'s /metrics only.
+        change: Change::Expand,
+    },
+    Migration {
         version: 43,
         name: "fair_dispatch",
         sql: include_str!("../../../migrations/V43__fair_dispatch.sql"),

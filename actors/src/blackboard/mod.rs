@@ -77,9 +77,9 @@ pub use operator::{
     BULK_BATCH, MAX_PAUSE_REASON_CHARS, MAX_RATE_PER_SEC,
 };
 pub use operator::{
-    FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats, Replica,
-    ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView, DEFAULT_READ_MAX_LAG,
-    RECENT_SAMPLE, SCHEDULES_LISTED, STATUS_COUNT_CAP,
+    FleetSample, FlowSummary, MinuteCount, OperatorBoard, Percentiles, ReadBoard, RecentStats,
+    Replica, ReplicaLag, Stats, Submitted, TaskFilter, WalPosition, WorkerView,
+    DEFAULT_READ_MAX_LAG, RECENT_SAMPLE, SCHEDULES_LISTED, STATUS_COUNT_CAP,
 };
 pub use operator::{SignalOutcome, SignalReport};
 

@@ -54,6 +54,7 @@ impl Handler<Drain> for Worker {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.stopping.draining = true;
+        self.metrics.drains.inc();
         self.release_suspended();
         self.pump(ctx);
         self.flush(ctx);

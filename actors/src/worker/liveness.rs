@@ -131,6 +131,9 @@ impl Worker {
             };
             // Counted from `sent`, before the statement's `now()`: the end it knows is
             // never later than the database's.
+            if *renewal == Renewal::Renewed {
+                self.metrics.lease_renewals.inc();
+            }
             match renewal.left(lease) {
                 Some(left) => self.held.leases.renewed((*id, *epoch), sent, left),
                 None => skipped = true,
@@ -173,6 +176,7 @@ impl Worker {
             if canceled.contains(id) && self.tell_canceled(*id, *epoch) {
                 continue;
             }
+            self.metrics.leases_lost.inc();
             if let Some(r) = self.held.running_at(id, *epoch) {
                 tracing::warn!(task = %id, epoch, "lease lost; stopping the handler");
                 r.abort.abort();

@@ -26,6 +26,7 @@ mod held;
 mod intake;
 mod ledger;
 mod liveness;
+pub mod metrics;
 mod outcomes;
 mod policies;
 pub mod progress;
@@ -173,6 +174,8 @@ pub struct Worker {
     progress: Progress,
     /// A drain or a task transfer under way.
     stopping: Stopping,
+    /// What `/metrics` shows of it.
+    metrics: Arc<metrics::WorkerMetrics>,
 }
 
 impl Worker {
@@ -199,7 +202,14 @@ impl Worker {
             policies: Policies::default(),
             progress: Progress::default(),
             stopping: Stopping::default(),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Counts into `metrics` (shared with its HTTP server's `/metrics`).
+    pub fn with_metrics(mut self, metrics: Arc<metrics::WorkerMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The row this worker writes into `artex.workers`, as it starts: a sized queue
@@ -284,6 +294,9 @@ impl Worker {
         let suspend = Arc::new(AtomicBool::new(false));
         let cancel = Cancel::default();
         tracing::debug!(task = %id, kind = %task.kind, epoch, "task started");
+        if task.retries == 0 && task.checkpoint.is_none() {
+            self.metrics.first_start(&task.kind, id);
+        }
         // An earlier attempt of this task still running here lost its lease: the task was
         // taken back behind its back and assigned here again (the epoch moved on). It is
         // stopped as any lost lease's handler is; left running, two attempts of one task
@@ -527,11 +540,14 @@ impl Handler<TaskFinished> for Worker {
         if r.suspend.load(Ordering::Acquire) && msg.result.is_err() {
             // Stopped at a checkpoint for a task transfer: no outcome, the task moves on.
             tracing::info!(task = %msg.id, kind = %r.kind, "task suspended for a task transfer");
+            self.metrics.transferred_out.inc();
             self.stopping.suspended.push((msg.id, r.epoch));
             self.check_suspended();
             return;
         }
         let outcome = self.outcome(msg.id, &r, msg.result);
+        self.metrics
+            .ended(&r.kind, r.started.elapsed(), attempt_outcome(&outcome));
         self.outcomes
             .outbox
             .push(r.record(msg.id, Step::Finish(outcome)));
@@ -586,5 +602,18 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// An outcome as `/metrics` labels it. A handler's result is never `Released` (drains
+/// and transfers release tasks without one); like a snooze, it would count no attempt.
+fn attempt_outcome(outcome: &Outcome) -> metrics::AttemptOutcome {
+    use metrics::AttemptOutcome as A;
+    match outcome {
+        Outcome::Succeeded(_) => A::Succeeded,
+        Outcome::Failed { .. } => A::Failed,
+        Outcome::TimedOut { .. } => A::Timeout,
+        Outcome::Discarded { .. } => A::Discarded,
+        Outcome::Snoozed { .. } | Outcome::Released => A::Snoozed,
     }
 }

@@ -129,6 +129,7 @@ impl Handler<ResumeTasks> for Worker {
                     for (t, sent) in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
                         report.resumed.push(t.id);
+                        act.metrics.transferred_in.inc();
                         act.held.ledger.took_over((t.id, t.epoch));
                         act.held.hold_until(&t, sent);
                         act.run(t, ctx);

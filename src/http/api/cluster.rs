@@ -104,27 +104,16 @@ pub(super) async fn health(probe: web::Data<DbProbe>, state: web::Data<ApiState>
     }
 }
 
-/// `GET /metrics` of `artex serve` (read scope), in Prometheus' text format: the paused
-/// kinds (one read of `artex.kind_pauses`; left out, and logged, when the database does
-/// not answer), and the replica's state and the reads sent to the primary instead.
+/// `GET /metrics` of `artex serve` (read scope), in Prometheus' text format: the fleet
+/// from the blackboard (tasks, waits, outcomes, workers, pauses and limits by kind; read
+/// at most once per `--metrics-every` whatever the scrapers), and the replica's
+/// state and the reads sent to the primary instead.
 pub(super) async fn metrics(_: CanRead, state: web::Data<ApiState>) -> HttpResponse {
-    let mut out = String::new();
-    match state.bb.paused_kinds(None).await {
-        Ok(paused) => {
-            out.push_str(
-                "# HELP artex_kind_paused 1 for each paused kind (artex kind pause): its tasks stay pending.\n\
-                 # TYPE artex_kind_paused gauge\n",
-            );
-            for p in &paused {
-                out.push_str(&format!("artex_kind_paused{{kind=\"{}\"}} 1\n", p.kind));
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "/metrics: reading the paused kinds"),
-    }
+    let mut out = state.fleet.text(&state.bb).await.to_string();
     if let Some(replica) = state.reads.health() {
         out.push_str(&replica.metrics());
     }
     HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
+        .content_type(artex_actors::metrics::CONTENT_TYPE)
         .body(out)
 }

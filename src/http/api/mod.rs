@@ -63,6 +63,8 @@ pub struct ApiState {
     pub feed: FeedBoard,
     /// The largest request body accepted, bytes.
     pub max_body_bytes: usize,
+    /// The last read of the fleet for `/metrics`, shared by every scrape.
+    pub fleet: crate::http::fleet_metrics::FleetMetrics,
 }
 
 /// An API error: its status code and a JSON body saying what was wrong and where.

@@ -1,15 +1,17 @@
 //! An operator's statements, for the CLI, the HTTP API and the dashboard: submit tasks
 //! and flows (`submit.rs`, `flows.rs`), read and list them (`tasks.rs`, `flow_list.rs`),
 //! control them (pause, resume, cancel, retry; in bulk: `bulk.rs`), the roster and
-//! statistics (`overview.rs`), and the input limits and known kinds (`inputs.rs`),
-//! schedules (`schedules.rs`: add, list, pause, resume, remove), signals to flows' waits
-//! (`signals.rs`), the named API tokens (`api_tokens.rs`), and the reads a streaming
+//! statistics (`overview.rs`), the fleet's `/metrics` (`fleet.rs`), the input limits and
+//! known kinds (`inputs.rs`), schedules (`schedules.rs`: add, list, pause, resume,
+//! remove), signals to flows' waits (`signals.rs`), the named API tokens
+//! (`api_tokens.rs`), and the reads a streaming
 //! replica serves (`replica.rs`: a read-only handle, the replica's lag, WAL positions).
 //!
 //! Every statement here is one transaction on a pooled connection; none needs a session.
 
 mod api_tokens;
 mod bulk;
+mod fleet;
 mod flow_list;
 mod flows;
 mod inputs;
@@ -24,6 +26,7 @@ mod tasks;
 
 pub use api_tokens::{check_token_name, LiveToken, TokenInfo, TokenScope, MAX_TOKEN_NAME_CHARS};
 pub use bulk::{BulkAction, BulkReport, BULK_BATCH};
+pub use fleet::{FleetSample, FLEET_COUNT_CAP, FOLD_BATCH};
 pub use flow_list::FlowSummary;
 pub use kind_limits::{parse_rate, rate_text, KindLimit, LimitSpec, MAX_RATE_PER_SEC};
 pub use kind_pauses::{KindChange, KindPause, MAX_PAUSE_REASON_CHARS};
