@@ -63,6 +63,9 @@ impl Bound {
 pub struct Guards {
     /// `RECLAIM` takes back only leases that ran out (`lease_until < now()`).
     pub reaper_waits_for_lease: bool,
+    /// `RECLAIM` takes back unstarted assignments too (`status in ('assigned',
+    /// 'running')`), not only running tasks.
+    pub reaper_takes_unstarted: bool,
     /// Every write of a worker names its epoch (`where lease_epoch = $n`).
     pub writes_name_epoch: bool,
     /// The new process resumes a taken-over task from the checkpoint `TAKE_OVER` returns.
@@ -78,6 +81,7 @@ impl Default for Guards {
     fn default() -> Self {
         Guards {
             reaper_waits_for_lease: true,
+            reaper_takes_unstarted: true,
             writes_name_epoch: true,
             resume_from_checkpoint: true,
             recall_on_failed_push: true,
@@ -246,8 +250,9 @@ impl Protocol {
             }
         }
         for (t, row) in s.tasks.iter().enumerate() {
-            if row.status.held() && (row.lease_until < s.now || !self.guards.reaper_waits_for_lease)
-            {
+            let kept = row.status == Status::Assigned && !self.guards.reaper_takes_unstarted;
+            let expired = row.lease_until < s.now || !self.guards.reaper_waits_for_lease;
+            if row.status.held() && expired && !kept {
                 out.push(Action::Reclaim { t: t as u8 });
             }
         }

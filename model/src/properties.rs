@@ -104,6 +104,9 @@ pub fn recovers(m: &Protocol, s: &State) -> Result<(), String> {
             return Ok(());
         }
         path.push(key);
+        if s.now >= recovery_clock_limit(m) {
+            break;
+        }
         actions.clear();
         m.enabled(&s, true, &mut actions);
         actions.retain(|a| !a.is_fault() && !matches!(a, Action::Spawn));
@@ -123,6 +126,15 @@ pub fn recovers(m: &Protocol, s: &State) -> Result<(), String> {
             .collect::<Vec<_>>(),
         s.phase
     ))
+}
+
+/// How far past the horizon the continuation's clock may run: ten leases, more than any
+/// recovery needs (a lease to run out, a retry, an upgrade's steps).
+fn recovery_clock_limit(m: &Protocol) -> u8 {
+    m.bound
+        .horizon
+        .saturating_add(m.bound.lease.saturating_mul(10))
+        .min(200)
 }
 
 fn hash(s: &State) -> u64 {

@@ -33,7 +33,11 @@ fn counterexample(model: Protocol, property: &'static str) -> String {
     let path = checker
         .discovery(property)
         .unwrap_or_else(|| panic!("no counterexample to \"{property}\" was found"));
-    let shown = trace::render(&path);
+    let mut shown = trace::render(&path);
+    if property == names::RECOVERS {
+        let why = artex_model::properties::recovers(checker.model(), path.last_state());
+        shown.push_str(&format!("the continuation from its last state: {why:?}\n"));
+    }
     println!("counterexample to \"{property}\":\n{shown}");
     shown
 }
@@ -62,6 +66,17 @@ fn a_take_over_that_ignores_the_checkpoint_starts_from_scratch() {
     model.guards.resume_from_checkpoint = false;
     let shown = counterexample(model, names::NO_RESTART);
     assert!(shown.contains("TakeOver"), "{shown}");
+}
+
+#[test]
+fn a_reaper_that_leaves_unstarted_tasks_loses_a_crashed_worker_s_task() {
+    let mut model = Protocol::new(Bound {
+        crashes: 1,
+        ..small()
+    });
+    model.guards.reaper_takes_unstarted = false;
+    let shown = counterexample(model, names::RECOVERS);
+    assert!(shown.contains("Crash"), "{shown}");
 }
 
 #[test]
