@@ -1,0 +1,302 @@
+//! The model's steps. Each one is one transaction of the real protocol (or a step of a
+//! process's own memory that runs no statement), and says which SQL it stands for in
+//! [`Action::statement`]; `statements.rs` keeps the hash of that SQL beside it.
+
+use crate::statements::Sql;
+
+/// One step of one actor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The blackboard's clock moves on by one unit.
+    Tick,
+    /// Planner `p`'s round, its read: the roster and the claim of task `t`, pending, for
+    /// worker `w`, online (`artex.dispatch_round`, `for update skip locked`: the row stays
+    /// locked by `p` until its write).
+    Claim { p: u8, t: u8, w: u8 },
+    /// Planner `p`'s round, its write in the same transaction: the claimed task to the
+    /// chosen worker if its row, locked now, is still `online` (`artex.assign_and_wake`:
+    /// compare-and-set on `pending`, the epoch bumped, a fresh lease); its push is made
+    /// after the commit.
+    Assign { p: u8 },
+    /// Planner `p` pushes the wake-up of its last round (`waker`); one that fails (the
+    /// worker is dead or cut off) recalls the task if it is still `assigned` there
+    /// (`RECALL`) and marks the worker unreachable for this planner.
+    Push { p: u8 },
+    /// Planner `p` probes worker `w`, unreachable for it, and gets an answer.
+    Probe { p: u8, w: u8 },
+    /// The reaper takes task `t` back: its lease expired (`RECLAIM`).
+    Reclaim { t: u8 },
+    /// The reaper marks a silent worker `gone` (`MARK_GONE`).
+    MarkGone { w: u8 },
+    /// Worker `w` reads task `t` assigned to it (`artex.read_assigned`, or the same rows
+    /// carried by its wake-up) and starts its handler from the checkpoint read.
+    Read { w: u8, t: u8 },
+    /// The handler of `t` in `w` does the rest of its work and ends (no statement), its
+    /// outcome waiting for the next batch.
+    Work { w: u8, t: u8 },
+    /// The handler does one unit of its work (not the last) and saves its progress
+    /// (`CHECKPOINT`, fenced by its epoch).
+    Checkpoint { w: u8, t: u8 },
+    /// The start of `t` is written after the fact (`artex.record_attempts`, a start).
+    RecordStart { w: u8, t: u8 },
+    /// The outcome of `t` is written (`artex.record_attempts`, an outcome).
+    RecordOutcome { w: u8, t: u8 },
+    /// Worker `w` renews the leases it holds and those assigned to it that it has not read
+    /// (`RENEW`); the ones it lost are stopped at once.
+    Renew { w: u8 },
+    /// The fence of `w` stops the handler of `t`: its lease ends within the margin, by its
+    /// own clock, late by the skew at worst (no statement; the failed attempt is written
+    /// later). A fast clock stops it sooner, which only shortens an execution: the model
+    /// takes the latest moment, the one that matters for overlaps.
+    Fence { w: u8, t: u8 },
+    /// A fault: worker process `w` dies; what it held in memory is gone.
+    Crash { w: u8 },
+    /// A fault: worker `w` cannot reach the blackboard (nor planners reach it).
+    Partition { w: u8 },
+    /// The partition of `w` ends; a worker marked gone meanwhile registers again
+    /// (`REGISTER`).
+    Heal { w: u8 },
+    /// Upgrade: the new process starts and registers (`REGISTER`); hello, ready, the
+    /// listener pass.
+    Spawn,
+    /// Upgrade: the old process marks itself `upgrading` (`SET_STATE`) and stops taking
+    /// work.
+    MarkUpgrading,
+    /// Upgrade: the old process stops the handler of `t` at a checkpoint, saving it
+    /// (`CHECKPOINT`; past the deadline, or cut off, the last saved one stands).
+    Suspend { t: u8 },
+    /// Upgrade: what is assigned to the old process and not held there moves to the new
+    /// one (`MOVE_ASSIGNED`).
+    MoveAssigned,
+    /// Upgrade: the new process takes the suspended tasks over at their epochs and resumes
+    /// them from their checkpoints (`TAKE_OVER`); the old one forgets them (`TransferDone`).
+    TakeOver,
+    /// Upgrade: the old process drains: marks itself `draining` (`SET_STATE`) and gives
+    /// back what is assigned to it and not held (`RELEASE_ASSIGNED`).
+    DrainRelease,
+    /// Upgrade: the old process, holding nothing, is marked gone (`SET_STATE`) and exits.
+    DrainEnd,
+}
+
+impl Action {
+    /// The name of the action, as `statements.rs` lists it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Tick => "Tick",
+            Action::Claim { .. } => "Claim",
+            Action::Assign { .. } => "Assign",
+            Action::Push { .. } => "Push",
+            Action::Probe { .. } => "Probe",
+            Action::Reclaim { .. } => "Reclaim",
+            Action::MarkGone { .. } => "MarkGone",
+            Action::Read { .. } => "Read",
+            Action::Work { .. } => "Work",
+            Action::Checkpoint { .. } => "Checkpoint",
+            Action::RecordStart { .. } => "RecordStart",
+            Action::RecordOutcome { .. } => "RecordOutcome",
+            Action::Renew { .. } => "Renew",
+            Action::Fence { .. } => "Fence",
+            Action::Crash { .. } => "Crash",
+            Action::Partition { .. } => "Partition",
+            Action::Heal { .. } => "Heal",
+            Action::Spawn => "Spawn",
+            Action::MarkUpgrading => "MarkUpgrading",
+            Action::Suspend { .. } => "Suspend",
+            Action::MoveAssigned => "MoveAssigned",
+            Action::TakeOver => "TakeOver",
+            Action::DrainRelease => "DrainRelease",
+            Action::DrainEnd => "DrainEnd",
+        }
+    }
+
+    /// A fault the environment makes (not a step the protocol takes).
+    pub fn is_fault(&self) -> bool {
+        matches!(self, Action::Crash { .. } | Action::Partition { .. })
+    }
+}
+
+// The SQL each action stands for, with the sha256 of its text as the source holds it
+// (whitespace collapsed). `tests/statements.rs` recomputes them: when one differs, the
+// statement changed and the action beside it must be reviewed against it, then its
+// hash updated. An action with none runs no statement (a process's own memory, a fault,
+// the clock).
+
+/// `Claim`: the planner round's read (roster and claim).
+pub const CLAIM_SQL: &[Sql] = &[Sql::function(
+    "dispatch_round",
+    "7c3bd19874f38f9b481ff07d4bc45bd517b71f4f5427ece1a5d07f40d24d2350",
+)];
+/// `Assign`: the planner round's write (assignments under the workers' row locks, the
+/// fencing tokens, wake-ups).
+pub const ASSIGN_SQL: &[Sql] = &[Sql::function(
+    "assign_and_wake",
+    "b377f8902f3b9e6d828f9cb7955ac0787fc27f35005f0da9cbe7ad8af76ab128",
+)];
+/// `Push`: a failed push records when pushes began to fail, and recalls unstarted tasks.
+pub const PUSH_SQL: &[Sql] = &[
+    Sql::constant(
+        WAKE_RS,
+        "WAKE_FAILED",
+        "2e9184f1c0d8b94a11ebf8632e4e45a4b401de2fe9ae436d5f05c51111f80fdf",
+    ),
+    Sql::constant(
+        WAKE_RS,
+        "RECALL",
+        "243092e6f79415829966d2c9b625ee83d009872f203389aede7072f3fad44f27",
+    ),
+];
+/// `Probe`: a push (a probe) answered clears the record.
+pub const PROBE_SQL: &[Sql] = &[Sql::constant(
+    WAKE_RS,
+    "WAKE_DELIVERED",
+    "176e66b23fb379f99ef0c0ce7e876bcbba57a647f0c8e89bded23c1ffb3ac1d1",
+)];
+/// `Reclaim`: the reaper's sweep of expired leases.
+pub const RECLAIM_SQL: &[Sql] = &[Sql::constant(
+    REAP_RS,
+    "RECLAIM",
+    "f4f67bee57cae50b79a4eafbb0eab41af46ce53d000f0ce107eb57fa527b93ea",
+)];
+/// `MarkGone`: the reaper's sweep of silent workers.
+pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
+    REAP_RS,
+    "MARK_GONE",
+    "84546af60fe3748e2afa6124d008d3a17669562d64ad8b3d6e969e76e342dd53",
+)];
+/// `Read`: a worker's read of its assignments.
+pub const READ_SQL: &[Sql] = &[Sql::function(
+    "read_assigned",
+    "aae7b281e55408ea062d3056b47adc4ea6ef4ec10686d3f531da443e9ea767b3",
+)];
+/// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
+pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
+    ATTEMPTS_RS,
+    "CHECKPOINT",
+    "c756de45bcea0aa8eb55ae510b77dc9a33cb8adc78008f3249d384f843b093ee",
+)];
+/// `RecordStart` and `RecordOutcome`: the batch of starts and outcomes, and the status
+/// an outcome ends in.
+pub const RECORD_SQL: &[Sql] = &[
+    Sql::function(
+        "record_attempts",
+        "c4f4616c86791a7744e0c0d31a876b165abe0280eb08cc177175a4dbe9c2e759",
+    ),
+    Sql::function(
+        "attempt_status",
+        "f1982dbd3c34fd4c13155671da21235b8974aba06b45a510a4c8c2aa22829fd4",
+    ),
+];
+/// `Renew`: lease renewals, of held tasks and of those assigned and not read yet.
+pub const RENEW_SQL: &[Sql] = &[Sql::constant(
+    ATTEMPTS_RS,
+    "RENEW",
+    "a8f0907b6a7242186651d095cb8b57d76f19cc9636e75e0ee7cd7d035b3782db",
+)];
+/// `Heal` and `Spawn`: a worker's heartbeat, and its registration (again).
+pub const REGISTER_SQL: &[Sql] = &[
+    Sql::constant(
+        WORKER_RS,
+        "HEARTBEAT",
+        "387727cfef60b1134535ca5f4bfd84e52192bf62f0787d919d16c8975a4482a3",
+    ),
+    Sql::constant(
+        WORKER_RS,
+        "REGISTER",
+        "e22a54b49d02a354a048eb53adde4ca4600d2ee9e8c863913dd6f8fa7ce3afca",
+    ),
+];
+/// `MarkUpgrading` and `DrainEnd`: a worker's state.
+pub const SET_STATE_SQL: &[Sql] = &[Sql::constant(
+    WORKER_RS,
+    "SET_STATE",
+    "c2238d0fcfe416ecccab162be097ea4641a8e4a6861fd02c6c921196b93bb88e",
+)];
+/// `MoveAssigned`: unstarted tasks to the new process.
+pub const MOVE_SQL: &[Sql] = &[Sql::constant(
+    TRANSFER_RS,
+    "MOVE_ASSIGNED",
+    "eeee058687818074dc975f74f27fba5c483b497a75a3ddf98570fb496b262f53",
+)];
+/// `TakeOver`: suspended tasks taken over by the new process.
+pub const TAKE_OVER_SQL: &[Sql] = &[Sql::constant(
+    TRANSFER_RS,
+    "TAKE_OVER",
+    "ca6b86a91fa4a05d11db9e6386e5f69f2e1309b847672dd943bd9748116b95fa",
+)];
+/// `DrainRelease`: the drain's state and the release of what was not started.
+pub const DRAIN_SQL: &[Sql] = &[
+    Sql::constant(
+        WORKER_RS,
+        "SET_STATE",
+        "c2238d0fcfe416ecccab162be097ea4641a8e4a6861fd02c6c921196b93bb88e",
+    ),
+    Sql::constant(
+        ATTEMPTS_RS,
+        "RELEASE_ASSIGNED",
+        "dfd72bc05f4fe3bd398bebf396bb8c831ce42620bfeb1c7123ecff29236234c0",
+    ),
+];
+/// The status machine every step's status change is checked against
+/// (`state::transition_allowed`).
+pub const STATUS_MACHINE_SQL: &[Sql] = &[Sql::function(
+    "transition_allowed",
+    "a0fcc987b48a54ed8731549f041956a03f992652523869a97f31514024193c08",
+)];
+
+const WAKE_RS: &str = "actors/src/blackboard/planner/wake.rs";
+const REAP_RS: &str = "actors/src/blackboard/planner/reap.rs";
+const ATTEMPTS_RS: &str = "actors/src/blackboard/worker/attempts.rs";
+const WORKER_RS: &str = "actors/src/blackboard/worker/mod.rs";
+const TRANSFER_RS: &str = "actors/src/blackboard/worker/transfer.rs";
+
+impl Action {
+    /// The SQL this action stands for (empty: it runs none).
+    pub fn statements(&self) -> &'static [Sql] {
+        match self {
+            Action::Claim { .. } => CLAIM_SQL,
+            Action::Assign { .. } => ASSIGN_SQL,
+            Action::Push { .. } => PUSH_SQL,
+            Action::Probe { .. } => PROBE_SQL,
+            Action::Reclaim { .. } => RECLAIM_SQL,
+            Action::MarkGone { .. } => MARK_GONE_SQL,
+            Action::Read { .. } => READ_SQL,
+            Action::Checkpoint { .. } | Action::Suspend { .. } => CHECKPOINT_SQL,
+            Action::RecordStart { .. } | Action::RecordOutcome { .. } => RECORD_SQL,
+            Action::Renew { .. } => RENEW_SQL,
+            Action::Heal { .. } | Action::Spawn => REGISTER_SQL,
+            Action::MarkUpgrading | Action::DrainEnd => SET_STATE_SQL,
+            Action::MoveAssigned => MOVE_SQL,
+            Action::TakeOver => TAKE_OVER_SQL,
+            Action::DrainRelease => DRAIN_SQL,
+            Action::Tick
+            | Action::Work { .. }
+            | Action::Fence { .. }
+            | Action::Crash { .. }
+            | Action::Partition { .. } => &[],
+        }
+    }
+}
+
+/// Every action's SQL, by the action's name (and the status machine's), for the test
+/// that recomputes the hashes.
+pub const ALL_SQL: &[(&str, &[Sql])] = &[
+    ("Claim", CLAIM_SQL),
+    ("Assign", ASSIGN_SQL),
+    ("Push", PUSH_SQL),
+    ("Probe", PROBE_SQL),
+    ("Reclaim", RECLAIM_SQL),
+    ("MarkGone", MARK_GONE_SQL),
+    ("Read", READ_SQL),
+    ("Checkpoint, Suspend", CHECKPOINT_SQL),
+    ("RecordStart, RecordOutcome", RECORD_SQL),
+    ("Renew", RENEW_SQL),
+    ("Heal, Spawn", REGISTER_SQL),
+    ("MarkUpgrading, DrainEnd", SET_STATE_SQL),
+    ("MoveAssigned", MOVE_SQL),
+    ("TakeOver", TAKE_OVER_SQL),
+    ("DrainRelease", DRAIN_SQL),
+    (
+        "the status machine (state::transition_allowed)",
+        STATUS_MACHINE_SQL,
+    ),
+];
