@@ -124,7 +124,7 @@ impl Action {
 /// `Claim`: the planner round's read (roster and claim).
 pub const CLAIM_SQL: &[Sql] = &[Sql::function(
     "dispatch_round",
-    "7c3bd19874f38f9b481ff07d4bc45bd517b71f4f5427ece1a5d07f40d24d2350",
+    "2471ab66e9672dcff447c4e2a441e485aec462a12494773b944218a35f73b280",
 )];
 /// `Assign`: the planner round's write (assignments under the workers' row locks, the
 /// fencing tokens, wake-ups).
