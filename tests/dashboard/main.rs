@@ -793,7 +793,8 @@ async fn until_known(addr: &str, secret: &str) {
 
 /// The page asks for one token, shows whose it is, and hides what its scope cannot do:
 /// a named read token hides the pause buttons, a named admin token given in its place
-/// (from the header) shows them, and what it pauses is audited under its name.
+/// (from the header) shows them, and what it pauses is audited under its name; the
+/// Kinds page's button makes the kind fair, keeping its other limit.
 #[tokio::test]
 async fn the_page_shows_whose_token_it_uses_and_hides_what_its_scope_cannot_do() {
     let db = TestDb::new().await;
@@ -871,5 +872,21 @@ async fn the_page_shows_whose_token_it_uses_and_hides_what_its_scope_cannot_do()
     .await;
     let paused = db.bb.operator().paused_kinds(Some("resize")).await.unwrap();
     assert_eq!(paused[0].paused_by, "token:ops", "{paused:?}");
+    // Made fair with its button, its other limit kept.
+    b.click("#kinds-table tr[data-kind=resize] button[data-action=fair]")
+        .await;
+    b.confirm().await;
+    b.until(
+        "the kind shown fair",
+        "const c = document.querySelector('#kinds-table tr[data-kind=resize] [data-col=fair]');
+         return !!c && c.textContent.startsWith('round-robin')",
+    )
+    .await;
+    let limits = db.bb.operator().kind_limits(Some("resize")).await.unwrap();
+    assert!(
+        limits[0].fair && limits[0].concurrency == Some(3),
+        "{limits:?}"
+    );
+    assert_eq!(limits[0].updated_by, "token:ops");
     b.finish_on_the_marked_page().await;
 }
