@@ -6,9 +6,14 @@
 //!
 //! A push that cannot be delivered (connection refused or reset, no answer within
 //! [`PUSH_TIMEOUT`], an error status) makes the worker **unreachable** for this planner,
-//! and the blackboard records since when (`workers.wake_failed_at`, migrations/V23): its
-//! announced tasks that it has not started go back to `pending` at once (a
-//! compare-and-set: a start it wrote first wins), the planner's rounds give it nothing
+//! and the blackboard records since when (`workers.wake_failed_at`, migrations/V23). When
+//! the push was **refused** (no process listens at the worker's address: it is gone, and
+//! its handlers with it), its announced tasks that it has not started go back to
+//! `pending` at once (a compare-and-set: a start it wrote first wins). Any other failure
+//! (a timeout, a reset, an error status) may come from a worker that read its tasks, by
+//! this push or its poll, and runs them with their start not written yet: those stay
+//! its, and come back through their leases if it is gone (the model check found the
+//! overlap a recall there allows: docs/model.md). The planner's rounds give it nothing
 //! (the roster excludes it), and the Waker probes it every [`PROBE_EVERY`] with a plain
 //! wake-up until one is answered. A killed worker is so excluded by the first round
 //! after its death, as its vanished LISTEN backend used to exclude it.
@@ -28,7 +33,7 @@
 //! (the hour-long soak found a planner keeping one per killed worker). A push is a hint like a NOTIFY: the worker's poll
 //! finds what a planner that died between its commit and its push left announced.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +75,8 @@ struct Inner {
     /// Workers whose last push failed: whether each is polling (heard from since its
     /// pushes began to fail, so given work that it reads at its poll).
     unreachable: Mutex<HashMap<String, bool>>,
+    /// Workers whose last push or probe was refused: no process listens there.
+    refused: Mutex<HashSet<String>>,
     /// Pushes that failed (`/metrics`).
     failed: crate::metrics::Counter,
 }
@@ -104,6 +111,7 @@ impl Waker {
                 secret: Mutex::new(secret),
                 links: Mutex::new(HashMap::new()),
                 unreachable: Mutex::new(HashMap::new()),
+                refused: Mutex::new(HashSet::new()),
                 failed: Default::default(),
             }),
         })
@@ -252,6 +260,7 @@ async fn link(
             Err(why) => {
                 conn = None;
                 inner.failed.inc();
+                note_refused(&inner, &worker, why.refused());
                 let polling = inner.bb.wake_failed(&worker).await.unwrap_or_else(|e| {
                     tracing::warn!(%worker, error = %e, "cannot record that pushes to the worker fail");
                     false
@@ -264,7 +273,7 @@ async fn link(
                 } else if first_failure {
                     tracing::warn!(%worker, %addr, %why, "cannot push a wake-up: the worker gets nothing until it answers again or is heard from");
                 }
-                if !polling {
+                if !polling && why.refused() {
                     let tasks: Vec<Uuid> =
                         batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
                     recall(&inner, &worker, &tasks).await;
@@ -281,6 +290,7 @@ async fn link(
     }
     // Forgotten, or replaced by a link to the worker's new address.
     lock(&inner.unreachable).remove(&worker);
+    lock(&inner.refused).remove(&worker);
 }
 
 /// Waits for the next push, closing the kept-alive connection if the worker closes it
@@ -379,7 +389,13 @@ async fn probe(
                 },
             }
         }
-        if push(inner, conn, addr, worker, "[\"\"]").await.is_ok() {
+        let probed = push(inner, conn, addr, worker, "[\"\"]").await;
+        note_refused(
+            inner,
+            worker,
+            probed.as_ref().is_err_and(PushError::refused),
+        );
+        if probed.is_ok() {
             lock(&inner.unreachable).remove(worker);
             tracing::info!(%worker, %addr, "worker reachable again");
             delivered(inner, worker).await;
@@ -412,10 +428,21 @@ fn is_polling(inner: &Inner, worker: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// A push that came while its worker is unreachable: see [`probe`].
+/// A push that came while its worker is unreachable: see [`probe`]. Its tasks go back
+/// to `pending` only when the worker's last push or probe was refused (its process gone).
 async fn set_aside(inner: &Inner, worker: &str, p: Push) {
-    if !is_polling(inner, worker) {
+    if !is_polling(inner, worker) && lock(&inner.refused).contains(worker) {
         recall(inner, worker, &p.tasks).await;
+    }
+}
+
+/// Records whether `worker`'s last push or probe was refused.
+fn note_refused(inner: &Inner, worker: &str, refused: bool) {
+    let mut set = lock(&inner.refused);
+    if refused {
+        set.insert(worker.to_string());
+    } else {
+        set.remove(worker);
     }
 }
 
@@ -429,15 +456,24 @@ async fn delivered(inner: &Inner, worker: &str) {
 /// Why a push failed.
 #[derive(Debug)]
 enum PushError {
+    /// No process listens at the address: the worker is gone, and its handlers with it.
+    Refused(std::io::Error),
     Io(std::io::Error),
     Timeout,
     Status(u16),
 }
 
+impl PushError {
+    /// Whether the push was refused: nothing there can be running the worker's tasks.
+    fn refused(&self) -> bool {
+        matches!(self, PushError::Refused(_))
+    }
+}
+
 impl std::fmt::Display for PushError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PushError::Io(e) => write!(f, "{e}"),
+            PushError::Io(e) | PushError::Refused(e) => write!(f, "{e}"),
             PushError::Timeout => write!(f, "no answer within {PUSH_TIMEOUT:?}"),
             PushError::Status(s) => write!(f, "answered HTTP {s}"),
         }
@@ -461,7 +497,10 @@ async fn push(
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
                 .await
                 .map_err(|_| PushError::Timeout)?
-                .map_err(PushError::Io)?;
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => PushError::Refused(e),
+                    _ => PushError::Io(e),
+                })?;
             let _ = stream.set_nodelay(true);
             *conn = Some(BufStream::new(stream));
         }

@@ -1,10 +1,10 @@
 //! Checks the model at a bound given on the command line and prints what it found:
 //! `cargo run -p artex-model --release --example explore -- planners workers tasks
-//! upgrade(0/1) crashes partitions horizon [seconds [recall(0/1)]]`.
+//! upgrade(0/1) crashes partitions horizon [seconds [recall(0 never, 1 when refused, 2 always)]]`.
 
 use std::time::{Duration, Instant};
 
-use artex_model::{trace, Bound, Protocol};
+use artex_model::{trace, Bound, Protocol, Recall};
 use stateright::{Checker, Model};
 
 fn main() {
@@ -24,7 +24,11 @@ fn main() {
     let secs = get(7, 60);
     b.lease = get(10, b.lease.into()) as u8;
     let mut model = Protocol::new(b.clone());
-    model.guards.recall_on_failed_push = get(8, 1) == 1;
+    model.guards.recall = match get(8, 1) {
+        0 => Recall::Never,
+        2 => Recall::Always,
+        _ => Recall::WhenRefused,
+    };
     model.witness = get(9, 1) == 1;
     let started = Instant::now();
     let checker = model

@@ -18,9 +18,9 @@ pub enum Action {
     /// compare-and-set on `pending`, the epoch bumped, a fresh lease); its push is made
     /// after the commit.
     Assign { p: u8 },
-    /// Planner `p` pushes the wake-up of its last round (`waker`); one that fails (the
-    /// worker is dead or cut off) recalls the task if it is still `assigned` there
-    /// (`RECALL`) and marks the worker unreachable for this planner.
+    /// Planner `p` pushes the wake-up of its last round (`waker`); one that fails marks
+    /// the worker unreachable for this planner, and one refused (the worker's process is
+    /// gone) recalls the task if it is still `assigned` there (`RECALL`).
     Push { p: u8 },
     /// Planner `p` probes worker `w`, unreachable for it, and gets an answer.
     Probe { p: u8, w: u8 },

@@ -32,5 +32,5 @@ pub mod symmetry;
 pub mod trace;
 
 pub use actions::Action;
-pub use model::{Bound, Guards, Protocol};
+pub use model::{Bound, Guards, Protocol, Recall};
 pub use state::State;

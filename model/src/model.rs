@@ -70,11 +70,24 @@ pub struct Guards {
     pub writes_name_epoch: bool,
     /// The new process resumes a taken-over task from the checkpoint `TAKE_OVER` returns.
     pub resume_from_checkpoint: bool,
-    /// A failed push recalls the task it announced if it is still `assigned` (`RECALL`),
-    /// as artex does. Off, a failed push only makes the worker unreachable for the
-    /// planner, and its tasks come back through their leases (docs/model.md: a recall
-    /// can overlap two executions).
-    pub recall_on_failed_push: bool,
+    /// When a failed push recalls the task it announced, if it is still `assigned`
+    /// (`RECALL`): artex recalls only when the push was refused, the worker's process
+    /// being gone ([`Recall::WhenRefused`]); [`Recall::Always`], what artex did before,
+    /// can overlap two executions (docs/model.md).
+    pub recall: Recall,
+}
+
+/// When a failed push sends its task back to `pending` (waker.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recall {
+    /// Never: a failed push only makes the worker unreachable for the planner; its
+    /// tasks come back through their leases.
+    Never,
+    /// When the push was refused: no process listens at the worker's address, so none
+    /// runs its handlers (a worker cut off, or slow to answer, keeps its tasks).
+    WhenRefused,
+    /// On any failure, a worker cut off after it read the task too.
+    Always,
 }
 
 impl Default for Guards {
@@ -84,7 +97,7 @@ impl Default for Guards {
             reaper_takes_unstarted: true,
             writes_name_epoch: true,
             resume_from_checkpoint: true,
-            recall_on_failed_push: true,
+            recall: Recall::WhenRefused,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! answer. Read beside the SQL that `Action::statement` names.
 
 use crate::actions::Action;
-use crate::model::Protocol;
+use crate::model::{Protocol, Recall};
 use crate::state::{
     transition_allowed, Doing, Held, Phase, Role, Seen, State, Status, WorkerState,
 };
@@ -16,7 +16,7 @@ impl Protocol {
             Action::Tick => s.now += 1,
             Action::Claim { p, t, w } => s.claims[p as usize] = Some((t, w)),
             Action::Assign { p } => self.assign(&mut s, p),
-            Action::Push { p } => push(&mut s, p, self.guards.recall_on_failed_push),
+            Action::Push { p } => push(&mut s, p, self.guards.recall),
             Action::Probe { p, w } => s.unreachable[p as usize] &= !(1 << w),
             Action::Reclaim { t } => self.reclaim(&mut s, t),
             Action::MarkGone { w } => s.procs[w as usize].state = WorkerState::Gone,
@@ -110,7 +110,7 @@ impl Protocol {
         row.holder = Some(w);
         row.epoch += 1;
         row.lease_until = s.now + self.bound.lease;
-        if self.guards.recall_on_failed_push {
+        if self.guards.recall != Recall::Never {
             s.pushes[p as usize] = Some((w, t));
         }
     }
@@ -358,7 +358,7 @@ impl Protocol {
 /// A planner's push after its round: delivered to a worker that is up and reachable;
 /// else the worker is unreachable for this planner and the task, if still `assigned`
 /// there (not started: compare-and-set), goes back to pending (`RECALL`).
-fn push(s: &mut State, p: u8, recall: bool) {
+fn push(s: &mut State, p: u8, recall: Recall) {
     let Some((w, t)) = s.pushes[p as usize].take() else {
         return;
     };
@@ -366,7 +366,14 @@ fn push(s: &mut State, p: u8, recall: bool) {
         return;
     }
     s.unreachable[p as usize] |= 1 << w;
-    if !recall {
+    // Refused: the worker's process is gone (a cut-off one times out instead).
+    let refused = !s.procs[w as usize].alive;
+    let recalls = match recall {
+        Recall::Never => false,
+        Recall::WhenRefused => refused,
+        Recall::Always => true,
+    };
+    if !recalls {
         return;
     }
     let row = &mut s.tasks[t as usize];

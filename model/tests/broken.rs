@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use artex_model::properties::names;
-use artex_model::{trace, Bound, Protocol};
+use artex_model::{trace, Bound, Protocol, Recall};
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// A small world: one planner, two workers, one task, no upgrade, no faults.
@@ -87,32 +87,35 @@ fn clocks_skewed_past_the_margin_overlap_two_executions() {
         ..small()
     };
     let shown = counterexample(Protocol::new(bound), names::NO_OVERLAP);
-    assert!(shown.contains("Partition"), "{shown}");
+    assert!(shown.contains("Reclaim"), "{shown}");
 }
 
-// Found by the model in artex as it is (docs/model.md): a worker reads a task (from its
+// Found by the model in artex as it was (docs/model.md): a worker reads a task (from its
 // wake-up or its poll) and starts its handler, and is cut off before its start is
-// written; the planner's push fails, so it recalls the task, still `assigned`, and gives
-// it to another worker, while the first handler runs on until its fence stops it, up
-// to a lease later. The main check turns the recall off; this test keeps the window in
-// sight until the recall is changed.
+// written; the planner's push fails, so it recalled the task, still `assigned`, and gave
+// it to another worker, while the first handler ran on until its fence stopped it, up
+// to a lease later. artex now recalls only a refused push (the process gone): that
+// holds, with a crash and a partition in the world.
 #[test]
-fn a_recall_after_a_failed_push_can_overlap_two_executions() {
+fn a_recall_after_any_failed_push_can_overlap_two_executions() {
     let bound = Bound {
         partitions: 1,
         ..small()
     };
-    let shown = counterexample(Protocol::new(bound), names::NO_OVERLAP);
+    let mut model = Protocol::new(bound.clone());
+    model.guards.recall = Recall::Always;
+    let shown = counterexample(model, names::NO_OVERLAP);
     assert!(
         shown.contains("Partition") && shown.contains("RECALL"),
         "{shown}"
     );
-    // Without the recall, the same world holds.
-    let mut model = Protocol::new(Bound {
-        partitions: 1,
-        ..small()
+    // Recalling only when the push was refused (the process gone), the same world holds,
+    // crashes added.
+    let model = Protocol::new(Bound {
+        crashes: 1,
+        ..bound
     });
-    model.guards.recall_on_failed_push = false;
+    assert_eq!(model.guards.recall, Recall::WhenRefused);
     let checker = model.checker().spawn_bfs().join();
     assert!(checker.discovery(names::NO_OVERLAP).is_none());
 }
