@@ -52,6 +52,28 @@ impl ActorStats {
     pub fn snapshot(&self) -> BTreeMap<&'static str, Counts> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// The counters as `/metrics` shows them (a worker's and a planner's alike):
+    /// `artex_actor_restarts_total` and `artex_actor_errors_total` by actor.
+    pub fn write_metrics(&self, out: &mut crate::metrics::Exposition) {
+        use crate::metrics::Type;
+        let snapshot = self.snapshot();
+        for (name, help, count) in [
+            (
+                "artex_actor_restarts_total",
+                "Actor restarts after a panic.",
+                (|c: &Counts| c.restarts) as fn(&Counts) -> u64,
+            ),
+            ("artex_actor_errors_total", "Actor runs that failed.", |c| {
+                c.errors
+            }),
+        ] {
+            out.family(name, Type::Counter, help);
+            for (actor, c) in &snapshot {
+                out.sample(name, &[("actor", actor)], count(c) as f64);
+            }
+        }
+    }
 }
 
 /// Runs `fut`, catching a panic: `Err(message)` then, after logging it. The caller stops

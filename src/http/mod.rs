@@ -203,31 +203,7 @@ async fn metrics(
     ] {
         out.single(name, kind, help, value);
     }
-    let snapshot = state.stats.snapshot();
-    out.family(
-        "artex_actor_restarts_total",
-        Type::Counter,
-        "Actor restarts after a panic.",
-    );
-    for (actor, c) in &snapshot {
-        out.sample(
-            "artex_actor_restarts_total",
-            &[("actor", actor)],
-            c.restarts as f64,
-        );
-    }
-    out.family(
-        "artex_actor_errors_total",
-        Type::Counter,
-        "Actor runs that failed.",
-    );
-    for (actor, c) in &snapshot {
-        out.sample(
-            "artex_actor_errors_total",
-            &[("actor", actor)],
-            c.errors as f64,
-        );
-    }
+    state.stats.write_metrics(&mut out);
     state.metrics.write(&mut out);
     if let Some(uploads) = &uploads {
         out.single(

@@ -33,31 +33,7 @@ async fn metrics(_: CanRead, s: web::Data<PlannerScrape>) -> HttpResponse {
         "Wake-up pushes to workers' HTTP ports that failed.",
         s.waker.pushes_failed() as f64,
     );
-    let snapshot = s.stats.snapshot();
-    out.family(
-        "artex_actor_restarts_total",
-        Type::Counter,
-        "Actor restarts after a panic.",
-    );
-    for (actor, c) in &snapshot {
-        out.sample(
-            "artex_actor_restarts_total",
-            &[("actor", actor)],
-            c.restarts as f64,
-        );
-    }
-    out.family(
-        "artex_actor_errors_total",
-        Type::Counter,
-        "Actor runs that failed.",
-    );
-    for (actor, c) in &snapshot {
-        out.sample(
-            "artex_actor_errors_total",
-            &[("actor", actor)],
-            c.errors as f64,
-        );
-    }
+    s.stats.write_metrics(&mut out);
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)
         .body(out.finish())

@@ -5,22 +5,12 @@
 
 use std::time::Duration;
 
-use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::assigner::Assigner;
 use artex_actors::blackboard::{LimitSpec, NewTask};
 use serde_json::json;
 
 use crate::common::procs::{wait_for, Proc};
 use crate::common::{count, fixtures, run_cli, TestDb};
-
-fn config() -> AssignerConfig {
-    AssignerConfig {
-        actor: "test-planner".into(),
-        batch: 100,
-        lease_secs: 30.0,
-        suspect_after_secs: 10.0,
-        shards: (1, Vec::new()),
-    }
-}
 
 fn keyed(kind: &str, key: &str, priority: i32, n: i32) -> Vec<NewTask> {
     (0..n)
@@ -68,7 +58,7 @@ async fn a_round_gives_every_key_of_a_fair_kind_its_turn() {
     ops.submit_many(&keyed("solo", "only", 0, 10), "test")
         .await
         .unwrap();
-    Assigner::run_once(&db.bb.planner(), &config())
+    Assigner::run_once(&db.bb.planner(), &crate::round_config())
         .await
         .unwrap();
     let c = db.client().await;

@@ -5,23 +5,12 @@
 
 use std::time::Duration;
 
-use artex_actors::assigner::{Assigner, AssignerConfig};
+use artex_actors::assigner::Assigner;
 use artex_actors::blackboard::{LimitSpec, NewTask};
 use serde_json::json;
 
 use crate::common::procs::{wait_status, Proc};
 use crate::common::{fixtures, run_cli, TestDb};
-
-/// A planner round's settings: 100 tasks, all shards.
-fn config() -> AssignerConfig {
-    AssignerConfig {
-        actor: "test-planner".into(),
-        batch: 100,
-        lease_secs: 30.0,
-        suspect_after_secs: 10.0,
-        shards: (1, Vec::new()),
-    }
-}
 
 /// A paused kind's tasks stay pending while the others are assigned, whether the kind
 /// is limited or not, and are assigned once it is resumed; a pause and a resume are
@@ -67,7 +56,7 @@ async fn a_paused_kind_s_tasks_stay_pending_until_it_is_resumed() {
             .map(|r| (r.get(0), r.get(1)))
             .collect::<Vec<(String, i64)>>()
     };
-    Assigner::run_once(&db.bb.planner(), &config())
+    Assigner::run_once(&db.bb.planner(), &crate::round_config())
         .await
         .unwrap();
     assert_eq!(assigned().await, [("b".to_string(), 3)]);
@@ -82,7 +71,7 @@ async fn a_paused_kind_s_tasks_stay_pending_until_it_is_resumed() {
     assert!(ops.resume_kind("a", Some("fixed"), "carol").await.unwrap());
     assert!(ops.resume_kind("lim", None, "carol").await.unwrap());
     assert!(!ops.resume_kind("a", None, "carol").await.unwrap());
-    Assigner::run_once(&db.bb.planner(), &config())
+    Assigner::run_once(&db.bb.planner(), &crate::round_config())
         .await
         .unwrap();
     assert_eq!(
