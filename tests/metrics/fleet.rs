@@ -84,8 +84,7 @@ async fn outcome_counters_only_grow_and_miss_no_transaction() {
     for id in &ids[..2] {
         c.execute(cancel, &[id]).await.unwrap();
     }
-    let ended = read(&db, "ended").await;
-    assert_eq!(ended[&key("echo", "canceled")], 2.0, "{ended:?}");
+    canceled_reach(&db, 2.0).await;
     // Read again: nothing counted twice.
     assert_eq!(read(&db, "ended").await[&key("echo", "canceled")], 2.0);
     // The retention drops the history that was counted: the counter stays.
@@ -101,7 +100,27 @@ async fn outcome_counters_only_grow_and_miss_no_transaction() {
     c.execute(cancel, &[&ids[3]]).await.unwrap();
     assert_eq!(read(&db, "ended").await[&key("echo", "canceled")], 2.0);
     tx.commit().await.unwrap();
-    assert_eq!(read(&db, "ended").await[&key("echo", "canceled")], 4.0);
+    canceled_reach(&db, 4.0).await;
+}
+
+/// Waits until the fleet's read counts `n` canceled echo tasks. A fold counts only the
+/// ends of transactions older than every one in flight in the cluster: another test's
+/// open transaction (the tests share one cluster) delays it, never makes it skip one.
+async fn canceled_reach(db: &TestDb, n: f64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let ended = read(db, "ended").await;
+        let now = ended.get(&key("echo", "canceled")).copied().unwrap_or(0.0);
+        assert!(now <= n, "counted more than {n}: {ended:?}");
+        if now == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} never counted: {ended:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Whether a plan (EXPLAIN's JSON) walks the index `name` anywhere.
