@@ -1,9 +1,11 @@
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use artex_actors::blackboard::FleetSample;
 use artex_actors::submission::NewTask;
 use serde_json::json;
 
+use crate::common::procs::wait_for;
 use crate::common::{fixtures, TestDb};
 
 /// The samples of `metric`, by (kind, label).
@@ -107,20 +109,14 @@ async fn outcome_counters_only_grow_and_miss_no_transaction() {
 /// ends of transactions older than every one in flight in the cluster: another test's
 /// open transaction (the tests share one cluster) delays it, never makes it skip one.
 async fn canceled_reach(db: &TestDb, n: f64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let what = format!("{n} canceled echo tasks counted");
+    wait_for(&what, Duration::from_secs(30), || async {
         let ended = read(db, "ended").await;
         let now = ended.get(&key("echo", "canceled")).copied().unwrap_or(0.0);
         assert!(now <= n, "counted more than {n}: {ended:?}");
-        if now == n {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{n} never counted: {ended:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        (now == n).then_some(())
+    })
+    .await
 }
 
 /// Whether a plan (EXPLAIN's JSON) walks the index `name` anywhere.

@@ -409,27 +409,25 @@ async fn prometheus_scrapes_serve_a_worker_and_a_planner() {
         let up = prometheus.one(job, &format!(r#"up{{job="{job}"}}"#)).await;
         assert_eq!(up, 1.0, "{job} is not scraped");
     }
-    let ended = prometheus
-        .one(
+    for (what, query, expected) in [
+        (
             "echo's outcomes",
             r#"artex_fleet_tasks_ended_total{kind="echo",outcome="succeeded"}"#,
-        )
-        .await;
-    assert_eq!(ended, 3.0);
-    let failed = prometheus
-        .one(
+            3.0,
+        ),
+        (
             "fail's outcomes",
             r#"artex_fleet_tasks_ended_total{kind="fail",outcome="failed"}"#,
-        )
-        .await;
-    assert_eq!(failed, 1.0);
-    let attempts = prometheus
-        .one(
+            1.0,
+        ),
+        (
             "the worker's attempts",
             r#"artex_worker_attempts_total{kind="echo",outcome="succeeded"}"#,
-        )
-        .await;
-    assert_eq!(attempts, 3.0);
+            3.0,
+        ),
+    ] {
+        assert_eq!(prometheus.one(what, query).await, expected, "{what}");
+    }
     let rounds = prometheus
         .one("the planner's rounds", "artex_planner_round_seconds_count")
         .await;
