@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use artex_actors::blackboard::{OperatorBoard, Replica, ReplicaLag, WalPosition};
+use artex_actors::metrics::{Exposition, Type};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -113,32 +114,35 @@ impl ReplicaHealth {
 
     /// Its lines of `/metrics`, in Prometheus' text format.
     pub fn metrics(&self) -> String {
-        let mut out = format!(
-            "# HELP artex_replica_serves_reads 1 if reads go to the replica of --read-database-url now.\n\
-             # TYPE artex_replica_serves_reads gauge\n\
-             artex_replica_serves_reads {}\n",
-            u8::from(self.serves_reads)
+        let mut out = Exposition::new();
+        out.single(
+            "artex_replica_serves_reads",
+            Type::Gauge,
+            "1 if reads go to the replica of --read-database-url now.",
+            f64::from(u8::from(self.serves_reads)),
         );
         if let Some(ms) = self.lag.as_ref().and_then(|l| l.lag_ms) {
-            out.push_str(&format!(
-                "# HELP artex_replica_lag_seconds How old what the replica shows is, at the last check.\n\
-                 # TYPE artex_replica_lag_seconds gauge\n\
-                 artex_replica_lag_seconds {}\n",
-                ms / 1000.0
-            ));
+            out.single(
+                "artex_replica_lag_seconds",
+                Type::Gauge,
+                "How old what the replica shows is, at the last check.",
+                ms / 1000.0,
+            );
         }
-        out.push_str(
-            "# HELP artex_replica_read_fallbacks_total Reads sent to the primary instead of the replica, by reason.\n\
-             # TYPE artex_replica_read_fallbacks_total counter\n",
+        let fallbacks = "artex_replica_read_fallbacks_total";
+        out.family(
+            fallbacks,
+            Type::Counter,
+            "Reads sent to the primary instead of the replica, by reason.",
         );
         for why in Fallback::ALL {
-            out.push_str(&format!(
-                "artex_replica_read_fallbacks_total{{reason=\"{}\"}} {}\n",
-                why.label(),
-                self.fallbacks.of(why)
-            ));
+            out.sample(
+                fallbacks,
+                &[("reason", why.label())],
+                self.fallbacks.of(why) as f64,
+            );
         }
-        out
+        out.finish()
     }
 }
 
