@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use chrono::{DateTime, Utc};
+
 use crate::error::{Error, Result};
 
 /// The token in `file`, named by `flag` in errors; `None` without a file.
@@ -36,6 +38,16 @@ pub fn new_secret() -> Result<String> {
     getrandom::fill(&mut bytes)
         .map_err(|e| Error::Invalid(format!("no randomness for a token's secret: {e}")))?;
     Ok(format!("{SECRET_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// When a named token made now for `lifetime` stops working; why not, if it cannot
+/// (a lifetime of 0, or one past what a timestamp holds).
+pub fn expiry(lifetime: std::time::Duration) -> std::result::Result<DateTime<Utc>, String> {
+    chrono::Duration::from_std(lifetime)
+        .ok()
+        .filter(|d| *d > chrono::Duration::zero())
+        .and_then(|d| Utc::now().checked_add_signed(d))
+        .ok_or_else(|| "must be more than 0 and less than a few centuries".to_string())
 }
 
 /// The SHA-256 of a secret: what the blackboard holds and requests are matched by.

@@ -86,20 +86,11 @@ pub(crate) async fn token(db: &DbConfig, command: TokenCommand) -> Result {
 }
 
 async fn create(db: &DbConfig, args: CreateArgs) -> Result {
-    let expires_at = match args.expires {
-        Some(d) => Some(
-            chrono::Duration::from_std(d)
-                .ok()
-                .and_then(|d| Utc::now().checked_add_signed(d))
-                .filter(|_| !d.is_zero())
-                .ok_or_else(|| {
-                    Error::Invalid(
-                        "--expires: must be more than 0 and less than a few centuries".into(),
-                    )
-                })?,
-        ),
-        None => None,
-    };
+    let expires_at = args
+        .expires
+        .map(tokens::expiry)
+        .transpose()
+        .map_err(|e| Error::Invalid(format!("--expires: {e}")))?;
     let secret = tokens::new_secret()?;
     let bb = connect_one_shot(db).await?;
     bb.operator()

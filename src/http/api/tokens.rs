@@ -5,7 +5,6 @@
 use actix_web::http::header::LOCATION;
 use actix_web::{web, HttpRequest, HttpResponse};
 use artex_actors::blackboard::{check_token_name, TokenScope};
-use chrono::Utc;
 use serde_json::json;
 
 use super::{actor, changed, field, object_body, param, parse_bool, query};
@@ -55,16 +54,8 @@ pub(super) async fn create(
         Some(text) => {
             let d = parse_duration(&text)
                 .map_err(|e| ApiError::bad("expires", format!("expires: {e}")))?;
-            let at = chrono::Duration::from_std(d)
-                .ok()
-                .filter(|d| *d > chrono::Duration::zero())
-                .and_then(|d| Utc::now().checked_add_signed(d))
-                .ok_or_else(|| {
-                    ApiError::bad(
-                        "expires",
-                        "expires: must be more than 0 and less than a few centuries",
-                    )
-                })?;
+            let at =
+                tokens::expiry(d).map_err(|e| ApiError::bad("expires", format!("expires: {e}")))?;
             Some(at)
         }
         None => None,
