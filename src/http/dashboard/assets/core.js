@@ -102,7 +102,10 @@ A.whoami = async function whoami() {
   else delete document.body.dataset.scope;
   const el = document.getElementById("who");
   if (el) {
-    el.textContent = !who ? "no token" : who.by === "public" ? "public read"
+    // A public-read server answers a token it does not know (mistyped, revoked,
+    // expired) as a public read: say so, or its holder would never learn it.
+    el.textContent = !who ? "no token"
+      : who.by === "public" ? (A.token() ? "token not known · public read" : "public read")
       : (who.name || "token file") + " · " + who.scope;
     el.dataset.by = who ? who.by : "none";
   }
