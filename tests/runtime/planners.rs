@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{assert_no_double_run, tasks, wait_all_finished, ASSIGNMENT_ROWS};
-use crate::common::procs::{wait_status, worker_id, Proc};
+use crate::common::procs::{wait_for, wait_status, worker_id, Proc};
 use crate::common::{count, TestDb};
 
 #[tokio::test]
@@ -80,6 +80,12 @@ async fn a_stopped_planner_leaves_the_work_to_another() {
     let _p2 = Proc::planner("planner2", &db.url, &[]);
     let w = Proc::worker("worker", &db.url, &[]);
     worker_id(&c, &w).await;
+    // Its stop signals are in place once it logs (a SIGTERM before the process reaches
+    // them ends it as the default action does: seen on a loaded CI host).
+    wait_for("planner1 starting", Duration::from_secs(30), || async {
+        p1.log_text().contains("planner starting").then_some(())
+    })
+    .await;
     p1.signal(Signal::SIGTERM);
     let status = p1
         .wait_exit(Duration::from_secs(10))
