@@ -113,7 +113,7 @@ begin
           and (t.host is null or t.host = room.host)
         returning t.id, t.assigned_to, t.kind, t.payload, t.lease_epoch, t.retries,
                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id, t.payload_bytes,
-                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at
+                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at, t.limited
     ),
     counted as (
         update artex.workers w
@@ -129,11 +129,14 @@ begin
     -- would return them, with the row version's `xmin` and the lease's end, in start
     -- order, in notifications of at most ~7,500 bytes; a task longer than 1,000 bytes as
     -- JSON is not carried (its worker gets a plain wake-up and reads it), nor one whose
-    -- payload or checkpoint could not fit (measured before it is written: V27).
+    -- payload or checkpoint could not fit (measured before it is written: V27), nor
+    -- (V44) one of a fair kind: the read brings its priority and limit key, which the
+    -- worker's local queue takes turns by.
     held as materialized (
         select a.id, a.assigned_to as worker,
                case when coalesce(a.payload_bytes, octet_length(a.payload::text)) <= 1000
                      and coalesce(pg_column_size(a.checkpoint), 0) <= 1000
+                     and not (a.limited and a.kind in (select kind from artex.kind_limits where fair))
                then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
                    a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
                    coalesce(a.payload_bytes, octet_length(a.payload::text)),
@@ -1193,7 +1196,7 @@ $$;
 -- Name: read_assigned(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint)
+CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -1202,9 +1205,9 @@ begin
     return query select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
         checkpoint, flow_id, payload_bytes,
         (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
-        null::text, null::float8, n
+        null::text, null::float8, n, priority, limit_key
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, lease_until,
+                 checkpoint, flow_id, lease_until, priority, limit_key,
                  coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
                  sum(coalesce(payload_bytes, octet_length(payload::text))) over
                      (order by priority desc, run_at, id rows unbounded preceding) as upto,
@@ -1216,7 +1219,8 @@ begin
     where upto <= $3 or (n = 1 and $4)
     union all
     select null, null, null, null, null, null, null, null, null, null, null,
-           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0
+           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0,
+           null, null
     order by n;
 end
 $_$;
@@ -1225,7 +1229,7 @@ $_$;
 -- Name: FUNCTION read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started. Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started, with their priority and limit key (V44). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
 
 --
 -- Name: record_attempts(text, uuid[], bigint[], text[], jsonb[], text[], boolean[], double precision[], double precision[]); Type: FUNCTION; Schema: artex; Owner: -

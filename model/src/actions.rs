@@ -130,7 +130,7 @@ pub const CLAIM_SQL: &[Sql] = &[Sql::function(
 /// fencing tokens, wake-ups).
 pub const ASSIGN_SQL: &[Sql] = &[Sql::function(
     "assign_and_wake",
-    "b377f8902f3b9e6d828f9cb7955ac0787fc27f35005f0da9cbe7ad8af76ab128",
+    "7c7d09b59710916d5bcde6b29c540eddb557b09cf265efd8934645797e20ac42",
 )];
 /// `Push`: a failed push records when pushes began to fail, and recalls unstarted tasks.
 pub const PUSH_SQL: &[Sql] = &[
@@ -166,7 +166,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(
     "read_assigned",
-    "aae7b281e55408ea062d3056b47adc4ea6ef4ec10686d3f531da443e9ea767b3",
+    "915048fd884ddb0a0d46cd6e43ac7fcc6063f49fd8bf5785b3d1b4afe1354974",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
@@ -221,7 +221,7 @@ pub const MOVE_SQL: &[Sql] = &[Sql::constant(
 pub const TAKE_OVER_SQL: &[Sql] = &[Sql::constant(
     TRANSFER_RS,
     "TAKE_OVER",
-    "ca6b86a91fa4a05d11db9e6386e5f69f2e1309b847672dd943bd9748116b95fa",
+    "92a7938617553ff2cf803054492eb5bc8864e37c039f55bfbcd8722c8dbd7663",
 )];
 /// `DrainRelease`: the drain's state and the release of what was not started.
 pub const DRAIN_SQL: &[Sql] = &[

@@ -196,10 +196,10 @@ async fn start_worker(
     stats: &ActorStats,
     metrics: &Arc<WorkerMetrics>,
 ) -> actix::Addr<Worker> {
-    let policies = match bb.worker().retry_policies(&registry.kinds()).await {
+    let policies = match bb.worker().kind_policies(&registry.kinds()).await {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read the kinds' retry policies yet; the worker reads them again while it holds tasks");
+            tracing::warn!(error = %e, "cannot read the kinds' policies yet; the worker reads them again while it holds tasks");
             Default::default()
         }
     };
@@ -207,7 +207,7 @@ async fn start_worker(
     let m = metrics.clone();
     Supervisor::start(move |_| {
         Worker::new(b.clone(), c.clone(), r.clone(), s.clone())
-            .with_retry_policies(policies.clone())
+            .with_kind_policies(policies.clone())
             .with_metrics(m.clone())
     })
 }

@@ -150,3 +150,85 @@ async fn three_planners_hand_a_late_key_its_turn_past_a_backlog() {
         "{before} of the backlog started before the late key's last"
     );
 }
+
+/// A worker's local queue takes a fair kind's turns too: with forty tasks queued on one
+/// slot (`--prefetch 40`), a late key's task starts after at most the one big task whose
+/// turn ties with it, not after the whole queue (migrations/V44, worker/turns.rs).
+#[tokio::test]
+async fn a_workers_local_queue_gives_a_late_key_its_turn() {
+    let db = TestDb::new().await;
+    let (code, _, err) = run_cli(&db.url, &["kind", "limit", "sleep", "--fair"]);
+    assert_eq!(code, 0, "{err}");
+    let ops = db.bb.operator();
+    let backlog: Vec<NewTask> = (0..30)
+        .map(|i| NewTask {
+            limit_key: Some("big".into()),
+            ..NewTask::new("sleep", json!({ "ms": 50, "n": i }))
+        })
+        .collect();
+    ops.submit_many(&backlog, "test").await.unwrap();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _w = Proc::worker(
+        "worker",
+        &db.url,
+        &["--concurrency", "1", "--prefetch", "40"],
+    );
+    let c = db.client().await;
+    wait_for(
+        "the backlog queued in the worker, one started",
+        Duration::from_secs(30),
+        || async {
+            let started = count(
+                &c,
+                "select count(*) from artex.tasks where started_at is not null",
+            )
+            .await;
+            let held = count(
+                &c,
+                "select count(*) from artex.tasks where status = 'assigned'",
+            )
+            .await;
+            (started >= 1 && held >= 20).then_some(())
+        },
+    )
+    .await;
+    ops.submit_many(
+        &[NewTask {
+            limit_key: Some("small".into()),
+            ..NewTask::new("sleep", json!({ "ms": 50, "late": true }))
+        }],
+        "test",
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the late task to succeed",
+        Duration::from_secs(30),
+        || async {
+            (count(
+            &c,
+            "select count(*) from artex.tasks where limit_key = 'small' and status = 'succeeded'",
+        )
+        .await
+            == 1)
+            .then_some(())
+        },
+    )
+    .await;
+    let ahead = count(
+        &c,
+        "select count(*) from artex.tasks b, artex.tasks s
+         where b.limit_key = 'big' and s.limit_key = 'small'
+           and b.started_at > s.created_at and b.started_at < s.started_at",
+    )
+    .await;
+    let queued = count(
+        &c,
+        "select count(*) from artex.tasks where limit_key = 'big' and started_at is null",
+    )
+    .await;
+    assert!(
+        ahead <= 2,
+        "{ahead} queued tasks of the big key started between the late task's submission and its start ({queued} still waiting)"
+    );
+}

@@ -119,6 +119,10 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
                     flow_id: r.8,
                     payload_bytes: r.9,
                     lease_left_ms: 0.0,
+                    // Not carried: a fair kind's tasks, whose turns go by these, are
+                    // read (migrations/V44); the others start in the order they came.
+                    priority: 0,
+                    limit_key: None,
                 },
                 xid,
                 lease_until_ms: r.11,

@@ -343,4 +343,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // keeps its arguments and results.
         change: Change::Expand,
     },
+    Migration {
+        version: 44,
+        name: "fair_turns_in_the_local_queue",
+        sql: include_str!("../../../migrations/V44__fair_turns_in_the_local_queue.sql"),
+        // The worker's read gains trailing columns (older builds read by position); the
+        // round's wake-ups carry the same format, only not a fair kind's tasks.
+        change: Change::Expand,
+    },
 ];

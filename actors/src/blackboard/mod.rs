@@ -108,8 +108,8 @@ pub use crate::submission::{
     check_kind, check_payload, payload_text_len, NewTask, KIND_CHARSET, MAX_KIND_BYTES,
 };
 pub use worker::{
-    AssignedRead, AssignedTask, AttemptRecord, Beat, NewUpload, Outcome, ProgressEvent,
-    ProgressNote, Registration, Renewal, Step, UploadRow, WorkerBoard, WorkerState,
+    AssignedRead, AssignedTask, AttemptRecord, Beat, KindPolicies, NewUpload, Outcome,
+    ProgressEvent, ProgressNote, Registration, Renewal, Step, UploadRow, WorkerBoard, WorkerState,
     MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL,
 };
 

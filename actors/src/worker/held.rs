@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::fence::LeaseClock;
 use super::handlers::Cancel;
 use super::ledger::Ledger;
+use super::turns::Turns;
 use crate::blackboard::{AssignedTask, AttemptRecord, Step};
 
 /// A task whose handler runs here.
@@ -58,6 +59,8 @@ pub(super) struct Held {
     /// Assigned to this worker (leased) and read, not yet handed to a handler: the local
     /// queue, at most `prefetch` beyond the free slots.
     pub queue: VecDeque<AssignedTask>,
+    /// Which queued task of a fair kind starts next (see `turns`).
+    pub turns: Turns,
     /// Every (task, epoch) this worker took, so that a read never takes one twice: a task
     /// it ran stays `assigned` in the blackboard until its outcome is written.
     pub ledger: Ledger,

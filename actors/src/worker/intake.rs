@@ -301,6 +301,11 @@ impl Worker {
                 self.beat_now(ctx);
             }
         }
+        if self.held.turns.any() {
+            for t in &new {
+                self.held.turns.arrived(t);
+            }
+        }
         self.held.queue.extend(new);
         self.pump(ctx);
     }

@@ -8,13 +8,14 @@
 //! This file is the actor, its run loop (`tick`) and what runs a handler; the rest are
 //! its parts, each owning its own state, with every call to the blackboard one
 //! `flight` at a time ("one call in flight, coalesce the repeats"):
-//! - `held`: what it holds — running handlers, the local queue, the ledger that keeps a
-//!   read from taking a task twice, the leases' ends (`fence` stops what it cannot renew);
+//! - `held`: what it holds — running handlers, the local queue (`turns`: a fair kind's
+//!   tasks start by turns across their keys), the ledger that keeps a read from taking a
+//!   task twice, the leases' ends (`fence` stops what it cannot renew);
 //! - `intake`: its reads, the poll's pace, the tasks wake-ups carry;
 //! - `outcomes`: starts and outcomes written in batches (a group commit);
 //! - `liveness`: lease renewals and heartbeats;
-//! - `policies`: its kinds' retry policies, read every [`POLICY_REFRESH`] while it holds
-//!   tasks; [`progress`]: handlers' progress, throttled;
+//! - `policies`: its kinds' retry policies and which are fair, read every
+//!   [`POLICY_REFRESH`] while it holds tasks; [`progress`]: handlers' progress, throttled;
 //! - [`drain`] and [`transfer`] (the task transfer of a hot upgrade): how it stops;
 //!   [`depth`] sizes its queue, [`status`] is what it shows, [`handlers`] what it runs.
 
@@ -32,6 +33,7 @@ mod policies;
 pub mod progress;
 pub mod status;
 pub mod transfer;
+mod turns;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,8 +143,9 @@ impl WorkerConfig {
 /// planners' greetings reach them.
 pub const PUSHED_POLL: Duration = Duration::from_secs(2);
 
-/// How often a worker reads its kinds' retry policies again (`artex kind retry`) while
-/// it holds tasks: a change reaches its retries within this. An idle worker does not
+/// How often a worker reads its kinds' retry policies (`artex kind retry`) and which are
+/// fair again while it holds tasks: a change reaches its retries and its local queue
+/// within this (the planners apply fairness at once). An idle worker does not
 /// read them (it has nothing to retry); it reads them again when it gets work.
 pub const POLICY_REFRESH: Duration = Duration::from_secs(5);
 
@@ -271,7 +274,7 @@ impl Worker {
         }
         let mut started = false;
         while self.held.running.len() < self.config.concurrency.max(1) {
-            let Some(task) = self.held.queue.pop_front() else {
+            let Some(task) = self.held.turns.next(&mut self.held.queue) else {
                 break;
             };
             self.run(task, ctx);

@@ -1,6 +1,8 @@
-//! The worker's cache of its kinds' retry policies (`artex kind retry`, `crate::retry`):
-//! read at start, and again every [`POLICY_REFRESH`](super::POLICY_REFRESH) while it
-//! holds tasks; a kind without one retries after the worker's own backoff.
+//! The worker's cache of its kinds' policies: their retry policies (`artex kind retry`,
+//! `crate::retry`; a kind without one retries after the worker's own backoff) and which
+//! of them are fair (`artex kind limit K --fair`: its local queue takes their tasks by
+//! turns, `super::turns`). Read at start, and again every
+//! [`POLICY_REFRESH`](super::POLICY_REFRESH) while it holds tasks.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -8,6 +10,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::{Worker, WorkerConfig, POLICY_REFRESH};
+use crate::blackboard::KindPolicies;
 use crate::flight::SingleFlight;
 use crate::retry::RetryPolicy;
 
@@ -46,14 +49,20 @@ impl Worker {
 
     /// Starts with `policies`, read before the worker takes its first task (see
     /// `artex::runtime::run_worker`): a task that fails at once already waits as its
-    /// kind's policy says, not as the worker's own backoff.
-    pub fn with_retry_policies(mut self, policies: HashMap<String, RetryPolicy>) -> Self {
-        self.policies.map = policies;
-        self.policies.read_at = Some(Instant::now());
+    /// kind's policy says, not as the worker's own backoff, and a fair kind's first
+    /// tasks already take turns.
+    pub fn with_kind_policies(mut self, policies: KindPolicies) -> Self {
+        self.apply_policies(policies);
         self
     }
 
-    /// Reads its kinds' retry policies again. A failed read keeps the last ones (and is
+    fn apply_policies(&mut self, policies: KindPolicies) {
+        self.policies.map = policies.retry;
+        self.held.turns.set_fair(&policies.fair);
+        self.policies.read_at = Some(Instant::now());
+    }
+
+    /// Reads its kinds' policies again. A failed read keeps the last ones (and is
     /// tried again at the next tick).
     pub(super) fn read_policies(&mut self, ctx: &mut Context<Self>) {
         if !self.policies.flight.try_start() {
@@ -61,16 +70,13 @@ impl Worker {
         }
         let bb = self.bb.clone();
         let kinds = self.registry.kinds();
-        async move { bb.retry_policies(&kinds).await }
+        async move { bb.kind_policies(&kinds).await }
             .into_actor(self)
             .map(|res, act, _ctx| {
                 act.policies.flight.end();
                 match res {
-                    Ok(policies) => {
-                        act.policies.map = policies;
-                        act.policies.read_at = Some(Instant::now());
-                    }
-                    Err(e) => tracing::debug!(error = %e, "cannot read the kinds' retry policies"),
+                    Ok(policies) => act.apply_policies(policies),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the kinds' policies"),
                 }
             })
             .spawn(ctx);

@@ -41,6 +41,10 @@ pub struct AssignedTask {
     /// How long its lease had left when it was read, milliseconds (by the database's
     /// clock): the worker stops the task before that runs out unless it renews it.
     pub lease_left_ms: f64,
+    /// Its priority: higher starts first.
+    pub priority: i32,
+    /// Its limit key, if it has one: what a fair kind's turns go by (`worker::turns`).
+    pub limit_key: Option<String>,
 }
 
 /// One read of a worker's assignments: the tasks, and what the read saw.
@@ -225,6 +229,10 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         flow_id: r.try_get(8)?,
         payload_bytes: r.try_get(9)?,
         lease_left_ms: r.try_get(10)?,
+        // By name: the read has them after its snapshot's columns, a take-over after its
+        // lease's.
+        priority: r.try_get("priority")?,
+        limit_key: r.try_get("limit_key")?,
     })
 }
 

@@ -190,23 +190,37 @@ const SET_STATE: &str = "update artex.workers set state = $2::text::artex.worker
         last_seen = now()
     where id = $1";
 
-// The retry policies of the kinds a worker runs (by primary key: a few rows).
-const RETRY_POLICIES: &str = "select kind, retry_backoff, retry_base_ms, retry_cap_ms,
-        retry_max_attempts
-    from artex.kinds where kind = any($1::text[]) and retry_backoff is not null";
+// The retry policies of the kinds a worker runs and which of them are fair (by primary
+// key: a few rows).
+const KIND_POLICIES: &str = "select k.kind, k.retry_backoff, k.retry_base_ms, k.retry_cap_ms,
+        k.retry_max_attempts, coalesce(l.fair, false)
+    from artex.kinds k left join artex.kind_limits l on l.kind = k.kind
+    where k.kind = any($1::text[]) and (k.retry_backoff is not null or l.fair)";
+
+/// What a worker applies per kind, as the blackboard says: the retry policies of those
+/// that have one (migrations/V18) and the kinds that are fair (V43: its local queue takes
+/// their tasks by turns, `worker::turns`).
+#[derive(Debug, Clone, Default)]
+pub struct KindPolicies {
+    /// Retry policies by kind.
+    pub retry: std::collections::HashMap<String, crate::retry::RetryPolicy>,
+    /// The fair kinds.
+    pub fair: std::collections::HashSet<String>,
+}
 
 impl WorkerBoard {
-    /// The retry policies of those of `kinds` that have one (migrations/V18).
-    pub async fn retry_policies(
-        &self,
-        kinds: &[String],
-    ) -> Result<std::collections::HashMap<String, crate::retry::RetryPolicy>> {
+    /// The policies of `kinds` (see [`KindPolicies`]).
+    pub async fn kind_policies(&self, kinds: &[String]) -> Result<KindPolicies> {
         let client = self.bb.client().await?;
-        let rows = client.query(RETRY_POLICIES, &[&kinds]).await?;
-        let mut policies = std::collections::HashMap::new();
+        let rows = client.query(KIND_POLICIES, &[&kinds]).await?;
+        let mut policies = KindPolicies::default();
         for r in &rows {
+            let kind: String = r.try_get(0)?;
             if let Some(p) = super::inputs::policy_from_row(r, 1)? {
-                policies.insert(r.try_get(0)?, p);
+                policies.retry.insert(kind.clone(), p);
+            }
+            if r.try_get(5)? {
+                policies.fair.insert(kind);
             }
         }
         Ok(policies)
