@@ -147,7 +147,7 @@ pub const PUSHED_POLL: Duration = Duration::from_secs(2);
 /// fair again while it holds tasks: a change reaches its retries and its local queue
 /// within this (the planners apply fairness at once). An idle worker does not
 /// read them (it has nothing to retry); it reads them again when it gets work.
-pub const POLICY_REFRESH: Duration = Duration::from_secs(5);
+pub const POLICY_REFRESH: Duration = Duration::from_secs(1);
 
 /// How often an idle worker (holding no task) looks at its timers: a task it is given
 /// meets its first self-fencing check within this, well inside the fencing margin of
