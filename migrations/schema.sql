@@ -1493,12 +1493,12 @@ $$;
 COMMENT ON FUNCTION artex.signal_flow(p_flow uuid, p_name text, p_payload jsonb, p_actor text) IS 'Sends a signal to a flow: completes its reached wait for that name in this transaction (completed), or keeps the signal until the wait is reached (stored). V40.';
 
 --
--- Name: submit(text, jsonb, integer, timestamp with time zone, integer, integer, text, text, interval, boolean, text, text, text[], text); Type: FUNCTION; Schema: artex; Owner: -
+-- Name: submit(text, jsonb, integer, timestamp with time zone, integer, integer, text, text, interval, boolean, text, text, text[], text, text); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.submit(kind text, payload jsonb DEFAULT '{}'::jsonb, priority integer DEFAULT 0, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_retries integer DEFAULT NULL::integer, timeout_ms integer DEFAULT NULL::integer, shard_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, unique_for interval DEFAULT NULL::interval, allow_unregistered_kind boolean DEFAULT false, actor text DEFAULT NULL::text, reason text DEFAULT NULL::text, tags text[] DEFAULT NULL::text[], limit_key text DEFAULT NULL::text) RETURNS TABLE(id uuid, duplicate boolean)
+CREATE FUNCTION artex.submit(kind text, payload jsonb DEFAULT '{}'::jsonb, priority integer DEFAULT 0, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_retries integer DEFAULT NULL::integer, timeout_ms integer DEFAULT NULL::integer, shard_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, unique_for interval DEFAULT NULL::interval, allow_unregistered_kind boolean DEFAULT false, actor text DEFAULT NULL::text, reason text DEFAULT NULL::text, tags text[] DEFAULT NULL::text[], limit_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text) RETURNS TABLE(id uuid, duplicate boolean)
     LANGUAGE plpgsql
-    AS $$
+    AS $_$
 #variable_conflict use_variable
 declare
     existing uuid;
@@ -1523,6 +1523,14 @@ begin
         raise exception 'artex.submit: unique_for % needs a unique_key and must not be negative',
             unique_for using errcode = 'check_violation';
     end if;
+    if traceparent is not null
+       and (traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            or left(traceparent, 2) = 'ff'
+            or substr(traceparent, 4, 32) = '00000000000000000000000000000000'
+            or substr(traceparent, 37, 16) = '0000000000000000') then
+        raise exception 'artex.submit: traceparent %; expected a W3C traceparent: version-traceid-spanid-flags in lowercase hex (00-<32 hex>-<16 hex>-<2 hex>), ids not all zero',
+            quote_literal(traceparent) using errcode = 'check_violation';
+    end if;
     if not allow_unregistered_kind and artex.is_kind_name(kind)
        and not exists (select 1 from artex.kinds k where k.kind = submit.kind) then
         raise exception 'artex.submit: no worker has declared kind %', quote_literal(kind)
@@ -1541,20 +1549,20 @@ begin
         perform artex.set_context(coalesce(actor, current_user::text), coalesce(reason, 'submitted'));
     end if;
     insert into artex.tasks as t (kind, payload, priority, run_at, max_retries, timeout_ms,
-                                  shard_key, unique_key, tags, limit_key)
+                                  shard_key, unique_key, tags, limit_key, traceparent)
     values (kind, payload, coalesce(priority, 0), coalesce(run_at, now()),
             coalesce(max_retries, artex.default_max_retries(kind)), timeout_ms, shard_key,
-            unique_key, tags, limit_key)
+            unique_key, tags, limit_key, traceparent)
     returning t.id into new_id;
     return query select new_id, false;
 end
-$$;
+$_$;
 
 --
--- Name: FUNCTION submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text); Type: COMMENT; Schema: artex; Owner: -
+-- Name: FUNCTION submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text, traceparent text); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text) IS 'Submits a task inside the caller''s transaction, with every check the CLI and the API make; tags and limit_key are checked by the table; returns its id, or the existing task''s id with duplicate = true when a task with unique_key is unfinished (or finished within unique_for).';
+COMMENT ON FUNCTION artex.submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text, traceparent text) IS 'Submits a task inside the caller''s transaction, with every check the CLI and the API make; tags and limit_key are checked by the table; traceparent (W3C) is the trace the task joins (V44); returns its id, or the existing task''s id with duplicate = true when a task with unique_key is unfinished (or finished within unique_for).';
 
 --
 -- Name: tags_of(jsonb); Type: FUNCTION; Schema: artex; Owner: -
@@ -2961,6 +2969,7 @@ END) STORED,
     progress real,
     progress_message text,
     progress_at timestamp with time zone,
+    traceparent text,
     CONSTRAINT flow_task_named CHECK (((flow_id IS NULL) = (flow_task IS NULL))),
     CONSTRAINT holder_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (assigned_to IS NOT NULL))),
     CONSTRAINT lease_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (lease_until IS NOT NULL))),
@@ -3031,6 +3040,12 @@ COMMENT ON COLUMN artex.tasks.progress_message IS 'What the handler said with it
 --
 
 COMMENT ON COLUMN artex.tasks.progress_at IS 'When the latest progress was written.';
+
+--
+-- Name: COLUMN tasks.traceparent; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.tasks.traceparent IS 'The W3C trace context (traceparent header value) the task was submitted in, or NULL: its spans are children of it (V44, docs/tracing.md).';
 
 --
 -- Name: uploads; Type: TABLE; Schema: artex; Owner: -
@@ -3342,6 +3357,13 @@ ALTER TABLE ONLY artex.task_waits
 
 ALTER TABLE ONLY artex.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
+
+--
+-- Name: tasks tasks_traceparent_check; Type: CHECK CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE artex.tasks
+    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text) AND ("left"(traceparent, 2) <> 'ff'::text) AND (substr(traceparent, 4, 32) <> '00000000000000000000000000000000'::text) AND (substr(traceparent, 37, 16) <> '0000000000000000'::text))) NOT VALID;
 
 --
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -

@@ -70,6 +70,10 @@ pub(crate) struct SubmitArgs {
     /// --key-concurrency N`), e.g. a customer id.
     #[arg(long)]
     limit_key: Option<String>,
+    /// The W3C trace context to submit the task in (00-<trace id>-<span id>-<flags>):
+    /// its spans join that trace (docs/tracing.md).
+    #[arg(long, env = "TRACEPARENT")]
+    traceparent: Option<String>,
     /// Wait until the task has ended, telling each change on standard error; the exit
     /// code is its outcome: 0 succeeded, 4 failed or timed out, 5 canceled.
     #[arg(long)]
@@ -281,6 +285,7 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         unique_for: args.unique_for,
         tags: args.tags,
         limit_key: args.limit_key,
+        traceparent: args.traceparent,
     };
     let submission = Submission::task(&task, args.allow_unregistered_kind);
     let refused = |r: Refusal| Error::Invalid(refusal_text(&r, &option_of(r.field, &payload.name)));

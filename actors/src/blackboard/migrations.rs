@@ -343,4 +343,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // keeps its arguments and results.
         change: Change::Expand,
     },
+    Migration {
+        version: 44,
+        name: "traceparent",
+        sql: include_str!("../../../migrations/V44__traceparent.sql"),
+        // A nullable column, and `artex.submit` with a trailing argument that defaults to
+        // none: older builds' calls and inserts work unchanged.
+        change: Change::Expand,
+    },
 ];

@@ -8,6 +8,7 @@ use artex_actors::blackboard::{
     check_kind, BulkAction, BulkReport, Control, ControlTarget, NewTask, TaskFilter,
 };
 use artex_actors::submission::{check_payload, Submission, MAX_RETRIES};
+use artex_actors::trace::{TraceParent, TRACEPARENT_FORMAT};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
@@ -117,9 +118,27 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
         },
         tags: field::<Vec<String>>(obj, prefix, "tags", "an array of strings")?.unwrap_or_default(),
         limit_key: field(obj, prefix, "limit_key", "a string")?,
+        traceparent: None,
     };
     let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
     Ok((task, allow))
+}
+
+/// The W3C `traceparent` header of a submission, checked: every task of it is stored
+/// with it (docs/tracing.md). A bad one is the request's fault, named as the header.
+fn traceparent_header(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(value) = req.headers().get("traceparent") else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        ApiError::bad(
+            "traceparent",
+            format!("traceparent header: not ASCII text; expected {TRACEPARENT_FORMAT}"),
+        )
+    })?;
+    TraceParent::parse(text)
+        .map_err(|why| ApiError::bad("traceparent", format!("traceparent header: {why}")))?;
+    Ok(Some(text.to_string()))
 }
 
 /// `POST /api/v1/tasks`: one task (an object; 201 `{"id", "duplicate": false}`, or 200
@@ -158,6 +177,7 @@ pub(super) async fn submit(
             ),
         ));
     }
+    let traceparent = traceparent_header(&req)?;
     let mut tasks = Vec::with_capacity(items.len());
     let mut allowed = Vec::with_capacity(items.len());
     let prefix = |i: usize| {
@@ -168,7 +188,8 @@ pub(super) async fn submit(
         }
     };
     for (i, v) in items.iter().enumerate() {
-        let (task, allow) = parse_task(v, &prefix(i))?;
+        let (mut task, allow) = parse_task(v, &prefix(i))?;
+        task.traceparent = traceparent.clone();
         tasks.push(task);
         allowed.push(allow || allow_all);
     }
