@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use actix::prelude::*;
 
@@ -146,6 +146,8 @@ pub struct Assigner {
     walked_at: Option<Instant>,
     /// Rounds' times and assignments, for `/metrics`.
     metrics: Option<Arc<PlannerMetrics>>,
+    /// Rounds run, to name each in its assignments' trace spans.
+    rounds: u64,
 }
 
 /// The first round's batch after idle.
@@ -164,6 +166,7 @@ impl Assigner {
             waker: None,
             walked_at: None,
             metrics: None,
+            rounds: 0,
         }
     }
 
@@ -251,6 +254,9 @@ impl Handler<AssignNow> for Assigner {
         let waker = self.waker.clone();
         let unreachable = waker.as_ref().map(Waker::unreachable).unwrap_or_default();
         let now = Instant::now();
+        let started = SystemTime::now();
+        self.rounds += 1;
+        let round = self.rounds;
         let walk = self
             .walked_at
             .is_none_or(|at| now.duration_since(at) >= WALK_EVERY);
@@ -269,6 +275,9 @@ impl Handler<AssignNow> for Assigner {
             .map(move |res, act, ctx| match res {
                 Ok(Ok(report)) => {
                     act.stats.ran("assigner");
+                    if !report.given.is_empty() {
+                        trace_round(&act.bb, &act.config.actor, round, started, &report.given);
+                    }
                     if let Some(m) = &act.metrics {
                         m.round(now.elapsed(), report.assigned);
                     }
@@ -294,6 +303,44 @@ impl Handler<AssignNow> for Assigner {
             }),
         )
     }
+}
+
+/// The spans of a round's assignments (tracing on only: `given` is empty otherwise),
+/// made once the traced tasks among them are read, off the round's path.
+fn trace_round(
+    bb: &PlannerBoard,
+    planner: &str,
+    round: u64,
+    started: SystemTime,
+    given: &[Assignment],
+) {
+    let ended = SystemTime::now();
+    let (bb, planner) = (bb.clone(), planner.to_string());
+    let workers: HashMap<uuid::Uuid, String> =
+        given.iter().map(|a| (a.task, a.worker.clone())).collect();
+    let ids: Vec<uuid::Uuid> = workers.keys().copied().collect();
+    actix::spawn(async move {
+        let traced = match bb.traced(&ids).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "traces: reading the assigned tasks' contexts");
+                return;
+            }
+        };
+        let assigned: Vec<crate::trace::Assigned> = traced
+            .into_iter()
+            .filter_map(|(task, kind, tp, run_at)| {
+                Some(crate::trace::Assigned {
+                    task,
+                    kind,
+                    traceparent: crate::trace::TraceParent::parse(&tp).ok()?,
+                    runnable_at: run_at.into(),
+                    worker: workers.get(&task)?.clone(),
+                })
+            })
+            .collect();
+        crate::trace::assignments(&planner, round, started, ended, &assigned);
+    });
 }
 
 #[cfg(test)]

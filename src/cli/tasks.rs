@@ -7,6 +7,7 @@ use artex_actors::blackboard::{
     TaskStatus, TransitionRow,
 };
 use artex_actors::submission::{Field, Refusal, Submission};
+use artex_actors::trace::{SubmitSpan, TraceParent};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
@@ -293,10 +294,30 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     submission.check_shape().map_err(refused)?;
     let bb = connect_one_shot(db).await?;
     check_submission(&bb, &submission, refused).await?;
+    // With tracing on, the submission's span is the task's parent (the given context is
+    // its own parent).
+    let given = task
+        .traceparent
+        .as_deref()
+        .map(TraceParent::parse)
+        .transpose();
+    let span = SubmitSpan::start(
+        given.ok().flatten().as_ref(),
+        "cli",
+        std::slice::from_ref(&task),
+    );
+    let mut task = task;
+    if let Some(tp) = span.as_ref().and_then(SubmitSpan::traceparent) {
+        task.traceparent = Some(tp);
+    }
     let submitted = bb
         .operator()
         .submit_all(std::slice::from_ref(&task), &cli_actor())
-        .await?[0];
+        .await;
+    if let Some(span) = span {
+        span.end(&submitted);
+    }
+    let submitted = submitted?[0];
     let id = submitted.id;
     if submitted.duplicate && !args.json {
         step(format!(

@@ -119,6 +119,7 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
                     flow_id: r.8,
                     payload_bytes: r.9,
                     lease_left_ms: 0.0,
+                    trace: None,
                 },
                 xid,
                 lease_until_ms: r.11,

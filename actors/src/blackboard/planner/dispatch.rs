@@ -71,6 +71,8 @@ pub struct AssignReport {
     pub free_capacity: i64,
     /// The most this cycle could assign (free capacity, batch size).
     pub limit: i64,
+    /// With tracing on only: the tasks assigned, and to whom (for the planner's spans).
+    pub given: Vec<Assignment>,
 }
 
 impl AssignReport {
@@ -203,6 +205,16 @@ where
     }
     report.workers_notified = notified + pushes.len();
     report.pushes = pushes;
+    if crate::trace::enabled() {
+        let written: std::collections::HashSet<Uuid> = rows
+            .iter()
+            .filter_map(|r| r.try_get::<_, Option<Uuid>>(0).ok().flatten())
+            .collect();
+        report.given = plan
+            .into_iter()
+            .filter(|a| written.contains(&a.task))
+            .collect();
+    }
     Ok(report)
 }
 

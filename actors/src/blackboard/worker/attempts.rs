@@ -41,6 +41,9 @@ pub struct AssignedTask {
     /// How long its lease had left when it was read, milliseconds (by the database's
     /// clock): the worker stops the task before that runs out unless it renews it.
     pub lease_left_ms: f64,
+    /// With tracing on, the read of its trace context (set by the worker as it takes
+    /// it; never read from the row itself: see `trace/lookup.rs`).
+    pub trace: Option<crate::trace::TaskTrace>,
 }
 
 /// One read of a worker's assignments: the tasks, and what the read saw.
@@ -225,6 +228,7 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         flow_id: r.try_get(8)?,
         payload_bytes: r.try_get(9)?,
         lease_left_ms: r.try_get(10)?,
+        trace: None,
     })
 }
 
