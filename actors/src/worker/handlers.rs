@@ -2,7 +2,6 @@
 //! kind, the [`TaskHandler`] trait, the [`TaskContext`] an attempt gets, and how one
 //! attempt runs (timeout, caught panics) to a result the Worker records.
 
-use crate::trace::{AttemptSpan, TraceParent};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -18,6 +17,7 @@ use super::fence::LeaseEnd;
 use super::progress::ProgressSlots;
 use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
+use crate::trace::{AttemptSpan, TraceParent};
 
 /// A failed attempt, as a handler reports it, and what follows it: by default it is
 /// retried with backoff while the task's retry budget lasts ([`TaskError::new`], or `?` on
