@@ -77,7 +77,7 @@ $$;
 -- Name: assign_and_wake(text, uuid[], text[], double precision, uuid[]); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) RETURNS TABLE(task uuid, worker text, wake_addr text, payload text, notified text)
+CREATE FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) RETURNS TABLE(task uuid, worker text, wake_addr text, payload text, notified text, task_traceparent text, task_run_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -113,7 +113,8 @@ begin
           and (t.host is null or t.host = room.host)
         returning t.id, t.assigned_to, t.kind, t.payload, t.lease_epoch, t.retries,
                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id, t.payload_bytes,
-                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at
+                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at,
+                  t.traceparent
     ),
     counted as (
         update artex.workers w
@@ -131,14 +132,22 @@ begin
     -- JSON is not carried (its worker gets a plain wake-up and reads it), nor one whose
     -- payload or checkpoint could not fit (measured before it is written: V27).
     held as materialized (
-        select a.id, a.assigned_to as worker,
+        select a.id, a.assigned_to as worker, a.traceparent, a.run_at,
                case when coalesce(a.payload_bytes, octet_length(a.payload::text)) <= 1000
                      and coalesce(pg_column_size(a.checkpoint), 0) <= 1000
-               then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
-                   a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
-                   coalesce(a.payload_bytes, octet_length(a.payload::text)),
-                   a.version,
-                   (extract(epoch from a.lease_until) * 1000)::float8)::text
+               then case when a.traceparent is null
+                    then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
+                        a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
+                        coalesce(a.payload_bytes, octet_length(a.payload::text)),
+                        a.version,
+                        (extract(epoch from a.lease_until) * 1000)::float8)::text
+                    else json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
+                        a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
+                        coalesce(a.payload_bytes, octet_length(a.payload::text)),
+                        a.version,
+                        (extract(epoch from a.lease_until) * 1000)::float8,
+                        a.traceparent)::text
+                    end
                end as task,
                row_number() over (partition by a.assigned_to
                                   order by a.priority desc, a.run_at, a.id) as n
@@ -161,11 +170,13 @@ begin
     -- The tasks assigned first (worker columns null), then the wake-ups by worker (task
     -- null). Those woken over HTTP come back as rows the planner pushes after the commit,
     -- the others are notified on their channels, which PostgreSQL delivers at the commit.
-    select h.id, null::text, null::text, null::text, null::text from held h
+    select h.id, null::text, null::text, null::text, null::text, h.traceparent, h.run_at
+    from held h
     union all
     (select null::uuid, w.id, w.wake_addr,
             case when w.wake_addr is not null then notes.payload end,
-            case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end
+            case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end,
+            null::text, null::timestamptz
      from notes join artex.workers w on w.id = notes.worker
      order by w.id);
     perform set_config('artex.hot', '', true);
@@ -176,7 +187,7 @@ $_$;
 -- Name: FUNCTION assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35), a traced task with its traceparent (V44). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
 
 --
 -- Name: assign_round(text, uuid[], text[], double precision, uuid[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1193,7 +1204,7 @@ $$;
 -- Name: read_assigned(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint)
+CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, traceparent text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -1202,9 +1213,9 @@ begin
     return query select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
         checkpoint, flow_id, payload_bytes,
         (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
-        null::text, null::float8, n
+        null::text, null::float8, n, traceparent
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, lease_until,
+                 checkpoint, flow_id, lease_until, traceparent,
                  coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
                  sum(coalesce(payload_bytes, octet_length(payload::text))) over
                      (order by priority desc, run_at, id rows unbounded preceding) as upto,
@@ -1216,7 +1227,8 @@ begin
     where upto <= $3 or (n = 1 and $4)
     union all
     select null, null, null, null, null, null, null, null, null, null, null,
-           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0
+           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0,
+           null
     order by n;
 end
 $_$;
@@ -1225,7 +1237,7 @@ $_$;
 -- Name: FUNCTION read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started. Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started, with their traceparent (V44). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
 
 --
 -- Name: record_attempts(text, uuid[], bigint[], text[], jsonb[], text[], boolean[], double precision[], double precision[]); Type: FUNCTION; Schema: artex; Owner: -

@@ -273,10 +273,11 @@ impl Handler<AssignNow> for Assigner {
             }
             .into_actor(self)
             .map(move |res, act, ctx| match res {
-                Ok(Ok(report)) => {
+                Ok(Ok(mut report)) => {
                     act.stats.ran("assigner");
                     if !report.given.is_empty() {
-                        trace_round(&act.bb, &act.config.actor, round, started, &report.given);
+                        let given = std::mem::take(&mut report.given);
+                        trace_round(&act.config.actor, round, started, given);
                     }
                     if let Some(m) = &act.metrics {
                         m.round(now.elapsed(), report.assigned);
@@ -306,40 +307,13 @@ impl Handler<AssignNow> for Assigner {
 }
 
 /// The spans of a round's assignments (tracing on only: `given` is empty otherwise),
-/// made once the traced tasks among them are read, off the round's path.
-fn trace_round(
-    bb: &PlannerBoard,
-    planner: &str,
-    round: u64,
-    started: SystemTime,
-    given: &[Assignment],
-) {
+/// made on a blocking thread: a round of 2,000 tasks is 4,000 spans, which the
+/// Assigner's next round does not wait for.
+fn trace_round(planner: &str, round: u64, started: SystemTime, given: Vec<crate::trace::Assigned>) {
     let ended = SystemTime::now();
-    let (bb, planner) = (bb.clone(), planner.to_string());
-    let workers: HashMap<uuid::Uuid, String> =
-        given.iter().map(|a| (a.task, a.worker.clone())).collect();
-    let ids: Vec<uuid::Uuid> = workers.keys().copied().collect();
-    actix::spawn(async move {
-        let traced = match bb.traced(&ids).await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::debug!(error = %e, "traces: reading the assigned tasks' contexts");
-                return;
-            }
-        };
-        let assigned: Vec<crate::trace::Assigned> = traced
-            .into_iter()
-            .filter_map(|(task, kind, tp, run_at)| {
-                Some(crate::trace::Assigned {
-                    task,
-                    kind,
-                    traceparent: crate::trace::TraceParent::parse(&tp).ok()?,
-                    runnable_at: run_at.into(),
-                    worker: workers.get(&task)?.clone(),
-                })
-            })
-            .collect();
-        crate::trace::assignments(&planner, round, started, ended, &assigned);
+    let planner = planner.to_string();
+    tokio::task::spawn_blocking(move || {
+        crate::trace::assignments(&planner, round, started, ended, &given);
     });
 }
 

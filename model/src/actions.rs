@@ -130,7 +130,7 @@ pub const CLAIM_SQL: &[Sql] = &[Sql::function(
 /// fencing tokens, wake-ups).
 pub const ASSIGN_SQL: &[Sql] = &[Sql::function(
     "assign_and_wake",
-    "b377f8902f3b9e6d828f9cb7955ac0787fc27f35005f0da9cbe7ad8af76ab128",
+    "8c42c844ebbf097ed057579c6efa8289c33e5ca485e891428b904ee7ff0e681a",
 )];
 /// `Push`: a failed push records when pushes began to fail, and recalls unstarted tasks.
 pub const PUSH_SQL: &[Sql] = &[
@@ -166,7 +166,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(
     "read_assigned",
-    "aae7b281e55408ea062d3056b47adc4ea6ef4ec10686d3f531da443e9ea767b3",
+    "a847efc0c1cc5dac3a04b9f119f8ff30e9ba8f3c285423ba12c66f9f2455ea23",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(

@@ -9,7 +9,7 @@
 //! - `queue`: the bounded span queue in front of the OTLP/HTTP exporter, and the counts
 //!   of spans exported and dropped.
 //! - `spans`: the submission, queue, assignment and attempt spans.
-//! - `lookup`: a worker's read of the contexts of the tasks it took, one per batch.
+//! - `lookup`: a traced task's context as the worker that took it holds it.
 
 mod lookup;
 mod queue;

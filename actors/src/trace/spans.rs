@@ -4,13 +4,14 @@
 //! task's whole life, retries included; spans of the past carry explicit times.
 //! Every function here returns at once when tracing is off.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::Span;
 use uuid::Uuid;
 
@@ -94,7 +95,7 @@ impl SubmitSpan {
 }
 
 /// What the planner knows of one assignment it made.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assigned {
     /// The task.
     pub task: Uuid,
@@ -120,11 +121,15 @@ pub fn assignments(
     let Some(tracer) = tracer() else {
         return;
     };
+    // Strings shared by the round's spans are counted references, not copies.
+    let planner = Value::String(Arc::<str>::from(planner).into());
     for a in given {
         let cx = parent(&a.traceparent);
+        let id = Value::String(Arc::<str>::from(a.task.to_string()).into());
+        let kind = Value::String(Arc::<str>::from(a.kind.as_str()).into());
         let common = [
-            KeyValue::new("artex.task.id", a.task.to_string()),
-            KeyValue::new("artex.task.kind", a.kind.clone()),
+            KeyValue::new("artex.task.id", id),
+            KeyValue::new("artex.task.kind", kind),
         ];
         let mut queue = tracer
             .span_builder("artex.queue")
@@ -135,7 +140,7 @@ pub fn assignments(
         queue.end_with_timestamp(started);
         let mut attributes = common.to_vec();
         attributes.extend([
-            KeyValue::new("artex.planner", planner.to_string()),
+            KeyValue::new("artex.planner", planner.clone()),
             KeyValue::new("artex.round", round as i64),
             KeyValue::new("artex.worker", a.worker.clone()),
         ]);
@@ -165,7 +170,7 @@ impl AttemptSpan {
         task: Uuid,
         kind: &str,
         attempt: i32,
-        worker: &str,
+        worker: &Arc<str>,
     ) -> Option<AttemptSpan> {
         let tracer = tracer()?;
         let span = tracer
@@ -175,7 +180,7 @@ impl AttemptSpan {
                 KeyValue::new("artex.task.id", task.to_string()),
                 KeyValue::new("artex.task.kind", kind.to_string()),
                 KeyValue::new("artex.attempt", attempt as i64),
-                KeyValue::new("artex.worker", worker.to_string()),
+                KeyValue::new("artex.worker", Value::String(worker.clone().into())),
             ])
             .start_with_context(tracer, &parent(tp?));
         let context = traceparent_of(&span);

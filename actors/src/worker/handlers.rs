@@ -250,10 +250,7 @@ impl Registry {
         };
         async move {
             // With tracing on, the attempt's span: the handler's parent.
-            let span = match &trace {
-                Some(t) => t.attempt_span(ctx.id, &kind, ctx.attempt).await,
-                None => None,
-            };
+            let span = trace.and_then(|t| t.attempt_span(ctx.id, &kind, ctx.attempt));
             ctx.trace = span.as_ref().and_then(AttemptSpan::context);
             let Some(handler) = handler else {
                 return Err(Attempt::failed(format!(

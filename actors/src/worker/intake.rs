@@ -301,7 +301,7 @@ impl Worker {
                 self.beat_now(ctx);
             }
         }
-        crate::trace::TaskTrace::attach(&self.bb, &self.config.id, &mut new);
+        crate::trace::TaskTrace::attach(&self.config.id, &mut new);
         self.held.queue.extend(new);
         self.pump(ctx);
     }

@@ -3,8 +3,7 @@
 //! wake-ups in one write: `dispatch.rs`), the Reaper's sweeps (`reap.rs`), planner
 //! shards owned through leases (`shards.rs`), the Scheduler's firing of due schedules
 //! (`schedules.rs`) and of flows' due waits (`waits.rs`), and what pushing wake-ups over
-//! HTTP needs (`wake.rs`), and what the planner's trace spans read of the tasks a
-//! round assigned (`traced.rs`, only with tracing on).
+//! HTTP needs (`wake.rs`).
 //!
 //! Every statement here is one transaction on a pooled connection (a dispatch round's
 //! read and write share theirs, begun by hand); no session state outlives it. The one
@@ -14,7 +13,6 @@ mod dispatch;
 mod reap;
 mod schedules;
 mod shards;
-mod traced;
 mod waits;
 mod wake;
 
@@ -25,7 +23,6 @@ pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{
     agree_count, CountAgreement, ShardBoard, ShardRow, TakenShard, DEFAULT_SHARD_COUNT,
 };
-pub use traced::TracedTask;
 pub use waits::WaitEnded;
 pub use wake::Push;
 

@@ -41,8 +41,10 @@ pub struct AssignedTask {
     /// How long its lease had left when it was read, milliseconds (by the database's
     /// clock): the worker stops the task before that runs out unless it renews it.
     pub lease_left_ms: f64,
-    /// With tracing on, the read of its trace context (set by the worker as it takes
-    /// it; never read from the row itself: see `trace/lookup.rs`).
+    /// The W3C context it was submitted in, if any (migrations/V44).
+    pub traceparent: Option<crate::trace::TraceParent>,
+    /// With tracing on and a context, its trace as the worker holds it (set by the
+    /// worker as it takes the task).
     pub trace: Option<crate::trace::TaskTrace>,
 }
 
@@ -228,6 +230,13 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         flow_id: r.try_get(8)?,
         payload_bytes: r.try_get(9)?,
         lease_left_ms: r.try_get(10)?,
+        // `read_assigned` returns it last (V44); a hot upgrade's take-over does not.
+        traceparent: match r.len() > 14 {
+            true => r
+                .try_get::<_, Option<&str>>(14)?
+                .and_then(|tp| crate::trace::TraceParent::parse(tp).ok()),
+            false => None,
+        },
         trace: None,
     })
 }

@@ -4,8 +4,7 @@
 //! renew leases, save checkpoints, release what it will not run, read a flow task's
 //! upstream results; `progress.rs`: handlers' progress, throttled by the worker and
 //! written in batches; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
-//! received in chunks, recorded with their task, and swept; `traced.rs`: the trace
-//! contexts of tasks taken, read with tracing on only. Every write to a task names
+//! received in chunks, recorded with their task, and swept. Every write to a task names
 //! the lease epoch the worker holds: a worker that lost its lease changes nothing.
 //!
 //! # Sessions and transactions
@@ -20,7 +19,6 @@
 
 mod attempts;
 mod progress;
-mod traced;
 mod transfer;
 mod uploads;
 
