@@ -221,7 +221,7 @@ pub const MOVE_SQL: &[Sql] = &[Sql::constant(
 pub const TAKE_OVER_SQL: &[Sql] = &[Sql::constant(
     TRANSFER_RS,
     "TAKE_OVER",
-    "ca6b86a91fa4a05d11db9e6386e5f69f2e1309b847672dd943bd9748116b95fa",
+    "d381c27c54558a8a4d04217b8f6b914965a0eae3f6fdd183b86fe08fd17fd63c",
 )];
 /// `DrainRelease`: the drain's state and the release of what was not started.
 pub const DRAIN_SQL: &[Sql] = &[

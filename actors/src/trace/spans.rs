@@ -16,7 +16,7 @@ use opentelemetry_sdk::trace::Span;
 use uuid::Uuid;
 
 use super::{tracer, TraceParent};
-use crate::blackboard::Submitted;
+use crate::blackboard::{AssignedTask, Submitted};
 use crate::submission::NewTask;
 
 /// The span context `tp` names, as a remote parent.
@@ -154,6 +154,28 @@ pub fn assignments(
     }
 }
 
+/// A hot upgrade's transfer of a running task, made by the new process: from when it was
+/// asked to take the task over (`started`) to now, when it resumes it from its
+/// checkpoint. Nothing when tracing is off or the task carries no context.
+pub fn transfer(task: &AssignedTask, from: &str, to: &str, started: SystemTime) {
+    let (Some(tracer), Some(tp)) = (tracer(), task.traceparent.as_ref()) else {
+        return;
+    };
+    let mut span = tracer
+        .span_builder("artex.transfer")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(started)
+        .with_attributes(vec![
+            KeyValue::new("artex.task.id", task.id.to_string()),
+            KeyValue::new("artex.task.kind", task.kind.clone()),
+            KeyValue::new("artex.attempt", i64::from(task.retries) + 1),
+            KeyValue::new("artex.worker.from", from.to_string()),
+            KeyValue::new("artex.worker", to.to_string()),
+        ])
+        .start_with_context(tracer, &parent(tp));
+    span.end();
+}
+
 /// One attempt's run in a worker: started when its handler starts, ended with its
 /// outcome. Dropped without [`AttemptSpan::end`] (the lease was lost, the worker gave
 /// the task back), it ends as `stopped`.
@@ -196,7 +218,7 @@ impl AttemptSpan {
     }
 
     /// Ends it with `outcome` (`succeeded`, `failed`, `timeout`, `discarded`,
-    /// `snoozed`) and, for a failure, its error.
+    /// `snoozed`, `transferred`) and, for a failure, its error.
     pub fn end(mut self, outcome: &str, error: Option<&str>) {
         if let Some(mut span) = self.span.take() {
             span.set_attribute(KeyValue::new("artex.outcome", outcome.to_string()));

@@ -233,6 +233,7 @@ impl Registry {
         let timeout = self.timeout(&task, default_timeout);
         let kind = task.kind.clone();
         let trace = task.trace;
+        let suspended = suspend.clone();
         let mut ctx = TaskContext {
             id: task.id,
             kind: task.kind,
@@ -272,6 +273,8 @@ impl Registry {
             };
             if let Some(span) = span {
                 let (outcome, error) = match &result {
+                    // Stopped at a checkpoint for a hot upgrade: it runs on elsewhere.
+                    Err(_) if suspended.load(Ordering::Acquire) => ("transferred", None),
                     Ok(_) => ("succeeded", None),
                     Err(Attempt::Failed(e, AfterError::Discard)) => ("discarded", Some(e)),
                     Err(Attempt::Failed(e, AfterError::Snooze(_))) => ("snoozed", Some(e)),

@@ -35,7 +35,8 @@ const TAKE_OVER: &str = "with target as materialized (
     returning t.id, t.kind, t.payload, t.lease_epoch, t.retries, t.max_retries, t.timeout_ms,
               t.checkpoint, t.flow_id,
               coalesce(t.payload_bytes, octet_length(t.payload::text))::bigint,
-              (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8";
+              (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8,
+              null::text, null::float8, null::int8, t.traceparent";
 
 const MOVE_ASSIGNED: &str = "with moved as (
         update artex.tasks t
