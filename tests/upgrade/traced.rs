@@ -1,7 +1,7 @@
-//! A hot upgrade's task transfer in the task's trace (docs/tracing.md): the old process
-//! ends the attempt's span as `transferred`, the new one makes the transfer's span and
-//! the resumed attempt's, all children of the task's context, sent to a real OTLP/HTTP
-//! receiver.
+//! A hot upgrade in traces (docs/tracing.md), sent to a real OTLP/HTTP receiver: the old
+//! process makes the upgrade's span and its upload's, and ends the moved attempt's span
+//! as `transferred`; the new one makes the transfer's span and the resumed attempt's,
+//! children of the task's context.
 
 use std::time::Duration;
 
@@ -92,6 +92,42 @@ async fn a_transferred_task_stays_in_its_trace_across_the_upgrade() {
     assert_eq!(by_outcome("transferred").pid, gen0.pid().to_string());
     assert_eq!(by_outcome("succeeded").attr("artex.worker"), new_id);
     assert_eq!(by_outcome("succeeded").attr("artex.attempt"), "1");
+
+    // The upgrade itself, in the old process: its span (a new trace: curl sent no
+    // context) and its upload's, a child of it.
+    let (upgrade, upload) = wait_for("the upgrade's spans", Duration::from_secs(60), || async {
+        let spans = rx.spans();
+        let upgrade = spans.iter().find(|s| s.name == "artex.upgrade")?.clone();
+        let upload = spans
+            .iter()
+            .find(|s| s.name == "artex.upgrade.upload")?
+            .clone();
+        Some((upgrade, upload))
+    })
+    .await;
+    assert_eq!(upgrade.pid, gen0.pid().to_string(), "{upgrade:?}");
+    assert!(upgrade.parent.is_empty(), "{upgrade:?}");
+    assert_eq!(
+        upgrade.attr("artex.upgrade.status"),
+        "upgraded",
+        "{upgrade:?}"
+    );
+    assert_eq!(
+        upgrade.attr("artex.upgrade.tasks_resumed"),
+        "1",
+        "{upgrade:?}"
+    );
+    assert_eq!(upgrade.attr("artex.upgrade.new_pid"), new.to_string());
+    assert_eq!(
+        (upload.trace.as_str(), upload.parent.as_str()),
+        (upgrade.trace.as_str(), upgrade.span.as_str())
+    );
+    let bytes: u64 = upload.attr("artex.upgrade.bundle_bytes").parse().unwrap();
+    assert_eq!(
+        bytes,
+        std::fs::metadata(&bundle).unwrap().len(),
+        "{upload:?}"
+    );
     gen0.wait_exit(Duration::from_secs(60))
         .expect("the first process exits");
 }

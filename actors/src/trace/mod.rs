@@ -29,7 +29,7 @@ use crate::metrics::{Exposition, Type};
 
 pub use lookup::TaskTrace;
 pub use queue::QueueConfig;
-pub use spans::{assignments, transfer, Assigned, AttemptSpan, SubmitSpan};
+pub use spans::{assignments, transfer, Assigned, AttemptSpan, OpSpan, SubmitSpan};
 pub use traceparent::{TraceParent, TRACEPARENT_FORMAT};
 
 /// The process's tracer, once [`init`] found an endpoint.

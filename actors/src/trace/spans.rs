@@ -238,3 +238,47 @@ impl Drop for AttemptSpan {
         }
     }
 }
+
+/// A span of something this process does now (a hot upgrade, its upload): a child of
+/// `parent`, or the root of a new trace. Dropped without [`OpSpan::end`], it ends as is.
+pub struct OpSpan {
+    span: Span,
+    context: Option<TraceParent>,
+}
+
+impl OpSpan {
+    /// Starts span `name`; `None` when tracing is off.
+    pub fn start(name: &'static str, parent_tp: Option<&TraceParent>) -> Option<OpSpan> {
+        let tracer = tracer()?;
+        let cx = parent_tp.map(parent).unwrap_or_default();
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .start_with_context(tracer, &cx);
+        let context = traceparent_of(&span);
+        Some(OpSpan { span, context })
+    }
+
+    /// Its context: the parent of the spans it holds.
+    pub fn context(&self) -> Option<TraceParent> {
+        self.context
+    }
+
+    /// Sets attribute `key` to a text.
+    pub fn set_text(&mut self, key: &'static str, value: impl Into<String>) {
+        self.span.set_attribute(KeyValue::new(key, value.into()));
+    }
+
+    /// Sets attribute `key` to a number.
+    pub fn set_int(&mut self, key: &'static str, value: i64) {
+        self.span.set_attribute(KeyValue::new(key, value));
+    }
+
+    /// Ends it, with an error status if `error`.
+    pub fn end(mut self, error: Option<&str>) {
+        if let Some(e) = error {
+            self.span.set_status(Status::error(e.to_string()));
+        }
+        self.span.end();
+    }
+}
