@@ -77,7 +77,7 @@ $$;
 -- Name: assign_and_wake(text, uuid[], text[], double precision, uuid[]); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) RETURNS TABLE(task uuid, worker text, wake_addr text, payload text, notified text)
+CREATE FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) RETURNS TABLE(task uuid, worker text, wake_addr text, payload text, notified text, task_traceparent text, task_run_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -113,7 +113,8 @@ begin
           and (t.host is null or t.host = room.host)
         returning t.id, t.assigned_to, t.kind, t.payload, t.lease_epoch, t.retries,
                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id, t.payload_bytes,
-                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at, t.limited
+                  t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at,
+                  t.limited, t.traceparent
     ),
     counted as (
         update artex.workers w
@@ -133,15 +134,23 @@ begin
     -- (V44) one of a fair kind: the read brings its priority and limit key, which the
     -- worker's local queue takes turns by.
     held as materialized (
-        select a.id, a.assigned_to as worker,
+        select a.id, a.assigned_to as worker, a.traceparent, a.run_at,
                case when coalesce(a.payload_bytes, octet_length(a.payload::text)) <= 1000
                      and coalesce(pg_column_size(a.checkpoint), 0) <= 1000
                      and not (a.limited and a.kind in (select kind from artex.kind_limits where fair))
-               then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
-                   a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
-                   coalesce(a.payload_bytes, octet_length(a.payload::text)),
-                   a.version,
-                   (extract(epoch from a.lease_until) * 1000)::float8)::text
+               then case when a.traceparent is null
+                    then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
+                        a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
+                        coalesce(a.payload_bytes, octet_length(a.payload::text)),
+                        a.version,
+                        (extract(epoch from a.lease_until) * 1000)::float8)::text
+                    else json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
+                        a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
+                        coalesce(a.payload_bytes, octet_length(a.payload::text)),
+                        a.version,
+                        (extract(epoch from a.lease_until) * 1000)::float8,
+                        a.traceparent)::text
+                    end
                end as task,
                row_number() over (partition by a.assigned_to
                                   order by a.priority desc, a.run_at, a.id) as n
@@ -164,11 +173,13 @@ begin
     -- The tasks assigned first (worker columns null), then the wake-ups by worker (task
     -- null). Those woken over HTTP come back as rows the planner pushes after the commit,
     -- the others are notified on their channels, which PostgreSQL delivers at the commit.
-    select h.id, null::text, null::text, null::text, null::text from held h
+    select h.id, null::text, null::text, null::text, null::text, h.traceparent, h.run_at
+    from held h
     union all
     (select null::uuid, w.id, w.wake_addr,
             case when w.wake_addr is not null then notes.payload end,
-            case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end
+            case when w.wake_addr is null then pg_notify(w.channel, notes.payload)::text end,
+            null::text, null::timestamptz
      from notes join artex.workers w on w.id = notes.worker
      order by w.id);
     perform set_config('artex.hot', '', true);
@@ -179,7 +190,7 @@ $_$;
 -- Name: FUNCTION assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35), not a fair kind''s (V44), a traced task with its traceparent (V45). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
 
 --
 -- Name: assign_round(text, uuid[], text[], double precision, uuid[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1196,7 +1207,7 @@ $$;
 -- Name: read_assigned(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text)
+CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -1205,9 +1216,9 @@ begin
     return query select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
         checkpoint, flow_id, payload_bytes,
         (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
-        null::text, null::float8, n, priority, limit_key
+        null::text, null::float8, n, priority, limit_key, traceparent
     from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, lease_until, priority, limit_key,
+                 checkpoint, flow_id, lease_until, priority, limit_key, traceparent,
                  coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
                  sum(coalesce(payload_bytes, octet_length(payload::text))) over
                      (order by priority desc, run_at, id rows unbounded preceding) as upto,
@@ -1220,7 +1231,7 @@ begin
     union all
     select null, null, null, null, null, null, null, null, null, null, null,
            pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0,
-           null, null
+           null, null, null
     order by n;
 end
 $_$;
@@ -1229,7 +1240,7 @@ $_$;
 -- Name: FUNCTION read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started, with their priority and limit key (V44). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started, with their priority and limit key (V44) and traceparent (V45). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
 
 --
 -- Name: record_attempts(text, uuid[], bigint[], text[], jsonb[], text[], boolean[], double precision[], double precision[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1497,12 +1508,12 @@ $$;
 COMMENT ON FUNCTION artex.signal_flow(p_flow uuid, p_name text, p_payload jsonb, p_actor text) IS 'Sends a signal to a flow: completes its reached wait for that name in this transaction (completed), or keeps the signal until the wait is reached (stored). V40.';
 
 --
--- Name: submit(text, jsonb, integer, timestamp with time zone, integer, integer, text, text, interval, boolean, text, text, text[], text); Type: FUNCTION; Schema: artex; Owner: -
+-- Name: submit(text, jsonb, integer, timestamp with time zone, integer, integer, text, text, interval, boolean, text, text, text[], text, text); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.submit(kind text, payload jsonb DEFAULT '{}'::jsonb, priority integer DEFAULT 0, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_retries integer DEFAULT NULL::integer, timeout_ms integer DEFAULT NULL::integer, shard_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, unique_for interval DEFAULT NULL::interval, allow_unregistered_kind boolean DEFAULT false, actor text DEFAULT NULL::text, reason text DEFAULT NULL::text, tags text[] DEFAULT NULL::text[], limit_key text DEFAULT NULL::text) RETURNS TABLE(id uuid, duplicate boolean)
+CREATE FUNCTION artex.submit(kind text, payload jsonb DEFAULT '{}'::jsonb, priority integer DEFAULT 0, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_retries integer DEFAULT NULL::integer, timeout_ms integer DEFAULT NULL::integer, shard_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, unique_for interval DEFAULT NULL::interval, allow_unregistered_kind boolean DEFAULT false, actor text DEFAULT NULL::text, reason text DEFAULT NULL::text, tags text[] DEFAULT NULL::text[], limit_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text) RETURNS TABLE(id uuid, duplicate boolean)
     LANGUAGE plpgsql
-    AS $$
+    AS $_$
 #variable_conflict use_variable
 declare
     existing uuid;
@@ -1527,6 +1538,14 @@ begin
         raise exception 'artex.submit: unique_for % needs a unique_key and must not be negative',
             unique_for using errcode = 'check_violation';
     end if;
+    if traceparent is not null
+       and (traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            or left(traceparent, 2) = 'ff'
+            or substr(traceparent, 4, 32) = '00000000000000000000000000000000'
+            or substr(traceparent, 37, 16) = '0000000000000000') then
+        raise exception 'artex.submit: traceparent %; expected a W3C traceparent: version-traceid-spanid-flags in lowercase hex (00-<32 hex>-<16 hex>-<2 hex>), ids not all zero',
+            quote_literal(traceparent) using errcode = 'check_violation';
+    end if;
     if not allow_unregistered_kind and artex.is_kind_name(kind)
        and not exists (select 1 from artex.kinds k where k.kind = submit.kind) then
         raise exception 'artex.submit: no worker has declared kind %', quote_literal(kind)
@@ -1545,20 +1564,20 @@ begin
         perform artex.set_context(coalesce(actor, current_user::text), coalesce(reason, 'submitted'));
     end if;
     insert into artex.tasks as t (kind, payload, priority, run_at, max_retries, timeout_ms,
-                                  shard_key, unique_key, tags, limit_key)
+                                  shard_key, unique_key, tags, limit_key, traceparent)
     values (kind, payload, coalesce(priority, 0), coalesce(run_at, now()),
             coalesce(max_retries, artex.default_max_retries(kind)), timeout_ms, shard_key,
-            unique_key, tags, limit_key)
+            unique_key, tags, limit_key, traceparent)
     returning t.id into new_id;
     return query select new_id, false;
 end
-$$;
+$_$;
 
 --
--- Name: FUNCTION submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text); Type: COMMENT; Schema: artex; Owner: -
+-- Name: FUNCTION submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text, traceparent text); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text) IS 'Submits a task inside the caller''s transaction, with every check the CLI and the API make; tags and limit_key are checked by the table; returns its id, or the existing task''s id with duplicate = true when a task with unique_key is unfinished (or finished within unique_for).';
+COMMENT ON FUNCTION artex.submit(kind text, payload jsonb, priority integer, run_at timestamp with time zone, max_retries integer, timeout_ms integer, shard_key text, unique_key text, unique_for interval, allow_unregistered_kind boolean, actor text, reason text, tags text[], limit_key text, traceparent text) IS 'Submits a task inside the caller''s transaction, with every check the CLI and the API make; tags and limit_key are checked by the table; traceparent (W3C) is the trace the task joins (V45); returns its id, or the existing task''s id with duplicate = true when a task with unique_key is unfinished (or finished within unique_for).';
 
 --
 -- Name: tags_of(jsonb); Type: FUNCTION; Schema: artex; Owner: -
@@ -2965,6 +2984,7 @@ END) STORED,
     progress real,
     progress_message text,
     progress_at timestamp with time zone,
+    traceparent text,
     CONSTRAINT flow_task_named CHECK (((flow_id IS NULL) = (flow_task IS NULL))),
     CONSTRAINT holder_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (assigned_to IS NOT NULL))),
     CONSTRAINT lease_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (lease_until IS NOT NULL))),
@@ -3035,6 +3055,12 @@ COMMENT ON COLUMN artex.tasks.progress_message IS 'What the handler said with it
 --
 
 COMMENT ON COLUMN artex.tasks.progress_at IS 'When the latest progress was written.';
+
+--
+-- Name: COLUMN tasks.traceparent; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.tasks.traceparent IS 'The W3C trace context (traceparent header value) the task was submitted in, or NULL: its spans are children of it (V45, docs/tracing.md).';
 
 --
 -- Name: uploads; Type: TABLE; Schema: artex; Owner: -
@@ -3346,6 +3372,13 @@ ALTER TABLE ONLY artex.task_waits
 
 ALTER TABLE ONLY artex.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
+
+--
+-- Name: tasks tasks_traceparent_check; Type: CHECK CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE artex.tasks
+    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text) AND ("left"(traceparent, 2) <> 'ff'::text) AND (substr(traceparent, 4, 32) <> '00000000000000000000000000000000'::text) AND (substr(traceparent, 37, 16) <> '0000000000000000'::text))) NOT VALID;
 
 --
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -

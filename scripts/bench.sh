@@ -17,6 +17,7 @@
 #   unique   what a unique key costs a submission
 #   limits   W1 from idle with limit keys, with kind limits, with tags
 #   fair     a key's wait behind another key's backlog of 20,000, fair and not (~1.5 min)
+#   trace    W1 from idle without and with OpenTelemetry tracing (every task sampled)
 #   programs 10,000 tasks of a trivial program (--tasks-dir) against xargs -P 10
 #   api      submission through `artex serve` against plain SQL inserts
 #   dash     the dashboard's first data with 1,000,000 tasks in the table
@@ -47,10 +48,10 @@ quick=0
 case "${1:-}" in
     '') ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
-all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,cycle,unique,limits,fair,programs,api,dash,replica,upload,fleet,upgrade
+all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,cycle,unique,limits,fair,trace,programs,api,dash,replica,upload,fleet,upgrade
 parts=()
 IFS=, read -r -a asked <<<"${ARTEX_BENCH_ONLY:-$all}"
 for part in "${asked[@]}"; do

@@ -10,7 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use actix::prelude::*;
 
@@ -146,6 +146,8 @@ pub struct Assigner {
     walked_at: Option<Instant>,
     /// Rounds' times and assignments, for `/metrics`.
     metrics: Option<Arc<PlannerMetrics>>,
+    /// Rounds run, to name each in its assignments' trace spans.
+    rounds: u64,
 }
 
 /// The first round's batch after idle.
@@ -164,6 +166,7 @@ impl Assigner {
             waker: None,
             walked_at: None,
             metrics: None,
+            rounds: 0,
         }
     }
 
@@ -251,6 +254,9 @@ impl Handler<AssignNow> for Assigner {
         let waker = self.waker.clone();
         let unreachable = waker.as_ref().map(Waker::unreachable).unwrap_or_default();
         let now = Instant::now();
+        let started = SystemTime::now();
+        self.rounds += 1;
+        let round = self.rounds;
         let walk = self
             .walked_at
             .is_none_or(|at| now.duration_since(at) >= WALK_EVERY);
@@ -267,8 +273,12 @@ impl Handler<AssignNow> for Assigner {
             }
             .into_actor(self)
             .map(move |res, act, ctx| match res {
-                Ok(Ok(report)) => {
+                Ok(Ok(mut report)) => {
                     act.stats.ran("assigner");
+                    if !report.given.is_empty() {
+                        let given = std::mem::take(&mut report.given);
+                        trace_round(&act.config.actor, round, started, given);
+                    }
                     if let Some(m) = &act.metrics {
                         m.round(now.elapsed(), report.assigned);
                     }
@@ -294,6 +304,17 @@ impl Handler<AssignNow> for Assigner {
             }),
         )
     }
+}
+
+/// The spans of a round's assignments (tracing on only: `given` is empty otherwise),
+/// made on a blocking thread: a round of 2,000 tasks is 4,000 spans, which the
+/// Assigner's next round does not wait for.
+fn trace_round(planner: &str, round: u64, started: SystemTime, given: Vec<crate::trace::Assigned>) {
+    let ended = SystemTime::now();
+    let planner = planner.to_string();
+    tokio::task::spawn_blocking(move || {
+        crate::trace::assignments(&planner, round, started, ended, &given);
+    });
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@
 //!   it could not reach.
 //! - [`retry`]: per-kind retry policies (pure): the backoff after a failed attempt, and
 //!   the attempts a task of the kind gets by default.
+//! - [`trace`]: OpenTelemetry traces: the W3C context a task carries
+//!   ([`trace::TraceParent`]), the exporter, and the spans of each process.
 //! - [`supervisor`]: panic-catching runs, restart and error counters.
 //! - [`metrics`]: Prometheus' text format and the lock-free instruments behind every
 //!   process's `/metrics`.
@@ -61,6 +63,7 @@ pub mod scheduler;
 pub mod shard_keeper;
 pub mod submission;
 pub mod supervisor;
+pub mod trace;
 pub mod upload_guard;
 pub mod waker;
 pub mod worker;

@@ -74,6 +74,10 @@ pub struct NewTask {
     /// Within its kind's `key_concurrency` (`artex kind limit`), at most that many tasks
     /// with this key are held at once, fleet-wide (e.g. a customer id).
     pub limit_key: Option<String>,
+    /// The W3C trace context the task is submitted in (`00-<trace id>-<span id>-<flags>`):
+    /// its spans are children of it (docs/tracing.md). None: the submitter starts a trace
+    /// when tracing is on, else the task is not traced.
+    pub traceparent: Option<String>,
 }
 
 impl NewTask {

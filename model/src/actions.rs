@@ -130,7 +130,7 @@ pub const CLAIM_SQL: &[Sql] = &[Sql::function(
 /// fencing tokens, wake-ups).
 pub const ASSIGN_SQL: &[Sql] = &[Sql::function(
     "assign_and_wake",
-    "7c7d09b59710916d5bcde6b29c540eddb557b09cf265efd8934645797e20ac42",
+    "88f15dcf3df9948f2155372c816c3158adc3ecce3dd2299fe8a60e6ee6e9a785",
 )];
 /// `Push`: a failed push records when pushes began to fail, and recalls unstarted tasks.
 pub const PUSH_SQL: &[Sql] = &[
@@ -166,7 +166,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(
     "read_assigned",
-    "915048fd884ddb0a0d46cd6e43ac7fcc6063f49fd8bf5785b3d1b4afe1354974",
+    "6b7ae07ac38c4adb4f695c01700191c838d7dd5c96f29b19d6c052b8dc264f02",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
@@ -221,7 +221,7 @@ pub const MOVE_SQL: &[Sql] = &[Sql::constant(
 pub const TAKE_OVER_SQL: &[Sql] = &[Sql::constant(
     TRANSFER_RS,
     "TAKE_OVER",
-    "92a7938617553ff2cf803054492eb5bc8864e37c039f55bfbcd8722c8dbd7663",
+    "3dbf531c38d302177e1f1ced9c6c7ad7035563a2eb96a612887a7126cc64116a",
 )];
 /// `DrainRelease`: the drain's state and the release of what was not started.
 pub const DRAIN_SQL: &[Sql] = &[

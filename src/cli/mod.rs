@@ -226,6 +226,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
         _ => "warn",
     };
     init_logging(default_log);
+    let _flush = init_traces(&cli.command);
     let code = match actix::System::new().block_on(dispatch(cli, registry)) {
         Ok(()) => 0,
         // The reader of our output went away (`| head -1` has its line): no failure to
@@ -238,6 +239,24 @@ pub fn main_with(registry: Registry) -> ExitCode {
         }
     };
     ExitCode::from(code as u8)
+}
+
+/// Turns OpenTelemetry traces on for the commands that make spans, when the environment
+/// names a collector (docs/tracing.md). A configuration artex cannot use is said once
+/// and the command runs untraced: traces never stop work.
+fn init_traces(command: &Command) -> Option<artex_actors::trace::Flush> {
+    let role = match command {
+        Command::Up { .. } => "up",
+        Command::Planner { .. } => "planner",
+        Command::Worker { .. } => "worker",
+        Command::Serve { .. } => "serve",
+        Command::Submit(_) => "cli",
+        _ => return None,
+    };
+    artex_actors::trace::init(role).unwrap_or_else(|e| {
+        tracing::warn!("{e}; running without traces");
+        None
+    })
 }
 
 fn init_logging(default: &str) {

@@ -7,6 +7,7 @@ use artex_actors::blackboard::{
     TaskStatus, TransitionRow,
 };
 use artex_actors::submission::{Field, Refusal, Submission};
+use artex_actors::trace::{SubmitSpan, TraceParent};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
@@ -70,6 +71,10 @@ pub(crate) struct SubmitArgs {
     /// --key-concurrency N`), e.g. a customer id.
     #[arg(long)]
     limit_key: Option<String>,
+    /// The W3C trace context to submit the task in (00-<trace id>-<span id>-<flags>):
+    /// its spans join that trace (docs/tracing.md).
+    #[arg(long, env = "TRACEPARENT")]
+    traceparent: Option<String>,
     /// Wait until the task has ended, telling each change on standard error; the exit
     /// code is its outcome: 0 succeeded, 4 failed or timed out, 5 canceled.
     #[arg(long)]
@@ -281,6 +286,7 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
         unique_for: args.unique_for,
         tags: args.tags,
         limit_key: args.limit_key,
+        traceparent: args.traceparent,
     };
     let submission = Submission::task(&task, args.allow_unregistered_kind);
     let refused = |r: Refusal| Error::Invalid(refusal_text(&r, &option_of(r.field, &payload.name)));
@@ -288,10 +294,30 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     submission.check_shape().map_err(refused)?;
     let bb = connect_one_shot(db).await?;
     check_submission(&bb, &submission, refused).await?;
+    // With tracing on, the submission's span is the task's parent (the given context is
+    // its own parent).
+    let given = task
+        .traceparent
+        .as_deref()
+        .map(TraceParent::parse)
+        .transpose();
+    let span = SubmitSpan::start(
+        given.ok().flatten().as_ref(),
+        "cli",
+        std::slice::from_ref(&task),
+    );
+    let mut task = task;
+    if let Some(tp) = span.as_ref().and_then(SubmitSpan::traceparent) {
+        task.traceparent = Some(tp);
+    }
     let submitted = bb
         .operator()
         .submit_all(std::slice::from_ref(&task), &cli_actor())
-        .await?[0];
+        .await;
+    if let Some(span) = span {
+        span.end(&submitted);
+    }
+    let submitted = submitted?[0];
     let id = submitted.id;
     if submitted.duplicate && !args.json {
         step(format!(

@@ -5,6 +5,7 @@
 //! whatever it started (its own process group) are killed, its tasks come back, the
 //! suspended ones resume here. On success it starts this process's drain.
 
+use artex_actors::trace::{OpSpan, TraceParent};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -183,6 +184,8 @@ pub struct UpgradeRequest<'a> {
     pub content_length: Option<&'a str>,
     /// `Content-Type`: a raw ZIP, or a multipart form.
     pub content_type: Option<&'a str>,
+    /// `traceparent`: the W3C context the upgrade's spans join (docs/tracing.md).
+    pub traceparent: Option<&'a str>,
 }
 
 /// Holds the one upgrade slot ([`Upgrader::in_progress`]); frees it however the upgrade
@@ -218,6 +221,40 @@ impl Upgrader {
         S: Stream<Item = Result<actix_web::web::Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
+        // With tracing on, the upgrade's span (a child of the caller's context, if it
+        // sent one) and its upload's.
+        let given = req.traceparent.and_then(|t| TraceParent::parse(t).ok());
+        let span = OpSpan::start("artex.upgrade", given.as_ref());
+        let context = span.as_ref().and_then(OpSpan::context);
+        let result = self.run_untraced(req, body, context).await;
+        if let Some(mut span) = span {
+            match &result {
+                Ok(r) => {
+                    span.set_text("artex.upgrade.status", r.status);
+                    span.set_text("artex.upgrade.new_version", r.new_version.clone());
+                    span.set_int("artex.upgrade.tasks_resumed", r.tasks_resumed as i64);
+                    if let Some(pid) = r.new_pid {
+                        span.set_int("artex.upgrade.new_pid", i64::from(pid));
+                    }
+                    span.end(None);
+                }
+                Err(e) => span.end(Some(&format!("{e:?}"))),
+            }
+        }
+        result
+    }
+
+    /// [`Upgrader::run`] without its span; the upload's span is a child of `context`.
+    async fn run_untraced<S, E>(
+        &self,
+        req: UpgradeRequest<'_>,
+        body: S,
+        context: Option<TraceParent>,
+    ) -> Result<UpgradeReport, UpgradeError>
+    where
+        S: Stream<Item = Result<actix_web::web::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
         let received = Instant::now();
         self.authorize(req.authorization)?;
         let declared = req
@@ -232,7 +269,19 @@ impl Upgrader {
             .fresh_dir("incoming")
             .map_err(|e| UpgradeError::Internal(format!("upload folder: {e}")))?;
         let _incoming = RemoveOnDrop(incoming.clone());
-        let zip = receive::receive(body, &incoming, form, self.body_timeout).await?;
+        let upload = context.and_then(|c| OpSpan::start("artex.upgrade.upload", Some(&c)));
+        let zip = receive::receive(body, &incoming, form, self.body_timeout).await;
+        if let Some(mut upload) = upload {
+            match &zip {
+                Ok(zip) => {
+                    let bytes = std::fs::metadata(zip).map_or(0, |m| m.len());
+                    upload.set_int("artex.upgrade.bundle_bytes", bytes as i64);
+                    upload.end(None);
+                }
+                Err(e) => upload.end(Some(&format!("{e:?}"))),
+            }
+        }
+        let zip = zip?;
         let report = self.upgrade(&zip, received).await?;
         if report.status == "upgraded" {
             // The drain of this process, exactly as an operator's SIGUSR2 would start it;

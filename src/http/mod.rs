@@ -205,6 +205,7 @@ async fn metrics(
     }
     state.stats.write_metrics(&mut out);
     state.metrics.write(&mut out);
+    artex_actors::trace::write_metrics(&mut out);
     if let Some(uploads) = &uploads {
         out.single(
             "artex_worker_upload_bytes_total",

@@ -34,6 +34,7 @@ async fn metrics(_: CanRead, s: web::Data<PlannerScrape>) -> HttpResponse {
         s.waker.pushes_failed() as f64,
     );
     s.stats.write_metrics(&mut out);
+    artex_actors::trace::write_metrics(&mut out);
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)
         .body(out.finish())

@@ -22,6 +22,7 @@ pub async fn upgrade(
         authorization: header("authorization"),
         content_length: header("content-length"),
         content_type: header("content-type"),
+        traceparent: header("traceparent"),
     };
     match upgrader.run(request, body).await {
         Ok(report) => HttpResponse::Ok().json(report),

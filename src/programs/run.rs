@@ -177,6 +177,11 @@ fn env_for(program: &Program, ctx: &TaskContext) -> Vec<(OsString, OsString)> {
         env.retain(|(name, _)| name != k);
         env.push((k.into(), v.into()));
     }
+    // The attempt's span as the program's parent (W3C), when the task is traced.
+    env.retain(|(name, _)| name != "TRACEPARENT");
+    if let Some(tp) = ctx.trace_context() {
+        env.push(("TRACEPARENT".into(), tp.to_string().into()));
+    }
     env
 }
 

@@ -13,7 +13,7 @@
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
 //! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `cycle`, `unique`,
-//!   `limits`, `fair`, `programs`, `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
+//!   `limits`, `fair`, `trace`, `programs`, `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
 //!   named as ARTEX_BENCH_ONLY names them; each one's doc says what it measures and the
 //!   knobs (`ARTEX_BENCH_W4_TASKS`, `ARTEX_BENCH_FLEET_WORKERS`, …) it reads.
 
@@ -33,6 +33,7 @@ mod replica;
 mod report;
 mod rig;
 mod sql;
+mod trace;
 mod unique;
 mod upgrade;
 mod upload;
@@ -51,9 +52,9 @@ use rig::Rig;
 
 /// The parts this program runs, in the order it runs them (the bash bench's order, the
 /// hot upgrades last).
-pub const PARTS: [&str; 20] = [
+pub const PARTS: [&str; 21] = [
     "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "cycle", "unique", "limits",
-    "fair", "programs", "api", "dash", "replica", "upload", "fleet", "upgrade",
+    "fair", "trace", "programs", "api", "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -179,6 +180,7 @@ async fn run_part(bench: &mut Bench, part: &str) {
         "unique" => unique::run(bench).await,
         "limits" => limits::run(bench).await,
         "fair" => fair::run(bench).await,
+        "trace" => trace::run(bench).await,
         "w4" => w4::run(bench).await,
         "history" => history::run(bench).await,
         "cycle" => cycle::run(bench).await,

@@ -243,11 +243,23 @@ impl Rig {
     }
 
     pub fn start_runtime(&mut self, db: &str, workers: usize, bin: &str, worker_args: &[String]) {
-        self.spawn(db, "planner", "artex", &["planner".to_string()]);
+        self.start_runtime_env(db, workers, bin, worker_args, &[]);
+    }
+
+    /// [`Rig::start_runtime`] with `env` set for the planner and the workers.
+    pub fn start_runtime_env(
+        &mut self,
+        db: &str,
+        workers: usize,
+        bin: &str,
+        worker_args: &[String],
+        env: &[(&str, &str)],
+    ) {
+        self.spawn_env(db, "planner", "artex", &["planner".to_string()], env);
         for i in 1..=workers {
             let mut args = vec!["worker".to_string()];
             args.extend(worker_args.iter().cloned());
-            self.spawn(db, &format!("worker{i}"), bin, &args);
+            self.spawn_env(db, &format!("worker{i}"), bin, &args, env);
         }
     }
 

@@ -64,6 +64,14 @@ pub const INSERT_NOOPS: &str =
 pub const INSERT_NOOPS_AT: &str = "insert into artex.tasks (kind, run_at)
     select 'noop', now() + make_interval(secs => $2::float8) from generate_series(1, $1::int4)";
 
+/// As INSERT_NOOPS_AT, each task with a trace context of its own (trace): its
+/// planner and worker spans are made when tracing is on.
+pub const INSERT_TRACED_NOOPS_AT: &str = "insert into artex.tasks (kind, run_at, traceparent)
+    select 'noop', now() + make_interval(secs => $2::float8),
+           '00-' || md5(g::text || clock_timestamp()::text) || '-' || left(md5('s' || g::text), 16)
+           || '-01'
+    from generate_series(1, $1::int4) g";
+
 /// One `stamp` task (W2), inserted and committed on its own.
 pub const INSERT_STAMP: &str = "insert into artex.tasks (id, kind, payload)
     values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', $1::bool))";
@@ -220,6 +228,7 @@ pub const PREPARED: &[&str] = &[
     COUNTERS,
     INSERT_NOOPS,
     INSERT_NOOPS_AT,
+    INSERT_TRACED_NOOPS_AT,
     INSERT_STAMP,
     UNFINISHED_NONE,
     PENDING_NONE,

@@ -110,6 +110,7 @@ pub async fn keyed_batches(c: &mut Client, batches: u32) {
                 &secs,
                 &jsons,
                 &texts,
+                &texts,
             ],
         )
         .await

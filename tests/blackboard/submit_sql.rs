@@ -239,6 +239,7 @@ async fn case(c: &Client, args: &[Option<String>]) -> Result<(), TestCaseError> 
                 unique_for: None,
                 tags: r.get::<_, Option<Vec<String>>>(11).unwrap_or_default(),
                 limit_key: a(13).map(str::to_string),
+                traceparent: None,
             };
             if let Err(e) = task.validate() {
                 return Err(TestCaseError::fail(format!(

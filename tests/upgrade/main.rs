@@ -6,6 +6,8 @@
 //! - `under_load`: five upgrades in a row under continuous traffic.
 //! - `cancel`: a task handed over in an upgrade canceled through its new process.
 //! - `transfer`: tasks handed over under load run on once in the new process.
+//! - `traced`: a transferred task's spans stay in its trace (with `receiver`, the OTLP
+//!   receiver of tests/traces).
 //! - `rollback`: failed upgrades rolled back, leaving no process behind.
 //! - `hostile`: hostile bundles, bad callers and stalled uploads refused.
 //! - `programs`: programs shipped in the bundle; a resumable one moved, a plain one not.
@@ -22,9 +24,14 @@ mod cancel;
 mod configuration;
 mod hostile;
 mod programs;
+// Shared with tests/traces, which reads every field it keeps.
+#[allow(dead_code)]
+#[path = "../traces/receiver.rs"]
+mod receiver;
 mod rollback;
 mod schema;
 mod systemd;
+mod traced;
 mod transfer;
 mod under_load;
 mod windows;

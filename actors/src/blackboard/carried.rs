@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::AssignedTask;
 use crate::error::{Error, Result};
+use crate::trace::TraceParent;
 
 /// The snapshot one read of a worker's assignments saw (`xmin:xmax:xip,…`, 64-bit
 /// transaction ids); the read's clock rides beside it in `AssignedRead`.
@@ -80,9 +81,11 @@ pub fn carries_assignments(payload: &str) -> bool {
 /// The tasks a wake-up carries: a JSON array of arrays written by the planner's
 /// `artex.assign_and_wake` (see blackboard/planner/dispatch.rs), each `[id, kind, payload,
 /// epoch, retries, max_retries, timeout_ms, checkpoint, flow_id, payload_bytes, xmin,
-/// lease_until_ms]`.
+/// lease_until_ms]`, and a traced task's `traceparent` after them (V45: an untraced
+/// task's array is as before, which older workers read).
 pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
-    type Row = (
+    #[derive(serde::Deserialize)]
+    struct Row(
         Uuid,
         String,
         serde_json::Value,
@@ -95,6 +98,7 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
         i64,
         i64,
         f64,
+        #[serde(default)] Option<String>,
     );
     let rows: Vec<Row> = serde_json::from_str(payload).map_err(|e| {
         Error::Invalid(format!(
@@ -123,6 +127,8 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
                     // read (migrations/V44); the others start in the order they came.
                     priority: 0,
                     limit_key: None,
+                    traceparent: r.12.as_deref().and_then(|tp| TraceParent::parse(tp).ok()),
+                    trace: None,
                 },
                 xid,
                 lease_until_ms: r.11,
@@ -134,6 +140,22 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_carried_task_brings_its_traceparent_when_it_has_one() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let id = "0190b3a0-0000-7000-8000-000000000001";
+        let plain = format!(r#"[["{id}", "echo", {{}}, 1, 0, 3, null, null, null, 2, 77, 1.5]]"#);
+        let traced = plain.replace("1.5]", &format!("1.5, \"{tp}\"]"));
+        let plain = parse_carried(&plain).unwrap();
+        assert_eq!(plain[0].task.traceparent, None);
+        assert_eq!((plain[0].xid, plain[0].lease_until_ms), (77, 1.5));
+        let traced = parse_carried(&traced).unwrap();
+        assert_eq!(
+            traced[0].task.traceparent.map(|t| t.to_string()).as_deref(),
+            Some(tp)
+        );
+    }
 
     #[test]
     fn a_snapshot_sees_what_committed_before_it() {

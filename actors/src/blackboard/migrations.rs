@@ -351,4 +351,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // round's wake-ups carry the same format, only not a fair kind's tasks.
         change: Change::Expand,
     },
+    Migration {
+        version: 45,
+        name: "traceparent",
+        sql: include_str!("../../../migrations/V45__traceparent.sql"),
+        // A nullable column, and `artex.submit` with a trailing argument that defaults to
+        // none: older builds' calls and inserts work unchanged.
+        change: Change::Expand,
+    },
 ];

@@ -31,6 +31,8 @@ pub enum Field {
     Tags,
     /// A task's limit key.
     LimitKey,
+    /// The W3C trace context a task is submitted in.
+    TraceParent,
     /// The flow's name.
     FlowName,
     /// A flow task's name.
@@ -58,6 +60,7 @@ impl Field {
             Field::UniqueFor => "unique_for",
             Field::Tags => "tags",
             Field::LimitKey => "limit_key",
+            Field::TraceParent => "traceparent",
             Field::FlowName | Field::TaskName => "name",
             Field::DependsOn => "depends_on",
             Field::Tasks => "tasks",

@@ -100,6 +100,7 @@ pub(super) struct TaskFields<'a> {
     unique_for: Option<std::time::Duration>,
     tags: &'a [String],
     limit_key: Option<&'a str>,
+    traceparent: Option<&'a str>,
 }
 
 impl<'a> From<&'a NewTask> for TaskFields<'a> {
@@ -114,6 +115,7 @@ impl<'a> From<&'a NewTask> for TaskFields<'a> {
             unique_for: t.unique_for,
             tags: &t.tags,
             limit_key: t.limit_key.as_deref(),
+            traceparent: t.traceparent.as_deref(),
         }
     }
 }
@@ -130,6 +132,7 @@ impl<'a> From<&'a FlowTaskSpec> for TaskFields<'a> {
             unique_for: None,
             tags: &[],
             limit_key: None,
+            traceparent: None,
         }
     }
 }
@@ -226,6 +229,9 @@ pub(super) fn task_rules<'a>(
     }
     if let Some(why) = tags_rules(t.tags) {
         return Err((Field::Tags, why));
+    }
+    if let Some(tp) = t.traceparent {
+        crate::trace::TraceParent::parse(tp).map_err(|why| (Field::TraceParent, why))?;
     }
     if t.unique_for.is_some() && t.unique_key.is_none() {
         return Err((

@@ -17,6 +17,7 @@ use super::fence::LeaseEnd;
 use super::progress::ProgressSlots;
 use crate::blackboard::{AssignedTask, WorkerBoard};
 use crate::supervisor::panic_message;
+use crate::trace::{AttemptSpan, TraceParent};
 
 /// A failed attempt, as a handler reports it, and what follows it: by default it is
 /// retried with backoff while the task's retry budget lasts ([`TaskError::new`], or `?` on
@@ -231,7 +232,9 @@ impl Registry {
         let handler = self.get(&task.kind);
         let timeout = self.timeout(&task, default_timeout);
         let kind = task.kind.clone();
-        let ctx = TaskContext {
+        let trace = task.trace;
+        let suspended = suspend.clone();
+        let mut ctx = TaskContext {
             id: task.id,
             kind: task.kind,
             payload: task.payload,
@@ -244,15 +247,19 @@ impl Registry {
             cancel,
             progress,
             lease,
+            trace: None,
         };
         async move {
+            // With tracing on, the attempt's span: the handler's parent.
+            let span = trace.and_then(|t| t.attempt_span(ctx.id, &kind, ctx.attempt));
+            ctx.trace = span.as_ref().and_then(AttemptSpan::context);
             let Some(handler) = handler else {
                 return Err(Attempt::failed(format!(
                     "no handler for kind '{kind}' in this worker"
                 )));
             };
             let call = AssertUnwindSafe(handler.call(ctx)).catch_unwind();
-            match tokio::time::timeout(timeout, call).await {
+            let result = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(Ok(value))) => Ok(value),
                 Ok(Ok(Err(e))) => Err(Attempt::Failed(e.message, e.then)),
                 Ok(Err(panic)) => Err(Attempt::failed(format!(
@@ -263,7 +270,20 @@ impl Registry {
                     "handler ran past its timeout of {} ms",
                     timeout.as_millis()
                 ))),
+            };
+            if let Some(span) = span {
+                let (outcome, error) = match &result {
+                    // Stopped at a checkpoint for a hot upgrade: it runs on elsewhere.
+                    Err(_) if suspended.load(Ordering::Acquire) => ("transferred", None),
+                    Ok(_) => ("succeeded", None),
+                    Err(Attempt::Failed(e, AfterError::Discard)) => ("discarded", Some(e)),
+                    Err(Attempt::Failed(e, AfterError::Snooze(_))) => ("snoozed", Some(e)),
+                    Err(Attempt::Failed(e, _)) => ("failed", Some(e)),
+                    Err(Attempt::TimedOut(e)) => ("timeout", Some(e)),
+                };
+                span.end(outcome, error.map(String::as_str));
             }
+            result
         }
     }
 }
@@ -300,6 +320,7 @@ pub struct TaskContext {
     cancel: Cancel,
     progress: ProgressSlots,
     lease: LeaseEnd,
+    trace: Option<TraceParent>,
 }
 
 /// How the worker reaches a running attempt: `suspend`, the flag a hot upgrade raises to
@@ -393,6 +414,12 @@ impl TaskContext {
     /// The most attempts the task gets: its retry budget plus one.
     pub fn max_attempts(&self) -> i32 {
         self.max_attempts
+    }
+    /// The trace context of this attempt (its span, child of the context the task was
+    /// submitted in), when tracing is on and the task carries one: the parent of what
+    /// the handler does (its `traceparent` header is `to_string()`; see docs/tracing.md).
+    pub fn trace_context(&self) -> Option<&TraceParent> {
+        self.trace.as_ref()
     }
     /// The fencing token of this attempt.
     pub fn epoch(&self) -> i64 {

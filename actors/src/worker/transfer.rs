@@ -110,6 +110,7 @@ impl Handler<ResumeTasks> for Worker {
         let bb = self.bb.clone();
         let me = self.config.id.clone();
         let lease = self.config.lease;
+        let (started, from) = (std::time::SystemTime::now(), msg.from.clone());
         let take = async move {
             let taken = take_over(&bb, &msg.from, &me, &msg.tasks, lease).await;
             taken.map(|t| (t, msg.tasks))
@@ -126,8 +127,10 @@ impl Handler<ResumeTasks> for Worker {
                         }
                     }
                     act.stopping.suspended.retain(|(id, _)| !taken.iter().any(|(t, _)| t.id == *id));
-                    for (t, sent) in taken {
+                    for (mut t, sent) in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
+                        crate::trace::transfer(&t, &from, &act.config.id, started);
+                        crate::trace::TaskTrace::attach(&act.config.id, std::slice::from_mut(&mut t));
                         report.resumed.push(t.id);
                         act.metrics.transferred_in.inc();
                         act.held.ledger.took_over((t.id, t.epoch));

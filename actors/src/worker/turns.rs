@@ -124,6 +124,8 @@ mod tests {
             lease_left_ms: 30_000.0,
             priority,
             limit_key: key.map(str::to_string),
+            traceparent: None,
+            trace: None,
         }
     }
 

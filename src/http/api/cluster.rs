@@ -107,12 +107,17 @@ pub(super) async fn health(probe: web::Data<DbProbe>, state: web::Data<ApiState>
 /// `GET /metrics` of `artex serve` (read scope), in Prometheus' text format: the fleet
 /// from the blackboard (tasks, waits, outcomes, workers, pauses and limits by kind; read
 /// at most once per `--metrics-every` whatever the scrapers), and the replica's
-/// state and the reads sent to the primary instead.
+/// state and the reads sent to the primary instead; and this process's trace spans
+/// exported and dropped.
 pub(super) async fn metrics(_: CanRead, state: web::Data<ApiState>) -> HttpResponse {
     let mut out = state.fleet.text(&state.bb).await.to_string();
     if let Some(replica) = state.reads.health() {
         out.push_str(&replica.metrics());
     }
+    // This process's own spans (the submissions it traced).
+    let mut spans = artex_actors::metrics::Exposition::new();
+    artex_actors::trace::write_metrics(&mut spans);
+    out.push_str(&spans.finish());
     HttpResponse::Ok()
         .content_type(artex_actors::metrics::CONTENT_TYPE)
         .body(out)

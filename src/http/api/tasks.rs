@@ -8,6 +8,7 @@ use artex_actors::blackboard::{
     check_kind, BulkAction, BulkReport, Control, ControlTarget, NewTask, TaskFilter,
 };
 use artex_actors::submission::{check_payload, Submission, MAX_RETRIES};
+use artex_actors::trace::{SubmitSpan, TraceParent, TRACEPARENT_FORMAT};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
@@ -117,9 +118,27 @@ fn parse_task(v: &Value, prefix: &str) -> Result<(NewTask, bool), ApiError> {
         },
         tags: field::<Vec<String>>(obj, prefix, "tags", "an array of strings")?.unwrap_or_default(),
         limit_key: field(obj, prefix, "limit_key", "a string")?,
+        traceparent: None,
     };
     let allow = field(obj, prefix, "allow_unregistered_kind", "true or false")?.unwrap_or(false);
     Ok((task, allow))
+}
+
+/// The W3C `traceparent` header of a submission, checked: every task of it is stored
+/// with it (docs/tracing.md). A bad one is the request's fault, named as the header.
+fn traceparent_header(req: &HttpRequest) -> Result<Option<TraceParent>, ApiError> {
+    let Some(value) = req.headers().get("traceparent") else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        ApiError::bad(
+            "traceparent",
+            format!("traceparent header: not ASCII text; expected {TRACEPARENT_FORMAT}"),
+        )
+    })?;
+    TraceParent::parse(text)
+        .map(Some)
+        .map_err(|why| ApiError::bad("traceparent", format!("traceparent header: {why}")))
 }
 
 /// `POST /api/v1/tasks`: one task (an object; 201 `{"id", "duplicate": false}`, or 200
@@ -158,6 +177,7 @@ pub(super) async fn submit(
             ),
         ));
     }
+    let traceparent = traceparent_header(&req)?;
     let mut tasks = Vec::with_capacity(items.len());
     let mut allowed = Vec::with_capacity(items.len());
     let prefix = |i: usize| {
@@ -168,7 +188,8 @@ pub(super) async fn submit(
         }
     };
     for (i, v) in items.iter().enumerate() {
-        let (task, allow) = parse_task(v, &prefix(i))?;
+        let (mut task, allow) = parse_task(v, &prefix(i))?;
+        task.traceparent = traceparent.map(|tp| tp.to_string());
         tasks.push(task);
         allowed.push(allow || allow_all);
     }
@@ -180,7 +201,19 @@ pub(super) async fn submit(
         format!("{}{}", prefix(r.task.unwrap_or(0)), r.field.as_str())
     })
     .await?;
-    let submitted = state.bb.submit_all(&tasks, &actor(&req)).await?;
+    // With tracing on, the submission's span is the tasks' parent (the header's context
+    // is its own parent).
+    let span = SubmitSpan::start(traceparent.as_ref(), "api", &tasks);
+    if let Some(tp) = span.as_ref().and_then(SubmitSpan::traceparent) {
+        for t in &mut tasks {
+            t.traceparent = Some(tp.clone());
+        }
+    }
+    let submitted = state.bb.submit_all(&tasks, &actor(&req)).await;
+    if let Some(span) = span {
+        span.end(&submitted);
+    }
+    let submitted = submitted?;
     let ids: Vec<_> = submitted.iter().map(|s| s.id).collect();
     let duplicate: Vec<bool> = submitted.iter().map(|s| s.duplicate).collect();
     let mut answer = if duplicate.iter().all(|&d| d) {

@@ -35,6 +35,7 @@ struct Columns<'a> {
     /// row per task, and a text[][] cannot hold lists of different lengths.
     tags: Vec<Option<serde_json::Value>>,
     limit_keys: Vec<Option<&'a str>>,
+    traceparents: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -56,6 +57,7 @@ impl<'a> Columns<'a> {
                 .map(|t| (!t.tags.is_empty()).then(|| serde_json::json!(t.tags)))
                 .collect(),
             limit_keys: tasks.iter().map(|t| t.limit_key.as_deref()).collect(),
+            traceparents: tasks.iter().map(|t| t.traceparent.as_deref()).collect(),
         })
     }
 }
@@ -80,9 +82,10 @@ pub const LOCK_KEYS: &str = "select count(artex.lock_unique_key(k))
 pub const SUBMIT_KEYED: &str = "with v as materialized (
         select * from unnest($3::text[], $4::jsonb[], $5::int4[], $6::timestamptz[],
                              $7::int4[], $8::int4[], $9::text[], $10::text[], $11::float8[],
-                             $12::jsonb[], $13::text[])
+                             $12::jsonb[], $13::text[], $14::text[])
             with ordinality as v(kind, payload, priority, run_at, max_retries, timeout_ms,
-                                 shard_key, unique_key, unique_for_secs, tags, limit_key, n)
+                                 shard_key, unique_key, unique_for_secs, tags, limit_key,
+                                 traceparent, n)
     ),
     held as materialized (
         select v.n, v.unique_key,
@@ -100,10 +103,10 @@ pub const SUBMIT_KEYED: &str = "with v as materialized (
     written as (
         insert into artex.tasks
             (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, unique_key,
-             tags, limit_key)
+             tags, limit_key, traceparent)
         select f.new_id, f.kind, f.payload, f.priority, coalesce(f.run_at, now()),
                coalesce(f.max_retries, artex.default_max_retries(f.kind)), f.timeout_ms,
-               f.shard_key, f.unique_key, artex.tags_of(f.tags), f.limit_key
+               f.shard_key, f.unique_key, artex.tags_of(f.tags), f.limit_key, f.traceparent
         from artex.set_context($1, $2) ctx, fresh f
         where ctx
         order by f.n
@@ -121,7 +124,7 @@ pub const SUBMIT_KEYED: &str = "with v as materialized (
 // the kinds workers declared included unless the caller allows any.
 const SUBMIT_IN: &str = "select id, duplicate from artex.submit($1::text, $2::jsonb, $3::int4,
     $4::timestamptz, $5::int4, $6::int4, $7::text, $8::text, make_interval(secs => $9::float8),
-    $10::bool, $11::text, 'submitted', $12::text[], $13::text)";
+    $10::bool, $11::text, 'submitted', $12::text[], $13::text, $14::text)";
 
 /// Submits `task` inside the caller's transaction `tx` (transactional enqueue): the task
 /// exists, and wakes a worker, only if the caller commits. The same checks as every other
@@ -152,6 +155,7 @@ pub async fn submit_in(
                 &actor,
                 &(!task.tags.is_empty()).then_some(&task.tags),
                 &task.limit_key,
+                &task.traceparent,
             ],
         )
         .await?;
@@ -166,15 +170,15 @@ pub async fn submit_in(
 // `artex.submit`, SUBMIT_KEYED and a flow's tasks.
 const SUBMIT: &str = "insert into artex.tasks
         (id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key, tags,
-         limit_key)
+         limit_key, traceparent)
     select v.id, v.kind, v.payload, v.priority, coalesce(v.run_at, now()),
            coalesce(v.max_retries, artex.default_max_retries(v.kind)), v.timeout_ms,
-           v.shard_key, artex.tags_of(v.tags), v.limit_key
+           v.shard_key, artex.tags_of(v.tags), v.limit_key, v.traceparent
     from artex.set_context($1, $2) ctx,
          unnest($3::uuid[], $4::text[], $5::jsonb[], $6::int4[], $7::timestamptz[],
-                $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::text[])
+                $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::text[], $13::text[])
            as v(id, kind, payload, priority, run_at, max_retries, timeout_ms, shard_key,
-                tags, limit_key)
+                tags, limit_key, traceparent)
     where ctx";
 
 impl OperatorBoard {
@@ -242,6 +246,7 @@ impl OperatorBoard {
                     &windows,
                     &c.tags,
                     &c.limit_keys,
+                    &c.traceparents,
                 ],
             ),
         )
@@ -290,6 +295,7 @@ impl OperatorBoard {
                     &c.shard_keys,
                     &c.tags,
                     &c.limit_keys,
+                    &c.traceparents,
                 ],
             )
             .await?;

@@ -71,6 +71,9 @@ pub struct AssignReport {
     pub free_capacity: i64,
     /// The most this cycle could assign (free capacity, batch size).
     pub limit: i64,
+    /// With tracing on only: the traced tasks assigned, with what the planner's spans
+    /// say of them (the round's write returns their contexts: migrations/V45).
+    pub given: Vec<crate::trace::Assigned>,
 }
 
 impl AssignReport {
@@ -203,6 +206,9 @@ where
     }
     report.workers_notified = notified + pushes.len();
     report.pushes = pushes;
+    if crate::trace::enabled() {
+        report.given = traced(&rows, &plan, claimed)?;
+    }
     Ok(report)
 }
 
@@ -232,6 +238,45 @@ pub struct Round<'a> {
 /// so a task whose key is not in that head waits at most this long, or until the
 /// planner's next round when none comes sooner.
 pub const WALK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Of the rows of `artex.assign_and_wake`, the tasks assigned that carry a trace
+/// context (its 6th column; the 7th, when they became runnable), with their kinds and
+/// workers.
+fn traced(
+    rows: &[tokio_postgres::Row],
+    plan: &[Assignment],
+    claimed: &[Claimed],
+) -> Result<Vec<crate::trace::Assigned>> {
+    let workers: std::collections::HashMap<Uuid, &str> =
+        plan.iter().map(|a| (a.task, a.worker.as_str())).collect();
+    let kinds: std::collections::HashMap<Uuid, &str> =
+        claimed.iter().map(|c| (c.id, c.kind.as_str())).collect();
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(task) = r.try_get::<_, Option<Uuid>>(0)? else {
+            continue;
+        };
+        let Some(tp) = r.try_get::<_, Option<&str>>(5)? else {
+            continue;
+        };
+        let (Ok(traceparent), Some(worker), Some(kind)) = (
+            crate::trace::TraceParent::parse(tp),
+            workers.get(&task),
+            kinds.get(&task),
+        ) else {
+            continue;
+        };
+        let run_at: chrono::DateTime<chrono::Utc> = r.try_get(6)?;
+        out.push(crate::trace::Assigned {
+            task,
+            kind: kind.to_string(),
+            traceparent,
+            runnable_at: run_at.into(),
+            worker: worker.to_string(),
+        });
+    }
+    Ok(out)
+}
 
 /// The rows of `artex.assign_and_wake`: how many tasks it assigned (the rows naming a
 /// task), the pushes (one per worker woken over HTTP, its payloads in order) and how

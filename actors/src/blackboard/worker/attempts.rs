@@ -45,6 +45,11 @@ pub struct AssignedTask {
     pub priority: i32,
     /// Its limit key, if it has one: what a fair kind's turns go by (`worker::turns`).
     pub limit_key: Option<String>,
+    /// The W3C context it was submitted in, if any (migrations/V45).
+    pub traceparent: Option<crate::trace::TraceParent>,
+    /// With tracing on and a context, its trace as the worker holds it (set by the
+    /// worker as it takes the task).
+    pub trace: Option<crate::trace::TaskTrace>,
 }
 
 /// One read of a worker's assignments: the tasks, and what the read saw.
@@ -233,6 +238,10 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         // lease's.
         priority: r.try_get("priority")?,
         limit_key: r.try_get("limit_key")?,
+        traceparent: r
+            .try_get::<_, Option<&str>>("traceparent")?
+            .and_then(|tp| crate::trace::TraceParent::parse(tp).ok()),
+        trace: None,
     })
 }
 

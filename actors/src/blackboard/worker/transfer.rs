@@ -36,7 +36,7 @@ const TAKE_OVER: &str = "with target as materialized (
               t.checkpoint, t.flow_id,
               coalesce(t.payload_bytes, octet_length(t.payload::text))::bigint,
               (extract(epoch from t.lease_until - clock_timestamp()) * 1000)::float8,
-              t.priority, t.limit_key";
+              t.priority, t.limit_key, t.traceparent";
 
 const MOVE_ASSIGNED: &str = "with moved as (
         update artex.tasks t
