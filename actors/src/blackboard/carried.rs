@@ -128,7 +128,6 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
                     priority: 0,
                     limit_key: None,
                     traceparent: r.12.as_deref().and_then(|tp| TraceParent::parse(tp).ok()),
-                    trace: None,
                 },
                 xid,
                 lease_until_ms: r.11,

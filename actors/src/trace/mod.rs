@@ -9,9 +9,7 @@
 //! - `queue`: the bounded span queue in front of the OTLP/HTTP exporter, and the counts
 //!   of spans exported and dropped.
 //! - `spans`: the submission, queue, assignment and attempt spans.
-//! - `lookup`: a traced task's context as the worker that took it holds it.
 
-mod lookup;
 mod queue;
 mod spans;
 mod traceparent;
@@ -27,7 +25,6 @@ use opentelemetry_sdk::Resource;
 
 use crate::metrics::{Exposition, Type};
 
-pub use lookup::TaskTrace;
 pub use queue::QueueConfig;
 pub use spans::{assignments, transfer, Assigned, AttemptSpan, OpSpan, SubmitSpan};
 pub use traceparent::{TraceParent, TRACEPARENT_FORMAT};

@@ -192,7 +192,7 @@ impl AttemptSpan {
         task: Uuid,
         kind: &str,
         attempt: i32,
-        worker: &Arc<str>,
+        worker: &str,
     ) -> Option<AttemptSpan> {
         let tracer = tracer()?;
         let span = tracer
@@ -202,7 +202,7 @@ impl AttemptSpan {
                 KeyValue::new("artex.task.id", task.to_string()),
                 KeyValue::new("artex.task.kind", kind.to_string()),
                 KeyValue::new("artex.attempt", attempt as i64),
-                KeyValue::new("artex.worker", Value::String(worker.clone().into())),
+                KeyValue::new("artex.worker", worker.to_string()),
             ])
             .start_with_context(tracer, &parent(tp?));
         let context = traceparent_of(&span);

@@ -228,13 +228,13 @@ impl Registry {
             cancel,
             progress,
             lease,
+            span,
         } = steering;
         let handler = self.get(&task.kind);
         let timeout = self.timeout(&task, default_timeout);
         let kind = task.kind.clone();
-        let trace = task.trace;
         let suspended = suspend.clone();
-        let mut ctx = TaskContext {
+        let ctx = TaskContext {
             id: task.id,
             kind: task.kind,
             payload: task.payload,
@@ -247,12 +247,9 @@ impl Registry {
             cancel,
             progress,
             lease,
-            trace: None,
+            trace: span.as_ref().and_then(AttemptSpan::context),
         };
         async move {
-            // With tracing on, the attempt's span: the handler's parent.
-            let span = trace.and_then(|t| t.attempt_span(ctx.id, &kind, ctx.attempt));
-            ctx.trace = span.as_ref().and_then(AttemptSpan::context);
             let Some(handler) = handler else {
                 return Err(Attempt::failed(format!(
                     "no handler for kind '{kind}' in this worker"
@@ -332,6 +329,8 @@ pub(super) struct Steering {
     pub cancel: Cancel,
     pub progress: ProgressSlots,
     pub lease: LeaseEnd,
+    /// With tracing on and a context on the task, the attempt's span: the handler's parent.
+    pub span: Option<AttemptSpan>,
 }
 
 /// An operator's cancel of a running task, as its handler sees it: raised once, when the

@@ -282,7 +282,7 @@ impl Worker {
     /// what fits. `free_slots`: its free slots when they were asked for.
     pub(super) fn refill(
         &mut self,
-        mut new: Vec<AssignedTask>,
+        new: Vec<AssignedTask>,
         free_slots: usize,
         ctx: &mut Context<Self>,
     ) {
@@ -301,7 +301,6 @@ impl Worker {
                 self.beat_now(ctx);
             }
         }
-        crate::trace::TaskTrace::attach(&self.config.id, &mut new);
         if self.held.turns.any() {
             for t in &new {
                 self.held.turns.arrived(t);

@@ -331,6 +331,14 @@ impl Worker {
             },
         );
         let lease = self.held.leases.watch((id, epoch));
+        // With tracing on and a context on the task (migrations/V45), its attempt's span.
+        let span = crate::trace::AttemptSpan::start(
+            task.traceparent.as_ref(),
+            id,
+            &task.kind,
+            task.retries + 1,
+            &self.config.id,
+        );
         let attempt = fence::Fenced::new(
             self.registry.attempt(
                 task,
@@ -340,6 +348,7 @@ impl Worker {
                     cancel,
                     progress: self.progress.slots.clone(),
                     lease: lease.clone(),
+                    span,
                 },
                 self.config.default_timeout,
             ),

@@ -127,10 +127,9 @@ impl Handler<ResumeTasks> for Worker {
                         }
                     }
                     act.stopping.suspended.retain(|(id, _)| !taken.iter().any(|(t, _)| t.id == *id));
-                    for (mut t, sent) in taken {
+                    for (t, sent) in taken {
                         tracing::info!(task = %t.id, kind = %t.kind, epoch = t.epoch, "resuming a transferred task from its checkpoint");
                         crate::trace::transfer(&t, &from, &act.config.id, started);
-                        crate::trace::TaskTrace::attach(&act.config.id, std::slice::from_mut(&mut t));
                         report.resumed.push(t.id);
                         act.metrics.transferred_in.inc();
                         act.held.ledger.took_over((t.id, t.epoch));

@@ -125,7 +125,6 @@ mod tests {
             priority,
             limit_key: key.map(str::to_string),
             traceparent: None,
-            trace: None,
         }
     }
 

@@ -47,9 +47,6 @@ pub struct AssignedTask {
     pub limit_key: Option<String>,
     /// The W3C context it was submitted in, if any (migrations/V45).
     pub traceparent: Option<crate::trace::TraceParent>,
-    /// With tracing on and a context, its trace as the worker holds it (set by the
-    /// worker as it takes the task).
-    pub trace: Option<crate::trace::TaskTrace>,
 }
 
 /// One read of a worker's assignments: the tasks, and what the read saw.
@@ -241,7 +238,6 @@ pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask>
         traceparent: r
             .try_get::<_, Option<&str>>("traceparent")?
             .and_then(|tp| crate::trace::TraceParent::parse(tp).ok()),
-        trace: None,
     })
 }
 
