@@ -76,7 +76,8 @@ pub fn init(role: &str) -> Result<Option<Flush>, String> {
         .with_protocol(protocol()?)
         .build()
         .map_err(|e| format!("traces: the OTLP exporter: {e}"))?;
-    let processor = queue::QueueProcessor::start(exporter, QueueConfig::from_env())
+    let config = QueueConfig::from_env().map_err(|e| format!("traces: {e}"))?;
+    let processor = queue::QueueProcessor::start(exporter, config)
         .map_err(|e| format!("traces: the export thread: {e}"))?;
     let mut resource = Resource::builder().with_attributes([
         KeyValue::new("artex.role", role.to_string()),

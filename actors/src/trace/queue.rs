@@ -48,20 +48,21 @@ pub struct QueueConfig {
 }
 
 impl QueueConfig {
-    /// From the environment, each variable that is unset or unreadable at its default.
-    pub fn from_env() -> Self {
-        let var = |name: &str, default: u64| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|&n| n > 0)
-                .unwrap_or(default)
+    /// From the environment, each variable that is unset at its default; one that is set
+    /// but not a positive whole number is an error naming it.
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str, default: u64| match std::env::var(name) {
+            Err(_) => Ok(default),
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{name}={v:?}: expected a positive whole number")),
+            },
         };
-        QueueConfig {
-            max_queue: var("OTEL_BSP_MAX_QUEUE_SIZE", 2048) as usize,
-            max_batch: var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) as usize,
-            delay: Duration::from_millis(var("OTEL_BSP_SCHEDULE_DELAY", 5000)),
-        }
+        Ok(QueueConfig {
+            max_queue: var("OTEL_BSP_MAX_QUEUE_SIZE", 2048)? as usize,
+            max_batch: var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)? as usize,
+            delay: Duration::from_millis(var("OTEL_BSP_SCHEDULE_DELAY", 5000)?),
+        })
     }
 }
 
@@ -239,6 +240,37 @@ fn export_loop<E: SpanExporter>(
                 export(&exporter, &mut batch);
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // nextest runs each test in a process of its own: setting the environment here
+    // changes no other test.
+    #[test]
+    fn the_queue_variables_default_when_unset_and_a_bad_one_is_named() {
+        for name in [
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "OTEL_BSP_SCHEDULE_DELAY",
+        ] {
+            std::env::remove_var(name);
+        }
+        let c = QueueConfig::from_env().unwrap();
+        assert_eq!((c.max_queue, c.max_batch), (2048, 512));
+        assert_eq!(c.delay, Duration::from_millis(5000));
+        std::env::set_var("OTEL_BSP_MAX_QUEUE_SIZE", " 64 ");
+        assert_eq!(QueueConfig::from_env().unwrap().max_queue, 64);
+        for bad in ["0", "-1", "lots"] {
+            std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", bad);
+            let e = QueueConfig::from_env().unwrap_err();
+            assert!(
+                e.contains("OTEL_BSP_SCHEDULE_DELAY") && e.contains(bad),
+                "{e}"
+            );
         }
     }
 }

@@ -194,7 +194,7 @@ impl AttemptSpan {
         attempt: i32,
         worker: &str,
     ) -> Option<AttemptSpan> {
-        let tracer = tracer()?;
+        let (tracer, tp) = (tracer()?, tp?);
         let span = tracer
             .span_builder("artex.attempt")
             .with_kind(SpanKind::Consumer)
@@ -204,7 +204,7 @@ impl AttemptSpan {
                 KeyValue::new("artex.attempt", attempt as i64),
                 KeyValue::new("artex.worker", worker.to_string()),
             ])
-            .start_with_context(tracer, &parent(tp?));
+            .start_with_context(tracer, &parent(tp));
         let context = traceparent_of(&span);
         Some(AttemptSpan {
             span: Some(span),
