@@ -313,10 +313,7 @@ impl Rig {
         let child = cmd.spawn().expect("artex serve");
         for _ in 0..200 {
             let log = std::fs::read_to_string(self.log(&name)).unwrap_or_default();
-            let addr = log.lines().find_map(|l| {
-                let rest = l.split("the HTTP API on http://").nth(1)?;
-                rest.split('/').next().map(str::to_string)
-            });
+            let addr = crate::common::procs::logged_address(&log, "the HTTP API on http://");
             if let Some(addr) = addr {
                 return (child, addr);
             }

@@ -287,14 +287,21 @@ pub async fn serve_address(p: &Proc) -> String {
     wait_for(
         "artex serve to say where it listens",
         Duration::from_secs(30),
-        || async {
-            p.log_text().lines().find_map(|l| {
-                let rest = l.split("the HTTP API on http://").nth(1)?;
-                rest.split('/').next().map(str::to_string)
-            })
-        },
+        || async { logged_address(&p.log_text(), "the HTTP API on http://") },
     )
     .await
+}
+
+/// The socket address a log line gives after `marker`, from whole lines only: the
+/// pipe may have delivered half of the line so far.
+pub fn logged_address(log: &str, marker: &str) -> Option<String> {
+    log.split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .find_map(|l| {
+            let addr = l.split(marker).nth(1)?.split(['/', ' ', '\n']).next()?;
+            addr.parse::<std::net::SocketAddr>().ok()?;
+            Some(addr.to_string())
+        })
 }
 
 /// Waits until every history row is below the cluster's transaction horizon: the

@@ -208,12 +208,7 @@ async fn planner_metrics_address(p: &Proc) -> String {
     wait_for(
         "the planner to say where its metrics are",
         Duration::from_secs(30),
-        || async {
-            p.log_text().lines().find_map(|l| {
-                let rest = l.split("metrics on http://").nth(1)?;
-                rest.split('/').next().map(str::to_string)
-            })
-        },
+        || async { crate::common::procs::logged_address(&p.log_text(), "metrics on http://") },
     )
     .await
 }
