@@ -63,7 +63,7 @@ const HOSTS: &[&str] = &["mon", "n1", "n2", "p1", "p2", "w1", "w2", "w3", "c"];
 async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     let t0 = Instant::now();
     let fleet = Fleet::new(HOSTS);
-    let mut formation = Formation::start(&fleet, "mon", ["n1", "n2"]).await;
+    let formation = Formation::start(&fleet, "mon", ["n1", "n2"]).await;
     println!("FIGURE failover_setup_s={:.1}", t0.elapsed().as_secs_f64());
     let bb = Blackboard::connect(&formation.local_url(0), 2).expect("pool on node 1");
     bb.maintenance().migrate().await.expect("migrating node 1");
@@ -137,7 +137,7 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     };
 
     // 1. The primary's host crashes; it comes back as a standby.
-    let fig = run_case(&env, &mut formation, "crash", 0, |f, env| {
+    let fig = run_case(&env, &formation, "crash", 0, |f, env| {
         let at = now();
         f.crash(env.fleet, 0);
         at
@@ -168,7 +168,7 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     fig.print("crash");
 
     // 2. The primary's link is cut; once it demoted itself, it is healed and rejoins.
-    let fig = run_case(&env, &mut formation, "partition", 1, |f, env| {
+    let fig = run_case(&env, &formation, "partition", 1, |f, env| {
         let at = now();
         env.fleet.partition(&f.nodes[1].host);
         at
@@ -206,7 +206,7 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     let (bundle, sha) = keys.variant_bundle(1);
     let upgrade = Arc::new(Mutex::new(None));
     let old_pid = workers[0].pid();
-    let fig = run_case(&env, &mut formation, "upgrade", 0, |f, env| {
+    let fig = run_case(&env, &formation, "upgrade", 0, |f, env| {
         let (fleet_ns, addr) = (env.fleet.netns("c").to_string(), env.fleet.http_addr("w1"));
         let (bundle, upgrade) = (bundle.clone(), upgrade.clone());
         std::thread::spawn(move || {
@@ -466,10 +466,10 @@ impl Figures {
 /// `fault` returns when it struck ([`now`]).
 async fn run_case(
     env: &Env<'_>,
-    formation: &mut Formation,
+    formation: &Formation,
     case: &str,
     old: usize,
-    fault: impl FnOnce(&mut Formation, &Env<'_>) -> (f64, Instant),
+    fault: impl FnOnce(&Formation, &Env<'_>) -> (f64, Instant),
 ) -> Figures {
     let new = 1 - old;
     assert!(

@@ -21,6 +21,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio_postgres::Client;
 
+use super::pooler::{FleetPooler, PoolerSpec};
 use super::procs::{alive, with_defaults, Proc, FAST_PLANNER, FAST_WORKER};
 
 /// Where `ip netns` keeps its named namespaces.
@@ -405,104 +406,22 @@ impl Drop for FleetDb {
     }
 }
 
-/// The port pgbouncer listens on, inside the database's host.
-pub const POOLER_PORT: u16 = 6432;
-
-/// A pgbouncer (Debian's, 1.18) running beside a fleet's PostgreSQL on its host, in
-/// transaction mode with a pool of `pool_size` server connections, and in session mode
-/// under `postgres_session` (2 connections) for LISTEN; stopped when dropped.
-pub struct FleetPooler {
-    addr: Ipv4Addr,
-    child: std::process::Child,
-    dir: PathBuf,
-}
-
 impl FleetDb {
-    /// Starts a pgbouncer on this database's host (see [`FleetPooler`]).
+    /// Starts a pgbouncer on this database's host, in transaction mode with a pool of
+    /// `pool_size` server connections, and in session mode under `postgres_session`
+    /// (2 connections) for LISTEN; stopped when dropped.
     pub fn start_pgbouncer(&self, pool_size: u32) -> FleetPooler {
-        let dir = self._dir.path().join("pgbouncer");
-        std::fs::create_dir_all(&dir).expect("pgbouncer folder");
-        if let Some(pg) = nix::unistd::User::from_name("postgres").ok().flatten() {
-            nix::unistd::chown(&dir, Some(pg.uid), Some(pg.gid)).expect("chown pgbouncer folder");
-        }
-        let socket = self.cluster.socket_dir();
-        let ini = format!(
-            "[databases]\n\
-             postgres = host={socket} port={PG_PORT} user=postgres dbname=postgres \
-             pool_size={pool_size}\n\
-             postgres_session = host={socket} port={PG_PORT} user=postgres dbname=postgres \
-             pool_mode=session pool_size=2\n\
-             [pgbouncer]\n\
-             listen_addr = {addr}\n\
-             listen_port = {POOLER_PORT}\n\
-             unix_socket_dir =\n\
-             auth_type = any\n\
-             pool_mode = transaction\n\
-             max_client_conn = 1000\n\
-             logfile = {log}\n\
-             pidfile = {pid}\n",
-            socket = socket.display(),
-            addr = self.addr,
-            log = dir.join("pgbouncer.log").display(),
-            pid = dir.join("pgbouncer.pid").display(),
-        );
-        let ini_path = dir.join("pgbouncer.ini");
-        std::fs::write(&ini_path, ini).expect("writing pgbouncer.ini");
-        // pgbouncer refuses root, as PostgreSQL does.
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .args(["runuser", "-u", "postgres", "--", "/usr/sbin/pgbouncer"])
-            .arg(&ini_path)
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting pgbouncer in the database's host");
-        let pooler = FleetPooler {
+        let spec = PoolerSpec {
+            netns: &self.netns,
             addr: self.addr,
-            child,
-            dir,
+            socket: self.cluster.socket_dir(),
+            port: PG_PORT,
+            database: "postgres",
+            pool_size,
+            session_pool_size: 2,
+            unix_socket: false,
         };
-        // It accepts once its log says so (the test cannot reach the fleet's addresses).
-        let started = std::time::Instant::now();
-        while !pooler.log().contains("process up") {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(20),
-                "pgbouncer did not start: {}",
-                pooler.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        pooler
-    }
-}
-
-impl FleetPooler {
-    /// The URL of every statement (transaction mode), for processes on fleet hosts.
-    pub fn url(&self) -> String {
-        format!("postgresql://postgres@{}:{POOLER_PORT}/postgres", self.addr)
-    }
-
-    /// The URL of LISTEN sessions (`--listen-database-url`: session mode).
-    pub fn listen_url(&self) -> String {
-        format!(
-            "postgresql://postgres@{}:{POOLER_PORT}/postgres_session",
-            self.addr
-        )
-    }
-
-    /// What pgbouncer logged, for a failing assertion.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for FleetPooler {
-    fn drop(&mut self) {
-        // runuser passes SIGTERM on to pgbouncer and waits for it.
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let _ = self.child.wait();
+        FleetPooler::start(&spec, &self._dir.path().join("pgbouncer"))
     }
 }
 

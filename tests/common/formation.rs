@@ -1,5 +1,6 @@
 //! A pg_auto_failover formation on fleet hosts ([`super::fleet`]): a monitor and two
-//! PostgreSQL nodes with synchronous replication, run by the real `pg_autoctl` (Debian's
+//! PostgreSQL nodes with synchronous replication (and, if asked, a third node that is a
+//! read replica only: never promoted, never waited for), run by the real `pg_autoctl` (Debian's
 //! `pg-auto-failover-cli` and `postgresql-15-auto-failover`, which scripts/test.sh
 //! installs), as the `postgres` user (pg_autoctl refuses root). The monitor is tuned to
 //! fail over within seconds; the test reaches every server through its Unix socket (one
@@ -8,6 +9,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -18,8 +20,8 @@ use super::procs::wait_for;
 
 /// The database the nodes serve (pg_autoctl's `--dbname`), artex's blackboard.
 pub const DATABASE: &str = "artex";
-/// The monitor's port; the nodes listen on 5432 and 5433 (distinct, as they share the
-/// test's socket folder; and so the URL names a port per host).
+/// The monitor's port; the nodes listen on 5432, 5433 (and the replica on 5434): distinct,
+/// as they share the test's socket folder, and so the URL names a port per host.
 const MONITOR_PORT: u16 = 5431;
 
 /// How the monitor is tuned (pg_auto_failover's monitor settings, in ms; defaults in
@@ -50,17 +52,18 @@ pub struct Node {
     /// Its port (on its host's address, and of its Unix socket).
     pub port: u16,
     pgdata: PathBuf,
-    keeper: Option<Child>,
+    keeper: Mutex<Option<Child>>,
 }
 
-/// The monitor and two nodes; every process on their hosts is killed with the fleet.
+/// The monitor and two nodes (and the replica); every process on their hosts is killed
+/// with the fleet.
 pub struct Formation {
     dir: tempfile::TempDir,
     monitor: Node,
-    /// The two nodes, in the order given.
-    pub nodes: [Node; 2],
+    /// The two nodes, in the order given, then the replica if there is one.
+    pub nodes: Vec<Node>,
     /// Their addresses on the fleet, in the same order.
-    addrs: [String; 2],
+    addrs: Vec<String>,
     /// The network namespaces of the monitor's and the nodes' hosts.
     namespaces: Vec<String>,
     bin: PathBuf,
@@ -71,6 +74,18 @@ impl Formation {
     /// the second its synchronous standby), and waits until they are primary and
     /// secondary.
     pub async fn start(fleet: &Fleet, monitor: &str, nodes: [&str; 2]) -> Formation {
+        Formation::start_with_replica(fleet, monitor, nodes, None).await
+    }
+
+    /// [`Formation::start`], and a third node on `replica` if given: a streaming replica
+    /// the monitor keeps following the primary (`--candidate-priority 0
+    /// --replication-quorum false`: never promoted, never waited for), node index 2.
+    pub async fn start_with_replica(
+        fleet: &Fleet,
+        monitor: &str,
+        nodes: [&str; 2],
+        replica: Option<&str>,
+    ) -> Formation {
         // pg_autoctl finds pg_controldata and the others beside pg_ctl: the real folder,
         // not one of symbolic links to some of them (/usr/local/bin on some machines).
         let bin = artex::dev_db::find_server_binaries().expect("PostgreSQL binaries");
@@ -96,17 +111,19 @@ impl Formation {
             host: host.to_string(),
             port,
             pgdata: dir.path().join("pg").join(name),
-            keeper: None,
+            keeper: Mutex::new(None),
         };
-        let mut f = Formation {
+        let hosts: Vec<&str> = nodes.iter().copied().chain(replica).collect();
+        let f = Formation {
             monitor: node(monitor, MONITOR_PORT, "monitor"),
-            nodes: [node(nodes[0], 5432, "node1"), node(nodes[1], 5433, "node2")],
-            addrs: [
-                fleet.addr(nodes[0]).to_string(),
-                fleet.addr(nodes[1]).to_string(),
-            ],
-            namespaces: [monitor, nodes[0], nodes[1]]
+            nodes: hosts
                 .iter()
+                .enumerate()
+                .map(|(i, h)| node(h, 5432 + i as u16, &format!("node{}", i + 1)))
+                .collect(),
+            addrs: hosts.iter().map(|h| fleet.addr(h).to_string()).collect(),
+            namespaces: std::iter::once(&monitor)
+                .chain(&hosts)
                 .map(|h| fleet.netns(h).to_string())
                 .collect(),
             bin,
@@ -123,7 +140,7 @@ impl Formation {
             "--no-ssl",
             "--run",
         ];
-        f.monitor.keeper = Some(f.autoctl_spawn(fleet, None, &create, "monitor"));
+        *f.monitor.keeper.lock().unwrap() = Some(f.autoctl_spawn(fleet, None, &create, "monitor"));
         let monitor_client = f.wait_connect(MONITOR_PORT, "pg_auto_failover").await;
         for (name, value) in MONITOR_SETTINGS {
             monitor_client
@@ -135,7 +152,7 @@ impl Formation {
             .batch_execute("select pg_reload_conf()")
             .await
             .unwrap();
-        for i in 0..2 {
+        for i in 0..f.nodes.len() {
             f.create_node(fleet, i, &monitor_addr);
             if i == 0 {
                 f.wait_states(&[(0, "single")], Duration::from_secs(60))
@@ -145,21 +162,23 @@ impl Formation {
         // The standby's base backup waits for a checkpoint, spread over minutes by
         // default: ask the primary for an immediate one until the standby is there.
         let primary = f.client(0).await;
+        let want: Vec<(usize, String)> = (0..f.nodes.len())
+            .map(|i| (i, if i == 0 { "primary" } else { "secondary" }.to_string()))
+            .collect();
         wait_for(
-            "the standby to join (secondary) and the primary to be primary",
+            "the standbys to join (secondary) and the primary to be primary",
             Duration::from_secs(90),
             || {
-                let (f, primary) = (&f, &primary);
+                let (f, primary, want) = (&f, &primary, &want);
                 async move {
                     let _ = primary.batch_execute("checkpoint").await;
-                    let states = f.states().await;
-                    (states == [(0, "primary".into()), (1, "secondary".into())]).then_some(())
+                    (f.states().await == *want).then_some(())
                 }
             },
         )
         .await;
         // Once created (a reload during `create` breaks it).
-        for i in 0..2 {
+        for i in 0..f.nodes.len() {
             let (host, pgdata) = (f.nodes[i].host.clone(), f.nodes[i].pgdata.clone());
             f.set_partition_timeout(fleet, &host, &pgdata);
         }
@@ -289,9 +308,9 @@ impl Formation {
 
     /// The host crashes: every process on node `i`'s host (its keeper and PostgreSQL,
     /// postmaster first) killed with SIGKILL at once.
-    pub fn crash(&mut self, fleet: &Fleet, i: usize) {
+    pub fn crash(&self, fleet: &Fleet, i: usize) {
         fleet.signal_host(&self.nodes[i].host, Signal::SIGKILL);
-        if let Some(mut k) = self.nodes[i].keeper.take() {
+        if let Some(mut k) = self.nodes[i].keeper.lock().unwrap().take() {
             let _ = k.kill();
             let _ = k.wait();
         }
@@ -299,21 +318,75 @@ impl Formation {
 
     /// The node's keeper starts again (`pg_autoctl run`): it asks the monitor what it is
     /// now, and an old primary rejoins as a standby (pg_rewind or a new base backup).
-    pub fn restart(&mut self, fleet: &Fleet, i: usize) {
-        if let Some(mut k) = self.nodes[i].keeper.take() {
+    pub fn restart(&self, fleet: &Fleet, i: usize) {
+        if let Some(mut k) = self.nodes[i].keeper.lock().unwrap().take() {
             let _ = k.kill();
             let _ = k.wait();
         }
         let keeper = self.autoctl_spawn(fleet, Some(i), &["run"], &format!("node{}-run", i + 1));
-        self.nodes[i].keeper = Some(keeper);
+        *self.nodes[i].keeper.lock().unwrap() = Some(keeper);
     }
 
     /// Whether node `i`'s PostgreSQL runs (its keeper stops it when it demotes itself).
     pub fn postgres_runs(&self, i: usize) -> bool {
-        let pid = std::fs::read_to_string(self.nodes[i].pgdata.join("postmaster.pid"))
+        self.postmaster_pid(i).is_some_and(super::procs::alive)
+    }
+
+    /// The pid node `i`'s postmaster.pid names, if the file is there.
+    pub fn postmaster_pid(&self, i: usize) -> Option<i32> {
+        std::fs::read_to_string(self.nodes[i].pgdata.join("postmaster.pid"))
             .ok()
-            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()));
-        pid.is_some_and(super::procs::alive)
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+    }
+
+    /// Whether node `i`'s keeper (`pg_autoctl`) runs.
+    pub fn keeper_runs(&self, i: usize) -> bool {
+        self.nodes[i]
+            .keeper
+            .lock()
+            .unwrap()
+            .as_mut()
+            .is_some_and(|k| matches!(k.try_wait(), Ok(None)))
+    }
+
+    /// The folder of every server's Unix socket (a port each).
+    pub fn socket_dir(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    /// The node of index `i < 2` the monitor has as primary now (primary, or primary
+    /// without its standby: `wait_primary`), if either is.
+    pub async fn primary(&self) -> Option<usize> {
+        self.states()
+            .await
+            .into_iter()
+            .find(|(i, s)| *i < 2 && (s == "primary" || s == "wait_primary"))
+            .map(|(i, _)| i)
+    }
+
+    /// Every line the keepers and their servers logged so far, each file whole.
+    pub fn all_logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+            for e in entries.flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+                }
+            }
+        }
+        out
+    }
+
+    /// What node `i`'s PostgreSQL logged (pg_autoctl has it log into `PGDATA/log`).
+    pub fn server_log(&self, i: usize) -> String {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.nodes[i].pgdata.join("log"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+            .collect()
     }
 
     /// Everything the keepers and servers logged, for a failure's message.
@@ -336,11 +409,11 @@ impl Formation {
         out
     }
 
-    fn create_node(&mut self, fleet: &Fleet, i: usize, monitor_addr: &str) {
+    fn create_node(&self, fleet: &Fleet, i: usize, monitor_addr: &str) {
         let monitor =
             format!("postgres://autoctl_node@{monitor_addr}:{MONITOR_PORT}/pg_auto_failover");
         let addr = self.addrs[i].clone();
-        let args = [
+        let mut args = vec![
             "create",
             "postgres",
             "--hostname",
@@ -356,8 +429,11 @@ impl Formation {
             "--pg-hba-lan",
             "--run",
         ];
+        if i == 2 {
+            args.extend(["--candidate-priority", "0", "--replication-quorum", "false"]);
+        }
         let keeper = self.autoctl_spawn(fleet, Some(i), &args, &format!("node{}", i + 1));
-        self.nodes[i].keeper = Some(keeper);
+        *self.nodes[i].keeper.lock().unwrap() = Some(keeper);
     }
 
     /// `pg_autoctl ARGS… --pgdata … [--pgport … --pgctl …]` in the background on the
@@ -375,7 +451,12 @@ impl Formation {
                 .arg("--pgctl")
                 .arg(self.bin.join("pg_ctl"));
         }
-        let out = std::fs::File::create(self.dir.path().join(format!("{log}.log"))).unwrap();
+        // Appended: a keeper started again keeps the earlier runs' lines.
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{log}.log")))
+            .unwrap();
         let err = out.try_clone().unwrap();
         let child = cmd
             .stdin(Stdio::null())
@@ -479,12 +560,8 @@ impl Drop for Formation {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
-        for n in self
-            .nodes
-            .iter_mut()
-            .chain(std::iter::once(&mut self.monitor))
-        {
-            if let Some(mut k) = n.keeper.take() {
+        for n in self.nodes.iter().chain(std::iter::once(&self.monitor)) {
+            if let Some(mut k) = n.keeper.lock().unwrap().take() {
                 let _ = k.kill();
                 let _ = k.wait();
             }

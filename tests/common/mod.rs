@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod fleet;
 pub mod formation;
 pub mod journal;
+pub mod pooler;
 pub mod procs;
 
 use std::fs::{File, OpenOptions};
