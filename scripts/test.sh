@@ -2,7 +2,8 @@
 # Runs the whole test suite, on a fresh Debian/Ubuntu machine too (as root or with sudo):
 # installs PostgreSQL's server binaries, pgbouncer, pg_auto_failover, Prometheus, Chromium and its WebDriver (the
 # dashboard's browser tests) and cargo-nextest if missing, runs every test
-# against one throwaway cluster, then stops and removes it, then a 3-minute soak. Extra arguments go to
+# against one throwaway cluster, then stops and removes it, then a 3-minute soak in each
+# topology (one server; a failover formation behind pgbouncer). Extra arguments go to
 # `cargo nextest run` (e.g. `scripts/test.sh -E 'test(fencing)'`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +86,8 @@ cargo nextest run --workspace "$@"
 if [ $# -eq 0 ]; then
     cargo test --workspace --doc
     # Three minutes of every fault together (scripts/soak.sh; its report goes to
-    # target/soak/seed-S, the seed printed first so that a failure replays).
+    # target/soak/seed-S, the seed printed first so that a failure replays), on one
+    # PostgreSQL server, then in the production topology (failover, pgbouncer, replica).
     scripts/soak.sh --minutes 3
+    scripts/soak.sh --minutes 3 --topology fleet
 fi

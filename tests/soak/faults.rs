@@ -14,6 +14,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::topology::Topology;
 use crate::world::World;
 use crate::{FaultRecord, Settings, Soak};
 
@@ -34,6 +35,13 @@ pub enum Fault {
     Freeze(&'static str),
     /// w3's upload folder filled for the hold.
     DiskFull,
+    /// The fleet topology's primary fails over: its host killed (`cut` false), or its
+    /// link cut; the old primary comes back as a standby.
+    Failover { cut: bool },
+    /// The fleet topology's pgbouncer in front of the primary stopped for the hold.
+    PoolerRestart,
+    /// The fleet topology's read replica's host down for the hold.
+    ReplicaLoss,
 }
 
 impl Fault {
@@ -47,6 +55,10 @@ impl Fault {
             Fault::Partition(_) => "partition",
             Fault::Freeze(_) => "freeze",
             Fault::DiskFull => "disk-full",
+            Fault::Failover { cut: false } => "failover-kill",
+            Fault::Failover { cut: true } => "failover-cut",
+            Fault::PoolerRestart => "pgbouncer-restart",
+            Fault::ReplicaLoss => "replica-loss",
         }
     }
 
@@ -56,6 +68,8 @@ impl Fault {
             Fault::Kill9(r) | Fault::Partition(r) | Fault::Freeze(r) => r,
             Fault::Upgrade { .. } => "w3",
             Fault::PgRestart | Fault::PgStop => "postgres",
+            Fault::Failover { .. } | Fault::PoolerRestart => "postgres",
+            Fault::ReplicaLoss => "replica",
             Fault::DiskFull => "w3-disk",
         }
     }
@@ -72,35 +86,59 @@ pub struct Planned {
     pub hold: f64,
 }
 
-/// The faults and how often each comes (relative weights).
-const MIX: [(Fault, u32); 12] = [
+/// The faults on artex's processes and how often each comes (relative weights): those
+/// before the database's faults in a mix, then those after (the order the first faults
+/// are drawn from, so a seed replays as before).
+const PROCESS_FAULTS: [(Fault, u32); 5] = [
     (Fault::Kill9("w2"), 3),
     (Fault::Kill9("p2"), 2),
     (Fault::Kill9("w3"), 1),
     (Fault::Upgrade { good: true }, 3),
     (Fault::Upgrade { good: false }, 1),
-    (Fault::PgRestart, 1),
-    (Fault::PgStop, 1),
+];
+/// See [`PROCESS_FAULTS`].
+const HOST_FAULTS: [(Fault, u32); 5] = [
     (Fault::Partition("w1"), 1),
     (Fault::Partition("w2"), 1),
     (Fault::Freeze("w1"), 1),
     (Fault::Freeze("w2"), 1),
     (Fault::DiskFull, 1),
 ];
+/// The database's faults on one PostgreSQL server.
+const SINGLE_FAULTS: [(Fault, u32); 2] = [(Fault::PgRestart, 1), (Fault::PgStop, 1)];
+/// The database's faults in the fleet topology: a 20 s stop of the primary is a failover
+/// there, and failovers, pooler restarts and the replica's loss come in.
+const FLEET_FAULTS: [(Fault, u32); 5] = [
+    (Fault::PgRestart, 1),
+    (Fault::Failover { cut: false }, 1),
+    (Fault::Failover { cut: true }, 1),
+    (Fault::PoolerRestart, 1),
+    (Fault::ReplicaLoss, 1),
+];
+
+/// The faults of a run in `topology`, with their weights.
+fn mix(topology: Topology) -> Vec<(Fault, u32)> {
+    let database: &[(Fault, u32)] = match topology {
+        Topology::Single => &SINGLE_FAULTS,
+        Topology::Fleet => &FLEET_FAULTS,
+    };
+    [&PROCESS_FAULTS[..], database, &HOST_FAULTS[..]].concat()
+}
 
 /// A fault every 9 s on average (exponential gaps, at least 1 s), from 20 s into the
 /// run to 25 s before its end. The first ones are one of each kind, in a seeded order,
 /// so that even a short run meets every fault; the rest are drawn by weight.
 pub fn schedule(settings: &Settings) -> Vec<Planned> {
     let mut rng = fastrand::Rng::with_seed(settings.seed);
-    let total: u32 = MIX.iter().map(|m| m.1).sum();
+    let mix = mix(settings.topology);
+    let total: u32 = mix.iter().map(|m| m.1).sum();
     let end = settings.length().as_secs_f64() - 25.0;
     let mut at = 20.0;
     let mut plan = Vec::new();
     let mut first: Vec<Fault> = Vec::new();
-    for (f, _) in MIX {
+    for (f, _) in &mix {
         if !first.iter().any(|g| g.name() == f.name()) {
-            first.push(f);
+            first.push(*f);
         }
     }
     rng.shuffle(&mut first);
@@ -113,7 +151,7 @@ pub fn schedule(settings: &Settings) -> Vec<Planned> {
         let fault = if plan.len() < first.len() {
             first[plan.len()]
         } else {
-            MIX.iter()
+            mix.iter()
                 .find(|(_, w)| {
                     if pick < *w {
                         true
@@ -133,6 +171,10 @@ pub fn schedule(settings: &Settings) -> Vec<Planned> {
             // Past the 3 s lease: the task is given to another worker while it is frozen.
             Fault::Freeze(_) => 5.0 + rng.f64() * 3.0,
             Fault::DiskFull => 10.0 + rng.f64() * 10.0,
+            // At least until the standby is promoted (a cut), or the crashed node is
+            // started again (a kill).
+            Fault::Failover { .. } | Fault::ReplicaLoss => 10.0 + rng.f64() * 10.0,
+            Fault::PoolerRestart => 1.0 + rng.f64() * 2.0,
         };
         plan.push(Planned { at, fault, hold });
     }
@@ -277,8 +319,10 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
                 (_, code) => format!("answered {code}: {body}"),
             }
         }
+        Fault::PgRestart if world.db.single().is_none() => world.db.crash_primary_postgres().await,
         Fault::PgRestart => {
-            if let Ok(ClusterState::Running(pid)) = world.db.cluster.status() {
+            let db = world.db.single().expect("one server");
+            if let Ok(ClusterState::Running(pid)) = db.cluster.status() {
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
                 for _ in 0..600 {
                     if !crate::common::procs::alive(pid as i32) {
@@ -291,7 +335,10 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
         }
         Fault::PgStop => {
             let w = world.clone();
-            let stopped = tokio::task::spawn_blocking(move || w.db.cluster.stop().is_ok()).await;
+            let stopped = tokio::task::spawn_blocking(move || {
+                w.db.single().is_some_and(|db| db.cluster.stop().is_ok())
+            })
+            .await;
             tokio::time::sleep(hold_for).await;
             format!("stopped ({stopped:?}); {}", start_postgres(world).await)
         }
@@ -311,6 +358,15 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
             soak.frozen.lock().unwrap().push((pid, from, to));
             format!("pid {pid} frozen for {:.1} s", to - from)
         }
+        Fault::Failover { cut } => match world.db.failover(&world.fleet, cut, hold_for).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                soak.violation("failovers", e.clone());
+                e
+            }
+        },
+        Fault::PoolerRestart => world.db.restart_pooler(hold_for).await,
+        Fault::ReplicaLoss => world.db.lose_replica(&world.fleet, hold_for).await,
         Fault::DiskFull => {
             let filler = world.uploads.join("soak-filler");
             let f = filler.clone();
@@ -327,7 +383,8 @@ async fn apply(soak: &Soak, world: &Arc<World>, fault: Fault, hold: f64) -> Stri
 /// Starts PostgreSQL again in its host.
 async fn start_postgres(world: &Arc<World>) -> String {
     let w = world.clone();
-    match tokio::task::spawn_blocking(move || w.db.start_in_host()).await {
+    let start = move || w.db.single().expect("one server").start_in_host();
+    match tokio::task::spawn_blocking(start).await {
         Ok(()) => "started again".into(),
         Err(_) => "did not start (see postgres.log)".into(),
     }

@@ -403,24 +403,53 @@ async fn api_readers(soak: Arc<Soak>, world: Arc<World>, _seed: u64) {
             "/api/v1/workers",
             "/api/v1/flows?limit=10",
         ] {
-            let addr = world.serve_addr.clone();
-            let answer =
-                tokio::task::spawn_blocking(move || crate::common::procs::http_get(&addr, path))
-                    .await
-                    .expect("the reader thread");
-            match answer {
-                Ok((code, body)) => {
-                    soak.count(&format!("api {code}"));
-                    if code != 200 && code != 503 {
-                        let short: String = body.chars().take(200).collect();
-                        soak.violation("api answers", format!("GET {path}: {code} {short}"));
-                    }
-                }
-                Err(e) => soak.violation("api answers", format!("GET {path}: {e}")),
-            }
+            read_api(&soak, &world, path, "api").await;
+        }
+        if soak.settings.topology == crate::topology::Topology::Fleet {
+            replica_seen(&soak, &world).await;
         }
         if !pause(&soak, Duration::from_secs(1)).await {
             break;
+        }
+    }
+}
+
+/// In the fleet topology: whether `serve` reads from its replica now, as its `/health`
+/// says (counted; a replica that is lost or behind sends the reads to the primary).
+async fn replica_seen(soak: &Soak, world: &World) {
+    let Some(body) = read_api(soak, world, "/health", "health").await else {
+        return;
+    };
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let replica = &health["replica"];
+    if replica.is_object() {
+        soak.count(&format!(
+            "health: replica {}, serves reads {}",
+            replica["state"].as_str().unwrap_or("?"),
+            replica["serves_reads"]
+        ));
+    }
+}
+
+/// GET `path` from `serve`, its status counted under `counter`: anything but a 200 or a
+/// 503 (the database is away), or no answer, is a broken promise. The body, if any.
+async fn read_api(soak: &Soak, world: &World, path: &'static str, counter: &str) -> Option<String> {
+    let addr = world.serve_addr.clone();
+    let answer = tokio::task::spawn_blocking(move || crate::common::procs::http_get(&addr, path))
+        .await
+        .expect("the reader thread");
+    match answer {
+        Ok((code, body)) => {
+            soak.count(&format!("{counter} {code}"));
+            if code != 200 && code != 503 {
+                let short: String = body.chars().take(200).collect();
+                soak.violation("api answers", format!("GET {path}: {code} {short}"));
+            }
+            Some(body)
+        }
+        Err(e) => {
+            soak.violation("api answers", format!("GET {path}: {e}"));
+            None
         }
     }
 }

@@ -27,6 +27,7 @@ mod checks;
 mod faults;
 mod load;
 mod report;
+mod topology;
 mod world;
 
 use std::collections::HashMap;
@@ -37,7 +38,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-/// What a run is asked for: `ARTEX_SOAK_MINUTES`, `ARTEX_SOAK_SEED`, `ARTEX_SOAK_OUT`.
+/// What a run is asked for: `ARTEX_SOAK_MINUTES`, `ARTEX_SOAK_SEED`, `ARTEX_SOAK_OUT`,
+/// `ARTEX_SOAK_TOPOLOGY`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// How long the load and the faults run (the drain and the checks come after).
@@ -46,6 +48,8 @@ pub struct Settings {
     pub seed: u64,
     /// Where the report goes.
     pub out: PathBuf,
+    /// Where the blackboard lives (`single` unless asked).
+    pub topology: topology::Topology,
 }
 
 impl Settings {
@@ -69,7 +73,17 @@ impl Settings {
         let out = std::env::var("ARTEX_SOAK_OUT")
             .map(PathBuf::from)
             .unwrap_or_else(|_| std::env::temp_dir().join(format!("artex-soak-{seed}")));
-        Settings { minutes, seed, out }
+        let topology = std::env::var("ARTEX_SOAK_TOPOLOGY")
+            .map(|t| {
+                topology::Topology::parse(&t).unwrap_or_else(|e| panic!("ARTEX_SOAK_TOPOLOGY={e}"))
+            })
+            .unwrap_or(topology::Topology::Single);
+        Settings {
+            minutes,
+            seed,
+            out,
+            topology,
+        }
     }
 
     /// The run's length.
@@ -274,12 +288,15 @@ async fn soak() {
     let settings = Settings::from_env();
     std::fs::create_dir_all(&settings.out).expect("the report folder");
     eprintln!(
-        "SOAK seed={} minutes={} out={} (replay: scripts/soak.sh --seed {} --minutes {})",
+        "SOAK seed={} minutes={} topology={} out={} \
+         (replay: scripts/soak.sh --seed {} --minutes {} --topology {})",
         settings.seed,
         settings.minutes,
+        settings.topology.name(),
         settings.out.display(),
         settings.seed,
-        settings.minutes
+        settings.minutes,
+        settings.topology.name()
     );
     let soak = Arc::new(Soak::new(settings.clone()));
     let world = Arc::new(world::World::start(&soak).await);

@@ -89,13 +89,15 @@ pub fn write(soak: &Soak) -> PathBuf {
     let _ = writeln!(md, "# artex soak: {verdict}\n");
     let _ = writeln!(
         md,
-        "Seed {} · {} minutes of load and faults · retention {} min · replay: \
-         `scripts/soak.sh --seed {} --minutes {}`\n",
+        "Seed {} · {} minutes of load and faults · topology {} · retention {} min · replay: \
+         `scripts/soak.sh --seed {} --minutes {} --topology {}`\n",
         soak.settings.seed,
         soak.settings.minutes,
+        soak.settings.topology.name(),
         soak.settings.retention_minutes(),
         soak.settings.seed,
-        soak.settings.minutes
+        soak.settings.minutes,
+        soak.settings.topology.name()
     );
     let _ = writeln!(md, "![throughput, latency, memory, backlog](soak.svg)\n");
     let _ = writeln!(md, "## Invariants\n\n| invariant | broken |\n|---|---|");

@@ -1,4 +1,5 @@
-//! The soak's fleet: PostgreSQL on host `db`, planners on `p1` and `p2`, workers on `w1`,
+//! The soak's fleet: PostgreSQL on host `db` (or the formation of the fleet topology on
+//! `mon`, `n1`, `n2` and `n3`: see `topology`), planners on `p1` and `p2`, workers on `w1`,
 //! `w2` and `w3` (the last upgradable, keeping uploads on a small tmpfs), a client host
 //! `cl` for curl and `artex upload`, and `artex serve` in the root namespace (reading
 //! through the Unix socket). Every process started here is restarted by [`World::restart`]
@@ -20,8 +21,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::common::bundles::{Keys, TOKEN};
-use crate::common::fleet::{Fleet, FleetDb};
+use crate::common::fleet::Fleet;
 use crate::common::procs::{alive, serve_address, Proc};
+use crate::topology::Database;
 use crate::Soak;
 
 /// The write token of `w3` (uploads) and of `artex serve`.
@@ -46,10 +48,12 @@ struct Role {
 pub struct World {
     /// The network namespaces.
     pub fleet: Fleet,
-    /// PostgreSQL, on host `db`.
-    pub db: FleetDb,
+    /// PostgreSQL, on host `db` (or the formation and its poolers).
+    pub db: Database,
     /// Its URL from the fleet's hosts (TCP).
     pub url: String,
+    /// The flags that go with [`World::url`] (LISTEN through a pooler's session alias).
+    url_flags: Vec<String>,
     /// A blackboard for the soak itself, through the Unix socket.
     pub bb: Blackboard,
     /// Upgrade keys, bundles and the upgrade token.
@@ -83,12 +87,16 @@ impl World {
     /// Builds the fleet, starts PostgreSQL and every process, and waits until the
     /// workers are online.
     pub async fn start(soak: &Soak) -> World {
-        let fleet = Fleet::new(&["db", "p1", "p2", "w1", "w2", "w3", "cl"]);
-        // Durable: PostgreSQL is crashed on purpose, and what it acknowledged must
-        // survive (with the tests' unsafe settings a crash loses recent commits, and
-        // their transaction ids are given out again).
-        let db = fleet.start_durable_postgres("db").await;
-        let url = db.url_from_fleet();
+        let topology = soak.settings.topology;
+        let hosts: Vec<&str> = topology
+            .database_hosts()
+            .iter()
+            .copied()
+            .chain(["p1", "p2", "w1", "w2", "w3", "cl"])
+            .collect();
+        let fleet = Fleet::new(&hosts);
+        let db = Database::start(&fleet, topology).await;
+        let (url, url_flags) = db.fleet_url();
         let bb = Blackboard::connect(&db.local_url(), 6).expect("the soak's pool");
         let dir = tempfile::Builder::new()
             .prefix("artex-soak.")
@@ -116,23 +124,22 @@ impl World {
 
         // `artex serve` reads through the Unix socket: the root namespace is not on the
         // fleet's network.
-        let serve = Proc::start(
+        let (serve_url, serve_flags) = db.serve_url();
+        let mut serve_args: Vec<&str> = vec![
             "serve",
-            &db.local_url(),
-            &[
-                "serve",
-                "--http",
-                "127.0.0.1:0",
-                "--write-token-file",
-                token_file.to_str().unwrap(),
-            ],
-            &[],
-        );
+            "--http",
+            "127.0.0.1:0",
+            "--write-token-file",
+            token_file.to_str().unwrap(),
+        ];
+        serve_args.extend(serve_flags.iter().map(String::as_str));
+        let serve = Proc::start("serve", &serve_url, &serve_args, &[]);
         let serve_addr = serve_address(&serve).await;
         let world = World {
             fleet,
             db,
             url,
+            url_flags,
             bb,
             keys,
             good,
@@ -162,8 +169,8 @@ impl World {
         for role in ["p1", "p2", "w1", "w2", "w3"] {
             world.launch(role);
         }
-        crate::common::procs::wait_online(&world.db.client().await, 3, Duration::from_secs(60))
-            .await;
+        let c = crate::common::connect(&world.db.local_url()).await;
+        crate::common::procs::wait_online(&c, 3, Duration::from_secs(60)).await;
         world
     }
 
@@ -172,16 +179,17 @@ impl World {
         let mut roles = self.roles.lock().unwrap();
         let generation = roles.get(role).map(|r| r.generation + 1).unwrap_or(0);
         let name = format!("{role}.{generation}");
+        let flags: Vec<&str> = self.url_flags.iter().map(String::as_str).collect();
         let proc = match role {
-            "p1" | "p2" => self.fleet.planner(
-                role,
-                &name,
-                &self.url,
-                &["--history-retention", &self.retention],
-            ),
-            "w1" | "w2" => self.fleet.worker(role, &name, &self.url, &[]),
+            "p1" | "p2" => {
+                let mut extra = vec!["--history-retention", &self.retention];
+                extra.extend(&flags);
+                self.fleet.planner(role, &name, &self.url, &extra)
+            }
+            "w1" | "w2" => self.fleet.worker(role, &name, &self.url, &flags),
             "w3" => {
                 let mut extra: Vec<String> = self.keys.flags("upgrades");
+                extra.extend(self.url_flags.iter().cloned());
                 extra.extend(
                     [
                         "--write-token-file",
@@ -318,12 +326,7 @@ impl World {
             self.fleet.heal(host);
             self.fleet.signal_host(host, Signal::SIGCONT);
         }
-        if !matches!(
-            self.db.cluster.status(),
-            Ok(artex::dev_db::ClusterState::Running(_))
-        ) {
-            self.db.start_in_host();
-        }
+        self.db.heal(&self.fleet).await;
         for role in ["p1", "p2", "w1", "w2", "w3"] {
             if !alive(self.pid(role)) {
                 self.launch(role);
@@ -343,7 +346,7 @@ impl World {
                 r.proc.log_text(),
             );
         }
-        let _ = std::fs::write(dir.join("postgres.log"), self.db.server_log());
+        self.db.keep_logs(dir);
     }
 
     /// The upgrade token (the keys' token file).

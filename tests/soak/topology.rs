@@ -1,0 +1,441 @@
+//! Where the soak's blackboard lives, and the faults that hit it there.
+//!
+//! - `single` (the default): one durable PostgreSQL server on host `db`; it is crashed
+//!   (SIGQUIT) and stopped for 20 s.
+//! - `fleet` (issue 36 §3), the production topology: a pg_auto_failover formation (its
+//!   monitor on `mon`, the primary and its synchronous standby on `n1` and `n2`, a
+//!   streaming replica on `n3` that is never promoted), a pgbouncer in transaction mode
+//!   beside each of `n1` and `n2` (every artex process is given both, with
+//!   `target_session_attrs=read-write`, and LISTENs through their session alias), and
+//!   `artex serve` reading from the replica. Its faults: the primary's host killed or its
+//!   link cut (a failover each), the primary's postmaster crashed (its keeper starts it
+//!   again), the primary's pgbouncer restarted, the replica's host lost. A 20 s stop has
+//!   no place here: the monitor fails over first, which the failovers stand for.
+//!
+//! A pgbouncer is started and stopped in place (it is up within a tenth of a second):
+//! the soak's other tasks wait that long.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::common::fleet::{Fleet, FleetDb};
+use crate::common::formation::{Formation, DATABASE};
+use crate::common::pooler::{FleetPooler, PoolerSpec, POOLER_PORT};
+
+/// Which topology a run soaks (`ARTEX_SOAK_TOPOLOGY`, `scripts/soak.sh --topology`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Topology {
+    /// One PostgreSQL server.
+    Single,
+    /// A formation behind pgbouncers, with a read replica.
+    Fleet,
+}
+
+impl Topology {
+    /// Parses `single` or `fleet`.
+    pub fn parse(s: &str) -> Result<Topology, String> {
+        match s {
+            "single" => Ok(Topology::Single),
+            "fleet" => Ok(Topology::Fleet),
+            other => Err(format!("{other}: expected single or fleet")),
+        }
+    }
+
+    /// Its name, as given.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Fleet => "fleet",
+        }
+    }
+
+    /// The hosts PostgreSQL needs (the fleet's other hosts come after).
+    pub fn database_hosts(&self) -> &'static [&'static str] {
+        match self {
+            Topology::Single => &["db"],
+            Topology::Fleet => &["mon", "n1", "n2", "n3"],
+        }
+    }
+}
+
+/// Server connections of each pgbouncer: the transaction pool, and the session alias
+/// (a LISTEN session per artex process: 2 planners, 3 workers, one more during a hot
+/// upgrade, `serve`, and spares).
+const POOL_SIZE: u32 = 20;
+const SESSION_POOL_SIZE: u32 = 12;
+/// The formation's replica node.
+const REPLICA: usize = 2;
+
+/// The blackboard's servers.
+pub enum Database {
+    /// See [`Topology::Single`].
+    Single(FleetDb),
+    /// See [`Topology::Fleet`]; a pooler beside each of the nodes 0 and 1.
+    Fleet {
+        formation: Formation,
+        poolers: Vec<FleetPooler>,
+        _dir: tempfile::TempDir,
+    },
+}
+
+impl Database {
+    /// Starts the servers of `topology` on `fleet`, the blackboard migrated.
+    pub async fn start(fleet: &Fleet, topology: Topology) -> Database {
+        let db = match topology {
+            // Durable: PostgreSQL is crashed on purpose, and what it acknowledged must
+            // survive (with the tests' unsafe settings a crash loses recent commits, and
+            // their transaction ids are given out again).
+            Topology::Single => Database::Single(fleet.start_durable_postgres("db").await),
+            Topology::Fleet => {
+                let formation =
+                    Formation::start_with_replica(fleet, "mon", ["n1", "n2"], Some("n3")).await;
+                let dir = tempfile::Builder::new()
+                    .prefix("artex-soak-poolers.")
+                    .tempdir()
+                    .expect("the poolers' folder");
+                std::fs::set_permissions(
+                    dir.path(),
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )
+                .expect("chmod the poolers' folder");
+                let poolers = (0..2)
+                    .map(|i| {
+                        let host = formation.nodes[i].host.clone();
+                        let spec = PoolerSpec {
+                            netns: fleet.netns(&host),
+                            addr: fleet.addr(&host),
+                            socket: formation.socket_dir(),
+                            port: formation.nodes[i].port,
+                            database: DATABASE,
+                            pool_size: POOL_SIZE,
+                            session_pool_size: SESSION_POOL_SIZE,
+                            unix_socket: true,
+                        };
+                        FleetPooler::start(&spec, &dir.path().join(&host))
+                    })
+                    .collect();
+                Database::Fleet {
+                    formation,
+                    poolers,
+                    _dir: dir,
+                }
+            }
+        };
+        if let Database::Fleet { .. } = &db {
+            let bb = artex_actors::Blackboard::connect(&db.local_url(), 2).expect("a pool");
+            bb.maintenance()
+                .migrate()
+                .await
+                .expect("migrating the primary");
+        }
+        db
+    }
+
+    /// What artex processes on the fleet's hosts are given: `ARTEX_DATABASE_URL`, and
+    /// the flags that go with it.
+    pub fn fleet_url(&self) -> (String, Vec<String>) {
+        match self {
+            Database::Single(db) => (db.url_from_fleet(), Vec::new()),
+            Database::Fleet { poolers, .. } => {
+                let hosts: Vec<String> = poolers.iter().map(FleetPooler::host_port).collect();
+                let url = |db: &str| {
+                    format!(
+                        "postgresql://postgres@{}/{db}?target_session_attrs=read-write",
+                        hosts.join(",")
+                    )
+                };
+                (
+                    url(DATABASE),
+                    vec![
+                        "--listen-database-url".into(),
+                        url(&format!("{DATABASE}_session")),
+                    ],
+                )
+            }
+        }
+    }
+
+    /// What `artex serve` (in the root namespace, which reaches the servers and the
+    /// poolers through their Unix sockets) is given: its URL and flags.
+    pub fn serve_url(&self) -> (String, Vec<String>) {
+        match self {
+            Database::Single(db) => (db.local_url(), Vec::new()),
+            Database::Fleet {
+                formation, poolers, ..
+            } => {
+                let dirs: Vec<String> = poolers
+                    .iter()
+                    .filter_map(|p| p.socket_dir().map(|d| d.display().to_string()))
+                    .collect();
+                let ports = vec![POOLER_PORT.to_string(); dirs.len()].join(",");
+                let url = |db: &str| {
+                    format!(
+                        "host={} port={ports} user=postgres dbname={db} \
+                         target_session_attrs=read-write connect_timeout=2",
+                        dirs.join(",")
+                    )
+                };
+                let replica = format!(
+                    "host={} port={} user=postgres dbname={DATABASE} connect_timeout=2",
+                    formation.socket_dir().display(),
+                    formation.nodes[REPLICA].port
+                );
+                (
+                    url(DATABASE),
+                    vec![
+                        "--listen-database-url".into(),
+                        url(&format!("{DATABASE}_session")),
+                        "--read-database-url".into(),
+                        replica,
+                    ],
+                )
+            }
+        }
+    }
+
+    /// The primary, for the soak's own queries (Unix sockets, straight to the servers).
+    pub fn local_url(&self) -> String {
+        match self {
+            Database::Single(db) => db.local_url(),
+            Database::Fleet { formation, .. } => format!(
+                "host={sock},{sock} port={},{} user=postgres dbname={DATABASE} \
+                 target_session_attrs=read-write connect_timeout=2",
+                formation.nodes[0].port,
+                formation.nodes[1].port,
+                sock = formation.socket_dir().display(),
+            ),
+        }
+    }
+
+    /// Everything the blackboard's servers logged (not the monitor's, whose own
+    /// database is none of artex's).
+    pub fn server_log(&self) -> String {
+        match self {
+            Database::Single(db) => db.server_log(),
+            Database::Fleet { formation, .. } => (0..formation.nodes.len())
+                .map(|i| formation.server_log(i))
+                .collect(),
+        }
+    }
+
+    /// Copies the servers' and poolers' logs into `dir`.
+    pub fn keep_logs(&self, dir: &std::path::Path) {
+        match self {
+            Database::Single(db) => {
+                let _ = std::fs::write(dir.join("postgres.log"), db.server_log());
+            }
+            Database::Fleet {
+                formation, poolers, ..
+            } => {
+                let _ = std::fs::write(dir.join("pg_autoctl.log"), formation.all_logs());
+                for i in 0..formation.nodes.len() {
+                    let name = format!("postgres-n{}.log", i + 1);
+                    let _ = std::fs::write(dir.join(name), formation.server_log(i));
+                }
+                for (i, p) in poolers.iter().enumerate() {
+                    let _ = std::fs::write(dir.join(format!("pgbouncer-n{}.log", i + 1)), p.log());
+                }
+            }
+        }
+    }
+
+    /// The single server, for the faults only it meets.
+    pub fn single(&self) -> Option<&FleetDb> {
+        match self {
+            Database::Single(db) => Some(db),
+            Database::Fleet { .. } => None,
+        }
+    }
+
+    /// Which of the nodes 0 and 1 is primary while the pair is healthy (one primary, the
+    /// other its secondary), waiting up to `wait`; `Err` gives the states seen.
+    async fn healthy_primary(formation: &Formation, wait: Duration) -> Result<usize, String> {
+        let end = Instant::now() + wait;
+        loop {
+            let states = formation.states().await;
+            let of = |i: usize| {
+                states
+                    .iter()
+                    .find(|(j, _)| *j == i)
+                    .map(|(_, s)| s.as_str())
+            };
+            match (of(0), of(1)) {
+                (Some("primary"), Some("secondary")) => return Ok(0),
+                (Some("secondary"), Some("primary")) => return Ok(1),
+                _ if Instant::now() >= end => return Err(format!("{states:?}")),
+                _ => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    /// The formation's failover faults: the primary's host killed (`cut` false) or its
+    /// link cut until the standby is promoted (at least `hold`); then the old primary
+    /// comes back and rejoins as a standby on its own. Says what happened; `Err` when
+    /// the standby was not promoted within 2 minutes.
+    pub async fn failover(
+        &self,
+        fleet: &Fleet,
+        cut: bool,
+        hold: Duration,
+    ) -> Result<String, String> {
+        let Database::Fleet {
+            formation, poolers, ..
+        } = self
+        else {
+            return Ok("no formation".into());
+        };
+        let p = match Database::healthy_primary(formation, Duration::from_secs(60)).await {
+            Ok(p) => p,
+            Err(states) => return Ok(format!("skipped: the pair is not healthy: {states}")),
+        };
+        let host = formation.nodes[p].host.clone();
+        let t0 = Instant::now();
+        if cut {
+            fleet.partition(&host);
+        } else {
+            formation.crash(fleet, p);
+        }
+        let promoted = wait_primary(formation, 1 - p, Duration::from_secs(120)).await;
+        let took = t0.elapsed().as_secs_f64();
+        if let Some(left) = hold.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(left).await;
+        }
+        if cut {
+            fleet.heal(&host);
+        } else {
+            let pooler = &poolers[p];
+            formation.restart(fleet, p);
+            pooler.start_again();
+        }
+        let how = if cut { "link cut" } else { "host killed" };
+        match promoted {
+            true => Ok(format!(
+                "node {} ({how}): node {} primary after {took:.1} s; node {} back",
+                p + 1,
+                2 - p,
+                p + 1
+            )),
+            false => Err(format!(
+                "node {} ({how}): node {} not primary after {took:.1} s: {:?}",
+                p + 1,
+                2 - p,
+                formation.states().await
+            )),
+        }
+    }
+
+    /// The primary's postmaster crashes (SIGQUIT); the keeper starts it again, or the
+    /// monitor fails over. Says which.
+    pub async fn crash_primary_postgres(&self) -> String {
+        let Database::Fleet { formation, .. } = self else {
+            return "no formation".into();
+        };
+        let p = match Database::healthy_primary(formation, Duration::from_secs(60)).await {
+            Ok(p) => p,
+            Err(states) => return format!("skipped: the pair is not healthy: {states}"),
+        };
+        let Some(pid) = formation.postmaster_pid(p) else {
+            return format!("node {}: no postmaster.pid", p + 1);
+        };
+        let _ = kill(Pid::from_raw(pid), Signal::SIGQUIT);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(90) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if formation.writable(0).await || formation.writable(1).await {
+                return format!(
+                    "node {}'s postmaster (pid {pid}) crashed; writable again after {:.1} s",
+                    p + 1,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        format!(
+            "node {}'s postmaster (pid {pid}) crashed; not writable after 90 s",
+            p + 1
+        )
+    }
+
+    /// The primary's pgbouncer stops (every client connection closed) for `hold`, then
+    /// starts again.
+    pub async fn restart_pooler(&self, hold: Duration) -> String {
+        let Database::Fleet {
+            formation, poolers, ..
+        } = self
+        else {
+            return "no pooler".into();
+        };
+        let p = formation.primary().await.unwrap_or(0);
+        poolers[p].stop();
+        tokio::time::sleep(hold).await;
+        poolers[p].start_again();
+        format!(
+            "node {}'s pgbouncer down for {:.1} s",
+            p + 1,
+            hold.as_secs_f64()
+        )
+    }
+
+    /// The replica's host crashes, and comes back after `hold`.
+    pub async fn lose_replica(&self, fleet: &Fleet, hold: Duration) -> String {
+        let Database::Fleet { formation, .. } = self else {
+            return "no replica".into();
+        };
+        formation.crash(fleet, REPLICA);
+        tokio::time::sleep(hold).await;
+        formation.restart(fleet, REPLICA);
+        format!("replica's host down for {:.1} s", hold.as_secs_f64())
+    }
+
+    /// At the end: whatever a fault left down is up again (links, keepers, poolers), and
+    /// a primary serves.
+    pub async fn heal(&self, fleet: &Fleet) {
+        match self {
+            Database::Single(db) => {
+                if !matches!(
+                    db.cluster.status(),
+                    Ok(artex::dev_db::ClusterState::Running(_))
+                ) {
+                    db.start_in_host();
+                }
+            }
+            Database::Fleet {
+                formation, poolers, ..
+            } => {
+                for i in 0..formation.nodes.len() {
+                    fleet.heal(&formation.nodes[i].host.clone());
+                    if !formation.keeper_runs(i) {
+                        formation.restart(fleet, i);
+                    }
+                }
+                for p in poolers {
+                    if !p.runs() {
+                        p.start_again();
+                    }
+                }
+                if Database::healthy_primary(formation, Duration::from_secs(180))
+                    .await
+                    .is_err()
+                {
+                    eprintln!(
+                        "SOAK the formation is not healthy after the faults: {}",
+                        formation.logs()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Waits until node `i` is primary (or primary without a standby), up to `wait`.
+async fn wait_primary(formation: &Formation, i: usize, wait: Duration) -> bool {
+    let end = Instant::now() + wait;
+    while Instant::now() < end {
+        if formation.primary().await == Some(i) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
