@@ -209,6 +209,19 @@ impl Database {
         }
     }
 
+    /// The primary for the soak's reads: the server itself, or the node the monitor has
+    /// as primary now (none during a failover). Not any node that takes writes through
+    /// its Unix socket: an old primary cut off from the fleet still does, for the seconds
+    /// until its keeper demotes it, and what artex wrote on the new one is not there.
+    pub async fn primary_url(&self) -> Option<String> {
+        match self {
+            Database::Single(db) => Some(db.local_url()),
+            Database::Fleet { formation, .. } => {
+                formation.primary().await.map(|i| formation.local_url(i))
+            }
+        }
+    }
+
     /// Everything the blackboard's servers logged (not the monitor's, whose own
     /// database is none of artex's).
     pub fn server_log(&self) -> String {
@@ -273,7 +286,8 @@ impl Database {
     /// The formation's failover faults: the primary's host killed (`cut` false) or its
     /// link cut until the standby is promoted (at least `hold`); then the old primary
     /// comes back and rejoins as a standby on its own. Says what happened; `Err` when
-    /// the standby was not promoted within 2 minutes.
+    /// the standby was not promoted within 90 s (the wait for a healthy pair, this and
+    /// the hold stay within the 3 minutes a fault may take).
     pub async fn failover(
         &self,
         fleet: &Fleet,
@@ -297,7 +311,7 @@ impl Database {
         } else {
             formation.crash(fleet, p);
         }
-        let promoted = wait_primary(formation, 1 - p, Duration::from_secs(120)).await;
+        let promoted = wait_primary(formation, 1 - p, Duration::from_secs(90)).await;
         let took = t0.elapsed().as_secs_f64();
         if let Some(left) = hold.checked_sub(t0.elapsed()) {
             tokio::time::sleep(left).await;
@@ -310,19 +324,16 @@ impl Database {
             pooler.start_again();
         }
         let how = if cut { "link cut" } else { "host killed" };
-        match promoted {
-            true => Ok(format!(
-                "node {} ({how}): node {} primary after {took:.1} s; node {} back",
-                p + 1,
-                2 - p,
-                p + 1
-            )),
-            false => Err(format!(
-                "node {} ({how}): node {} not primary after {took:.1} s: {:?}",
-                p + 1,
-                2 - p,
-                formation.states().await
-            )),
+        let (old, new) = (p + 1, 2 - p);
+        if promoted {
+            Ok(format!(
+                "node {old} ({how}): node {new} primary after {took:.1} s; node {old} back"
+            ))
+        } else {
+            let states = formation.states().await;
+            Err(format!(
+                "node {old} ({how}): node {new} not primary after {took:.1} s: {states:?}"
+            ))
         }
     }
 
@@ -404,7 +415,7 @@ impl Database {
                 formation, poolers, ..
             } => {
                 for i in 0..formation.nodes.len() {
-                    fleet.heal(&formation.nodes[i].host.clone());
+                    fleet.heal(&formation.nodes[i].host);
                     if !formation.keeper_runs(i) {
                         formation.restart(fleet, i);
                     }

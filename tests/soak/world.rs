@@ -227,9 +227,10 @@ impl World {
         }
     }
 
-    /// A client of PostgreSQL through its Unix socket, or `None` while it is away.
+    /// A client of the primary through its Unix socket, or `None` while it is away (or,
+    /// in the fleet topology, while the monitor names no primary).
     pub async fn client(&self) -> Option<tokio_postgres::Client> {
-        let url = self.db.local_url();
+        let url = self.db.primary_url().await?;
         let connect = tokio_postgres::connect(&url, tokio_postgres::NoTls);
         let (client, connection) = tokio::time::timeout(Duration::from_secs(3), connect)
             .await
