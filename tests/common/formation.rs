@@ -181,8 +181,26 @@ impl Formation {
         for i in 0..f.nodes.len() {
             let (host, pgdata) = (f.nodes[i].host.clone(), f.nodes[i].pgdata.clone());
             f.set_partition_timeout(fleet, &host, &pgdata);
+            f.allow_rewind(i).await;
         }
         f
+    }
+
+    /// Lets an old primary rejoin by `pg_rewind`, which reads the new primary's
+    /// `postgres` database as the replication user: `--pg-hba-lan` opens `--dbname` and
+    /// replication to the fleet, not that, and without it every rejoin falls back to a
+    /// whole base backup. A node made later by a base backup copies the line.
+    async fn allow_rewind(&self, i: usize) {
+        let hba = self.nodes[i].pgdata.join("pg_hba.conf");
+        let old = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");
+        let line = "host postgres pgautofailover_replicator 198.18.0.0/15 trust\n";
+        // Written in place: the file keeps its owner (postgres).
+        std::fs::write(&hba, format!("{old}{line}")).expect("writing pg_hba.conf");
+        self.client(i)
+            .await
+            .batch_execute("select pg_reload_conf()")
+            .await
+            .expect("reloading pg_hba.conf");
     }
 
     /// `postgresql://postgres@A:5432,B:5433/artex?target_session_attrs=read-write`: what
