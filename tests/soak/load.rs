@@ -90,31 +90,34 @@ fn refused(soak: &Soak, what: &str, e: &dyn std::fmt::Display) {
 
 /// Sets the kind limit and the schedule, then starts every loop.
 pub async fn start(soak: &Arc<Soak>, world: &Arc<World>) -> Load {
-    let op = world.bb.operator();
-    op.set_kind_limit(
-        LIMITED_KIND,
-        &LimitSpec {
-            fair: false,
-            concurrency: Some(LIMIT as i32),
-            key_concurrency: None,
-            rate_per_sec: None,
-        },
-        "soak",
-    )
-    .await
-    .expect("setting the soak's kind limit");
-    op.add_schedule(
-        &NewSchedule {
-            name: SCHEDULE.into(),
-            cron: "* * * * *".into(),
-            timezone: "UTC".into(),
-            task: NewTask::new("noop", json!({ "scheduled": true })),
-            catch_up: CatchUp::All,
-        },
-        "soak",
-    )
-    .await
-    .expect("adding the soak's schedule");
+    world
+        .operator()
+        .set_kind_limit(
+            LIMITED_KIND,
+            &LimitSpec {
+                fair: false,
+                concurrency: Some(LIMIT as i32),
+                key_concurrency: None,
+                rate_per_sec: None,
+            },
+            "soak",
+        )
+        .await
+        .expect("setting the soak's kind limit");
+    world
+        .operator()
+        .add_schedule(
+            &NewSchedule {
+                name: SCHEDULE.into(),
+                cron: "* * * * *".into(),
+                timezone: "UTC".into(),
+                task: NewTask::new("noop", json!({ "scheduled": true })),
+                catch_up: CatchUp::All,
+            },
+            "soak",
+        )
+        .await
+        .expect("adding the soak's schedule");
 
     let feed = Arc::new(Mutex::new(FeedSeen::default()));
     let mut loops = Vec::new();
@@ -146,7 +149,6 @@ pub async fn start(soak: &Arc<Soak>, world: &Arc<World>) -> Load {
 /// sleep of 0.1–2 s (the limited kind).
 async fn short_tasks(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let op = world.bb.operator();
     let mut n = 0u64;
     while !soak.load_stopped() {
         n += 1;
@@ -161,7 +163,7 @@ async fn short_tasks(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
             LIMITED_KIND,
             json!({ "ms": rng.u64(100..2000) }),
         ));
-        match op.submit_many(&batch, "soak").await {
+        match world.operator().submit_many(&batch, "soak").await {
             Ok(ids) => {
                 for (t, id) in batch.iter().zip(&ids) {
                     acked(&soak, &[*id], &t.kind, Expect::Ends);
@@ -180,7 +182,6 @@ async fn short_tasks(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
 /// overlap check reads.
 async fn journals(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let op = world.bb.operator();
     let file = world.journal.to_string_lossy().into_owned();
     let mut n = 0u64;
     while !soak.load_stopped() {
@@ -191,7 +192,7 @@ async fn journals(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
             ("journal-checkpoint", rng.u64(10..40))
         };
         let task = NewTask::new(kind, json!({ "file": file, "steps": steps, "ms": 100 }));
-        match op.submit(&task, "soak").await {
+        match world.operator().submit(&task, "soak").await {
             Ok(id) => acked(&soak, &[id], kind, Expect::Ends),
             Err(e) => refused(&soak, kind, &e),
         }
@@ -204,7 +205,6 @@ async fn journals(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
 /// Every 4 s a diamond: a (echo) → b (sleep), c (journal) → d (gather).
 async fn flows(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let op = world.bb.operator();
     let file = world.journal.to_string_lossy().into_owned();
     while !soak.load_stopped() {
         let spec: FlowSpec = serde_json::from_value(json!({
@@ -220,7 +220,7 @@ async fn flows(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
             ]
         }))
         .expect("the soak's flow spec");
-        match op.submit_flow(&spec, "soak").await {
+        match world.operator().submit_flow(&spec, "soak").await {
             Ok(id) => {
                 soak.flows.lock().unwrap().insert(id, false);
             }
@@ -235,12 +235,11 @@ async fn flows(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
 /// Every second a noop with a unique key, each key submitted four times in a row:
 /// while its task is unfinished the later ones write nothing and get its id.
 async fn uniques(soak: Arc<Soak>, world: Arc<World>, _seed: u64) {
-    let op = world.bb.operator();
     let mut n = 0u64;
     while !soak.load_stopped() {
         let mut task = NewTask::new("noop", json!({ "unique": n }));
         task.unique_key = Some(format!("{UNIQUE_PREFIX}{}", n / 4));
-        match op.submit(&task, "soak").await {
+        match world.operator().submit(&task, "soak").await {
             Ok(id) => acked(&soak, &[id], "noop", Expect::Ends),
             Err(e) => refused(&soak, "unique", &e),
         }
@@ -256,7 +255,6 @@ async fn uniques(soak: Arc<Soak>, world: Arc<World>, _seed: u64) {
 /// 3 s later (retried until it is: a paused flow would never finish).
 async fn operators(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let op = world.bb.operator();
     let mut tick = 0u64;
     while !soak.load_stopped() {
         if !pause(&soak, Duration::from_secs(1)).await {
@@ -278,7 +276,8 @@ async fn operators(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
                 .map(|(id, _)| *id)
                 .collect();
             if let Some(id) = (!recent.is_empty()).then(|| recent[rng.usize(..recent.len())]) {
-                match op
+                match world
+                    .operator()
                     .control(Control::Cancel, id, "soak-operator", Some("soak: canceled"))
                     .await
                 {
@@ -293,7 +292,8 @@ async fn operators(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
                 continue;
             }
             let id = flows[rng.usize(..flows.len())];
-            match op
+            match world
+                .operator()
                 .control(Control::Pause, id, "soak-operator", Some("soak: paused"))
                 .await
             {
@@ -311,9 +311,9 @@ async fn operators(soak: Arc<Soak>, world: Arc<World>, seed: u64) {
 /// Resumes a paused flow 3 s after its pause, retrying through outages.
 async fn resume_flow(soak: &Soak, world: &World, id: Uuid) {
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let op = world.bb.operator();
     for _ in 0..600 {
-        match op
+        match world
+            .operator()
             .control(Control::Resume, id, "soak-operator", Some("soak: resumed"))
             .await
         {

@@ -76,6 +76,8 @@ pub enum Database {
     Fleet {
         formation: Formation,
         poolers: Vec<FleetPooler>,
+        /// The node whose host is cut off now (a failover by a cut), if one is.
+        cut: std::sync::Mutex<Option<usize>>,
         _dir: tempfile::TempDir,
     },
 }
@@ -119,6 +121,7 @@ impl Database {
                 Database::Fleet {
                     formation,
                     poolers,
+                    cut: std::sync::Mutex::new(None),
                     _dir: dir,
                 }
             }
@@ -222,6 +225,31 @@ impl Database {
         }
     }
 
+    /// The URLs of the nodes that may be primary, each alone (through its Unix socket,
+    /// refusing a session that takes no writes): the soak's own writes go to the one
+    /// that is not cut off while a cut lasts ([`Database::cut_node`]). None in the single
+    /// topology.
+    pub fn node_urls(&self) -> Vec<String> {
+        match self {
+            Database::Single(_) => Vec::new(),
+            Database::Fleet { formation, .. } => (0..2)
+                .map(|i| format!("{} target_session_attrs=read-write", formation.local_url(i)))
+                .collect(),
+        }
+    }
+
+    /// The node cut off from the fleet now, if one is. The root namespace, where the
+    /// soak and `serve` run, reaches the servers and the poolers through Unix sockets,
+    /// which no cut stops; so while it lasts the soak writes to the other node only and
+    /// the cut host's pgbouncer is stopped, and nothing reaches the cut node that the
+    /// fleet could not.
+    pub fn cut_node(&self) -> Option<usize> {
+        match self {
+            Database::Single(_) => None,
+            Database::Fleet { cut, .. } => *cut.lock().unwrap(),
+        }
+    }
+
     /// Everything the blackboard's servers logged (not the monitor's, whose own
     /// database is none of artex's).
     pub fn server_log(&self) -> String {
@@ -266,8 +294,20 @@ impl Database {
     /// other its secondary), waiting up to `wait`; `Err` gives the states seen.
     async fn healthy_primary(formation: &Formation, wait: Duration) -> Result<usize, String> {
         let end = Instant::now() + wait;
+        let mut nudged: Option<Instant> = None;
         loop {
             let states = formation.states().await;
+            // A node rebuilt by a base backup waits for the primary's next checkpoint,
+            // spread over minutes by default: ask for one now, as an operator would.
+            let rebuilding = states.iter().any(|(_, s)| s.ends_with("catchingup"));
+            if rebuilding && nudged.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+                nudged = Some(Instant::now());
+                if let Some(p) = formation.primary().await {
+                    if let Some(c) = formation.try_client(p).await {
+                        let _ = c.batch_execute("checkpoint").await;
+                    }
+                }
+            }
             let of = |i: usize| {
                 states
                     .iter()
@@ -295,7 +335,10 @@ impl Database {
         hold: Duration,
     ) -> Result<String, String> {
         let Database::Fleet {
-            formation, poolers, ..
+            formation,
+            poolers,
+            cut: cut_node,
+            ..
         } = self
         else {
             return Ok("no formation".into());
@@ -307,6 +350,8 @@ impl Database {
         let host = formation.nodes[p].host.clone();
         let t0 = Instant::now();
         if cut {
+            *cut_node.lock().unwrap() = Some(p);
+            poolers[p].stop();
             fleet.partition(&host);
         } else {
             formation.crash(fleet, p);
@@ -318,6 +363,8 @@ impl Database {
         }
         if cut {
             fleet.heal(&host);
+            poolers[p].start_again();
+            *cut_node.lock().unwrap() = None;
         } else {
             let pooler = &poolers[p];
             formation.restart(fleet, p);
@@ -412,8 +459,12 @@ impl Database {
                 }
             }
             Database::Fleet {
-                formation, poolers, ..
+                formation,
+                poolers,
+                cut,
+                ..
             } => {
+                *cut.lock().unwrap() = None;
                 for i in 0..formation.nodes.len() {
                     fleet.heal(&formation.nodes[i].host);
                     if !formation.keeper_runs(i) {

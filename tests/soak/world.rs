@@ -55,7 +55,10 @@ pub struct World {
     /// The flags that go with [`World::url`] (LISTEN through a pooler's session alias).
     url_flags: Vec<String>,
     /// A blackboard for the soak itself, through the Unix socket.
-    pub bb: Blackboard,
+    bb: Blackboard,
+    /// In the fleet topology, one per node that may be primary (see
+    /// [`World::operator`]).
+    node_bbs: Vec<Blackboard>,
     /// Upgrade keys, bundles and the upgrade token.
     pub keys: Keys,
     /// Two good bundles (copies of this build told apart by a variant byte), used in turn.
@@ -98,6 +101,11 @@ impl World {
         let db = Database::start(&fleet, topology).await;
         let (url, url_flags) = db.fleet_url();
         let bb = Blackboard::connect(&db.local_url(), 6).expect("the soak's pool");
+        let node_bbs = db
+            .node_urls()
+            .iter()
+            .map(|url| Blackboard::connect(url, 3).expect("the soak's pool of a node"))
+            .collect();
         let dir = tempfile::Builder::new()
             .prefix("artex-soak.")
             .tempdir()
@@ -141,6 +149,7 @@ impl World {
             url,
             url_flags,
             bb,
+            node_bbs,
             keys,
             good,
             bad,
@@ -224,6 +233,16 @@ impl World {
                 .lock()
                 .unwrap()
                 .push((format!("{role}.{}", old.generation), old.proc));
+        }
+    }
+
+    /// The soak's operator (its submissions, cancels and pauses): to whichever server
+    /// takes writes, but never, in the fleet topology, to a node cut off from the fleet,
+    /// which no process on it could reach either.
+    pub fn operator(&self) -> artex_actors::blackboard::OperatorBoard {
+        match self.db.cut_node() {
+            Some(i) => self.node_bbs[1 - i].operator(),
+            None => self.bb.operator(),
         }
     }
 
