@@ -57,6 +57,24 @@ pub fn read_token_file() -> PathBuf {
     .clone()
 }
 
+/// `$TMPDIR` of the artex processes the tests start: beside the run's cluster folder
+/// (`<cluster>-tmp`), in the folder scripts/test.sh removes at the end, so that what they
+/// leave there (a default upload folder per test database) goes with it. Mode 1777, as
+/// /tmp.
+pub fn process_tmp_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut name = cluster_dir().file_name().unwrap_or_default().to_os_string();
+        name.push("-tmp");
+        let dir = cluster_dir().with_file_name(name);
+        std::fs::create_dir_all(&dir).expect("the processes' temp folder");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod the processes' temp folder");
+        dir
+    })
+    .clone()
+}
+
 /// The cluster's folder: `$ARTEX_TEST_PG_DIR`, else `<target>/tmp/artex-test-pg`.
 pub fn cluster_dir() -> PathBuf {
     match std::env::var_os("ARTEX_TEST_PG_DIR") {

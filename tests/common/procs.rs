@@ -79,6 +79,7 @@ impl Proc {
             .env("ARTEX_DATABASE_URL", url)
             .env("ARTEX_READ_TOKEN_FILE", super::read_token_file())
             .env("ARTEX_LOG", "info,actix_server=warn")
+            .env("TMPDIR", super::process_tmp_dir())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
