@@ -295,17 +295,14 @@ pub(crate) async fn submit(db: &DbConfig, args: SubmitArgs) -> Result {
     let bb = connect_one_shot(db).await?;
     check_submission(&bb, &submission, refused).await?;
     // With tracing on, the submission's span is the task's parent (the given context is
-    // its own parent).
+    // its own parent). The shape check above refused an invalid one already.
     let given = task
         .traceparent
         .as_deref()
         .map(TraceParent::parse)
-        .transpose();
-    let span = SubmitSpan::start(
-        given.ok().flatten().as_ref(),
-        "cli",
-        std::slice::from_ref(&task),
-    );
+        .transpose()
+        .map_err(|e| Error::Invalid(format!("--traceparent: {e}")))?;
+    let span = SubmitSpan::start(given.as_ref(), "cli", std::slice::from_ref(&task));
     let mut task = task;
     if let Some(tp) = span.as_ref().and_then(SubmitSpan::traceparent) {
         task.traceparent = Some(tp);
