@@ -117,7 +117,12 @@ impl FleetPooler {
         *self.child.lock().unwrap() = Some(child);
         // It accepts once its log says so (the root namespace cannot reach the fleet).
         let started = Instant::now();
-        while !self.log()[logged.min(self.log().len())..].contains("process up") {
+        let up = || {
+            self.log()
+                .get(logged..)
+                .is_some_and(|l| l.contains("process up"))
+        };
+        while !up() {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "pgbouncer did not start: {}",

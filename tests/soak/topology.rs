@@ -85,7 +85,7 @@ pub enum Database {
 impl Database {
     /// Starts the servers of `topology` on `fleet`, the blackboard migrated.
     pub async fn start(fleet: &Fleet, topology: Topology) -> Database {
-        let db = match topology {
+        match topology {
             // Durable: PostgreSQL is crashed on purpose, and what it acknowledged must
             // survive (with the tests' unsafe settings a crash loses recent commits, and
             // their transaction ids are given out again).
@@ -118,22 +118,20 @@ impl Database {
                         FleetPooler::start(&spec, &dir.path().join(&host))
                     })
                     .collect();
-                Database::Fleet {
+                let db = Database::Fleet {
                     formation,
                     poolers,
                     cut: std::sync::Mutex::new(None),
                     _dir: dir,
-                }
+                };
+                let bb = artex_actors::Blackboard::connect(&db.local_url(), 2).expect("a pool");
+                bb.maintenance()
+                    .migrate()
+                    .await
+                    .expect("migrating the primary");
+                db
             }
-        };
-        if let Database::Fleet { .. } = &db {
-            let bb = artex_actors::Blackboard::connect(&db.local_url(), 2).expect("a pool");
-            bb.maintenance()
-                .migrate()
-                .await
-                .expect("migrating the primary");
         }
-        db
     }
 
     /// What artex processes on the fleet's hosts are given: `ARTEX_DATABASE_URL`, and
@@ -290,39 +288,6 @@ impl Database {
         }
     }
 
-    /// Which of the nodes 0 and 1 is primary while the pair is healthy (one primary, the
-    /// other its secondary), waiting up to `wait`; `Err` gives the states seen.
-    async fn healthy_primary(formation: &Formation, wait: Duration) -> Result<usize, String> {
-        let end = Instant::now() + wait;
-        let mut nudged: Option<Instant> = None;
-        loop {
-            let states = formation.states().await;
-            // A node rebuilt by a base backup waits for the primary's next checkpoint,
-            // spread over minutes by default: ask for one now, as an operator would.
-            let rebuilding = states.iter().any(|(_, s)| s.ends_with("catchingup"));
-            if rebuilding && nudged.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
-                nudged = Some(Instant::now());
-                if let Some(p) = formation.primary().await {
-                    if let Some(c) = formation.try_client(p).await {
-                        let _ = c.batch_execute("checkpoint").await;
-                    }
-                }
-            }
-            let of = |i: usize| {
-                states
-                    .iter()
-                    .find(|(j, _)| *j == i)
-                    .map(|(_, s)| s.as_str())
-            };
-            match (of(0), of(1)) {
-                (Some("primary"), Some("secondary")) => return Ok(0),
-                (Some("secondary"), Some("primary")) => return Ok(1),
-                _ if Instant::now() >= end => return Err(format!("{states:?}")),
-                _ => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
-    }
-
     /// The formation's failover faults: the primary's host killed (`cut` false) or its
     /// link cut until the standby is promoted (at least `hold`); then the old primary
     /// comes back and rejoins as a standby on its own. Says what happened; `Err` when
@@ -343,7 +308,7 @@ impl Database {
         else {
             return Ok("no formation".into());
         };
-        let p = match Database::healthy_primary(formation, Duration::from_secs(60)).await {
+        let p = match healthy_primary(formation, Duration::from_secs(60)).await {
             Ok(p) => p,
             Err(states) => return Ok(format!("skipped: the pair is not healthy: {states}")),
         };
@@ -390,7 +355,7 @@ impl Database {
         let Database::Fleet { formation, .. } = self else {
             return "no formation".into();
         };
-        let p = match Database::healthy_primary(formation, Duration::from_secs(60)).await {
+        let p = match healthy_primary(formation, Duration::from_secs(60)).await {
             Ok(p) => p,
             Err(states) => return format!("skipped: the pair is not healthy: {states}"),
         };
@@ -476,7 +441,7 @@ impl Database {
                         p.start_again();
                     }
                 }
-                if Database::healthy_primary(formation, Duration::from_secs(180))
+                if healthy_primary(formation, Duration::from_secs(180))
                     .await
                     .is_err()
                 {
@@ -486,6 +451,39 @@ impl Database {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Which of the nodes 0 and 1 is primary while the pair is healthy (one primary, the
+/// other its secondary), waiting up to `wait`; `Err` gives the states seen.
+async fn healthy_primary(formation: &Formation, wait: Duration) -> Result<usize, String> {
+    let end = Instant::now() + wait;
+    let mut nudged: Option<Instant> = None;
+    loop {
+        let states = formation.states().await;
+        // A node rebuilt by a base backup waits for the primary's next checkpoint,
+        // spread over minutes by default: ask for one now, as an operator would.
+        let rebuilding = states.iter().any(|(_, s)| s.ends_with("catchingup"));
+        if rebuilding && nudged.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) {
+            nudged = Some(Instant::now());
+            if let Some(p) = formation.primary().await {
+                if let Some(c) = formation.try_client(p).await {
+                    let _ = c.batch_execute("checkpoint").await;
+                }
+            }
+        }
+        let of = |i: usize| {
+            states
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map(|(_, s)| s.as_str())
+        };
+        match (of(0), of(1)) {
+            (Some("primary"), Some("secondary")) => return Ok(0),
+            (Some("secondary"), Some("primary")) => return Ok(1),
+            _ if Instant::now() >= end => return Err(format!("{states:?}")),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
 }
