@@ -328,8 +328,17 @@ async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row(
         "readers below it are told they missed events"
     );
 
-    // "live" falls silent: a minute later every row has passed the retention and goes.
-    let t2 = t1 + chrono::Duration::minutes(11);
+    // "live" falls silent, and every row has passed the retention: they go row by row.
+    // The moment is the last row's expiry, not a fixed step past `t1`: the partition
+    // holding now may end minutes from now (its slice ends on the width's multiples), and
+    // a later moment would find the whole partition past the retention.
+    let t2 = t1.max(rows[59].1 + keep) + chrono::Duration::microseconds(1);
+    assert!(
+        t2 < hi + keep,
+        "the partition holding the rows has not yet passed"
+    );
+    let silent = t2 - keep - chrono::Duration::minutes(1);
+    c.execute(alive, &[&silent]).await.unwrap();
     let r = Maintenance::run_once(&db.bb.maintenance(), Some(t2))
         .await
         .unwrap();
