@@ -1,10 +1,10 @@
 //! A pg_auto_failover formation on fleet hosts ([`super::fleet`]): a monitor and two
-//! PostgreSQL nodes with synchronous replication (and, if asked, a third node that is a
-//! read replica only: never promoted, never waited for), run by the real `pg_autoctl` (Debian's
+//! PostgreSQL nodes with synchronous replication, run by the real `pg_autoctl` (Debian's
 //! `pg-auto-failover-cli` and `postgresql-15-auto-failover`, which scripts/test.sh
-//! installs), as the `postgres` user (pg_autoctl refuses root). The monitor is tuned to
-//! fail over within seconds; the test reaches every server through its Unix socket (one
-//! folder, a port each), the fleet's hosts through TCP.
+//! installs), as the `postgres` user (pg_autoctl refuses root); and, if asked, a read
+//! replica outside the formation (see [`Formation::start_with_replica`]). The monitor is
+//! tuned to fail over within seconds; the test reaches every server through its Unix
+//! socket (one folder, a port each), the fleet's hosts through TCP.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,11 @@ pub const DATABASE: &str = "artex";
 /// The monitor's port; the nodes listen on 5432, 5433 (and the replica on 5434): distinct,
 /// as they share the test's socket folder, and so the URL names a port per host.
 const MONITOR_PORT: u16 = 5431;
+/// How many nodes pg_auto_failover runs (the primary and its standby); a read replica,
+/// if there is one, is the node after them.
+const PAIR: usize = 2;
+/// WAL the pair keeps for the read replica while its host is down (`wal_keep_size`).
+const REPLICA_WAL_KEEP: &str = "512MB";
 
 /// How the monitor is tuned (pg_auto_failover's monitor settings, in ms; defaults in
 /// brackets): a health check every second [5 s], given up after 1 s [5 s], 1 retry [2]
@@ -77,9 +82,17 @@ impl Formation {
         Formation::start_with_replica(fleet, monitor, nodes, None).await
     }
 
-    /// [`Formation::start`], and a third node on `replica` if given: a streaming replica
-    /// the monitor keeps following the primary (`--candidate-priority 0
-    /// --replication-quorum false`: never promoted, never waited for), node index 2.
+    /// [`Formation::start`], and a third node on `replica` if given, node index 2: a
+    /// plain hot standby outside the formation (a base backup, then `postgres` run
+    /// directly), streaming from whichever of the two nodes is a standby now
+    /// (`target_session_attrs=standby`): a cascade, so it never holds WAL the node
+    /// promoted next lacks, and it follows each promotion onto the new timeline.
+    ///
+    /// Not a third pg_auto_failover node (`--candidate-priority 0`): with two standbys
+    /// every failover is an election, and pg_auto_failover 2.0 (Debian's) can stall one
+    /// for good, the old primary sent to fetch WAL from itself (hapostgres/pg_auto_failover
+    /// #1060, fixed after 2.0 by #1143); the fleet-topology soak met it after 13
+    /// failovers. With one standby a failover is that standby's promotion.
     pub async fn start_with_replica(
         fleet: &Fleet,
         monitor: &str,
@@ -152,7 +165,7 @@ impl Formation {
             .batch_execute("select pg_reload_conf()")
             .await
             .unwrap();
-        for i in 0..f.nodes.len() {
+        for i in 0..PAIR {
             f.create_node(fleet, i, &monitor_addr);
             if i == 0 {
                 f.wait_states(&[(0, "single")], Duration::from_secs(60))
@@ -162,11 +175,11 @@ impl Formation {
         // The standby's base backup waits for a checkpoint, spread over minutes by
         // default: ask the primary for an immediate one until the standby is there.
         let primary = f.client(0).await;
-        let want: Vec<(usize, String)> = (0..f.nodes.len())
+        let want: Vec<(usize, String)> = (0..PAIR)
             .map(|i| (i, if i == 0 { "primary" } else { "secondary" }.to_string()))
             .collect();
         wait_for(
-            "the standbys to join (secondary) and the primary to be primary",
+            "the standby to join (secondary) and the primary to be primary",
             Duration::from_secs(90),
             || {
                 let (f, primary, want) = (&f, &primary, &want);
@@ -178,29 +191,135 @@ impl Formation {
         )
         .await;
         // Once created (a reload during `create` breaks it).
-        for i in 0..f.nodes.len() {
+        for i in 0..PAIR {
             let (host, pgdata) = (f.nodes[i].host.clone(), f.nodes[i].pgdata.clone());
             f.set_partition_timeout(fleet, &host, &pgdata);
-            f.allow_rewind(i).await;
+            f.open_to_fleet(i).await;
+        }
+        if f.nodes.len() > PAIR {
+            f.make_replica(fleet);
+            f.start_replica(fleet);
+            wait_for(
+                "the read replica to stream from the standby",
+                Duration::from_secs(60),
+                || async {
+                    let c = f.try_client(PAIR).await?;
+                    let r = c
+                        .query_one(
+                            "select status from pg_stat_wal_receiver where status = 'streaming'",
+                            &[],
+                        )
+                        .await
+                        .ok()?;
+                    Some(r.get::<_, String>(0))
+                },
+            )
+            .await;
         }
         f
     }
 
-    /// Lets an old primary rejoin by `pg_rewind`, which reads the new primary's
-    /// `postgres` database as the replication user: `--pg-hba-lan` opens `--dbname` and
-    /// replication to the fleet, not that, and without it every rejoin falls back to a
-    /// whole base backup. A node made later by a base backup copies the line.
-    async fn allow_rewind(&self, i: usize) {
+    /// Opens the pair to the fleet beyond what `--pg-hba-lan` does (`--dbname` and
+    /// replication between the nodes): `pg_rewind`, which reads the new primary's
+    /// `postgres` database as the replication user (without it every rejoin falls back to
+    /// a whole base backup), and the read replica's stream. Keeps WAL for the replica
+    /// while its host is down. A node made later by a base backup or rewind copies both.
+    async fn open_to_fleet(&self, i: usize) {
         let hba = self.nodes[i].pgdata.join("pg_hba.conf");
         let old = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");
-        let line = "host postgres pgautofailover_replicator 198.18.0.0/15 trust\n";
+        let lines = "host postgres pgautofailover_replicator 198.18.0.0/15 trust\n\
+                     host replication pgautofailover_replicator 198.18.0.0/15 trust\n";
         // Written in place: the file keeps its owner (postgres).
-        std::fs::write(&hba, format!("{old}{line}")).expect("writing pg_hba.conf");
-        self.client(i)
-            .await
-            .batch_execute("select pg_reload_conf()")
+        std::fs::write(&hba, format!("{old}{lines}")).expect("writing pg_hba.conf");
+        let c = self.client(i).await;
+        // One statement a call: ALTER SYSTEM refuses a transaction block.
+        c.batch_execute(&format!(
+            "alter system set wal_keep_size = '{REPLICA_WAL_KEEP}'"
+        ))
+        .await
+        .expect("setting wal_keep_size");
+        c.batch_execute("select pg_reload_conf()")
             .await
             .expect("reloading pg_hba.conf");
+    }
+
+    /// The read replica's data folder: a base backup of the primary (node 0 at start),
+    /// without the primary's server logs.
+    fn make_replica(&self, fleet: &Fleet) {
+        let n = &self.nodes[PAIR];
+        let out = self
+            .as_postgres(fleet, &n.host, &self.bin.join("pg_basebackup"))
+            .args(["-h", &self.addrs[0], "-p", &self.nodes[0].port.to_string()])
+            .args([
+                "-U",
+                "pgautofailover_replicator",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "-D",
+            ])
+            .arg(&n.pgdata)
+            .output()
+            .expect("spawning pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup for the read replica: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if let Ok(logs) = std::fs::read_dir(n.pgdata.join("log")) {
+            for f in logs.flatten() {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+        // Owned by postgres: the base backup made the folder as postgres.
+        let out = self
+            .as_postgres(fleet, &n.host, Path::new("/usr/bin/touch"))
+            .arg(n.pgdata.join("standby.signal"))
+            .output()
+            .expect("touch standby.signal");
+        assert!(out.status.success(), "touch standby.signal");
+    }
+
+    /// Runs the read replica's server on its host (its "keeper" is the server itself).
+    /// Its stream's settings are given on the command line, over whatever the base
+    /// backup copied from the primary's configuration.
+    fn start_replica(&self, fleet: &Fleet) {
+        let n = &self.nodes[PAIR];
+        // After its host crashed, the old server's pid file is stale.
+        if !self.postgres_runs(PAIR) {
+            let _ = std::fs::remove_file(n.pgdata.join("postmaster.pid"));
+        }
+        let upstream = format!(
+            "host={},{} port={},{} user=pgautofailover_replicator \
+             application_name=artex_read_replica target_session_attrs=standby \
+             connect_timeout=2",
+            self.addrs[0], self.addrs[1], self.nodes[0].port, self.nodes[1].port
+        );
+        let out = self.log_file("node3-run");
+        let err = out.try_clone().unwrap();
+        let child = self
+            .as_postgres(fleet, &n.host, &self.bin.join("postgres"))
+            .arg("-D")
+            .arg(&n.pgdata)
+            .args(["-p", &n.port.to_string()])
+            .arg("-c")
+            .arg(format!("listen_addresses={}", self.addrs[PAIR]))
+            .arg("-c")
+            .arg(format!(
+                "unix_socket_directories={}",
+                self.socket_dir().display()
+            ))
+            .arg("-c")
+            .arg(format!("primary_conninfo={upstream}"))
+            .args(["-c", "primary_slot_name=", "-c", "hot_standby=on"])
+            .args(["-c", "wal_retrieve_retry_interval=1s"])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawning the read replica's postgres");
+        *n.keeper.lock().unwrap() = Some(child);
     }
 
     /// `postgresql://postgres@A:5432,B:5433/artex?target_session_attrs=read-write`: what
@@ -336,10 +455,14 @@ impl Formation {
 
     /// The node's keeper starts again (`pg_autoctl run`): it asks the monitor what it is
     /// now, and an old primary rejoins as a standby (pg_rewind or a new base backup).
+    /// The read replica's server starts again and finds a standby to stream from.
     pub fn restart(&self, fleet: &Fleet, i: usize) {
         if let Some(mut k) = self.nodes[i].keeper.lock().unwrap().take() {
             let _ = k.kill();
             let _ = k.wait();
+        }
+        if i == PAIR {
+            return self.start_replica(fleet);
         }
         let keeper = self.autoctl_spawn(fleet, Some(i), &["run"], &format!("node{}-run", i + 1));
         *self.nodes[i].keeper.lock().unwrap() = Some(keeper);
@@ -357,7 +480,7 @@ impl Formation {
             .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
     }
 
-    /// Whether node `i`'s keeper (`pg_autoctl`) runs.
+    /// Whether node `i`'s keeper (`pg_autoctl`; the read replica's server) runs.
     pub fn keeper_runs(&self, i: usize) -> bool {
         self.nodes[i]
             .keeper
@@ -372,13 +495,13 @@ impl Formation {
         self.dir.path().join("sock")
     }
 
-    /// The node of index `i < 2` the monitor has as primary now (primary, or primary
+    /// The node of the pair the monitor has as primary now (primary, or primary
     /// without its standby: `wait_primary`), if either is.
     pub async fn primary(&self) -> Option<usize> {
         self.states()
             .await
             .into_iter()
-            .find(|(i, s)| *i < 2 && (s == "primary" || s == "wait_primary"))
+            .find(|(i, s)| *i < PAIR && (s == "primary" || s == "wait_primary"))
             .map(|(i, _)| i)
     }
 
@@ -431,7 +554,7 @@ impl Formation {
         let monitor =
             format!("postgres://autoctl_node@{monitor_addr}:{MONITOR_PORT}/pg_auto_failover");
         let addr = self.addrs[i].clone();
-        let mut args = vec![
+        let args = [
             "create",
             "postgres",
             "--hostname",
@@ -447,9 +570,6 @@ impl Formation {
             "--pg-hba-lan",
             "--run",
         ];
-        if i == 2 {
-            args.extend(["--candidate-priority", "0", "--replication-quorum", "false"]);
-        }
         let keeper = self.autoctl_spawn(fleet, Some(i), &args, &format!("node{}", i + 1));
         *self.nodes[i].keeper.lock().unwrap() = Some(keeper);
     }
@@ -469,12 +589,7 @@ impl Formation {
                 .arg("--pgctl")
                 .arg(self.bin.join("pg_ctl"));
         }
-        // Appended: a keeper started again keeps the earlier runs' lines.
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{log}.log")))
-            .unwrap();
+        let out = self.log_file(log);
         let err = out.try_clone().unwrap();
         let child = cmd
             .stdin(Stdio::null())
@@ -516,6 +631,26 @@ impl Formation {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// `<dir>/<log>.log`, appended to: a process started again keeps the earlier runs'
+    /// lines.
+    fn log_file(&self, log: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{log}.log")))
+            .unwrap()
+    }
+
+    /// `program` on `host` as `postgres`.
+    fn as_postgres(&self, fleet: &Fleet, host: &str, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", fleet.netns(host)])
+            .args(["runuser", "-u", "postgres", "--"])
+            .arg(program)
+            .current_dir("/");
+        cmd
     }
 
     /// `pg_autoctl` on `host` as `postgres`, its files (configuration, state, sockets)

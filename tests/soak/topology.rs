@@ -3,8 +3,9 @@
 //! - `single` (the default): one durable PostgreSQL server on host `db`; it is crashed
 //!   (SIGQUIT) and stopped for 20 s.
 //! - `fleet` (issue 36 §3), the production topology: a pg_auto_failover formation (its
-//!   monitor on `mon`, the primary and its synchronous standby on `n1` and `n2`, a
-//!   streaming replica on `n3` that is never promoted), a pgbouncer in transaction mode
+//!   monitor on `mon`, the primary and its synchronous standby on `n1` and `n2`), a
+//!   hot standby on `n3` outside it, streaming from whichever node is the standby (see
+//!   `Formation::start_with_replica` for why outside), a pgbouncer in transaction mode
 //!   beside each of `n1` and `n2` (every artex process is given both, with
 //!   `target_session_attrs=read-write`, and LISTENs through their session alias), and
 //!   `artex serve` reading from the replica. Its faults: the primary's host killed or its
