@@ -5,7 +5,9 @@
 //! deletes finished tasks past the retention that no unfinished flow needs, in bounded
 //! batches. After the retention was shortened, the partition holding now is still as wide
 //! as the old retention made it (a day at the default): its rows past the new retention
-//! are deleted by row, in batches, until it can go whole (V22). The retention is a setting in the blackboard (`artex.event_retention.keep`,
+//! are deleted by row, in batches, until it can go whole (V22). It also analyzes
+//! artex's tables when the server forgot their statistics (after a crash or a failover),
+//! so that autovacuum sees their dead rows again. The retention is a setting in the blackboard (`artex.event_retention.keep`,
 //! `--history-retention`, `artex events retention --set`), so every planner agrees; the
 //! SQL is in `blackboard/maintenance.rs` and V10.
 
@@ -44,6 +46,8 @@ pub struct MaintenanceReport {
     pub history_rows_pruned: u64,
     /// Finished tasks deleted (past the retention).
     pub tasks_pruned: u64,
+    /// Tables analyzed because the server had forgotten their statistics.
+    pub tables_analyzed: Vec<String>,
 }
 
 /// The Maintenance actor.
@@ -92,11 +96,19 @@ impl Maintenance {
                 "finished tasks past the retention deleted"
             );
         }
+        let tables_analyzed = bb.analyze_forgotten_tables().await?;
+        if !tables_analyzed.is_empty() {
+            tracing::info!(
+                tables = ?tables_analyzed,
+                "analyzed tables whose statistics the server forgot (a crash, a failover)"
+            );
+        }
         Ok(MaintenanceReport {
             partitions_made,
             partitions_dropped,
             history_rows_pruned,
             tasks_pruned,
+            tables_analyzed,
         })
     }
 

@@ -353,3 +353,64 @@ async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row(
     assert!(r.partitions_dropped.contains(&part), "{r:?}");
     assert_eq!(r.history_rows_pruned, 0, "{r:?}");
 }
+
+// Found by the fleet-topology soak: PostgreSQL forgets its statistics after a crash and on
+// a standby's promotion, so autovacuum counted `artex.tasks`'s dead rows from zero after
+// each failover and, failing over every minute, seldom vacuumed it (its tables grew 1.5×
+// in the hour). The maintenance analyzes a table whose statistics know of no vacuum and
+// no analyze, which estimates its dead rows again, and only then.
+#[tokio::test]
+async fn tables_whose_statistics_the_server_forgot_are_analyzed_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids: Vec<uuid::Uuid> = c
+        .query(
+            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 500)
+             returning id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    c.execute(
+        "update artex.tasks set status = 'canceled' where id = any($1)",
+        &[&ids],
+    )
+    .await
+    .unwrap();
+    // What a crash or a promotion leaves: no counts, no time of a vacuum or an analyze.
+    let r = Maintenance::run_once(&db.bb.maintenance(), None)
+        .await
+        .unwrap();
+    c.batch_execute("select pg_stat_reset()").await.unwrap();
+    let stats = "select n_dead_tup, last_analyze is not null or last_autoanalyze is not null
+                 from pg_stat_all_tables where relid = 'artex.tasks'::regclass";
+    let (dead, analyzed): (i64, bool) = {
+        let row = c.query_one(stats, &[]).await.unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((dead, analyzed), (0, false), "reset (first run: {r:?})");
+
+    let r = Maintenance::run_once(&db.bb.maintenance(), None)
+        .await
+        .unwrap();
+    assert!(r.tables_analyzed.iter().any(|t| t == "tasks"), "{r:?}");
+    assert!(
+        r.tables_analyzed
+            .iter()
+            .all(|t| !t.starts_with("task_transitions")),
+        "the history's partitions are left alone: {r:?}"
+    );
+    let row = c.query_one(stats, &[]).await.unwrap();
+    let (dead, analyzed): (i64, bool) = (row.get(0), row.get(1));
+    assert!(analyzed, "tasks analyzed");
+    assert!(dead >= 400, "the dead rows estimated again: {dead}");
+
+    // Once: the next run finds every table's statistics known.
+    let r = Maintenance::run_once(&db.bb.maintenance(), None)
+        .await
+        .unwrap();
+    assert!(r.tables_analyzed.is_empty(), "{r:?}");
+}

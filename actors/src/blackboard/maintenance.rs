@@ -1,6 +1,6 @@
 //! Maintenance's statements: the schema (apply migrations, read and check what was
-//! applied), and keeping the history bounded (partitions made ahead and dropped past the
-//! retention, finished tasks pruned with them).
+//! applied), keeping the history bounded (partitions made ahead and dropped past the
+//! retention, finished tasks pruned with them), and statistics the server forgot.
 //!
 //! Every statement here is one transaction, [`MaintenanceBoard::migrate`]'s too: each
 //! step of a migration run takes a transaction-scoped lock (see `migrate.rs`), so
@@ -40,6 +40,19 @@ const PRUNE_HISTORY_ROWS: &str =
 // `$2` (and flows left empty).
 const PRUNE_TASKS: &str =
     "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
+
+// artex's own tables (not the history's partitions) whose statistics know of no vacuum
+// and no analyze: PostgreSQL forgets its statistics after a crash and on a standby's
+// promotion, and autovacuum then counts dead rows from zero. Only tables this role may
+// analyze (it owns them, or is a superuser): another would be skipped with a warning at
+// every run.
+const STATS_FORGOTTEN: &str = "select c.relname::text
+    from pg_stat_all_tables s join pg_class c on c.oid = s.relid
+    where s.schemaname = 'artex' and c.relkind = 'r' and not c.relispartition
+      and pg_has_role(c.relowner, 'USAGE')
+      and s.last_vacuum is null and s.last_autovacuum is null
+      and s.last_analyze is null and s.last_autoanalyze is null
+    order by 1";
 
 /// Maintenance's handle on the blackboard: see the [module](self).
 #[derive(Debug, Clone)]
@@ -124,6 +137,32 @@ impl MaintenanceBoard {
 
     /// Runs one of the pruning statements (`$1` the clock, `$2` the batch); returns the
     /// count it answers.
+    /// Analyzes artex's tables whose statistics the server forgot (after a crash, a
+    /// failover, a restore) and returns their names. `ANALYZE` estimates their dead rows
+    /// again, so autovacuum sees the dead rows left before: without it, a fleet that
+    /// fails over more often than autovacuum's thresholds fill never vacuums its tasks
+    /// (the fleet-topology soak's tables grew 1.5× in an hour). Once per table and
+    /// forgetting: an analyzed table has a time of its last analyze.
+    pub async fn analyze_forgotten_tables(&self) -> Result<Vec<String>> {
+        let client = self.bb.client().await?;
+        let names: Vec<String> = client
+            .query(STATS_FORGOTTEN, &[])
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<std::result::Result<_, _>>()?;
+        if !names.is_empty() {
+            let tables: Vec<String> = names
+                .iter()
+                .map(|n| format!("artex.\"{}\"", n.replace('"', "\"\"")))
+                .collect();
+            client
+                .batch(&format!("analyze {}", tables.join(", ")))
+                .await?;
+        }
+        Ok(names)
+    }
+
     async fn prune(&self, sql: &str, now: Option<DateTime<Utc>>, batch: i32) -> Result<u64> {
         let client = self.bb.client().await?;
         let n: i64 = client.query_one(sql, &[&now, &batch]).await?.try_get(0)?;
