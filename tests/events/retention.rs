@@ -363,20 +363,9 @@ async fn a_shortened_retention_prunes_the_wide_partition_holding_now_row_by_row(
 async fn tables_whose_statistics_the_server_forgot_are_analyzed_once() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let ids: Vec<uuid::Uuid> = c
-        .query(
-            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 500)
-             returning id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    c.execute(
-        "update artex.tasks set status = 'canceled' where id = any($1)",
-        &[&ids],
+    c.batch_execute(
+        "insert into artex.tasks (kind) select 'echo' from generate_series(1, 500);
+         update artex.tasks set status = 'canceled' where status = 'pending';",
     )
     .await
     .unwrap();
