@@ -223,7 +223,10 @@ impl Formation {
     /// replication between the nodes): `pg_rewind`, which reads the new primary's
     /// `postgres` database as the replication user (without it every rejoin falls back to
     /// a whole base backup), and the read replica's stream. Keeps WAL for the replica
-    /// while its host is down. A node made later by a base backup or rewind copies both.
+    /// while its host is down, and checks for autovacuum every 2 s, as
+    /// docs/operating/notes.md advises for artex's task table (the embedded cluster's
+    /// setting; PostgreSQL's 60 s lets dead task rows pile up). A node made later by a
+    /// base backup or rewind copies all of it.
     async fn open_to_fleet(&self, i: usize) {
         let hba = self.nodes[i].pgdata.join("pg_hba.conf");
         let old = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");
@@ -233,11 +236,14 @@ impl Formation {
         std::fs::write(&hba, format!("{old}{lines}")).expect("writing pg_hba.conf");
         let c = self.client(i).await;
         // One statement a call: ALTER SYSTEM refuses a transaction block.
-        c.batch_execute(&format!(
-            "alter system set wal_keep_size = '{REPLICA_WAL_KEEP}'"
-        ))
-        .await
-        .expect("setting wal_keep_size");
+        for setting in [
+            format!("wal_keep_size = '{REPLICA_WAL_KEEP}'"),
+            "autovacuum_naptime = '2s'".to_string(),
+        ] {
+            c.batch_execute(&format!("alter system set {setting}"))
+                .await
+                .expect("alter system");
+        }
         c.batch_execute("select pg_reload_conf()")
             .await
             .expect("reloading pg_hba.conf");
