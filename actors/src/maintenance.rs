@@ -7,9 +7,10 @@
 //! as the old retention made it (a day at the default): its rows past the new retention
 //! are deleted by row, in batches, until it can go whole (V22). It also analyzes
 //! artex's tables when the server forgot their statistics (after a crash or a failover),
-//! so that autovacuum sees their dead rows again. The retention is a setting in the blackboard (`artex.event_retention.keep`,
-//! `--history-retention`, `artex events retention --set`), so every planner agrees; the
-//! SQL is in `blackboard/maintenance.rs` and V10.
+//! so that autovacuum sees their dead rows again. The retention is a setting in the
+//! blackboard (`artex.event_retention.keep`, `--history-retention`, `artex events
+//! retention --set`), so every planner agrees; the SQL is in `blackboard/maintenance.rs`
+//! and V10.
 
 use std::time::{Duration, Instant};
 

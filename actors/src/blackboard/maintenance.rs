@@ -135,8 +135,6 @@ impl MaintenanceBoard {
         self.prune(PRUNE_TASKS, now, batch).await
     }
 
-    /// Runs one of the pruning statements (`$1` the clock, `$2` the batch); returns the
-    /// count it answers.
     /// Analyzes artex's tables whose statistics the server forgot (after a crash, a
     /// failover, a restore) and returns their names. `ANALYZE` estimates their dead rows
     /// again, so autovacuum sees the dead rows left before: without it, a fleet that
@@ -163,6 +161,8 @@ impl MaintenanceBoard {
         Ok(names)
     }
 
+    /// Runs one of the pruning statements (`$1` the clock, `$2` the batch); returns the
+    /// count it answers.
     async fn prune(&self, sql: &str, now: Option<DateTime<Utc>>, batch: i32) -> Result<u64> {
         let client = self.bb.client().await?;
         let n: i64 = client.query_one(sql, &[&now, &batch]).await?.try_get(0)?;
