@@ -646,7 +646,7 @@ impl Formation {
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("{log}.log")))
-            .unwrap()
+            .expect("opening a log file in the formation's folder")
     }
 
     /// `program` on `host` as `postgres`.
