@@ -130,3 +130,43 @@ pub async fn profile_print(c: &tokio_postgres::Client, label: &str, tasks: u32) 
         println!("#   {}", r.get::<_, String>(0));
     }
 }
+
+/// With ARTEX_BENCH_PROFILE=1, where the cluster's CPU went between two readings of
+/// [`crate::rig::Rig::pg_cpu_by_process`], per task, by what each process is (clients
+/// by database and application name: a pool's connections together, each LISTEN
+/// session apart), largest first. A process that came and went between the readings is
+/// in `exited`.
+pub fn cpu_split_print(
+    label: &str,
+    before: &[(u32, String, f64)],
+    after: &[(u32, String, f64)],
+    tasks: u32,
+) {
+    if !profiling() {
+        return;
+    }
+    let mut by_what: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
+    for (pid, what, s) in after {
+        let was = before
+            .iter()
+            .find(|(p, w, _)| p == pid && w == what)
+            .map_or(0.0, |b| b.2);
+        let e = by_what.entry(what.as_str()).or_default();
+        e.0 += s - was;
+        e.1 += 1;
+    }
+    let total: f64 = by_what.values().map(|v| v.0).sum();
+    let mut rows: Vec<_> = by_what.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    println!(
+        "# PostgreSQL CPU by process, {label}: {} us per task in all",
+        fixed(total * 1e6 / f64::from(tasks), 1)
+    );
+    for (what, (s, n)) in rows.iter().filter(|r| r.1 .0 > 0.0) {
+        println!(
+            "#   {} us per task ({}%) | {n} process(es) | {what}",
+            fixed(s * 1e6 / f64::from(tasks), 1),
+            fixed(100.0 * s / total.max(f64::MIN_POSITIVE), 0),
+        );
+    }
+}

@@ -225,6 +225,32 @@ impl Rig {
         ticks / TICKS
     }
 
+    /// The cluster's processes as pg_stat_activity names them, with the CPU seconds each
+    /// has spent so far; the postmaster's own and its exited children's (autovacuum
+    /// workers, backends closed) as `postmaster` and `exited`. For
+    /// [`crate::report::cpu_split_print`].
+    pub async fn pg_cpu_by_process(&self) -> Vec<(u32, String, f64)> {
+        let rows = self
+            .admin
+            .query(sql::PROCESSES, &[])
+            .await
+            .expect("pg_stat_activity");
+        let mut out: Vec<(u32, String, f64)> = rows
+            .iter()
+            .map(|r| {
+                let pid = r.get::<_, i32>(0) as u32;
+                (pid, r.get(1), cpu_s(pid))
+            })
+            .collect();
+        if let Some(&pm) = server_pids(&self.pgdata).first() {
+            let f = stat(pm).unwrap_or_default();
+            let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / TICKS;
+            out.push((pm, "postmaster".into(), at(11) + at(12)));
+            out.push((0, "exited".into(), at(13) + at(14)));
+        }
+        out
+    }
+
     /// 1 planner (`artex`) + `workers` workers of `bin` with `worker_args` on `db`.
     /// [`Rig::start_runtime`] of `artex` with `workers` workers, waited for (a minute at
     /// most) until they are online: the idle fleet a workload then feeds.

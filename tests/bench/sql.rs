@@ -296,6 +296,7 @@ pub const PREPARED: &[&str] = &[
     REPLICA_W1_RATE,
     WORKER_HTTP,
     CLIENT_BACKENDS,
+    PROCESSES,
 ];
 
 // ---- W6 (and W3): the planner round's read ----------------------------------------------
@@ -440,6 +441,14 @@ pub const PROFILE_TOP: &str = "select calls::text || ' | ' || round(calls::numer
     from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
       and query not like '%pg_sleep%' and query not like 'do %'
     order by total_exec_time desc limit 15";
+
+/// ARTEX_BENCH_PROFILE=1: the cluster's processes, each with what it is (its backend
+/// type; a client's database and application name).
+pub const PROCESSES: &str = "select pid, case when backend_type = 'client backend'
+        then 'client ' || coalesce(datname, '-') || ' '
+             || coalesce(nullif(application_name, ''), '(unnamed)')
+        else backend_type end
+    from pg_stat_activity";
 
 // ---- W3: claim cost against the backlog ---------------------------------------------------
 

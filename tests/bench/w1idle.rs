@@ -7,7 +7,7 @@
 
 use tokio_postgres::Client;
 
-use crate::report::{fixed, profile_print, profile_reset, result, Progress};
+use crate::report::{cpu_split_print, fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
@@ -38,9 +38,12 @@ pub async fn run(bench: &mut Bench) {
         "w1idle: the insert took longer than the {lead} s lead"
     );
     profile_reset(&c).await;
+    let split0 = bench.rig.pg_cpu_by_process().await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
+    let split1 = bench.rig.pg_cpu_by_process().await;
     profile_print(&c, "W1 from idle (the run)", n).await;
+    cpu_split_print("W1 from idle (the run)", &split0, &split1, n);
     let wal2 = bench.rig.counters(DB).await.wal;
     let pg2 = bench.rig.pg_cpu_s();
     let capacity: String = c
