@@ -6,7 +6,8 @@
 #
 #   limit    pgbench's minimal claim + done: the ceilings the throughputs are divided by
 #   w1       20,000 no-op tasks in bulk through 1 planner + 1 worker, then 2 workers
-#   w1idle   the same 20,000 made runnable at one instant while 1 planner + 2 workers idle
+#   w1idle   the same 20,000 made runnable at one instant while 1 planner + 2 workers
+#            idle; medians of 3 such bursts (ARTEX_BENCH_W1IDLE_RUNS)
 #   w5       10 bursts of 20,000 after idle gaps
 #   w2       enqueue → handler start on an idle runtime, and its floor in the same run
 #   w3       the planner round's read and the drain rate against backlogs up to 1,000,000
@@ -37,7 +38,8 @@
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
 # without those indexes; ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
-# time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet.
+# time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet,
+# and W1 from idle's PostgreSQL CPU by process.
 #
 # The workloads are Rust: tests/bench, the ignored test `bench`, run here on one cluster
 # of its own.
