@@ -12,7 +12,8 @@
 #   w2       enqueue → handler start on an idle runtime, and its floor in the same run
 #   w3       the planner round's read and the drain rate against backlogs up to 1,000,000
 #   w4       the soak: 1,000,000 tasks through 1 planner + 2 workers (~5 min)
-#   w6       one planner assigning 20,000 tasks to 10, then 2,000 simulated workers
+#   w6       one planner assigning 20,000 tasks to 10, then 2,000 simulated workers;
+#            medians of 3 such pairs (ARTEX_BENCH_W6_RUNS)
 #   history  history rows and WAL per finished task, by table (pg_waldump)
 #   cycle    the two hot functions alone by plain SQL: WAL and PostgreSQL CPU per task
 #   unique   what a unique key costs a submission

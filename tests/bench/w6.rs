@@ -1,8 +1,13 @@
 //! W6: the planner against a fleet. 20,000 pending no-op tasks assigned by one planner to
 //! 10 simulated workers of 2,000 slots, then to 2,000 of 10 slots (rows without a process
 //! or LISTEN session, which the roster accepts): assignment throughput, rounds, and the
-//! cost of the round's read (roster + claim). Target: 2,000 workers at least half the
-//! rate of 10.
+//! cost of the round's read (roster + claim). Target (issue 39): 2,000 workers at least
+//! 0.9× the rate of 10.
+//!
+//! Each case lasts about a second, and one pair's ratio moved from 0.95 to 0.76 between
+//! two runs of the same code (2026-12-05): the part runs `ARTEX_BENCH_W6_RUNS` pairs (3;
+//! 1 with --quick), prints each, and reports the medians of the rates and of the pairs'
+//! ratios.
 
 use std::time::Duration;
 
@@ -13,19 +18,66 @@ use crate::rig::exec;
 use crate::w1::insert_noops;
 use crate::{sql, Bench};
 
+/// One case's figures: assignments per second, rounds, and the round's read of 2,000 (ms).
+struct Case {
+    rate: f64,
+    rounds: i64,
+    dispatch_ms: String,
+}
+
 pub async fn run(bench: &mut Bench) {
-    let mut rates = Vec::new();
-    for fleet in [10u32, 2000] {
-        rates.push(one(bench, fleet).await);
+    let runs: usize = match std::env::var("ARTEX_BENCH_W6_RUNS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&r| r > 0)
+            .expect("ARTEX_BENCH_W6_RUNS: a number of pairs, at least 1"),
+        Err(_) if bench.quick => 1,
+        Err(_) => 3,
+    };
+    let fleets = [10u32, 2000];
+    let mut cases: [Vec<Case>; 2] = [Vec::new(), Vec::new()];
+    let mut ratios = Vec::new();
+    for i in 1..=runs {
+        let few = one(bench, fleets[0]).await;
+        let many = one(bench, fleets[1]).await;
+        let ratio = many.rate / few.rate;
+        println!(
+            "# W6, pair {i} of {runs}: {} tasks/s to 10 workers, {} to 2000 ({})",
+            fixed(few.rate, 0),
+            fixed(many.rate, 0),
+            fixed(ratio, 2),
+        );
+        ratios.push(ratio);
+        cases[0].push(few);
+        cases[1].push(many);
     }
+    for (fleet, cases) in fleets.iter().zip(&mut cases) {
+        cases.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+        let median = &cases[cases.len() / 2];
+        bench
+            .ceilings
+            .throughput(&format!("w6_assign_per_s_{fleet}_workers"), median.rate);
+        result(
+            &format!("w6_rounds_{fleet}_workers"),
+            median.rounds,
+            "rounds",
+        );
+        result(
+            &format!("w6_dispatch_2000_ms_{fleet}_workers"),
+            &median.dispatch_ms,
+            "ms",
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
     result(
         "w6_2000_vs_10_workers",
-        fixed(rates[1] / rates[0], 2),
+        fixed(ratios[ratios.len() / 2], 2),
         "ratio",
     );
 }
 
-async fn one(bench: &mut Bench, fleet: u32) -> f64 {
+async fn one(bench: &mut Bench, fleet: u32) -> Case {
     let n = bench.sizes.w1;
     let db = format!("bench_w6_{fleet}");
     let c = bench.rig.new_db(&db).await;
@@ -62,17 +114,12 @@ async fn one(bench: &mut Bench, fleet: u32) -> f64 {
         "{db}: {over} workers hold more than their capacity"
     );
     println!("# W6: {n} tasks to {fleet} simulated workers of {slots} slots, 1 planner");
-    bench
-        .ceilings
-        .throughput(&format!("w6_assign_per_s_{fleet}_workers"), rate);
-    result(&format!("w6_rounds_{fleet}_workers"), rounds, "rounds");
-    result(
-        &format!("w6_dispatch_2000_ms_{fleet}_workers"),
-        dispatch_ms,
-        "ms",
-    );
     bench.rig.drop_db(&db, c).await;
-    rate
+    Case {
+        rate,
+        rounds,
+        dispatch_ms,
+    }
 }
 
 /// The round's read as the runtime sends it (prepared; 7 runs let PostgreSQL settle on
