@@ -1,8 +1,9 @@
-//! Property tests of [`plan`] on random rosters and claims (issue 25 §2): never more than
-//! a worker's free slots, only its kinds and its host, no task twice, no task left while
-//! an eligible worker has a slot, each worker at most its share and as one run when the
-//! fleet is uniform, and the same answer whatever the roster's order. Bounded and seeded:
-//! see `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
+//! Property tests of [`plan_with_runs`] (so of [`super::plan`], its runs of one) on random
+//! rosters, claims and shortest runs (issue 25 §2): never more than a worker's free
+//! slots, only its kinds and its host, no task twice, no task left while an eligible
+//! worker has a slot, each worker at most its share and as one run when the fleet is
+//! uniform, and the same answer whatever the roster's order. Bounded and seeded: see
+//! `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +11,7 @@ use uuid::Uuid;
 
 use artex_testkit::fuzz;
 
-use super::plan;
+use super::plan_with_runs;
 use crate::blackboard::{Assignment, Claimed, RosterEntry};
 
 const KINDS: [&str; 4] = ["a", "b", "c", "d"];
@@ -21,6 +22,14 @@ const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
 struct Round {
     roster: Vec<RosterEntry>,
     claimed: Vec<Claimed>,
+    /// The shortest run a worker is given (1: `plan`; more: a round cut at its batch).
+    min_run: i64,
+}
+
+impl Round {
+    fn plan(&self, roster: &[RosterEntry]) -> Vec<Assignment> {
+        plan_with_runs(&self.claimed, roster, self.min_run)
+    }
 }
 
 fn worker(rng: &mut fastrand::Rng, i: usize, uniform: bool) -> RosterEntry {
@@ -80,6 +89,7 @@ fn round(rng: &mut fastrand::Rng, uniform: bool) -> Round {
     Round {
         claimed: claimed(rng, tasks, uniform),
         roster,
+        min_run: if rng.bool() { 1 } else { rng.i64(2..=16) },
     }
 }
 
@@ -95,6 +105,12 @@ fn shrink(r: &Round) -> Vec<Round> {
     for roster in fuzz::shrink_vec(&r.roster) {
         out.push(Round {
             roster,
+            ..r.clone()
+        });
+    }
+    if r.min_run > 1 {
+        out.push(Round {
+            min_run: r.min_run - 1,
             ..r.clone()
         });
     }
@@ -126,7 +142,7 @@ fn per_worker(out: &[Assignment]) -> HashMap<&str, i32> {
 
 /// What holds for every round.
 fn check_always(r: &Round) {
-    let out = plan(&r.claimed, &r.roster);
+    let out = r.plan(&r.roster);
     let workers: HashMap<&str, &RosterEntry> =
         r.roster.iter().map(|w| (w.id.as_str(), w)).collect();
     let tasks: HashMap<Uuid, &Claimed> = r.claimed.iter().map(|t| (t.id, t)).collect();
@@ -171,14 +187,14 @@ fn check_always(r: &Round) {
         }
     }
     // Deterministic, and blind to the order the roster was read in.
-    assert_eq!(plan(&r.claimed, &r.roster), out, "two runs differ");
+    assert_eq!(r.plan(&r.roster), out, "two runs differ");
     let mut reversed = r.roster.clone();
     reversed.reverse();
     let mapping = |o: &[Assignment]| -> HashMap<Uuid, String> {
         o.iter().map(|a| (a.task, a.worker.clone())).collect()
     };
     assert_eq!(
-        mapping(&plan(&r.claimed, &reversed)),
+        mapping(&r.plan(&reversed)),
         mapping(&out),
         "the roster's order changed the plan"
     );
@@ -186,10 +202,11 @@ fn check_always(r: &Round) {
 
 /// What the documentation promises of a uniform fleet (every worker runs every kind, no
 /// task bound to a host): every task placed while slots last, each worker at most its
-/// share (proportional to its free slots, rounded up), as one run of consecutive tasks.
+/// share (proportional to its free slots, rounded up, at least the shortest run, at most
+/// its free slots), as one run of consecutive tasks.
 fn check_uniform(r: &Round) {
     check_always(r);
-    let out = plan(&r.claimed, &r.roster);
+    let out = r.plan(&r.roster);
     let total: i64 = r.roster.iter().map(|w| i64::from(w.free())).sum();
     let n = r.claimed.len() as i64;
     assert_eq!(out.len() as i64, n.min(total), "tasks left with slots free");
@@ -199,7 +216,7 @@ fn check_uniform(r: &Round) {
         let share = if total == 0 {
             0
         } else {
-            ((n * f + total - 1) / total).min(f)
+            ((n * f + total - 1) / total).max(r.min_run).min(f)
         };
         let got = i64::from(per.get(w.id.as_str()).copied().unwrap_or(0));
         assert!(got <= share, "{} got {got}, over its share {share}", w.id);
