@@ -341,9 +341,12 @@ async fn sample(soak: &Soak, world: &World, previous: &mut Option<(f64, i64)>) {
 }
 
 /// After the load stopped: waits (up to 5 minutes) until every acknowledged task and
-/// every flow is seen finished, and the feed consumer has every event written.
+/// every flow is seen finished, and the feed consumer has every event written. A drain
+/// still open after [`DRAIN_SAYS_WHY`] says once what it waits for.
 pub async fn drain(soak: &Soak, world: &World) {
-    let deadline = soak.now() + 300.0;
+    let started = soak.now();
+    let deadline = started + 300.0;
+    let mut said = false;
     while soak.now() < deadline {
         let _ = finals(soak, world).await;
         let open =
@@ -351,9 +354,55 @@ pub async fn drain(soak: &Soak, world: &World) {
         if open == 0 {
             break;
         }
+        if !said && soak.now() - started >= DRAIN_SAYS_WHY {
+            said = true;
+            still_open(soak, world).await;
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     eprintln!("SOAK drained at {:.1}s", soak.now());
+}
+
+/// How long a drain runs before it says what it waits for, seconds (runs drain in 2-5).
+const DRAIN_SAYS_WHY: f64 = 30.0;
+
+/// Prints the unfinished acknowledged tasks (at most 10, as the blackboard has them:
+/// status, holder, when runnable, retries) and the unfinished flows' count: what a slow
+/// drain waits for.
+async fn still_open(soak: &Soak, world: &World) {
+    let ids = unfinished(soak);
+    let flows = soak.flows.lock().unwrap().values().filter(|d| !**d).count();
+    eprintln!(
+        "SOAK drain at {:.1}s still waits for {} acknowledged tasks and {flows} flows",
+        soak.now(),
+        ids.len()
+    );
+    let Some(c) = world.client().await else {
+        eprintln!("SOAK drain: no primary to ask about them");
+        return;
+    };
+    let first: Vec<Uuid> = ids.into_iter().take(10).collect();
+    let rows = c
+        .query(
+            "select id, kind, status::text, coalesce(assigned_to, '-'),
+                    round(extract(epoch from run_at - now()))::int8, retries, max_retries
+             from artex.tasks where id = any($1) order by id",
+            &[&first],
+        )
+        .await;
+    match rows {
+        Ok(rows) => {
+            for r in rows {
+                let (id, kind, status, holder): (Uuid, String, String, String) =
+                    (r.get(0), r.get(1), r.get(2), r.get(3));
+                let (runnable_in, retries, max): (i64, i32, i32) = (r.get(4), r.get(5), r.get(6));
+                eprintln!(
+                    "SOAK drain: task {id} ({kind}) {status}, held by {holder}, runnable in {runnable_in} s, retries {retries} of {max}"
+                );
+            }
+        }
+        Err(e) => eprintln!("SOAK drain: cannot read them: {e}"),
+    }
 }
 
 /// The checks made once, at the end.
