@@ -313,7 +313,9 @@ impl Rig {
     }
 
     /// `program`, its output appended to log/`log`, no input, killed when dropped: for
-    /// the processes a part holds itself (a serve, a sink, a worker it restarts).
+    /// the processes a part holds itself (a serve, a sink, a worker it restarts). Its
+    /// `$TMPDIR` is the bench's folder, so what it leaves there (a worker's default
+    /// upload folder, one per blackboard) goes with the bench.
     pub fn command(&self, log: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -321,7 +323,8 @@ impl Rig {
             .open(self.log(log))
             .expect("a log file");
         let mut cmd = Command::new(program);
-        cmd.stdin(Stdio::null())
+        cmd.env("TMPDIR", self.tmp.path())
+            .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .kill_on_drop(true);
