@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use tokio_postgres::NoTls;
 
+use super::sql::quote_ident;
 use crate::error::{Error, Result};
 
 /// Creates database `name` through `admin_url` (a connection to another database of the
@@ -52,8 +53,4 @@ pub async fn drop_database(admin_url: &str, name: &str) -> Result {
     drop(client);
     let _ = driver.await;
     Ok(())
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }

@@ -86,7 +86,7 @@ impl Blackboard {
         });
         let mut sql = String::new();
         for c in channels {
-            sql.push_str(&format!("listen \"{}\";", c.replace('"', "\"\"")));
+            sql.push_str(&format!("listen {};", super::sql::quote_ident(c)));
         }
         // The session's settings, then its channels, pipelined: one round trip, and the
         // session shows its LISTENs as its last statement (pg_stat_activity.query).

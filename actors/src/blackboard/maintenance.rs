@@ -152,7 +152,7 @@ impl MaintenanceBoard {
         if !names.is_empty() {
             let tables: Vec<String> = names
                 .iter()
-                .map(|n| format!("artex.\"{}\"", n.replace('"', "\"\"")))
+                .map(|n| format!("artex.{}", super::sql::quote_ident(n)))
                 .collect();
             client
                 .batch(&format!("analyze {}", tables.join(", ")))

@@ -367,3 +367,9 @@ impl Drop for Tx {
         }
     }
 }
+
+/// `s` as a quoted SQL identifier (a database, a channel, a table name), its double
+/// quotes doubled: for the statements that cannot take it as a parameter.
+pub(crate) fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
