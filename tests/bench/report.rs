@@ -15,6 +15,28 @@ pub fn fixed(x: f64, decimals: usize) -> String {
     format!("{x:.decimals$}")
 }
 
+/// The median of `v` (the upper of the middle two when their count is even); `v` is not
+/// empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// How many times a part repeats its measurement: `var` when it is set (at least 1),
+/// else once with --quick and three times otherwise. A burst lasts about a second, and
+/// what the host's two cores do in that second moves one burst's figures by a quarter.
+pub fn repeats(var: &str, quick: bool) -> usize {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&r| r > 0)
+            .unwrap_or_else(|| panic!("{var}={v}: expected a whole number, at least 1")),
+        Err(_) if quick => 1,
+        Err(_) => 3,
+    }
+}
+
 /// The ceilings the limit part measured, by which throughput figures are divided (none
 /// when `limit` did not run).
 #[derive(Debug, Default, Clone, Copy)]

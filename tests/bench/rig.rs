@@ -198,31 +198,9 @@ impl Rig {
     /// CPU seconds of the whole cluster so far: the postmaster, its exited children
     /// (reaped into its cutime/cstime) and its live ones.
     pub fn pg_cpu_s(&self) -> f64 {
-        let pid =
-            std::fs::read_to_string(self.pgdata.join("postmaster.pid")).expect("postmaster.pid");
-        let pm: u32 = pid
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .expect("the postmaster's pid");
-        let mut ticks = stat(pm)
-            .map(|f| f[11] + f[12] + f[13] + f[14])
-            .unwrap_or(0.0);
-        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Some(f) = stat(pid) {
-                if f[1] as u32 == pm {
-                    ticks += f[11] + f[12];
-                }
-            }
-        }
-        ticks / TICKS
+        let pids = server_pids(&self.pgdata);
+        let (&pm, children) = pids.split_first().expect("the postmaster's pid");
+        cpu_s(pm) + reaped_cpu_s(pm) + children.iter().map(|&p| cpu_s(p)).sum::<f64>()
     }
 
     /// The cluster's processes as pg_stat_activity names them, with the CPU seconds each
@@ -243,10 +221,8 @@ impl Rig {
             })
             .collect();
         if let Some(&pm) = server_pids(&self.pgdata).first() {
-            let f = stat(pm).unwrap_or_default();
-            let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / TICKS;
-            out.push((pm, "postmaster".into(), at(11) + at(12)));
-            out.push((0, "exited".into(), at(13) + at(14)));
+            out.push((pm, "postmaster".into(), cpu_s(pm)));
+            out.push((0, "exited".into(), reaped_cpu_s(pm)));
         }
         out
     }
@@ -548,6 +524,11 @@ pub fn server_pids(pgdata: &Path) -> Vec<u32> {
 /// CPU seconds (user + system) process `pid` has spent, 0 when it is gone.
 pub fn cpu_s(pid: u32) -> f64 {
     stat(pid).map_or(0.0, |f| (f[11] + f[12]) / TICKS)
+}
+
+/// CPU seconds (user + system) the children `pid` reaped had spent, 0 when it is gone.
+fn reaped_cpu_s(pid: u32) -> f64 {
+    stat(pid).map_or(0.0, |f| (f[13] + f[14]) / TICKS)
 }
 
 /// Starts (creating it the first time) the cluster in `<tmp>/db`; its `artex` URL.

@@ -16,7 +16,7 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::report::{fixed, result, Progress};
+use crate::report::{fixed, median, result, Progress};
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
@@ -40,7 +40,7 @@ pub async fn run(bench: &mut Bench) {
         .map(|(off, on)| format!("{:.0}/{:.0} ({:.3})", off, on, on / off))
         .collect();
     println!("# trace: off/on by round: {}", pairs.join(", "));
-    let (off, on) = (median(&mut offs), median(&mut ons));
+    let (off, on) = (median(offs), median(ons));
     result("trace_w1idle_tasks_per_s_off", fixed(off, 0), "tasks/s");
     result("trace_w1idle_tasks_per_s_on", fixed(on, 0), "tasks/s");
     result("trace_w1idle_on_vs_off", fixed(on / off, 3), "x");
@@ -53,11 +53,6 @@ pub async fn run(bench: &mut Bench) {
 
 /// Pairs of runs, off then on.
 const ROUNDS: usize = 3;
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// W1 from idle with traced tasks and `env` for the planner and workers: tasks/s from
 /// the first start to the last finish.

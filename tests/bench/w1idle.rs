@@ -12,7 +12,9 @@
 
 use tokio_postgres::Client;
 
-use crate::report::{cpu_split_print, fixed, profile_print, profile_reset, result, Progress};
+use crate::report::{
+    cpu_split_print, fixed, median, profile_print, profile_reset, repeats, result, Progress,
+};
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
 
@@ -32,16 +34,11 @@ struct Burst {
     cpu_run: f64,
 }
 
+/// One figure of a burst.
+type Figure = fn(&Burst) -> f64;
+
 pub async fn run(bench: &mut Bench) {
-    let runs: usize = match std::env::var("ARTEX_BENCH_W1IDLE_RUNS") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|&r| r > 0)
-            .expect("ARTEX_BENCH_W1IDLE_RUNS: a number of bursts, at least 1"),
-        Err(_) if bench.quick => 1,
-        Err(_) => 3,
-    };
+    let runs = repeats("ARTEX_BENCH_W1IDLE_RUNS", bench.quick);
     let mut bursts = Vec::with_capacity(runs);
     for i in 1..=runs {
         let b = burst(bench).await;
@@ -56,41 +53,33 @@ pub async fn run(bench: &mut Bench) {
         );
         bursts.push(b);
     }
-    let median = |f: fn(&Burst) -> f64| {
-        let mut v: Vec<f64> = bursts.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let of = |f: Figure| median(bursts.iter().map(f).collect());
     bench
         .ceilings
-        .throughput("w1idle_tasks_per_s_2workers", median(|b| b.rate));
+        .throughput("w1idle_tasks_per_s_2workers", of(|b| b.rate));
     result(
         "w1idle_first_start_after_run_at_ms",
-        median(|b| b.first_ms),
+        of(|b| b.first_ms),
         "ms",
     );
-    let per_task = |x: f64| fixed(x, 0);
-    result(
-        "w1idle_wal_bytes_per_task_insert",
-        per_task(median(|b| b.wal_insert)),
-        "bytes",
-    );
-    result(
-        "w1idle_wal_bytes_per_task_run",
-        per_task(median(|b| b.wal_run)),
-        "bytes",
-    );
-    result(
-        "w1idle_cpu_us_per_task_postgres_insert",
-        per_task(median(|b| b.cpu_insert)),
-        "us",
-    );
     // The run's CPU includes the seconds of idling around it (polls, heartbeats).
-    result(
-        "w1idle_cpu_us_per_task_postgres_run",
-        per_task(median(|b| b.cpu_run)),
-        "us",
-    );
+    let per_task: [(&str, Figure, &str); 4] = [
+        (
+            "w1idle_wal_bytes_per_task_insert",
+            |b| b.wal_insert,
+            "bytes",
+        ),
+        ("w1idle_wal_bytes_per_task_run", |b| b.wal_run, "bytes"),
+        (
+            "w1idle_cpu_us_per_task_postgres_insert",
+            |b| b.cpu_insert,
+            "us",
+        ),
+        ("w1idle_cpu_us_per_task_postgres_run", |b| b.cpu_run, "us"),
+    ];
+    for (name, figure, unit) in per_task {
+        result(name, fixed(of(figure), 0), unit);
+    }
 }
 
 /// One burst on a fresh database and runtime.

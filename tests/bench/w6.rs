@@ -6,14 +6,14 @@
 //!
 //! Each case lasts about a second, and one pair's ratio moved from 0.95 to 0.76 between
 //! two runs of the same code (2026-12-05): the part runs `ARTEX_BENCH_W6_RUNS` pairs (3;
-//! 1 with --quick), prints each, and reports the medians of the rates and of the pairs'
-//! ratios.
+//! 1 with --quick), prints each, and reports the median of the pairs' ratios and, for
+//! each fleet, the figures of its case of median rate.
 
 use std::time::Duration;
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::report::{fixed, result};
+use crate::report::{fixed, median, repeats, result};
 use crate::rig::exec;
 use crate::w1::insert_noops;
 use crate::{sql, Bench};
@@ -26,33 +26,26 @@ struct Case {
 }
 
 pub async fn run(bench: &mut Bench) {
-    let runs: usize = match std::env::var("ARTEX_BENCH_W6_RUNS") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|&r| r > 0)
-            .expect("ARTEX_BENCH_W6_RUNS: a number of pairs, at least 1"),
-        Err(_) if bench.quick => 1,
-        Err(_) => 3,
-    };
-    let fleets = [10u32, 2000];
+    let runs = repeats("ARTEX_BENCH_W6_RUNS", bench.quick);
+    let [few, many] = [10u32, 2000];
     let mut cases: [Vec<Case>; 2] = [Vec::new(), Vec::new()];
     let mut ratios = Vec::new();
     for i in 1..=runs {
-        let few = one(bench, fleets[0]).await;
-        let many = one(bench, fleets[1]).await;
-        let ratio = many.rate / few.rate;
+        let a = one(bench, few).await;
+        let b = one(bench, many).await;
+        let ratio = b.rate / a.rate;
         println!(
-            "# W6, pair {i} of {runs}: {} tasks/s to 10 workers, {} to 2000 ({})",
-            fixed(few.rate, 0),
-            fixed(many.rate, 0),
+            "# W6, pair {i} of {runs}: {} tasks/s to {few} workers, {} to {many} ({})",
+            fixed(a.rate, 0),
+            fixed(b.rate, 0),
             fixed(ratio, 2),
         );
         ratios.push(ratio);
-        cases[0].push(few);
-        cases[1].push(many);
+        cases[0].push(a);
+        cases[1].push(b);
     }
-    for (fleet, cases) in fleets.iter().zip(&mut cases) {
+    // Each fleet's figures are those of its case of median rate.
+    for (fleet, cases) in [few, many].iter().zip(&mut cases) {
         cases.sort_by(|a, b| a.rate.total_cmp(&b.rate));
         let median = &cases[cases.len() / 2];
         bench
@@ -69,10 +62,9 @@ pub async fn run(bench: &mut Bench) {
             "ms",
         );
     }
-    ratios.sort_by(f64::total_cmp);
     result(
-        "w6_2000_vs_10_workers",
-        fixed(ratios[ratios.len() / 2], 2),
+        &format!("w6_{many}_vs_{few}_workers"),
+        fixed(median(ratios), 2),
         "ratio",
     );
 }
