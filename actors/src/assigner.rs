@@ -63,8 +63,9 @@ pub const MIN_RUN: i64 = 8;
 /// slower than 10 workers of 200). So in a cut round each chosen worker takes a run of at
 /// least [`MIN_RUN`] tasks (or its free slots, if fewer): no more than it asked for (its
 /// concurrency and the local queue it sized), and a worker touched costs each of its
-/// tasks ~1 µs instead of ~10. A round that was not cut (every runnable task fits) is spread as [`plan`]
-/// spreads it, so that an idle fleet starts a small burst on as many hosts as it can.
+/// tasks ~1 µs instead of ~10. A round that was not cut (every runnable task fits) is
+/// spread as [`plan`] spreads it, so that an idle fleet starts a small burst on as many
+/// hosts as it can.
 pub fn plan_round(claimed: &[Claimed], roster: &[RosterEntry], batch: i64) -> Vec<Assignment> {
     let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
     let cut = claimed.len() as i64 >= batch && batch < free;
@@ -72,7 +73,7 @@ pub fn plan_round(claimed: &[Claimed], roster: &[RosterEntry], batch: i64) -> Ve
 }
 
 /// [`plan`], each worker's share at least `min_run` tasks (or its free slots).
-pub fn plan_with_runs(
+pub(crate) fn plan_with_runs(
     claimed: &[Claimed],
     roster: &[RosterEntry],
     min_run: i64,
