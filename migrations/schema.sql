@@ -266,6 +266,108 @@ CREATE FUNCTION artex.attempt_status(p_wanted text, p_unstarted boolean, p_retri
 $$;
 
 --
+-- Name: claim_and_read(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_bitmapscan TO 'off'
+    AS $_$
+#variable_conflict use_column
+declare
+    v_claimed text;
+begin
+    -- How many it claimed, for the read below (a statement of its own that `plans.rs`
+    -- prepares alone: it names no variable of this function).
+    perform set_config('artex.claimed', '0', true);
+    -- Anything to claim? A look without a lock: an idle queue costs no write.
+    if exists (
+        select 1 from artex.workers w
+        where w.id = $1 and w.state = 'online'
+          and w.capacity > w.taken - coalesce(
+                  (select r.released from artex.worker_released r where r.worker = w.id), 0)
+          and exists (
+              select 1 from artex.tasks t
+              where t.listed = 'pending' and not t.limited and t.run_at <= now()
+                and t.kind = any(w.kinds)
+                and (t.host is null or t.host = w.host)))
+    then
+        perform set_config('artex.hot', 'on', true);
+        with room as materialized (
+            select w.id, w.host, w.lease_ms,
+                   array(select unnest(w.kinds)
+                         except select p.kind from artex.kind_pauses p
+                         except select l.kind from artex.kind_limits l) as kinds,
+                   greatest(w.capacity - greatest(w.taken - coalesce(r.released, 0), 0), 0)
+                       as free
+            from artex.workers w left join artex.worker_released r on r.worker = w.id
+            where w.id = $1 and w.state = 'online'
+            for update of w
+        ),
+        picked as (
+            select t.id from artex.tasks t
+            where t.listed = 'pending' and not t.limited and t.run_at <= now()
+              and t.kind = any((select kinds from room)::text[])
+              and (t.host is null or t.host = (select host from room))
+            order by t.priority desc, t.run_at, t.id
+            limit (select free from room)
+            for update skip locked
+        ),
+        assigned as (
+            update artex.tasks t
+            set status = 'assigned', assigned_to = room.id,
+                lease_until = now() + make_interval(secs => coalesce(room.lease_ms, 30000) / 1000.0),
+                lease_epoch = t.lease_epoch + 1, updated_at = now()
+            from artex.set_context($1, 'assigned') ctx, room
+            where ctx and t.id in (select id from picked)
+              and t.status::text = 'pending' -- by primary key: see record_attempts
+            returning t.id
+        ),
+        counted as (
+            update artex.workers w
+            set taken = w.taken + g.n,
+                held = least(greatest(w.taken + g.n - coalesce(
+                    (select r.released from artex.worker_released r where r.worker = w.id), 0),
+                    0), 2147483647)::int
+            from (select count(*) as n from assigned) g
+            where w.id = $1 and g.n > 0
+            returning g.n
+        )
+        select set_config('artex.claimed', coalesce((select c.n from counted c), 0)::text, true)
+        into v_claimed;
+        perform set_config('artex.hot', '', true);
+    end if;
+    return query select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
+        checkpoint, flow_id, payload_bytes,
+        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
+        null::text, null::float8, n, priority, limit_key, traceparent, null::int8
+    from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
+                 checkpoint, flow_id, lease_until, priority, limit_key, traceparent,
+                 coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
+                 sum(coalesce(payload_bytes, octet_length(payload::text))) over
+                     (order by priority desc, run_at, id rows unbounded preceding) as upto,
+                 row_number() over (order by priority desc, run_at, id) as n
+          from artex.tasks
+          where assigned_to = $1 and status = 'assigned'
+          order by priority desc, run_at, id
+          limit $2) t
+    where upto <= $3 or (n = 1 and $4)
+    union all
+    select null, null, null, null, null, null, null, null, null, null, null,
+           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0,
+           null, null, null, current_setting('artex.claimed')::int8
+    order by n;
+end
+$_$;
+
+--
+-- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows, the snapshot row saying how many it claimed (V46). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+
+--
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1645,6 +1747,9 @@ $$;
 CREATE FUNCTION artex.tasks_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+declare
+    v_channel text;
+    v_covers boolean;
 begin
     insert into artex.task_history
         (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
@@ -1655,7 +1760,47 @@ begin
         perform pg_notify('artex_events', '');
     end if;
     if exists (select 1 from new_rows where status = 'pending') then
-        perform pg_notify('artex_tasks', '');
+        -- The new runnable tasks by kind and host (a few groups, however many rows), then
+        -- at most 32 candidates: past one pass over the new rows, the cost grows with
+        -- neither the insert's size nor the fleet's.
+        with pending as materialized (
+            select n.kind, n.host, not n.limited and n.run_at <= now() as ready,
+                   count(*) as n
+            from new_rows n where n.status = 'pending'
+            group by 1, 2, 3
+        ),
+        due as materialized (
+            select p.kind, p.host, p.n from pending p
+            where p.ready
+              and p.kind not in (select k.kind from artex.kind_pauses k)
+              and p.kind not in (select l.kind from artex.kind_limits l)
+        ),
+        candidates as materialized (
+            select w.channel, w.kinds, w.host,
+                   w.capacity - greatest(w.taken - coalesce(r.released, 0), 0) as free
+            from artex.workers w left join artex.worker_released r on r.worker = w.id
+            where w.state = 'online' and w.wake_addr is null
+              and w.last_seen > now() - interval '10 seconds'
+              and w.capacity > greatest(w.taken - coalesce(r.released, 0), 0)
+              and exists (select 1 from due d
+                          where d.kind = any(w.kinds) and (d.host is null or d.host = w.host))
+            limit 32
+        )
+        select c.channel,
+               c.free >= (select sum(p.n) from pending p)
+                   and (select sum(d.n) from due d
+                        where d.kind = any(c.kinds) and (d.host is null or d.host = c.host))
+                       = (select sum(p.n) from pending p)
+        into v_channel, v_covers
+        from candidates c
+        order by c.free desc, random()
+        limit 1;
+        if v_channel is not null then
+            perform pg_notify(v_channel, '');
+        end if;
+        if not coalesce(v_covers, false) then
+            perform pg_notify('artex_tasks', '');
+        end if;
     end if;
     return null;
 end

@@ -403,11 +403,14 @@ async fn operators_read_from_the_replica() {
         "{err}"
     );
 
-    // A worker's --api reads the replica too.
+    // A worker's --api reads the replica too. (It runs kind `fail` only: it would claim
+    // the pending echo tasks the dashboard pauses below.)
     let worker = Proc::worker(
         "worker",
         &pair.primary_url,
         &[
+            "--kinds",
+            "fail",
             "--api",
             "--read-database-url",
             &pair.replica_url,

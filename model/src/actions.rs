@@ -28,6 +28,11 @@ pub enum Action {
     Reclaim { t: u8 },
     /// The reaper marks a silent worker `gone` (`MARK_GONE`).
     MarkGone { w: u8 },
+    /// Worker `w` claims task `t`, pending, for itself in its read (`artex.claim_and_read`,
+    /// V46): if its own row is `online` and no planner's claim holds the task's row (`for
+    /// update skip locked`); the epoch bumped, a fresh lease. The read that follows in the
+    /// same statement is the `Read` step (apart here: that only adds interleavings).
+    WorkerClaim { w: u8, t: u8 },
     /// Worker `w` reads task `t` assigned to it (`artex.read_assigned`, or the same rows
     /// carried by its wake-up) and starts its handler from the checkpoint read.
     Read { w: u8, t: u8 },
@@ -89,6 +94,7 @@ impl Action {
             Action::Probe { .. } => "Probe",
             Action::Reclaim { .. } => "Reclaim",
             Action::MarkGone { .. } => "MarkGone",
+            Action::WorkerClaim { .. } => "WorkerClaim",
             Action::Read { .. } => "Read",
             Action::Work { .. } => "Work",
             Action::Checkpoint { .. } => "Checkpoint",
@@ -162,6 +168,11 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
     REAP_RS,
     "MARK_GONE",
     "84546af60fe3748e2afa6124d008d3a17669562d64ad8b3d6e969e76e342dd53",
+)];
+/// `WorkerClaim`: a worker's claim in its read (V46).
+pub const WORKER_CLAIM_SQL: &[Sql] = &[Sql::function(
+    "claim_and_read",
+    "fd766228490c2f9c4b0b4603763865b648b8b64ce2154f9a66efe15c329afc80",
 )];
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(
@@ -259,6 +270,7 @@ impl Action {
             Action::Probe { .. } => PROBE_SQL,
             Action::Reclaim { .. } => RECLAIM_SQL,
             Action::MarkGone { .. } => MARK_GONE_SQL,
+            Action::WorkerClaim { .. } => WORKER_CLAIM_SQL,
             Action::Read { .. } => READ_SQL,
             Action::Checkpoint { .. } | Action::Suspend { .. } => CHECKPOINT_SQL,
             Action::RecordStart { .. } | Action::RecordOutcome { .. } => RECORD_SQL,
@@ -286,6 +298,7 @@ pub const ALL_SQL: &[(&str, &[Sql])] = &[
     ("Probe", PROBE_SQL),
     ("Reclaim", RECLAIM_SQL),
     ("MarkGone", MARK_GONE_SQL),
+    ("WorkerClaim", WORKER_CLAIM_SQL),
     ("Read", READ_SQL),
     ("Checkpoint, Suspend", CHECKPOINT_SQL),
     ("RecordStart, RecordOutcome", RECORD_SQL),

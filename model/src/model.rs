@@ -289,6 +289,15 @@ impl Protocol {
                 if let Some(h) = &proc.held[t] {
                     self.held_actions(s, proc, h, wu, tu, out);
                 }
+                let locked = s.claims.iter().flatten().any(|c| usize::from(c.0) == t);
+                let claimable = row.status == Status::Pending && row.epoch < EPOCH_CAP && !locked;
+                if proc.connected
+                    && !proc.draining
+                    && proc.state == WorkerState::Online
+                    && claimable
+                {
+                    out.push(Action::WorkerClaim { w: wu, t: tu });
+                }
                 let unread = proc.held[t].as_ref().is_none_or(|h| h.epoch != row.epoch);
                 if proc.connected && !proc.draining && mine_now && unread {
                     out.push(Action::Read { w: wu, t: tu });

@@ -20,6 +20,7 @@ impl Protocol {
             Action::Probe { p, w } => s.unreachable[p as usize] &= !(1 << w),
             Action::Reclaim { t } => self.reclaim(&mut s, t),
             Action::MarkGone { w } => s.procs[w as usize].state = WorkerState::Gone,
+            Action::WorkerClaim { w, t } => self.worker_claim(&mut s, w, t),
             Action::Read { w, t } => read(&mut s, w, t),
             Action::Work { w, t } => self.work(&mut s, w, t),
             Action::Checkpoint { w, t } => self.checkpoint(&mut s, w, t, false),
@@ -113,6 +114,20 @@ impl Protocol {
         if self.guards.recall != Recall::Never {
             s.pushes[p as usize] = Some((w, t));
         }
+    }
+
+    /// `claim_and_read`'s claim: task `t`, pending, to worker `w` itself at the next
+    /// epoch if its row is `online` (the enabling condition keeps out a row a planner's
+    /// claim holds).
+    fn worker_claim(&self, s: &mut State, w: u8, t: u8) {
+        let row = &mut s.tasks[t as usize];
+        if row.status != Status::Pending || s.procs[w as usize].state != WorkerState::Online {
+            return;
+        }
+        row.status = Status::Assigned;
+        row.holder = Some(w);
+        row.epoch += 1;
+        row.lease_until = s.now + self.bound.lease;
     }
 
     /// `RECLAIM`: an expired lease back to pending (a running one counts a retry, and

@@ -6,11 +6,13 @@
 //! - `limits`: concurrency, per-key concurrency and rate, with three planners.
 //! - `search`: tags, search and bulk actions from the CLI.
 //! - `pauses`: a paused kind waits while the others run, under two planners.
+//! - `claims`: a worker claims its own tasks (V46), only what the Assigner would give it.
 //! - `fair`: a fair kind's keys take turns, in one round and under three planners.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod claims;
 mod fair;
 mod limits;
 mod pauses;

@@ -34,6 +34,10 @@ pub(super) struct Intake {
     /// What its latest finished read saw: which carried tasks it may take, and how long
     /// their leases surely run (see `blackboard::carried`).
     pub last_read: Option<LastRead>,
+    /// Its latest read claimed tasks (migrations/V46): more may wait, and it claims
+    /// again as soon as an outcome written gives slots back, without waiting for a
+    /// planner's round.
+    pub backlog: bool,
     /// A planner's push reached it (see [`PUSHED_POLL`]).
     pub pushed: bool,
     /// Planners record that their pushes fail to reach it (read with its heartbeat): it
@@ -61,6 +65,7 @@ impl Intake {
             maybe_more: false,
             unread: false,
             last_read: None,
+            backlog: false,
             pushed: false,
             wake_unreachable: false,
             read_at: Instant::now(),
@@ -188,8 +193,9 @@ impl Handler<Carried> for Worker {
 }
 
 impl Worker {
-    /// Reads the tasks assigned to it (up to its capacity) into the queue and starts
-    /// what fits.
+    /// Claims the runnable tasks it may run, up to its free slots, and reads the tasks
+    /// assigned to it (up to its capacity) into the queue, in one statement; starts what
+    /// fits.
     pub(super) fn fetch(&mut self, ctx: &mut Context<Self>) {
         if self.stopping.draining {
             return;
@@ -211,7 +217,7 @@ impl Worker {
         let free_slots = limit - self.held.count();
         let sent = Instant::now();
         async move {
-            bb.read_assigned(&id, limit as i64, room, holds_nothing)
+            bb.claim_and_read(&id, limit as i64, room, holds_nothing)
                 .await
         }
         .into_actor(self)
@@ -248,6 +254,7 @@ impl Worker {
         sent: Instant,
         ctx: &mut Context<Self>,
     ) {
+        self.intake.backlog = read_back.claimed > 0;
         let tasks = read_back.tasks;
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
         // Near the budget, the next task may not have fitted.

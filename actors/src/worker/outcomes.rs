@@ -109,6 +109,10 @@ impl Worker {
                     return;
                 }
             }
+            // Slots given back while tasks wait: it claims them itself at once.
+            if act.intake.backlog && batch.iter().any(|c| !c.step.is_start()) {
+                act.fetch(ctx);
+            }
             act.flush(ctx);
             act.check_suspended();
             act.check_drained();

@@ -58,6 +58,9 @@ pub struct AssignedRead {
     pub snapshot: ReadSnapshot,
     /// The database's clock while the read ran (Unix milliseconds).
     pub db_clock_ms: f64,
+    /// How many runnable tasks the read claimed for the worker before it read
+    /// ([`WorkerBoard::claim_and_read`]; 0 for a plain read).
+    pub claimed: i64,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -342,6 +345,13 @@ const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
 // One row more, sorted first, says the snapshot the read saw and the database's clock
 // (see blackboard/carried.rs); its task columns are null.
 const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
+// `artex.claim_and_read` (V46):
+// The worker's own read: it first claims the runnable tasks it may run, up to its free
+// slots (those of the kinds it runs but the paused and the limited, not bound to another
+// host), under its row lock and only while it is online, then reads as `read_assigned`.
+// It looks before it locks: a read of an idle queue writes nothing. The snapshot's row
+// also says how many it claimed (`claimed`).
+const CLAIM_CALL: &str = "select * from artex.claim_and_read($1, $2, $3, $4)";
 // `artex.record_attempts`:
 // Statements that name their rows by id find each through the primary key. Their
 // `status` test is written `status::text = …` on purpose: as a plain enum test it lets
@@ -355,8 +365,9 @@ const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
 const RECORD_CALL: &str = "select * from artex.record_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// The functions a worker's intake and outcomes call, with the calls it sends.
-pub(crate) const HOT_CALLS: [(&str, &str); 2] = [
+pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
     ("read_assigned", FETCH_CALL),
+    ("claim_and_read", CLAIM_CALL),
     ("record_attempts", RECORD_CALL),
 ];
 
@@ -373,12 +384,38 @@ impl WorkerBoard {
         max_bytes: i64,
         holds_nothing: bool,
     ) -> Result<Option<AssignedRead>> {
+        self.read(FETCH_CALL, worker, limit, max_bytes, holds_nothing)
+            .await
+    }
+
+    /// As [`read_assigned`](Self::read_assigned), after claiming for `worker` the
+    /// runnable tasks it may run, up to its free slots (migrations/V46): what a worker
+    /// reads with, so that a task reaches it in one statement, without a planner's round.
+    pub async fn claim_and_read(
+        &self,
+        worker: &str,
+        limit: i64,
+        max_bytes: i64,
+        holds_nothing: bool,
+    ) -> Result<Option<AssignedRead>> {
+        self.read(CLAIM_CALL, worker, limit, max_bytes, holds_nothing)
+            .await
+    }
+
+    async fn read(
+        &self,
+        call: &str,
+        worker: &str,
+        limit: i64,
+        max_bytes: i64,
+        holds_nothing: bool,
+    ) -> Result<Option<AssignedRead>> {
         if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
             return Ok(None);
         }
         let client = self.bb.client().await?;
         let rows = client
-            .query(FETCH_CALL, &[&worker, &limit, &max_bytes, &holds_nothing])
+            .query(call, &[&worker, &limit, &max_bytes, &holds_nothing])
             .await?;
         // The snapshot's row sorts first; the tasks follow in start order.
         let mut rows = rows.into_iter();
@@ -389,10 +426,16 @@ impl WorkerBoard {
         };
         let snapshot = ReadSnapshot::parse(first.try_get(11)?)?;
         let db_clock_ms = first.try_get(12)?;
+        let claimed = if call == CLAIM_CALL {
+            first.try_get::<_, Option<i64>>("claimed")?.unwrap_or(0)
+        } else {
+            0
+        };
         let tasks = rows.collect();
         Ok(Some(AssignedRead {
             snapshot,
             db_clock_ms,
+            claimed,
             tasks: decode_assigned(tasks).await?,
         }))
     }

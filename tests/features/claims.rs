@@ -1,0 +1,246 @@
+//! A worker claims its own tasks in its read (`artex.claim_and_read`, migrations/V46):
+//! only what the Assigner would give it — its kinds but the paused and the limited, due,
+//! not bound to another host, within its free slots, and only while it is online — in
+//! start order, with the fencing token and its holdings counted; a read of an idle queue
+//! writes nothing. The insert wakes one listening worker that may claim the new tasks,
+//! and the planners when that worker cannot take them all. A real worker process with no
+//! planner at all runs a task.
+
+use std::time::Duration;
+
+use artex_actors::blackboard::{LimitSpec, Listener, NewTask};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::common::procs::{wait_for, wait_status, Proc};
+use crate::common::{fixtures, TestDb};
+
+/// What a claim takes, and what it leaves for the Assigner or for later.
+#[tokio::test]
+async fn a_worker_claims_what_the_assigner_would_give_it() {
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    let c = db.client().await;
+    fixtures::worker(&db.bb, "w1", &["a", "b", "lim"], 4).await;
+    ops.set_kind_limit(
+        "lim",
+        &LimitSpec {
+            fair: false,
+            concurrency: Some(50),
+            key_concurrency: None,
+            rate_per_sec: None,
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    assert!(ops.pause_kind("b", None, "test").await.unwrap());
+    let submit = |kind: &'static str, priority: i32| {
+        let ops = db.bb.operator();
+        async move {
+            ops.submit(
+                &NewTask {
+                    priority,
+                    ..NewTask::new(kind, json!({ "p": priority }))
+                },
+                "test",
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // Claimable, in start order: 9, 8, 7 (bound to its own host), 6; then 5, past its
+    // four slots.
+    let a9 = submit("a", 9).await;
+    let a8 = submit("a", 8).await;
+    let own = fixtures::raw::task_on_host(&c, "a", &json!({ "p": 7 }), Some("test")).await;
+    c.execute("update artex.tasks set priority = 7 where id = $1", &[&own])
+        .await
+        .unwrap();
+    let a6 = submit("a", 6).await;
+    let a5 = submit("a", 5).await;
+    // Never claimed: a paused kind, a limited kind, a task bound to another host, one
+    // not due yet.
+    let paused = submit("b", 20).await;
+    let limited = submit("lim", 20).await;
+    let elsewhere =
+        fixtures::raw::task_on_host(&c, "a", &json!({ "p": 20 }), Some("another")).await;
+    let later = ops
+        .submit(
+            &NewTask {
+                priority: 20,
+                run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)),
+                ..NewTask::new("a", json!({}))
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+
+    let read = db
+        .bb
+        .worker()
+        .claim_and_read("w1", 10, i64::MAX, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.claimed, 4);
+    let got: Vec<Uuid> = read.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(got, [a9, a8, own, a6], "its four slots, in start order");
+    assert!(
+        read.tasks.iter().all(|t| t.epoch == 1),
+        "a fencing token each"
+    );
+    let status = |id: Uuid| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "select status::text, assigned_to from artex.tasks where id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, String>(0), r.get::<_, Option<String>>(1))
+        }
+    };
+    for id in [a9, a8, own, a6] {
+        assert_eq!(status(id).await, ("assigned".into(), Some("w1".into())));
+    }
+    for id in [a5, paused, limited, elsewhere, later] {
+        assert_eq!(status(id).await, ("pending".into(), None), "{id}");
+    }
+    let taken: i64 = c
+        .query_one("select taken from artex.workers where id = 'w1'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(taken, 4, "its holdings counted as a round counts them");
+
+    // No slot left: the read claims nothing and returns what it holds.
+    let read = db
+        .bb
+        .worker()
+        .claim_and_read("w1", 10, i64::MAX, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((read.claimed, read.tasks.len()), (0, 4));
+
+    // A worker that is not online (draining here) claims nothing.
+    fixtures::worker(&db.bb, "w2", &["a"], 4).await;
+    c.execute(
+        "update artex.workers set state = 'draining' where id = 'w2'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let read = db
+        .bb
+        .worker()
+        .claim_and_read("w2", 10, i64::MAX, true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((read.claimed, read.tasks.len()), (0, 0));
+    assert_eq!(status(a5).await, ("pending".into(), None));
+
+    // With nothing it may claim, the read writes nothing (no transaction id is drawn).
+    fixtures::worker(&db.bb, "w3", &["idle"], 4).await;
+    c.batch_execute("begin").await.unwrap();
+    c.query(
+        "select * from artex.claim_and_read('w3', 10, 1000000, true)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let xid: Option<String> = c
+        .query_one("select pg_current_xact_id_if_assigned()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute("commit").await.unwrap();
+    assert_eq!(xid, None, "an idle queue's read wrote");
+
+    // The Assigner places what is left to it: the limited kind's task, on a worker with
+    // a free slot.
+    fixtures::worker(&db.bb, "w4", &["lim"], 1).await;
+    fixtures::assign(&db.bb).await;
+    assert_eq!(status(limited).await.0, "assigned");
+}
+
+/// An insert wakes the listening worker with the most free slots that may claim its
+/// tasks, and the planners only when that worker cannot take them all.
+#[tokio::test]
+async fn an_insert_wakes_one_worker_that_may_claim_it() {
+    let db = TestDb::new().await;
+    fixtures::worker(&db.bb, "small", &["a"], 1).await;
+    fixtures::worker(&db.bb, "big", &["a"], 3).await;
+    fixtures::worker(&db.bb, "other", &["z"], 9).await;
+    let channels: Vec<String> = [
+        "artex_w_small",
+        "artex_w_big",
+        "artex_w_other",
+        "artex_tasks",
+    ]
+    .map(String::from)
+    .into();
+    let mut listener = db.bb.feed().listen(&channels).await.unwrap();
+    let c = db.client().await;
+    // Two tasks of kind a: "big" may take both, the planners are not woken.
+    c.execute(
+        "insert into artex.tasks (kind, payload) select 'a', '{}' from generate_series(1, 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(next(&mut listener).await, "artex_w_big");
+    // Four: more than its three slots, so the planners are woken too.
+    c.execute(
+        "insert into artex.tasks (kind, payload) select 'a', '{}' from generate_series(1, 4)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut two = vec![next(&mut listener).await, next(&mut listener).await];
+    two.sort();
+    assert_eq!(two, ["artex_tasks", "artex_w_big"]);
+    // A kind no listening worker runs wakes only the planners.
+    c.execute(
+        "insert into artex.tasks (kind, payload) values ('nobody', '{}')",
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(next(&mut listener).await, "artex_tasks");
+}
+
+/// The channel of the next notification `listener` gets, within 10 s.
+async fn next(listener: &mut Listener) -> String {
+    tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification")
+        .expect("the session is up")
+        .channel
+}
+
+/// A real worker with no planner running takes a task by itself: the insert wakes it,
+/// its read claims the task, and it runs it.
+#[tokio::test]
+async fn a_worker_runs_a_task_with_no_planner() {
+    let db = TestDb::new().await;
+    let _worker = Proc::worker("worker", &db.url, &[]);
+    let id = wait_for(
+        "the worker to declare echo",
+        Duration::from_secs(60),
+        || async {
+            db.bb
+                .operator()
+                .submit(&NewTask::new("echo", json!({ "n": 1 })), "test")
+                .await
+                .ok()
+        },
+    )
+    .await;
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(60)).await;
+}
