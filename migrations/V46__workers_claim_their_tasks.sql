@@ -5,8 +5,11 @@
 -- (`dispatch_round`, `assign_and_wake`, a commit) assigned it and woke the worker, whose
 -- read or wake-up brought it. Now a worker's read first claims, for itself, the runnable
 -- tasks it may run, up to its free slots, and then reads what is assigned to it as
--- `read_assigned` does: one statement, one hop. The insert wakes one worker that may
--- claim the new tasks, and the planners only when that worker cannot take them all.
+-- `read_assigned` does: one statement. A worker reads at its poll, when a wake-up leaves
+-- tasks to the read, and (new) each time a written outcome gives slots back while its
+-- latest claim found tasks: a busy worker refills itself without a planner's round.
+-- (An insert still wakes the planners only: a worker is woken over HTTP, which the
+-- database cannot push.)
 --
 -- What a worker claims is what the Assigner would give it, nothing more:
 -- - only while its own row says `online` (not draining, not gone), its row locked, and
@@ -126,72 +129,3 @@ end
 $_$;
 comment on function artex.claim_and_read(text, bigint, bigint, boolean) is
     'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows, the snapshot row saying how many it claimed (V46). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
-
--- The insert wakes one worker that may claim the new tasks: the one with the most free
--- slots among (at most 32 of) the online workers that listen (a worker woken over HTTP is pushed to by
--- the planners only) and were seen in the last 10 s (five default heartbeats), that run
--- the kind of a new runnable task, not paused or limited, and may run it on their host.
--- The planners are woken as before unless that worker's free slots cover every new
--- runnable task and it may claim each of them; if it does not (it began to drain), the
--- planners' poll finds them.
-create or replace function artex.tasks_after_insert() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-declare
-    v_channel text;
-    v_covers boolean;
-begin
-    insert into artex.task_history
-        (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
-    select n.id, null, n.status, coalesce(artex.current_reason(), 'submitted'),
-           artex.current_actor(), 0, n.flow_id, n.kind
-    from new_rows n;
-    if not artex.wakeups_deferred() then
-        perform pg_notify('artex_events', '');
-    end if;
-    if exists (select 1 from new_rows where status = 'pending') then
-        -- The new runnable tasks by kind and host (a few groups, however many rows), then
-        -- at most 32 candidates: past one pass over the new rows, the cost grows with
-        -- neither the insert's size nor the fleet's.
-        with pending as materialized (
-            select n.kind, n.host, not n.limited and n.run_at <= now() as ready,
-                   count(*) as n
-            from new_rows n where n.status = 'pending'
-            group by 1, 2, 3
-        ),
-        due as materialized (
-            select p.kind, p.host, p.n from pending p
-            where p.ready
-              and p.kind not in (select k.kind from artex.kind_pauses k)
-              and p.kind not in (select l.kind from artex.kind_limits l)
-        ),
-        candidates as materialized (
-            select w.channel, w.kinds, w.host,
-                   w.capacity - greatest(w.taken - coalesce(r.released, 0), 0) as free
-            from artex.workers w left join artex.worker_released r on r.worker = w.id
-            where w.state = 'online' and w.wake_addr is null
-              and w.last_seen > now() - interval '10 seconds'
-              and w.capacity > greatest(w.taken - coalesce(r.released, 0), 0)
-              and exists (select 1 from due d
-                          where d.kind = any(w.kinds) and (d.host is null or d.host = w.host))
-            limit 32
-        )
-        select c.channel,
-               c.free >= (select sum(p.n) from pending p)
-                   and (select sum(d.n) from due d
-                        where d.kind = any(c.kinds) and (d.host is null or d.host = c.host))
-                       = (select sum(p.n) from pending p)
-        into v_channel, v_covers
-        from candidates c
-        order by c.free desc, random()
-        limit 1;
-        if v_channel is not null then
-            perform pg_notify(v_channel, '');
-        end if;
-        if not coalesce(v_covers, false) then
-            perform pg_notify('artex_tasks', '');
-        end if;
-    end if;
-    return null;
-end
-$$;

@@ -1747,9 +1747,6 @@ $$;
 CREATE FUNCTION artex.tasks_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-declare
-    v_channel text;
-    v_covers boolean;
 begin
     insert into artex.task_history
         (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
@@ -1760,47 +1757,7 @@ begin
         perform pg_notify('artex_events', '');
     end if;
     if exists (select 1 from new_rows where status = 'pending') then
-        -- The new runnable tasks by kind and host (a few groups, however many rows), then
-        -- at most 32 candidates: past one pass over the new rows, the cost grows with
-        -- neither the insert's size nor the fleet's.
-        with pending as materialized (
-            select n.kind, n.host, not n.limited and n.run_at <= now() as ready,
-                   count(*) as n
-            from new_rows n where n.status = 'pending'
-            group by 1, 2, 3
-        ),
-        due as materialized (
-            select p.kind, p.host, p.n from pending p
-            where p.ready
-              and p.kind not in (select k.kind from artex.kind_pauses k)
-              and p.kind not in (select l.kind from artex.kind_limits l)
-        ),
-        candidates as materialized (
-            select w.channel, w.kinds, w.host,
-                   w.capacity - greatest(w.taken - coalesce(r.released, 0), 0) as free
-            from artex.workers w left join artex.worker_released r on r.worker = w.id
-            where w.state = 'online' and w.wake_addr is null
-              and w.last_seen > now() - interval '10 seconds'
-              and w.capacity > greatest(w.taken - coalesce(r.released, 0), 0)
-              and exists (select 1 from due d
-                          where d.kind = any(w.kinds) and (d.host is null or d.host = w.host))
-            limit 32
-        )
-        select c.channel,
-               c.free >= (select sum(p.n) from pending p)
-                   and (select sum(d.n) from due d
-                        where d.kind = any(c.kinds) and (d.host is null or d.host = c.host))
-                       = (select sum(p.n) from pending p)
-        into v_channel, v_covers
-        from candidates c
-        order by c.free desc, random()
-        limit 1;
-        if v_channel is not null then
-            perform pg_notify(v_channel, '');
-        end if;
-        if not coalesce(v_covers, false) then
-            perform pg_notify('artex_tasks', '');
-        end if;
+        perform pg_notify('artex_tasks', '');
     end if;
     return null;
 end

@@ -220,12 +220,7 @@ async fn a_submission_in_the_callers_transaction_exists_and_wakes_only_on_commit
             }
         }
     });
-    // The planners' channel, and the worker's: an insert wakes the worker that may claim
-    // its task (migrations/V46), the planners when that worker cannot take it.
-    listener
-        .batch_execute("listen artex_tasks; listen artex_w_w1")
-        .await
-        .unwrap();
+    listener.batch_execute("listen artex_tasks").await.unwrap();
 
     let mut c = db.client().await;
     c.batch_execute("create table orders (id int primary key)")
@@ -244,7 +239,7 @@ async fn a_submission_in_the_callers_transaction_exists_and_wakes_only_on_commit
     let c2 = db.client().await;
     assert_eq!(count(&c2, "select count(*) from artex.tasks").await, 0);
 
-    // Committed: both, and the worker is woken.
+    // Committed: both, and the planners are woken.
     let tx = c.transaction().await.unwrap();
     tx.execute("insert into orders values (1)", &[])
         .await

@@ -2,13 +2,12 @@
 //! only what the Assigner would give it — its kinds but the paused and the limited, due,
 //! not bound to another host, within its free slots, and only while it is online — in
 //! start order, with the fencing token and its holdings counted; a read of an idle queue
-//! writes nothing. The insert wakes one listening worker that may claim the new tasks,
-//! and the planners when that worker cannot take them all. A real worker process with no
-//! planner at all runs a task.
+//! writes nothing. A real worker process with no planner at all runs a task (by its
+//! poll's claim).
 
 use std::time::Duration;
 
-use artex_actors::blackboard::{LimitSpec, Listener, NewTask};
+use artex_actors::blackboard::{LimitSpec, NewTask};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -169,63 +168,8 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     assert_eq!(status(limited).await.0, "assigned");
 }
 
-/// An insert wakes the listening worker with the most free slots that may claim its
-/// tasks, and the planners only when that worker cannot take them all.
-#[tokio::test]
-async fn an_insert_wakes_one_worker_that_may_claim_it() {
-    let db = TestDb::new().await;
-    fixtures::worker(&db.bb, "small", &["a"], 1).await;
-    fixtures::worker(&db.bb, "big", &["a"], 3).await;
-    fixtures::worker(&db.bb, "other", &["z"], 9).await;
-    let channels: Vec<String> = [
-        "artex_w_small",
-        "artex_w_big",
-        "artex_w_other",
-        "artex_tasks",
-    ]
-    .map(String::from)
-    .into();
-    let mut listener = db.bb.feed().listen(&channels).await.unwrap();
-    let c = db.client().await;
-    // Two tasks of kind a: "big" may take both, the planners are not woken.
-    c.execute(
-        "insert into artex.tasks (kind, payload) select 'a', '{}' from generate_series(1, 2)",
-        &[],
-    )
-    .await
-    .unwrap();
-    assert_eq!(next(&mut listener).await, "artex_w_big");
-    // Four: more than its three slots, so the planners are woken too.
-    c.execute(
-        "insert into artex.tasks (kind, payload) select 'a', '{}' from generate_series(1, 4)",
-        &[],
-    )
-    .await
-    .unwrap();
-    let mut two = vec![next(&mut listener).await, next(&mut listener).await];
-    two.sort();
-    assert_eq!(two, ["artex_tasks", "artex_w_big"]);
-    // A kind no listening worker runs wakes only the planners.
-    c.execute(
-        "insert into artex.tasks (kind, payload) values ('nobody', '{}')",
-        &[],
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(next(&mut listener).await, "artex_tasks");
-}
-
-/// The channel of the next notification `listener` gets, within 10 s.
-async fn next(listener: &mut Listener) -> String {
-    tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("a notification")
-        .expect("the session is up")
-        .channel
-}
-
-/// A real worker with no planner running takes a task by itself: the insert wakes it,
-/// its read claims the task, and it runs it.
+/// A real worker with no planner running takes a task by itself: its poll's read claims
+/// the task, and it runs it.
 #[tokio::test]
 async fn a_worker_runs_a_task_with_no_planner() {
     let db = TestDb::new().await;

@@ -363,9 +363,8 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 46,
         name: "workers_claim_their_tasks",
         sql: include_str!("../../../migrations/V46__workers_claim_their_tasks.sql"),
-        // A new function (older builds read with `read_assigned`, kept) and an insert
-        // trigger that wakes one listening worker besides the planners: an older worker
-        // woken reads, as after any wake-up, and the planners still place its tasks.
+        // A new function: older builds read with `read_assigned`, kept, and the planners
+        // place their tasks as before.
         change: Change::Expand,
     },
 ];
