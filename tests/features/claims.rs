@@ -11,7 +11,7 @@ use artex_actors::blackboard::{LimitSpec, NewTask};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::common::procs::{wait_for, wait_status, Proc};
+use crate::common::procs::{http_get, wait_for, wait_status, worker_http, Proc};
 use crate::common::{fixtures, TestDb};
 
 /// What a claim takes, and what it leaves for the Assigner or for later.
@@ -169,11 +169,11 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
 }
 
 /// A real worker with no planner running takes a task by itself: its poll's read claims
-/// the task, and it runs it.
+/// the task, it runs it, and its `/metrics` counts the claim.
 #[tokio::test]
 async fn a_worker_runs_a_task_with_no_planner() {
     let db = TestDb::new().await;
-    let _worker = Proc::worker("worker", &db.url, &[]);
+    let worker = Proc::worker("worker", &db.url, &[]);
     let id = wait_for(
         "the worker to declare echo",
         Duration::from_secs(60),
@@ -187,4 +187,13 @@ async fn a_worker_runs_a_task_with_no_planner() {
     )
     .await;
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(60)).await;
+    // Its /metrics counts the task it claimed.
+    let addr = worker_http(&db.client().await, &worker).await;
+    let (code, text) = http_get(&addr, "/metrics").expect("the worker's /metrics");
+    assert_eq!(code, 200, "{text}");
+    let claimed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(claimed, Some(1.0), "{text}");
 }

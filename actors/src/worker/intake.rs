@@ -255,6 +255,9 @@ impl Worker {
         ctx: &mut Context<Self>,
     ) {
         self.intake.backlog = read_back.claimed > 0;
+        self.metrics
+            .claimed
+            .add(u64::try_from(read_back.claimed).unwrap_or(0));
         let tasks = read_back.tasks;
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
         // Near the budget, the next task may not have fitted.

@@ -1,7 +1,8 @@
 //! What a worker counts for its `/metrics`, shared with its HTTP server: per kind, how
 //! long tasks waited before their first attempt and how long attempts ran, and their
-//! outcomes; lease renewals and losses; hot upgrades' task transfers and drains. Each
-//! event is an atomic add (a read lock to find its kind's instruments).
+//! outcomes; lease renewals and losses; hot upgrades' task transfers and drains; the
+//! tasks it claimed itself (migrations/V46). Each event is an atomic add (a read lock to
+//! find its kind's instruments).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -78,6 +79,8 @@ pub struct WorkerMetrics {
     pub transferred_in: Counter,
     /// Drains begun (SIGTERM, or the old side of a hot upgrade).
     pub drains: Counter,
+    /// Tasks it claimed itself in its reads (migrations/V46).
+    pub claimed: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -89,6 +92,7 @@ impl Default for WorkerMetrics {
             transferred_out: Counter::default(),
             transferred_in: Counter::default(),
             drains: Counter::default(),
+            claimed: Counter::default(),
         }
     }
 }
@@ -174,6 +178,11 @@ impl WorkerMetrics {
                 "artex_worker_drains_total",
                 "Drains begun (SIGTERM, or the old side of a hot upgrade).",
                 &self.drains,
+            ),
+            (
+                "artex_worker_tasks_claimed_total",
+                "Tasks this worker claimed itself in its reads; the others reached it through a planner's round.",
+                &self.claimed,
             ),
         ] {
             out.single(name, Type::Counter, help, c.get() as f64);
