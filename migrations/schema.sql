@@ -338,26 +338,11 @@ begin
         into v_claimed;
         perform set_config('artex.hot', '', true);
     end if;
-    return query select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-        checkpoint, flow_id, payload_bytes,
-        (extract(epoch from lease_until - clock_timestamp()) * 1000)::float8,
-        null::text, null::float8, n, priority, limit_key, traceparent, null::int8
-    from (select id, kind, payload, lease_epoch, retries, max_retries, timeout_ms,
-                 checkpoint, flow_id, lease_until, priority, limit_key, traceparent,
-                 coalesce(payload_bytes, octet_length(payload::text))::bigint as payload_bytes,
-                 sum(coalesce(payload_bytes, octet_length(payload::text))) over
-                     (order by priority desc, run_at, id rows unbounded preceding) as upto,
-                 row_number() over (order by priority desc, run_at, id) as n
-          from artex.tasks
-          where assigned_to = $1 and status = 'assigned'
-          order by priority desc, run_at, id
-          limit $2) t
-    where upto <= $3 or (n = 1 and $4)
-    union all
-    select null, null, null, null, null, null, null, null, null, null, null,
-           pg_current_snapshot()::text, (extract(epoch from clock_timestamp()) * 1000)::float8, 0,
-           null, null, null, current_setting('artex.claimed')::int8
-    order by n;
+    -- The read is `read_assigned`'s own, the snapshot's row (n = 0) saying how many the
+    -- claim took.
+    return query select r.*, case when r.n = 0 then current_setting('artex.claimed')::int8 end
+    from artex.read_assigned($1, $2, $3, $4) r
+    order by r.n;
 end
 $_$;
 
@@ -365,7 +350,7 @@ $_$;
 -- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows, the snapshot row saying how many it claimed (V46). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed (V46). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -
@@ -1312,6 +1297,7 @@ $$;
 CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_bitmapscan TO 'off'
     AS $_$
 #variable_conflict use_column
 begin

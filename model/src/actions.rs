@@ -172,12 +172,12 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `WorkerClaim`: a worker's claim in its read (V46).
 pub const WORKER_CLAIM_SQL: &[Sql] = &[Sql::function(
     "claim_and_read",
-    "fd766228490c2f9c4b0b4603763865b648b8b64ce2154f9a66efe15c329afc80",
+    "9286811df7bbd5c374ee68a0b42a5cfedcb5cd1ef0bc47933c491853b068ad73",
 )];
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(
     "read_assigned",
-    "6b7ae07ac38c4adb4f695c01700191c838d7dd5c96f29b19d6c052b8dc264f02",
+    "2583b80da29639edbc341c33fd42b05eee4f046753797f371e116b7220cca5c8",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
