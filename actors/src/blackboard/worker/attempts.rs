@@ -349,8 +349,9 @@ const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
 // The worker's own read: it first claims the runnable tasks it may run, up to its free
 // slots (those of the kinds it runs but the paused and the limited, not bound to another
 // host), under its row lock and only while it is online, then reads as `read_assigned`.
-// It looks before it locks: a read of an idle queue writes nothing. The snapshot's row
-// also says how many it claimed (`claimed`).
+// It looks before it locks: a read of an idle queue writes nothing. Its read is
+// `read_assigned` itself, the snapshot's row also saying how many it claimed
+// (`claimed`).
 const CLAIM_CALL: &str = "select * from artex.claim_and_read($1, $2, $3, $4)";
 // `artex.record_attempts`:
 // Statements that name their rows by id find each through the primary key. Their
@@ -384,7 +385,7 @@ impl WorkerBoard {
         max_bytes: i64,
         holds_nothing: bool,
     ) -> Result<Option<AssignedRead>> {
-        self.read(FETCH_CALL, worker, limit, max_bytes, holds_nothing)
+        self.read(false, worker, limit, max_bytes, holds_nothing)
             .await
     }
 
@@ -398,13 +399,14 @@ impl WorkerBoard {
         max_bytes: i64,
         holds_nothing: bool,
     ) -> Result<Option<AssignedRead>> {
-        self.read(CLAIM_CALL, worker, limit, max_bytes, holds_nothing)
+        self.read(true, worker, limit, max_bytes, holds_nothing)
             .await
     }
 
+    /// The read, after the claim when `claim` (see [`claim_and_read`](Self::claim_and_read)).
     async fn read(
         &self,
-        call: &str,
+        claim: bool,
         worker: &str,
         limit: i64,
         max_bytes: i64,
@@ -413,6 +415,7 @@ impl WorkerBoard {
         if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
             return Ok(None);
         }
+        let call = if claim { CLAIM_CALL } else { FETCH_CALL };
         let client = self.bb.client().await?;
         let rows = client
             .query(call, &[&worker, &limit, &max_bytes, &holds_nothing])
@@ -426,7 +429,7 @@ impl WorkerBoard {
         };
         let snapshot = ReadSnapshot::parse(first.try_get(11)?)?;
         let db_clock_ms = first.try_get(12)?;
-        let claimed = if call == CLAIM_CALL {
+        let claimed = if claim {
             first.try_get::<_, Option<i64>>("claimed")?.unwrap_or(0)
         } else {
             0
