@@ -103,31 +103,30 @@ impl Protocol {
         let Some((t, w)) = s.claims[p as usize].take() else {
             return;
         };
-        let row = &mut s.tasks[t as usize];
-        if row.status != Status::Pending || s.procs[w as usize].state != WorkerState::Online {
-            return;
-        }
-        row.status = Status::Assigned;
-        row.holder = Some(w);
-        row.epoch += 1;
-        row.lease_until = s.now + self.bound.lease;
-        if self.guards.recall != Recall::Never {
+        if self.assign_to(s, t, w) && self.guards.recall != Recall::Never {
             s.pushes[p as usize] = Some((w, t));
         }
     }
 
-    /// `claim_and_read`'s claim: task `t`, pending, to worker `w` itself at the next
-    /// epoch if its row is `online` (the enabling condition keeps out a row a planner's
-    /// claim holds).
+    /// `claim_and_read`'s claim: task `t` to worker `w` itself, as [`Self::assign_to`]
+    /// (the enabling condition keeps out a row a planner's claim holds).
     fn worker_claim(&self, s: &mut State, w: u8, t: u8) {
+        self.assign_to(s, t, w);
+    }
+
+    /// The compare-and-set both assignments make: task `t`, pending, to worker `w` at the
+    /// next epoch with a fresh lease, if `w`'s row is `online` under its lock. Whether it
+    /// was made.
+    fn assign_to(&self, s: &mut State, t: u8, w: u8) -> bool {
         let row = &mut s.tasks[t as usize];
         if row.status != Status::Pending || s.procs[w as usize].state != WorkerState::Online {
-            return;
+            return false;
         }
         row.status = Status::Assigned;
         row.holder = Some(w);
         row.epoch += 1;
         row.lease_until = s.now + self.bound.lease;
+        true
     }
 
     /// `RECLAIM`: an expired lease back to pending (a running one counts a retry, and
