@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use artex_actors::blackboard::{LimitSpec, NewTask};
+use artex_actors::blackboard::{AssignedRead, LimitSpec, NewTask};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -20,19 +20,14 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     let db = TestDb::new().await;
     let ops = db.bb.operator();
     let c = db.client().await;
-    fixtures::worker(&db.bb, "w1", &["a", "b", "lim"], 4).await;
-    ops.set_kind_limit(
-        "lim",
-        &LimitSpec {
-            fair: false,
-            concurrency: Some(50),
-            key_concurrency: None,
-            rate_per_sec: None,
-        },
-        "test",
-    )
-    .await
-    .unwrap();
+    fixtures::worker(&db.bb, "w1", &["a", "b", "lim", "late"], 4).await;
+    let limit = LimitSpec {
+        fair: false,
+        concurrency: Some(50),
+        key_concurrency: None,
+        rate_per_sec: None,
+    };
+    ops.set_kind_limit("lim", &limit, "test").await.unwrap();
     assert!(ops.pause_kind("b", None, "test").await.unwrap());
     let submit = |kind: &'static str, priority: i32| {
         let ops = db.bb.operator();
@@ -59,11 +54,20 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     let a6 = submit("a", 6).await;
     let a5 = submit("a", 5).await;
     // Never claimed: a paused kind, a limited kind, a task bound to another host, one
-    // not due yet.
+    // not due yet, and (below) one whose kind was limited after it was submitted.
     let paused = submit("b", 20).await;
     let limited = submit("lim", 20).await;
     let elsewhere =
         fixtures::raw::task_on_host(&c, "a", &json!({ "p": 20 }), Some("another")).await;
+    // A kind whose limit was just set, its waiting task not yet marked `limited` (the
+    // moment between `set_kind_limit`'s write and its marking batches).
+    let late = submit("late", 20).await;
+    c.execute(
+        "insert into artex.kind_limits (kind, concurrency, updated_by) values ('late', 50, 'test')",
+        &[],
+    )
+    .await
+    .unwrap();
     let later = ops
         .submit(
             &NewTask {
@@ -76,13 +80,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
         .await
         .unwrap();
 
-    let read = db
-        .bb
-        .worker()
-        .claim_and_read("w1", 10, i64::MAX, true)
-        .await
-        .unwrap()
-        .unwrap();
+    let read = claim(&db, "w1").await;
     assert_eq!(read.claimed, 4);
     let got: Vec<Uuid> = read.tasks.iter().map(|t| t.id).collect();
     assert_eq!(got, [a9, a8, own, a6], "its four slots, in start order");
@@ -106,7 +104,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     for id in [a9, a8, own, a6] {
         assert_eq!(status(id).await, ("assigned".into(), Some("w1".into())));
     }
-    for id in [a5, paused, limited, elsewhere, later] {
+    for id in [a5, paused, limited, late, elsewhere, later] {
         assert_eq!(status(id).await, ("pending".into(), None), "{id}");
     }
     let taken: i64 = c
@@ -117,13 +115,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     assert_eq!(taken, 4, "its holdings counted as a round counts them");
 
     // No slot left: the read claims nothing and returns what it holds.
-    let read = db
-        .bb
-        .worker()
-        .claim_and_read("w1", 10, i64::MAX, true)
-        .await
-        .unwrap()
-        .unwrap();
+    let read = claim(&db, "w1").await;
     assert_eq!((read.claimed, read.tasks.len()), (0, 4));
 
     // A worker that is not online (draining here) claims nothing.
@@ -134,13 +126,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     )
     .await
     .unwrap();
-    let read = db
-        .bb
-        .worker()
-        .claim_and_read("w2", 10, i64::MAX, true)
-        .await
-        .unwrap()
-        .unwrap();
+    let read = claim(&db, "w2").await;
     assert_eq!((read.claimed, read.tasks.len()), (0, 0));
     assert_eq!(status(a5).await, ("pending".into(), None));
 
@@ -166,6 +152,16 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     fixtures::worker(&db.bb, "w4", &["lim"], 1).await;
     fixtures::assign(&db.bb).await;
     assert_eq!(status(limited).await.0, "assigned");
+}
+
+/// `worker`'s claim and read, as a worker reads (up to 10 tasks, no byte budget).
+async fn claim(db: &TestDb, worker: &str) -> AssignedRead {
+    db.bb
+        .worker()
+        .claim_and_read(worker, 10, i64::MAX, true)
+        .await
+        .expect("a claim and read")
+        .expect("a read with a limit and a budget")
 }
 
 /// A real worker with no planner running takes a task by itself: its poll's read claims
