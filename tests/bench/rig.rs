@@ -237,7 +237,20 @@ impl Rig {
         workers: usize,
         worker_args: &[String],
     ) {
-        self.start_runtime(db, workers, "artex", worker_args);
+        self.start_runtime_online_env(c, db, workers, worker_args, &[])
+            .await;
+    }
+
+    /// [`Rig::start_runtime_online`] with `env` set for the planner and the workers.
+    pub async fn start_runtime_online_env(
+        &mut self,
+        c: &Client,
+        db: &str,
+        workers: usize,
+        worker_args: &[String],
+        env: &[(&str, &str)],
+    ) {
+        self.start_runtime_env(db, workers, "artex", worker_args, env);
         let online = workers as i64;
         let minute = Duration::from_secs(60);
         self.wait_until(c, sql::ONLINE, &[&online], minute, None)

@@ -148,6 +148,9 @@ pub const W1IDLE_WITHIN_LEAD: &str =
     "select max(run_at) > now() and min(started_at) is null from artex.tasks";
 pub const CAPACITIES: &str = "select coalesce(string_agg(capacity::text, ' '), '')
     from artex.workers where state = 'online'";
+/// The HTTP addresses of the online workers (their `/metrics`).
+pub const ONLINE_HTTP: &str =
+    "select http_addr from artex.workers where state = 'online' and http_addr is not null";
 /// Ids the column default made that are not UUIDv7.
 pub const NOT_UUID7: &str = "select count(*) from artex.tasks where substr(id::text, 15, 1) <> '7'";
 pub const FIRST_START_AFTER_RUN_AT_MS: &str = "select
@@ -240,6 +243,7 @@ pub const PREPARED: &[&str] = &[
     FINISH_SPAN,
     W1IDLE_WITHIN_LEAD,
     CAPACITIES,
+    ONLINE_HTTP,
     NOT_UUID7,
     FIRST_START_AFTER_RUN_AT_MS,
     ROUNDS,

@@ -3,7 +3,10 @@
 //! `run_at` 8 s ahead while 1 planner + 2 workers at default flags (no --prefetch: the
 //! queue sizes itself) sit idle. Tasks/s from the first start to the last finish (the
 //! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
-//! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run.
+//! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run; and
+//! how many tasks the workers claimed in their own reads rather than a planner placed
+//! (their `artex_worker_tasks_claimed_total`: the workers serve `/metrics` without a
+//! token here, `ARTEX_PUBLIC_READ`, on loopback).
 //!
 //! A burst lasts about a second, so what the host's two cores do in that second moves
 //! one burst's figures by a quarter either way: the part runs `ARTEX_BENCH_W1IDLE_RUNS`
@@ -87,7 +90,12 @@ async fn burst(bench: &mut Bench) -> Burst {
     let n = bench.sizes.w1;
     let c = bench.rig.new_db(DB).await;
     let args = bench.defaults_worker_args.clone();
-    bench.rig.start_runtime_online(&c, DB, 2, &args).await;
+    // Their /metrics readable without a token (loopback): the tasks they claimed.
+    let env = [("ARTEX_PUBLIC_READ", "true")];
+    bench
+        .rig
+        .start_runtime_online_env(&c, DB, 2, &args, &env)
+        .await;
     // Both parts start from a checkpoint, as W1's run does: full-page images count alike.
     exec(&c, sql::CHECKPOINT).await;
     let wal0 = bench.rig.counters(DB).await.wal;
@@ -121,6 +129,7 @@ async fn burst(bench: &mut Bench) -> Burst {
         .await
         .expect("capacity")
         .get(0);
+    let claimed = claimed_by_workers(&c).await;
     bench.rig.stop_runtime().await;
     bench.rig.check_all_succeeded(&c, DB, n.into()).await;
     time_ordered_ids(&c).await;
@@ -131,6 +140,7 @@ async fn burst(bench: &mut Bench) -> Burst {
         .expect("first")
         .get(0);
     println!("# W1 from idle: workers' capacity (concurrency + queue depth) at the last finish: {capacity}");
+    println!("# W1 from idle: tasks the workers claimed themselves (V46), the rest placed by the planner: {claimed} of {n}");
     timeline(&c).await;
     bench.rig.drop_db(DB, c).await;
     let per_task = |x: f64| x / f64::from(n);
@@ -142,6 +152,24 @@ async fn burst(bench: &mut Bench) -> Burst {
         cpu_insert: per_task((pg1 - pg0) * 1e6),
         cpu_run: per_task((pg2 - pg1) * 1e6),
     }
+}
+
+/// The tasks the online workers claimed in their own reads, not placed by a planner's
+/// round: the sum of their `artex_worker_tasks_claimed_total`.
+async fn claimed_by_workers(c: &Client) -> f64 {
+    let mut sum = 0.0;
+    for row in c.query(sql::ONLINE_HTTP, &[]).await.expect("workers") {
+        let addr: String = row.get(0);
+        let (code, text) = crate::common::procs::http_get_as(&addr, "/metrics", None)
+            .unwrap_or_else(|e| panic!("w1idle: GET {addr}/metrics: {e}"));
+        assert_eq!(code, 200, "w1idle: GET {addr}/metrics: {text}");
+        sum += text
+            .lines()
+            .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("w1idle: no claimed counter in {addr}/metrics"));
+    }
+    sum
 }
 
 /// Every id the column default made is a UUIDv7 (time-ordered).
