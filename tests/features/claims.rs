@@ -3,7 +3,7 @@
 //! not bound to another host, within its free slots, and only while it is online — in
 //! start order, with the fencing token and its holdings counted; a read of an idle queue
 //! writes nothing. A real worker process with no planner at all runs a task (by its
-//! poll's claim).
+//! poll's claim), and claims again each time its outcomes free slots, not at its poll.
 
 use std::time::Duration;
 
@@ -192,4 +192,61 @@ async fn a_worker_runs_a_task_with_no_planner() {
         .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
         .and_then(|v| v.parse::<f64>().ok());
     assert_eq!(claimed, Some(1.0), "{text}");
+}
+
+/// A worker whose claim found tasks claims again as soon as its outcomes give slots
+/// back, not at its next poll: with no planner, a poll a minute apart and two slots,
+/// twenty tasks waiting before it starts all run within half a minute. Without the
+/// claim after each written outcome, only the first claim's two would run before the
+/// poll.
+#[tokio::test]
+async fn a_worker_claims_again_when_its_outcomes_free_slots() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "insert into artex.tasks (kind, payload) select 'echo', '{}' from generate_series(1, 20)",
+        &[],
+    )
+    .await
+    .expect("twenty tasks");
+    let worker = Proc::worker(
+        "worker",
+        &db.url,
+        &[
+            "--worker-poll-ms",
+            "60000",
+            "--concurrency",
+            "2",
+            "--prefetch",
+            "0",
+        ],
+    );
+    wait_for(
+        "the twenty tasks to succeed",
+        Duration::from_secs(30),
+        || async {
+            let done: i64 = c
+                .query_one(
+                    "select count(*) from artex.tasks where status = 'succeeded'",
+                    &[],
+                )
+                .await
+                .ok()?
+                .get(0);
+            (done == 20).then_some(())
+        },
+    )
+    .await;
+    let addr = worker_http(&c, &worker).await;
+    let (code, text) = http_get(&addr, "/metrics").expect("the worker's /metrics");
+    assert_eq!(code, 200, "{text}");
+    let claimed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(
+        claimed,
+        Some(20.0),
+        "every task claimed by the worker: {text}"
+    );
 }
