@@ -269,7 +269,7 @@ $$;
 -- Name: claim_and_read(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint)
+CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_bitmapscan TO 'off'
@@ -277,22 +277,29 @@ CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes 
 #variable_conflict use_column
 declare
     v_claimed text;
+    v_room boolean;
+    v_waiting boolean;
 begin
     -- How many it claimed, for the read below (a statement of its own that `plans.rs`
     -- prepares alone: it names no variable of this function).
     perform set_config('artex.claimed', '0', true);
-    -- Anything to claim? A look without a lock: an idle queue costs no write.
-    if exists (
-        select 1 from artex.workers w
-        where w.id = $1 and w.state = 'online'
-          and w.capacity > w.taken - coalesce(
-                  (select r.released from artex.worker_released r where r.worker = w.id), 0)
-          and exists (
-              select 1 from artex.tasks t
-              where t.listed = 'pending' and not t.limited and t.run_at <= now()
-                and t.kind = any(w.kinds)
-                and (t.host is null or t.host = w.host)))
-    then
+    -- Anything to claim, and a free slot to claim it in? A look without a lock: an idle
+    -- queue costs no write.
+    select w.capacity > w.taken - coalesce(
+               (select r.released from artex.worker_released r where r.worker = w.id), 0),
+           exists (
+               select 1 from artex.tasks t
+               where t.listed = 'pending' and not t.limited and t.run_at <= now()
+                 and t.kind = any(w.kinds)
+                 and (t.host is null or t.host = w.host))
+    into v_room, v_waiting
+    from artex.workers w
+    where w.id = $1 and w.state = 'online';
+    if v_waiting and not v_room then
+        -- Tasks it may run wait, and the blackboard counts every slot of it taken: its
+        -- outcomes are not written yet. It claims again once they are (V47).
+        perform set_config('artex.claimed', '-1', true);
+    elsif v_waiting then
         perform set_config('artex.hot', 'on', true);
         with room as materialized (
             select w.id, w.host, w.lease_ms,
@@ -340,7 +347,9 @@ begin
     end if;
     -- The read is `read_assigned`'s own, the snapshot's row (n = 0) saying how many the
     -- claim took.
-    return query select r.*, case when r.n = 0 then current_setting('artex.claimed')::int8 end
+    return query select r.*,
+           case when r.n = 0 then greatest(current_setting('artex.claimed')::int8, 0) end,
+           case when r.n = 0 then current_setting('artex.claimed') = '-1' end
     from artex.read_assigned($1, $2, $3, $4) r
     order by r.n;
 end
@@ -350,7 +359,7 @@ $_$;
 -- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed (V46). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed and, in no_room, whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -

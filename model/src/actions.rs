@@ -169,10 +169,11 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
     "MARK_GONE",
     "84546af60fe3748e2afa6124d008d3a17669562d64ad8b3d6e969e76e342dd53",
 )];
-/// `WorkerClaim`: a worker's claim in its read (V46).
+/// `WorkerClaim`: a worker's claim in its read (V46; V47 only adds the snapshot row's
+/// `no_room`, which changes no row).
 pub const WORKER_CLAIM_SQL: &[Sql] = &[Sql::function(
     "claim_and_read",
-    "9286811df7bbd5c374ee68a0b42a5cfedcb5cd1ef0bc47933c491853b068ad73",
+    "79bd53c836cdf083a18699066e2e25f6ff5a51aef9d94cfd75e444285ab4a257",
 )];
 /// `Read`: a worker's read of its assignments.
 pub const READ_SQL: &[Sql] = &[Sql::function(

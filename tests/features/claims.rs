@@ -3,7 +3,9 @@
 //! not bound to another host, within its free slots, and only while it is online — in
 //! start order, with the fencing token and its holdings counted; a read of an idle queue
 //! writes nothing. A real worker process with no planner at all runs a task (by its
-//! poll's claim), and claims again each time its outcomes free slots, not at its poll.
+//! poll's claim), and claims again each time its outcomes free slots, not at its poll
+//! (a read sent while its outcomes were unwritten is told that tasks wait for its slots,
+//! `no_room`, V47).
 
 use std::time::Duration;
 
@@ -82,6 +84,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
 
     let read = claim(&db, "w1").await;
     assert_eq!(read.claimed, 4);
+    assert!(!read.no_room, "it had room for what it took");
     let got: Vec<Uuid> = read.tasks.iter().map(|t| t.id).collect();
     assert_eq!(got, [a9, a8, own, a6], "its four slots, in start order");
     assert!(
@@ -114,9 +117,11 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
         .get(0);
     assert_eq!(taken, 4, "its holdings counted as a round counts them");
 
-    // No slot left: the read claims nothing and returns what it holds.
+    // No slot left: the read claims nothing and returns what it holds, and says that a
+    // task it may run (the fifth) waits for a slot.
     let read = claim(&db, "w1").await;
     assert_eq!((read.claimed, read.tasks.len()), (0, 4));
+    assert!(read.no_room, "a5 waits while its slots are counted taken");
 
     // A worker that is not online (draining here) claims nothing.
     fixtures::worker(&db.bb, "w2", &["a"], 4).await;
@@ -127,7 +132,10 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
     .await
     .unwrap();
     let read = claim(&db, "w2").await;
-    assert_eq!((read.claimed, read.tasks.len()), (0, 0));
+    assert_eq!(
+        (read.claimed, read.tasks.len(), read.no_room),
+        (0, 0, false)
+    );
     assert_eq!(status(a5).await, ("pending".into(), None));
 
     // With nothing it may claim, the read writes nothing (no transaction id is drawn).
@@ -146,6 +154,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
         .get(0);
     c.batch_execute("commit").await.unwrap();
     assert_eq!(xid, None, "an idle queue's read wrote");
+    assert!(!claim(&db, "w3").await.no_room, "nothing waits for w3");
 
     // The Assigner places what is left to it: the limited kind's task, on a worker with
     // a free slot.

@@ -367,4 +367,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // place their tasks as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 47,
+        name: "claim_says_when_it_found_no_room",
+        sql: include_str!("../../../migrations/V47__claim_says_when_it_found_no_room.sql"),
+        // The same call, its snapshot row one trailing column longer (`no_room`): V46
+        // builds read that row by position and by name and never see it.
+        change: Change::Expand,
+    },
 ];

@@ -215,9 +215,6 @@ impl Worker {
         let room = self.config.queue_max_bytes as i64 - self.held.bytes();
         let holds_nothing = self.held.count() == 0;
         let free_slots = limit - self.held.count();
-        // Outcomes not written yet: the blackboard still counts those tasks as held, so
-        // a claim may find no free slot while tasks wait (see `read_back`).
-        let unwritten = !self.outcomes.outbox.is_empty() || self.outcomes.flight.busy();
         let sent = Instant::now();
         async move {
             bb.claim_and_read(&id, limit as i64, room, holds_nothing)
@@ -230,8 +227,7 @@ impl Worker {
             match res {
                 Ok(Some(read_back)) => {
                     let budget = room.max(0);
-                    let asked = (limit, free_slots, budget, unwritten);
-                    act.read_back(read, read_back, asked, sent, ctx)
+                    act.read_back(read, read_back, (limit, free_slots, budget), sent, ctx)
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -248,23 +244,20 @@ impl Worker {
     }
 
     /// A read (the ledger's `read`, sent at `sent`, asking for `limit` tasks within
-    /// `budget` bytes with `free_slots` free, with outcomes `unwritten` or not) came
-    /// back: what it did not have yet goes to the queue.
+    /// `budget` bytes with `free_slots` free) came back: what it did not have yet goes
+    /// to the queue.
     fn read_back(
         &mut self,
         read: super::ledger::Read,
         read_back: AssignedRead,
-        (limit, free_slots, budget, unwritten): (usize, usize, i64, bool),
+        (limit, free_slots, budget): (usize, usize, i64),
         sent: Instant,
         ctx: &mut Context<Self>,
     ) {
-        // A claim that took tasks says more wait; one that took none says the queue is
-        // empty, unless outcomes were unwritten when it was sent: the blackboard then
-        // still counted their tasks as held and may have left it no free slot, so the
-        // backlog stays as it was and the outcomes' write claims again.
-        if read_back.claimed > 0 || !unwritten {
-            self.intake.backlog = read_back.claimed > 0;
-        }
+        // Tasks wait: it took some, or the blackboard still counted its slots taken by
+        // tasks whose outcomes were not written yet. Either way its next written outcome
+        // claims again.
+        self.intake.backlog = read_back.claimed > 0 || read_back.no_room;
         self.metrics
             .claimed
             .add(u64::try_from(read_back.claimed).unwrap_or(0));

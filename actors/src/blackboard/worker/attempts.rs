@@ -61,6 +61,9 @@ pub struct AssignedRead {
     /// How many runnable tasks the read claimed for the worker before it read
     /// ([`WorkerBoard::claim_and_read`]; 0 for a plain read).
     pub claimed: i64,
+    /// The claim found tasks it may run waiting, but the blackboard counted every slot of
+    /// the worker taken: its outcomes were not written yet (V47; false for a plain read).
+    pub no_room: bool,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -351,7 +354,7 @@ const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
 // host), under its row lock and only while it is online, then reads as `read_assigned`.
 // It looks before it locks: a read of an idle queue writes nothing. Its read is
 // `read_assigned` itself, the snapshot's row also saying how many it claimed
-// (`claimed`).
+// (`claimed`) and whether tasks waited that it had no free slot for (`no_room`).
 const CLAIM_CALL: &str = "select * from artex.claim_and_read($1, $2, $3, $4)";
 // `artex.record_attempts`:
 // Statements that name their rows by id find each through the primary key. Their
@@ -429,16 +432,22 @@ impl WorkerBoard {
         };
         let snapshot = ReadSnapshot::parse(first.try_get(11)?)?;
         let db_clock_ms = first.try_get(12)?;
-        let claimed = if claim {
-            first.try_get::<_, Option<i64>>("claimed")?.unwrap_or(0)
+        let (claimed, no_room) = if claim {
+            (
+                first.try_get::<_, Option<i64>>("claimed")?.unwrap_or(0),
+                first
+                    .try_get::<_, Option<bool>>("no_room")?
+                    .unwrap_or(false),
+            )
         } else {
-            0
+            (0, false)
         };
         let tasks = rows.collect();
         Ok(Some(AssignedRead {
             snapshot,
             db_clock_ms,
             claimed,
+            no_room,
             tasks: decode_assigned(tasks).await?,
         }))
     }
