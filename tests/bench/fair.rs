@@ -5,6 +5,10 @@
 //! the same with the kind not fair. Figures: the small key's median wait (creation to
 //! start) each time and its ratio to the idle one (target ≤ 2 when fair), and the tasks
 //! started per second over the 10 s, fair against not fair (target ≥ 0.9).
+//!
+//! The backlog's tasks all last 20 ms, so a worker's slots end in step and a late task
+//! waits for the next of them to end. `ARTEX_BENCH_FAIR_SPREAD_MS=S` makes each backlog
+//! task last 20 ± S ms instead (uniformly; 0 to 19), the same mean, ends spread out.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,6 +24,8 @@ const EVERY: Duration = Duration::from_millis(100);
 
 pub async fn run(bench: &mut Bench) {
     let (backlog, secs) = if bench.quick { (300, 1) } else { (20_000, 10) };
+    let spread = spread_ms();
+    println!("# fair: the backlog's tasks last {TASK_MS} ± {spread} ms");
     let c = bench.rig.new_db(DB).await;
     let args = bench.defaults_worker_args.clone();
     bench.rig.start_runtime_online(&c, DB, 2, &args).await;
@@ -28,6 +34,7 @@ pub async fn run(bench: &mut Bench) {
     let idle = small_median(bench, &c).await;
     exec(&c, sql::DELETE_TASKS).await;
     exec(&c, sql::FAIR_SET).await;
+    let backlog = (backlog, spread);
     let (fair_wait, fair_rate) = behind_backlog(bench, &c, backlog, secs, "fair").await;
     exec(&c, sql::LIMITS_CLEAR).await;
     let (unfair_wait, unfair_rate) = behind_backlog(bench, &c, backlog, secs, "unfair").await;
@@ -45,6 +52,21 @@ pub async fn run(bench: &mut Bench) {
         fixed(fair_rate / unfair_rate, 2),
         "x",
     );
+}
+
+/// `ARTEX_BENCH_FAIR_SPREAD_MS`: how far a backlog task's length may be from
+/// [`TASK_MS`], ms (0 when unset).
+fn spread_ms() -> i32 {
+    let Ok(v) = std::env::var("ARTEX_BENCH_FAIR_SPREAD_MS") else {
+        return 0;
+    };
+    match v.parse::<i32>() {
+        Ok(s) if (0..TASK_MS).contains(&s) => s,
+        _ => panic!(
+            "ARTEX_BENCH_FAIR_SPREAD_MS={v}: a whole number of ms from 0 to {}",
+            TASK_MS - 1
+        ),
+    }
 }
 
 fn unix_now() -> f64 {
@@ -76,16 +98,16 @@ async fn small_median(bench: &Bench, c: &Client) -> f64 {
     row.get::<_, Option<f64>>(1).expect("small tasks ran")
 }
 
-/// `backlog` tasks of `big`, then the small key's trickle: its median wait, and the
-/// tasks started per second meanwhile.
+/// `backlog` tasks of `big` (how many, and how far their lengths spread), then the small
+/// key's trickle: its median wait, and the tasks started per second meanwhile.
 async fn behind_backlog(
     bench: &Bench,
     c: &Client,
-    backlog: i32,
+    (backlog, spread): (i32, i32),
     secs: u32,
     label: &str,
 ) -> (f64, f64) {
-    c.execute(sql::FAIR_BACKLOG, &[&backlog, &TASK_MS, &"big"])
+    c.execute(sql::FAIR_BACKLOG, &[&backlog, &TASK_MS, &"big", &spread])
         .await
         .expect("the backlog");
     let t0 = unix_now();

@@ -626,9 +626,13 @@ pub const CLIENT_BACKENDS: &str = "select count(*) from pg_stat_activity
 /// `sleep` the fleet's fair kind: round-robin across its limit keys (V43).
 pub const FAIR_SET: &str = "insert into artex.kind_limits (kind, fair, updated_by)
     values ('sleep', true, 'bench')";
-/// $1 `sleep` tasks of $2 ms each with the limit key $3.
+/// $1 `sleep` tasks with the limit key $3, each of $2 ms give or take up to $4 ms
+/// (uniformly, whole ms; $4 = 0: all of $2 ms).
 pub const FAIR_BACKLOG: &str = "insert into artex.tasks (kind, payload, limit_key)
-    select 'sleep', jsonb_build_object('ms', $2::int4), $3::text
+    select 'sleep',
+           jsonb_build_object('ms', $2::int4 - $4::int4
+                                    + floor(random() * (2 * $4::int4 + 1))::int4),
+           $3::text
     from generate_series(1, $1::int4)";
 /// One `sleep` task of $1 ms of the key `small`.
 pub const FAIR_ONE: &str = "insert into artex.tasks (kind, payload, limit_key)

@@ -193,14 +193,18 @@ async fn a_worker_runs_a_task_with_no_planner() {
     .await;
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(60)).await;
     // Its /metrics counts the task it claimed.
-    let addr = worker_http(&db.client().await, &worker).await;
+    assert_eq!(claimed_counter(&db, &worker).await, 1.0);
+}
+
+/// `artex_worker_tasks_claimed_total` of `worker`'s /metrics.
+async fn claimed_counter(db: &TestDb, worker: &Proc) -> f64 {
+    let addr = worker_http(&db.client().await, worker).await;
     let (code, text) = http_get(&addr, "/metrics").expect("the worker's /metrics");
     assert_eq!(code, 200, "{text}");
-    let claimed = text
-        .lines()
+    text.lines()
         .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
-        .and_then(|v| v.parse::<f64>().ok());
-    assert_eq!(claimed, Some(1.0), "{text}");
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no claimed counter in {text}"))
 }
 
 /// A worker whose claim found tasks claims again as soon as its outcomes give slots
@@ -246,16 +250,9 @@ async fn a_worker_claims_again_when_its_outcomes_free_slots() {
         },
     )
     .await;
-    let addr = worker_http(&c, &worker).await;
-    let (code, text) = http_get(&addr, "/metrics").expect("the worker's /metrics");
-    assert_eq!(code, 200, "{text}");
-    let claimed = text
-        .lines()
-        .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
-        .and_then(|v| v.parse::<f64>().ok());
     assert_eq!(
-        claimed,
-        Some(20.0),
-        "every task claimed by the worker: {text}"
+        claimed_counter(&db, &worker).await,
+        20.0,
+        "every task claimed by the worker"
     );
 }
