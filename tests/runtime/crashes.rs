@@ -437,3 +437,75 @@ async fn a_panicking_actor_is_restarted_counted_and_work_goes_on() {
         .log_text()
         .contains("actor panicked; the supervisor restarts it"));
 }
+
+/// A worker whose running task is taken from it (its lease gone: here its epoch moved on
+/// behind its back, as the reaper's take-back moves it) stops that handler and starts
+/// the tasks waiting in its queue. Nothing else would start them: the stopped handler
+/// never reports, and a queue that fills the worker's capacity keeps it from reading.
+/// (Seen under load: a worker held 500 queued tasks unstarted for two minutes after its
+/// handlers were stopped.)
+#[tokio::test]
+async fn a_worker_starts_its_queue_when_a_running_task_is_taken_from_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload, priority) values
+             ('sleep', '{\"ms\": 60000}', 10), ('echo', '{}', 0), ('echo', '{}', 0)",
+    )
+    .await
+    .expect("three tasks");
+    // One slot and a queue of two: the long task runs, the two others wait behind it, and
+    // the worker's three places are full. No planner; the poll a minute apart.
+    let _w = Proc::worker(
+        "worker",
+        &db.url,
+        &[
+            "--concurrency",
+            "1",
+            "--prefetch",
+            "2",
+            "--worker-poll-ms",
+            "60000",
+        ],
+    );
+    let long: uuid::Uuid = wait_for("the long task to run", Duration::from_secs(30), || async {
+        c.query_opt(
+            "select id from artex.tasks where kind = 'sleep' and status = 'running'",
+            &[],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|r| r.get(0))
+    })
+    .await;
+    assert_eq!(
+        count(
+            &c,
+            "select count(*) from artex.tasks where kind = 'echo' and status = 'assigned'"
+        )
+        .await,
+        2,
+        "the two others wait in its queue"
+    );
+    // Its lease taken away: the next renewal finds it gone.
+    c.execute(
+        "update artex.tasks set lease_epoch = lease_epoch + 1 where id = $1",
+        &[&long],
+    )
+    .await
+    .expect("the epoch moved on");
+    wait_for(
+        "the two queued tasks to succeed",
+        Duration::from_secs(20),
+        || async {
+            let done = count(
+                &c,
+                "select count(*) from artex.tasks where kind = 'echo' and status = 'succeeded'",
+            )
+            .await;
+            (done == 2).then_some(())
+        },
+    )
+    .await;
+}

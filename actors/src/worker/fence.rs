@@ -186,6 +186,9 @@ impl Worker {
         let held: HashSet<(Uuid, i64)> = self.held.keys().into_iter().collect();
         self.held.leases.keep_only(&held);
         if stopped {
+            // Slots freed with no handler left to report: start what waits in the queue
+            // (nothing else would, while the queue fills the worker's capacity).
+            self.pump(ctx);
             self.flush(ctx);
         }
         if stopped || dropped {

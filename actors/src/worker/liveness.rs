@@ -156,6 +156,11 @@ impl Worker {
         // A suspended task no longer held here was taken over (or taken back).
         self.stopping.suspended.retain(|k| !lost.contains(k));
         self.lost(&lost, canceled);
+        if !lost.is_empty() {
+            // Handlers stopped, their slots free, and no handler left to report it: start
+            // what waits in the queue.
+            self.pump(ctx);
+        }
     }
 
     /// Tasks whose lease it no longer holds: an operator's cancel is told to the

@@ -102,7 +102,11 @@ impl Worker {
             act.outcomes.flight.end();
             act.liveness.db_result(&res);
             match res {
-                Ok(written) => act.written(&batch, &written, &canceled, sent),
+                Ok(written) => {
+                    act.written(&batch, &written, &canceled, sent);
+                    // A start fenced off stopped its handler: its slot is free.
+                    act.pump(ctx);
+                }
                 Err(e) => {
                     act.unwritten(batch, &e);
                     ctx.run_later(FLUSH_RETRY, |act, ctx| act.flush(ctx));
