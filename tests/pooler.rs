@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use artex_actors::blackboard::{DbLimits, NewTask};
 use artex_actors::Blackboard;
-use common::procs::{wait_for, wait_online, wait_status, Proc};
+use common::procs::{wait_count, wait_for, wait_online, wait_status, Proc};
 use common::{assert_statement_timeout, cluster, run_cli, TestDb};
 use serde_json::json;
 
@@ -225,17 +225,12 @@ async fn a_planner_and_workers_run_through_pgbouncer_in_transaction_mode_in_its_
     for id in &ids {
         wait_status(&db.bb, *id, "succeeded", Duration::from_secs(60)).await;
     }
-    wait_for("all 500 tasks done", Duration::from_secs(60), || async {
-        let n: i64 = c
-            .query_one(
-                "select count(*) from artex.tasks where status = 'succeeded'",
-                &[],
-            )
-            .await
-            .ok()?
-            .get(0);
-        (n == 500).then_some(())
-    })
+    wait_count(
+        &c,
+        "select count(*) from artex.tasks where status = 'succeeded'",
+        500,
+        Duration::from_secs(60),
+    )
     .await;
     let (once, starts): (i64, i64) = {
         let r = c

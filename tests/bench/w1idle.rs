@@ -163,10 +163,7 @@ async fn claimed_by_workers(c: &Client) -> f64 {
         let (code, text) = crate::common::procs::http_get_as(&addr, "/metrics", None)
             .unwrap_or_else(|e| panic!("w1idle: GET {addr}/metrics: {e}"));
         assert_eq!(code, 200, "w1idle: GET {addr}/metrics: {text}");
-        sum += text
-            .lines()
-            .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+        sum += crate::common::procs::metric_value(&text, "artex_worker_tasks_claimed_total")
             .unwrap_or_else(|| panic!("w1idle: no claimed counter in {addr}/metrics"));
     }
     sum

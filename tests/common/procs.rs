@@ -217,6 +217,14 @@ pub fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Resu
     Ok((r.status, r.text()))
 }
 
+/// The value of the sample `name` (with its labels, if any, as written) in a `/metrics`
+/// text, if it is there.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The id of the online worker row that process `p` registered.
 pub async fn worker_id(c: &tokio_postgres::Client, p: &Proc) -> String {
     worker_id_of_pid(c, p.pid()).await
@@ -252,16 +260,21 @@ pub async fn worker_http(c: &tokio_postgres::Client, p: &Proc) -> String {
 
 /// Waits until exactly `n` workers are online (registered, not draining or gone).
 pub async fn wait_online(c: &tokio_postgres::Client, n: i64, timeout: Duration) {
-    wait_for(&format!("{n} workers online"), timeout, || async {
-        let online: i64 = c
-            .query_one(
-                "select count(*) from artex.workers where state = 'online'",
-                &[],
-            )
-            .await
-            .ok()?
-            .get(0);
-        (online == n).then_some(())
+    wait_count(
+        c,
+        "select count(*) from artex.workers where state = 'online'",
+        n,
+        timeout,
+    )
+    .await
+}
+
+/// Waits until `count_sql` (a query of one `bigint`, a count) says `n`; a failed poll is
+/// polled again.
+pub async fn wait_count(c: &tokio_postgres::Client, count_sql: &str, n: i64, timeout: Duration) {
+    wait_for(&format!("{n} from {count_sql}"), timeout, || async {
+        let got: i64 = c.query_one(count_sql, &[]).await.ok()?.get(0);
+        (got == n).then_some(())
     })
     .await
 }

@@ -13,7 +13,9 @@ use artex_actors::blackboard::{AssignedRead, LimitSpec, NewTask};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::common::procs::{http_get, wait_for, wait_status, worker_http, Proc};
+use crate::common::procs::{
+    http_get, metric_value, wait_count, wait_for, wait_status, worker_http, Proc,
+};
 use crate::common::{fixtures, TestDb};
 
 /// What a claim takes, and what it leaves for the Assigner or for later.
@@ -201,9 +203,7 @@ async fn claimed_counter(db: &TestDb, worker: &Proc) -> f64 {
     let addr = worker_http(&db.client().await, worker).await;
     let (code, text) = http_get(&addr, "/metrics").expect("the worker's /metrics");
     assert_eq!(code, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix("artex_worker_tasks_claimed_total "))
-        .and_then(|v| v.parse::<f64>().ok())
+    metric_value(&text, "artex_worker_tasks_claimed_total")
         .unwrap_or_else(|| panic!("no claimed counter in {text}"))
 }
 
@@ -234,20 +234,11 @@ async fn a_worker_claims_again_when_its_outcomes_free_slots() {
             "0",
         ],
     );
-    wait_for(
-        "the twenty tasks to succeed",
+    wait_count(
+        &c,
+        "select count(*) from artex.tasks where status = 'succeeded'",
+        20,
         Duration::from_secs(30),
-        || async {
-            let done: i64 = c
-                .query_one(
-                    "select count(*) from artex.tasks where status = 'succeeded'",
-                    &[],
-                )
-                .await
-                .ok()?
-                .get(0);
-            (done == 20).then_some(())
-        },
     )
     .await;
     assert_eq!(

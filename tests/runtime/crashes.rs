@@ -10,7 +10,8 @@ use serde_json::json;
 
 use super::{assert_no_double_run, tasks, wait_all_finished};
 use crate::common::procs::{
-    http_get, wait_for, wait_status, with_defaults, worker_http, worker_id, Proc, FAST_WORKER,
+    http_get, metric_value, wait_count, wait_for, wait_status, with_defaults, worker_http,
+    worker_id, Proc, FAST_WORKER,
 };
 use crate::common::{self, count, TestDb};
 
@@ -241,9 +242,7 @@ async fn a_task_whose_row_is_locked_at_renewal_time_keeps_its_lease() {
     let http = worker_http(&db.client().await, &w).await;
     let (_, metrics) = http_get(&http, "/metrics").unwrap();
     let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
-        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} not in\n{metrics}"))
+        metric_value(&metrics, name).unwrap_or_else(|| panic!("{name} not in\n{metrics}"))
     };
     assert!(
         value("artex_worker_lease_renewals_total") >= 1.0,
@@ -495,17 +494,11 @@ async fn a_worker_starts_its_queue_when_a_running_task_is_taken_from_it() {
     )
     .await
     .expect("the epoch moved on");
-    wait_for(
-        "the two queued tasks to succeed",
+    wait_count(
+        &c,
+        "select count(*) from artex.tasks where kind = 'echo' and status = 'succeeded'",
+        2,
         Duration::from_secs(20),
-        || async {
-            let done = count(
-                &c,
-                "select count(*) from artex.tasks where kind = 'echo' and status = 'succeeded'",
-            )
-            .await;
-            (done == 2).then_some(())
-        },
     )
     .await;
 }
