@@ -103,9 +103,11 @@ impl Worker {
             act.liveness.db_result(&res);
             match res {
                 Ok(written) => {
-                    act.written(&batch, &written, &canceled, sent);
-                    // A start fenced off stopped its handler: its slot is free.
-                    act.pump(ctx);
+                    if act.written(&batch, &written, &canceled, sent) {
+                        // A handler stopped, its slot free, and no handler left to
+                        // report it: start what waits in the queue.
+                        act.pump(ctx);
+                    }
                 }
                 Err(e) => {
                     act.unwritten(batch, &e);
@@ -126,14 +128,16 @@ impl Worker {
 
     /// A batch (sent at `sent`) was written: `written` are the records the blackboard
     /// took; the others were fenced off (the lease was lost), or, for starts in
-    /// `canceled`, refused because an operator canceled the task.
+    /// `canceled`, refused because an operator canceled the task. Whether it stopped a
+    /// running handler (a start fenced off).
     fn written(
         &mut self,
         batch: &[AttemptRecord],
         written: &[Uuid],
         canceled: &HashSet<Uuid>,
         sent: Instant,
-    ) {
+    ) -> bool {
+        let mut stopped = false;
         if self.intake.gave_back.is_none() && batch.iter().any(|c| !c.step.is_start()) {
             self.intake.gave_back = Some(sent);
         }
@@ -156,6 +160,7 @@ impl Worker {
                     tracing::warn!(task = %c.id, epoch = c.epoch, "lease lost before the start was written; stopping the handler");
                     r.abort.abort();
                     self.held.running.remove(&c.id);
+                    stopped = true;
                 }
             } else {
                 tracing::warn!(task = %c.id, epoch = c.epoch,
@@ -167,6 +172,7 @@ impl Worker {
             .filter(|c| !c.step.is_start() && written.contains(&c.id))
             .count() as u64;
         self.stats.ran("worker");
+        stopped
     }
 
     /// A batch could not be written. Nothing is dropped while the process lives:
