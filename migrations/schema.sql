@@ -432,7 +432,7 @@ $$;
 -- Name: dispatch_round(double precision, bigint, integer, integer[], text[], boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean DEFAULT true) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean)
+CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean DEFAULT true) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean, slots integer, task_fresh boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
@@ -447,7 +447,7 @@ begin
         return query with roster as materialized (
             select w.id, w.kinds, w.capacity,
                    least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
-                   w.host, w.wake_addr
+                   w.host, w.wake_addr, w.slots
             from artex.workers w left join artex.worker_released r on r.worker = w.id
             where w.state = 'online'
               and w.last_seen > now() - make_interval(secs => $1::float8)
@@ -468,10 +468,11 @@ begin
             for update skip locked
         )
         select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
-               r.wake_addr, null::bool
+               r.wake_addr, null::bool, r.slots, null::bool
         from roster r
         union all
-        (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
+        (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited, null,
+                null::bool
          from claimed c
          order by c.priority desc, c.run_at, c.id);
         return;
@@ -479,7 +480,7 @@ begin
     return query with roster as materialized (
         select w.id, w.kinds, w.capacity,
                least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
-               w.host, w.wake_addr
+               w.host, w.wake_addr, w.slots
         from artex.workers w left join artex.worker_released r on r.worker = w.id
         where w.state = 'online'
           and w.last_seen > now() - make_interval(secs => $1::float8)
@@ -536,7 +537,7 @@ begin
         group by k.kind
     ),
     waiting as (
-        select w.*, k.key, coalesce(l.fair, false) as fair
+        select w.*, k.key, coalesce(l.fair, false) as fair, h.n is null as idle_key
         from keys k left join room l on l.kind = k.kind
              left join held h on h.kind = k.kind and h.key = k.key
         cross join lateral (
@@ -555,16 +556,25 @@ begin
     -- Other kinds' tasks are all of turn 1: priority, then age (V43). Each kind takes at
     -- most the free slots of its workers (`kind_places`), so that one kind's queue does
     -- not crowd another's out of the round: the plan gives each worker its kinds' tasks
-    -- in this order.
+    -- in this order. A fair kind's task is `fresh` when it is the first of a key that
+    -- holds no task in the fleet (V48): it goes at turn 0, ahead of the first turns of
+    -- keys that hold some, and it may take the place each worker's local queue keeps,
+    -- which the plan gives no other task of a fair kind.
     turns as (
         select w.*,
-               case when w.fair then row_number() over (
-                   partition by w.kind, w.key order by w.priority desc, w.run_at, w.id)
-               else 1 end as turn
-        from waiting w
+               case when not w.fair then 1
+                    when w.idle_key and w.nth_of_key = 1 then 0
+                    else w.nth_of_key end as turn,
+               case when w.fair then w.idle_key and w.nth_of_key = 1 end as fresh
+        from (
+            select w.*, row_number() over (
+                       partition by w.kind, w.key order by w.priority desc, w.run_at, w.id)
+                       as nth_of_key
+            from waiting w
+        ) w
     ),
     walked as (
-        select f.id, f.turn from (
+        select f.id, f.turn, f.fresh from (
             select w.*,
                    row_number() over (partition by w.kind
                                       order by w.priority desc, w.turn, w.run_at, w.id)
@@ -615,12 +625,14 @@ begin
                     or not $6) as by_the_head
     ),
     fits as (
-        select id, 1::int8 as turn from ahead_fits where (select by_the_head from settled)
+        select id, 1::int8 as turn, null::bool as fresh from ahead_fits
+        where (select by_the_head from settled)
         union all
-        select id, turn from walked where not (select by_the_head from settled)
+        select id, turn, fresh from walked where not (select by_the_head from settled)
     ),
     claimed as (
-        select id, kind, host, priority, run_at, false as limited, 1::int8 as turn
+        select id, kind, host, priority, run_at, false as limited, 1::int8 as turn,
+               null::bool as fresh
         from artex.tasks
         where listed = 'pending' and not limited and run_at <= now()
           and kind = any(array(select unnest(r.kinds) from roster r
@@ -633,7 +645,7 @@ begin
         for update skip locked
     ),
     claimed_limited as (
-        select t.id, t.kind, t.host, t.priority, t.run_at, true as limited, f.turn
+        select t.id, t.kind, t.host, t.priority, t.run_at, true as limited, f.turn, f.fresh
         from artex.tasks t join fits f on f.id = t.id
         where t.id = any(array(select id from fits)) and t.listed = 'pending' and t.limited
         order by t.priority desc, f.turn, t.run_at, t.id
@@ -641,10 +653,10 @@ begin
         for update of t skip locked
     )
     select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
-           r.wake_addr, null::bool
+           r.wake_addr, null::bool, r.slots, null::bool
     from roster r
     union all
-    (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited
+    (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited, null, c.fresh
      from (select * from claimed union all select * from claimed_limited) c
      order by c.priority desc, c.turn, c.run_at, c.id);
 end
@@ -654,7 +666,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -3225,6 +3237,7 @@ CREATE TABLE artex.workers (
     taken bigint DEFAULT 0 NOT NULL,
     wake_addr text,
     wake_failed_at timestamp with time zone,
+    slots integer,
     CONSTRAINT workers_binary_sha256_check CHECK ((binary_sha256 ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT workers_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT workers_channel_check CHECK (((channel <> ''::text) AND (length(channel) < 64))),
@@ -3235,6 +3248,7 @@ CREATE TABLE artex.workers (
     CONSTRAINT workers_lease_ms_check CHECK ((lease_ms > 0)),
     CONSTRAINT workers_pid_check CHECK ((pid > 0)),
     CONSTRAINT workers_session_check CHECK (((session <> ''::text) AND (length(session) < 64))),
+    CONSTRAINT workers_slots_check CHECK ((slots > 0)),
     CONSTRAINT workers_version_check CHECK ((version <> ''::text)),
     CONSTRAINT workers_wake_addr_check CHECK (((wake_addr <> ''::text) AND (length(wake_addr) < 300)))
 )
@@ -3275,6 +3289,12 @@ COMMENT ON COLUMN artex.workers.wake_addr IS 'host:port where planners push this
 --
 
 COMMENT ON COLUMN artex.workers.wake_failed_at IS 'When a planner''s wake-up push to this worker first failed, until one goes through (null: reachable, or woken by NOTIFY). A worker heard from since is given work and polls for it.';
+
+--
+-- Name: COLUMN workers.slots; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON COLUMN artex.workers.slots IS 'How many handlers the worker runs at once (its concurrency); its capacity beyond that is its local queue (V48). Null: it did not say.';
 
 --
 -- Name: task_transitions_default; Type: TABLE ATTACH; Schema: artex; Owner: -

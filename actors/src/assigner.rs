@@ -8,7 +8,7 @@
 //! nothing.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -46,7 +46,10 @@ pub struct AssignerConfig {
 /// two workers writing interleaved rows would contend for the same pages. A task whose
 /// kind the current worker does not run goes to the eligible worker with the most free
 /// slots (ties by id). A task bound to a host (its uploaded file is there) is eligible
-/// only for workers on that host. Pure, so it is tested directly.
+/// only for workers on that host. A fair kind's task of a key that already holds tasks
+/// does not take the place a worker keeps for a key that holds none
+/// ([`RosterEntry::kept`], migrations/V48): a late key's first task finds room in the
+/// next round however busy the fleet. Pure, so it is tested directly.
 pub fn plan(claimed: &[Claimed], roster: &[RosterEntry]) -> Vec<Assignment> {
     plan_with_runs(claimed, roster, 1)
 }
@@ -116,18 +119,33 @@ pub(crate) fn plan_with_runs(
             }
         }
     }
+    let kept: Vec<i32> = roster.iter().map(RosterEntry::kept).collect();
+    // The (kind, host) pairs whose workers have only kept places left: the tasks that may
+    // not take those skip the heap (free places only go down within a round).
+    let mut only_kept: HashSet<(&str, Option<&str>)> = HashSet::new();
     let mut out = Vec::with_capacity(claimed.len());
     let mut current: Option<usize> = None;
     for task in claimed {
         let host = task.host.as_deref();
+        let open = task.may_take_kept();
         let runs = |i: usize| {
             roster[i].kinds.iter().any(|k| k == &task.kind)
                 && host.is_none_or(|h| roster[i].host == h)
         };
-        let keep = current.filter(|&i| runs(i) && free[i] > 0 && share[i] > 0);
+        let room = |i: usize| free[i] > if open { 0 } else { kept[i] };
+        let keep = current.filter(|&i| runs(i) && room(i) && share[i] > 0);
+        let key = (task.kind.as_str(), host);
         let chosen = keep.or_else(|| {
-            let heap = by_kind.get_mut(&(task.kind.as_str(), host))?;
-            while let Some(&(has_share, slots, id, i)) = heap.peek() {
+            if !open && only_kept.contains(&key) {
+                return None;
+            }
+            let heap = by_kind.get_mut(&key)?;
+            // Workers with only kept places, set aside for this task and put back after.
+            let mut passed = Vec::new();
+            let found = loop {
+                let Some(&(has_share, slots, id, i)) = heap.peek() else {
+                    break None;
+                };
                 heap.pop();
                 if free[i] <= 0 {
                     continue;
@@ -137,11 +155,19 @@ pub(crate) fn plan_with_runs(
                     heap.push((now.0, now.1, id, i));
                     continue;
                 }
+                if !room(i) {
+                    passed.push((has_share, slots, id, i));
+                    continue;
+                }
                 // Still the best; it stays in the heap for the tasks after this one.
                 heap.push((has_share, slots, id, i));
-                return Some(i);
+                break Some(i);
+            };
+            heap.extend(passed);
+            if found.is_none() && !open {
+                only_kept.insert(key);
             }
-            None
+            found
         });
         let Some(i) = chosen else {
             continue;
@@ -369,6 +395,7 @@ mod tests {
                 capacity: 2,
                 held: 0,
                 host: "h".into(),
+                slots: None,
             },
             RosterEntry {
                 id: "b".into(),
@@ -376,6 +403,7 @@ mod tests {
                 capacity: 3,
                 held: 1,
                 host: "h".into(),
+                slots: None,
             },
         ];
         let claimed: Vec<Claimed> = ["echo", "sleep", "echo", "echo", "sleep", "fail"]
@@ -385,6 +413,7 @@ mod tests {
                 kind: k.to_string(),
                 host: None,
                 limited: false,
+                fresh: None,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -409,6 +438,7 @@ mod tests {
                 capacity: free,
                 held: 0,
                 host: "h".into(),
+                slots: None,
             })
             .collect()
     }
@@ -420,6 +450,7 @@ mod tests {
                 kind: "echo".into(),
                 host: None,
                 limited: false,
+                fresh: None,
             })
             .collect()
     }
@@ -477,6 +508,7 @@ mod tests {
             capacity: free,
             held: 0,
             host: "h".into(),
+            slots: None,
         };
         let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
         let claimed: Vec<Claimed> = (0..10)
@@ -485,6 +517,7 @@ mod tests {
                 kind: "echo".into(),
                 host: None,
                 limited: false,
+                fresh: None,
             })
             .collect();
         let out: Vec<String> = plan(&claimed, &roster)
@@ -505,6 +538,7 @@ mod tests {
                 capacity: 10,
                 held: if i % 10 == 0 { 10 } else { 3 },
                 host: format!("h{}", i % 7),
+                slots: None,
             })
             .collect();
         let claimed: Vec<Claimed> = (0..6000u128)
@@ -513,6 +547,7 @@ mod tests {
                 kind: if i % 3 == 0 { "b" } else { "a" }.into(),
                 host: None,
                 limited: false,
+                fresh: None,
             })
             .collect();
         let out = plan(&claimed, &roster);
@@ -541,6 +576,78 @@ mod tests {
         }
     }
 
+    /// A worker with a local queue keeps its last free place for a fair kind's key that
+    /// holds no task (migrations/V48): the fair kind's other tasks leave it, the fresh
+    /// key's task and other kinds' take it; a worker without a queue (its slots all its
+    /// capacity) or that did not say its slots keeps nothing.
+    #[test]
+    fn plan_keeps_a_queue_place_for_a_fair_kinds_idle_key() {
+        let worker = |id: &str, capacity: i32, slots: Option<i32>| RosterEntry {
+            id: id.into(),
+            kinds: vec!["fair".into(), "plain".into()],
+            capacity,
+            held: 0,
+            host: "h".into(),
+            slots,
+        };
+        let task = |kind: &str, fresh: Option<bool>| Claimed {
+            id: Uuid::new_v4(),
+            kind: kind.into(),
+            host: None,
+            limited: true,
+            fresh,
+        };
+        let placed = |claimed: &[Claimed], roster: &[RosterEntry]| -> Vec<(usize, String)> {
+            plan(claimed, roster)
+                .into_iter()
+                .map(|a| {
+                    let i = claimed.iter().position(|t| t.id == a.task).unwrap();
+                    (i, a.worker)
+                })
+                .collect()
+        };
+        let held_key = |n: usize| {
+            (0..n)
+                .map(|_| task("fair", Some(false)))
+                .collect::<Vec<_>>()
+        };
+
+        // Queue: 4 places, 2 slots, so one kept. The held key takes three; the fresh
+        // key's task, claimed after them, the fourth.
+        let mut claimed = held_key(5);
+        claimed.push(task("fair", Some(true)));
+        let out = placed(&claimed, &[worker("q", 4, Some(2))]);
+        let got: Vec<usize> = out.iter().map(|(i, _)| *i).collect();
+        assert_eq!(got, [0, 1, 2, 5], "{out:?}");
+
+        // Another kind's task takes the kept place: the place is kept from the fair
+        // kind's backlog, not from the worker.
+        let mut claimed = held_key(5);
+        claimed.push(task("plain", None));
+        let got: Vec<usize> = placed(&claimed, &[worker("q", 4, Some(2))])
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(got, [0, 1, 2, 5]);
+
+        // No queue (slots = capacity), or slots not said: every place is the backlog's.
+        for w in [worker("n", 4, Some(4)), worker("s", 4, None)] {
+            assert_eq!(placed(&held_key(5), &[w]).len(), 4);
+        }
+
+        // Two workers: the held key fills both but their kept places (two and four of
+        // its seven), skipping a worker with only its kept place left for one with more;
+        // its seventh stays pending, and the fresh task takes a kept place.
+        let mut claimed = held_key(7);
+        claimed.push(task("fair", Some(true)));
+        let roster = [worker("a", 3, Some(1)), worker("b", 5, Some(1))];
+        let out = placed(&claimed, &roster);
+        let held_on = |w: &str| out.iter().filter(|(i, x)| x == w && *i < 7).count();
+        assert_eq!((held_on("a"), held_on("b")), (2, 4), "{out:?}");
+        assert!(out.iter().any(|(i, _)| *i == 7), "{out:?}");
+        assert_eq!(out.len(), 7, "{out:?}");
+    }
+
     #[test]
     fn plan_gives_a_task_bound_to_a_host_only_to_workers_there() {
         let worker = |id: &str, host: &str| RosterEntry {
@@ -549,6 +656,7 @@ mod tests {
             capacity: 10,
             held: 0,
             host: host.into(),
+            slots: None,
         };
         let roster = vec![worker("a", "h1"), worker("b", "h2"), worker("c", "h2")];
         let task = |host: Option<&str>| Claimed {
@@ -556,6 +664,7 @@ mod tests {
             kind: "digest".into(),
             host: host.map(String::from),
             limited: false,
+            fresh: None,
         };
         let claimed = vec![
             task(Some("h2")),

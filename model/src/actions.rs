@@ -130,7 +130,7 @@ impl Action {
 /// `Claim`: the planner round's read (roster and claim).
 pub const CLAIM_SQL: &[Sql] = &[Sql::function(
     "dispatch_round",
-    "2471ab66e9672dcff447c4e2a441e485aec462a12494773b944218a35f73b280",
+    "361698f6daf857e173fda7edce7ae1c1d44a19877100c06ad3c35d228ca035fe",
 )];
 /// `Assign`: the planner round's write (assignments under the workers' row locks, the
 /// fencing tokens, wake-ups).
@@ -214,7 +214,7 @@ pub const REGISTER_SQL: &[Sql] = &[
     Sql::constant(
         WORKER_RS,
         "REGISTER",
-        "e22a54b49d02a354a048eb53adde4ca4600d2ee9e8c863913dd6f8fa7ce3afca",
+        "00b88b8dc7e3052ab2555463b715f78ca1d623919ad8912933427012aef7a7d3",
     ),
 ];
 /// `MarkUpgrading` and `DrainEnd`: a worker's state.

@@ -13,7 +13,8 @@ use artex_actors::Blackboard;
 use uuid::Uuid;
 
 /// A worker's registration as a tool would make it: host and version `test`, pid 1, no
-/// HTTP address, no LISTEN session nor push address, the planner's lease.
+/// HTTP address, no LISTEN session nor push address, the planner's lease, its slots not
+/// said (so no place of it is kept for a fair kind's idle key).
 pub fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
     Registration {
         id: id.into(),
@@ -24,6 +25,7 @@ pub fn registration(id: &str, kinds: &[&str], capacity: i32) -> Registration {
         channel: format!("artex_w_{id}"),
         kinds: kinds.iter().map(|k| k.to_string()).collect(),
         capacity,
+        slots: None,
         session: None,
         lease_ms: None,
         wake_addr: None,

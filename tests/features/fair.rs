@@ -232,3 +232,86 @@ async fn a_workers_local_queue_gives_a_late_key_its_turn() {
         "{ahead} queued tasks of the big key started between the late task's submission and its start ({queued} still waiting)"
     );
 }
+
+/// A busy worker keeps its last queue place for a fair kind's key that holds no task
+/// (migrations/V48): with one slot and a queue of three (`--prefetch 3`) full of the
+/// backlog's three-second tasks, a late key's task is assigned at once, before the
+/// backlog's first ends, where without the kept place it would wait for that end.
+#[tokio::test]
+async fn a_busy_worker_keeps_a_place_for_a_late_key() {
+    let db = TestDb::new().await;
+    let (code, _, err) = run_cli(&db.url, &["kind", "limit", "sleep", "--fair"]);
+    assert_eq!(code, 0, "{err}");
+    let ops = db.bb.operator();
+    let backlog: Vec<NewTask> = (0..10)
+        .map(|i| NewTask {
+            limit_key: Some("big".into()),
+            ..NewTask::new("sleep", json!({ "ms": 3000, "n": i }))
+        })
+        .collect();
+    ops.submit_many(&backlog, "test").await.unwrap();
+    let _planner = Proc::planner("planner", &db.url, &[]);
+    let _w = Proc::worker(
+        "worker",
+        &db.url,
+        &["--concurrency", "1", "--prefetch", "3"],
+    );
+    let c = db.client().await;
+    wait_for(
+        "the backlog's first task running, the worker's queue filled",
+        Duration::from_secs(30),
+        || async {
+            let started = count(
+                &c,
+                "select count(*) from artex.tasks where started_at is not null",
+            )
+            .await;
+            let held = count(
+                &c,
+                "select count(*) from artex.tasks where assigned_to is not null",
+            )
+            .await;
+            (started >= 1 && held >= 3).then_some(())
+        },
+    )
+    .await;
+    let held = count(
+        &c,
+        "select count(*) from artex.tasks where assigned_to is not null",
+    )
+    .await;
+    assert_eq!(held, 3, "the worker holds four places, one kept");
+    ops.submit_many(
+        &[NewTask {
+            limit_key: Some("small".into()),
+            ..NewTask::new("sleep", json!({ "ms": 10, "late": true }))
+        }],
+        "test",
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the late task assigned",
+        Duration::from_secs(30),
+        || async {
+            (count(
+                &c,
+                "select count(*) from artex.tasks
+             where limit_key = 'small' and (assigned_to is not null or status = 'succeeded')",
+            )
+            .await
+                == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    let ended = count(
+        &c,
+        "select count(*) from artex.tasks where limit_key = 'big' and finished_at is not null",
+    )
+    .await;
+    assert_eq!(
+        ended, 0,
+        "the late task was assigned only after the backlog's first task ended"
+    );
+}

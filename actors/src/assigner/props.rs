@@ -1,7 +1,8 @@
 //! Property tests of [`plan_with_runs`] (so of [`super::plan`], its runs of one) on random
 //! rosters, claims and shortest runs (issue 25 §2): never more than a worker's free
 //! slots, only its kinds and its host, no task twice, no task left while an eligible
-//! worker has a slot, each worker at most its share and as one run when the fleet is
+//! worker has a slot (but the place a worker keeps for a fair kind's idle key, which
+//! no other task of a fair kind takes), each worker at most its share and as one run when the fleet is
 //! uniform, and the same answer whatever the roster's order. Bounded and seeded: see
 //! `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
 
@@ -57,6 +58,11 @@ fn worker(rng: &mut fastrand::Rng, i: usize, uniform: bool) -> RosterEntry {
         capacity,
         held,
         host: HOSTS[rng.usize(..HOSTS.len())].to_string(),
+        // Its handlers: none said, all of its capacity (no local queue), or fewer.
+        slots: match rng.u8(0..3) {
+            0 => None,
+            _ => Some(rng.i32(1..=capacity.max(1) + 1)),
+        },
     }
 }
 
@@ -75,6 +81,11 @@ fn claimed(rng: &mut fastrand::Rng, n: usize, uniform: bool) -> Vec<Claimed> {
                 _ => None,
             },
             limited: rng.bool(),
+            // A uniform fleet's rounds have no fair kind: the plan fills every place.
+            fresh: match (uniform, rng.u8(0..3)) {
+                (true, _) | (false, 0) => None,
+                (false, _) => Some(rng.bool()),
+            },
         })
         .collect()
 }
@@ -171,11 +182,25 @@ fn check_always(r: &Round) {
     for w in &r.roster {
         let got = per.get(w.id.as_str()).copied().unwrap_or(0);
         assert!(got <= w.free(), "{} got {got} with {} free", w.id, w.free());
+        // The kept place goes to no fair kind's task of a key that holds some.
+        let held_keys = out
+            .iter()
+            .filter(|a| a.worker == w.id && !tasks[&a.task].may_take_kept())
+            .count() as i32;
+        assert!(
+            held_keys <= (w.free() - w.kept()).max(0),
+            "{} got {held_keys} tasks of held keys with {} free, {} kept",
+            w.id,
+            w.free(),
+            w.kept()
+        );
     }
-    // Greedy but never idle: a task left over has no eligible worker with a slot left.
+    // Greedy but never idle: a task left over has no eligible worker with a place left
+    // that it may take.
     for t in r.claimed.iter().filter(|t| !assigned.contains(&t.id)) {
         for w in r.roster.iter().filter(|w| eligible(w, t)) {
-            let left = w.free() - per.get(w.id.as_str()).copied().unwrap_or(0);
+            let kept = if t.may_take_kept() { 0 } else { w.kept() };
+            let left = w.free() - per.get(w.id.as_str()).copied().unwrap_or(0) - kept;
             assert!(
                 left <= 0,
                 "task {} (kind {}, host {:?}) left unassigned while {} has {left} free slots",

@@ -228,6 +228,7 @@ impl Worker {
             kinds: registry.kinds(),
             capacity: (config.concurrency + config.prefetch.unwrap_or(depth::MIN_DEPTH)).max(1)
                 as i32,
+            slots: i32::try_from(config.concurrency).ok(),
             // A worker woken by pushes holds no LISTEN session.
             session: config.wake_addr.is_none().then(|| config.session_name()),
             wake_addr: config.wake_addr.clone(),

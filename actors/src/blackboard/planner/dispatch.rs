@@ -22,12 +22,21 @@ pub struct RosterEntry {
     pub held: i32,
     /// The host it runs on (tasks bound to a host go only to workers there).
     pub host: String,
+    /// How many handlers it runs at once (`None`: it did not say; older builds and
+    /// simulated workers): its capacity beyond that is its local queue.
+    pub slots: Option<i32>,
 }
 
 impl RosterEntry {
     /// Free slots.
     pub fn free(&self) -> i32 {
         (self.capacity - self.held).max(0)
+    }
+
+    /// Free places it keeps for a fair kind's key that holds no task (migrations/V48):
+    /// one, if it keeps a local queue (a place there, never a handler slot), else none.
+    pub fn kept(&self) -> i32 {
+        i32::from(self.slots.is_some_and(|s| self.capacity > s))
     }
 }
 
@@ -42,6 +51,17 @@ pub struct Claimed {
     pub host: Option<String>,
     /// Its kind has limits (migrations/V18): the round's write checks them under lock.
     pub limited: bool,
+    /// Of a fair kind (migrations/V43): `Some(true)` for the first task of a key that
+    /// holds no task in the fleet, `Some(false)` for the others; `None` for other kinds.
+    pub fresh: Option<bool>,
+}
+
+impl Claimed {
+    /// It may take the place a worker keeps for a fair kind's key that holds no task
+    /// ([`RosterEntry::kept`]): every task but a fair kind's of a key that holds some.
+    pub fn may_take_kept(&self) -> bool {
+        self.fresh != Some(false)
+    }
 }
 
 /// One decision of the assigner: this task to that worker.
@@ -104,7 +124,8 @@ impl AssignReport {
 // backlog of one kind or one key neither takes the claim's places nor is walked by the
 // claim of the others; the write checks again under lock. Roster rows come first (task
 // columns null), then the claimed tasks of both kinds in claim order (roster columns
-// null).
+// null). A roster row says the worker's handler slots, and a fair kind's task whether it
+// may take the place a worker's local queue keeps for a key that holds no task (V48).
 
 // The assignment takes each worker's slots under its row lock (workers locked in id
 // order: two planners wait for each other, never deadlock): a planner whose roster was
@@ -362,6 +383,7 @@ impl PlannerBoard {
                             capacity: r.try_get(2)?,
                             held: r.try_get(3)?,
                             host: r.try_get(4)?,
+                            slots: r.try_get(10)?,
                         })
                     }
                     None => claimed.push(Claimed {
@@ -369,6 +391,7 @@ impl PlannerBoard {
                         kind: r.try_get(6)?,
                         host: r.try_get(7)?,
                         limited: r.try_get(9)?,
+                        fresh: r.try_get(11)?,
                     }),
                 }
             }

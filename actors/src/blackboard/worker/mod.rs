@@ -123,8 +123,12 @@ pub struct Registration {
     pub channel: String,
     /// The kinds it runs.
     pub kinds: Vec<String>,
-    /// How many tasks it runs at once.
+    /// How many tasks it holds at once: its handler slots and its local queue.
     pub capacity: i32,
+    /// How many tasks it runs at once (its handler slots; `None`: not said). Where its
+    /// capacity is larger, planners keep a place of its queue for a fair kind's key
+    /// that holds no task (migrations/V48).
+    pub slots: Option<i32>,
     /// The `application_name` of its LISTEN session: while no backend with that name
     /// exists (the process died, its host is cut off) planners give it nothing. `None`
     /// for a worker without a session (a tool, a simulation).
@@ -140,12 +144,12 @@ pub struct Registration {
 // Registering adds capacity: wake the planners.
 const REGISTER: &str = "with r as (insert into artex.workers
         (id, host, pid, version, http_addr, channel, kinds, capacity, session, lease_ms,
-         wake_addr, state, last_seen)
-    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'online', now())
+         wake_addr, slots, state, last_seen)
+    values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'online', now())
     on conflict (id) do update set
         version = excluded.version, http_addr = excluded.http_addr, channel = excluded.channel,
         kinds = excluded.kinds, capacity = excluded.capacity, session = excluded.session,
-        lease_ms = excluded.lease_ms, wake_addr = excluded.wake_addr,
+        lease_ms = excluded.lease_ms, wake_addr = excluded.wake_addr, slots = excluded.slots,
         wake_failed_at = null, state = 'online', last_seen = now()
     returning 1)
     select pg_notify('artex_tasks', '') from r";
@@ -272,6 +276,7 @@ impl WorkerBoard {
                     &r.session,
                     &r.lease_ms,
                     &r.wake_addr,
+                    &r.slots,
                 ],
             )
             .await?;
