@@ -152,8 +152,9 @@ async fn three_planners_hand_a_late_key_its_turn_past_a_backlog() {
 }
 
 /// A worker's local queue takes a fair kind's turns too: with forty tasks queued on one
-/// slot (`--prefetch 40`), a late key's task starts after at most the one big task whose
-/// turn ties with it, not after the whole queue (migrations/V44, worker/turns.rs).
+/// slot (`--prefetch 40`), a late key's task starts next once it is queued, not after the
+/// whole queue (migrations/V44, worker/turns.rs): at most the big tasks that start while
+/// it is on its way there go ahead of it.
 #[tokio::test]
 async fn a_workers_local_queue_gives_a_late_key_its_turn() {
     let db = TestDb::new().await;

@@ -6,9 +6,10 @@
 //! the backlog (20 ms tasks behind a 20,000-task key waited 31 times as long as on an idle
 //! fleet). So the queue takes turns too. Its order between kinds stays as read; which
 //! queued task of a fair kind fills that kind's next place goes by start-time fair
-//! queuing: a task is tagged when it arrives with its key's next turn (one past the later
-//! of the key's last tag and the kind's clock, the tag of the kind's last start), and the
-//! kind's next start is its queued task of highest priority, then lowest tag, then
+//! queuing: a task is tagged when it arrives with its key's next turn (one past the key's
+//! last tag, or the kind's clock, the tag of the kind's last start, if that is later: a
+//! key that was idle here takes the turn now going, ahead of the backlog's next), and
+//! the kind's next start is its queued task of highest priority, then lowest tag, then
 //! earliest arrival. A key with fifty tasks queued and a key with one thus alternate, and
 //! priority still goes first, as in the round.
 //!
@@ -64,14 +65,18 @@ impl Turns {
         let Some(k) = self.kinds.get_mut(&task.kind) else {
             return;
         };
-        let last = k.last.entry(task.limit_key.clone()).or_default();
-        let tag = (*last).max(k.clock) + 1;
-        *last = tag;
+        let clock = k.clock;
+        let last = k.last.entry(task.limit_key.clone());
+        let tag = match &last {
+            std::collections::hash_map::Entry::Occupied(l) => (*l.get() + 1).max(clock),
+            std::collections::hash_map::Entry::Vacant(_) => clock,
+        };
+        *last.or_default() = tag;
         self.arrivals += 1;
         self.tags.insert(task.id, (tag, self.arrivals));
         if k.last.len() > PRUNE_AT {
             let clock = k.clock;
-            k.last.retain(|_, t| *t > clock);
+            k.last.retain(|_, t| *t >= clock);
         }
     }
 
@@ -150,7 +155,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_key_goes_next_behind_a_queued_backlog() {
+    fn a_new_key_goes_ahead_of_a_queued_backlog() {
         let mut turns = fair(&["resize"]);
         let mut q = VecDeque::new();
         arrive(
@@ -160,10 +165,11 @@ mod tests {
         );
         assert_eq!(keys(&mut turns, &mut q, 10), vec!["resize:big"; 10]);
         arrive(&mut turns, &mut q, vec![task("resize", Some("small"), 0)]);
-        // Its turn is one past the kind's clock: after the one big task tagged as much.
+        // A key idle here takes the kind's clock, the turn now going: it starts before
+        // the backlog's queued tasks, tagged past it.
         assert_eq!(
             keys(&mut turns, &mut q, 3),
-            ["resize:big", "resize:small", "resize:big"]
+            ["resize:small", "resize:big", "resize:big"]
         );
         // Two keys with several queued alternate.
         arrive(
@@ -174,12 +180,12 @@ mod tests {
         assert_eq!(
             keys(&mut turns, &mut q, 6),
             [
-                "resize:big",
                 "resize:small",
                 "resize:big",
                 "resize:small",
                 "resize:big",
-                "resize:small"
+                "resize:small",
+                "resize:big"
             ]
         );
         assert_eq!(q.len(), 35);
