@@ -95,6 +95,19 @@ async fn small_median(bench: &Bench, c: &Client) -> f64 {
         .query_one(sql::FAIR_SMALL_WAIT, &[])
         .await
         .expect("the waits");
+    let parts = c
+        .query_one(sql::FAIR_SMALL_WAIT_PARTS, &[])
+        .await
+        .expect("the waits' parts");
+    if let (Some(to_assigned), Some(to_start)) = (
+        parts.get::<_, Option<f64>>(0),
+        parts.get::<_, Option<f64>>(1),
+    ) {
+        println!(
+            "# fair: the small key's median wait: {to_assigned:.1} ms to its assignment, \
+             {to_start:.1} ms from there to its start"
+        );
+    }
     row.get::<_, Option<f64>>(1).expect("small tasks ran")
 }
 

@@ -266,6 +266,7 @@ pub const PREPARED: &[&str] = &[
     FAIR_BACKLOG,
     FAIR_ONE,
     FAIR_SMALL_WAIT,
+    FAIR_SMALL_WAIT_PARTS,
     FAIR_STARTED_BETWEEN,
     SUCCEEDED,
     DELETE_TASKS,
@@ -643,6 +644,15 @@ pub const FAIR_SMALL_WAIT: &str = "select count(started_at),
         (percentile_cont(0.5) within group (order by
             extract(epoch from started_at - created_at) * 1000))::float8
     from artex.tasks where limit_key = 'small'";
+/// The small key's wait in two parts, medians in ms: creation to assignment (the round's
+/// transaction start, as its history row records it) and assignment to start.
+pub const FAIR_SMALL_WAIT_PARTS: &str = "select
+        (percentile_cont(0.5) within group (order by
+            extract(epoch from h.assigned_at - t.created_at) * 1000))::float8,
+        (percentile_cont(0.5) within group (order by
+            extract(epoch from t.started_at - h.assigned_at) * 1000))::float8
+    from artex.tasks t join artex.task_history h on h.task_id = t.id
+    where t.limit_key = 'small' and h.assigned_at is not null";
 /// Tasks started between $1 and $2 (Unix seconds).
 pub const FAIR_STARTED_BETWEEN: &str = "select count(*) from artex.tasks
     where started_at >= to_timestamp($1::float8) and started_at < to_timestamp($2::float8)";
