@@ -18,7 +18,7 @@
 #   cycle    the two hot functions alone by plain SQL: WAL and PostgreSQL CPU per task
 #   unique   what a unique key costs a submission
 #   limits   W1 from idle with limit keys, with kind limits, with tags
-#   fair     a key's wait behind another key's backlog of 20,000, fair and not (~1.5 min)
+#   fair     a key's wait behind another key's backlog of 20,000, fair (tasks of one length and spread) and not (~2 min)
 #   trace    W1 from idle without and with OpenTelemetry tracing (every task sampled)
 #   programs 10,000 tasks of a trivial program (--tasks-dir) against xargs -P 10
 #   api      submission through `artex serve` against plain SQL inserts
