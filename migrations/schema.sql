@@ -588,8 +588,7 @@ begin
         limit $2::int8
     ),
     ahead as materialized (
-        select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at,
-               row_number() over (order by t.priority desc, t.run_at, t.id) as nth
+        select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at
         from artex.tasks t
         where t.listed = 'pending' and t.limited and t.run_at <= now()
           and t.kind = any(array(select unnest(r.kinds) from roster r
@@ -599,31 +598,8 @@ begin
         order by t.priority desc, t.run_at, t.id
         limit (select 2 * n from places)
     ),
-    -- The head of the limited queue (`ahead`'s first `places`, numbered as the index
-    -- reads them) fits whole when no key in it has more tasks than its room and no kind
-    -- more than its room or its tokens: then it is what fits, as it is (V49). Only a
-    -- head that does not fit is ranked by key and by kind, three sorts of `ahead`'s rows
-    -- (a round of 2,000: 13 ms of its 34).
-    head_whole as materialized (
-        select not exists (
-                   select 1 from ahead a
-                   left join room l on l.kind = a.kind
-                   left join held h on h.kind = a.kind and h.key = a.key
-                   where a.nth <= (select n from places) and a.key <> ''
-                     and l.key_concurrency is not null
-                   group by a.kind, a.key, l.key_concurrency, h.n
-                   having count(*) > l.key_concurrency - coalesce(h.n, 0))
-               and not exists (
-                   select 1 from ahead a join room l on l.kind = a.kind
-                   where a.nth <= (select n from places)
-                   group by a.kind, l.kind_room, l.tokens
-                   having count(*) > l.kind_room or count(*) > l.tokens) as whole
-    ),
     ahead_fits as (
-        select a.id from ahead a
-        where (select whole from head_whole) and a.nth <= (select n from places)
-        union all
-        (select f.id from (
+        select f.id from (
             select k.*,
                    row_number() over (partition by k.kind collate "C"
                                       order by k.priority desc, k.run_at, k.id) as nth_of_kind
@@ -639,9 +615,8 @@ begin
         ) f left join room l on l.kind = f.kind
         where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
-          and not (select whole from head_whole)
         order by f.priority desc, f.run_at, f.id
-        limit (select n from places))
+        limit (select n from places)
     ),
     settled as materialized (
         select not exists (select 1 from limits l where l.fair)
@@ -691,7 +666,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head that fits whole taken as it is (V49); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

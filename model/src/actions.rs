@@ -130,7 +130,7 @@ impl Action {
 /// `Claim`: the planner round's read (roster and claim).
 pub const CLAIM_SQL: &[Sql] = &[Sql::function(
     "dispatch_round",
-    "9667f123e9d8e5e49bcd77f1f072c86df933ca51ab67bd86ed29de15e39db8fd",
+    "361698f6daf857e173fda7edce7ae1c1d44a19877100c06ad3c35d228ca035fe",
 )];
 /// `Assign`: the planner round's write (assignments under the workers' row locks, the
 /// fencing tokens, wake-ups).

@@ -384,11 +384,4 @@ pub const MIGRATIONS: &[Migration] = &[
         // position and never see them.
         change: Change::Expand,
     },
-    Migration {
-        version: 49,
-        name: "limited_heads_claimed_without_ranking",
-        sql: include_str!("../../../migrations/V49__limited_heads_claimed_without_ranking.sql"),
-        // The same function, the same call and rows: a cheaper way to the same claim.
-        change: Change::Expand,
-    },
 ];
