@@ -1,10 +1,10 @@
 //! Property tests of [`plan_with_runs`] (so of [`super::plan`], its runs of one) on random
 //! rosters, claims and shortest runs (issue 25 §2): never more than a worker's free
 //! slots, only its kinds and its host, no task twice, no task left while an eligible
-//! worker has a slot (but the place a worker keeps for a fair kind's idle key, which
-//! no other task of a fair kind takes), each worker at most its share and as one run when the fleet is
-//! uniform, and the same answer whatever the roster's order. Bounded and seeded: see
-//! `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
+//! worker has a slot (but the place a worker keeps for a fair kind's idle key, which no
+//! other task of a fair kind takes), each worker at most its share and as one run when
+//! the fleet is uniform, and the same answer whatever the roster's order. Bounded and
+//! seeded: see `testkit/src/fuzz.rs` for `ARTEX_FUZZ_CASES` / `ARTEX_FUZZ_SEED`.
 
 use std::collections::{HashMap, HashSet};
 

@@ -66,16 +66,14 @@ impl Turns {
             return;
         };
         let clock = k.clock;
-        let last = k.last.entry(task.limit_key.clone());
-        let tag = match &last {
-            std::collections::hash_map::Entry::Occupied(l) => (*l.get() + 1).max(clock),
-            std::collections::hash_map::Entry::Vacant(_) => clock,
-        };
-        *last.or_default() = tag;
+        let tag = k
+            .last
+            .get(&task.limit_key)
+            .map_or(clock, |last| (last + 1).max(clock));
+        k.last.insert(task.limit_key.clone(), tag);
         self.arrivals += 1;
         self.tags.insert(task.id, (tag, self.arrivals));
         if k.last.len() > PRUNE_AT {
-            let clock = k.clock;
             k.last.retain(|_, t| *t >= clock);
         }
     }
