@@ -9,7 +9,7 @@ use artex_actors::assigner::Assigner;
 use artex_actors::blackboard::{LimitSpec, NewTask};
 use serde_json::json;
 
-use crate::common::procs::{wait_for, Proc};
+use crate::common::procs::{wait_count, wait_for, Proc};
 use crate::common::{count, fixtures, run_cli, TestDb};
 
 fn keyed(kind: &str, key: &str, priority: i32, n: i32) -> Vec<NewTask> {
@@ -20,6 +20,49 @@ fn keyed(kind: &str, key: &str, priority: i32, n: i32) -> Vec<NewTask> {
             ..NewTask::new(kind, json!({ "key": key, "n": i }))
         })
         .collect()
+}
+
+/// `n` tasks of `sleep` for `ms` each with the limit key `key`.
+fn sleeps(key: &str, n: usize, ms: u64) -> Vec<NewTask> {
+    (0..n)
+        .map(|i| NewTask {
+            limit_key: Some(key.into()),
+            ..NewTask::new("sleep", json!({ "ms": ms, "n": i }))
+        })
+        .collect()
+}
+
+/// The tasks a worker holds (running or queued).
+const HELD: &str = "select count(*) from artex.tasks where assigned_to is not null";
+
+/// Waits until a task runs and the worker holds at least `held` tasks.
+async fn wait_holding(c: &tokio_postgres::Client, held: i64) {
+    wait_for(
+        &format!("a task running and {held} held"),
+        Duration::from_secs(30),
+        || async {
+            let started = count(
+                c,
+                "select count(*) from artex.tasks where started_at is not null",
+            )
+            .await;
+            (started >= 1 && count(c, HELD).await >= held).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until `n` tasks of the key `key` succeeded.
+async fn wait_succeeded(c: &tokio_postgres::Client, key: &str, n: i64) {
+    wait_count(
+        c,
+        &format!(
+            "select count(*) from artex.tasks where limit_key = '{key}' and status = 'succeeded'"
+        ),
+        n,
+        Duration::from_secs(60),
+    )
+    .await;
 }
 
 /// One round with four free slots per kind: the fair kind gives each key its turn (two
@@ -106,39 +149,18 @@ async fn three_planners_hand_a_late_key_its_turn_past_a_backlog() {
         "{out}"
     );
     let ops = db.bb.operator();
-    let backlog: Vec<NewTask> = (0..60)
-        .map(|i| NewTask {
-            limit_key: Some("big".into()),
-            ..NewTask::new("sleep", json!({ "ms": 100, "n": i }))
-        })
-        .collect();
-    ops.submit_many(&backlog, "test").await.unwrap();
-    let late: Vec<NewTask> = (0..3)
-        .map(|i| NewTask {
-            limit_key: Some("small".into()),
-            ..NewTask::new("sleep", json!({ "ms": 100, "late": i }))
-        })
-        .collect();
-    ops.submit_many(&late, "test").await.unwrap();
+    ops.submit_many(&sleeps("big", 60, 100), "test")
+        .await
+        .unwrap();
+    ops.submit_many(&sleeps("small", 3, 100), "test")
+        .await
+        .unwrap();
     let _planners: Vec<Proc> = (1..=3)
         .map(|i| Proc::planner(&format!("planner-{i}"), &db.url, &[]))
         .collect();
     let _w = Proc::worker("worker", &db.url, &["--concurrency", "2"]);
     let c = db.client().await;
-    wait_for(
-        "the late key's tasks to succeed",
-        Duration::from_secs(60),
-        || async {
-            (count(
-            &c,
-            "select count(*) from artex.tasks where limit_key = 'small' and status = 'succeeded'",
-        )
-        .await
-            == 3)
-            .then_some(())
-        },
-    )
-    .await;
+    wait_succeeded(&c, "small", 3).await;
     let before = count(
         &c,
         "select count(*) from artex.tasks b where b.limit_key = 'big' and b.started_at <
@@ -161,13 +183,9 @@ async fn a_workers_local_queue_gives_a_late_key_its_turn() {
     let (code, _, err) = run_cli(&db.url, &["kind", "limit", "sleep", "--fair"]);
     assert_eq!(code, 0, "{err}");
     let ops = db.bb.operator();
-    let backlog: Vec<NewTask> = (0..30)
-        .map(|i| NewTask {
-            limit_key: Some("big".into()),
-            ..NewTask::new("sleep", json!({ "ms": 50, "n": i }))
-        })
-        .collect();
-    ops.submit_many(&backlog, "test").await.unwrap();
+    ops.submit_many(&sleeps("big", 30, 50), "test")
+        .await
+        .unwrap();
     let _planner = Proc::planner("planner", &db.url, &[]);
     let _w = Proc::worker(
         "worker",
@@ -175,47 +193,11 @@ async fn a_workers_local_queue_gives_a_late_key_its_turn() {
         &["--concurrency", "1", "--prefetch", "40"],
     );
     let c = db.client().await;
-    wait_for(
-        "the backlog queued in the worker, one started",
-        Duration::from_secs(30),
-        || async {
-            let started = count(
-                &c,
-                "select count(*) from artex.tasks where started_at is not null",
-            )
-            .await;
-            let held = count(
-                &c,
-                "select count(*) from artex.tasks where status = 'assigned'",
-            )
-            .await;
-            (started >= 1 && held >= 20).then_some(())
-        },
-    )
-    .await;
-    ops.submit_many(
-        &[NewTask {
-            limit_key: Some("small".into()),
-            ..NewTask::new("sleep", json!({ "ms": 50, "late": true }))
-        }],
-        "test",
-    )
-    .await
-    .unwrap();
-    wait_for(
-        "the late task to succeed",
-        Duration::from_secs(30),
-        || async {
-            (count(
-            &c,
-            "select count(*) from artex.tasks where limit_key = 'small' and status = 'succeeded'",
-        )
+    wait_holding(&c, 21).await;
+    ops.submit_many(&sleeps("small", 1, 50), "test")
         .await
-            == 1)
-            .then_some(())
-        },
-    )
-    .await;
+        .unwrap();
+    wait_succeeded(&c, "small", 1).await;
     let ahead = count(
         &c,
         "select count(*) from artex.tasks b, artex.tasks s
@@ -244,13 +226,9 @@ async fn a_busy_worker_keeps_a_place_for_a_late_key() {
     let (code, _, err) = run_cli(&db.url, &["kind", "limit", "sleep", "--fair"]);
     assert_eq!(code, 0, "{err}");
     let ops = db.bb.operator();
-    let backlog: Vec<NewTask> = (0..10)
-        .map(|i| NewTask {
-            limit_key: Some("big".into()),
-            ..NewTask::new("sleep", json!({ "ms": 3000, "n": i }))
-        })
-        .collect();
-    ops.submit_many(&backlog, "test").await.unwrap();
+    ops.submit_many(&sleeps("big", 10, 3000), "test")
+        .await
+        .unwrap();
     let _planner = Proc::planner("planner", &db.url, &[]);
     let _w = Proc::worker(
         "worker",
@@ -258,52 +236,21 @@ async fn a_busy_worker_keeps_a_place_for_a_late_key() {
         &["--concurrency", "1", "--prefetch", "3"],
     );
     let c = db.client().await;
-    wait_for(
-        "the backlog's first task running, the worker's queue filled",
-        Duration::from_secs(30),
-        || async {
-            let started = count(
-                &c,
-                "select count(*) from artex.tasks where started_at is not null",
-            )
-            .await;
-            let held = count(
-                &c,
-                "select count(*) from artex.tasks where assigned_to is not null",
-            )
-            .await;
-            (started >= 1 && held >= 3).then_some(())
-        },
-    )
-    .await;
-    let held = count(
+    wait_holding(&c, 3).await;
+    assert_eq!(
+        count(&c, HELD).await,
+        3,
+        "the worker holds four places, one kept"
+    );
+    ops.submit_many(&sleeps("small", 1, 10), "test")
+        .await
+        .unwrap();
+    wait_count(
         &c,
-        "select count(*) from artex.tasks where assigned_to is not null",
-    )
-    .await;
-    assert_eq!(held, 3, "the worker holds four places, one kept");
-    ops.submit_many(
-        &[NewTask {
-            limit_key: Some("small".into()),
-            ..NewTask::new("sleep", json!({ "ms": 10, "late": true }))
-        }],
-        "test",
-    )
-    .await
-    .unwrap();
-    wait_for(
-        "the late task assigned",
+        "select count(*) from artex.tasks
+         where limit_key = 'small' and (assigned_to is not null or status = 'succeeded')",
+        1,
         Duration::from_secs(30),
-        || async {
-            (count(
-                &c,
-                "select count(*) from artex.tasks
-             where limit_key = 'small' and (assigned_to is not null or status = 'succeeded')",
-            )
-            .await
-                == 1)
-                .then_some(())
-        },
     )
     .await;
     let ended = count(
