@@ -1075,6 +1075,7 @@ $$;
 
 CREATE FUNCTION artex.over_limits(ids uuid[]) RETURNS uuid[]
     LANGUAGE plpgsql
+    SET enable_nestloop TO 'off'
     AS $$
 declare
     denied uuid[];
@@ -1142,7 +1143,7 @@ $$;
 -- Name: FUNCTION over_limits(ids uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql).';
+COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql); run with nested loops off, so that no join of its CTEs compares every pair of rows (V49).';
 
 --
 -- Name: pause_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -
