@@ -588,15 +588,11 @@ begin
         limit $2::int8
     ),
     ahead as materialized (
-        select t.id, t.kind, coalesce(t.limit_key, '') as key, t.priority, t.run_at
-        from artex.tasks t
-        where t.listed = 'pending' and t.limited and t.run_at <= now()
-          and t.kind = any(array(select unnest(r.kinds) from roster r
-                                 where r.capacity > r.held
-                                 except select p.kind from artex.kind_pauses p))
-          and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
-        order by t.priority desc, t.run_at, t.id
-        limit (select 2 * n from places)
+        select * from artex.limited_head(
+            array(select unnest(r.kinds) from roster r
+                  where r.capacity > r.held
+                  except select p.kind from artex.kind_pauses p),
+            $3::int4, $4::int4[], (select 2 * n from places))
     ),
     ahead_fits as (
         select f.id from (
@@ -644,13 +640,20 @@ begin
                                from roster r))
         for update skip locked
     ),
+    -- Each task that fits, looked up by its id and locked (V50): a join of `fits` with
+    -- `tasks` let PostgreSQL scan `fits` again for every task when its statistics
+    -- were stale (2,000 × 2,000 rows compared). The check of its state is one no
+    -- partial index can take (`is true`), so the lookup goes by the primary key.
     claimed_limited as (
         select t.id, t.kind, t.host, t.priority, t.run_at, true as limited, f.turn, f.fresh
-        from artex.tasks t join fits f on f.id = t.id
-        where t.id = any(array(select id from fits)) and t.listed = 'pending' and t.limited
+        from fits f
+        cross join lateral (
+            select t.id, t.kind, t.host, t.priority, t.run_at from artex.tasks t
+            where t.id = f.id and (t.listed = 'pending' and t.limited) is true
+            for update skip locked
+        ) t
         order by t.priority desc, f.turn, t.run_at, t.id
         limit $2::int8
-        for update of t skip locked
     )
     select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
            r.wake_addr, null::bool, r.slots, null::bool
@@ -666,7 +669,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -989,6 +992,32 @@ CREATE FUNCTION artex.kind_retry_delay(kind text, retries integer, base_ms doubl
          where k.kind = kind_retry_delay.kind and k.retry_backoff is not null),
         artex.retry_delay(retries, base_ms, cap_ms))
 $$;
+
+--
+-- Name: limited_head(text[], integer, integer[], bigint); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.limited_head(p_kinds text[], p_shard_count integer, p_shards integer[], p_n bigint) RETURNS TABLE(id uuid, kind text, key text, priority integer, run_at timestamp with time zone)
+    LANGUAGE plpgsql STABLE
+    SET enable_sort TO 'off'
+    AS $$
+begin
+    return query
+    select t.id, t.kind, coalesce(t.limit_key, ''), t.priority, t.run_at
+    from artex.tasks t
+    where t.listed = 'pending' and t.limited and t.run_at <= now()
+      and t.kind = any(p_kinds)
+      and (p_shard_count <= 1 or t.shard % p_shard_count = any(p_shards))
+    order by t.priority desc, t.run_at, t.id
+    limit p_n;
+end
+$$;
+
+--
+-- Name: FUNCTION limited_head(p_kinds text[], p_shard_count integer, p_shards integer[], p_n bigint); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.limited_head(p_kinds text[], p_shard_count integer, p_shards integer[], p_n bigint) IS 'The first p_n runnable tasks of limited kinds among p_kinds, in the shards given, by priority and age: the head of the limited queue a planner round checks against the limits (V50). Run with sorts off, so that it always walks tasks_limited_runnable in its order and stops there, whatever the statistics.';
 
 --
 -- Name: lock_unique_key(text); Type: FUNCTION; Schema: artex; Owner: -

@@ -127,11 +127,18 @@ impl Action {
 // hash updated. An action with none runs no statement (a process's own memory, a fault,
 // the clock).
 
-/// `Claim`: the planner round's read (roster and claim).
-pub const CLAIM_SQL: &[Sql] = &[Sql::function(
-    "dispatch_round",
-    "361698f6daf857e173fda7edce7ae1c1d44a19877100c06ad3c35d228ca035fe",
-)];
+/// `Claim`: the planner round's read (roster and claim), with the head of the limited
+/// tasks' queue it reads (V50).
+pub const CLAIM_SQL: &[Sql] = &[
+    Sql::function(
+        "dispatch_round",
+        "f24a63fd1e6dc8855fe6dbd79f7bdd7664ee6c23999eb2427b688c5502a9543b",
+    ),
+    Sql::function(
+        "limited_head",
+        "038e9edcccb1d3cc6f6b8e5c3ec2a10d40b4ee7dc2299c563a7f7f9ba2f5c04d",
+    ),
+];
 /// `Assign`: the planner round's write (assignments under the workers' row locks, the
 /// fencing tokens, wake-ups).
 pub const ASSIGN_SQL: &[Sql] = &[Sql::function(

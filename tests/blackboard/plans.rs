@@ -273,6 +273,65 @@ async fn the_limits_check_counts_held_tasks_without_a_quadratic_join() {
     assert_eq!(denied().await, 1000, "every key holds its one task");
 }
 
+#[tokio::test]
+async fn a_limited_round_walks_its_head_in_order_with_stale_statistics() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The table analyzed with no limited task waiting, then a backlog of 20,000 over
+    // 1,000 keys: the statistics a burst after an idle spell meets (autovacuum analyzes
+    // a minute later at best).
+    fixtures::worker(&db.bb, "sim", &["echo"], 100).await;
+    c.batch_execute(
+        "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+             values ('echo', 100000, 5, 'test');
+         analyze artex.tasks;
+         insert into artex.tasks (kind, limit_key)
+             select 'echo', 'k' || (g % 1000) from generate_series(1, 20000) g;",
+    )
+    .await
+    .unwrap();
+    // The round as the planner calls it (its statements' plans are generic: the
+    // function forces them), rolled back.
+    let plans = explained(
+        &db,
+        "begin;
+         select count(*) from artex.dispatch_round(600, 1000, 1, '{}', '{}', true);
+         rollback",
+        true,
+    )
+    .await;
+    let mut heads = 0;
+    for (text, plan) in &plans {
+        let rescans = rescanned_ctes(plan);
+        assert!(
+            rescans.is_empty(),
+            "CTEs scanned again and again (name, rows, scans): {rescans:?}\n{text}\n{plan:#}"
+        );
+        if text.contains("limit p_n") {
+            heads += 1;
+            // The head is twice the worker's 100 free places: walked in order and cut
+            // there, not 20,000 tasks gathered and sorted.
+            let read = rows_read(plan, "tasks");
+            assert!(
+                read <= 200.0,
+                "the head read {read} task rows to keep 200:\n{text}\n{plan:#}"
+            );
+        }
+    }
+    assert_eq!(heads, 1, "the round read the limited head once");
+    // What the round claims: the worker's 100 places.
+    let claimed: i64 = c
+        .query_one(
+            "select count(*) from artex.dispatch_round(600, 1000, 1, '{}', '{}', true)
+             where task is not null",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claimed, 100);
+}
+
 /// Every plan-cached function of the hot path exists, takes the arguments its call
 /// sends, and runs one statement that plans (its own source, prepared and EXPLAINed:
 /// the statement lives only there).

@@ -392,4 +392,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // change.
         change: Change::Expand,
     },
+    Migration {
+        version: 50,
+        name: "the_limited_head_read_in_order",
+        sql: include_str!("../../../migrations/V50__the_limited_head_read_in_order.sql"),
+        // The round's read replaced in place: the same signature and rows.
+        change: Change::Expand,
+    },
 ];
