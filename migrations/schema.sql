@@ -587,15 +587,40 @@ begin
         order by f.priority desc, f.turn, f.run_at, f.id
         limit $2::int8
     ),
+    -- The head of the limited queue, numbered in its order (`nth`, as `limited_head`
+    -- returns it: no sort).
     ahead as materialized (
-        select * from artex.limited_head(
+        select h.* from artex.limited_head(
             array(select unnest(r.kinds) from roster r
                   where r.capacity > r.held
                   except select p.kind from artex.kind_pauses p),
             $3::int4, $4::int4[], (select 2 * n from places))
+            with ordinality as h(id, kind, key, priority, run_at, nth)
+    ),
+    -- The head's first `places` fit whole when no key among them has more tasks than
+    -- its room and no kind more than its room or its tokens: they are then what fits,
+    -- as they are (V51). Only a head that does not fit is ranked by key and by kind
+    -- (three sorts of `ahead`'s rows).
+    head_whole as materialized (
+        select not exists (
+                   select 1 from ahead a
+                   left join room l on l.kind = a.kind
+                   left join held h on h.kind = a.kind and h.key = a.key
+                   where a.nth <= (select n from places) and a.key <> ''
+                     and l.key_concurrency is not null
+                   group by a.kind, a.key, l.key_concurrency, h.n
+                   having count(*) > l.key_concurrency - coalesce(h.n, 0))
+               and not exists (
+                   select 1 from ahead a join room l on l.kind = a.kind
+                   where a.nth <= (select n from places)
+                   group by a.kind, l.kind_room, l.tokens
+                   having count(*) > l.kind_room or count(*) > l.tokens) as whole
     ),
     ahead_fits as (
-        select f.id from (
+        select a.id from ahead a
+        where (select whole from head_whole) and a.nth <= (select n from places)
+        union all
+        (select f.id from (
             select k.*,
                    row_number() over (partition by k.kind collate "C"
                                       order by k.priority desc, k.run_at, k.id) as nth_of_kind
@@ -611,8 +636,9 @@ begin
         ) f left join room l on l.kind = f.kind
         where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
+          and not (select whole from head_whole)
         order by f.priority desc, f.run_at, f.id
-        limit (select n from places)
+        limit (select n from places))
     ),
     settled as materialized (
         select not exists (select 1 from limits l where l.fair)
@@ -669,7 +695,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V51); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

@@ -760,7 +760,8 @@ async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
 /// two of each key at most: a worker with room for four takes two of the first key and
 /// two of the second; with room for eight, every key's two (the head of twice eight holds
 /// every task). One of each key at most, with room for four: the head of eight yields
-/// three, so the round walks the keys, and takes one of each.
+/// three, so the round walks the keys, and takes one of each. Three of each key at most,
+/// with room for two: the head's first two fit whole, and are taken as they are (V51).
 #[tokio::test]
 async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
     use artex_actors::blackboard::LimitSpec;
@@ -768,6 +769,7 @@ async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
         (4, 2, vec![("a", 2), ("b", 2)]),
         (8, 2, vec![("a", 2), ("b", 2), ("c", 2)]),
         (4, 1, vec![("a", 1), ("b", 1), ("c", 1)]),
+        (2, 3, vec![("a", 2)]),
     ];
     for (capacity, key_concurrency, want) in cases {
         let db = TestDb::new().await;

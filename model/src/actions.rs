@@ -132,7 +132,7 @@ impl Action {
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
-        "f24a63fd1e6dc8855fe6dbd79f7bdd7664ee6c23999eb2427b688c5502a9543b",
+        "8df38bf370fb3c54ea07d59a9036a3905dc594698e30f49ffa1426857322f8ab",
     ),
     Sql::function(
         "limited_head",
