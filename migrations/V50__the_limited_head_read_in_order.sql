@@ -17,8 +17,22 @@
 -- read made its other statements' plans far worse: 1.8 s a round.) And the tasks that
 -- fit are locked by a lookup of each by its primary key: with the head's new estimate
 -- PostgreSQL joined them to `tasks` by scanning the list of those that fit once per
--- task (2,000 × 2,000). The round's read keeps its signature and rows.
--- tests/blackboard/plans.rs checks its plan with statistics taken before the backlog.
+-- task (2,000 × 2,000). tests/blackboard/plans.rs checks its plan with statistics
+-- taken before the backlog.
+--
+-- With the head's read stable, ranking it by key and by kind (two window functions,
+-- each a sort of twice the round's places, then a third back into queue order) was the
+-- largest part of the read: about 5.7 of 10.8 ms in a logged round. The head is now
+-- numbered as `limited_head` returns it (`with ordinality`, no sort), one grouping
+-- checks whether any key or kind among its first places is over its room, and only a
+-- head that is over is ranked. The same tasks are claimed: the first places fit whole
+-- exactly when every one of them passes the ranking's checks (a task's rank in its key
+-- and its kind counts only the tasks ahead of it, which are among those places too),
+-- and the write counts again under the kinds' locks (`over_limits`). Measured as a
+-- step of its own (docs/bench/2026-12-05.md): the read 3.2–3.6 ms a round against
+-- 4.0–5.4, the limited kind 0.71–0.84× of its run's unlimited tasks against 0.63–0.81×.
+--
+-- The round's read keeps its signature and rows.
 
 create function artex.limited_head(p_kinds text[], p_shard_count int4, p_shards int4[], p_n int8)
 returns table (id uuid, kind text, key text, priority integer, run_at timestamptz)
@@ -197,15 +211,40 @@ begin
         order by f.priority desc, f.turn, f.run_at, f.id
         limit $2::int8
     ),
+    -- The head of the limited queue, numbered in its order (`nth`, as `limited_head`
+    -- returns it: no sort).
     ahead as materialized (
-        select * from artex.limited_head(
+        select h.* from artex.limited_head(
             array(select unnest(r.kinds) from roster r
                   where r.capacity > r.held
                   except select p.kind from artex.kind_pauses p),
             $3::int4, $4::int4[], (select 2 * n from places))
+            with ordinality as h(id, kind, key, priority, run_at, nth)
+    ),
+    -- The head's first `places` fit whole when no key among them has more tasks than
+    -- its room and no kind more than its room or its tokens: they are then what fits,
+    -- as they are (V50). Only a head that does not fit is ranked by key and by kind
+    -- (three sorts of `ahead`'s rows).
+    head_whole as materialized (
+        select not exists (
+                   select 1 from ahead a
+                   left join room l on l.kind = a.kind
+                   left join held h on h.kind = a.kind and h.key = a.key
+                   where a.nth <= (select n from places) and a.key <> ''
+                     and l.key_concurrency is not null
+                   group by a.kind, a.key, l.key_concurrency, h.n
+                   having count(*) > l.key_concurrency - coalesce(h.n, 0))
+               and not exists (
+                   select 1 from ahead a join room l on l.kind = a.kind
+                   where a.nth <= (select n from places)
+                   group by a.kind, l.kind_room, l.tokens
+                   having count(*) > l.kind_room or count(*) > l.tokens) as whole
     ),
     ahead_fits as (
-        select f.id from (
+        select a.id from ahead a
+        where (select whole from head_whole) and a.nth <= (select n from places)
+        union all
+        (select f.id from (
             select k.*,
                    row_number() over (partition by k.kind collate "C"
                                       order by k.priority desc, k.run_at, k.id) as nth_of_kind
@@ -221,8 +260,9 @@ begin
         ) f left join room l on l.kind = f.kind
         where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
+          and not (select whole from head_whole)
         order by f.priority desc, f.run_at, f.id
-        limit (select n from places)
+        limit (select n from places))
     ),
     settled as materialized (
         select not exists (select 1 from limits l where l.fair)
@@ -276,4 +316,4 @@ end
 $fn$;
 
 comment on function artex.dispatch_round(float8, int8, int4, int4[], text[], boolean) is
-    'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+    'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';

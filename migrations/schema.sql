@@ -599,7 +599,7 @@ begin
     ),
     -- The head's first `places` fit whole when no key among them has more tasks than
     -- its room and no kind more than its room or its tokens: they are then what fits,
-    -- as they are (V51). Only a head that does not fit is ranked by key and by kind
+    -- as they are (V50). Only a head that does not fit is ranked by key and by kind
     -- (three sorts of `ahead`'s rows).
     head_whole as materialized (
         select not exists (
@@ -695,7 +695,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V51); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

@@ -761,7 +761,7 @@ async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
 /// two of the second; with room for eight, every key's two (the head of twice eight holds
 /// every task). One of each key at most, with room for four: the head of eight yields
 /// three, so the round walks the keys, and takes one of each. Three of each key at most,
-/// with room for two: the head's first two fit whole, and are taken as they are (V51).
+/// with room for two: the head's first two fit whole, and are taken as they are (V50).
 #[tokio::test]
 async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
     use artex_actors::blackboard::LimitSpec;

@@ -132,7 +132,7 @@ impl Action {
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
-        "8df38bf370fb3c54ea07d59a9036a3905dc594698e30f49ffa1426857322f8ab",
+        "3b4f5f08ab938d2a6430e0053f00c1967b65a9b76bd2afe6735764965a2d3781",
     ),
     Sql::function(
         "limited_head",

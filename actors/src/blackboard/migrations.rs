@@ -399,11 +399,4 @@ pub const MIGRATIONS: &[Migration] = &[
         // The round's read replaced in place: the same signature and rows.
         change: Change::Expand,
     },
-    Migration {
-        version: 51,
-        name: "a_head_that_fits_taken_whole",
-        sql: include_str!("../../../migrations/V51__a_head_that_fits_taken_whole.sql"),
-        // The round's read replaced in place: the same signature and rows.
-        change: Change::Expand,
-    },
 ];
