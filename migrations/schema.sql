@@ -313,13 +313,9 @@ begin
             for update of w
         ),
         picked as (
-            select t.id from artex.tasks t
-            where t.listed = 'pending' and not t.limited and t.run_at <= now()
-              and t.kind = any((select kinds from room)::text[])
-              and (t.host is null or t.host = (select host from room))
-            order by t.priority desc, t.run_at, t.id
-            limit (select free from room)
-            for update skip locked
+            select h.id from artex.runnable_head(
+                (select kinds from room), (select host from room), 1, '{}',
+                (select free from room)) h
         ),
         assigned as (
             update artex.tasks t
@@ -359,7 +355,7 @@ $_$;
 -- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed and, in no_room, whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed and, in no_room, whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -
@@ -442,8 +438,7 @@ begin
     -- and the claim, without the limits' dozen nodes that a plan starts and ends at
     -- every call (V34). (With limits set, the probe of the limited queue would walk the
     -- same index entries as the whole statement's head of that queue: it is skipped.)
-    if not exists (select 1 from artex.kind_limits)
-       and not exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited) then
+    if not exists (select 1 from artex.kind_limits) and not artex.limited_waiting() then
         return query with roster as materialized (
             select w.id, w.kinds, w.capacity,
                    least(greatest(w.taken - coalesce(r.released, 0), 0), 2147483647)::int4 as held,
@@ -455,26 +450,25 @@ begin
                    or w.session in (select application_name from pg_stat_activity))
               and w.id <> all($5::text[])
         ),
+        -- The head of the queue, locked (V51: `runnable_head`, in its order).
         claimed as (
-            select id, kind, host, priority, run_at, false as limited from artex.tasks
-            where listed = 'pending' and not limited and run_at <= now()
-              and kind = any(array(select unnest(r.kinds) from roster r
-                                   where r.capacity > r.held
-                                   except select p.kind from artex.kind_pauses p))
-              and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
-            order by priority desc, run_at, id
-            limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                                   from roster r))
-            for update skip locked
+            select h.id, h.kind, h.host, h.nth from artex.runnable_head(
+                array(select unnest(r.kinds) from roster r
+                      where r.capacity > r.held
+                      except select p.kind from artex.kind_pauses p),
+                null, $3::int4, $4::int4[],
+                least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                                 from roster r)))
+                with ordinality as h(id, kind, host, priority, run_at, nth)
         )
         select r.id, r.kinds, r.capacity, r.held, r.host, null::uuid, null::text, null::text,
                r.wake_addr, null::bool, r.slots, null::bool
         from roster r
         union all
-        (select null, null, null, null, null, c.id, c.kind, c.host, null, c.limited, null,
+        (select null, null, null, null, null, c.id, c.kind, c.host, null, false, null,
                 null::bool
          from claimed c
-         order by c.priority desc, c.run_at, c.id);
+         order by c.nth);
         return;
     end if;
     return query with roster as materialized (
@@ -653,18 +647,15 @@ begin
         select id, turn, fresh from walked where not (select by_the_head from settled)
     ),
     claimed as (
-        select id, kind, host, priority, run_at, false as limited, 1::int8 as turn,
+        select h.id, h.kind, h.host, h.priority, h.run_at, false as limited, 1::int8 as turn,
                null::bool as fresh
-        from artex.tasks
-        where listed = 'pending' and not limited and run_at <= now()
-          and kind = any(array(select unnest(r.kinds) from roster r
-                               where r.capacity > r.held
-                               except select p.kind from artex.kind_pauses p))
-          and ($3::int4 <= 1 or shard % $3::int4 = any($4::int4[]))
-        order by priority desc, run_at, id
-        limit least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
-                               from roster r))
-        for update skip locked
+        from artex.runnable_head(
+            array(select unnest(r.kinds) from roster r
+                  where r.capacity > r.held
+                  except select p.kind from artex.kind_pauses p),
+            null, $3::int4, $4::int4[],
+            least($2::int8, (select coalesce(sum(greatest(r.capacity - r.held, 0)), 0)
+                             from roster r))) h
     ),
     -- Each task that fits, looked up by its id and locked (V50): a join of `fits` with
     -- `tasks` let PostgreSQL scan `fits` again for every task when its statistics
@@ -695,7 +686,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50), and the unlimited one''s by runnable_head (V51). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
@@ -1046,6 +1037,23 @@ $$;
 COMMENT ON FUNCTION artex.limited_head(p_kinds text[], p_shard_count integer, p_shards integer[], p_n bigint) IS 'The first p_n runnable tasks of limited kinds among p_kinds, in the shards given, by priority and age: the head of the limited queue a planner round checks against the limits (V50). Run with sorts off, so that it always walks tasks_limited_runnable in its order and stops there, whatever the statistics.';
 
 --
+-- Name: limited_waiting(); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.limited_waiting() RETURNS boolean
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    AS $$
+    select exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited)
+$$;
+
+--
+-- Name: FUNCTION limited_waiting(); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.limited_waiting() IS 'Whether any task of a limited kind waits: the round''s probe for its small statement (V34). Run with sequential scans off, so that it always looks in the limited tasks'' index, whatever the statistics (V51).';
+
+--
 -- Name: lock_unique_key(text); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1375,6 +1383,7 @@ CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes b
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_bitmapscan TO 'off'
+    SET enable_seqscan TO 'off'
     AS $_$
 #variable_conflict use_column
 begin
@@ -1561,6 +1570,34 @@ CREATE FUNCTION artex.retry_delay(retries integer, base_ms double precision, cap
     select make_interval(secs => least(base_ms * power(2, least(retries, 30)), cap_ms)
                                  * (0.5 + random() * 0.5) / 1000.0)
 $$;
+
+--
+-- Name: runnable_head(text[], text, integer, integer[], bigint); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.runnable_head(p_kinds text[], p_host text, p_shard_count integer, p_shards integer[], p_n bigint) RETURNS TABLE(id uuid, kind text, host text, priority integer, run_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    AS $$
+begin
+    return query
+    select t.id, t.kind, t.host, t.priority, t.run_at
+    from artex.tasks t
+    where t.listed = 'pending' and not t.limited and t.run_at <= now()
+      and t.kind = any(p_kinds)
+      and (p_host is null or t.host is null or t.host = p_host)
+      and (p_shard_count <= 1 or t.shard % p_shard_count = any(p_shards))
+    order by t.priority desc, t.run_at, t.id
+    limit p_n
+    for update of t skip locked;
+end
+$$;
+
+--
+-- Name: FUNCTION runnable_head(p_kinds text[], p_host text, p_shard_count integer, p_shards integer[], p_n bigint); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.runnable_head(p_kinds text[], p_host text, p_shard_count integer, p_shards integer[], p_n bigint) IS 'The first p_n runnable tasks of kinds that are not limited among p_kinds, in the shards given, bound to no host or to p_host (any host when p_host is null), by priority and age, locked for update (skip locked): the head of the queue a planner round or a worker''s claim takes (V51). Run with sorts off, so that it always walks tasks_runnable in its order and stops there, whatever the statistics.';
 
 --
 -- Name: schedules_audit(); Type: FUNCTION; Schema: artex; Owner: -

@@ -128,15 +128,19 @@ impl Action {
 // the clock).
 
 /// `Claim`: the planner round's read (roster and claim), with the head of the limited
-/// tasks' queue it reads (V50).
+/// tasks' queue it reads (V50) and the head of the others' it locks (V51).
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
-        "3b4f5f08ab938d2a6430e0053f00c1967b65a9b76bd2afe6735764965a2d3781",
+        "dc838658fbffe2e53980b882cc4eaa247a69f1e7cf9702f89e742a006123f7a5",
     ),
     Sql::function(
         "limited_head",
         "038e9edcccb1d3cc6f6b8e5c3ec2a10d40b4ee7dc2299c563a7f7f9ba2f5c04d",
+    ),
+    Sql::function(
+        "runnable_head",
+        "fedff6b302fba8b11a34913f409c009980d125b39f36e51b439e87466a4f8933",
     ),
 ];
 /// `Assign`: the planner round's write (assignments under the workers' row locks, the
@@ -177,15 +181,22 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
     "84546af60fe3748e2afa6124d008d3a17669562d64ad8b3d6e969e76e342dd53",
 )];
 /// `WorkerClaim`: a worker's claim in its read (V46; V47 only adds the snapshot row's
-/// `no_room`, which changes no row).
-pub const WORKER_CLAIM_SQL: &[Sql] = &[Sql::function(
-    "claim_and_read",
-    "79bd53c836cdf083a18699066e2e25f6ff5a51aef9d94cfd75e444285ab4a257",
-)];
-/// `Read`: a worker's read of its assignments.
+/// `no_room`, which changes no row), the head of the queue locked by `runnable_head`
+/// (V51), as the round's.
+pub const WORKER_CLAIM_SQL: &[Sql] = &[
+    Sql::function(
+        "claim_and_read",
+        "83125081b2eaee1b7cd554fcc95cb7fe3749993b3467adc25a30f3b91981b187",
+    ),
+    Sql::function(
+        "runnable_head",
+        "fedff6b302fba8b11a34913f409c009980d125b39f36e51b439e87466a4f8933",
+    ),
+];
+/// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).
 pub const READ_SQL: &[Sql] = &[Sql::function(
     "read_assigned",
-    "2583b80da29639edbc341c33fd42b05eee4f046753797f371e116b7220cca5c8",
+    "9cfb135c4a56b9969fd47a08a3080ad4e16ef1ec14dde0abf65c6063b3f55d78",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(

@@ -399,4 +399,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // The round's read replaced in place: the same signature and rows.
         change: Change::Expand,
     },
+    Migration {
+        version: 51,
+        name: "the_claims_walk_the_queue_in_order",
+        sql: include_str!("../../../migrations/V51__the_claims_walk_the_queue_in_order.sql"),
+        // A new function, and the round's read and the worker's claim replaced in place:
+        // the same signatures and rows.
+        change: Change::Expand,
+    },
 ];
