@@ -285,7 +285,7 @@ impl Worker {
             self.intake.ran_dry = true;
         }
         if started {
-            self.flush(ctx);
+            self.flush_starts(ctx);
         }
     }
 

@@ -25,6 +25,9 @@ const FLUSH_RETRY: Duration = Duration::from_millis(100);
 pub const LINGER: Duration = Duration::from_millis(20);
 /// A batch this large is written without waiting.
 const LINGER_UNTIL: usize = 500;
+/// How long the starts of handlers just begun wait for their outcomes when nothing else
+/// is waiting to be written (see [`Worker::flush_starts`]).
+pub const START_LINGER: Duration = Duration::from_millis(2);
 
 /// The outcomes waiting to be written, the batch in flight, and what came of the
 /// batches written.
@@ -50,6 +53,29 @@ impl Worker {
     /// Writes the waiting outcomes and the starts not written yet, in one statement.
     pub(super) fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_now(ctx, false);
+    }
+
+    /// Handlers just began: their starts are written [`START_LINGER`] later, with the
+    /// outcomes of those that ended by then, when no outcome waits to be written (with
+    /// one waiting, [`Worker::flush`]'s rule holds). A short task's start then rides
+    /// with its end, one write and one history row, where writing the starts at once made
+    /// two writes a task whenever the handlers had run dry: a burst after idle, its
+    /// first refills each a write of starts, then one of outcomes, on the way to the
+    /// next; one task at a time, two writes each. A long task's start is in the
+    /// blackboard two milliseconds later.
+    pub(super) fn flush_starts(&mut self, ctx: &mut Context<Self>) {
+        if !self.outcomes.outbox.is_empty() || self.stopping.draining {
+            self.flush(ctx);
+            return;
+        }
+        if self.outcomes.flight.busy() || self.outcomes.lingering {
+            return;
+        }
+        self.outcomes.lingering = true;
+        ctx.run_later(START_LINGER, |act, ctx| {
+            act.outcomes.lingering = false;
+            act.flush_now(ctx, true);
+        });
     }
 
     /// [`Worker::flush`]; `lingered`: the batch has waited its [`LINGER`] already.
