@@ -322,6 +322,7 @@ async fn outcomes_are_recorded_while_an_assignment_holds_the_worker_row() {
                 max_retries: t.max_retries,
                 step: Step::Finish(Outcome::Succeeded(json!({}))),
                 started_ago_ms: None,
+                measured: None,
             })
             .collect();
         bb.worker()

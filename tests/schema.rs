@@ -645,6 +645,7 @@ async fn upgrading_to_one_row_per_run_keeps_the_audit_and_the_feed_and_the_runti
             max_retries: 3,
             step: Step::Finish(Outcome::Succeeded(serde_json::json!({"ok": true}))),
             started_ago_ms: Some(5.0),
+            measured: None,
         })
         .collect();
     assert_eq!(db.bb.worker().record("w2", &batch).await.unwrap().len(), 3);

@@ -188,6 +188,7 @@ fn attempt_record(t: &AssignedTask, epoch: i64, step: Step) -> AttemptRecord {
         max_retries: t.max_retries,
         step,
         started_ago_ms: None,
+        measured: None,
     }
 }
 

@@ -243,6 +243,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
     let task = |id| held.iter().find(|t| t.id == id).unwrap();
     let started = |t: &AssignedTask, step, ago| AttemptRecord {
         started_ago_ms: ago,
+        measured: None,
         ..attempt_record(t, t.epoch, step)
     };
 
@@ -344,6 +345,43 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
         msg(&e).contains("illegal task transition assigned -> succeeded"),
         "{}",
         msg(&e)
+    );
+}
+
+/// A worker measures how long ago a handler began when the handler ends, then the
+/// record may wait in its outbox (a lingering batch, a write in flight): the write
+/// counts that wait too, so the start is dated when the handler began.
+#[tokio::test]
+async fn a_start_that_waited_in_the_outbox_is_dated_when_the_handler_began() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let id = insert_task(&c).await;
+    assign(&c, id, "w1").await;
+    let held = crate::common::assigned(&db.bb, "w1", 10).await;
+    // Ended 50 ms after it began, and measured then; written 300 ms later.
+    let record = AttemptRecord {
+        started_ago_ms: Some(50.0),
+        measured: Some(std::time::Instant::now() - std::time::Duration::from_millis(300)),
+        ..attempt_record(
+            &held[0],
+            held[0].epoch,
+            Step::Finish(Outcome::Succeeded(json!(1))),
+        )
+    };
+    let written = db.bb.worker().record("w1", &[record]).await.unwrap();
+    assert_eq!(written, [id]);
+    let ms: f64 = c
+        .query_one(
+            "select (extract(epoch from finished_at - started_at) * 1000)::float8 from artex.tasks
+             where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (350.0..5000.0).contains(&ms),
+        "{ms} ms between the start and the write: the 300 ms in the outbox are not counted"
     );
 }
 

@@ -427,6 +427,7 @@ pub async fn start_assigned(
             max_retries: t.max_retries,
             step: Step::Start,
             started_ago_ms: Some(0.0),
+            measured: None,
         })
         .collect();
     let written = bb

@@ -101,6 +101,7 @@ impl Worker {
                 max_retries: 0,
                 step: Step::Finish(Outcome::Released),
                 started_ago_ms: None,
+                measured: None,
             });
         }
     }

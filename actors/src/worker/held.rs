@@ -48,6 +48,7 @@ impl Running {
             max_retries: self.max_retries,
             step,
             started_ago_ms: Some(self.started.elapsed().as_secs_f64() * 1000.0),
+            measured: Some(std::time::Instant::now()),
         }
     }
 }

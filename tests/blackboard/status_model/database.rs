@@ -160,6 +160,7 @@ pub(super) async fn run_op(db: &TestDb, c: &Client, id: Uuid, m: &Model, op: &Op
                 max_retries: m.row.max_retries,
                 step,
                 started_ago_ms: started_ago_ms.map(|ms| ms as f64),
+                measured: None,
             };
             match w.record(worker, &[record]).await {
                 Ok(ids) => one(ids.len()),

@@ -163,6 +163,11 @@ pub struct AttemptRecord {
     /// start is not recorded yet goes from `assigned` straight to its outcome, with this
     /// start time.
     pub started_ago_ms: Option<f64>,
+    /// When `started_ago_ms` was measured, if not at the write: the write adds the time
+    /// since, so that a record that waited in the worker's outbox (a lingering batch, a
+    /// write in flight) still dates its start when the handler began, not that much
+    /// later.
+    pub measured: Option<std::time::Instant>,
 }
 
 impl AttemptRecord {
@@ -477,7 +482,11 @@ impl WorkerBoard {
             errors.push(error);
             failed.push(counted);
             delays.push(delay as f64);
-            started_ago.push(c.started_ago_ms);
+            started_ago.push(c.started_ago_ms.map(|ms| {
+                ms + c
+                    .measured
+                    .map_or(0.0, |at| at.elapsed().as_secs_f64() * 1000.0)
+            }));
         }
         let client = self.bb.client().await?;
         let rows = client
