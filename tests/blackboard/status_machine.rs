@@ -271,15 +271,7 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
     assert_eq!(status_of(&c, long).await, "running");
     assert_eq!(status_of(&c, idle).await, "assigned");
     // The start time is the handler's, not the write's.
-    let ms: f64 = c
-        .query_one(
-            "select (extract(epoch from finished_at - started_at) * 1000)::float8 from artex.tasks
-             where id = $1",
-            &[&ran],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let ms = start_to_finish_ms(&c, ran).await;
     assert!(
         (200.0..5000.0).contains(&ms),
         "{ms} ms between start and finish"
@@ -348,6 +340,18 @@ async fn a_start_written_with_the_outcome_is_audited_as_two_steps() {
     );
 }
 
+/// Milliseconds from task `id`'s recorded start to its finish.
+async fn start_to_finish_ms(c: &tokio_postgres::Client, id: uuid::Uuid) -> f64 {
+    c.query_one(
+        "select (extract(epoch from finished_at - started_at) * 1000)::float8 from artex.tasks
+         where id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// A worker measures how long ago a handler began when the handler ends, then the
 /// record may wait in its outbox (a lingering batch, a write in flight): the write
 /// counts that wait too, so the start is dated when the handler began.
@@ -370,15 +374,7 @@ async fn a_start_that_waited_in_the_outbox_is_dated_when_the_handler_began() {
     };
     let written = db.bb.worker().record("w1", &[record]).await.unwrap();
     assert_eq!(written, [id]);
-    let ms: f64 = c
-        .query_one(
-            "select (extract(epoch from finished_at - started_at) * 1000)::float8 from artex.tasks
-             where id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let ms = start_to_finish_ms(&c, id).await;
     assert!(
         (350.0..5000.0).contains(&ms),
         "{ms} ms between the start and the write: the 300 ms in the outbox are not counted"
