@@ -8,6 +8,8 @@
 //! and short tasks arriving one by one made batches of a few dozen (programs: ~25, the
 //! write's fixed cost two thirds of PostgreSQL's per task). No slot waits meanwhile (the
 //! queue feeds them); a worker whose queue runs low, or that drains, writes at once.
+//! Starts with no outcome waiting wait [`START_LINGER`] for their handlers' outcomes, so
+//! a short task run alone is one write, not two.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -37,7 +39,7 @@ pub(super) struct Outcomes {
     pub outbox: Vec<AttemptRecord>,
     /// A batch is being written.
     pub flight: SingleFlight,
-    /// A batch waits for more (a timer of [`LINGER`] is set).
+    /// A batch waits for more (a timer of [`LINGER`] or [`START_LINGER`] is set).
     pub lingering: bool,
     /// Tasks finished by this process (outcomes written).
     pub finished: u64,
@@ -66,13 +68,15 @@ impl Worker {
     pub(super) fn flush_starts(&mut self, ctx: &mut Context<Self>) {
         if !self.outcomes.outbox.is_empty() || self.stopping.draining {
             self.flush(ctx);
-            return;
+        } else if !self.outcomes.flight.busy() && !self.outcomes.lingering {
+            self.linger(ctx, START_LINGER);
         }
-        if self.outcomes.flight.busy() || self.outcomes.lingering {
-            return;
-        }
+    }
+
+    /// The next batch waits `wait` for more, then is written.
+    fn linger(&mut self, ctx: &mut Context<Self>, wait: Duration) {
         self.outcomes.lingering = true;
-        ctx.run_later(START_LINGER, |act, ctx| {
+        ctx.run_later(wait, |act, ctx| {
             act.outcomes.lingering = false;
             act.flush_now(ctx, true);
         });
@@ -92,11 +96,7 @@ impl Worker {
             && !self.outcomes.outbox.is_empty()
             && self.outcomes.outbox.len() < LINGER_UNTIL
         {
-            self.outcomes.lingering = true;
-            ctx.run_later(LINGER, |act, ctx| {
-                act.outcomes.lingering = false;
-                act.flush_now(ctx, true);
-            });
+            self.linger(ctx, LINGER);
             return;
         }
         let mut batch = std::mem::take(&mut self.outcomes.outbox);
