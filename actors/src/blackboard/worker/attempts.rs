@@ -166,7 +166,9 @@ pub struct AttemptRecord {
     /// When `started_ago_ms` was measured, if not at the write: the write adds the time
     /// since, so that a record that waited in the worker's outbox (a lingering batch, a
     /// write in flight) still dates its start when the handler began, not that much
-    /// later.
+    /// later. (Not one `Instant` for both: with `None`, the start is exactly
+    /// `started_ago_ms` before the write's time, which the status machine's model
+    /// checks to the microsecond.)
     pub measured: Option<std::time::Instant>,
 }
 
