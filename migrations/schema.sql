@@ -1857,7 +1857,7 @@ begin
         perform pg_notify('artex_events', '');
     end if;
     if exists (select 1 from new_rows where status = 'pending') then
-        perform pg_notify('artex_tasks', '');
+        perform pg_notify('artex_tasks', 'new');
     end if;
     return null;
 end

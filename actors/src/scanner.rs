@@ -3,13 +3,25 @@
 //! hint, the tables are the truth. It also listens on `artex_wake` for canceled tasks
 //! held by workers woken over HTTP, and has the [`Waker`] pass each cancel on. Wake-ups that arrive while a round runs fold into one
 //! more round, so a burst of notifications costs one extra round, not one each.
+//!
+//! **A quiet fleet.** When the last round found nothing waiting and workers with a free
+//! handler slot ([`Quiet`]), new tasks (the insert's notification says `new`:
+//! migrations/V52) need no round to start: the Scanner wakes one of those workers, in
+//! turn, which claims what it may run in one durable statement (`artex.claim_and_read`,
+//! under the same rules as a round: its kinds, online, not paused or limited, no task
+//! bound to another host). The round follows [`CLAIM_FIRST`] later for what that worker
+//! did not take (another kind, more than its slots), skipping what it holds locked. A
+//! round is a read, a write and a push before the worker hears of a task; the claim
+//! halves that path for the lone task of a quiet queue (W2), and a busy queue, where the
+//! last round found tasks, keeps its rounds. So does a planner that exports traces: the
+//! time in queue and the assignment are its spans, which a worker's claim does not make.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
-use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, TASKS_CHANNEL};
+use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL};
 use crate::flight::SingleFlight;
 use crate::supervisor::ActorStats;
 use crate::waker::Waker;
@@ -17,6 +29,42 @@ use crate::waker::Waker;
 /// The channel on which the database announces a canceled task held by a worker woken
 /// over HTTP (payload `cancel:<worker id>`; migrations/V14).
 pub const WAKE_CHANNEL: &str = "artex_wake";
+
+/// How long the round waits after a quiet fleet's worker was woken to claim new tasks:
+/// its claim takes about a millisecond; the round then finds what it left.
+pub const CLAIM_FIRST: Duration = Duration::from_millis(5);
+
+/// What the last round saw of a quiet fleet: the workers with a free handler slot that
+/// take pushes (id, address), when it found no task waiting; none otherwise.
+#[derive(Debug, Default)]
+pub struct Quiet {
+    idle: Vec<(String, String)>,
+    /// Wake-ups given since the start, to take the idle workers in turn.
+    given: usize,
+}
+
+impl Quiet {
+    /// A round's report: `claimed` tasks found waiting, `idle` workers.
+    pub fn after_round(&mut self, claimed: usize, idle: Vec<(String, String)>) {
+        self.idle = if claimed == 0 { idle } else { Vec::new() };
+    }
+
+    /// Nothing known (a round failed).
+    pub fn forget(&mut self) {
+        self.idle.clear();
+    }
+
+    /// The worker to wake for tasks just submitted, each in turn; `None` unless the
+    /// fleet was quiet at the last round.
+    pub fn turn(&mut self) -> Option<(String, String)> {
+        if self.idle.is_empty() {
+            return None;
+        }
+        let i = self.given % self.idle.len();
+        self.given = self.given.wrapping_add(1);
+        Some(self.idle[i].clone())
+    }
+}
 
 /// The Scanner actor.
 pub struct Scanner {
@@ -27,6 +75,10 @@ pub struct Scanner {
     /// A round is under way; another is owed after it.
     round: SingleFlight,
     waker: Option<Waker>,
+    /// Whom new tasks wake while the fleet is quiet.
+    quiet: Quiet,
+    /// A round is set to follow a quiet fleet's claim.
+    round_due: bool,
 }
 
 impl Scanner {
@@ -45,6 +97,8 @@ impl Scanner {
             stats,
             round: SingleFlight::default(),
             waker: None,
+            quiet: Quiet::default(),
+            round_due: false,
         }
     }
 
@@ -66,8 +120,10 @@ impl Scanner {
             .map(|res, act, ctx| {
                 let mut again = act.round.end();
                 match res {
-                    Ok(Ok(report)) => {
+                    Ok(Ok(mut report)) => {
                         act.stats.ran("scanner");
+                        act.quiet
+                            .after_round(report.claimed, std::mem::take(&mut report.idle));
                         again |= report.more_may_fit();
                         if report.assigned > 0 {
                             tracing::debug!(assigned = report.assigned, "assigned tasks");
@@ -75,10 +131,12 @@ impl Scanner {
                     }
                     Ok(Err(e)) => {
                         act.stats.failed("scanner");
+                        act.quiet.forget();
                         tracing::warn!(error = %e, "assignment round failed; retrying on the next poll");
                     }
                     Err(e) => {
                         act.stats.failed("scanner");
+                        act.quiet.forget();
                         tracing::warn!(error = %e, "assigner unavailable; retrying on the next poll");
                     }
                 }
@@ -107,7 +165,7 @@ impl Actor for Scanner {
                 match session.next().await {
                     ListenEvent::Connected => me.do_send(Wake),
                     ListenEvent::Notified(batch) => {
-                        let mut tasks = false;
+                        let (mut tasks, mut new) = (false, false);
                         for n in batch {
                             match n.payload.strip_prefix("cancel:") {
                                 Some(worker) if n.channel == WAKE_CHANNEL => {
@@ -115,10 +173,15 @@ impl Actor for Scanner {
                                         waker.cancel(worker).await;
                                     }
                                 }
+                                _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {
+                                    new = true
+                                }
                                 _ => tasks = true,
                             }
                         }
-                        if tasks {
+                        if new {
+                            me.do_send(Submitted);
+                        } else if tasks {
                             me.do_send(Wake);
                         }
                     }
@@ -134,6 +197,7 @@ impl Actor for Scanner {
 impl Supervised for Scanner {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.round.reset();
+        self.round_due = false;
         self.stats.restarted("scanner");
     }
 }
@@ -150,6 +214,36 @@ impl Handler<Wake> for Scanner {
     }
 }
 
+/// Tasks were submitted: a worker of a quiet fleet claims them, the round follows; else
+/// a round now.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Submitted;
+
+impl Handler<Submitted> for Scanner {
+    type Result = ();
+    fn handle(&mut self, _msg: Submitted, ctx: &mut Context<Self>) {
+        // A planner that exports traces keeps to its rounds: a claim has no planner's
+        // spans (the time in queue, the assignment).
+        let (Some(waker), false) = (&self.waker, crate::trace::enabled()) else {
+            self.start_round(ctx);
+            return;
+        };
+        let Some((worker, addr)) = self.quiet.turn() else {
+            self.start_round(ctx);
+            return;
+        };
+        waker.nudge(&worker, &addr);
+        if !self.round_due {
+            self.round_due = true;
+            ctx.run_later(CLAIM_FIRST, |act, ctx| {
+                act.round_due = false;
+                act.start_round(ctx);
+            });
+        }
+    }
+}
+
 /// Run one assignment round now and answer with its report (for tests and operators).
 #[derive(Message)]
 #[rtype(result = "crate::Result<AssignReport>")]
@@ -160,5 +254,37 @@ impl Handler<ScanNow> for Scanner {
     fn handle(&mut self, _msg: ScanNow, _ctx: &mut Context<Self>) -> Self::Result {
         let assigner = self.assigner.clone();
         Box::pin(async move { assigner.send(AssignNow).await? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(ids: &[&str]) -> Vec<(String, String)> {
+        ids.iter()
+            .map(|id| (id.to_string(), format!("{id}:80")))
+            .collect()
+    }
+
+    #[test]
+    fn a_quiet_fleet_wakes_its_idle_workers_in_turn() {
+        let mut quiet = Quiet::default();
+        assert_eq!(quiet.turn(), None, "nothing known before a round");
+        quiet.after_round(0, workers(&["a", "b"]));
+        let woken: Vec<String> = (0..3).map(|_| quiet.turn().unwrap().0).collect();
+        assert_eq!(woken, ["a", "b", "a"]);
+    }
+
+    #[test]
+    fn a_round_that_found_tasks_or_failed_leaves_nobody_to_wake() {
+        let mut quiet = Quiet::default();
+        quiet.after_round(3, workers(&["a"]));
+        assert_eq!(quiet.turn(), None, "tasks waited: the rounds keep them");
+        quiet.after_round(0, Vec::new());
+        assert_eq!(quiet.turn(), None, "no worker had a free slot");
+        quiet.after_round(0, workers(&["a"]));
+        quiet.forget();
+        assert_eq!(quiet.turn(), None);
     }
 }

@@ -155,13 +155,26 @@ impl Waker {
                 .collect()
         };
         for (worker, addr) in new {
-            self.send(Push {
-                worker: worker.clone(),
-                addr: addr.clone(),
-                payloads: vec![String::new()],
-                tasks: Vec::new(),
-            });
+            self.plain(worker, addr);
         }
+    }
+
+    /// A plain wake-up to `worker` at `addr`, so that it claims what it may run
+    /// (`artex.claim_and_read`) now; none to a worker whose pushes fail.
+    pub fn nudge(&self, worker: &str, addr: &str) {
+        if !lock(&self.inner.unreachable).contains_key(worker) {
+            self.plain(worker, addr);
+        }
+    }
+
+    /// A plain wake-up: the worker looks again.
+    fn plain(&self, worker: &str, addr: &str) {
+        self.send(Push {
+            worker: worker.to_string(),
+            addr: addr.to_string(),
+            payloads: vec![String::new()],
+            tasks: Vec::new(),
+        });
     }
 
     /// Tells `worker` that a task it holds was canceled (the planners' `artex_wake`

@@ -1,6 +1,6 @@
 //! Planners: several at once never assign a task twice, a stopped one leaves the work
 //! to another, NOTIFY dispatches at once (and its listener reconnects), the poll catches
-//! what no notification announced.
+//! what no notification announced, a quiet fleet's worker claims a new task itself.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{assert_no_double_run, tasks, wait_all_finished, ASSIGNMENT_ROWS};
-use crate::common::procs::{wait_for, wait_status, worker_id, Proc};
+use crate::common::procs::{http_get, logged_address, wait_for, wait_status, worker_id, Proc};
 use crate::common::{count, TestDb};
 
 #[tokio::test]
@@ -165,4 +165,63 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
     let t = db.bb.operator().task(id).await.unwrap();
     assert!(t.started_at.unwrap() >= t.run_at);
+}
+
+/// A planner's counter, read from its `/metrics` at `addr`.
+fn planner_counter(addr: &str, name: &str) -> f64 {
+    let (code, text) = http_get(addr, "/metrics").expect("the planner's /metrics");
+    assert_eq!(code, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the planner's /metrics:\n{text}"))
+}
+
+#[tokio::test]
+async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let p = Proc::planner("planner", &db.url, &["--metrics", "127.0.0.1:0"]);
+    // Its poll never comes: a task it holds was claimed at a planner's wake-up.
+    let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
+    worker_id(&c, &w).await;
+    let metrics = wait_for(
+        "the planner to say where its metrics are",
+        Duration::from_secs(30),
+        || async { logged_address(&p.log_text(), "metrics on http://") },
+    )
+    .await;
+    let rounds = || planner_counter(&metrics, "artex_planner_round_seconds_count");
+    let assigned = || planner_counter(&metrics, "artex_planner_assignments_total");
+    let mut by_rounds = None;
+    let mut claimed = 0;
+    for n in 0..6 {
+        let id = db
+            .bb
+            .operator()
+            .submit(&NewTask::new("echo", json!({ "n": n })), "test")
+            .await
+            .unwrap();
+        wait_status(&db.bb, id, "succeeded", Duration::from_secs(10)).await;
+        // Two more rounds: the second began after this task ended, and saw the worker
+        // idle and nothing waiting.
+        let seen = rounds();
+        wait_for("two more rounds", Duration::from_secs(10), || async {
+            (rounds() >= seen + 2.0).then_some(())
+        })
+        .await;
+        // The first may be a round's: the planner had not seen the worker idle yet. A
+        // later one too, now and then, on a loaded machine: a round follows each wake-up
+        // 5 ms later and takes a task whose claim has not begun.
+        let now = assigned();
+        if n > 0 && by_rounds == Some(now) {
+            claimed += 1;
+        }
+        by_rounds = Some(now);
+    }
+    assert!(
+        claimed > 0,
+        "rounds assigned all of the five tasks submitted while the worker was idle: none \
+         was claimed at a planner's wake-up"
+    );
+    assert_no_double_run(&c).await;
 }

@@ -407,4 +407,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // the same signatures and rows.
         change: Change::Expand,
     },
+    Migration {
+        version: 52,
+        name: "new_tasks_say_so_when_they_wake_the_planners",
+        sql: include_str!(
+            "../../../migrations/V52__new_tasks_say_so_when_they_wake_the_planners.sql"
+        ),
+        // A trigger function replaced in place; the channel's payload grows a value
+        // that earlier planners treat as before.
+        change: Change::Expand,
+    },
 ];

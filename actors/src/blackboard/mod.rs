@@ -117,6 +117,9 @@ use crate::error::{Error, Result};
 
 /// The NOTIFY channel on which new runnable tasks are announced (by the table's trigger).
 pub const TASKS_CHANNEL: &str = "artex_tasks";
+/// The payload of a [`TASKS_CHANNEL`] notification sent by an insert of runnable tasks
+/// (migrations/V52); freed capacity and tasks back to `pending` send an empty one.
+pub const NEW_TASKS: &str = "new";
 
 /// The payload of the notification a worker gets on its channel when a task it holds is
 /// canceled (by the flow trigger): stop that task's handler now.

@@ -81,6 +81,9 @@ pub struct AssignReport {
     pub pushes: Vec<Push>,
     /// The roster's workers that take pushes, with their addresses (id, `host:port`).
     pub reachable: Vec<(String, String)>,
+    /// Those of them with a free handler slot before the round: a task they claim
+    /// starts at once.
+    pub idle: Vec<(String, String)>,
     /// Runnable tasks locked by the claim.
     pub claimed: usize,
     /// Tasks assigned (written and committed).
@@ -370,21 +373,26 @@ impl PlannerBoard {
         let mut roster = Vec::new();
         let mut claimed = Vec::new();
         let mut reachable = Vec::new();
+        let mut idle = Vec::new();
         let parsed = begun.and(rows).and_then(|rows| {
             for r in &rows {
                 match r.try_get::<_, Option<String>>(0)? {
                     Some(id) => {
-                        if let Some(addr) = r.try_get::<_, Option<String>>(8)? {
-                            reachable.push((id.clone(), addr));
-                        }
-                        roster.push(RosterEntry {
+                        let entry = RosterEntry {
                             id,
                             kinds: r.try_get(1)?,
                             capacity: r.try_get(2)?,
                             held: r.try_get(3)?,
                             host: r.try_get(4)?,
                             slots: r.try_get(10)?,
-                        })
+                        };
+                        if let Some(addr) = r.try_get::<_, Option<String>>(8)? {
+                            if entry.held < entry.slots.unwrap_or(entry.capacity) {
+                                idle.push((entry.id.clone(), addr.clone()));
+                            }
+                            reachable.push((entry.id.clone(), addr));
+                        }
+                        roster.push(entry)
                     }
                     None => claimed.push(Claimed {
                         id: r.try_get(5)?,
@@ -408,6 +416,7 @@ impl PlannerBoard {
         report.free_capacity = free;
         report.limit = free.min(batch);
         report.reachable = reachable;
+        report.idle = idle;
         Ok(report)
     }
 }
