@@ -269,7 +269,7 @@ $$;
 -- Name: claim_and_read(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean)
+CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean, traced_claims uuid[], traced_runnable_at timestamp with time zone[])
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_bitmapscan TO 'off'
@@ -282,7 +282,8 @@ declare
 begin
     -- How many it claimed, for the read below (a statement of its own that `plans.rs`
     -- prepares alone: it names no variable of this function).
-    perform set_config('artex.claimed', '0', true);
+    perform set_config('artex.claimed', '0', true), set_config('artex.traced', '', true),
+            set_config('artex.traced_at', '', true);
     -- Anything to claim, and a free slot to claim it in? A look without a lock: an idle
     -- queue costs no write.
     select w.capacity > w.taken - coalesce(
@@ -325,7 +326,7 @@ begin
             from artex.set_context($1, 'assigned') ctx, room
             where ctx and t.id in (select id from picked)
               and t.status::text = 'pending' -- by primary key: see record_attempts
-            returning t.id
+            returning t.id, t.run_at, t.traceparent
         ),
         counted as (
             update artex.workers w
@@ -338,14 +339,22 @@ begin
             returning g.n
         )
         select set_config('artex.claimed', coalesce((select c.n from counted c), 0)::text, true)
-        into v_claimed;
+               || set_config('artex.traced', coalesce(traced.ids::text, ''), true)
+               || set_config('artex.traced_at', coalesce(traced.runnable_at::text, ''), true)
+        into v_claimed
+        from (select array_agg(a.id order by a.id) as ids,
+                     array_agg(a.run_at order by a.id) as runnable_at
+              from assigned a where a.traceparent is not null) traced;
         perform set_config('artex.hot', '', true);
     end if;
     -- The read is `read_assigned`'s own, the snapshot's row (n = 0) saying how many the
-    -- claim took.
+    -- claim took, and which of them carry a trace context, with when each became
+    -- runnable.
     return query select r.*,
            case when r.n = 0 then greatest(current_setting('artex.claimed')::int8, 0) end,
-           case when r.n = 0 then current_setting('artex.claimed') = '-1' end
+           case when r.n = 0 then current_setting('artex.claimed') = '-1' end,
+           case when r.n = 0 then nullif(current_setting('artex.traced'), '')::uuid[] end,
+           case when r.n = 0 then nullif(current_setting('artex.traced_at'), '')::timestamptz[] end
     from artex.read_assigned($1, $2, $3, $4) r
     order by r.n;
 end
@@ -355,7 +364,7 @@ $_$;
 -- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed and, in no_room, whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -

@@ -372,7 +372,11 @@ fn trace_round(planner: &str, round: u64, started: SystemTime, given: Vec<crate:
     let ended = SystemTime::now();
     let planner = planner.to_string();
     tokio::task::spawn_blocking(move || {
-        crate::trace::assignments(&planner, round, started, ended, &given);
+        let by = crate::trace::AssignedBy::Round {
+            planner: &planner,
+            round,
+        };
+        crate::trace::assignments(by, started, ended, &given);
     });
 }
 

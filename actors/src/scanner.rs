@@ -13,8 +13,8 @@
 //! did not take (another kind, more than its slots), skipping what it holds locked. A
 //! round is a read, a write and a push before the worker hears of a task; the claim
 //! halves that path for the lone task of a quiet queue (W2), and a busy queue, where the
-//! last round found tasks, keeps its rounds. So does a planner that exports traces: the
-//! time in queue and the assignment are its spans, which a worker's claim does not make.
+//! last round found tasks, keeps its rounds. The worker makes the claimed tasks' spans
+//! of their time in queue and assignment (V53), as the round would have.
 
 use std::time::Duration;
 
@@ -223,13 +223,7 @@ pub struct Submitted;
 impl Handler<Submitted> for Scanner {
     type Result = ();
     fn handle(&mut self, _msg: Submitted, ctx: &mut Context<Self>) {
-        // A planner that exports traces keeps to its rounds: a claim has no planner's
-        // spans (the time in queue, the assignment).
-        let (Some(waker), false) = (&self.waker, crate::trace::enabled()) else {
-            self.start_round(ctx);
-            return;
-        };
-        let Some((worker, addr)) = self.quiet.turn() else {
+        let (Some(waker), Some((worker, addr))) = (&self.waker, self.quiet.turn()) else {
             self.start_round(ctx);
             return;
         };

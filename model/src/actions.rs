@@ -186,7 +186,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read",
-        "83125081b2eaee1b7cd554fcc95cb7fe3749993b3467adc25a30f3b91981b187",
+        "2a8a30b3b2c0a8dde68446155df388bfe6239ac1b17abed3850c5710c44d73c5",
     ),
     Sql::function(
         "runnable_head",

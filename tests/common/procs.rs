@@ -378,3 +378,22 @@ pub async fn wait_status(
     })
     .await;
 }
+
+/// Where `artex planner --metrics 127.0.0.1:0` serves, from its start-up line.
+pub async fn planner_metrics(p: &Proc) -> String {
+    wait_for(
+        "the planner to say where its metrics are",
+        Duration::from_secs(30),
+        || async { logged_address(&p.log_text(), "metrics on http://") },
+    )
+    .await
+}
+
+/// A planner's counter, read from its `/metrics` at `addr`.
+pub fn planner_counter(addr: &str, name: &str) -> f64 {
+    let (code, text) = http_get(addr, "/metrics").expect("the planner's /metrics");
+    assert_eq!(code, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the planner's /metrics:\n{text}"))
+}

@@ -203,16 +203,6 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// Where `artex planner --metrics 127.0.0.1:0` serves, from its start-up line.
-async fn planner_metrics_address(p: &Proc) -> String {
-    wait_for(
-        "the planner to say where its metrics are",
-        Duration::from_secs(30),
-        || async { crate::common::procs::logged_address(&p.log_text(), "metrics on http://") },
-    )
-    .await
-}
-
 /// The labels a scrape may carry: bounded sets (kinds, statuses, outcomes, states,
 /// actors, reasons, bucket bounds), never a task's or a worker's id.
 const LABELS: [&str; 8] = [
@@ -290,7 +280,7 @@ async fn prometheus_scrapes_serve_a_worker_and_a_planner() {
         &[],
     );
     let (planner_addr, worker_addr, serve_addr) = (
-        planner_metrics_address(&planner).await,
+        crate::common::procs::planner_metrics(&planner).await,
         worker_http(&c, &worker).await,
         serve_address(&serve).await,
     );

@@ -9,7 +9,9 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{assert_no_double_run, tasks, wait_all_finished, ASSIGNMENT_ROWS};
-use crate::common::procs::{http_get, logged_address, wait_for, wait_status, worker_id, Proc};
+use crate::common::procs::{
+    planner_counter, planner_metrics, wait_for, wait_status, worker_id, Proc,
+};
 use crate::common::{count, TestDb};
 
 #[tokio::test]
@@ -167,15 +169,6 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     assert!(t.started_at.unwrap() >= t.run_at);
 }
 
-/// A planner's counter, read from its `/metrics` at `addr`.
-fn planner_counter(addr: &str, name: &str) -> f64 {
-    let (code, text) = http_get(addr, "/metrics").expect("the planner's /metrics");
-    assert_eq!(code, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in the planner's /metrics:\n{text}"))
-}
-
 #[tokio::test]
 async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
     let db = TestDb::new().await;
@@ -184,12 +177,7 @@ async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
     // Its poll never comes: a task it holds was claimed at a planner's wake-up.
     let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
     worker_id(&c, &w).await;
-    let metrics = wait_for(
-        "the planner to say where its metrics are",
-        Duration::from_secs(30),
-        || async { logged_address(&p.log_text(), "metrics on http://") },
-    )
-    .await;
+    let metrics = planner_metrics(&p).await;
     let rounds = || planner_counter(&metrics, "artex_planner_round_seconds_count");
     let assigned = || planner_counter(&metrics, "artex_planner_assignments_total");
     let mut by_rounds = None;

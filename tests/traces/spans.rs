@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::common::procs::{
-    http_get, serve_address, wait_for, wait_status, with_defaults, worker_http, Proc, FAST_PLANNER,
-    FAST_WORKER,
+    http_get, planner_counter, planner_metrics, serve_address, wait_for, wait_status,
+    with_defaults, worker_http, Proc, FAST_PLANNER, FAST_WORKER,
 };
 use crate::common::TestDb;
 use crate::receiver::{Got, Receiver};
@@ -76,7 +76,9 @@ async fn trace_of(rx: &Receiver, task: Uuid, attempts: usize) -> Vec<Got> {
 }
 
 /// Checks the tree of one task's trace: one trace id, the submission made by
-/// `submitter`, every other span its child, made by the planner or the worker.
+/// `submitter`, every other span its child, made by the planner or the worker: the time
+/// in queue and the assignment by whoever assigned (a planner's round, or the worker's
+/// own claim), each attempt by the worker.
 fn check_tree(spans: &[Got], task: Uuid, kind: &str, submitter: &str, worker: &str) -> Got {
     let submit = spans.iter().find(|s| s.name == "artex.submit").unwrap();
     assert_eq!(submit.role, submitter, "{submit:?}");
@@ -88,25 +90,44 @@ fn check_tree(spans: &[Got], task: Uuid, kind: &str, submitter: &str, worker: &s
             assert_eq!(s.attr("artex.task.kind"), kind, "{s:?}");
             assert!(s.start_ns <= s.end_ns, "{s:?}");
         }
-        match s.name.as_str() {
-            "artex.queue" => assert_eq!(s.role, "planner", "{s:?}"),
-            "artex.assign" => {
-                assert_eq!(s.role, "planner", "{s:?}");
+        match (s.name.as_str(), s.role.as_str()) {
+            ("artex.queue", "planner" | "worker") => {}
+            ("artex.assign", "planner") => {
                 assert_eq!(s.attr("artex.worker"), worker, "{s:?}");
                 assert!(s.attr("artex.planner").starts_with("planner"), "{s:?}");
                 assert!(s.attr("artex.round").parse::<u64>().unwrap() >= 1, "{s:?}");
             }
-            "artex.attempt" => {
-                assert_eq!(s.role, "worker", "{s:?}");
+            ("artex.assign", "worker") => {
+                assert_eq!(s.attr("artex.worker"), worker, "{s:?}");
+                assert_eq!(s.attr("artex.claimed"), "true", "{s:?}");
+                assert_eq!(s.attr("artex.planner"), "", "{s:?}");
+            }
+            ("artex.attempt", "worker") => {
                 assert_eq!(s.attr("artex.worker"), worker, "{s:?}");
             }
-            "artex.submit" => {}
-            other => panic!("an unexpected span {other}: {s:?}"),
+            ("artex.submit", _) => {}
+            (other, role) => panic!("an unexpected span {other} by the {role}: {s:?}"),
         }
     }
-    // Three processes made them.
+    // An attempt's time in queue and its assignment are made by one maker.
+    let made_by = |name: &str| {
+        let mut roles: Vec<&str> = spans
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.role.as_str())
+            .collect();
+        roles.sort();
+        roles
+    };
+    assert_eq!(
+        made_by("artex.queue"),
+        made_by("artex.assign"),
+        "{spans:#?}"
+    );
+    // One process per role: the submitter, the worker, and the planner if it assigned.
     let pids: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.pid.as_str()).collect();
-    assert_eq!(pids.len(), 3, "{spans:#?}");
+    let roles: std::collections::BTreeSet<&str> = spans.iter().map(|s| s.role.as_str()).collect();
+    assert_eq!(pids.len(), roles.len(), "{spans:#?}");
     submit.clone()
 }
 
@@ -235,6 +256,71 @@ async fn one_trace_runs_from_the_submitter_through_the_planner_to_the_handler() 
         result["traceparent"],
         json!(format!("00-{}-{}-01", attempt.trace, attempt.span))
     );
+}
+
+/// A task submitted while the fleet is quiet is claimed by its worker at the planner's
+/// wake-up, not assigned by a round: the worker makes its time in queue and its
+/// assignment, in the same trace.
+#[tokio::test]
+async fn a_task_its_worker_claimed_has_the_worker_s_queue_and_assignment_spans() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let rx = Receiver::start();
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let planner = Proc::start(
+        "planner",
+        &db.url,
+        &with_defaults("planner", FAST_PLANNER, &["--metrics", "127.0.0.1:0"]),
+        &otel,
+    );
+    // Its poll never comes: what it holds came by a round or by its claim at a wake-up.
+    let worker = Proc::start(
+        "worker",
+        &db.url,
+        &with_defaults("worker", FAST_WORKER, &["--worker-poll-ms", "600000"]),
+        &otel,
+    );
+    let worker_id = crate::common::procs::worker_id(&c, &worker).await;
+    let metrics = planner_metrics(&planner).await;
+    let rounds = || planner_counter(&metrics, "artex_planner_round_seconds_count");
+    let mut claimed = None;
+    for n in 0..6 {
+        let out = std::process::Command::new(crate::common::artex_bin())
+            .args(["submit", "echo", "--payload", &format!("{{\"n\": {n}}}")])
+            .env("ARTEX_DATABASE_URL", &db.url)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.url)
+            .env("TRACEPARENT", GIVEN)
+            .output()
+            .expect("artex submit");
+        assert!(out.status.success(), "{out:?}");
+        let id: Uuid = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        wait_status(&db.bb, id, "succeeded", WAIT).await;
+        let spans = trace_of(&rx, id, 1).await;
+        check_tree(&spans, id, "echo", "cli", &worker_id);
+        if spans
+            .iter()
+            .any(|s| s.name == "artex.assign" && s.role == "worker")
+        {
+            claimed = Some(spans);
+            break;
+        }
+        // Two more rounds: the second began after this task ended, and saw the worker
+        // idle and nothing waiting.
+        let seen = rounds();
+        wait_for("two more rounds", WAIT, || async {
+            (rounds() >= seen + 2.0).then_some(())
+        })
+        .await;
+    }
+    let spans = claimed.expect("no task was claimed by the idle worker: rounds assigned all six");
+    let queue = spans.iter().find(|s| s.name == "artex.queue").unwrap();
+    let assign = spans.iter().find(|s| s.name == "artex.assign").unwrap();
+    // The time in queue runs from when the task became runnable to the claim.
+    assert_eq!(queue.end_ns, assign.start_ns, "{queue:?} {assign:?}");
+    assert!(queue.start_ns <= queue.end_ns, "{queue:?}");
 }
 
 #[tokio::test]

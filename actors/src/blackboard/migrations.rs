@@ -417,4 +417,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // that earlier planners treat as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 53,
+        name: "a_claim_names_the_traced_tasks_it_took",
+        sql: include_str!("../../../migrations/V53__a_claim_names_the_traced_tasks_it_took.sql"),
+        // Two columns more at the end of the worker's claim: earlier workers read
+        // the ones they know; this build's take their absence as none.
+        change: Change::Expand,
+    },
 ];

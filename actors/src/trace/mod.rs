@@ -26,7 +26,7 @@ use opentelemetry_sdk::Resource;
 use crate::metrics::{Exposition, Type};
 
 pub use queue::QueueConfig;
-pub use spans::{assignments, transfer, Assigned, AttemptSpan, OpSpan, SubmitSpan};
+pub use spans::{assignments, transfer, Assigned, AssignedBy, AttemptSpan, OpSpan, SubmitSpan};
 pub use traceparent::{TraceParent, TRACEPARENT_FORMAT};
 
 /// The process's tracer, once [`init`] found an endpoint.

@@ -1,6 +1,6 @@
 //! The spans artex makes, each where its facts are: the submission (the API server or
-//! the CLI), the time in queue and the assignment (the planner), each attempt's run (the
-//! worker). All are children of the task's stored `traceparent`, so one trace holds a
+//! the CLI), the time in queue and the assignment (the planner's round, or the worker
+//! that claimed the task itself), each attempt's run (the worker). All are children of the task's stored `traceparent`, so one trace holds a
 //! task's whole life, retries included; spans of the past carry explicit times.
 //! Every function here returns at once when tracing is off.
 
@@ -94,7 +94,7 @@ impl SubmitSpan {
     }
 }
 
-/// What the planner knows of one assignment it made.
+/// What the planner (or the claiming worker) knows of one assignment it made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assigned {
     /// The task.
@@ -109,20 +109,39 @@ pub struct Assigned {
     pub worker: String,
 }
 
-/// The planner's spans of one round: per task, its time in queue (runnable to the
-/// round's start) and its assignment (the round, with planner, round and worker).
-pub fn assignments(
-    planner: &str,
-    round: u64,
-    started: SystemTime,
-    ended: SystemTime,
-    given: &[Assigned],
-) {
+/// Who assigned: a planner's round, or the worker's own claim (`artex.claim_and_read`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignedBy<'a> {
+    /// Round `round` of planner `planner`.
+    Round {
+        /// The planner's name.
+        planner: &'a str,
+        /// Its round, counted from its start.
+        round: u64,
+    },
+    /// The worker claimed the tasks for itself.
+    Claim,
+}
+
+/// The spans of one round's or one claim's assignments: per task, its time in queue
+/// (runnable to the assignment's start) and its assignment (`started` to `ended`, with
+/// the worker, and the planner and its round or `artex.claimed`).
+pub fn assignments(by: AssignedBy<'_>, started: SystemTime, ended: SystemTime, given: &[Assigned]) {
     let Some(tracer) = tracer() else {
         return;
     };
     // Strings shared by the round's spans are counted references, not copies.
-    let planner = Value::String(Arc::<str>::from(planner).into());
+    let by = match by {
+        AssignedBy::Round { planner, round } => [
+            KeyValue::new(
+                "artex.planner",
+                Value::String(Arc::<str>::from(planner).into()),
+            ),
+            KeyValue::new("artex.round", round as i64),
+        ]
+        .to_vec(),
+        AssignedBy::Claim => vec![KeyValue::new("artex.claimed", true)],
+    };
     for a in given {
         let cx = parent(&a.traceparent);
         let id = Value::String(Arc::<str>::from(a.task.to_string()).into());
@@ -139,11 +158,8 @@ pub fn assignments(
             .start_with_context(tracer, &cx);
         queue.end_with_timestamp(started);
         let mut attributes = common.to_vec();
-        attributes.extend([
-            KeyValue::new("artex.planner", planner.clone()),
-            KeyValue::new("artex.round", round as i64),
-            KeyValue::new("artex.worker", a.worker.clone()),
-        ]);
+        attributes.extend(by.iter().cloned());
+        attributes.push(KeyValue::new("artex.worker", a.worker.clone()));
         let mut span = tracer
             .span_builder("artex.assign")
             .with_kind(SpanKind::Internal)

@@ -6,9 +6,11 @@
 //! end is placed on the local clock through that read (sent at a known instant, the
 //! database's clock read during it), erring early as every lease estimate here does.
 
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
+use uuid::Uuid;
 
 use super::{Worker, WorkerConfig, PUSHED_POLL};
 use crate::blackboard::carried::{parse_carried, ReadSnapshot};
@@ -243,6 +245,33 @@ impl Worker {
         .spawn(ctx);
     }
 
+    /// The spans of the traced tasks its claim, sent at `sent`, took: the time each was
+    /// in queue and its assignment, as a planner's round makes them for the tasks it
+    /// assigns. A task the read did not return (past its byte budget) gets none.
+    fn trace_claims(&self, read_back: &AssignedRead, sent: Instant) {
+        let read: HashMap<Uuid, &AssignedTask> =
+            read_back.tasks.iter().map(|t| (t.id, t)).collect();
+        let given: Vec<crate::trace::Assigned> = read_back
+            .traced_claims
+            .iter()
+            .filter_map(|(id, runnable_at)| {
+                let task = read.get(id)?;
+                Some(crate::trace::Assigned {
+                    task: *id,
+                    kind: task.kind.clone(),
+                    traceparent: task.traceparent?,
+                    runnable_at: *runnable_at,
+                    worker: self.config.id.clone(),
+                })
+            })
+            .collect();
+        let ended = SystemTime::now();
+        let started = ended.checked_sub(sent.elapsed()).unwrap_or(ended);
+        tokio::task::spawn_blocking(move || {
+            crate::trace::assignments(crate::trace::AssignedBy::Claim, started, ended, &given);
+        });
+    }
+
     /// A read (the ledger's `read`, sent at `sent`, asking for `limit` tasks within
     /// `budget` bytes with `free_slots` free) came back: what it did not have yet goes
     /// to the queue.
@@ -261,6 +290,9 @@ impl Worker {
         self.metrics
             .claimed
             .add(u64::try_from(read_back.claimed).unwrap_or(0));
+        if !read_back.traced_claims.is_empty() {
+            self.trace_claims(&read_back, sent);
+        }
         let tasks = read_back.tasks;
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
         // Near the budget, the next task may not have fitted.

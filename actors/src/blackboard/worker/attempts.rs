@@ -5,6 +5,7 @@
 //! lease epoch the worker holds: a worker that lost its lease changes nothing.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
 
 use uuid::Uuid;
 
@@ -64,6 +65,9 @@ pub struct AssignedRead {
     /// The claim found tasks it may run waiting, but the blackboard counted every slot of
     /// the worker taken: its outcomes were not written yet (V47; false for a plain read).
     pub no_room: bool,
+    /// The tasks the claim took that carry a trace context, each with when it became
+    /// runnable (V53): the worker makes their queue and assignment spans.
+    pub traced_claims: Vec<(Uuid, SystemTime)>,
 }
 
 /// How an attempt ended: what its finish writes.
@@ -213,6 +217,29 @@ const DECODE_ASIDE_BYTES: i64 = 1 << 20;
 /// thread: the worker's actor runs its lease renewals and its fence on the thread its
 /// reads come back on, and a 50 MB payload is a long decode (longer in a debug build on
 /// a loaded host) that would hold them all back.
+/// The traced tasks a claim took, with when each became runnable, from its snapshot
+/// row (V53); none on an older schema, whose claim does not say.
+fn traced_claims(snapshot: &tokio_postgres::Row) -> Result<Vec<(Uuid, SystemTime)>> {
+    if snapshot
+        .columns()
+        .iter()
+        .all(|c| c.name() != "traced_claims")
+    {
+        return Ok(Vec::new());
+    }
+    let ids: Option<Vec<Uuid>> = snapshot.try_get("traced_claims")?;
+    let at: Option<Vec<SystemTime>> = snapshot.try_get("traced_runnable_at")?;
+    let (ids, at) = (ids.unwrap_or_default(), at.unwrap_or_default());
+    if ids.len() != at.len() {
+        return Err(Error::Invalid(format!(
+            "a claim named {} traced tasks and {} times they became runnable",
+            ids.len(),
+            at.len()
+        )));
+    }
+    Ok(ids.into_iter().zip(at).collect())
+}
+
 pub(super) async fn decode_assigned(rows: Vec<tokio_postgres::Row>) -> Result<Vec<AssignedTask>> {
     let mut bytes = 0i64;
     for r in &rows {
@@ -449,12 +476,18 @@ impl WorkerBoard {
         } else {
             (0, false)
         };
+        let traced_claims = if claim {
+            traced_claims(&first)?
+        } else {
+            Vec::new()
+        };
         let tasks = rows.collect();
         Ok(Some(AssignedRead {
             snapshot,
             db_clock_ms,
             claimed,
             no_room,
+            traced_claims,
             tasks: decode_assigned(tasks).await?,
         }))
     }
