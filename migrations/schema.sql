@@ -1050,17 +1050,19 @@ COMMENT ON FUNCTION artex.limited_head(p_kinds text[], p_shard_count integer, p_
 --
 
 CREATE FUNCTION artex.limited_waiting() RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     AS $$
-    select exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited)
+begin
+    return exists (select 1 from artex.tasks t where t.listed = 'pending' and t.limited);
+end
 $$;
 
 --
 -- Name: FUNCTION limited_waiting(); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.limited_waiting() IS 'Whether any task of a limited kind waits: the round''s probe for its small statement (V34). Run with sequential scans off, so that it always looks in the limited tasks'' index, whatever the statistics (V51).';
+COMMENT ON FUNCTION artex.limited_waiting() IS 'Whether any task of a limited kind waits: the round''s probe for its small statement (V34). Run with sequential scans off, so that it always looks in the limited tasks'' index, whatever the statistics (V51); PL/pgSQL, so that its plan is made once per session and kept (V54).';
 
 --
 -- Name: lock_unique_key(text); Type: FUNCTION; Schema: artex; Owner: -

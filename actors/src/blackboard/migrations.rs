@@ -425,4 +425,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // the ones they know; this build's take their absence as none.
         change: Change::Expand,
     },
+    Migration {
+        version: 54,
+        name: "the_limited_probe_keeps_its_plan",
+        sql: include_str!("../../../migrations/V54__the_limited_probe_keeps_its_plan.sql"),
+        // A function's body replaced in place: the same signature and answer.
+        change: Change::Expand,
+    },
 ];
