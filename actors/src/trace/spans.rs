@@ -1,7 +1,8 @@
 //! The spans artex makes, each where its facts are: the submission (the API server or
 //! the CLI), the time in queue and the assignment (the planner's round, or the worker
-//! that claimed the task itself), each attempt's run (the worker). All are children of the task's stored `traceparent`, so one trace holds a
-//! task's whole life, retries included; spans of the past carry explicit times.
+//! that claimed the task itself), each attempt's run (the worker). All are children of
+//! the task's stored `traceparent`, so one trace holds a task's whole life, retries
+//! included; spans of the past carry explicit times.
 //! Every function here returns at once when tracing is off.
 
 use std::sync::Arc;
@@ -132,14 +133,13 @@ pub fn assignments(by: AssignedBy<'_>, started: SystemTime, ended: SystemTime, g
     };
     // Strings shared by the round's spans are counted references, not copies.
     let by = match by {
-        AssignedBy::Round { planner, round } => [
+        AssignedBy::Round { planner, round } => vec![
             KeyValue::new(
                 "artex.planner",
                 Value::String(Arc::<str>::from(planner).into()),
             ),
             KeyValue::new("artex.round", round as i64),
-        ]
-        .to_vec(),
+        ],
         AssignedBy::Claim => vec![KeyValue::new("artex.claimed", true)],
     };
     for a in given {

@@ -290,7 +290,7 @@ impl Worker {
         self.metrics
             .claimed
             .add(u64::try_from(read_back.claimed).unwrap_or(0));
-        if !read_back.traced_claims.is_empty() {
+        if !read_back.traced_claims.is_empty() && crate::trace::enabled() {
             self.trace_claims(&read_back, sent);
         }
         let tasks = read_back.tasks;

@@ -209,14 +209,9 @@ impl AttemptRecord {
     }
 }
 
-/// An assigned task from a row of `artex.read_assigned`'s or `TAKE_OVER`'s result.
 /// Payloads (as JSON text) above which a read's tasks are decoded on a blocking thread.
 const DECODE_ASIDE_BYTES: i64 = 1 << 20;
 
-/// The tasks of `rows` (as [`assigned_from_row`]). Large payloads are decoded on a blocking
-/// thread: the worker's actor runs its lease renewals and its fence on the thread its
-/// reads come back on, and a 50 MB payload is a long decode (longer in a debug build on
-/// a loaded host) that would hold them all back.
 /// The traced tasks a claim took, with when each became runnable, from its snapshot
 /// row (V53); none on an older schema, whose claim does not say.
 fn traced_claims(snapshot: &tokio_postgres::Row) -> Result<Vec<(Uuid, SystemTime)>> {
@@ -240,6 +235,10 @@ fn traced_claims(snapshot: &tokio_postgres::Row) -> Result<Vec<(Uuid, SystemTime
     Ok(ids.into_iter().zip(at).collect())
 }
 
+/// The tasks of `rows` (as [`assigned_from_row`]). Large payloads are decoded on a blocking
+/// thread: the worker's actor runs its lease renewals and its fence on the thread its
+/// reads come back on, and a 50 MB payload is a long decode (longer in a debug build on
+/// a loaded host) that would hold them all back.
 pub(super) async fn decode_assigned(rows: Vec<tokio_postgres::Row>) -> Result<Vec<AssignedTask>> {
     let mut bytes = 0i64;
     for r in &rows {
@@ -258,6 +257,7 @@ pub(super) async fn decode_assigned(rows: Vec<tokio_postgres::Row>) -> Result<Ve
         .map_err(|e| Error::Invalid(format!("decoding a read's payloads failed: {e}")))?
 }
 
+/// An assigned task from a row of `artex.read_assigned`'s or `TAKE_OVER`'s result.
 pub(super) fn assigned_from_row(r: &tokio_postgres::Row) -> Result<AssignedTask> {
     Ok(AssignedTask {
         id: r.try_get(0)?,
