@@ -389,6 +389,19 @@ pub async fn planner_metrics(p: &Proc) -> String {
     .await
 }
 
+/// Waits until the planner serving `/metrics` at `addr` has run `n` more rounds: the
+/// last of them began after this call (a round under way now counts as the first).
+pub async fn planner_rounds_pass(addr: &str, n: f64) {
+    let rounds = || planner_counter(addr, "artex_planner_round_seconds_count");
+    let seen = rounds();
+    wait_for(
+        &format!("{n} more rounds of the planner"),
+        Duration::from_secs(30),
+        || async { (rounds() >= seen + n).then_some(()) },
+    )
+    .await
+}
+
 /// A planner's counter, read from its `/metrics` at `addr`.
 pub fn planner_counter(addr: &str, name: &str) -> f64 {
     let (code, text) = http_get(addr, "/metrics").expect("the planner's /metrics");

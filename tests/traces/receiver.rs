@@ -33,6 +33,15 @@ impl Got {
     }
 }
 
+/// The environment that makes an artex process export its spans to `url`, a batch every
+/// 50 ms.
+pub fn exporting_to(url: &str) -> [(&'static str, &str); 2] {
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", url),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ]
+}
+
 /// The receiver; it serves until the test ends.
 pub struct Receiver {
     pub url: String,

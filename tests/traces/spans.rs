@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::common::procs::{
-    http_get, planner_counter, planner_metrics, serve_address, wait_for, wait_status,
+    http_get, planner_metrics, planner_rounds_pass, serve_address, wait_for, wait_status,
     with_defaults, worker_http, Proc, FAST_PLANNER, FAST_WORKER,
 };
 use crate::common::TestDb;
-use crate::receiver::{Got, Receiver};
+use crate::receiver::{exporting_to, Got, Receiver};
 
 const WAIT: Duration = Duration::from_secs(60);
 const WRITE_TOKEN: &str = "traces-write-token";
@@ -73,6 +73,20 @@ async fn trace_of(rx: &Receiver, task: Uuid, attempts: usize) -> Vec<Got> {
         done.then_some(spans)
     })
     .await
+}
+
+/// An `echo` task of `payload` submitted by `artex submit` in the context [`GIVEN`] of a
+/// traced client, its spans exported to `rx`.
+fn submit_by_cli(url: &str, rx: &Receiver, payload: &str) -> Uuid {
+    let out = std::process::Command::new(crate::common::artex_bin())
+        .args(["submit", "echo", "--payload", payload])
+        .env("ARTEX_DATABASE_URL", url)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.url)
+        .env("TRACEPARENT", GIVEN)
+        .output()
+        .expect("artex submit");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// Checks the tree of one task's trace: one trace id, the submission made by
@@ -136,10 +150,7 @@ async fn one_trace_runs_from_the_submitter_through_the_planner_to_the_handler() 
     let db = TestDb::new().await;
     let c = db.client().await;
     let rx = Receiver::start();
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-    ];
+    let otel = exporting_to(&rx.url);
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let program = dir.path().join("tp.sh");
@@ -175,15 +186,7 @@ async fn one_trace_runs_from_the_submitter_through_the_planner_to_the_handler() 
     let worker_id = crate::common::procs::worker_id(&c, &worker).await;
 
     // The CLI, in the context of a traced client.
-    let out = std::process::Command::new(crate::common::artex_bin())
-        .args(["submit", "echo", "--payload", "{\"n\": 1}"])
-        .env("ARTEX_DATABASE_URL", &db.url)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.url)
-        .env("TRACEPARENT", GIVEN)
-        .output()
-        .expect("artex submit");
-    assert!(out.status.success(), "{out:?}");
-    let by_cli: Uuid = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let by_cli = submit_by_cli(&db.url, &rx, "{\"n\": 1}");
 
     // The API, without a context (a new trace): a task that fails once, and a program.
     let post = |body: &str| {
@@ -266,10 +269,7 @@ async fn a_task_its_worker_claimed_has_the_worker_s_queue_and_assignment_spans()
     let db = TestDb::new().await;
     let c = db.client().await;
     let rx = Receiver::start();
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-    ];
+    let otel = exporting_to(&rx.url);
     let planner = Proc::start(
         "planner",
         &db.url,
@@ -285,18 +285,9 @@ async fn a_task_its_worker_claimed_has_the_worker_s_queue_and_assignment_spans()
     );
     let worker_id = crate::common::procs::worker_id(&c, &worker).await;
     let metrics = planner_metrics(&planner).await;
-    let rounds = || planner_counter(&metrics, "artex_planner_round_seconds_count");
     let mut claimed = None;
     for n in 0..6 {
-        let out = std::process::Command::new(crate::common::artex_bin())
-            .args(["submit", "echo", "--payload", &format!("{{\"n\": {n}}}")])
-            .env("ARTEX_DATABASE_URL", &db.url)
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.url)
-            .env("TRACEPARENT", GIVEN)
-            .output()
-            .expect("artex submit");
-        assert!(out.status.success(), "{out:?}");
-        let id: Uuid = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let id = submit_by_cli(&db.url, &rx, &format!("{{\"n\": {n}}}"));
         wait_status(&db.bb, id, "succeeded", WAIT).await;
         let spans = trace_of(&rx, id, 1).await;
         check_tree(&spans, id, "echo", "cli", &worker_id);
@@ -309,11 +300,7 @@ async fn a_task_its_worker_claimed_has_the_worker_s_queue_and_assignment_spans()
         }
         // Two more rounds: the second began after this task ended, and saw the worker
         // idle and nothing waiting.
-        let seen = rounds();
-        wait_for("two more rounds", WAIT, || async {
-            (rounds() >= seen + 2.0).then_some(())
-        })
-        .await;
+        planner_rounds_pass(&metrics, 2.0).await;
     }
     let spans = claimed.expect("no task was claimed by the idle worker: rounds assigned all six");
     let queue = spans.iter().find(|s| s.name == "artex.queue").unwrap();
@@ -332,10 +319,7 @@ async fn a_collector_that_is_down_fails_and_stalls_nothing_and_its_lost_spans_ar
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", down.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-    ];
+    let otel = exporting_to(&down);
     let _planner = Proc::start(
         "planner",
         &db.url,

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::common::bundles::{Keys, TOKEN};
 use crate::common::procs::{wait_for, worker_http, worker_id_of_pid, Proc};
 use crate::common::TestDb;
-use crate::receiver::Receiver;
+use crate::receiver::{exporting_to, Receiver};
 use crate::transfer::{wait_checkpointed, wait_ended};
 use crate::{curl_upgrade, upgradable_worker, KillAll};
 
@@ -22,10 +22,7 @@ async fn a_transferred_task_stays_in_its_trace_across_the_upgrade() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let rx = Receiver::start();
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-    ];
+    let otel = exporting_to(&rx.url);
     let keys = Keys::new();
     let bundle = keys.variant_bundles(1).remove(0).0;
     let dir = tempfile::tempdir().unwrap();
