@@ -367,6 +367,35 @@ $_$;
 COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
+-- Name: claim_head(text[], bigint, integer, integer[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.claim_head(p_kinds text[], p_n bigint, p_shard_count integer, p_shards integer[]) RETURNS TABLE(task uuid, task_kind text, task_host text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $_$
+#variable_conflict use_column
+begin
+    if exists (select 1 from artex.kind_limits) or artex.limited_waiting() then
+        return query select null::uuid, null::text, null::text;
+        return;
+    end if;
+    return query
+    select h.id, h.kind, h.host from artex.runnable_head(
+        array(select unnest($1::text[]) except select p.kind from artex.kind_pauses p),
+        null, $3::int4, $4::int4[], $2::int8)
+        with ordinality as h(id, kind, host, priority, run_at, nth)
+    order by h.nth;
+end
+$_$;
+
+--
+-- Name: FUNCTION claim_head(p_kinds text[], p_n bigint, p_shard_count integer, p_shards integer[]); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.claim_head(p_kinds text[], p_n bigint, p_shard_count integer, p_shards integer[]) IS 'A planner round''s claim by a roster it kept (V55): the head of the queue, at most p_n tasks of p_kinds but the paused ones, in the shards given, locked for update (skip locked), in claim order; one row of nulls instead when a kind is limited or a task of a limited kind waits (the planner then reads the whole round by dispatch_round). Called by planner/dispatch.rs (CLAIM_KEPT_CALL); the statement lives only here.';
+
+--
 -- Name: current_actor(); Type: FUNCTION; Schema: artex; Owner: -
 --
 

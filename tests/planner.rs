@@ -876,3 +876,116 @@ async fn a_round_that_may_not_walk_takes_what_fits_of_the_head() {
         assert_eq!(held().await, want, "walk: {walk}");
     }
 }
+
+#[tokio::test]
+async fn a_backlog_s_next_round_plans_by_the_roster_it_kept() {
+    use artex_actors::assigner::plan_round;
+    use artex_actors::blackboard::{LimitSpec, Round};
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    let planner = db.bb.planner();
+    let client = db.client().await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 3).await;
+    fixtures::worker(&db.bb, "w2", &["echo"], 3).await;
+    let tasks: Vec<NewTask> = (0..12).map(|_| NewTask::new("echo", json!({}))).collect();
+    ops.submit_many(&tasks, "test").await.unwrap();
+    let round = |batch: i64| Round {
+        actor: "test-planner",
+        batch,
+        shards: (1, &[]),
+        lease_secs: 30.0,
+        alive_secs: 600.0,
+        unreachable: &[],
+        walk: true,
+    };
+    let held = || async {
+        client
+            .query(
+                "select w.id, count(t.id) from artex.workers w
+                 left join artex.tasks t on t.assigned_to = w.id
+                 group by w.id order by w.id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect::<Vec<(String, i64)>>()
+    };
+
+    // A round cut at its batch: more may fit, and its roster counts what it gave.
+    let cut = planner
+        .dispatch(&round(2), |c, r| plan_round(c, r, 2))
+        .await
+        .unwrap();
+    assert_eq!(cut.assigned, 2);
+    assert!(cut.more_may_fit());
+    let kept = cut.roster.expect("the round's roster");
+    let counted: i32 = kept.entries.iter().map(|e| e.held).sum();
+    assert_eq!(counted, 2, "{kept:?}");
+
+    // Since the read: w2 left, w3 joined. The kept roster's round claims what w1 and w2
+    // had room for; the write gives w2 nothing (no longer online), and w3, unread, none.
+    client
+        .execute(
+            "update artex.workers set state = 'gone' where id = 'w2'",
+            &[],
+        )
+        .await
+        .unwrap();
+    fixtures::worker(&db.bb, "w3", &["echo"], 3).await;
+    let next = planner
+        .dispatch_kept(&round(100), kept, |c, r| plan_round(c, r, 100))
+        .await
+        .unwrap();
+    assert_eq!(next.limit, 4, "w1's and w2's free slots by the kept roster");
+    assert_eq!(next.claimed, 4);
+    assert!(!next.limits_in_play);
+    assert_eq!(
+        held().await,
+        [("w1".into(), 3), ("w2".into(), 0), ("w3".into(), 0)]
+    );
+    let kept = next.roster.expect("the roster, kept on");
+    assert!(kept.entries.iter().all(|e| e.id != "w3"), "{kept:?}");
+
+    // A kind limit set meanwhile: the round is read whole, by the limits (and sees w3).
+    let spec = LimitSpec {
+        fair: false,
+        concurrency: Some(2),
+        key_concurrency: None,
+        rate_per_sec: None,
+    };
+    ops.set_kind_limit("echo", &spec, "test").await.unwrap();
+    let mut stale = kept.clone();
+    stale.entries.iter_mut().for_each(|e| e.held = 0); // room by the kept roster
+    let limited = planner
+        .dispatch_kept(&round(100), stale, |c, r| plan_round(c, r, 100))
+        .await
+        .unwrap();
+    assert_eq!(limited.assigned, 0, "echo holds 3 of its 2 already");
+    assert!(limited.limits_in_play);
+    let kept = limited.roster.expect("the roster read whole");
+    assert!(kept.entries.iter().any(|e| e.id == "w3"), "{kept:?}");
+    ops.clear_kind_limit("echo", "test").await.unwrap();
+
+    // A kept roster's claim that finds nothing reads the round whole too: a quiet
+    // fleet's report names its idle workers.
+    for r in client
+        .query("select id from artex.tasks where status = 'pending'", &[])
+        .await
+        .unwrap()
+    {
+        fixtures::cancel(&db.bb, r.get(0)).await;
+    }
+    let mut stale = kept.clone();
+    stale.entries.retain(|e| e.id != "w3");
+    stale.entries.iter_mut().for_each(|e| e.held = 0);
+    let quiet = planner
+        .dispatch_kept(&round(100), stale, |c, r| plan_round(c, r, 100))
+        .await
+        .unwrap();
+    assert_eq!(quiet.claimed, 0);
+    assert!(!quiet.limits_in_play);
+    let read = quiet.roster.expect("the roster read whole");
+    assert!(read.entries.iter().any(|e| e.id == "w3"), "{read:?}");
+}

@@ -5,7 +5,9 @@
 //! over HTTP by the [`Waker`] after the commit). With leased planner
 //! shards (`--shards auto`) the shards it claims are re-read from the
 //! [`ShardView`] each round; owning none (or no longer sure of its leases) it claims
-//! nothing.
+//! nothing. A round cut at its batch keeps its roster: the rounds right behind it, a
+//! backlog's drain, claim by it without reading every worker again (see
+//! [`KeptRoster`]).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -15,7 +17,8 @@ use std::time::{Instant, SystemTime};
 use actix::prelude::*;
 
 use crate::blackboard::{
-    AssignReport, Assignment, Claimed, PlannerBoard, RosterEntry, Round, WALK_EVERY,
+    AssignReport, Assignment, Claimed, KeptRoster, PlannerBoard, RosterEntry, Round, ROSTER_KEPT,
+    WALK_EVERY,
 };
 use crate::error::Result;
 use crate::metrics::planner::PlannerMetrics;
@@ -66,7 +69,9 @@ pub const MIN_RUN: i64 = 8;
 /// slower than 10 workers of 200). So in a cut round each chosen worker takes a run of at
 /// least [`MIN_RUN`] tasks (or its free slots, if fewer): no more than it asked for (its
 /// concurrency and the local queue it sized), and a worker touched costs each of its
-/// tasks ~1 µs instead of ~10. A round that was not cut (every runnable task fits) is
+/// tasks ~1 µs instead of ~10. A run that would leave a worker fewer than [`MIN_RUN`]
+/// free slots takes those too: 2,000 workers of 10 slots took runs of 8, then runs of
+/// 2 in rounds that touched 1,000 workers each. A round that was not cut (every runnable task fits) is
 /// spread as [`plan`] spreads it, so that an idle fleet starts a small burst on as many
 /// hosts as it can.
 pub fn plan_round(claimed: &[Claimed], roster: &[RosterEntry], batch: i64) -> Vec<Assignment> {
@@ -94,7 +99,12 @@ pub(crate) fn plan_with_runs(
             } else {
                 ((n * i64::from(f) + total - 1) / total).max(min_run)
             };
-            s.min(i64::from(f))
+            // A run that would leave fewer than `min_run` free slots takes them too.
+            if i64::from(f) - s < min_run {
+                i64::from(f)
+            } else {
+                s
+            }
         })
         .collect();
     // Per kind, the workers that run it, best first: (has a share left, free slots, the
@@ -205,6 +215,12 @@ pub struct Assigner {
     metrics: Option<Arc<PlannerMetrics>>,
     /// Rounds run, to name each in its assignments' trace spans.
     rounds: u64,
+    /// The roster of the last round, if it was cut at its batch: the next rounds plan by
+    /// it for [`ROSTER_KEPT`] instead of reading it again (migrations/V55).
+    kept: Option<KeptRoster>,
+    /// When a kept roster's claim last found limits in play: for as long again, the
+    /// rounds read whole at once rather than try the claim first.
+    limits_seen: Option<Instant>,
 }
 
 /// The first round's batch after idle.
@@ -224,6 +240,8 @@ impl Assigner {
             walked_at: None,
             metrics: None,
             rounds: 0,
+            kept: None,
+            limits_seen: None,
         }
     }
 
@@ -249,16 +267,17 @@ impl Assigner {
     /// One assignment round; see the module doc. It walks the keys of limited kinds if
     /// the head of their queue does not fill it.
     pub async fn run_once(bb: &PlannerBoard, config: &AssignerConfig) -> Result<AssignReport> {
-        Assigner::run_excluding(bb, config, &[], true).await
+        Assigner::run_excluding(bb, config, &[], true, None).await
     }
 
     /// One assignment round that gives `unreachable` workers nothing, and walks the keys
-    /// of limited kinds only if `walk`.
+    /// of limited kinds only if `walk`; planned by the `kept` roster if there is one.
     async fn run_excluding(
         bb: &PlannerBoard,
         config: &AssignerConfig,
         unreachable: &[String],
         walk: bool,
+        kept: Option<KeptRoster>,
     ) -> Result<AssignReport> {
         crate::supervisor::failpoint("assigner");
         let round = Round {
@@ -271,8 +290,11 @@ impl Assigner {
             walk,
         };
         let batch = config.batch;
-        bb.dispatch(&round, |claimed, roster| plan_round(claimed, roster, batch))
-            .await
+        let plan = |claimed: &[Claimed], roster: &[RosterEntry]| plan_round(claimed, roster, batch);
+        match kept {
+            Some(kept) => bb.dispatch_kept(&round, kept, plan).await,
+            None => bb.dispatch(&round, plan).await,
+        }
     }
 }
 
@@ -322,11 +344,15 @@ impl Handler<AssignNow> for Assigner {
         if walk {
             self.walked_at = Some(now);
         }
+        let limits = self
+            .limits_seen
+            .is_some_and(|at| now.duration_since(at) < ROSTER_KEPT);
+        let kept = self.kept.take().filter(|k| k.fresh(now) && !limits);
         Box::pin(
             async move {
                 guarded(
                     "assigner",
-                    Assigner::run_excluding(&bb, &config, &unreachable, walk),
+                    Assigner::run_excluding(&bb, &config, &unreachable, walk, kept),
                 )
                 .await
             }
@@ -334,6 +360,13 @@ impl Handler<AssignNow> for Assigner {
             .map(move |res, act, ctx| match res {
                 Ok(Ok(mut report)) => {
                     act.stats.ran("assigner");
+                    // A round cut at its batch: a backlog, whose next rounds follow
+                    // within milliseconds and keep its roster.
+                    let roster = report.roster.take();
+                    act.kept = roster.filter(|_| report.more_may_fit());
+                    if report.limits_in_play {
+                        act.limits_seen = Some(now);
+                    }
                     if !report.given.is_empty() {
                         let given = std::mem::take(&mut report.given);
                         trace_round(&act.config.actor, round, started, given);
@@ -479,6 +512,15 @@ mod tests {
         assert_eq!(out.len(), 64);
         assert_eq!(got.len(), 64 / MIN_RUN as usize, "{got:?}");
         assert!(got.iter().all(|(_, n)| *n as i64 == MIN_RUN), "{got:?}");
+    }
+
+    #[test]
+    fn a_cut_round_leaves_a_worker_no_stub_of_free_slots() {
+        // Runs of 8 would leave each worker of 10 free slots 2, for later rounds to
+        // touch it again for two tasks: each takes its 10.
+        let out = plan_round(&echoes(64), &fleet(100, 10), 64);
+        let got: Vec<usize> = runs(&out).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(got, [10, 10, 10, 10, 10, 10, 4]);
     }
 
     #[test]

@@ -11,7 +11,10 @@ pub enum Action {
     Tick,
     /// Planner `p`'s round, its read: the roster and the claim of task `t`, pending, for
     /// worker `w`, online (`artex.dispatch_round`, `for update skip locked`: the row stays
-    /// locked by `p` until its write).
+    /// locked by `p` until its write). A round behind a cut round claims by the roster the
+    /// planner kept (`artex.claim_head`, V55), read up to 250 ms before: `w` was online
+    /// then. That adds no state: a worker gone since the read is the interleaving `Claim`,
+    /// `MarkGone`, `Assign`, whose write gives it nothing.
     Claim { p: u8, t: u8, w: u8 },
     /// Planner `p`'s round, its write in the same transaction: the claimed task to the
     /// chosen worker if its row, locked now, is still `online` (`artex.assign_and_wake`:
@@ -128,11 +131,16 @@ impl Action {
 // the clock).
 
 /// `Claim`: the planner round's read (roster and claim), with the head of the limited
-/// tasks' queue it reads (V50) and the head of the others' it locks (V51).
+/// tasks' queue it reads (V50) and the head of the others' it locks (V51); or, by a
+/// roster kept, the claim alone (V55).
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
         "dc838658fbffe2e53980b882cc4eaa247a69f1e7cf9702f89e742a006123f7a5",
+    ),
+    Sql::function(
+        "claim_head",
+        "b9e1c706e9c26ac78e9bb0675cd4005cb72023b14ec6bc5a706d27a79b33068f",
     ),
     Sql::function(
         "limited_head",

@@ -412,7 +412,7 @@ async fn the_hot_path_functions_take_their_calls_and_their_statements_plan() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let calls = artex_actors::blackboard::hot_calls();
-    assert_eq!(calls.len(), 5);
+    assert_eq!(calls.len(), 6);
     for (function, call) in calls {
         let args: i16 = c
             .query_one(

@@ -228,7 +228,8 @@ fn check_always(r: &Round) {
 /// What the documentation promises of a uniform fleet (every worker runs every kind, no
 /// task bound to a host): every task placed while slots last, each worker at most its
 /// share (proportional to its free slots, rounded up, at least the shortest run, at most
-/// its free slots), as one run of consecutive tasks.
+/// its free slots, all of them if fewer than the shortest run would be left), as one run
+/// of consecutive tasks.
 fn check_uniform(r: &Round) {
     check_always(r);
     let out = r.plan(&r.roster);
@@ -241,7 +242,12 @@ fn check_uniform(r: &Round) {
         let share = if total == 0 {
             0
         } else {
-            ((n * f + total - 1) / total).max(r.min_run).min(f)
+            let s = ((n * f + total - 1) / total).max(r.min_run);
+            if f - s < r.min_run {
+                f
+            } else {
+                s
+            }
         };
         let got = i64::from(per.get(w.id.as_str()).copied().unwrap_or(0));
         assert!(got <= share, "{} got {got}, over its share {share}", w.id);

@@ -432,4 +432,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body replaced in place: the same signature and answer.
         change: Change::Expand,
     },
+    Migration {
+        version: 55,
+        name: "a_backlog_s_rounds_keep_their_roster",
+        sql: include_str!("../../../migrations/V55__a_backlog_s_rounds_keep_their_roster.sql"),
+        // A new function; earlier planners never call it.
+        change: Change::Expand,
+    },
 ];

@@ -95,9 +95,9 @@ pub fn hot_calls() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 pub use planner::{
-    agree_count, AssignReport, Assignment, Claimed, CountAgreement, FiredSlot, PlannerBoard, Push,
-    ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard, ShardRow, StrandedTask,
-    TakenShard, WaitEnded, DEFAULT_SHARD_COUNT, WALK_EVERY,
+    agree_count, AssignReport, Assignment, Claimed, CountAgreement, FiredSlot, KeptRoster,
+    PlannerBoard, Push, ReapParams, ReapReport, RosterEntry, Round, ScheduleTurn, ShardBoard,
+    ShardRow, StrandedTask, TakenShard, WaitEnded, DEFAULT_SHARD_COUNT, ROSTER_KEPT, WALK_EVERY,
 };
 pub use primary::{is_loopback_name, is_remote, mask_password};
 pub use schedules::ScheduleRow;

@@ -3,6 +3,8 @@
 //! skip locked`, then one compare-and-set update that also writes the chosen workers'
 //! wake-ups, notified at the commit and pushed right after it), and the reaper's sweeps.
 
+use std::time::{Duration, Instant};
+
 use uuid::Uuid;
 
 use super::{PlannerBoard, Push};
@@ -37,6 +39,51 @@ impl RosterEntry {
     /// one, if it keeps a local queue (a place there, never a handler slot), else none.
     pub fn kept(&self) -> i32 {
         i32::from(self.slots.is_some_and(|s| self.capacity > s))
+    }
+}
+
+/// The roster a round read, with what the rounds since gave its workers: kept by the
+/// Assigner behind a round cut at its batch, so that the rounds right after it, a
+/// backlog's drain, claim without reading every worker again (migrations/V55).
+///
+/// A kept roster is never emptier than the truth but by what others gave its workers
+/// since its read (another planner's rounds, a worker's own claims): the workers'
+/// releases since only make them look fuller, and its own assignments are counted in. The round's write checks each chosen worker's
+/// state and free slots under its row lock as always, so a worker gone or filled since
+/// the read is given nothing, or no more than fits. A worker that joined since the read
+/// is seen at the next one, within [`ROSTER_KEPT`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptRoster {
+    /// The workers as the read saw them, each held count raised by what the rounds
+    /// since assigned it.
+    pub entries: Vec<RosterEntry>,
+    /// Of them, those that take pushes: (id, `host:port`).
+    pub reachable: Vec<(String, String)>,
+    /// When the roster was read.
+    pub read_at: Instant,
+}
+
+/// How long a round's roster is kept for the rounds behind it: a worker that joins
+/// during a backlog's drain is offered work this much later at most.
+pub const ROSTER_KEPT: Duration = Duration::from_millis(250);
+
+impl KeptRoster {
+    /// Whether the rounds may still plan by it at `now`.
+    pub fn fresh(&self, now: Instant) -> bool {
+        now.duration_since(self.read_at) < ROSTER_KEPT
+    }
+
+    /// Counts `plan`'s assignments into the workers' held tasks.
+    fn count(&mut self, plan: &[Assignment]) {
+        let mut given: std::collections::HashMap<&str, i32> = std::collections::HashMap::new();
+        for a in plan {
+            *given.entry(a.worker.as_str()).or_default() += 1;
+        }
+        for e in &mut self.entries {
+            if let Some(n) = given.get(e.id.as_str()) {
+                e.held = e.held.saturating_add(*n);
+            }
+        }
     }
 }
 
@@ -97,6 +144,12 @@ pub struct AssignReport {
     /// With tracing on only: the traced tasks assigned, with what the planner's spans
     /// say of them (the round's write returns their contexts: migrations/V45).
     pub given: Vec<crate::trace::Assigned>,
+    /// The roster the round planned by, its assignments counted in: the next round may
+    /// keep it ([`PlannerBoard::dispatch_kept`]).
+    pub roster: Option<KeptRoster>,
+    /// A kept roster's claim found a kind limited or a limited task waiting, and the
+    /// round was read whole: the next rounds had better read it whole at once.
+    pub limits_in_play: bool,
 }
 
 impl AssignReport {
@@ -158,24 +211,28 @@ impl AssignReport {
 // migrations/schema.sql. Tests EXPLAIN them through the functions' own source.
 const DISPATCH_CALL: &str = "select * from artex.dispatch_round($1, $2, $3, $4, $5, $6)";
 const ASSIGN_CALL: &str = "select * from artex.assign_and_wake($1, $2, $3, $4, $5)";
+// The claim of a round planned by a kept roster (migrations/V55): one row of nulls when
+// limits are in play, and the round is read whole instead.
+const CLAIM_KEPT_CALL: &str = "select * from artex.claim_head($1, $2, $3, $4)";
 
 /// The functions a planner round calls, with the calls it sends: (function, call).
-pub(crate) const HOT_CALLS: [(&str, &str); 2] = [
+pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
     ("dispatch_round", DISPATCH_CALL),
     ("assign_and_wake", ASSIGN_CALL),
+    ("claim_head", CLAIM_KEPT_CALL),
 ];
 
 /// The write half of a round, in the transaction `client` holds with `claimed` locked:
 /// `plan` matches them to workers; the assignments are written (compare-and-set on
 /// `pending`, each worker's slots under its row lock) and committed, and the chosen
-/// workers woken, in one round trip.
+/// workers woken, in one round trip. Gives the report and the plan.
 async fn assign_and_wake<F>(
     client: Tx,
     actor: &str,
     lease_secs: f64,
     claimed: &[Claimed],
     plan: F,
-) -> Result<AssignReport>
+) -> Result<(AssignReport, Vec<Assignment>)>
 where
     F: FnOnce(&[Claimed]) -> Vec<Assignment>,
 {
@@ -190,7 +247,7 @@ where
     };
     if plan.is_empty() {
         client.commit().await?;
-        return Ok(report);
+        return Ok((report, plan));
     }
     let ids: Vec<Uuid> = plan.iter().map(|a| a.task).collect();
     let workers: Vec<&str> = plan.iter().map(|a| a.worker.as_str()).collect();
@@ -233,7 +290,7 @@ where
     if crate::trace::enabled() {
         report.given = traced(&rows, &plan, claimed)?;
     }
-    Ok(report)
+    Ok((report, plan))
 }
 
 /// What a dispatch round is asked for.
@@ -333,90 +390,232 @@ fn assigned_and_pushes(rows: &[tokio_postgres::Row]) -> Result<(usize, Vec<Push>
     Ok((assigned, pushes, notified.len()))
 }
 
+/// What a round's read gives: the roster and the tasks claimed.
+struct RoundRead {
+    roster: Vec<RosterEntry>,
+    claimed: Vec<Claimed>,
+    reachable: Vec<(String, String)>,
+    idle: Vec<(String, String)>,
+}
+
+/// The rows of `artex.dispatch_round`: roster rows first (worker id set), then the
+/// tasks claimed.
+fn round_read(rows: &[tokio_postgres::Row]) -> Result<RoundRead> {
+    let mut read = RoundRead {
+        roster: Vec::new(),
+        claimed: Vec::new(),
+        reachable: Vec::new(),
+        idle: Vec::new(),
+    };
+    for r in rows {
+        match r.try_get::<_, Option<String>>(0)? {
+            Some(id) => {
+                let entry = RosterEntry {
+                    id,
+                    kinds: r.try_get(1)?,
+                    capacity: r.try_get(2)?,
+                    held: r.try_get(3)?,
+                    host: r.try_get(4)?,
+                    slots: r.try_get(10)?,
+                };
+                if let Some(addr) = r.try_get::<_, Option<String>>(8)? {
+                    if entry.held < entry.slots.unwrap_or(entry.capacity) {
+                        read.idle.push((entry.id.clone(), addr.clone()));
+                    }
+                    read.reachable.push((entry.id.clone(), addr));
+                }
+                read.roster.push(entry)
+            }
+            None => read.claimed.push(Claimed {
+                id: r.try_get(5)?,
+                kind: r.try_get(6)?,
+                host: r.try_get(7)?,
+                limited: r.try_get(9)?,
+                fresh: r.try_get(11)?,
+            }),
+        }
+    }
+    Ok(read)
+}
+
+/// The rows of `artex.claim_head`: the tasks claimed, or `None` for its one row of
+/// nulls (limits are in play: the round must be read whole).
+fn kept_claim(rows: &[tokio_postgres::Row]) -> Result<Option<Vec<Claimed>>> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    for r in rows {
+        let Some(id) = r.try_get::<_, Option<Uuid>>(0)? else {
+            return Ok(None);
+        };
+        claimed.push(Claimed {
+            id,
+            kind: r.try_get(1)?,
+            host: r.try_get(2)?,
+            limited: false,
+            fresh: None,
+        });
+    }
+    Ok(Some(claimed))
+}
+
 impl PlannerBoard {
     /// One planner round whose roster rides with its claim (one statement, one round
     /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
     /// hold (but none of `unreachable`, whose last push failed), locks up to `batch` runnable tasks of the kinds the ones with a free slot
     /// run (never more than the free slots), lets `plan` match them, then writes the
     /// assignments and wakes the chosen workers. The report says the roster's free
-    /// capacity and the limit the claim had.
+    /// capacity and the limit the claim had, and gives the roster with its assignments
+    /// counted in.
     pub async fn dispatch<F>(&self, round: &Round<'_>, plan: F) -> Result<AssignReport>
     where
         F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
     {
-        let Round {
-            actor,
-            batch,
-            shards,
-            lease_secs,
-            alive_secs,
-            unreachable,
-            walk,
-        } = *round;
-        let client = self.bb.client().await?;
-        let client = Tx::new(client);
+        let client = Tx::new(self.bb.client().await?);
+        let read_at = Instant::now();
+        let (begun, rows) =
+            futures_util::future::join(client.begin(), self.read_round(&client, round)).await;
+        self.plan_and_assign(client, round, read_at, begun.and(rows), plan)
+            .await
+    }
+
+    /// [`Self::dispatch`] by a roster a round before kept (migrations/V55): the claim
+    /// takes the kinds and the free slots `kept` counts (but its workers now
+    /// `unreachable`), without the roster's read. When limits are in play, or the claim
+    /// finds no task (a quiet fleet's report names its idle workers, which only a read
+    /// knows), the round is read whole in the same transaction, as `dispatch` reads it.
+    pub async fn dispatch_kept<F>(
+        &self,
+        round: &Round<'_>,
+        kept: KeptRoster,
+        plan: F,
+    ) -> Result<AssignReport>
+    where
+        F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
+    {
+        let KeptRoster {
+            mut entries,
+            mut reachable,
+            read_at,
+        } = kept;
+        entries.retain(|e| !round.unreachable.contains(&e.id));
+        reachable.retain(|(id, _)| !round.unreachable.contains(id));
+        let free: i64 = entries.iter().map(|w| i64::from(w.free())).sum();
+        let mut kinds: Vec<&str> = entries
+            .iter()
+            .filter(|e| e.free() > 0)
+            .flat_map(|e| e.kinds.iter().map(String::as_str))
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let limit = free.min(round.batch);
+        if limit == 0 {
+            return self.dispatch(round, plan).await;
+        }
+        let client = Tx::new(self.bb.client().await?);
         let (begun, rows) = futures_util::future::join(
             client.begin(),
             client.query(
-                DISPATCH_CALL,
-                &[
-                    &alive_secs,
-                    &batch,
-                    &shards.0,
-                    &shards.1,
-                    &unreachable,
-                    &walk,
-                ],
+                CLAIM_KEPT_CALL,
+                &[&kinds, &limit, &round.shards.0, &round.shards.1],
             ),
         )
         .await;
-        let mut roster = Vec::new();
-        let mut claimed = Vec::new();
-        let mut reachable = Vec::new();
-        let mut idle = Vec::new();
-        let parsed = begun.and(rows).and_then(|rows| {
-            for r in &rows {
-                match r.try_get::<_, Option<String>>(0)? {
-                    Some(id) => {
-                        let entry = RosterEntry {
-                            id,
-                            kinds: r.try_get(1)?,
-                            capacity: r.try_get(2)?,
-                            held: r.try_get(3)?,
-                            host: r.try_get(4)?,
-                            slots: r.try_get(10)?,
-                        };
-                        if let Some(addr) = r.try_get::<_, Option<String>>(8)? {
-                            if entry.held < entry.slots.unwrap_or(entry.capacity) {
-                                idle.push((entry.id.clone(), addr.clone()));
-                            }
-                            reachable.push((entry.id.clone(), addr));
-                        }
-                        roster.push(entry)
-                    }
-                    None => claimed.push(Claimed {
-                        id: r.try_get(5)?,
-                        kind: r.try_get(6)?,
-                        host: r.try_get(7)?,
-                        limited: r.try_get(9)?,
-                        fresh: r.try_get(11)?,
-                    }),
-                }
+        let claimed = match begun.and(rows).and_then(|rows| kept_claim(&rows)) {
+            Ok(Some(claimed)) if !claimed.is_empty() => claimed,
+            Ok(limits) => {
+                // Limits in play, or nothing to claim: the round read whole. The claim
+                // locked nothing.
+                let read_at = Instant::now();
+                let rows = self.read_round(&client, round).await;
+                let mut report = self
+                    .plan_and_assign(client, round, read_at, rows, plan)
+                    .await?;
+                report.limits_in_play = limits.is_none();
+                return Ok(report);
             }
-            Ok(())
-        });
-        if let Err(e) = parsed {
-            // The connection goes back to the pool only if the rollback went through.
-            client.rollback().await;
-            return Err(e);
-        }
-        let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
-        let mut report =
-            assign_and_wake(client, actor, lease_secs, &claimed, |c| plan(c, &roster)).await?;
+            Err(e) => {
+                client.rollback().await;
+                return Err(e);
+            }
+        };
+        let (mut report, planned) =
+            assign_and_wake(client, round.actor, round.lease_secs, &claimed, |c| {
+                plan(c, &entries)
+            })
+            .await?;
         report.free_capacity = free;
-        report.limit = free.min(batch);
+        report.limit = limit;
+        let mut roster = KeptRoster {
+            entries,
+            reachable: reachable.clone(),
+            read_at,
+        };
+        roster.count(&planned);
+        report.reachable = reachable;
+        report.roster = Some(roster);
+        Ok(report)
+    }
+
+    /// The round's read (`artex.dispatch_round`) in `client`'s transaction.
+    async fn read_round(&self, client: &Tx, round: &Round<'_>) -> Result<Vec<tokio_postgres::Row>> {
+        client
+            .query(
+                DISPATCH_CALL,
+                &[
+                    &round.alive_secs,
+                    &round.batch,
+                    &round.shards.0,
+                    &round.shards.1,
+                    &round.unreachable,
+                    &round.walk,
+                ],
+            )
+            .await
+    }
+
+    /// The rest of a round read whole: `rows` (the read begun at `read_at`, or why it
+    /// failed) planned, written and committed.
+    async fn plan_and_assign<F>(
+        &self,
+        client: Tx,
+        round: &Round<'_>,
+        read_at: Instant,
+        rows: Result<Vec<tokio_postgres::Row>>,
+        plan: F,
+    ) -> Result<AssignReport>
+    where
+        F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
+    {
+        let read = match rows.and_then(|rows| round_read(&rows)) {
+            Ok(read) => read,
+            Err(e) => {
+                // The connection goes back to the pool only if the rollback went through.
+                client.rollback().await;
+                return Err(e);
+            }
+        };
+        let RoundRead {
+            roster,
+            claimed,
+            reachable,
+            idle,
+        } = read;
+        let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
+        let (mut report, planned) =
+            assign_and_wake(client, round.actor, round.lease_secs, &claimed, |c| {
+                plan(c, &roster)
+            })
+            .await?;
+        report.free_capacity = free;
+        report.limit = free.min(round.batch);
+        let mut kept = KeptRoster {
+            entries: roster,
+            reachable: reachable.clone(),
+            read_at,
+        };
+        kept.count(&planned);
         report.reachable = reachable;
         report.idle = idle;
+        report.roster = Some(kept);
         Ok(report)
     }
 }

@@ -17,7 +17,9 @@ mod waits;
 mod wake;
 
 pub(crate) use dispatch::HOT_CALLS;
-pub use dispatch::{AssignReport, Assignment, Claimed, RosterEntry, Round, WALK_EVERY};
+pub use dispatch::{
+    AssignReport, Assignment, Claimed, KeptRoster, RosterEntry, Round, ROSTER_KEPT, WALK_EVERY,
+};
 pub use reap::{ReapParams, ReapReport, StrandedTask};
 pub use schedules::{FiredSlot, ScheduleTurn};
 pub use shards::{
