@@ -2,6 +2,8 @@
 //! assignment (one transaction: the roster and the claim in one statement, `for update
 //! skip locked`, then one compare-and-set update that also writes the chosen workers'
 //! wake-ups, notified at the commit and pushed right after it), and the reaper's sweeps.
+//! The rounds right behind a round cut at its batch claim by the roster it kept, without
+//! reading it again ([`KeptRoster`], migrations/V55).
 
 use std::time::{Duration, Instant};
 
