@@ -696,7 +696,14 @@ async fn a_worker_whose_wake_address_comes_back_is_pushed_to_again() {
         },
     )
     .await;
-    assert_eq!(wake_ups().await.as_deref(), Some("unreachable, polling"));
+    // The planner's first push (its greeting, or a round's wake-up) fails; the worker may
+    // have claimed and run the three by its own polls before that.
+    wait_for(
+        "the planner to find the worker unreachable",
+        Duration::from_secs(10),
+        || async { (wake_ups().await.as_deref() == Some("unreachable, polling")).then_some(()) },
+    )
+    .await;
     let health = wait_for(
         "/health to say it polls",
         Duration::from_secs(10),
@@ -898,20 +905,8 @@ async fn a_backlog_s_next_round_plans_by_the_roster_it_kept() {
         unreachable: &[],
         walk: true,
     };
-    let held = || async {
-        client
-            .query(
-                "select w.id, count(t.id) from artex.workers w
-                 left join artex.tasks t on t.assigned_to = w.id
-                 group by w.id order by w.id",
-                &[],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect::<Vec<(String, i64)>>()
-    };
+    const HELD: &str = "select w.id, count(t.id) from artex.workers w
+        left join artex.tasks t on t.assigned_to = w.id group by w.id order by w.id";
 
     // A round cut at its batch: more may fit, and its roster counts what it gave.
     let cut = planner
@@ -941,10 +936,8 @@ async fn a_backlog_s_next_round_plans_by_the_roster_it_kept() {
     assert_eq!(next.limit, 4, "w1's and w2's free slots by the kept roster");
     assert_eq!(next.claimed, 4);
     assert!(!next.limits_in_play);
-    assert_eq!(
-        held().await,
-        [("w1".into(), 3), ("w2".into(), 0), ("w3".into(), 0)]
-    );
+    let held: Vec<(String, i64)> = common::pairs(&client, HELD).await;
+    assert_eq!(held, [("w1".into(), 3), ("w2".into(), 0), ("w3".into(), 0)]);
     let kept = next.roster.expect("the roster, kept on");
     assert!(kept.entries.iter().all(|e| e.id != "w3"), "{kept:?}");
 
