@@ -13,8 +13,9 @@
 //! did not take (another kind, more than its slots), skipping what it holds locked. A
 //! round is a read, a write and a push before the worker hears of a task; the claim
 //! takes the round's read and write off the path of a quiet queue's lone task (W2). A
-//! busy queue, where the last round found tasks, keeps its rounds. The worker makes the claimed tasks' spans
-//! of their time in queue and assignment (V53), as the round would have.
+//! busy queue, where the last round found tasks, keeps its rounds. The worker makes the
+//! claimed tasks' spans of their time in queue and assignment (V53), as the round would
+//! have.
 
 use std::time::Duration;
 

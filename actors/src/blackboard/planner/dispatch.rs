@@ -59,8 +59,6 @@ pub struct KeptRoster {
     /// The workers as the read saw them, each held count raised by what the rounds
     /// since assigned it.
     pub entries: Vec<RosterEntry>,
-    /// Of them, those that take pushes: (id, `host:port`).
-    pub reachable: Vec<(String, String)>,
     /// When the roster was read.
     pub read_at: Instant,
 }
@@ -128,7 +126,8 @@ pub struct AssignReport {
     /// The wake-ups to push to workers that take them over HTTP (see `waker`): the
     /// round's write notified the others itself.
     pub pushes: Vec<Push>,
-    /// The roster's workers that take pushes, with their addresses (id, `host:port`).
+    /// The roster's workers that take pushes, with their addresses (id, `host:port`);
+    /// none for a round by a kept roster (the read that made it named them).
     pub reachable: Vec<(String, String)>,
     /// Those of them with a free handler slot before the round: a task they claim
     /// starts at once.
@@ -459,11 +458,74 @@ fn kept_claim(rows: &[tokio_postgres::Row]) -> Result<Option<Vec<Claimed>>> {
     Ok(Some(claimed))
 }
 
+/// The round's read (`artex.dispatch_round`) in `client`'s transaction.
+async fn read_round(client: &Tx, round: &Round<'_>) -> Result<Vec<tokio_postgres::Row>> {
+    client
+        .query(
+            DISPATCH_CALL,
+            &[
+                &round.alive_secs,
+                &round.batch,
+                &round.shards.0,
+                &round.shards.1,
+                &round.unreachable,
+                &round.walk,
+            ],
+        )
+        .await
+}
+
+/// The rest of a round read whole: `rows` (the read begun at `read_at`, or why it
+/// failed) planned, written and committed.
+async fn plan_and_assign<F>(
+    client: Tx,
+    round: &Round<'_>,
+    read_at: Instant,
+    rows: Result<Vec<tokio_postgres::Row>>,
+    plan: F,
+) -> Result<AssignReport>
+where
+    F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
+{
+    let read = match rows.and_then(|rows| round_read(&rows)) {
+        Ok(read) => read,
+        Err(e) => {
+            // The connection goes back to the pool only if the rollback went through.
+            client.rollback().await;
+            return Err(e);
+        }
+    };
+    let RoundRead {
+        roster,
+        claimed,
+        reachable,
+        idle,
+    } = read;
+    let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
+    let (mut report, planned) =
+        assign_and_wake(client, round.actor, round.lease_secs, &claimed, |c| {
+            plan(c, &roster)
+        })
+        .await?;
+    report.free_capacity = free;
+    report.limit = free.min(round.batch);
+    let mut kept = KeptRoster {
+        entries: roster,
+        read_at,
+    };
+    kept.count(&planned);
+    report.reachable = reachable;
+    report.idle = idle;
+    report.roster = Some(kept);
+    Ok(report)
+}
+
 impl PlannerBoard {
     /// One planner round whose roster rides with its claim (one statement, one round
     /// trip, one snapshot): reads the workers alive within `alive_secs` with what they
-    /// hold (but none of `unreachable`, whose last push failed), locks up to `batch` runnable tasks of the kinds the ones with a free slot
-    /// run (never more than the free slots), lets `plan` match them, then writes the
+    /// hold (but none of `unreachable`, whose last push failed), locks up to `batch`
+    /// runnable tasks of the kinds the ones with a free slot run (never more than the
+    /// free slots), lets `plan` match them, then writes the
     /// assignments and wakes the chosen workers. The report says the roster's free
     /// capacity and the limit the claim had, and gives the roster with its assignments
     /// counted in.
@@ -474,9 +536,8 @@ impl PlannerBoard {
         let client = Tx::new(self.bb.client().await?);
         let read_at = Instant::now();
         let (begun, rows) =
-            futures_util::future::join(client.begin(), self.read_round(&client, round)).await;
-        self.plan_and_assign(client, round, read_at, begun.and(rows), plan)
-            .await
+            futures_util::future::join(client.begin(), read_round(&client, round)).await;
+        plan_and_assign(client, round, read_at, begun.and(rows), plan).await
     }
 
     /// [`Self::dispatch`] by a roster a round before kept (migrations/V55): the claim
@@ -495,11 +556,9 @@ impl PlannerBoard {
     {
         let KeptRoster {
             mut entries,
-            mut reachable,
             read_at,
         } = kept;
         entries.retain(|e| !round.unreachable.contains(&e.id));
-        reachable.retain(|(id, _)| !round.unreachable.contains(id));
         let free: i64 = entries.iter().map(|w| i64::from(w.free())).sum();
         let mut kinds: Vec<&str> = entries
             .iter()
@@ -527,10 +586,8 @@ impl PlannerBoard {
                 // Limits in play, or nothing to claim: the round read whole. The claim
                 // locked nothing.
                 let read_at = Instant::now();
-                let rows = self.read_round(&client, round).await;
-                let mut report = self
-                    .plan_and_assign(client, round, read_at, rows, plan)
-                    .await?;
+                let rows = read_round(&client, round).await;
+                let mut report = plan_and_assign(client, round, read_at, rows, plan).await?;
                 report.limits_in_play = limits.is_none();
                 return Ok(report);
             }
@@ -546,78 +603,11 @@ impl PlannerBoard {
             .await?;
         report.free_capacity = free;
         report.limit = limit;
-        let mut roster = KeptRoster {
-            entries,
-            reachable: reachable.clone(),
-            read_at,
-        };
+        // No `reachable`: the read that made the roster named them, and the waker greets
+        // a worker once.
+        let mut roster = KeptRoster { entries, read_at };
         roster.count(&planned);
-        report.reachable = reachable;
         report.roster = Some(roster);
-        Ok(report)
-    }
-
-    /// The round's read (`artex.dispatch_round`) in `client`'s transaction.
-    async fn read_round(&self, client: &Tx, round: &Round<'_>) -> Result<Vec<tokio_postgres::Row>> {
-        client
-            .query(
-                DISPATCH_CALL,
-                &[
-                    &round.alive_secs,
-                    &round.batch,
-                    &round.shards.0,
-                    &round.shards.1,
-                    &round.unreachable,
-                    &round.walk,
-                ],
-            )
-            .await
-    }
-
-    /// The rest of a round read whole: `rows` (the read begun at `read_at`, or why it
-    /// failed) planned, written and committed.
-    async fn plan_and_assign<F>(
-        &self,
-        client: Tx,
-        round: &Round<'_>,
-        read_at: Instant,
-        rows: Result<Vec<tokio_postgres::Row>>,
-        plan: F,
-    ) -> Result<AssignReport>
-    where
-        F: FnOnce(&[Claimed], &[RosterEntry]) -> Vec<Assignment>,
-    {
-        let read = match rows.and_then(|rows| round_read(&rows)) {
-            Ok(read) => read,
-            Err(e) => {
-                // The connection goes back to the pool only if the rollback went through.
-                client.rollback().await;
-                return Err(e);
-            }
-        };
-        let RoundRead {
-            roster,
-            claimed,
-            reachable,
-            idle,
-        } = read;
-        let free: i64 = roster.iter().map(|w| i64::from(w.free())).sum();
-        let (mut report, planned) =
-            assign_and_wake(client, round.actor, round.lease_secs, &claimed, |c| {
-                plan(c, &roster)
-            })
-            .await?;
-        report.free_capacity = free;
-        report.limit = free.min(round.batch);
-        let mut kept = KeptRoster {
-            entries: roster,
-            reachable: reachable.clone(),
-            read_at,
-        };
-        kept.count(&planned);
-        report.reachable = reachable;
-        report.idle = idle;
-        report.roster = Some(kept);
         Ok(report)
     }
 }
