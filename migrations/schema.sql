@@ -420,10 +420,12 @@ $$;
 --
 
 CREATE FUNCTION artex.default_max_retries(kind text) RETURNS integer
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    select coalesce((select k.retry_max_attempts - 1 from artex.kinds k
-                     where k.kind = default_max_retries.kind), 3)
+begin
+    return coalesce((select k.retry_max_attempts - 1 from artex.kinds k
+                     where k.kind = default_max_retries.kind), 3);
+end
 $$;
 
 --
@@ -1038,14 +1040,18 @@ $$;
 --
 
 CREATE FUNCTION artex.kind_retry_delay(kind text, retries integer, base_ms double precision, cap_ms double precision) RETURNS interval
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    select coalesce(
+begin
+    return coalesce(
         (select make_interval(secs => artex.policy_delay_ms(k.retry_backoff, k.retry_base_ms,
-                                                            k.retry_cap_ms, retries) / 1000.0)
+                                                            k.retry_cap_ms,
+                                                            kind_retry_delay.retries) / 1000.0)
          from artex.kinds k
          where k.kind = kind_retry_delay.kind and k.retry_backoff is not null),
-        artex.retry_delay(retries, base_ms, cap_ms))
+        artex.retry_delay(kind_retry_delay.retries, kind_retry_delay.base_ms,
+                          kind_retry_delay.cap_ms));
+end
 $$;
 
 --
@@ -1167,9 +1173,12 @@ $_$;
 --
 
 CREATE FUNCTION artex.max_payload_bytes() RETURNS integer
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    select coalesce((select max_payload_bytes from artex.limits where only_row), 1048576)
+begin
+    return coalesce((select l.max_payload_bytes from artex.limits l where l.only_row),
+                    1048576);
+end
 $$;
 
 --
@@ -1869,15 +1878,18 @@ COMMENT ON FUNCTION artex.tags_valid(tags text[]) IS 'A task''s tags: 1 to 20, e
 --
 
 CREATE FUNCTION artex.task_with_unique_key(key text, window_ interval) RETURNS uuid
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    select id from artex.tasks
-    where unique_key = key
-      and (finished_at is null
-           -- (`least` skips NULLs: without a window, finished tasks do not count.)
-           or (window_ is not null
-               and finished_at > now() - least(window_, interval '100 years')))
-    order by id desc limit 1
+begin
+    return (select t.id from artex.tasks t
+            where t.unique_key = task_with_unique_key.key
+              and (t.finished_at is null
+                   -- (`least` skips NULLs: without a window, finished tasks do not count.)
+                   or (task_with_unique_key.window_ is not null
+                       and t.finished_at > now() - least(task_with_unique_key.window_,
+                                                         interval '100 years')))
+            order by t.id desc limit 1);
+end
 $$;
 
 --
@@ -2410,6 +2422,27 @@ begin
     return new;
 end
 $$;
+
+--
+-- Name: traceparent_valid(text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.traceparent_valid(traceparent text) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+begin
+    return traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       and left(traceparent, 2) <> 'ff'
+       and substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
+       and substr(traceparent, 37, 16) <> '0000000000000000';
+end
+$_$;
+
+--
+-- Name: FUNCTION traceparent_valid(traceparent text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.traceparent_valid(traceparent text) IS 'A W3C traceparent: version-traceid-spanid-flags in lowercase hex, version not ff, ids not all zero (V45). What tasks_traceparent_check asks of a task''s trace context (V56).';
 
 --
 -- Name: transition_allowed(artex.task_status, artex.task_status); Type: FUNCTION; Schema: artex; Owner: -
@@ -3628,7 +3661,7 @@ ALTER TABLE ONLY artex.tasks
 --
 
 ALTER TABLE artex.tasks
-    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text) AND ("left"(traceparent, 2) <> 'ff'::text) AND (substr(traceparent, 4, 32) <> '00000000000000000000000000000000'::text) AND (substr(traceparent, 37, 16) <> '0000000000000000'::text))) NOT VALID;
+    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent IS NULL) OR artex.traceparent_valid(traceparent))) NOT VALID;
 
 --
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
