@@ -563,6 +563,20 @@ fn standby_server(pair: &Pair, action: &str) {
 async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
     let pair = Pair::start().await;
     let standby = connect(&pair.replica_url).await;
+    // The primary's connection on a standby (a failover under way, or a URL naming the
+    // replica) reads no WAL position there: the primary unreachable, the API's 503, and
+    // not a fault (the fleet soak met it as a 500).
+    let on_standby = Blackboard::connect(&pair.replica_url, 1)
+        .expect("pool")
+        .operator();
+    let e = on_standby
+        .written_position()
+        .await
+        .expect_err("a standby has no insert position");
+    assert!(
+        matches!(e, artex_actors::Error::NotPrimary(_)) && e.is_connection(),
+        "{e:?}"
+    );
     let primary = connect(&pair.primary_url).await;
     let write_file = pair.dir.path().join("write-token");
     std::fs::write(&write_file, WRITE_TOKEN).expect("token");

@@ -27,6 +27,10 @@ pub enum Error {
         /// The timeout.
         after: std::time::Duration,
     },
+    /// The server that should be the primary answered as a standby (in recovery): a
+    /// failover or a restart is under way, or the URL names a replica.
+    #[error("{0}")]
+    NotPrimary(String),
     /// The database URL could not be used.
     #[error("database URL: {0}")]
     Url(String),
@@ -103,7 +107,7 @@ impl Error {
             Error::Db(e) => {
                 e.is_closed() || e.as_db_error().is_none_or(|d| connection_lost(d.code()))
             }
-            Error::Pool(_) | Error::Timeout { .. } => true,
+            Error::Pool(_) | Error::Timeout { .. } | Error::NotPrimary(_) => true,
             _ => false,
         }
     }

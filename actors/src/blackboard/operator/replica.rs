@@ -18,13 +18,16 @@ use super::{FlowSummary, OperatorBoard, Stats, TaskFilter, WorkerView};
 use crate::blackboard::{
     Blackboard, DbLimits, FlowView, ScheduleRow, TaskPreview, TaskRow, TransitionRow,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Where the primary inserts its next WAL record: every transaction committed before
 /// this statement ran has its commit record before it, whether or not the commit waited
 /// for the flush (`synchronous_commit = off` acknowledges first), which the written
-/// position above does not promise.
-const INSERT_POSITION: &str = "select pg_current_wal_insert_lsn()";
+/// position above does not promise. NULL from a server in recovery, where the function
+/// fails ("recovery is in progress": the fleet soak met it on the primary's connection
+/// during a failover, and the API answered 500).
+const INSERT_POSITION: &str =
+    "select case when not pg_is_in_recovery() then pg_current_wal_insert_lsn() end";
 
 /// The WAL's page size and page headers (PostgreSQL's defaults: `XLOG_BLCKSZ`,
 /// `SizeOfXLogShortPHD`, `SizeOfXLogLongPHD` at a segment's first page).
@@ -205,11 +208,20 @@ impl OperatorBoard {
     /// A WAL position that a replica has replayed only once it shows every write
     /// committed before this call: to be read after an operator's write, and handed to
     /// [`Replica::replayed`] by the read that must show it.
+    /// A server in recovery is no primary: [`Error::NotPrimary`], which counts as the
+    /// database unreachable (the API's 503).
     pub async fn written_position(&self) -> Result<WalPosition> {
         let client = self.bb.client().await?;
-        Ok(record_end(
-            client.query_one(INSERT_POSITION, &[]).await?.try_get(0)?,
-        ))
+        let insert: Option<WalPosition> =
+            client.query_one(INSERT_POSITION, &[]).await?.try_get(0)?;
+        let insert = insert.ok_or_else(|| {
+            Error::NotPrimary(
+                "the primary's connection reached a server in recovery (a standby, or one \
+                 restarting): no WAL position to read there"
+                    .into(),
+            )
+        })?;
+        Ok(record_end(insert))
     }
 
     /// This handle's reads only, as a [`ReadBoard`] (the primary's, where no replica is
