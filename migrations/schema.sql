@@ -2424,27 +2424,6 @@ end
 $$;
 
 --
--- Name: traceparent_valid(text); Type: FUNCTION; Schema: artex; Owner: -
---
-
-CREATE FUNCTION artex.traceparent_valid(traceparent text) RETURNS boolean
-    LANGUAGE plpgsql IMMUTABLE
-    AS $_$
-begin
-    return traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-       and left(traceparent, 2) <> 'ff'
-       and substr(traceparent, 4, 32) <> '00000000000000000000000000000000'
-       and substr(traceparent, 37, 16) <> '0000000000000000';
-end
-$_$;
-
---
--- Name: FUNCTION traceparent_valid(traceparent text); Type: COMMENT; Schema: artex; Owner: -
---
-
-COMMENT ON FUNCTION artex.traceparent_valid(traceparent text) IS 'A W3C traceparent: version-traceid-spanid-flags in lowercase hex, version not ff, ids not all zero (V45). What tasks_traceparent_check asks of a task''s trace context (V56).';
-
---
 -- Name: transition_allowed(artex.task_status, artex.task_status); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -3661,7 +3640,7 @@ ALTER TABLE ONLY artex.tasks
 --
 
 ALTER TABLE artex.tasks
-    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent IS NULL) OR artex.traceparent_valid(traceparent))) NOT VALID;
+    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text) AND ("left"(traceparent, 2) <> 'ff'::text) AND (substr(traceparent, 4, 32) <> '00000000000000000000000000000000'::text) AND (substr(traceparent, 37, 16) <> '0000000000000000'::text))) NOT VALID;
 
 --
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -

@@ -443,8 +443,7 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 56,
         name: "a_task_write_s_fixed_costs",
         sql: include_str!("../../../migrations/V56__a_task_write_s_fixed_costs.sql"),
-        // Function bodies replaced in place (the same signatures and answers) and a check
-        // replaced by the same rule.
+        // Function bodies replaced in place: the same signatures and answers.
         change: Change::Expand,
     },
 ];
