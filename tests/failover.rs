@@ -395,6 +395,9 @@ async fn connections_refused_as_read_only_are_dropped_and_writes_resume_on_new_o
             if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)),
         "{refusal:?}"
     );
+    // The database unreachable for writing, as during a failover: the API's 503, a
+    // worker's lost database, not a fault.
+    assert!(refusal.is_connection(), "{refusal:?}");
 
     read_only(false).await;
     // The refused session is not handed out again (the pool holds one connection: it

@@ -140,7 +140,9 @@ where
 
 /// Whether the server said, in answer to a statement, that this connection is over: it
 /// is shutting down or restarting (class 57P: found by the soak, where a read during a
-/// PostgreSQL stop answered 500 instead of 503), or the connection failed (class 08).
+/// PostgreSQL stop answered 500 instead of 503), the connection failed (class 08), or
+/// it refuses writes as a demoted primary does (25006: the pool drops such a connection,
+/// `primary::is_lost_primary`, and the next write goes to the new primary).
 /// A statement cancelled by its timeout (57014) is not one.
 fn connection_lost(code: &tokio_postgres::error::SqlState) -> bool {
     use tokio_postgres::error::SqlState;
@@ -148,6 +150,7 @@ fn connection_lost(code: &tokio_postgres::error::SqlState) -> bool {
         SqlState::ADMIN_SHUTDOWN,
         SqlState::CRASH_SHUTDOWN,
         SqlState::CANNOT_CONNECT_NOW,
+        SqlState::READ_ONLY_SQL_TRANSACTION,
     ]
     .contains(code)
         || code.code().starts_with("08")
@@ -269,6 +272,7 @@ mod tests {
             SqlState::CANNOT_CONNECT_NOW,
             SqlState::CONNECTION_FAILURE,
             SqlState::CONNECTION_EXCEPTION,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
         ] {
             assert!(connection_lost(&lost), "{lost:?}");
         }
