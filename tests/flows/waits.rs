@@ -123,26 +123,24 @@ async fn a_signal_completes_a_reached_wait_and_downstream_reads_its_payload() {
     // The feed delivers it: once no transaction older than it is in flight anywhere in
     // the cluster (the feed's horizon), which another test's database can hold back for
     // a while when tests run side by side.
-    let delivered = || {
-        let (code, out, err) = artex(&db.url, &["events", "tail", "--batch", "1000"]);
-        assert_eq!(code, 0, "{err}");
-        let found = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .any(|e| {
-                e["task_id"] == approval.id.to_string()
-                    && e["to"] == "succeeded"
-                    && e["reason"] == "signal 'approved'"
-            });
-        (found, out)
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let (mut found, mut out) = delivered();
-    while !found && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        (found, out) = delivered();
-    }
-    assert!(found, "the signal's transition is not in the feed: {out}");
+    wait_for(
+        "the signal's transition in the feed",
+        Duration::from_secs(30),
+        || {
+            let (code, out, err) = artex(&db.url, &["events", "tail", "--batch", "1000"]);
+            assert_eq!(code, 0, "{err}");
+            let found = out
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .any(|e| {
+                    e["task_id"] == approval.id.to_string()
+                        && e["to"] == "succeeded"
+                        && e["reason"] == "signal 'approved'"
+                });
+            std::future::ready(found.then_some(()))
+        },
+    )
+    .await;
 
     // A second signal of the name: refused; the wait keeps its result.
     let (code, _, err) = signal(&db.url, id, "approved", Some(r#"{"by": "bob"}"#));
