@@ -50,9 +50,10 @@ impl RosterEntry {
 ///
 /// A kept roster is never emptier than the truth but by what others gave its workers
 /// since its read (another planner's rounds, a worker's own claims): the workers'
-/// releases since only make them look fuller, and its own assignments are counted in. The round's write checks each chosen worker's
-/// state and free slots under its row lock as always, so a worker gone or filled since
-/// the read is given nothing, or no more than fits. A worker that joined since the read
+/// releases since only make them look fuller, and its own assignments are counted in.
+/// The round's write checks each chosen worker's state and free slots under its row
+/// lock as always, so a worker gone or filled since the read is given nothing, or no
+/// more than fits. A worker that joined since the read
 /// is seen at the next one, within [`ROSTER_KEPT`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptRoster {
@@ -73,17 +74,19 @@ impl KeptRoster {
         now.duration_since(self.read_at) < ROSTER_KEPT
     }
 
-    /// Counts `plan`'s assignments into the workers' held tasks.
-    fn count(&mut self, plan: &[Assignment]) {
+    /// The roster `entries` read at `read_at`, with `plan`'s assignments counted into
+    /// the workers' held tasks.
+    fn after(mut entries: Vec<RosterEntry>, read_at: Instant, plan: &[Assignment]) -> Self {
         let mut given: std::collections::HashMap<&str, i32> = std::collections::HashMap::new();
         for a in plan {
             *given.entry(a.worker.as_str()).or_default() += 1;
         }
-        for e in &mut self.entries {
+        for e in &mut entries {
             if let Some(n) = given.get(e.id.as_str()) {
                 e.held = e.held.saturating_add(*n);
             }
         }
+        KeptRoster { entries, read_at }
     }
 }
 
@@ -509,14 +512,9 @@ where
         .await?;
     report.free_capacity = free;
     report.limit = free.min(round.batch);
-    let mut kept = KeptRoster {
-        entries: roster,
-        read_at,
-    };
-    kept.count(&planned);
     report.reachable = reachable;
     report.idle = idle;
-    report.roster = Some(kept);
+    report.roster = Some(KeptRoster::after(roster, read_at, &planned));
     Ok(report)
 }
 
@@ -605,9 +603,7 @@ impl PlannerBoard {
         report.limit = limit;
         // No `reachable`: the read that made the roster named them, and the waker greets
         // a worker once.
-        let mut roster = KeptRoster { entries, read_at };
-        roster.count(&planned);
-        report.roster = Some(roster);
+        report.roster = Some(KeptRoster::after(entries, read_at, &planned));
         Ok(report)
     }
 }
