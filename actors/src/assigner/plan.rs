@@ -298,16 +298,7 @@ mod tests {
             slots: None,
         };
         let roster = vec![worker("a", 100), worker("b", 100), worker("c", 50)];
-        let claimed: Vec<Claimed> = (0..10)
-            .map(|_| Claimed {
-                id: Uuid::new_v4(),
-                kind: "echo".into(),
-                host: None,
-                limited: false,
-                fresh: None,
-            })
-            .collect();
-        let out: Vec<String> = plan(&claimed, &roster)
+        let out: Vec<String> = plan(&echoes(10), &roster)
             .into_iter()
             .map(|a| a.worker)
             .collect();
