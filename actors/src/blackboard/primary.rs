@@ -9,7 +9,8 @@
 //! socket closes, or the server says it shuts down), the host is cut off (silence: a
 //! statement hangs until TCP gives up), or the server was demoted and answers every write
 //! with SQLSTATE 25006 (read-only transaction). The first and the last are seen as errors
-//! ([`noticed`], called for every PostgreSQL error the crate turns into its own); silence
+//! ([`noticed`], called for every PostgreSQL error the crate turns into its own; a server
+//! found in recovery where the primary should be says so by [`lost`]); silence
 //! is turned into an error by bounding unacknowledged data ([`share_deadlines`]). After one
 //! such error every idle connection made before it is dropped at its next checkout
 //! ([`drop_condemned`]): they lead to the same dead host.
@@ -77,10 +78,16 @@ pub(crate) fn is_lost_primary(e: &tokio_postgres::Error) -> bool {
 /// condemns the process's idle connections made until now.
 pub(crate) fn noticed(e: &tokio_postgres::Error) {
     if is_lost_primary(e) {
-        condemn(Instant::now());
-        tracing::debug!(error = %e, "the primary is lost to this connection; idle connections \
-            made before now will be dropped");
+        lost(&e.to_string());
     }
+}
+
+/// The primary is lost to a connection (`why`): the process's idle connections made
+/// until now are dropped at their next checkout.
+pub(crate) fn lost(why: &str) {
+    condemn(Instant::now());
+    tracing::debug!(%why, "the primary is lost to this connection; idle connections \
+        made before now will be dropped");
 }
 
 fn condemn(at: Instant) {

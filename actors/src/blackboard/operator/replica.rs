@@ -209,18 +209,19 @@ impl OperatorBoard {
     /// committed before this call: to be read after an operator's write, and handed to
     /// [`Replica::replayed`] by the read that must show it.
     /// A server in recovery is no primary: [`Error::NotPrimary`], which counts as the
-    /// database unreachable (the API's 503).
+    /// database unreachable (the API's 503), and the pool's idle connections made until
+    /// then are dropped, as after a demoted primary's refusal.
     pub async fn written_position(&self) -> Result<WalPosition> {
         let client = self.bb.client().await?;
         let insert: Option<WalPosition> =
             client.query_one(INSERT_POSITION, &[]).await?.try_get(0)?;
-        let insert = insert.ok_or_else(|| {
-            Error::NotPrimary(
-                "the primary's connection reached a server in recovery (a standby, or one \
-                 restarting): no WAL position to read there"
-                    .into(),
-            )
-        })?;
+        let Some(insert) = insert else {
+            let why = "the primary's connection reached a server in recovery (a standby, or \
+                       one restarting): no WAL position to read there";
+            // As for a demoted primary's refusal: its idle siblings lead there too.
+            crate::blackboard::primary::lost(why);
+            return Err(Error::NotPrimary(why.into()));
+        };
         Ok(record_end(insert))
     }
 
