@@ -217,6 +217,9 @@ impl Worker {
         let room = self.config.queue_max_bytes as i64 - self.held.bytes();
         let holds_nothing = self.held.count() == 0;
         let free_slots = limit - self.held.count();
+        // The free slots the claim sees: the blackboard still counts a finished task
+        // whose outcome is not written yet.
+        let free_seen = limit.saturating_sub(self.held.ledger.held());
         let sent = Instant::now();
         async move {
             bb.claim_and_read(&id, limit as i64, room, holds_nothing)
@@ -229,7 +232,8 @@ impl Worker {
             match res {
                 Ok(Some(read_back)) => {
                     let budget = room.max(0);
-                    act.read_back(read, read_back, (limit, free_slots, budget), sent, ctx)
+                    let slots = (limit, free_slots, free_seen, budget);
+                    act.read_back(read, read_back, slots, sent, ctx)
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -273,13 +277,13 @@ impl Worker {
     }
 
     /// A read (the ledger's `read`, sent at `sent`, asking for `limit` tasks within
-    /// `budget` bytes with `free_slots` free) came back: what it did not have yet goes
-    /// to the queue.
+    /// `budget` bytes with `free_slots` free, `free_seen` of them by the blackboard's
+    /// count) came back: what it did not have yet goes to the queue.
     fn read_back(
         &mut self,
         read: super::ledger::Read,
         read_back: AssignedRead,
-        (limit, free_slots, budget): (usize, usize, i64),
+        (limit, free_slots, free_seen, budget): (usize, usize, usize, i64),
         sent: Instant,
         ctx: &mut Context<Self>,
     ) {
@@ -311,7 +315,7 @@ impl Worker {
             sent,
             db_clock_ms: read_back.db_clock_ms,
         });
-        self.refill(new, free_slots, ctx);
+        self.refill(new, free_seen, ctx);
     }
 
     /// The safety-net poll: a read of its assignments, unless it read less than a poll
@@ -324,7 +328,8 @@ impl Worker {
     }
 
     /// New tasks it took (read, or carried by a wake-up) into the queue, and started
-    /// what fits. `free_slots`: its free slots when they were asked for.
+    /// what fits. `free_slots`: its free slots when they were asked for (for a claim, as the
+    /// blackboard counted them).
     pub(super) fn refill(
         &mut self,
         new: Vec<AssignedTask>,

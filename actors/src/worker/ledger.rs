@@ -111,6 +111,12 @@ impl Ledger {
         self.entries.remove(&key);
     }
 
+    /// How many tasks it holds as the blackboard counts them: taken and not let go
+    /// (queued, running, suspended, or finished with the outcome not written yet).
+    pub fn held(&self) -> usize {
+        self.entries.values().filter(|e| **e == Entry::Held).count()
+    }
+
     /// The tasks taken and not let go: queued, running, suspended, or finished with the
     /// outcome not written yet. With the queue emptied, what a drain must not give back
     /// and a task transfer must not move: their start may not be written, so they may still
@@ -161,6 +167,18 @@ mod tests {
             sorted(ledger.outcome_unwritten()),
             sorted(keys.iter().map(|k| k.0).collect())
         );
+    }
+
+    #[test]
+    fn it_holds_what_the_blackboard_counts_until_the_outcome_is_written() {
+        let mut ledger = Ledger::default();
+        read(&mut ledger, &[key(1, 1), key(2, 1), key(3, 1)]);
+        // Finished with the outcome not written: still held, as the blackboard counts.
+        assert_eq!(ledger.held(), 3);
+        ledger.let_go(key(2, 1));
+        assert_eq!(ledger.held(), 2);
+        ledger.dropped_unrun(key(3, 1));
+        assert_eq!(ledger.held(), 1);
     }
 
     #[test]
