@@ -1899,6 +1899,9 @@ $$;
 CREATE FUNCTION artex.tasks_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+declare
+    due      timestamptz;
+    runnable boolean;
 begin
     insert into artex.task_history
         (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
@@ -1908,12 +1911,25 @@ begin
     if not artex.wakeups_deferred() then
         perform pg_notify('artex_events', '');
     end if;
-    if exists (select 1 from new_rows where status = 'pending') then
+    select bool_or(n.run_at <= clock_timestamp()),
+           min(n.run_at) filter (where n.run_at > clock_timestamp())
+    into runnable, due
+    from new_rows n where n.status = 'pending';
+    if runnable then
         perform pg_notify('artex_tasks', 'new');
+    end if;
+    if due is not null then
+        perform pg_notify('artex_tasks', 'at:' || floor(extract(epoch from due) * 1000)::int8);
     end if;
     return null;
 end
 $$;
+
+--
+-- Name: FUNCTION tasks_after_insert(); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task, and the wake-ups: `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 --
 -- Name: tasks_after_update(); Type: FUNCTION; Schema: artex; Owner: -

@@ -16,13 +16,21 @@
 //! busy queue, where the last round found tasks, keeps its rounds. The worker makes the
 //! claimed tasks' spans of their time in queue and assignment (V53), as the round would
 //! have.
+//!
+//! **Tasks due later.** An insert of tasks whose `run_at` is ahead, and a worker's
+//! retries and snoozes, say when the soonest falls due (payload `at:<Unix ms>`,
+//! migrations/V57). The Scanner keeps those times ([`DueTimes`]) and, at the soonest,
+//! does what it does for tasks just submitted; before V57 they waited for the poll.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
-use crate::blackboard::{AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL};
+use crate::blackboard::{
+    parse_due_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL,
+};
 use crate::flight::SingleFlight;
 use crate::supervisor::ActorStats;
 use crate::waker::Waker;
@@ -67,6 +75,48 @@ impl Quiet {
     }
 }
 
+/// The most times of tasks due later a planner keeps; past it the latest are let go,
+/// and their tasks wait for the poll as before V57.
+pub const MAX_DUE: usize = 4096;
+
+/// The times at which pending tasks fall due that this planner was told of, soonest
+/// first.
+#[derive(Debug, Default)]
+pub struct DueTimes {
+    at: BTreeSet<SystemTime>,
+}
+
+impl DueTimes {
+    /// Keeps `at`; true when it is new and now the soonest (the timer is to be set
+    /// again).
+    pub fn add(&mut self, at: SystemTime) -> bool {
+        let new = self.at.insert(at);
+        while self.at.len() > MAX_DUE {
+            self.at.pop_last();
+        }
+        new && self.at.first() == Some(&at)
+    }
+
+    /// Lets go of the times up to `now`; true if there was any.
+    pub fn take_due(&mut self, now: SystemTime) -> bool {
+        let mut any = false;
+        while self.at.first().is_some_and(|at| *at <= now) {
+            self.at.pop_first();
+            any = true;
+        }
+        any
+    }
+
+    /// The soonest time kept.
+    pub fn soonest(&self) -> Option<SystemTime> {
+        self.at.first().copied()
+    }
+}
+
+/// How long after a due time its round starts: the payload's time is rounded down to
+/// the millisecond, and a round that starts before `run_at` finds nothing.
+const DUE_MARGIN: Duration = Duration::from_millis(1);
+
 /// The Scanner actor.
 pub struct Scanner {
     bb: PlannerBoard,
@@ -80,6 +130,9 @@ pub struct Scanner {
     quiet: Quiet,
     /// A round is set to follow a quiet fleet's claim.
     round_due: bool,
+    /// When tasks due later fall due, and the timer set for the soonest.
+    due: DueTimes,
+    due_timer: Option<SpawnHandle>,
 }
 
 impl Scanner {
@@ -100,6 +153,8 @@ impl Scanner {
             waker: None,
             quiet: Quiet::default(),
             round_due: false,
+            due: DueTimes::default(),
+            due_timer: None,
         }
     }
 
@@ -154,6 +209,7 @@ impl Actor for Scanner {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.run_interval(self.poll, |act, ctx| act.start_round(ctx));
+        self.arm_due(ctx);
         // The LISTEN session: reconnects forever; after each (re)connect, a round catches
         // whatever was notified while it was away.
         let mut session = self
@@ -166,7 +222,7 @@ impl Actor for Scanner {
                 match session.next().await {
                     ListenEvent::Connected => me.do_send(Wake),
                     ListenEvent::Notified(batch) => {
-                        let (mut tasks, mut new) = (false, false);
+                        let (mut tasks, mut new, mut due) = (false, false, Vec::new());
                         for n in batch {
                             match n.payload.strip_prefix("cancel:") {
                                 Some(worker) if n.channel == WAKE_CHANNEL => {
@@ -177,8 +233,15 @@ impl Actor for Scanner {
                                 _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {
                                     new = true
                                 }
+                                _ if n.channel == TASKS_CHANNEL => match parse_due_at(&n.payload) {
+                                    Some(at) => due.push(at),
+                                    None => tasks = true,
+                                },
                                 _ => tasks = true,
                             }
+                        }
+                        if !due.is_empty() {
+                            me.do_send(Due(due));
                         }
                         if new {
                             me.do_send(Submitted);
@@ -199,6 +262,7 @@ impl Supervised for Scanner {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.round.reset();
         self.round_due = false;
+        self.due_timer = None;
         self.stats.restarted("scanner");
     }
 }
@@ -224,6 +288,51 @@ pub struct Submitted;
 impl Handler<Submitted> for Scanner {
     type Result = ();
     fn handle(&mut self, _msg: Submitted, ctx: &mut Context<Self>) {
+        self.submitted(ctx);
+    }
+}
+
+/// Tasks due later fall due at these times (migrations/V57).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Due(pub Vec<SystemTime>);
+
+impl Handler<Due> for Scanner {
+    type Result = ();
+    fn handle(&mut self, msg: Due, ctx: &mut Context<Self>) {
+        let mut sooner = false;
+        for at in msg.0 {
+            sooner |= self.due.add(at);
+        }
+        if sooner {
+            self.arm_due(ctx);
+        }
+    }
+}
+
+impl Scanner {
+    /// Sets the timer for the soonest due time kept, in place of the one set before:
+    /// then the tasks due are treated as just submitted.
+    fn arm_due(&mut self, ctx: &mut Context<Self>) {
+        if let Some(handle) = self.due_timer.take() {
+            ctx.cancel_future(handle);
+        }
+        let Some(at) = self.due.soonest() else {
+            return;
+        };
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default() + DUE_MARGIN;
+        self.due_timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.due_timer = None;
+            if act.due.take_due(SystemTime::now()) {
+                act.submitted(ctx);
+            }
+            act.arm_due(ctx);
+        }));
+    }
+
+    /// Tasks became runnable: a worker of a quiet fleet claims them, the round follows;
+    /// else a round now.
+    fn submitted(&mut self, ctx: &mut Context<Self>) {
         let (Some(waker), Some((worker, addr))) = (&self.waker, self.quiet.turn()) else {
             self.start_round(ctx);
             return;
@@ -260,6 +369,34 @@ mod tests {
         ids.iter()
             .map(|id| (id.to_string(), format!("{id}:80")))
             .collect()
+    }
+
+    #[test]
+    fn due_times_are_kept_soonest_first_and_let_go_once_due() {
+        let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let mut due = DueTimes::default();
+        assert!(due.add(t(20)), "the first is the soonest");
+        assert!(!due.add(t(30)), "a later one leaves the timer as it is");
+        assert!(due.add(t(10)), "a sooner one sets it again");
+        assert!(!due.add(t(10)), "a time told twice is kept once");
+        assert_eq!(due.soonest(), Some(t(10)));
+        assert!(!due.take_due(t(9)), "nothing is due yet");
+        assert!(due.take_due(t(20)));
+        assert_eq!(due.soonest(), Some(t(30)));
+        assert!(due.take_due(t(99)));
+        assert_eq!(due.soonest(), None);
+    }
+
+    #[test]
+    fn past_the_most_kept_the_latest_times_are_let_go() {
+        let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let mut due = DueTimes::default();
+        for ms in 0..MAX_DUE as u64 + 10 {
+            due.add(t(1_000 + ms));
+        }
+        assert!(!due.add(t(1_000_000)), "the latest is let go at once");
+        assert!(due.take_due(t(1_000 + MAX_DUE as u64 - 1)));
+        assert_eq!(due.soonest(), None, "the ten latest were let go");
     }
 
     #[test]

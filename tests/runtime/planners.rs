@@ -151,8 +151,42 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     let _p = Proc::planner("planner", &db.url, &[]);
     let w = Proc::worker("worker", &db.url, &[]);
     worker_id(&c, &w).await;
-    // Delayed: the insert's NOTIFY comes too early, nothing announces it becoming due.
+    // Due in an hour, then moved by plain SQL to a second and a half from now: the
+    // insert announced an hour, and nothing announces the new time.
     let id = db
+        .bb
+        .operator()
+        .submit(
+            &NewTask {
+                run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)),
+                ..NewTask::new("echo", json!({}))
+            },
+            "test",
+        )
+        .await
+        .unwrap();
+    c.execute(
+        "update artex.tasks set run_at = now() + interval '1.5 seconds' where id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
+    let t = db.bb.operator().task(id).await.unwrap();
+    assert!(t.started_at.unwrap() >= t.run_at);
+}
+
+#[tokio::test]
+async fn tasks_due_later_start_when_due_without_a_poll() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Polls so slow that only the planner's timer for the due time (V57) can explain a
+    // start within the test.
+    let _p = Proc::planner("planner", &db.url, &["--planner-poll-ms", "600000"]);
+    let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
+    worker_id(&c, &w).await;
+    // Due later at its insert.
+    let delayed = db
         .bb
         .operator()
         .submit(
@@ -164,8 +198,22 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
         )
         .await
         .unwrap();
-    wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
-    let t = db.bb.operator().task(id).await.unwrap();
+    // Due later at its retry: the first attempt fails, to be retried in 1.5 s.
+    let retried = db
+        .bb
+        .operator()
+        .submit(
+            &NewTask::new("fail", json!({"times": 1, "then": "retry_at", "ms": 1500})),
+            "test",
+        )
+        .await
+        .unwrap();
+    wait_status(&db.bb, delayed, "succeeded", Duration::from_secs(30)).await;
+    wait_status(&db.bb, retried, "succeeded", Duration::from_secs(30)).await;
+    let t = db.bb.operator().task(delayed).await.unwrap();
+    assert!(t.started_at.unwrap() >= t.run_at);
+    let t = db.bb.operator().task(retried).await.unwrap();
+    assert_eq!(t.retries, 1, "{t:?}");
     assert!(t.started_at.unwrap() >= t.run_at);
 }
 

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 const WAKE_SECRET: &str = "select wake_secret from artex.blackboard";
 
 // One statement sends every channel's wake-up (an empty payload: "look again").
-const NOTIFY_CHANNELS: &str = "select count(pg_notify(c, '')) from unnest($1::text[]) c";
+const NOTIFY_CHANNELS: &str = "select count(pg_notify(c, $2)) from unnest($1::text[]) c";
 
 /// A notification received on a LISTEN session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,15 +135,23 @@ impl Blackboard {
     /// is a hint and its readers poll as well, so a failure is logged, not returned: the
     /// write it follows has committed.
     pub(crate) fn wake(&self, channels: &[&str]) {
+        self.notify(channels, "")
+    }
+
+    /// Sends `payload` on `channels` as [`wake`](Self::wake) sends its wake-ups.
+    pub(crate) fn notify(&self, channels: &[&str], payload: &str) {
         if channels.is_empty() {
             return;
         }
         let channels: Vec<String> = channels.iter().map(|c| c.to_string()).collect();
+        let payload = payload.to_string();
         let bb = self.clone();
         tokio::spawn(async move {
             let sent = async {
                 let client = bb.relaxed_client().await?;
-                client.relaxed(NOTIFY_CHANNELS, &[&channels]).await?;
+                client
+                    .relaxed(NOTIFY_CHANNELS, &[&channels, &payload])
+                    .await?;
                 Ok::<_, Error>(())
             };
             if let Err(e) = sent.await {

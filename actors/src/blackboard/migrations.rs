@@ -446,4 +446,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // Function bodies replaced in place: the same signatures and answers.
         change: Change::Expand,
     },
+    Migration {
+        version: 57,
+        name: "a_task_due_later_wakes_the_planners_when_due",
+        sql: include_str!(
+            "../../../migrations/V57__a_task_due_later_wakes_the_planners_when_due.sql"
+        ),
+        // A trigger function's body replaced in place; planners of earlier builds take
+        // its new payload as any wake-up.
+        change: Change::Expand,
+    },
 ];

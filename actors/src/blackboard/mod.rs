@@ -121,6 +121,22 @@ pub const TASKS_CHANNEL: &str = "artex_tasks";
 /// (migrations/V52); freed capacity and tasks back to `pending` send an empty one.
 pub const NEW_TASKS: &str = "new";
 
+/// The payload of a [`TASKS_CHANNEL`] notification saying when pending tasks not yet
+/// runnable fall due (migrations/V57: an insert's, a worker's retries and snoozes):
+/// `at:` and that time, in milliseconds since the Unix epoch.
+pub fn due_at(at: std::time::SystemTime) -> String {
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("at:{ms}")
+}
+
+/// The time a [`due_at`] payload names; `None` for any other payload.
+pub fn parse_due_at(payload: &str) -> Option<std::time::SystemTime> {
+    let ms: u64 = payload.strip_prefix("at:")?.parse().ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))
+}
+
 /// The payload of the notification a worker gets on its channel when a task it holds is
 /// canceled (by the flow trigger): stop that task's handler now.
 pub const CANCEL_PAYLOAD: &str = "cancel";

@@ -5,13 +5,13 @@
 //! lease epoch the worker holds: a worker that lost its lease changes nothing.
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
 
 use super::WorkerBoard;
 use crate::blackboard::carried::ReadSnapshot;
-use crate::blackboard::{EVENTS_CHANNEL, TASKS_CHANNEL};
+use crate::blackboard::{due_at, EVENTS_CHANNEL, TASKS_CHANNEL};
 use crate::error::{Error, Result};
 
 /// A task assigned to a worker, as the worker reads it (or takes it over in a hot
@@ -542,6 +542,17 @@ impl WorkerBoard {
             .await?;
         if !rows.is_empty() {
             self.bb.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
+            // Retries and snoozes due later: the planners wake when the soonest is due.
+            let soonest = statuses
+                .iter()
+                .zip(&delays)
+                .filter(|(status, ms)| **status == "pending" && **ms > 0.0)
+                .map(|(_, ms)| *ms)
+                .reduce(f64::min);
+            if let Some(ms) = soonest {
+                let at = SystemTime::now() + Duration::from_secs_f64(ms / 1000.0);
+                self.bb.notify(&[TASKS_CHANNEL], &due_at(at));
+            }
         }
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
