@@ -153,18 +153,7 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     worker_id(&c, &w).await;
     // Due in an hour, then moved by plain SQL to a second and a half from now: the
     // insert announced an hour, and nothing announces the new time.
-    let id = db
-        .bb
-        .operator()
-        .submit(
-            &NewTask {
-                run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)),
-                ..NewTask::new("echo", json!({}))
-            },
-            "test",
-        )
-        .await
-        .unwrap();
+    let id = submit_echo_due(&db, chrono::Duration::hours(1)).await;
     c.execute(
         "update artex.tasks set run_at = now() + interval '1.5 seconds' where id = $1",
         &[&id],
@@ -186,18 +175,7 @@ async fn tasks_due_later_start_when_due_without_a_poll() {
     let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
     worker_id(&c, &w).await;
     // Due later at its insert.
-    let delayed = db
-        .bb
-        .operator()
-        .submit(
-            &NewTask {
-                run_at: Some(chrono::Utc::now() + chrono::Duration::milliseconds(1500)),
-                ..NewTask::new("echo", json!({}))
-            },
-            "test",
-        )
-        .await
-        .unwrap();
+    let delayed = submit_echo_due(&db, chrono::Duration::milliseconds(1500)).await;
     // Due later at its retry: the first attempt fails, to be retried in 1.5 s.
     let retried = db
         .bb
@@ -255,4 +233,13 @@ async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
          was claimed at a planner's wake-up"
     );
     assert_no_double_run(&c).await;
+}
+
+/// Submits an echo task due `after` from now.
+async fn submit_echo_due(db: &TestDb, after: chrono::Duration) -> uuid::Uuid {
+    let task = NewTask {
+        run_at: Some(chrono::Utc::now() + after),
+        ..NewTask::new("echo", json!({}))
+    };
+    db.bb.operator().submit(&task, "test").await.unwrap()
 }
