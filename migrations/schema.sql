@@ -2118,6 +2118,9 @@ begin
         raise exception 'artex: a new task cannot be assigned yet'
             using errcode = 'check_violation';
     end if;
+    if new.traceparent is not null and not artex.traceparent_valid(new.traceparent) then
+        perform artex.traceparent_refused(new.id, new.traceparent);
+    end if;
     if new.unique_key is not null then
         perform artex.lock_unique_key(new.unique_key);
         existing := artex.task_with_unique_key(new.unique_key, null);
@@ -2285,6 +2288,10 @@ begin
                       hint = 'the limit is artex.limits.max_payload_bytes (artex limits --max-payload-bytes N)';
         end if;
     end if;
+    if new.traceparent is distinct from old.traceparent and new.traceparent is not null
+       and not artex.traceparent_valid(new.traceparent) then
+        perform artex.traceparent_refused(new.id, new.traceparent);
+    end if;
     return new;
 end
 $$;
@@ -2445,6 +2452,46 @@ begin
     return new;
 end
 $$;
+
+--
+-- Name: traceparent_refused(uuid, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.traceparent_refused(p_task uuid, p_traceparent text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+begin
+    raise exception 'artex: trace context % of task % is not a W3C traceparent: expected 00-<32 hex>-<16 hex>-<2 hex> in lowercase, version not ff, no all-zero id (tasks_traceparent_check)',
+        quote_literal(left(p_traceparent, 100)), p_task
+        using errcode = 'check_violation', schema = 'artex', table = 'tasks',
+              column = 'traceparent', constraint = 'tasks_traceparent_check';
+end
+$$;
+
+--
+-- Name: FUNCTION traceparent_refused(p_task uuid, p_traceparent text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.traceparent_refused(p_task uuid, p_traceparent text) IS 'Raises the error of a trace context that is not a W3C traceparent, under V45''s constraint name (V58).';
+
+--
+-- Name: traceparent_valid(text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.traceparent_valid(tp text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    select tp ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       and left(tp, 2) <> 'ff'
+       and substr(tp, 4, 32) <> '00000000000000000000000000000000'
+       and substr(tp, 37, 16) <> '0000000000000000'
+$_$;
+
+--
+-- Name: FUNCTION traceparent_valid(tp text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.traceparent_valid(tp text) IS 'Whether a task''s trace context is a W3C traceparent: version-traceid-spanid-flags in lowercase hex, version not ff, no all-zero id (V45''s check; V58 checks it where the value is written).';
 
 --
 -- Name: transition_allowed(artex.task_status, artex.task_status); Type: FUNCTION; Schema: artex; Owner: -
@@ -3659,13 +3706,6 @@ ALTER TABLE ONLY artex.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
 
 --
--- Name: tasks tasks_traceparent_check; Type: CHECK CONSTRAINT; Schema: artex; Owner: -
---
-
-ALTER TABLE artex.tasks
-    ADD CONSTRAINT tasks_traceparent_check CHECK (((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text) AND ("left"(traceparent, 2) <> 'ff'::text) AND (substr(traceparent, 4, 32) <> '00000000000000000000000000000000'::text) AND (substr(traceparent, 37, 16) <> '0000000000000000'::text))) NOT VALID;
-
---
 -- Name: uploads uploads_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
@@ -3930,7 +3970,7 @@ CREATE TRIGGER tasks_check_input AFTER INSERT ON artex.tasks REFERENCING NEW TAB
 -- Name: tasks tasks_check_input_update; Type: TRIGGER; Schema: artex; Owner: -
 --
 
-CREATE TRIGGER tasks_check_input_update BEFORE UPDATE OF kind, payload ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_check_input_update();
+CREATE TRIGGER tasks_check_input_update BEFORE UPDATE OF kind, payload, traceparent ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_check_input_update();
 
 --
 -- Name: tasks tasks_held_after_update; Type: TRIGGER; Schema: artex; Owner: -

@@ -202,6 +202,45 @@ async fn an_invalid_traceparent_is_refused_naming_the_field() {
             format!("{e:?}").contains("tasks_traceparent_check"),
             "{tp}: {e:?}"
         );
+        let db_error = e.as_db_error().expect("a database error");
+        assert_eq!(db_error.code().code(), "23514", "{tp}: {e:?}");
+        assert_eq!(db_error.constraint(), Some("tasks_traceparent_check"));
     }
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
+
+    // An update that writes the column meets the same rule (V58: a trigger checks it
+    // where it is written); one that leaves it alone does not look at it.
+    let id: Uuid = c
+        .query_one(
+            "insert into artex.tasks (kind, traceparent) values ('echo', $1) returning id",
+            &[&tp(9)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for bad_tp in bad {
+        let e = c
+            .execute(
+                "update artex.tasks set traceparent = $2 where id = $1",
+                &[&id, &bad_tp],
+            )
+            .await
+            .unwrap_err();
+        let db_error = e.as_db_error().expect("a database error");
+        assert_eq!(db_error.code().code(), "23514", "{bad_tp}: {e:?}");
+        assert_eq!(db_error.constraint(), Some("tasks_traceparent_check"));
+        assert!(
+            db_error.message().contains("not a W3C traceparent"),
+            "{e:?}"
+        );
+    }
+    for good in [Some(tp(10)), None] {
+        c.execute(
+            "update artex.tasks set traceparent = $2 where id = $1",
+            &[&id, &good],
+        )
+        .await
+        .unwrap();
+        assert_eq!(stored(&c, id).await, good);
+    }
 }

@@ -456,4 +456,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // its new payload as any wake-up.
         change: Change::Expand,
     },
+    Migration {
+        version: 58,
+        name: "a_trace_context_is_checked_when_written",
+        sql: include_str!("../../../migrations/V58__a_trace_context_is_checked_when_written.sql"),
+        // A check moved from a constraint into the triggers that write the column: the
+        // same rule, error code and constraint name for every build.
+        change: Change::Expand,
+    },
 ];
