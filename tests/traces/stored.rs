@@ -2,6 +2,7 @@
 //! an invalid one is refused naming the field, and nothing is written.
 
 use artex_actors::blackboard::NewTask;
+use artex_actors::trace::TraceParent;
 use artex_testkit::http::Request;
 use serde_json::json;
 use uuid::Uuid;
@@ -209,7 +210,7 @@ async fn an_invalid_traceparent_is_refused_naming_the_field() {
     assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
 
     // An update that writes the column meets the same rule (V58: a trigger checks it
-    // where it is written); one that leaves it alone does not look at it.
+    // where it is written).
     let id: Uuid = c
         .query_one(
             "insert into artex.tasks (kind, traceparent) values ('echo', $1) returning id",
@@ -243,4 +244,45 @@ async fn an_invalid_traceparent_is_refused_naming_the_field() {
         .unwrap();
         assert_eq!(stored(&c, id).await, good);
     }
+}
+
+/// The blackboard's rule (`artex.traceparent_valid`, which the insert's and the update's
+/// triggers apply) and the Rust one every surface applies (`TraceParent::parse`) take
+/// and refuse the same values.
+#[tokio::test]
+async fn the_sql_and_the_rust_traceparent_rules_agree() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let cases = [
+        good,
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        "fe-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-00",
+        "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902g7-01",
+        "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n",
+        "",
+        "not a traceparent",
+    ];
+    for tp in cases {
+        let sql: bool = c
+            .query_one("select artex.traceparent_valid($1)", &[&tp])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(sql, TraceParent::parse(tp).is_ok(), "{tp:?}");
+    }
+    assert!(
+        TraceParent::parse(good).is_ok(),
+        "the cases hold a valid one"
+    );
 }
