@@ -91,7 +91,7 @@ impl DueTimes {
     /// again).
     pub fn add(&mut self, at: SystemTime) -> bool {
         let new = self.at.insert(at);
-        while self.at.len() > MAX_DUE {
+        if self.at.len() > MAX_DUE {
             self.at.pop_last();
         }
         new && self.at.first() == Some(&at)

@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 
 const WAKE_SECRET: &str = "select wake_secret from artex.blackboard";
 
-// One statement sends every channel's wake-up (an empty payload: "look again").
+// One statement sends a payload on every channel: empty for a wake-up ("look again"),
+// `at:<Unix ms>` for tasks due later (`due_at`).
 const NOTIFY_CHANNELS: &str = "select count(pg_notify(c, $2)) from unnest($1::text[]) c";
 
 /// A notification received on a LISTEN session.

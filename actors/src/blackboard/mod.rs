@@ -121,19 +121,22 @@ pub const TASKS_CHANNEL: &str = "artex_tasks";
 /// (migrations/V52); freed capacity and tasks back to `pending` send an empty one.
 pub const NEW_TASKS: &str = "new";
 
-/// The payload of a [`TASKS_CHANNEL`] notification saying when pending tasks not yet
-/// runnable fall due (migrations/V57: an insert's, a worker's retries and snoozes):
-/// `at:` and that time, in milliseconds since the Unix epoch.
+/// The prefix of a [`TASKS_CHANNEL`] payload saying when pending tasks not yet runnable
+/// fall due (migrations/V57: an insert's, a worker's retries and snoozes): [`DUE_AT`]
+/// and that time, in milliseconds since the Unix epoch ([`due_at`]).
+pub const DUE_AT: &str = "at:";
+
+/// The [`DUE_AT`] payload for `at`.
 pub fn due_at(at: std::time::SystemTime) -> String {
     let ms = at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    format!("at:{ms}")
+    format!("{DUE_AT}{ms}")
 }
 
-/// The time a [`due_at`] payload names; `None` for any other payload.
+/// The time a [`DUE_AT`] payload names; `None` for any other payload.
 pub fn parse_due_at(payload: &str) -> Option<std::time::SystemTime> {
-    let ms: u64 = payload.strip_prefix("at:")?.parse().ok()?;
+    let ms: u64 = payload.strip_prefix(DUE_AT)?.parse().ok()?;
     std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))
 }
 
@@ -380,4 +383,33 @@ fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) ->
         .pre_recycle(primary::drop_condemned())
         .build()
         .map_err(|e| Error::Url(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::{due_at, parse_due_at};
+
+    #[test]
+    fn a_due_time_survives_its_payload_to_the_millisecond_and_nothing_else_parses() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_765_000_000_123);
+        assert_eq!(due_at(at), "at:1765000000123");
+        assert_eq!(parse_due_at(&due_at(at)), Some(at));
+        // What V57's trigger sends: floor(epoch * 1000), the same form.
+        let rounded = at + Duration::from_micros(900);
+        assert_eq!(parse_due_at(&due_at(rounded)), Some(at));
+        for other in [
+            "",
+            "new",
+            "at:",
+            "at:-5",
+            "at:1.5",
+            "at: 12",
+            "cancel:w1",
+            "12",
+        ] {
+            assert_eq!(parse_due_at(other), None, "{other:?}");
+        }
+    }
 }
