@@ -194,6 +194,19 @@ impl Handler<Carried> for Worker {
     }
 }
 
+/// What a claim and read asked for, for what its answer does.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    /// Tasks at most.
+    limit: usize,
+    /// The worker's free slots, by its own count.
+    free_slots: usize,
+    /// Its free slots as the blackboard counts them (the claim's view).
+    free_seen: usize,
+    /// Bytes of payload at most.
+    budget: i64,
+}
+
 impl Worker {
     /// Claims the runnable tasks it may run, up to its free slots, and reads the tasks
     /// assigned to it (up to its capacity) into the queue, in one statement; starts what
@@ -216,10 +229,13 @@ impl Worker {
         // what fits in the budget (one task at least, when nothing is held).
         let room = self.config.queue_max_bytes as i64 - self.held.bytes();
         let holds_nothing = self.held.count() == 0;
-        let free_slots = limit - self.held.count();
-        // The free slots the claim sees: the blackboard still counts a finished task
-        // whose outcome is not written yet.
-        let free_seen = limit.saturating_sub(self.held.ledger.held());
+        let asked = Asked {
+            limit,
+            free_slots: limit - self.held.count(),
+            // The blackboard still counts a finished task whose outcome is not written.
+            free_seen: limit.saturating_sub(self.held.ledger.held()),
+            budget: room.max(0),
+        };
         let sent = Instant::now();
         async move {
             bb.claim_and_read(&id, limit as i64, room, holds_nothing)
@@ -230,11 +246,7 @@ impl Worker {
             let again = act.intake.flight.end();
             act.liveness.db_result(&res);
             match res {
-                Ok(Some(read_back)) => {
-                    let budget = room.max(0);
-                    let slots = (limit, free_slots, free_seen, budget);
-                    act.read_back(read, read_back, slots, sent, ctx)
-                }
+                Ok(Some(read_back)) => act.read_back(read, read_back, asked, sent, ctx),
                 Ok(None) => {}
                 Err(e) => {
                     act.stats.failed("worker");
@@ -276,14 +288,18 @@ impl Worker {
         });
     }
 
-    /// A read (the ledger's `read`, sent at `sent`, asking for `limit` tasks within
-    /// `budget` bytes with `free_slots` free, `free_seen` of them by the blackboard's
-    /// count) came back: what it did not have yet goes to the queue.
+    /// A read (the ledger's `read`, sent at `sent`, as `asked`) came back: what it did
+    /// not have yet goes to the queue.
     fn read_back(
         &mut self,
         read: super::ledger::Read,
         read_back: AssignedRead,
-        (limit, free_slots, free_seen, budget): (usize, usize, usize, i64),
+        Asked {
+            limit,
+            free_slots,
+            free_seen,
+            budget,
+        }: Asked,
         sent: Instant,
         ctx: &mut Context<Self>,
     ) {
