@@ -779,6 +779,53 @@ end
 $_$;
 
 --
+-- Name: fact_refused(text, text, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.fact_refused(p_table text, p_row text, p_constraint text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+declare
+    what text := case p_constraint
+        when 'tasks_kind_check' then 'kind is empty or longer than 200 characters'
+        when 'flow_task_named' then 'flow_id and flow_task are set together or not at all'
+        when 'tasks_flow_task_check' then 'flow_task is empty'
+        when 'tasks_host_check' then 'host is empty'
+        when 'tasks_limit_key_check' then 'limit_key is empty or longer than 200 bytes'
+        when 'tasks_shard_check' then 'shard is outside 0 to 1023'
+        when 'tasks_shard_key_check' then 'shard_key is empty'
+        when 'tasks_tags_valid' then 'tags are not 1 to 20 tags of 1 to 64 bytes each'
+        when 'tasks_timeout_ms_check' then 'timeout_ms is not positive'
+        when 'tasks_unique_key_check' then 'unique_key is empty or longer than 200 bytes'
+        when 'tasks_progress_check' then 'progress is outside 0 to 1'
+        when 'tasks_progress_message_check' then 'progress_message is longer than 200 characters'
+        when 'workers_id_check' then 'id is empty'
+        when 'workers_host_check' then 'host is empty'
+        when 'workers_pid_check' then 'pid is not positive'
+        when 'workers_version_check' then 'version is empty'
+        when 'workers_channel_check' then 'channel is empty or 64 characters or longer'
+        when 'workers_http_addr_check' then 'http_addr is empty'
+        when 'workers_lease_ms_check' then 'lease_ms is not positive'
+        when 'workers_binary_sha256_check' then 'binary_sha256 is not 64 lowercase hex digits'
+        when 'workers_session_check' then 'session is empty or 64 characters or longer'
+        when 'workers_slots_check' then 'slots is not positive'
+        when 'workers_wake_addr_check' then 'wake_addr is empty or 300 characters or longer'
+        else 'a rule is broken'
+    end;
+begin
+    raise exception 'artex: % % refused: % (%)', rtrim(p_table, 's'), p_row, what, p_constraint
+        using errcode = 'check_violation', schema = 'artex', table = p_table,
+              constraint = p_constraint;
+end
+$$;
+
+--
+-- Name: FUNCTION fact_refused(p_table text, p_row text, p_constraint text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.fact_refused(p_table text, p_row text, p_constraint text) IS 'Raises the error of a task''s or a worker''s fact that breaks its rule, under the name of the constraint that checked it before V59.';
+
+--
 -- Name: fire_due_waits(timestamp with time zone, text, integer); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1874,6 +1921,35 @@ $$;
 COMMENT ON FUNCTION artex.tags_valid(tags text[]) IS 'A task''s tags: 1 to 20, each 1 to 64 bytes (migrations/V18__tags_and_limits.sql).';
 
 --
+-- Name: task_fact_broken(text, uuid, text, text, text, smallint, text, text[], integer, text, real, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.task_fact_broken(p_kind text, p_flow_id uuid, p_flow_task text, p_host text, p_limit_key text, p_shard smallint, p_shard_key text, p_tags text[], p_timeout_ms integer, p_unique_key text, p_progress real, p_progress_message text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    select case
+        when not (p_kind <> '' and length(p_kind) <= 200) then 'tasks_kind_check'
+        when not ((p_flow_id is null) = (p_flow_task is null)) then 'flow_task_named'
+        when not (p_flow_task <> '') then 'tasks_flow_task_check'
+        when not (p_host <> '') then 'tasks_host_check'
+        when not (p_limit_key <> '' and octet_length(p_limit_key) <= 200) then 'tasks_limit_key_check'
+        when not (p_shard >= 0 and p_shard < 1024) then 'tasks_shard_check'
+        when not (p_shard_key <> '') then 'tasks_shard_key_check'
+        when not (p_tags is null or artex.tags_valid(p_tags)) then 'tasks_tags_valid'
+        when not (p_timeout_ms > 0) then 'tasks_timeout_ms_check'
+        when not (p_unique_key <> '' and octet_length(p_unique_key) <= 200) then 'tasks_unique_key_check'
+        when not (p_progress >= 0 and p_progress <= 1) then 'tasks_progress_check'
+        when not (char_length(p_progress_message) <= 200) then 'tasks_progress_message_check'
+    end
+$$;
+
+--
+-- Name: FUNCTION task_fact_broken(p_kind text, p_flow_id uuid, p_flow_task text, p_host text, p_limit_key text, p_shard smallint, p_shard_key text, p_tags text[], p_timeout_ms integer, p_unique_key text, p_progress real, p_progress_message text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.task_fact_broken(p_kind text, p_flow_id uuid, p_flow_task text, p_host text, p_limit_key text, p_shard smallint, p_shard_key text, p_tags text[], p_timeout_ms integer, p_unique_key text, p_progress real, p_progress_message text) IS 'The name of the first rule of a task''s given facts that these values break (the CHECK constraints of V1–V45 it replaces, word for word), or NULL (V59).';
+
+--
 -- Name: task_with_unique_key(text, interval); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -2109,6 +2185,7 @@ CREATE FUNCTION artex.tasks_before_insert() RETURNS trigger
     AS $$
 declare
     existing uuid;
+    broken text;
 begin
     if new.status not in ('pending', 'blocked', 'paused') then
         raise exception 'artex: a new task starts pending, blocked or paused, not %', new.status
@@ -2120,6 +2197,14 @@ begin
     end if;
     if new.traceparent is not null and not artex.traceparent_valid(new.traceparent) then
         perform artex.traceparent_refused(new.id, new.traceparent);
+    end if;
+    -- Planner shards split the keyspace: one business key always lands on one shard.
+    new.shard := abs(hashtext(coalesce(new.shard_key, new.id::text)) % 1024);
+    broken := artex.task_fact_broken(new.kind, new.flow_id, new.flow_task, new.host,
+        new.limit_key, new.shard, new.shard_key, new.tags, new.timeout_ms, new.unique_key,
+        new.progress, new.progress_message);
+    if broken is not null then
+        perform artex.fact_refused('tasks', new.id::text, broken);
     end if;
     if new.unique_key is not null then
         perform artex.lock_unique_key(new.unique_key);
@@ -2133,8 +2218,6 @@ begin
     end if;
     new.limited := exists (select 1 from artex.kind_limits k where k.kind = new.kind);
     new.lease_epoch := 0;
-    -- Planner shards split the keyspace: one business key always lands on one shard.
-    new.shard := abs(hashtext(coalesce(new.shard_key, new.id::text)) % 1024);
     new.created_at := now();
     new.updated_at := now();
     return new;
@@ -2272,6 +2355,7 @@ CREATE FUNCTION artex.tasks_check_input_update() RETURNS trigger
 declare
     bytes integer;
     lim integer;
+    broken text;
 begin
     if new.kind is distinct from old.kind and not artex.is_kind_name(new.kind) then
         raise exception 'artex: kind % of task % is not a kind name: expected letters, digits and ._:- (starting with a letter or digit), at most 100 bytes',
@@ -2291,6 +2375,12 @@ begin
     if new.traceparent is distinct from old.traceparent and new.traceparent is not null
        and not artex.traceparent_valid(new.traceparent) then
         perform artex.traceparent_refused(new.id, new.traceparent);
+    end if;
+    broken := artex.task_fact_broken(new.kind, new.flow_id, new.flow_task, new.host,
+        new.limit_key, new.shard, new.shard_key, new.tags, new.timeout_ms, new.unique_key,
+        new.progress, new.progress_message);
+    if broken is not null then
+        perform artex.fact_refused('tasks', new.id::text, broken);
     end if;
     return new;
 end
@@ -2604,6 +2694,60 @@ CREATE FUNCTION artex.wakeups_deferred() RETURNS boolean
     AS $$
     select coalesce(current_setting('artex.wakeups', true) = 'deferred', false)
 $$;
+
+--
+-- Name: worker_fact_broken(text, text, integer, text, text, text, integer, text, text, integer, text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.worker_fact_broken(p_id text, p_host text, p_pid integer, p_version text, p_channel text, p_http_addr text, p_lease_ms integer, p_binary_sha256 text, p_session text, p_slots integer, p_wake_addr text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    select case
+        when not (p_id <> '') then 'workers_id_check'
+        when not (p_host <> '') then 'workers_host_check'
+        when not (p_pid > 0) then 'workers_pid_check'
+        when not (p_version <> '') then 'workers_version_check'
+        when not (p_channel <> '' and length(p_channel) < 64) then 'workers_channel_check'
+        when not (p_http_addr <> '') then 'workers_http_addr_check'
+        when not (p_lease_ms > 0) then 'workers_lease_ms_check'
+        when not (p_binary_sha256 ~ '^[0-9a-f]{64}$') then 'workers_binary_sha256_check'
+        when not (p_session <> '' and length(p_session) < 64) then 'workers_session_check'
+        when not (p_slots > 0) then 'workers_slots_check'
+        when not (p_wake_addr <> '' and length(p_wake_addr) < 300) then 'workers_wake_addr_check'
+    end
+$_$;
+
+--
+-- Name: FUNCTION worker_fact_broken(p_id text, p_host text, p_pid integer, p_version text, p_channel text, p_http_addr text, p_lease_ms integer, p_binary_sha256 text, p_session text, p_slots integer, p_wake_addr text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.worker_fact_broken(p_id text, p_host text, p_pid integer, p_version text, p_channel text, p_http_addr text, p_lease_ms integer, p_binary_sha256 text, p_session text, p_slots integer, p_wake_addr text) IS 'The name of the first rule of a worker''s facts that these values break (the CHECK constraints it replaces, word for word), or NULL (V59).';
+
+--
+-- Name: workers_check_facts(); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.workers_check_facts() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+declare
+    broken text;
+begin
+    broken := artex.worker_fact_broken(new.id, new.host, new.pid, new.version, new.channel,
+        new.http_addr, new.lease_ms, new.binary_sha256, new.session, new.slots,
+        new.wake_addr);
+    if broken is not null then
+        perform artex.fact_refused('workers', quote_literal(left(new.id, 100)), broken);
+    end if;
+    return new;
+end
+$$;
+
+--
+-- Name: FUNCTION workers_check_facts(); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.workers_check_facts() IS 'Checks a worker''s facts when they are written (V59): its registration, and an update that sets one of them. Heartbeats and the counters of claims and rounds set none.';
 
 --
 -- Name: workers_forget_released(); Type: FUNCTION; Schema: artex; Owner: -
@@ -3309,26 +3453,14 @@ END) STORED,
     progress_message text,
     progress_at timestamp with time zone,
     traceparent text,
-    CONSTRAINT flow_task_named CHECK (((flow_id IS NULL) = (flow_task IS NULL))),
     CONSTRAINT holder_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (assigned_to IS NOT NULL))),
     CONSTRAINT lease_only_while_held CHECK (((status = ANY (ARRAY['assigned'::artex.task_status, 'running'::artex.task_status])) = (lease_until IS NOT NULL))),
     CONSTRAINT retries_within_budget CHECK ((retries <= (max_retries + 1))),
     CONSTRAINT tasks_assigned_to_check CHECK ((assigned_to <> ''::text)),
     CONSTRAINT tasks_error_check CHECK ((error <> ''::text)),
-    CONSTRAINT tasks_flow_task_check CHECK ((flow_task <> ''::text)),
-    CONSTRAINT tasks_host_check CHECK ((host <> ''::text)),
-    CONSTRAINT tasks_kind_check CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
     CONSTRAINT tasks_lease_epoch_check CHECK ((lease_epoch >= 0)),
-    CONSTRAINT tasks_limit_key_check CHECK (((limit_key <> ''::text) AND (octet_length(limit_key) <= 200))),
     CONSTRAINT tasks_max_retries_check CHECK ((max_retries >= 0)),
-    CONSTRAINT tasks_progress_check CHECK (((progress >= (0)::double precision) AND (progress <= (1)::double precision))),
-    CONSTRAINT tasks_progress_message_check CHECK ((char_length(progress_message) <= 200)),
-    CONSTRAINT tasks_retries_check CHECK ((retries >= 0)),
-    CONSTRAINT tasks_shard_check CHECK (((shard >= 0) AND (shard < 1024))),
-    CONSTRAINT tasks_shard_key_check CHECK ((shard_key <> ''::text)),
-    CONSTRAINT tasks_tags_valid CHECK (((tags IS NULL) OR artex.tags_valid(tags))),
-    CONSTRAINT tasks_timeout_ms_check CHECK ((timeout_ms > 0)),
-    CONSTRAINT tasks_unique_key_check CHECK (((unique_key <> ''::text) AND (octet_length(unique_key) <= 200)))
+    CONSTRAINT tasks_retries_check CHECK ((retries >= 0))
 )
 WITH (autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='10000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
 
@@ -3453,19 +3585,8 @@ CREATE TABLE artex.workers (
     wake_addr text,
     wake_failed_at timestamp with time zone,
     slots integer,
-    CONSTRAINT workers_binary_sha256_check CHECK ((binary_sha256 ~ '^[0-9a-f]{64}$'::text)),
     CONSTRAINT workers_capacity_check CHECK ((capacity > 0)),
-    CONSTRAINT workers_channel_check CHECK (((channel <> ''::text) AND (length(channel) < 64))),
-    CONSTRAINT workers_host_check CHECK ((host <> ''::text)),
-    CONSTRAINT workers_http_addr_check CHECK ((http_addr <> ''::text)),
-    CONSTRAINT workers_id_check CHECK ((id <> ''::text)),
-    CONSTRAINT workers_inflight_check CHECK ((inflight >= 0)),
-    CONSTRAINT workers_lease_ms_check CHECK ((lease_ms > 0)),
-    CONSTRAINT workers_pid_check CHECK ((pid > 0)),
-    CONSTRAINT workers_session_check CHECK (((session <> ''::text) AND (length(session) < 64))),
-    CONSTRAINT workers_slots_check CHECK ((slots > 0)),
-    CONSTRAINT workers_version_check CHECK ((version <> ''::text)),
-    CONSTRAINT workers_wake_addr_check CHECK (((wake_addr <> ''::text) AND (length(wake_addr) < 300)))
+    CONSTRAINT workers_inflight_check CHECK ((inflight >= 0))
 )
 WITH (fillfactor='50');
 
@@ -3970,7 +4091,7 @@ CREATE TRIGGER tasks_check_input AFTER INSERT ON artex.tasks REFERENCING NEW TAB
 -- Name: tasks tasks_check_input_update; Type: TRIGGER; Schema: artex; Owner: -
 --
 
-CREATE TRIGGER tasks_check_input_update BEFORE UPDATE OF kind, payload, traceparent ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_check_input_update();
+CREATE TRIGGER tasks_check_input_update BEFORE UPDATE OF kind, payload, traceparent, flow_id, flow_task, host, limit_key, shard, shard_key, tags, timeout_ms, unique_key, progress, progress_message ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_check_input_update();
 
 --
 -- Name: tasks tasks_held_after_update; Type: TRIGGER; Schema: artex; Owner: -
@@ -3983,6 +4104,12 @@ CREATE TRIGGER tasks_held_after_update AFTER UPDATE ON artex.tasks REFERENCING O
 --
 
 CREATE TRIGGER tasks_measure_payload BEFORE INSERT OR UPDATE OF payload ON artex.tasks FOR EACH ROW EXECUTE FUNCTION artex.tasks_measure_payload();
+
+--
+-- Name: workers workers_check_facts; Type: TRIGGER; Schema: artex; Owner: -
+--
+
+CREATE TRIGGER workers_check_facts BEFORE INSERT OR UPDATE OF id, host, pid, version, channel, http_addr, lease_ms, binary_sha256, session, slots, wake_addr ON artex.workers FOR EACH ROW EXECUTE FUNCTION artex.workers_check_facts();
 
 --
 -- Name: workers workers_forget_released; Type: TRIGGER; Schema: artex; Owner: -

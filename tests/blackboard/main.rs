@@ -3,6 +3,8 @@
 //! scanner's index — against a real PostgreSQL, one fresh database per test.
 //!
 //! # Layout
+//! - `facts`: a task's and a worker's own facts checked where they are written (V59),
+//!   under their constraints' names, and not at the hot writes.
 //! - `inserts`: what a plain SQL insert gets: defaults, a time-ordered id, its audit row
 //!   and a notification.
 //! - `status_machine`: the status machine's trigger: legal moves applied and audited,
@@ -19,6 +21,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod facts;
 mod fencing;
 mod hot;
 mod inserts;

@@ -464,4 +464,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // same rule, error code and constraint name for every build.
         change: Change::Expand,
     },
+    Migration {
+        version: 59,
+        name: "a_rows_own_facts_are_checked_where_they_are_written",
+        sql: include_str!(
+            "../../../migrations/V59__a_rows_own_facts_are_checked_where_they_are_written.sql"
+        ),
+        // Checks moved from constraints into the triggers that write their columns: the
+        // same rules, error code and constraint names for every build.
+        change: Change::Expand,
+    },
 ];
