@@ -10,6 +10,11 @@
 //! The same pass ends flows' due waits (migrations/V40): timers that reached their time
 //! succeed, signal waits past their timeout time out (or succeed, as the wait says), in
 //! one statement that locks them `for update skip locked`, so each ends once.
+//!
+//! Each pass ends by reading when the next slot or wait is due. When that is before the
+//! next pass, a timer runs a pass then (1 ms after it): a slot or a timer is met within
+//! milliseconds of its time, not up to a second after it. Something reached less than a
+//! second before it is due (a `for` timer of 200 ms) is met by the next pass.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +34,10 @@ const SCHEDULES_PER_PASS: usize = 500;
 /// At most this many due waits are ended in one pass; the rest in the next one.
 const WAITS_PER_PASS: i32 = 1000;
 
+/// A timed pass runs this long after the time it is for, so that the database's clock,
+/// which the pass reads, has reached it.
+const DUE_MARGIN: Duration = Duration::from_millis(1);
+
 /// What one pass did: each schedule's turn (the slots it fired, or why it failed), and
 /// the flows' waits it ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +46,9 @@ pub struct SchedulerReport {
     pub turns: Vec<ScheduleTurn>,
     /// The due waits ended.
     pub waits: Vec<WaitEnded>,
+    /// Milliseconds from the pass's end to the soonest slot or wait due (negative when
+    /// one is past due); `None` when nothing is scheduled or waiting.
+    pub next_due_ms: Option<i64>,
 }
 
 impl SchedulerReport {
@@ -58,6 +70,8 @@ pub struct Scheduler {
     stats: ActorStats,
     /// Slots fired, for `/metrics`.
     metrics: Option<Arc<PlannerMetrics>>,
+    /// The pass timed for the next slot or wait due, if one is before the next pass.
+    due_pass: Option<SpawnHandle>,
 }
 
 impl Scheduler {
@@ -70,6 +84,7 @@ impl Scheduler {
             interval,
             stats,
             metrics: None,
+            due_pass: None,
         }
     }
 
@@ -103,6 +118,7 @@ impl Scheduler {
             tracing::info!(task_id = %w.task, flow_id = %w.flow, outcome = %w.outcome,
                 "flow wait ended");
         }
+        report.next_due_ms = bb.next_due_ms().await?;
         Ok(report)
     }
 
@@ -116,6 +132,15 @@ impl Scheduler {
                     if let Some(m) = &act.metrics {
                         m.schedule_slots.add(report.fired() as u64);
                     }
+                    if let Some(after) = timed_pass_after(report.next_due_ms, act.interval) {
+                        if let Some(earlier) = act.due_pass.take() {
+                            ctx.cancel_future(earlier);
+                        }
+                        act.due_pass = Some(ctx.run_later(after, |act, ctx| {
+                            act.due_pass = None;
+                            act.run(ctx);
+                        }));
+                    }
                 }
                 Ok(Err(e)) => {
                     act.stats.failed("scheduler");
@@ -125,6 +150,15 @@ impl Scheduler {
             })
             .wait(ctx);
     }
+}
+
+/// When to run a pass for what is due in `next_due_ms`: only when that is ahead and
+/// before the next pass (`interval`). Something past due is left to the next pass: it is
+/// held by another planner or its fire failed, and a pass at once would spin on it.
+fn timed_pass_after(next_due_ms: Option<i64>, interval: Duration) -> Option<Duration> {
+    let ms = u64::try_from(next_due_ms?).ok().filter(|ms| *ms > 0)?;
+    let after = Duration::from_millis(ms) + DUE_MARGIN;
+    (after < interval).then_some(after)
 }
 
 fn log_turn(turn: &ScheduleTurn) {
@@ -157,6 +191,36 @@ impl Actor for Scheduler {
 
 impl Supervised for Scheduler {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.due_pass = None;
         self.stats.restarted("scheduler");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_is_timed_only_for_what_is_due_ahead_and_before_the_next_pass() {
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            timed_pass_after(Some(400), second),
+            Some(Duration::from_millis(401))
+        );
+        assert_eq!(
+            timed_pass_after(Some(1), second),
+            Some(Duration::from_millis(2))
+        );
+        // At or after the next pass: that pass will see it coming.
+        assert_eq!(timed_pass_after(Some(999), second), None);
+        assert_eq!(timed_pass_after(Some(5_000), second), None);
+        assert_eq!(
+            timed_pass_after(Some(5_000), Duration::from_secs(600)),
+            Some(Duration::from_millis(5_001))
+        );
+        // Past due, now, or nothing: no timed pass.
+        for none in [Some(-30), Some(0), None] {
+            assert_eq!(timed_pass_after(none, second), None, "{none:?}");
+        }
     }
 }

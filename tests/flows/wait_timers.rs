@@ -3,7 +3,8 @@
 //! with `on_timeout: succeed`; with two planner processes each due wait ends once, and
 //! two Schedulers ending the same due waits at once never end one twice; a wait
 //! survives its planner's kill and completes under the next planner; waits and kept
-//! signals survive a PostgreSQL restart.
+//! signals survive a PostgreSQL restart; a Scheduler ends a timer at its time, not at
+//! its next pass.
 
 use std::time::Duration;
 
@@ -152,6 +153,90 @@ async fn with_two_planner_processes_each_due_wait_ends_once() {
         200
     );
     assert_no_double_success(&c).await;
+}
+
+/// The Scheduler's pass reads when the next slot or wait is due and runs a pass then:
+/// with its passes 600 s apart, a `for` timer of 2 s, unseen by its first pass, is ended
+/// by the pass timed for it (the next pass would come long after this test's 30 s).
+#[test]
+fn a_scheduler_ends_a_timer_at_its_time_between_its_passes() {
+    actix::System::new().block_on(async {
+        use actix::Actor;
+        let db = TestDb::new().await;
+        let id = db
+            .bb
+            .operator()
+            .submit_flow(&many_timers(1, "2s"), "test")
+            .await
+            .unwrap();
+        let _scheduler = Scheduler::new(
+            db.bb.planner(),
+            "planner-t".into(),
+            Duration::from_secs(600),
+            Default::default(),
+        )
+        .start();
+        let f = wait_flow(&db.bb, id, FlowState::Succeeded, Duration::from_secs(30)).await;
+        let t0 = task(&f, "t0");
+        let history = db.bb.operator().transitions(t0.id).await.unwrap();
+        let last = history.last().unwrap();
+        assert_eq!(
+            (last.reason.as_deref(), last.actor.as_str()),
+            (Some("timer"), "planner-t")
+        );
+        assert!(t0.finished_at.unwrap() >= t0.wait.as_ref().unwrap().due_at.unwrap());
+    });
+}
+
+/// What the Scheduler times its pass for: the soonest slot of a schedule not paused, or
+/// due time of a wait not ended; nothing when there is neither.
+#[tokio::test]
+async fn the_next_due_is_the_soonest_slot_or_wait_not_paused_or_ended() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    assert_eq!(db.bb.planner().next_due_ms().await.unwrap(), None);
+    c.batch_execute(
+        "insert into artex.schedules (name, cron, kind, created_by, updated_by, next_slot)
+         values ('later', '* * * * *', 'echo', 'test', 'test', now() + interval '20 min'),
+                ('paused', '* * * * *', 'echo', 'test', 'test', now() + interval '1 min')",
+    )
+    .await
+    .unwrap();
+    c.batch_execute("update artex.schedules set paused = true where name = 'paused'")
+        .await
+        .unwrap();
+    due_in_minutes(&db, 20).await;
+    db.bb
+        .operator()
+        .submit_flow(&many_timers(2, "10m"), "test")
+        .await
+        .unwrap();
+    due_in_minutes(&db, 10).await;
+    c.batch_execute("update artex.flow_waits set ended_at = now()")
+        .await
+        .unwrap();
+    due_in_minutes(&db, 20).await;
+    c.batch_execute("update artex.schedules set next_slot = now() - interval '1 min'")
+        .await
+        .unwrap();
+    let past = db.bb.planner().next_due_ms().await.unwrap().unwrap();
+    assert!((-62_000..=-58_000).contains(&past), "{past}");
+}
+
+/// Asserts the next slot or wait is due in about `m` minutes (a little less: time passed).
+async fn due_in_minutes(db: &TestDb, m: i64) {
+    let ms = db
+        .bb
+        .planner()
+        .next_due_ms()
+        .await
+        .unwrap()
+        .expect("something due");
+    let want = m * 60_000;
+    assert!(
+        (want - 2_000..=want).contains(&ms),
+        "{ms} ms, expected about {m} min"
+    );
 }
 
 #[tokio::test]
