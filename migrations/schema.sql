@@ -2026,6 +2026,7 @@ CREATE FUNCTION artex.tasks_after_update() RETURNS trigger
 declare
     wake   boolean;
     events boolean;
+    due    timestamptz;
 begin
     -- The hot functions (assign_round, record_attempts) keep the history, the counters
     -- and the flows in their own statement (V25).
@@ -2107,10 +2108,23 @@ begin
         if events then
             perform pg_notify('artex_events', '');
         end if;
+        -- Pending tasks due later (a rescue's backoff, a run_at moved by SQL): the
+        -- planners' Scanner times a round for the soonest, as for an insert (V57).
+        select min(n.run_at) into due
+        from new_rows n where n.status = 'pending' and n.run_at > now();
+        if due is not null then
+            perform pg_notify('artex_tasks', 'at:' || floor(extract(epoch from due) * 1000)::int8);
+        end if;
     end if;
     return null;
 end
 $$;
+
+--
+-- Name: FUNCTION tasks_after_update(); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.tasks_after_update() IS 'After an update (not the hot functions'' own): the history rows of status changes and handovers, the planners'' wake-up (new runnable work or freed capacity), the feed''s, and `at:<Unix ms>` for the soonest pending task due later (V60).';
 
 --
 -- Name: tasks_after_update_flows(); Type: FUNCTION; Schema: artex; Owner: -

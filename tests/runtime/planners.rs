@@ -151,13 +151,16 @@ async fn the_poll_catches_tasks_that_no_notification_announces() {
     let _p = Proc::planner("planner", &db.url, &[]);
     let w = Proc::worker("worker", &db.url, &[]);
     worker_id(&c, &w).await;
-    // Due in an hour, then moved by plain SQL to a second and a half from now: the
-    // insert announced an hour, and nothing announces the new time.
+    // Due in an hour, then moved by plain SQL to a second and a half from now, in a
+    // transaction that defers its wake-ups (as a worker's outcomes do, which send their
+    // own): the insert announced an hour, and nothing announces the new time.
     let id = submit_echo_due(&db, chrono::Duration::hours(1)).await;
-    c.execute(
-        "update artex.tasks set run_at = now() + interval '1.5 seconds' where id = $1",
-        &[&id],
-    )
+    c.batch_execute(&format!(
+        "begin;
+         select artex.defer_wakeups();
+         update artex.tasks set run_at = now() + interval '1.5 seconds' where id = '{id}';
+         commit"
+    ))
     .await
     .unwrap();
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(15)).await;
@@ -186,12 +189,24 @@ async fn tasks_due_later_start_when_due_without_a_poll() {
         )
         .await
         .unwrap();
+    // Due in an hour at its insert, then moved by plain SQL to 4 s from now (V60):
+    // after the others are done, so that no round for them takes it.
+    let moved = submit_echo_due(&db, chrono::Duration::hours(1)).await;
+    c.execute(
+        "update artex.tasks set run_at = now() + interval '4 seconds' where id = $1",
+        &[&moved],
+    )
+    .await
+    .unwrap();
     wait_status(&db.bb, delayed, "succeeded", Duration::from_secs(30)).await;
     wait_status(&db.bb, retried, "succeeded", Duration::from_secs(30)).await;
+    wait_status(&db.bb, moved, "succeeded", Duration::from_secs(30)).await;
     let t = db.bb.operator().task(delayed).await.unwrap();
     assert!(t.started_at.unwrap() >= t.run_at);
     let t = db.bb.operator().task(retried).await.unwrap();
     assert_eq!(t.retries, 1, "{t:?}");
+    assert!(t.started_at.unwrap() >= t.run_at);
+    let t = db.bb.operator().task(moved).await.unwrap();
     assert!(t.started_at.unwrap() >= t.run_at);
 }
 

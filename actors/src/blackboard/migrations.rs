@@ -474,4 +474,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // same rules, error code and constraint names for every build.
         change: Change::Expand,
     },
+    Migration {
+        version: 60,
+        name: "an_update_that_makes_a_task_due_later_announces_it",
+        sql: include_str!(
+            "../../../migrations/V60__an_update_that_makes_a_task_due_later_announces_it.sql"
+        ),
+        // A trigger function's body replaced in place; planners of earlier builds take
+        // its payload as any wake-up, as V57's.
+        change: Change::Expand,
+    },
 ];
