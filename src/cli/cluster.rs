@@ -47,23 +47,25 @@ pub(crate) async fn workers(db: &DbConfig, args: WorkersArgs) -> Result {
         return Ok(());
     }
     outln!(
-        "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {:<12}  WAKE-UPS",
+        "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:>5}  {:<24}  {:<12}  WAKE-UPS",
         "ID",
         "STATE",
         "PID",
         "VERSION",
         "HELD/CAP",
+        "SLOTS",
         "LAST SEEN",
         "SHA256"
     )?;
     for w in &workers {
         outln!(
-            "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:<24}  {:<12}  {}",
+            "{:<40}  {:<9}  {:>7}  {:<10}  {:>9}  {:>5}  {:<24}  {:<12}  {}",
             w.id,
             w.state.as_str(),
             w.pid,
             w.version,
             format!("{}/{}", w.held, w.capacity),
+            w.slots.map_or("-".to_string(), |s| s.to_string()),
             time_text(Some(w.last_seen)),
             w.binary_sha256
                 .as_deref()

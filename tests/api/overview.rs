@@ -17,6 +17,10 @@ async fn workers_and_statistics_are_read_from_the_blackboard() {
         .set_worker_binary("w2", &sha)
         .await
         .expect("digest");
+    // w2 says how many handlers it runs; w1 is of a build that does not.
+    c.execute("update artex.workers set slots = 4 where id = 'w2'", &[])
+        .await
+        .unwrap();
     let api = Server::start(&db.url);
     let workers = api.get("/api/v1/workers").json();
     let w2 = &workers["workers"][1];
@@ -30,6 +34,8 @@ async fn workers_and_statistics_are_read_from_the_blackboard() {
         ),
         (Some(4242), Some(10), Some(0))
     );
+    assert_eq!(w2["slots"].as_i64(), Some(4));
+    assert!(workers["workers"][0]["slots"].is_null(), "{workers}");
     assert_eq!(w2["state"], "online");
     assert!(workers["workers"][0]["binary_sha256"].is_null());
     assert!(w2["last_seen"].is_string() && w2["version"] == "test");

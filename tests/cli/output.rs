@@ -193,7 +193,15 @@ async fn json_output_is_one_document_with_the_apis_fields() {
     assert_eq!(v["kinds"][0]["kind"], "echo", "{v}");
     let v = json_of(&artex(url, None, &["workers", "--json"]));
     assert_eq!(v["workers"][0]["id"], "w1", "{v}");
-    for field in ["state", "pid", "version", "capacity", "held", "last_seen"] {
+    for field in [
+        "state",
+        "pid",
+        "version",
+        "capacity",
+        "slots",
+        "held",
+        "last_seen",
+    ] {
         assert!(
             v["workers"][0].get(field).is_some(),
             "workers: {field}: {v}"

@@ -33,8 +33,11 @@ pub struct WorkerView {
     pub state: WorkerState,
     /// The kinds it runs.
     pub kinds: Vec<String>,
-    /// Tasks it runs at once.
+    /// Tasks it holds at once: its handler slots and its local queue.
     pub capacity: i32,
+    /// Tasks it runs at once: its handler slots (`None`: a worker of a build that does
+    /// not say, before V48).
+    pub slots: Option<i32>,
     /// Tasks it holds (assigned or running), kept by the database.
     pub held: i32,
     /// Tasks it reported running at its last heartbeat.
@@ -159,7 +162,8 @@ pub struct Stats {
 
 /// The roster, by id. `$1`: at most this many.
 const WORKERS: &str = "select id, host, pid, version, binary_sha256, http_addr, state::text,
-        kinds, capacity, held, inflight, started_at, last_seen, wake_addr, wake_failed_at
+        kinds, capacity, held, inflight, started_at, last_seen, wake_addr, wake_failed_at,
+        slots
     from artex.workers order by id limit $1";
 
 /// Per status, at most `$1` entries each (of `tasks_listed`, or of the held set
@@ -243,6 +247,7 @@ impl OperatorBoard {
                     state: r.try_get::<_, String>(6)?.parse()?,
                     kinds: r.try_get(7)?,
                     capacity: r.try_get(8)?,
+                    slots: r.try_get(15)?,
                     held: r.try_get(9)?,
                     inflight: r.try_get(10)?,
                     started_at: r.try_get(11)?,

@@ -180,7 +180,7 @@
             h("div", {}, A.status(w.state), " pid ", h("strong", {}, w.pid), " · version ", h("strong", {}, w.version),
               i > 0 ? h("span", { class: "muted" }, " · replaced by pid " + ws[i - 1].pid) : null),
             h("div", { class: "muted" }, "sha256 ", h("span", { class: "mono", title: w.binary_sha256 || "" }, (w.binary_sha256 || "-").slice(0, 16)),
-              " · held " + w.held + "/" + w.capacity + " · last seen " + A.ago(w.last_seen) + " · kinds " + w.kinds.join(", ")),
+              " · held " + w.held + "/" + w.capacity + (w.slots != null ? " · " + w.slots + " slots" : "") + " · last seen " + A.ago(w.last_seen) + " · kinds " + w.kinds.join(", ")),
             h("div", { class: w.wake_ups && w.wake_ups.startsWith("unreachable") ? "error" : "muted", "data-wake-ups": w.wake_ups || "" },
               "wake-ups: " + (w.wake_ups || "-"),
               w.wake_ups && w.wake_ups.startsWith("unreachable") ? " (planners cannot push to " + (w.wake_addr || "-") + "; see --wake-addr)" : ""),
