@@ -12,7 +12,7 @@
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
 //! - `sql`: every statement the bench sends.
 //! - `report`: RESULT lines, ratios to the ceilings, the progress line.
-//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `w3`, `w4`, `w6`, `history`, `cycle`, `unique`,
+//! - `limit`, `w1`, `w1idle`, `w5`, `w2`, `timers`, `w3`, `w4`, `w6`, `history`, `cycle`, `unique`,
 //!   `limits`, `fair`, `trace`, `programs`, `api`, `dash`, `replica`, `upload`, `fleet`, `upgrade`: one module per workload,
 //!   named as ARTEX_BENCH_ONLY names them; each one's doc says what it measures and the
 //!   knobs (`ARTEX_BENCH_W4_TASKS`, `ARTEX_BENCH_FLEET_WORKERS`, …) it reads.
@@ -33,6 +33,7 @@ mod replica;
 mod report;
 mod rig;
 mod sql;
+mod timers;
 mod trace;
 mod unique;
 mod upgrade;
@@ -52,9 +53,9 @@ use rig::Rig;
 
 /// The parts this program runs, in the order it runs them (the bash bench's order, the
 /// hot upgrades last).
-pub const PARTS: [&str; 21] = [
-    "limit", "w1", "w1idle", "w5", "w2", "w3", "w4", "w6", "history", "cycle", "unique", "limits",
-    "fair", "trace", "programs", "api", "dash", "replica", "upload", "fleet", "upgrade",
+pub const PARTS: [&str; 22] = [
+    "limit", "w1", "w1idle", "w5", "w2", "timers", "w3", "w4", "w6", "history", "cycle", "unique",
+    "limits", "fair", "trace", "programs", "api", "dash", "replica", "upload", "fleet", "upgrade",
 ];
 
 /// Workload sizes: the full run, or `--quick`'s tiny one (CI: every task must succeed,
@@ -174,6 +175,7 @@ async fn run_part(bench: &mut Bench, part: &str) {
         "w1" => w1::run(bench).await,
         "w1idle" => w1idle::run(bench).await,
         "w2" => w2::run(bench).await,
+        "timers" => timers::run(bench).await,
         "w5" => w5::run(bench).await,
         "w3" => w3::run(bench).await,
         "w6" => w6::run(bench).await,

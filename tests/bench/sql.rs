@@ -76,6 +76,32 @@ pub const INSERT_TRACED_NOOPS_AT: &str = "insert into artex.tasks (kind, run_at,
 pub const INSERT_STAMP: &str = "insert into artex.tasks (id, kind, payload)
     values (bench.uuid7(), 'stamp', jsonb_build_object('warmup', $1::bool))";
 
+/// timers: a `stamp` task due in an hour; its id.
+pub const INSERT_STAMP_IN_AN_HOUR: &str = "insert into artex.tasks (id, kind, payload, run_at)
+    values (bench.uuid7(), 'stamp', '{}', now() + interval '1 hour') returning id";
+
+/// timers: task $1 due $2 ms from now, moved by plain SQL.
+pub const MOVE_RUN_AT: &str =
+    "update artex.tasks set run_at = now() + $2::float8 * interval '1 ms' where id = $1";
+
+/// timers: the flow waits ended, and the median and the latest of their ends after
+/// their due times, ms.
+pub const TIMERS_LATE: &str = "select count(*),
+        coalesce(percentile_cont(0.5) within group (order by ms), 0)::float8,
+        coalesce(max(ms), 0)::float8
+    from (select extract(epoch from ended_at - due_at)::float8 * 1000 as ms
+          from artex.flow_waits where ended_at is not null) x";
+
+/// timers: the `stamp` tasks started, and the median and the latest of their starts
+/// (`running`) after their `run_at`, ms.
+pub const MOVED_LATE: &str = "select count(*),
+        coalesce(percentile_cont(0.5) within group (order by ms), 0)::float8,
+        coalesce(max(ms), 0)::float8
+    from (select extract(epoch from r.at - t.run_at)::float8 * 1000 as ms
+          from artex.tasks t
+          join artex.task_transitions r on r.task_id = t.id and r.to_status = 'running'
+          where t.kind = 'stamp') x";
+
 /// Nothing runnable and nothing held, through the indexes (the runnable and the held set):
 /// the wait's polls cost the run nothing.
 pub const UNFINISHED_NONE: &str = "select
@@ -233,6 +259,10 @@ pub const PREPARED: &[&str] = &[
     INSERT_NOOPS_AT,
     INSERT_TRACED_NOOPS_AT,
     INSERT_STAMP,
+    INSERT_STAMP_IN_AN_HOUR,
+    MOVE_RUN_AT,
+    TIMERS_LATE,
+    MOVED_LATE,
     UNFINISHED_NONE,
     PENDING_NONE,
     ONLINE,

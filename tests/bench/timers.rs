@@ -1,0 +1,87 @@
+//! timers: how late what is due at a time starts, on an idle planner and worker
+//! (`artex-bench`). Two sets, each `n` (30; 5 with `--quick`):
+//! - a flow of `for` timers of 1,500 ms + 173 ms × i, reached at its submission: each
+//!   wait's end after its `due_at` (ended by the planner's Scheduler);
+//! - `stamp` tasks inserted due in an hour, each then moved by plain SQL to 1 s + 37 ms × i
+//!   ahead, 300 ms apart (an `update … set run_at`, as the Reaper's rescue after its
+//!   backoff): each start (`running`) after its `run_at`.
+//!
+//! p50 and max of each, in ms, on the database's clock.
+
+use std::time::Duration;
+
+use artex_actors::blackboard::{FlowSpec, FlowState};
+use artex_actors::Blackboard;
+use serde_json::json;
+
+use crate::report::{fixed, result};
+use crate::{sql, Bench};
+
+const DB: &str = "bench_timers";
+
+pub async fn run(bench: &mut Bench) {
+    let n: u32 = if bench.quick { 5 } else { 30 };
+    let c = bench.rig.new_db(DB).await;
+    let args = bench.defaults_worker_args.clone();
+    bench.rig.start_runtime(DB, 1, "artex-bench", &args);
+    let minute = Duration::from_secs(60);
+    bench
+        .rig
+        .wait_until(&c, sql::ANY_ONLINE, &[], minute, None)
+        .await;
+    let bb = Blackboard::connect(&bench.rig.url(DB), 1).expect("a pool on the bench database");
+    let tasks: Vec<_> = (0..n)
+        .map(|i| json!({"name": format!("t{i}"), "wait": {"for": format!("{}ms", 1500 + 173 * i)}}))
+        .collect();
+    let spec: FlowSpec = serde_json::from_value(json!({"name": "timers", "tasks": tasks}))
+        .expect("the timers' flow");
+    let flow = bb
+        .operator()
+        .submit_flow(&spec, "bench")
+        .await
+        .expect("submitting the timers' flow");
+    for i in 0..n {
+        let id: uuid::Uuid = c
+            .query_one(sql::INSERT_STAMP_IN_AN_HOUR, &[])
+            .await
+            .expect("a task due in an hour")
+            .get(0);
+        let ahead_ms = 1000.0 + 37.0 * f64::from(i);
+        c.execute(sql::MOVE_RUN_AT, &[&id, &ahead_ms])
+            .await
+            .expect("moving its run_at");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let end = tokio::time::Instant::now() + minute;
+    loop {
+        let view = bb.operator().flow(flow).await.expect("the timers' flow");
+        if view.state == FlowState::Succeeded {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timers: the flow is {:?} after a minute",
+            view.state
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Its pool's connection would hold the database open at its drop.
+    drop(bb);
+    bench
+        .rig
+        .wait_until(&c, sql::UNFINISHED_NONE, &[], minute, None)
+        .await;
+    bench.rig.stop_runtime().await;
+    println!("# timers: {n} flow timers and {n} tasks moved by SQL, 1 planner + 1 worker");
+    for (name, statement) in [
+        ("timers_wait_end_after_due_ms", sql::TIMERS_LATE),
+        ("timers_moved_start_after_run_at_ms", sql::MOVED_LATE),
+    ] {
+        let r = c.query_one(statement, &[]).await.expect(name);
+        let (count, p50, max): (i64, f64, f64) = (r.get(0), r.get(1), r.get(2));
+        assert_eq!(count, i64::from(n), "{name}: {count} of {n} measured");
+        result(&format!("{name}_p50"), fixed(p50, 1), "ms");
+        result(&format!("{name}_max"), fixed(max, 1), "ms");
+    }
+    bench.rig.drop_db(DB, c).await;
+}
