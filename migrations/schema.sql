@@ -1447,17 +1447,22 @@ CREATE FUNCTION artex.reach_waits(p_ids uuid[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 declare
-    s record;
+    s   record;
+    due timestamptz;
 begin
-    update artex.flow_waits w
-    set reached_at = coalesce(w.reached_at, now()),
-        due_at = coalesce(w.until,
-                          coalesce(w.reached_at, now()) + coalesce(w.wait_for, w.timeout))
-    from artex.tasks t
-    where w.task_id = any(p_ids) and t.id = w.task_id and t.status = 'blocked'
-      and w.ended_at is null
-      and not exists (select 1 from artex.task_waits c
-                      where c.task_id = w.task_id and c.upstream_left > 0);
+    with reached as (
+        update artex.flow_waits w
+        set reached_at = coalesce(w.reached_at, now()),
+            due_at = coalesce(w.until,
+                              coalesce(w.reached_at, now()) + coalesce(w.wait_for, w.timeout))
+        from artex.tasks t
+        where w.task_id = any(p_ids) and t.id = w.task_id and t.status = 'blocked'
+          and w.ended_at is null
+          and not exists (select 1 from artex.task_waits c
+                          where c.task_id = w.task_id and c.upstream_left > 0)
+        returning w.due_at
+    )
+    select min(r.due_at) into due from reached r;
     for s in
         select w.task_id, g.name, g.payload, g.actor
         from artex.flow_waits w
@@ -1468,8 +1473,20 @@ begin
     loop
         perform artex.deliver_signal(s.task_id, s.name, s.payload, s.actor);
     end loop;
+    -- A signal wait without a timeout has no due time; one that a kept signal ended
+    -- above is announced all the same (the pass finds nothing).
+    if due is not null then
+        perform pg_notify('artex_tasks',
+                          'wait-at:' || floor(extract(epoch from due) * 1000)::int8);
+    end if;
 end
 $$;
+
+--
+-- Name: FUNCTION reach_waits(p_ids uuid[]); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.reach_waits(p_ids uuid[]) IS 'Reaches the waits among p_ids whose upstream tasks all succeeded: their timers start (due_at), a kept signal ends its wait, and the soonest due time is announced as wait-at:<Unix ms> on artex_tasks for the planners'' Scheduler (V40, V61).';
 
 --
 -- Name: read_assigned(text, bigint, bigint, boolean); Type: FUNCTION; Schema: artex; Owner: -

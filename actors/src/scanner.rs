@@ -29,9 +29,10 @@ use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
 use crate::blackboard::{
-    parse_due_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL,
+    parse_due_at, parse_wait_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL,
 };
 use crate::flight::SingleFlight;
+use crate::scheduler::WaitDue;
 use crate::supervisor::ActorStats;
 use crate::waker::Waker;
 
@@ -133,6 +134,8 @@ pub struct Scanner {
     /// When tasks due later fall due, and the timer set for the soonest.
     due: DueTimes,
     due_timer: Option<SpawnHandle>,
+    /// Whom flows' waits just reached are announced to (migrations/V61).
+    scheduler: Option<Recipient<WaitDue>>,
 }
 
 impl Scanner {
@@ -155,7 +158,14 @@ impl Scanner {
             round_due: false,
             due: DueTimes::default(),
             due_timer: None,
+            scheduler: None,
         }
+    }
+
+    /// Hands the due times of flows' waits just reached to `scheduler`, which ends them.
+    pub fn with_scheduler(mut self, scheduler: Recipient<WaitDue>) -> Self {
+        self.scheduler = Some(scheduler);
+        self
     }
 
     /// Passes cancels announced on [`WAKE_CHANNEL`] on to their workers with `waker`.
@@ -217,6 +227,7 @@ impl Actor for Scanner {
             .listen_session("planner", &[TASKS_CHANNEL, WAKE_CHANNEL]);
         let me = ctx.address();
         let waker = self.waker.clone();
+        let scheduler = self.scheduler.clone();
         async move {
             loop {
                 match session.next().await {
@@ -233,10 +244,18 @@ impl Actor for Scanner {
                                 _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {
                                     new = true
                                 }
-                                _ if n.channel == TASKS_CHANNEL => match parse_due_at(&n.payload) {
-                                    Some(at) => due.push(at),
-                                    None => tasks = true,
-                                },
+                                _ if n.channel == TASKS_CHANNEL => {
+                                    if let Some(at) = parse_due_at(&n.payload) {
+                                        due.push(at);
+                                    } else if let Some(at) = parse_wait_at(&n.payload) {
+                                        match &scheduler {
+                                            Some(s) => s.do_send(WaitDue(at)),
+                                            None => tasks = true,
+                                        }
+                                    } else {
+                                        tasks = true;
+                                    }
+                                }
                                 _ => tasks = true,
                             }
                         }

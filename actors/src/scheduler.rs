@@ -13,11 +13,13 @@
 //!
 //! Each pass ends by reading when the next slot or wait is due. When that is before the
 //! next pass, a timer runs a pass then (1 ms after it): a slot or a timer is met within
-//! milliseconds of its time, not up to a second after it. Something reached less than a
-//! second before it is due (a `for` timer of 200 ms) is met by the next pass.
+//! milliseconds of its time, not up to a second after it. A flow's wait reached since
+//! (a `for` timer of 200 ms after its upstream task) is announced by the database
+//! (`wait-at:`, migrations/V61), and the planner's Scanner hands it here ([`WaitDue`]):
+//! a pass is timed for it too.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -70,8 +72,9 @@ pub struct Scheduler {
     stats: ActorStats,
     /// Slots fired, for `/metrics`.
     metrics: Option<Arc<PlannerMetrics>>,
-    /// The pass timed for the next slot or wait due, if one is before the next pass.
-    due_pass: Option<SpawnHandle>,
+    /// The pass timed for the next slot or wait due, if one is before the next pass, and
+    /// when it runs.
+    due_pass: Option<(SpawnHandle, Instant)>,
 }
 
 impl Scheduler {
@@ -133,13 +136,7 @@ impl Scheduler {
                         m.schedule_slots.add(report.fired() as u64);
                     }
                     if let Some(after) = timed_pass_after(report.next_due_ms, act.interval) {
-                        if let Some(earlier) = act.due_pass.take() {
-                            ctx.cancel_future(earlier);
-                        }
-                        act.due_pass = Some(ctx.run_later(after, |act, ctx| {
-                            act.due_pass = None;
-                            act.run(ctx);
-                        }));
+                        act.time_pass(after, ctx);
                     }
                 }
                 Ok(Err(e)) => {
@@ -159,6 +156,40 @@ fn timed_pass_after(next_due_ms: Option<i64>, interval: Duration) -> Option<Dura
     let ms = u64::try_from(next_due_ms?).ok().filter(|ms| *ms > 0)?;
     let after = Duration::from_millis(ms) + DUE_MARGIN;
     (after < interval).then_some(after)
+}
+
+impl Scheduler {
+    /// Runs a pass `after` from now, unless one is timed already for that time or sooner.
+    fn time_pass(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        let at = Instant::now() + after;
+        if let Some((timed, when)) = self.due_pass {
+            if when <= at {
+                return;
+            }
+            ctx.cancel_future(timed);
+        }
+        let timed = ctx.run_later(after, |act, ctx| {
+            act.due_pass = None;
+            act.run(ctx);
+        });
+        self.due_pass = Some((timed, at));
+    }
+}
+
+/// A flow's wait just reached falls due at this time (migrations/V61, handed on by the
+/// planner's Scanner): a pass then, 1 ms after; at once if it is past.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct WaitDue(pub SystemTime);
+
+impl Handler<WaitDue> for Scheduler {
+    type Result = ();
+    fn handle(&mut self, msg: WaitDue, ctx: &mut Context<Self>) {
+        let ahead = msg.0.duration_since(SystemTime::now()).unwrap_or_default();
+        if ahead < self.interval {
+            self.time_pass(ahead + DUE_MARGIN, ctx);
+        }
+    }
 }
 
 fn log_turn(turn: &ScheduleTurn) {

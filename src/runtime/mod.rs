@@ -183,9 +183,20 @@ pub async fn run_planner(
             None => assigner,
         }
     });
+    // Started before the Scanner, which hands it the due times of flows' waits (V61).
+    let (b, s, n) = (planner.clone(), stats.clone(), name.clone());
+    let m = metrics.clone();
+    let scheduler = Supervisor::start(move |_| {
+        Scheduler::new(b, n, SCHEDULER_EVERY, s).with_metrics(m.clone())
+    });
     let (b, s, a) = (planner.clone(), stats.clone(), assigner.clone());
     let poll = ms(args.planner_poll_ms);
-    let scanner = Supervisor::start(move |_| Scanner::new(b, a, poll, s).with_waker(waker.clone()));
+    let waits = scheduler.clone().recipient();
+    let scanner = Supervisor::start(move |_| {
+        Scanner::new(b, a, poll, s)
+            .with_waker(waker.clone())
+            .with_scheduler(waits.clone())
+    });
     let params = ReapParams {
         now: None,
         worker_timeout_secs: ms(args.worker_timeout_ms).as_secs_f64(),
@@ -211,11 +222,6 @@ pub async fn run_planner(
     }
     let (b, s) = (bb.maintenance(), stats.clone());
     let maintenance = Supervisor::start(move |_| Maintenance::new(b, MAINTENANCE_EVERY, s));
-    let (b, s, n) = (planner.clone(), stats.clone(), name.clone());
-    let m = metrics.clone();
-    let scheduler = Supervisor::start(move |_| {
-        Scheduler::new(b, n, SCHEDULER_EVERY, s).with_metrics(m.clone())
-    });
     shutdown.await;
     tracing::info!(planner = %name, "planner stopping");
     if let Some((keeper, _)) = keeper {

@@ -84,13 +84,13 @@ pub const INSERT_STAMP_IN_AN_HOUR: &str = "insert into artex.tasks (id, kind, pa
 pub const MOVE_RUN_AT: &str =
     "update artex.tasks set run_at = now() + $2::float8 * interval '1 ms' where id = $1";
 
-/// timers: the flow waits ended, and the median and the latest of their ends after
-/// their due times, ms.
+/// timers: the waits of flow $1 ended, and the median and the latest of their ends
+/// after their due times, ms.
 pub const TIMERS_LATE: &str = "select count(*),
         coalesce(percentile_cont(0.5) within group (order by ms), 0)::float8,
         coalesce(max(ms), 0)::float8
     from (select extract(epoch from ended_at - due_at)::float8 * 1000 as ms
-          from artex.flow_waits where ended_at is not null) x";
+          from artex.flow_waits where flow_id = $1 and ended_at is not null) x";
 
 /// timers: the `stamp` tasks started, and the median and the latest of their starts
 /// (`running`) after their `run_at`, ms.

@@ -2,6 +2,8 @@
 //! (`artex-bench`). Two sets, each `n` (30; 5 with `--quick`):
 //! - a flow of `for` timers of 1,500 ms + 173 ms × i, reached at its submission: each
 //!   wait's end after its `due_at` (ended by the planner's Scheduler);
+//! - a flow of `noop` tasks, each followed by a `for` timer of 300 ms, reached when its
+//!   task succeeds (sooner than the Scheduler's next pass of every second): the same;
 //! - `stamp` tasks inserted due in an hour, each then moved by plain SQL to 1 s + 37 ms × i
 //!   ahead, 300 ms apart (an `update … set run_at`, as the Reaper's rescue after its
 //!   backoff): each start (`running`) after its `run_at`.
@@ -40,6 +42,22 @@ pub async fn run(bench: &mut Bench) {
         .submit_flow(&spec, "bench")
         .await
         .expect("submitting the timers' flow");
+    let tasks: Vec<_> = (0..n)
+        .flat_map(|i| {
+            [
+                json!({"name": format!("n{i}"), "kind": "noop"}),
+                json!({"name": format!("w{i}"), "wait": {"for": "300ms"},
+                       "depends_on": [format!("n{i}")]}),
+            ]
+        })
+        .collect();
+    let spec: FlowSpec = serde_json::from_value(json!({"name": "short", "tasks": tasks}))
+        .expect("the short timers' flow");
+    let short = bb
+        .operator()
+        .submit_flow(&spec, "bench")
+        .await
+        .expect("submitting the short timers' flow");
     for i in 0..n {
         let id: uuid::Uuid = c
             .query_one(sql::INSERT_STAMP_IN_AN_HOUR, &[])
@@ -53,17 +71,19 @@ pub async fn run(bench: &mut Bench) {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let end = tokio::time::Instant::now() + minute;
-    loop {
-        let view = bb.operator().flow(flow).await.expect("the timers' flow");
-        if view.state == FlowState::Succeeded {
-            break;
+    for id in [flow, short] {
+        loop {
+            let view = bb.operator().flow(id).await.expect("the timers' flow");
+            if view.state == FlowState::Succeeded {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timers: flow {id} is {:?} after a minute",
+                view.state
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timers: the flow is {:?} after a minute",
-            view.state
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Its pool's connection would hold the database open at its drop.
     drop(bb);
@@ -72,12 +92,25 @@ pub async fn run(bench: &mut Bench) {
         .wait_until(&c, sql::UNFINISHED_NONE, &[], minute, None)
         .await;
     bench.rig.stop_runtime().await;
-    println!("# timers: {n} flow timers and {n} tasks moved by SQL, 1 planner + 1 worker");
-    for (name, statement) in [
-        ("timers_wait_end_after_due_ms", sql::TIMERS_LATE),
-        ("timers_moved_start_after_run_at_ms", sql::MOVED_LATE),
+    println!(
+        "# timers: {n} flow timers, {n} of 300 ms after a task, {n} tasks moved by SQL; \
+         1 planner + 1 worker"
+    );
+    for (name, r) in [
+        (
+            "timers_wait_end_after_due_ms",
+            c.query_one(sql::TIMERS_LATE, &[&flow]).await,
+        ),
+        (
+            "timers_short_wait_end_after_due_ms",
+            c.query_one(sql::TIMERS_LATE, &[&short]).await,
+        ),
+        (
+            "timers_moved_start_after_run_at_ms",
+            c.query_one(sql::MOVED_LATE, &[]).await,
+        ),
     ] {
-        let r = c.query_one(statement, &[]).await.expect(name);
+        let r = r.expect(name);
         let (count, p50, max): (i64, f64, f64) = (r.get(0), r.get(1), r.get(2));
         assert_eq!(count, i64::from(n), "{name}: {count} of {n} measured");
         result(&format!("{name}_p50"), fixed(p50, 1), "ms");

@@ -188,6 +188,70 @@ fn a_scheduler_ends_a_timer_at_its_time_between_its_passes() {
     });
 }
 
+/// A wait reached announces when it is due (`wait-at:`, V61), and a Scheduler handed
+/// that time runs a pass then: its passes 600 s apart and its first pass over before
+/// the wait existed, a `for` timer of 500 ms ends within the test's 30 s.
+#[test]
+fn a_reached_wait_announces_its_due_time_and_the_scheduler_meets_it() {
+    actix::System::new().block_on(async {
+        use actix::Actor;
+        use artex_actors::blackboard::{parse_wait_at, TASKS_CHANNEL};
+        use artex_actors::scheduler::WaitDue;
+        let db = TestDb::new().await;
+        let scheduler = Scheduler::new(
+            db.bb.planner(),
+            "planner-t".into(),
+            Duration::from_secs(600),
+            Default::default(),
+        )
+        .start();
+        let mut listener = db
+            .bb
+            .feed()
+            .listen(&[TASKS_CHANNEL.to_string()])
+            .await
+            .unwrap();
+        // The Scheduler's first pass, which finds nothing, is over well before this.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let id = db
+            .bb
+            .operator()
+            .submit_flow(&many_timers(1, "500ms"), "test")
+            .await
+            .unwrap();
+        let at = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let n = listener.recv().await.expect("the listener ended");
+                if let Some(at) = parse_wait_at(&n.payload) {
+                    return at;
+                }
+            }
+        })
+        .await
+        .expect("no wait-at: notification within 10 s");
+        let f = db.bb.operator().flow(id).await.unwrap();
+        let due = task(&f, "t0").wait.as_ref().unwrap().due_at.unwrap();
+        assert_eq!(
+            chrono::DateTime::<Utc>::from(at).timestamp_millis(),
+            due.timestamp_millis(),
+            "the announced time is the wait's due_at, to the millisecond"
+        );
+        scheduler.do_send(WaitDue(at));
+        let f = wait_flow(&db.bb, id, FlowState::Succeeded, Duration::from_secs(30)).await;
+        let history = db
+            .bb
+            .operator()
+            .transitions(task(&f, "t0").id)
+            .await
+            .unwrap();
+        let last = history.last().unwrap();
+        assert_eq!(
+            (last.reason.as_deref(), last.actor.as_str()),
+            (Some("timer"), "planner-t")
+        );
+    });
+}
+
 /// What the Scheduler times its pass for: the soonest slot of a schedule not paused, or
 /// due time of a wait not ended; nothing when there is neither.
 #[tokio::test]

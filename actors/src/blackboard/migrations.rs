@@ -484,4 +484,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // its payload as any wake-up, as V57's.
         change: Change::Expand,
     },
+    Migration {
+        version: 61,
+        name: "a_reached_wait_announces_when_it_is_due",
+        sql: include_str!("../../../migrations/V61__a_reached_wait_announces_when_it_is_due.sql"),
+        // A function's body replaced in place; planners of earlier builds take its new
+        // payload as any wake-up.
+        change: Change::Expand,
+    },
 ];

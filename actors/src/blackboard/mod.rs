@@ -136,8 +136,23 @@ pub fn due_at(at: std::time::SystemTime) -> String {
 
 /// The time a [`DUE_AT`] payload names; `None` for any other payload.
 pub fn parse_due_at(payload: &str) -> Option<std::time::SystemTime> {
-    let ms: u64 = payload.strip_prefix(DUE_AT)?.parse().ok()?;
+    time_after(payload, DUE_AT)
+}
+
+/// The time in milliseconds since the Unix epoch that follows `prefix` in `payload`.
+fn time_after(payload: &str, prefix: &str) -> Option<std::time::SystemTime> {
+    let ms: u64 = payload.strip_prefix(prefix)?.parse().ok()?;
     std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))
+}
+
+/// The prefix of a [`TASKS_CHANNEL`] payload that says when a flow's wait just reached
+/// falls due (migrations/V61): `wait-at:` and the time, in milliseconds since the Unix
+/// epoch. For the planners' Scheduler, which ends due waits.
+pub const WAIT_AT: &str = "wait-at:";
+
+/// The time a [`WAIT_AT`] payload names; `None` for any other payload.
+pub fn parse_wait_at(payload: &str) -> Option<std::time::SystemTime> {
+    time_after(payload, WAIT_AT)
 }
 
 /// The payload of the notification a worker gets on its channel when a task it holds is
@@ -389,7 +404,7 @@ fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) ->
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{due_at, parse_due_at};
+    use super::{due_at, parse_due_at, parse_wait_at};
 
     #[test]
     fn a_due_time_survives_its_payload_to_the_millisecond_and_nothing_else_parses() {
@@ -408,8 +423,14 @@ mod tests {
             "at: 12",
             "cancel:w1",
             "12",
+            "wait-at:12",
         ] {
             assert_eq!(parse_due_at(other), None, "{other:?}");
+        }
+        // V61's wait payload: the same time after its own prefix, and only that.
+        assert_eq!(parse_wait_at("wait-at:1765000000123"), Some(at));
+        for other in ["at:1765000000123", "wait-at:", "wait-at:x", "new", ""] {
+            assert_eq!(parse_wait_at(other), None, "{other:?}");
         }
     }
 }
