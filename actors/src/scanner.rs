@@ -114,9 +114,10 @@ impl DueTimes {
     }
 }
 
-/// How long after a due time its round starts: the payload's time is rounded down to
-/// the millisecond, and a round that starts before `run_at` finds nothing.
-const DUE_MARGIN: Duration = Duration::from_millis(1);
+/// How long after a due time its round (or the Scheduler's pass) starts: the payload's
+/// time is rounded down to the millisecond, and a round that starts before `run_at`
+/// finds nothing.
+pub(crate) const DUE_MARGIN: Duration = Duration::from_millis(1);
 
 /// The Scanner actor.
 pub struct Scanner {
@@ -245,13 +246,11 @@ impl Actor for Scanner {
                                     new = true
                                 }
                                 _ if n.channel == TASKS_CHANNEL => {
+                                    let wait = parse_wait_at(&n.payload).zip(scheduler.as_ref());
                                     if let Some(at) = parse_due_at(&n.payload) {
                                         due.push(at);
-                                    } else if let Some(at) = parse_wait_at(&n.payload) {
-                                        match &scheduler {
-                                            Some(s) => s.do_send(WaitDue(at)),
-                                            None => tasks = true,
-                                        }
+                                    } else if let Some((at, s)) = wait {
+                                        s.do_send(WaitDue(at));
                                     } else {
                                         tasks = true;
                                     }

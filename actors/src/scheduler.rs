@@ -27,6 +27,7 @@ use chrono::{DateTime, Utc};
 use crate::blackboard::{PlannerBoard, ScheduleTurn, WaitEnded};
 use crate::error::Result;
 use crate::metrics::planner::PlannerMetrics;
+use crate::scanner::DUE_MARGIN;
 use crate::supervisor::{guarded, ActorStats};
 
 /// At most this many schedules are dealt with in one pass; the rest in the next one, a
@@ -35,10 +36,6 @@ const SCHEDULES_PER_PASS: usize = 500;
 
 /// At most this many due waits are ended in one pass; the rest in the next one.
 const WAITS_PER_PASS: i32 = 1000;
-
-/// A timed pass runs this long after the time it is for, so that the database's clock,
-/// which the pass reads, has reached it.
-const DUE_MARGIN: Duration = Duration::from_millis(1);
 
 /// What one pass did: each schedule's turn (the slots it fired, or why it failed), and
 /// the flows' waits it ended.
@@ -147,18 +144,7 @@ impl Scheduler {
             })
             .wait(ctx);
     }
-}
 
-/// When to run a pass for what is due in `next_due_ms`: only when that is ahead and
-/// before the next pass (`interval`). Something past due is left to the next pass: it is
-/// held by another planner or its fire failed, and a pass at once would spin on it.
-fn timed_pass_after(next_due_ms: Option<i64>, interval: Duration) -> Option<Duration> {
-    let ms = u64::try_from(next_due_ms?).ok().filter(|ms| *ms > 0)?;
-    let after = Duration::from_millis(ms) + DUE_MARGIN;
-    (after < interval).then_some(after)
-}
-
-impl Scheduler {
     /// Runs a pass `after` from now, unless one is timed already for that time or sooner.
     fn time_pass(&mut self, after: Duration, ctx: &mut Context<Self>) {
         let at = Instant::now() + after;
@@ -174,6 +160,15 @@ impl Scheduler {
         });
         self.due_pass = Some((timed, at));
     }
+}
+
+/// When to run a pass for what is due in `next_due_ms`: only when that is ahead and
+/// before the next pass (`interval`). Something past due is left to the next pass: it is
+/// held by another planner or its fire failed, and a pass at once would spin on it.
+fn timed_pass_after(next_due_ms: Option<i64>, interval: Duration) -> Option<Duration> {
+    let ms = u64::try_from(next_due_ms?).ok().filter(|ms| *ms > 0)?;
+    let after = Duration::from_millis(ms) + DUE_MARGIN;
+    (after < interval).then_some(after)
 }
 
 /// A flow's wait just reached falls due at this time (migrations/V61, handed on by the

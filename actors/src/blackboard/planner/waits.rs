@@ -14,10 +14,10 @@ use crate::error::Result;
 const FIRE_DUE_WAITS: &str =
     "select task_id, flow_id, outcome from artex.fire_due_waits($1::timestamptz, $2, $3)";
 
-// Whole milliseconds (rounded up) from now (the database's clock, read as the statement runs) to the
-// soonest slot of a schedule that is not paused, or due time of a wait not ended
-// (`flow_waits_due` holds exactly those); NULL when there is none. Negative when one is
-// past due: another planner holds it, or its fire failed.
+// Whole milliseconds (rounded up) from now (the database's clock, read as the statement
+// runs) to the soonest slot of a schedule that is not paused, or due time of a wait not
+// ended (`flow_waits_due` holds exactly those); NULL when there is none. Negative when
+// one is past due: another planner holds it, or its fire failed.
 const NEXT_DUE_MS: &str = "select ceil((extract(epoch from least(
         (select min(next_slot) from artex.schedules where not paused),
         (select min(due_at) from artex.flow_waits where due_at is not null and ended_at is null)
