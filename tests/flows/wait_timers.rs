@@ -198,11 +198,12 @@ fn a_reached_wait_announces_its_due_time_and_the_scheduler_meets_it() {
         use artex_actors::blackboard::{parse_wait_at, TASKS_CHANNEL};
         use artex_actors::scheduler::WaitDue;
         let db = TestDb::new().await;
+        let stats = artex_actors::supervisor::ActorStats::default();
         let scheduler = Scheduler::new(
             db.bb.planner(),
             "planner-t".into(),
             Duration::from_secs(600),
-            Default::default(),
+            stats.clone(),
         )
         .start();
         let mut listener = db
@@ -211,8 +212,17 @@ fn a_reached_wait_announces_its_due_time_and_the_scheduler_meets_it() {
             .listen(&[TASKS_CHANNEL.to_string()])
             .await
             .unwrap();
-        // The Scheduler's first pass, which finds nothing, is over well before this.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The Scheduler's first pass, which finds nothing due, is over (counted when its
+        // read of the next due time is done): the wait comes after it.
+        crate::common::procs::wait_for(
+            "the Scheduler's first pass",
+            Duration::from_secs(10),
+            || async {
+                let runs = stats.snapshot().get("scheduler").map_or(0, |c| c.runs);
+                (runs >= 1).then_some(())
+            },
+        )
+        .await;
         let id = db
             .bb
             .operator()
