@@ -84,6 +84,10 @@ pub const INSERT_STAMP_IN_AN_HOUR: &str = "insert into artex.tasks (id, kind, pa
 pub const MOVE_RUN_AT: &str =
     "update artex.tasks set run_at = now() + $2::float8 * interval '1 ms' where id = $1";
 
+/// timers: every flow's wait has ended.
+pub const WAITS_ENDED: &str =
+    "select not exists (select 1 from artex.flow_waits where ended_at is null)";
+
 /// timers: the waits of flow $1 ended, and the median and the latest of their ends
 /// after their due times, ms.
 pub const TIMERS_LATE: &str = "select count(*),
@@ -263,6 +267,7 @@ pub const PREPARED: &[&str] = &[
     MOVE_RUN_AT,
     TIMERS_LATE,
     MOVED_LATE,
+    WAITS_ENDED,
     UNFINISHED_NONE,
     PENDING_NONE,
     ONLINE,

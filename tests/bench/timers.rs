@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use artex_actors::blackboard::{FlowSpec, FlowState};
+use artex_actors::blackboard::FlowSpec;
 use artex_actors::Blackboard;
 use serde_json::json;
 
@@ -32,32 +32,20 @@ pub async fn run(bench: &mut Bench) {
         .wait_until(&c, sql::ANY_ONLINE, &[], minute, None)
         .await;
     let bb = Blackboard::connect(&bench.rig.url(DB), 1).expect("a pool on the bench database");
-    let tasks: Vec<_> = (0..n)
-        .map(|i| json!({"name": format!("t{i}"), "wait": {"for": format!("{}ms", 1500 + 173 * i)}}))
-        .collect();
-    let spec: FlowSpec = serde_json::from_value(json!({"name": "timers", "tasks": tasks}))
-        .expect("the timers' flow");
-    let flow = bb
-        .operator()
-        .submit_flow(&spec, "bench")
-        .await
-        .expect("submitting the timers' flow");
-    let tasks: Vec<_> = (0..n)
-        .flat_map(|i| {
-            [
-                json!({"name": format!("n{i}"), "kind": "noop"}),
-                json!({"name": format!("w{i}"), "wait": {"for": "300ms"},
-                       "depends_on": [format!("n{i}")]}),
-            ]
-        })
-        .collect();
-    let spec: FlowSpec = serde_json::from_value(json!({"name": "short", "tasks": tasks}))
-        .expect("the short timers' flow");
-    let short = bb
-        .operator()
-        .submit_flow(&spec, "bench")
-        .await
-        .expect("submitting the short timers' flow");
+    let timers = (0..n).map(
+        |i| json!({"name": format!("t{i}"), "wait": {"for": format!("{}ms", 1500 + 173 * i)}}),
+    );
+    let flow = submit_flow(&bb, "timers", timers.collect()).await;
+    let short = (0..n).flat_map(|i| {
+        [
+            json!({"name": format!("n{i}"), "kind": "noop"}),
+            json!({"name": format!("w{i}"), "wait": {"for": "300ms"},
+                   "depends_on": [format!("n{i}")]}),
+        ]
+    });
+    let short = submit_flow(&bb, "short", short.collect()).await;
+    // Its pool's connection would hold the database open at its drop.
+    drop(bb);
     for i in 0..n {
         let id: uuid::Uuid = c
             .query_one(sql::INSERT_STAMP_IN_AN_HOUR, &[])
@@ -70,27 +58,9 @@ pub async fn run(bench: &mut Bench) {
             .expect("moving its run_at");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let end = tokio::time::Instant::now() + minute;
-    for id in [flow, short] {
-        loop {
-            let view = bb.operator().flow(id).await.expect("the timers' flow");
-            if view.state == FlowState::Succeeded {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < end,
-                "timers: flow {id} is {:?} after a minute",
-                view.state
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    for done in [sql::WAITS_ENDED, sql::UNFINISHED_NONE] {
+        bench.rig.wait_until(&c, done, &[], minute, None).await;
     }
-    // Its pool's connection would hold the database open at its drop.
-    drop(bb);
-    bench
-        .rig
-        .wait_until(&c, sql::UNFINISHED_NONE, &[], minute, None)
-        .await;
     bench.rig.stop_runtime().await;
     println!(
         "# timers: {n} flow timers, {n} of 300 ms after a task, {n} tasks moved by SQL; \
@@ -117,4 +87,14 @@ pub async fn run(bench: &mut Bench) {
         result(&format!("{name}_max"), fixed(max, 1), "ms");
     }
     bench.rig.drop_db(DB, c).await;
+}
+
+/// Submits a flow of `tasks` named `name`; its id.
+async fn submit_flow(bb: &Blackboard, name: &str, tasks: Vec<serde_json::Value>) -> uuid::Uuid {
+    let spec: FlowSpec = serde_json::from_value(json!({"name": name, "tasks": tasks}))
+        .unwrap_or_else(|e| panic!("the {name} flow: {e}"));
+    bb.operator()
+        .submit_flow(&spec, "bench")
+        .await
+        .unwrap_or_else(|e| panic!("submitting the {name} flow: {e}"))
 }
