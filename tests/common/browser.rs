@@ -24,30 +24,7 @@ pub struct Browser {
 impl Browser {
     /// Starts chromedriver and a headless Chromium (as root here: no sandbox).
     pub async fn start() -> Browser {
-        let mut driver = Command::new("chromedriver")
-            .arg("--port=0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("chromedriver must be installed (scripts/test.sh installs chromium-driver)");
-        let out = driver.stdout.take().expect("chromedriver's stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Reads the port from "… started successfully on port N.", then drains the pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("on port ").nth(1) {
-                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    if line.contains("successfully") {
-                        let _ = tx.send(port);
-                    }
-                }
-            }
-        });
-        let port = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("chromedriver said which port it listens on");
+        let (driver, port) = start_driver();
         let profile = tempfile::tempdir().expect("a browser profile folder");
         let mut caps = serde_json::Map::new();
         caps.insert(
@@ -206,14 +183,77 @@ impl Browser {
     }
 }
 
+/// How many times chromedriver is started before a test gives up on it.
+const DRIVER_STARTS: usize = 3;
+
+/// Starts chromedriver on a free port and returns it with that port. A chromedriver that
+/// exits before it says its port (once in a CI run of 590 tests, with nothing to say why)
+/// is started again, up to [`DRIVER_STARTS`] times; the panic then quotes what each said.
+fn start_driver() -> (Child, String) {
+    let mut said = Vec::new();
+    for attempt in 1..=DRIVER_STARTS {
+        let mut driver = Command::new("chromedriver")
+            .arg("--port=0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver must be installed (scripts/test.sh installs chromium-driver)");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the port from "… started successfully on port N.", then drains the pipes.
+        let out = driver.stdout.take().expect("chromedriver's stdout");
+        let err = driver.stderr.take().expect("chromedriver's stderr");
+        for pipe in [
+            Box::new(out) as Box<dyn std::io::Read + Send>,
+            Box::new(err),
+        ] {
+            let (tx, lines) = (tx.clone(), lines.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if line.contains("successfully") {
+                        if let Some(rest) = line.split("on port ").nth(1) {
+                            let port = rest.chars().take_while(char::is_ascii_digit).collect();
+                            let _ = tx.send(port);
+                        }
+                    }
+                    lines.lock().expect("chromedriver's lines").push(line);
+                }
+            });
+        }
+        drop(tx);
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(port) => return (driver, port),
+            Err(e) => {
+                let status = end_group(&mut driver);
+                // The pipes close with the group; give the readers a moment to finish.
+                std::thread::sleep(Duration::from_millis(100));
+                said.push(format!(
+                    "start {attempt}: {e:?}, exit {status:?}, said: {:?}",
+                    lines.lock().expect("chromedriver's lines")
+                ));
+            }
+        }
+    }
+    panic!(
+        "chromedriver never said which port it listens on:\n{}",
+        said.join("\n")
+    );
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
-        // The group is chromedriver's own (process_group(0) above): it and any browser
-        // process left behind, and nothing else.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.driver.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.driver.wait();
+        let _ = end_group(&mut self.driver);
     }
+}
+
+/// Kills chromedriver's group and reaps chromedriver. The group is its own
+/// (`process_group(0)` above): it and any browser process left behind, and nothing else.
+fn end_group(driver: &mut Child) -> std::io::Result<std::process::ExitStatus> {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(driver.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    driver.wait()
 }
