@@ -279,6 +279,7 @@ declare
     v_claimed text;
     v_room boolean;
     v_waiting boolean;
+    v_offered boolean;
 begin
     -- How many it claimed, for the read below (a statement of its own that `plans.rs`
     -- prepares alone: it names no variable of this function).
@@ -292,10 +293,15 @@ begin
                select 1 from artex.tasks t
                where t.listed = 'pending' and not t.limited and t.run_at <= now()
                  and t.kind = any(w.kinds)
-                 and (t.host is null or t.host = w.host))
-    into v_room, v_waiting
+                 and (t.host is null or t.host = w.host)),
+           exists (select 1 from artex.worker_offers o where o.worker = w.id)
+    into v_room, v_waiting, v_offered
     from artex.workers w
     where w.id = $1 and w.state = 'online';
+    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now.
+    if v_waiting and v_offered and artex.withdraw_offers($1) > 0 then
+        v_room := true;
+    end if;
     if v_waiting and not v_room then
         -- Tasks it may run wait, and the blackboard counts every slot of it taken: its
         -- outcomes are not written yet. It claims again once they are (V47).
@@ -364,7 +370,7 @@ $_$;
 -- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Tasks waiting for it take back the slot it offered to new tasks first (V62). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: claim_head(text[], bigint, integer, integer[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1229,6 +1235,43 @@ end
 $$;
 
 --
+-- Name: offer_slot(text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.offer_slot(p_worker text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+declare
+    offered boolean;
+begin
+    if exists (select 1 from artex.worker_offers o where o.worker = p_worker) then
+        return true;
+    end if;
+    with room as materialized (
+        select w.id
+        from artex.workers w
+        where w.id = p_worker and w.state = 'online'
+          and w.capacity - (w.taken - coalesce(
+                  (select r.released from artex.worker_released r where r.worker = w.id), 0)) >= 2
+        for update of w
+    ),
+    offer as (
+        insert into artex.worker_offers (worker) select r.id from room r returning worker
+    )
+    update artex.workers w set taken = w.taken + 1
+    from offer o where w.id = o.worker
+    returning true into offered;
+    return coalesce(offered, false);
+end
+$$;
+
+--
+-- Name: FUNCTION offer_slot(p_worker text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.offer_slot(p_worker text) IS 'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot. True when an offer of it is out after the call.';
+
+--
 -- Name: over_limits(uuid[]); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1996,14 +2039,23 @@ declare
     due      timestamptz;
     runnable boolean;
 begin
+    -- A task born assigned (V62) was submitted pending: its history is a claimed task's.
     insert into artex.task_history
         (task_id, from_status, to_status, reason, actor, lease_epoch, flow_id, kind)
-    select n.id, null, n.status, coalesce(artex.current_reason(), 'submitted'),
+    select n.id, null,
+           case when n.status = 'assigned' then 'pending'::artex.task_status else n.status end,
+           coalesce(artex.current_reason(), 'submitted'),
            artex.current_actor(), 0, n.flow_id, n.kind
     from new_rows n;
     if not artex.wakeups_deferred() then
         perform pg_notify('artex_events', '');
     end if;
+    -- The workers given tasks born assigned: told at the commit, on their own channel,
+    -- or through the planners for a worker woken over HTTP.
+    perform case when w.wake_addr is null then pg_notify(w.channel, '')
+                 else pg_notify('artex_wake', 'given:' || w.id) end
+    from artex.workers w
+    where w.id in (select n.assigned_to from new_rows n where n.status = 'assigned');
     -- The latest time among the pending rows: at or before now (every insert of
     -- runnable tasks only) they are all runnable, and one look suffices; the insert
     -- then costs what it did before (a one-row insert: within 0.01 ms).
@@ -2029,7 +2081,7 @@ $$;
 -- Name: FUNCTION tasks_after_insert(); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task, and the wake-ups: `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
+COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned (their channel, or given:<worker> on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 --
 -- Name: tasks_after_update(); Type: FUNCTION; Schema: artex; Owner: -
@@ -2217,6 +2269,7 @@ CREATE FUNCTION artex.tasks_before_insert() RETURNS trigger
 declare
     existing uuid;
     broken text;
+    offer record;
 begin
     if new.status not in ('pending', 'blocked', 'paused') then
         raise exception 'artex: a new task starts pending, blocked or paused, not %', new.status
@@ -2251,6 +2304,33 @@ begin
     new.lease_epoch := 0;
     new.created_at := now();
     new.updated_at := now();
+    -- Born assigned (V62): a task runnable now takes an idle worker's offer, when one
+    -- fits and nothing of its kind waits before it. A traced task goes the planners' way,
+    -- which makes its assignment's span.
+    if new.status = 'pending' and new.run_at <= now() and not new.limited
+       and new.traceparent is null
+       and exists (select 1 from artex.worker_offers) then
+        select o.id, w.id as worker, w.lease_ms into offer
+        from artex.worker_offers o join artex.workers w on w.id = o.worker
+        where w.state = 'online' and w.wake_failed_at is null
+          and w.last_seen > now() - make_interval(secs => coalesce(w.lease_ms, 30000) / 1000.0)
+          and new.kind = any(w.kinds)
+          and (new.host is null or new.host = w.host)
+          and not exists (select 1 from artex.kind_pauses p where p.kind = new.kind)
+          and not exists (select 1 from artex.tasks t
+                          where t.listed = 'pending' and not t.limited and t.run_at <= now()
+                            and t.kind = new.kind)
+        order by o.id
+        limit 1
+        for update of o skip locked;
+        if offer.id is not null then
+            delete from artex.worker_offers o where o.id = offer.id;
+            new.status := 'assigned';
+            new.assigned_to := offer.worker;
+            new.lease_until := now() + make_interval(secs => coalesce(offer.lease_ms, 30000) / 1000.0);
+            new.lease_epoch := 1;
+        end if;
+    end if;
     return new;
 end
 $$;
@@ -2725,6 +2805,37 @@ CREATE FUNCTION artex.wakeups_deferred() RETURNS boolean
     AS $$
     select coalesce(current_setting('artex.wakeups', true) = 'deferred', false)
 $$;
+
+--
+-- Name: withdraw_offers(text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.withdraw_offers(p_worker text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+declare
+    n integer;
+begin
+    with gone as (
+        delete from artex.worker_offers o
+        where o.id in (select x.id from artex.worker_offers x where x.worker = p_worker
+                       for update skip locked)
+        returning 1
+    ),
+    counted as (select count(*)::int as n from gone)
+    insert into artex.worker_released as r (worker, released)
+    select p_worker, c.n from counted c where c.n > 0
+    on conflict (worker) do update set released = r.released + excluded.released;
+    get diagnostics n = row_count;
+    return n;
+end
+$$;
+
+--
+-- Name: FUNCTION withdraw_offers(p_worker text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.withdraw_offers(p_worker text) IS 'Gives back the worker''s offers no insert holds (V62), releasing their slots; nonzero when it gave any back.';
 
 --
 -- Name: worker_fact_broken(text, text, integer, text, text, text, integer, text, text, integer, text); Type: FUNCTION; Schema: artex; Owner: -
@@ -3577,6 +3688,35 @@ CREATE TABLE artex.uploads (
 );
 
 --
+-- Name: worker_offers; Type: TABLE; Schema: artex; Owner: -
+--
+
+CREATE TABLE artex.worker_offers (
+    id bigint NOT NULL,
+    worker text NOT NULL,
+    offered_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: TABLE worker_offers; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON TABLE artex.worker_offers IS 'Slots idle workers offer to new tasks (V62): one row per offered slot, counted in the worker''s taken; an insert that takes it deletes it and is born assigned to the worker.';
+
+--
+-- Name: worker_offers_id_seq; Type: SEQUENCE; Schema: artex; Owner: -
+--
+
+ALTER TABLE artex.worker_offers ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME artex.worker_offers_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: worker_released; Type: TABLE; Schema: artex; Owner: -
 --
 
@@ -3625,7 +3765,7 @@ WITH (fillfactor='50');
 -- Name: COLUMN workers.held; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON COLUMN artex.workers.held IS 'Tasks the worker holds, for display: taken - released as of its last assignment or heartbeat.';
+COMMENT ON COLUMN artex.workers.held IS 'Tasks the worker holds, for display: taken - released as of its last assignment or heartbeat; a heartbeat leaves the slot it offers to new tasks out (V62).';
 
 --
 -- Name: COLUMN workers.session; Type: COMMENT; Schema: artex; Owner: -
@@ -3643,7 +3783,7 @@ COMMENT ON COLUMN artex.workers.lease_ms IS 'The lease the worker renews; assign
 -- Name: COLUMN workers.taken; Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON COLUMN artex.workers.taken IS 'Tasks ever given to the worker (only grows); it holds taken minus worker_released.released.';
+COMMENT ON COLUMN artex.workers.taken IS 'Tasks ever given to the worker, and slots it offered to new tasks (V62) (only grows); it holds taken minus worker_released.released, less the slots it offers.';
 
 --
 -- Name: COLUMN workers.wake_addr; Type: COMMENT; Schema: artex; Owner: -
@@ -3865,6 +4005,13 @@ ALTER TABLE ONLY artex.uploads
     ADD CONSTRAINT uploads_pkey PRIMARY KEY (id);
 
 --
+-- Name: worker_offers worker_offers_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.worker_offers
+    ADD CONSTRAINT worker_offers_pkey PRIMARY KEY (id);
+
+--
 -- Name: worker_released worker_released_pkey; Type: CONSTRAINT; Schema: artex; Owner: -
 --
 
@@ -4053,6 +4200,12 @@ COMMENT ON INDEX artex.unique_flow_task IS 'A flow''s task names are unique with
 CREATE INDEX uploads_live_by_host ON artex.uploads USING btree (host) WHERE (state = 'complete'::text);
 
 --
+-- Name: worker_offers_worker; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE INDEX worker_offers_worker ON artex.worker_offers USING btree (worker);
+
+--
 -- Name: workers_last_seen; Type: INDEX; Schema: artex; Owner: -
 --
 
@@ -4195,3 +4348,10 @@ ALTER TABLE ONLY artex.task_waits
 
 ALTER TABLE ONLY artex.tasks
     ADD CONSTRAINT tasks_flow_id_fkey FOREIGN KEY (flow_id) REFERENCES artex.flows(id);
+
+--
+-- Name: worker_offers worker_offers_worker_fkey; Type: FK CONSTRAINT; Schema: artex; Owner: -
+--
+
+ALTER TABLE ONLY artex.worker_offers
+    ADD CONSTRAINT worker_offers_worker_fkey FOREIGN KEY (worker) REFERENCES artex.workers(id) ON DELETE CASCADE;

@@ -40,6 +40,11 @@ use crate::waker::Waker;
 /// over HTTP (payload `cancel:<worker id>`; migrations/V14).
 pub const WAKE_CHANNEL: &str = "artex_wake";
 
+/// The payload on [`WAKE_CHANNEL`] that says a task was born assigned to a worker woken
+/// over HTTP (`given:<worker id>`, migrations/V62): the planners pass it on as a plain
+/// wake-up.
+pub const GIVEN_PREFIX: &str = "given:";
+
 /// How long the round waits after a quiet fleet's worker was woken to claim new tasks:
 /// its claim takes about a millisecond; the round then finds what it left.
 pub const CLAIM_FIRST: Duration = Duration::from_millis(5);
@@ -232,7 +237,14 @@ impl Actor for Scanner {
         async move {
             loop {
                 match session.next().await {
-                    ListenEvent::Connected => me.do_send(Wake),
+                    ListenEvent::Connected => {
+                        // What was announced while it was away: tasks waiting (the
+                        // round), tasks born assigned to workers it pushes to (V62).
+                        if let Some(waker) = &waker {
+                            waker.wake_linked();
+                        }
+                        me.do_send(Wake)
+                    }
                     ListenEvent::Notified(batch) => {
                         let (mut tasks, mut new, mut due) = (false, false, Vec::new());
                         for n in batch {
@@ -240,6 +252,13 @@ impl Actor for Scanner {
                                 Some(worker) if n.channel == WAKE_CHANNEL => {
                                     if let Some(waker) = &waker {
                                         waker.cancel(worker).await;
+                                    }
+                                }
+                                _ if n.channel == WAKE_CHANNEL => {
+                                    match (n.payload.strip_prefix(GIVEN_PREFIX), &waker) {
+                                        (Some(worker), Some(waker)) => waker.given(worker).await,
+                                        (Some(_), None) => {}
+                                        (None, _) => tasks = true,
                                     }
                                 }
                                 _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {

@@ -144,6 +144,20 @@ impl Waker {
         }
     }
 
+    /// A plain wake-up to each worker it has pushed to, but those pushes do not reach:
+    /// after the planner's LISTEN session came back, a `given:` sent while it was away
+    /// (a task born assigned, migrations/V62) may be lost, and the worker reads now
+    /// instead of at its poll.
+    pub fn wake_linked(&self) {
+        let linked: Vec<(String, String)> = lock(&self.inner.links)
+            .iter()
+            .map(|(w, l)| (w.clone(), l.addr.clone()))
+            .collect();
+        for (worker, addr) in linked {
+            self.nudge(&worker, &addr);
+        }
+    }
+
     /// A plain wake-up to each worker of the roster not pushed to before: a worker polls
     /// often until a push reaches it, rarely after (see `worker::PUSHED_POLL`).
     pub fn greet(&self, reachable: &[(String, String)]) {
@@ -180,11 +194,26 @@ impl Waker {
     /// Tells `worker` that a task it holds was canceled (the planners' `artex_wake`
     /// channel said so): it checks its leases and stops that handler.
     pub async fn cancel(&self, worker: &str) {
+        self.pass_on(worker, CANCEL_PAYLOAD, "a cancel").await;
+    }
+
+    /// Tells `worker` that a task was born assigned to it (`given:<worker>` on
+    /// `artex_wake`, migrations/V62): it reads its assignments now. None to a worker whose
+    /// pushes fail: it polls.
+    pub async fn given(&self, worker: &str) {
+        if !lock(&self.inner.unreachable).contains_key(worker) {
+            self.pass_on(worker, "", "a task given to it").await;
+        }
+    }
+
+    /// Pushes `payload` to `worker` at the address its link has, or else the one the
+    /// blackboard says; `what` names it in the warning when neither can be had.
+    async fn pass_on(&self, worker: &str, payload: &str, what: &str) {
         let known = lock(&self.inner.links).get(worker).map(|l| l.addr.clone());
         let addr = match known {
             Some(a) => Some(a),
             None => self.inner.bb.wake_addr(worker).await.unwrap_or_else(|e| {
-                tracing::warn!(%worker, error = %e, "cannot read the worker's address to pass a cancel on; it sees it at its next renewal");
+                tracing::warn!(%worker, error = %e, "cannot read the worker's address to pass {what} on; the worker finds it at its next renewal or poll");
                 None
             }),
         };
@@ -192,7 +221,7 @@ impl Waker {
             self.send(Push {
                 worker: worker.to_string(),
                 addr,
-                payloads: vec![CANCEL_PAYLOAD.to_string()],
+                payloads: vec![payload.to_string()],
                 tasks: Vec::new(),
             });
         }

@@ -36,6 +36,12 @@ pub enum Action {
     /// update skip locked`); the epoch bumped, a fresh lease. The read that follows in the
     /// same statement is the `Read` step (apart here: that only adds interleavings).
     WorkerClaim { w: u8, t: u8 },
+    /// Task `t`, inserted and never assigned (epoch 0), is born assigned to worker `w`
+    /// at its insert (`tasks_before_insert`, V62): it took the slot `w` offered while
+    /// online (`artex.offer_slot`). The insert reads `w`'s row without a lock, from its
+    /// snapshot, so `w` may have changed state since: any registered state is taken. The
+    /// epoch bumped, a fresh lease.
+    Born { w: u8, t: u8 },
     /// Worker `w` reads task `t` assigned to it (`artex.read_assigned`, or the same rows
     /// carried by its wake-up) and starts its handler from the checkpoint read.
     Read { w: u8, t: u8 },
@@ -82,7 +88,9 @@ pub enum Action {
     /// Upgrade: the old process drains: marks itself `draining` (`SET_STATE`) and gives
     /// back what is assigned to it and not held (`RELEASE_ASSIGNED`).
     DrainRelease,
-    /// Upgrade: the old process, holding nothing, is marked gone (`SET_STATE`) and exits.
+    /// Upgrade: the old process, holding nothing, gives back what is still assigned to it
+    /// (`RELEASE_ASSIGNED`: a task born assigned to it since its release, V62), is marked
+    /// gone (`SET_STATE`) and exits.
     DrainEnd,
 }
 
@@ -98,6 +106,7 @@ impl Action {
             Action::Reclaim { .. } => "Reclaim",
             Action::MarkGone { .. } => "MarkGone",
             Action::WorkerClaim { .. } => "WorkerClaim",
+            Action::Born { .. } => "Born",
             Action::Read { .. } => "Read",
             Action::Work { .. } => "Work",
             Action::Checkpoint { .. } => "Checkpoint",
@@ -190,15 +199,27 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 )];
 /// `WorkerClaim`: a worker's claim in its read (V46; V47 only adds the snapshot row's
 /// `no_room`, which changes no row), the head of the queue locked by `runnable_head`
-/// (V51), as the round's.
+/// (V51), as the round's. V62 gives the worker's offered slot back first when tasks wait:
+/// slots are not in the model, and no task's row changes.
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read",
-        "2a8a30b3b2c0a8dde68446155df388bfe6239ac1b17abed3850c5710c44d73c5",
+        "a95a436bbd527ae827c7982ee13024633c6aa5fcb51c1a253677eb60d21924d8",
     ),
     Sql::function(
         "runnable_head",
         "fedff6b302fba8b11a34913f409c009980d125b39f36e51b439e87466a4f8933",
+    ),
+];
+/// `Born`: an insert that takes a worker's offered slot (V62), and the offer itself.
+pub const BORN_SQL: &[Sql] = &[
+    Sql::function(
+        "tasks_before_insert",
+        "2e66ae4a58d233ade37e2b9e33f81bfc7825c1a06bfbe8b07a46c3294d5fd955",
+    ),
+    Sql::function(
+        "offer_slot",
+        "66bef6d038411ddcdae7b302f5de956b431304aaa2df137ee9857b1f179d9ee2",
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).
@@ -230,12 +251,13 @@ pub const RENEW_SQL: &[Sql] = &[Sql::constant(
     "RENEW",
     "a8f0907b6a7242186651d095cb8b57d76f19cc9636e75e0ee7cd7d035b3782db",
 )];
-/// `Heal` and `Spawn`: a worker's heartbeat, and its registration (again).
+/// `Heal` and `Spawn`: a worker's heartbeat, and its registration (again). (V62: the
+/// heartbeat's `held`, for display, leaves the offered slot out.)
 pub const REGISTER_SQL: &[Sql] = &[
     Sql::constant(
         WORKER_RS,
         "HEARTBEAT",
-        "387727cfef60b1134535ca5f4bfd84e52192bf62f0787d919d16c8975a4482a3",
+        "dd6e7308311a4fce63736780a67fe60e6095ddbe70e23f02c66f618854174c43",
     ),
     Sql::constant(
         WORKER_RS,
@@ -243,7 +265,7 @@ pub const REGISTER_SQL: &[Sql] = &[
         "00b88b8dc7e3052ab2555463b715f78ca1d623919ad8912933427012aef7a7d3",
     ),
 ];
-/// `MarkUpgrading` and `DrainEnd`: a worker's state.
+/// `MarkUpgrading`: a worker's state.
 pub const SET_STATE_SQL: &[Sql] = &[Sql::constant(
     WORKER_RS,
     "SET_STATE",
@@ -261,7 +283,10 @@ pub const TAKE_OVER_SQL: &[Sql] = &[Sql::constant(
     "TAKE_OVER",
     "3dbf531c38d302177e1f1ced9c6c7ad7035563a2eb96a612887a7126cc64116a",
 )];
-/// `DrainRelease`: the drain's state and the release of what was not started.
+/// `DrainRelease`: the drain's state and the release of what was not started (V62:
+/// with the slot the worker offered, which is not in the model). `DrainEnd`: the same
+/// release again, once every outcome is written (V62: a task born assigned to it after
+/// the first), then its state, gone.
 pub const DRAIN_SQL: &[Sql] = &[
     Sql::constant(
         WORKER_RS,
@@ -271,7 +296,7 @@ pub const DRAIN_SQL: &[Sql] = &[
     Sql::constant(
         ATTEMPTS_RS,
         "RELEASE_ASSIGNED",
-        "dfd72bc05f4fe3bd398bebf396bb8c831ce42620bfeb1c7123ecff29236234c0",
+        "bf41a0ae0d2ce34a866e071391fb70346cc537c1e90153942141f5bd846986dc",
     ),
 ];
 /// The status machine every step's status change is checked against
@@ -298,12 +323,14 @@ impl Action {
             Action::Reclaim { .. } => RECLAIM_SQL,
             Action::MarkGone { .. } => MARK_GONE_SQL,
             Action::WorkerClaim { .. } => WORKER_CLAIM_SQL,
+            Action::Born { .. } => BORN_SQL,
             Action::Read { .. } => READ_SQL,
             Action::Checkpoint { .. } | Action::Suspend { .. } => CHECKPOINT_SQL,
             Action::RecordStart { .. } | Action::RecordOutcome { .. } => RECORD_SQL,
             Action::Renew { .. } => RENEW_SQL,
             Action::Heal { .. } | Action::Spawn => REGISTER_SQL,
-            Action::MarkUpgrading | Action::DrainEnd => SET_STATE_SQL,
+            Action::MarkUpgrading => SET_STATE_SQL,
+            Action::DrainEnd => DRAIN_SQL,
             Action::MoveAssigned => MOVE_SQL,
             Action::TakeOver => TAKE_OVER_SQL,
             Action::DrainRelease => DRAIN_SQL,
@@ -326,15 +353,16 @@ pub const ALL_SQL: &[(&str, &[Sql])] = &[
     ("Reclaim", RECLAIM_SQL),
     ("MarkGone", MARK_GONE_SQL),
     ("WorkerClaim", WORKER_CLAIM_SQL),
+    ("Born", BORN_SQL),
     ("Read", READ_SQL),
     ("Checkpoint, Suspend", CHECKPOINT_SQL),
     ("RecordStart, RecordOutcome", RECORD_SQL),
     ("Renew", RENEW_SQL),
     ("Heal, Spawn", REGISTER_SQL),
-    ("MarkUpgrading, DrainEnd", SET_STATE_SQL),
+    ("MarkUpgrading", SET_STATE_SQL),
     ("MoveAssigned", MOVE_SQL),
     ("TakeOver", TAKE_OVER_SQL),
-    ("DrainRelease", DRAIN_SQL),
+    ("DrainRelease, DrainEnd", DRAIN_SQL),
     (
         "the status machine (state::transition_allowed)",
         STATUS_MACHINE_SQL,

@@ -220,6 +220,7 @@ impl Protocol {
             out.push(Action::Tick);
         }
         self.planner_actions(s, out);
+        self.insert_actions(s, out);
         self.worker_actions(s, out);
         self.upgrade_actions(s, out);
         self.fault_actions(s, out);
@@ -273,6 +274,27 @@ impl Protocol {
             let silent = !proc.reaches_db();
             if silent && !matches!(proc.state, WorkerState::Gone | WorkerState::Unregistered) {
                 out.push(Action::MarkGone { w: w as u8 });
+            }
+        }
+    }
+
+    /// A task never assigned may be born assigned to any registered worker (V62): the
+    /// insert's view of the worker's row may be older than its state. (The model's tasks
+    /// are there from the start: one never assigned stands for one being inserted.)
+    fn insert_actions(&self, s: &State, out: &mut Vec<Action>) {
+        for (t, row) in s.tasks.iter().enumerate() {
+            // A row a planner's round has locked was committed before: not an insert.
+            let locked = s.claims.iter().flatten().any(|c| usize::from(c.0) == t);
+            if row.status != Status::Pending || row.epoch != 0 || locked {
+                continue;
+            }
+            for (w, proc) in s.procs.iter().enumerate() {
+                if proc.state != WorkerState::Unregistered {
+                    out.push(Action::Born {
+                        w: w as u8,
+                        t: t as u8,
+                    });
+                }
             }
         }
     }

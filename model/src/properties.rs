@@ -161,7 +161,10 @@ fn rank(a: &Action) -> u8 {
         | Action::TakeOver
         | Action::DrainRelease
         | Action::DrainEnd => 9,
-        Action::Claim { .. } | Action::Assign { .. } | Action::WorkerClaim { .. } => 10,
+        Action::Claim { .. }
+        | Action::Assign { .. }
+        | Action::WorkerClaim { .. }
+        | Action::Born { .. } => 10,
         Action::Renew { .. } => 11,
         Action::Checkpoint { .. } => 12,
         Action::Fence { .. } => 13,

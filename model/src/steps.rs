@@ -21,6 +21,7 @@ impl Protocol {
             Action::Reclaim { t } => self.reclaim(&mut s, t),
             Action::MarkGone { w } => s.procs[w as usize].state = WorkerState::Gone,
             Action::WorkerClaim { w, t } => self.worker_claim(&mut s, w, t),
+            Action::Born { w, t } => self.born(&mut s, w, t),
             Action::Read { w, t } => read(&mut s, w, t),
             Action::Work { w, t } => self.work(&mut s, w, t),
             Action::Checkpoint { w, t } => self.checkpoint(&mut s, w, t, false),
@@ -73,6 +74,14 @@ impl Protocol {
             Action::DrainRelease => drain_release(&mut s),
             Action::DrainEnd => {
                 let o = s.proc_of(Role::Old)?;
+                // Its outcomes all written, what is still assigned to it is a task born
+                // assigned to it after its release (V62): given back (`RELEASE_ASSIGNED`).
+                for row in s.tasks.iter_mut() {
+                    if row.holder == Some(o as u8) && row.status == Status::Assigned {
+                        row.status = Status::Pending;
+                        row.holder = None;
+                    }
+                }
                 s.procs[o].state = WorkerState::Gone;
                 s.procs[o].alive = false;
                 s.phase = Phase::Done;
@@ -112,6 +121,18 @@ impl Protocol {
     /// (the enabling condition keeps out a row a planner's claim holds).
     fn worker_claim(&self, s: &mut State, w: u8, t: u8) {
         self.assign_to(s, t, w);
+    }
+
+    /// An insert takes `w`'s offer (V62): no lock on `w`'s row, so whatever its state.
+    fn born(&self, s: &mut State, w: u8, t: u8) {
+        let row = &mut s.tasks[t as usize];
+        if row.status != Status::Pending || row.epoch != 0 {
+            return;
+        }
+        row.status = Status::Assigned;
+        row.holder = Some(w);
+        row.epoch += 1;
+        row.lease_until = s.now + self.bound.lease;
     }
 
     /// The compare-and-set both assignments make: task `t`, pending, to worker `w` at the

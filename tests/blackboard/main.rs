@@ -11,6 +11,8 @@
 //!   illegal ones refused, and the history rows it writes.
 //! - `status_model`: the same trigger against a model of it: random sequences of plain
 //!   SQL and runtime writes, the row, history and held counters equal to the model's.
+//! - `offers`: a task born assigned to an idle worker's offered slot (V62), and when
+//!   not.
 //! - `leases`: who holds a task: a holder and a lease when held, neither otherwise.
 //! - `fencing`: the lease epoch, and writes with a stale one changing nothing.
 //! - `retries`: failed and timed-out attempts retried until the budget is spent.
@@ -26,6 +28,7 @@ mod fencing;
 mod hot;
 mod inserts;
 mod leases;
+mod offers;
 mod plans;
 mod retries;
 mod status_machine;

@@ -321,13 +321,24 @@ async fn prometheus_scrapes_serve_a_worker_and_a_planner() {
     let (code, text) = http_get(&worker_addr, "/metrics").unwrap();
     assert_eq!(code, 200, "{text}");
     let w = check_scrape("the worker", &text);
-    // Each of the four tasks reached the worker once: through the planner's round, or
-    // claimed by the worker itself in a read (migrations/V46), whichever came first.
+    // Each of the four tasks reached the worker once: through the planner's round,
+    // claimed by the worker itself in a read (migrations/V46), or born assigned to the
+    // slot it offered (V62: its assignment dated at its insert), whichever came first.
     let claimed = value(&w, "artex_worker_tasks_claimed_total", &[]).unwrap();
+    let born: i64 = c
+        .query_one(
+            "select count(*) from artex.task_transitions h join artex.tasks t on t.id = h.task_id
+             where h.to_status = 'running' and h.assigned_at = t.created_at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(
-        assigned + claimed,
+        assigned + claimed + born as f64,
         4.0,
-        "planner assigned {assigned}, worker claimed {claimed}: {planner_text}\n{text}"
+        "planner assigned {assigned}, worker claimed {claimed}, {born} born assigned: \
+         {planner_text}\n{text}"
     );
     let echo_ok = [("kind", "echo"), ("outcome", "succeeded")];
     assert_eq!(

@@ -1,6 +1,7 @@
 //! Planners: several at once never assign a task twice, a stopped one leaves the work
 //! to another, NOTIFY dispatches at once (and its listener reconnects), the poll catches
-//! what no notification announced, a quiet fleet's worker claims a new task itself.
+//! what no notification announced, a quiet fleet's worker claims a new task itself, and a
+//! task submitted to an idle fleet is born assigned to its worker.
 
 use std::time::Duration;
 
@@ -247,6 +248,52 @@ async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
         "rounds assigned all of the five tasks submitted while the worker was idle: none \
          was claimed at a planner's wake-up"
     );
+    assert_no_double_run(&c).await;
+}
+
+/// A task submitted to an idle fleet is born assigned to the slot its worker offered
+/// (migrations/V62): its assignment is dated at its insert, so no round nor claim took
+/// it; the planner passed the insert's `given:` on to the worker, whose poll never
+/// comes; and the worker offered again for the next task.
+#[tokio::test]
+async fn a_task_submitted_to_an_idle_fleet_is_born_assigned_to_its_worker() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &["--planner-poll-ms", "600000"]);
+    let w = Proc::worker("worker", &db.url, &["--worker-poll-ms", "600000"]);
+    worker_id(&c, &w).await;
+    for n in 0..3 {
+        wait_for("the worker's offer", Duration::from_secs(30), || async {
+            let offers: i64 = c
+                .query_one("select count(*) from artex.worker_offers", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (offers == 1).then_some(())
+        })
+        .await;
+        let id = db
+            .bb
+            .operator()
+            .submit(&NewTask::new("echo", json!({ "n": n })), "test")
+            .await
+            .unwrap();
+        wait_status(&db.bb, id, "succeeded", Duration::from_secs(30)).await;
+        let born: bool = c
+            .query_one(
+                "select h.assigned_at = t.created_at
+                 from artex.task_transitions h join artex.tasks t on t.id = h.task_id
+                 where h.task_id = $1 and h.to_status = 'running'",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            born,
+            "task {n} was assigned after its insert, not born assigned"
+        );
+    }
     assert_no_double_run(&c).await;
 }
 

@@ -492,4 +492,15 @@ pub const MIGRATIONS: &[Migration] = &[
         // payload as any wake-up.
         change: Change::Expand,
     },
+    Migration {
+        version: 62,
+        name: "a_new_task_is_born_assigned_to_an_idle_worker",
+        sql: include_str!(
+            "../../../migrations/V62__a_new_task_is_born_assigned_to_an_idle_worker.sql"
+        ),
+        // A table and functions added, three bodies replaced in place. Workers of earlier
+        // builds never offer a slot; planners of earlier builds take `given:` as a hint
+        // to run a round, and the worker reads its task at its next poll.
+        change: Change::Expand,
+    },
 ];

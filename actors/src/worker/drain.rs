@@ -167,14 +167,40 @@ async fn release_unstarted(
 }
 
 /// The last writes of this process: its outcomes, retried for a while if the database is
-/// restarting (then what is left is the reaper's), and its state, gone.
+/// restarting (then what is left is the reaper's), what is still assigned to it and not
+/// started given back, and its state, gone.
 async fn write_last(bb: &WorkerBoard, id: &str, outcomes: &[AttemptRecord]) {
+    let mut written = false;
     for attempt in 0..50 {
         match bb.record(id, outcomes).await {
-            Ok(_) => break,
+            Ok(_) => {
+                written = true;
+                break;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, attempt, "cannot record final outcomes");
                 tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    // Every outcome is written: a task still assigned here and not started is one born
+    // assigned to it (migrations/V62) by an insert that held its offer while the drain
+    // began. Given back now, it waits for no lease. Not when an outcome is unwritten: a
+    // task that ran here is `assigned` until its start is written with its end.
+    if written {
+        match bb
+            .release_assigned(id, "released by a draining worker", &[])
+            .await
+        {
+            Ok(late) if !late.is_empty() => {
+                tracing::info!(
+                    tasks = late.len(),
+                    "gave back tasks given to it while it drained"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot give back tasks given to it while it drained; the reaper will")
             }
         }
     }

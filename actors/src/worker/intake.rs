@@ -23,6 +23,8 @@ use crate::flight::SingleFlight;
 pub(super) struct Intake {
     /// A read of its assignments is in flight.
     pub flight: SingleFlight,
+    /// Its offer of a slot to new tasks is on its way (migrations/V62).
+    pub offer: SingleFlight,
     /// The last read returned as many tasks as it asked for, or stopped at the memory
     /// budget: there may be more.
     pub maybe_more: bool,
@@ -64,6 +66,7 @@ impl Intake {
     pub fn new(poll: Duration) -> Self {
         Intake {
             flight: SingleFlight::default(),
+            offer: SingleFlight::default(),
             maybe_more: false,
             unread: false,
             last_read: None,
@@ -332,6 +335,37 @@ impl Worker {
             db_clock_ms: read_back.db_clock_ms,
         });
         self.refill(new, free_seen, ctx);
+        if !self.intake.backlog {
+            self.offer(ctx);
+        }
+    }
+
+    /// Nothing waited for it at its last read: it offers one slot to new tasks
+    /// (`artex.offer_slot`, migrations/V62), so that the next task submitted is born
+    /// assigned to it and it only reads it. Not while it drains, nor while planners cannot
+    /// reach it (a task given to it would wait for its poll), nor with fewer than two free
+    /// slots (the blackboard checks that too). One call at a time; one that finds an offer
+    /// out writes nothing.
+    fn offer(&mut self, ctx: &mut Context<Self>) {
+        let free = self.capacity().saturating_sub(self.held.ledger.held());
+        if self.stopping.draining
+            || self.intake.wake_unreachable
+            || free < 2
+            || !self.intake.offer.try_start()
+        {
+            return;
+        }
+        let bb = self.bb.clone();
+        let id = self.config.id.clone();
+        async move { bb.offer_slot(&id).await }
+            .into_actor(self)
+            .map(|res, act, _ctx| {
+                act.intake.offer.end();
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "cannot offer a slot to new tasks; the next read offers again");
+                }
+            })
+            .spawn(ctx);
     }
 
     /// The safety-net poll: a read of its assignments, unless it read less than a poll

@@ -486,6 +486,7 @@ impl Supervised for Worker {
         // A call in flight when the actor restarted never reports back: without this,
         // heartbeats and renewals would stop for good.
         self.intake.flight.reset();
+        self.intake.offer.reset();
         self.outcomes.flight.reset();
         self.liveness.renew.reset();
         self.liveness.beat.reset();

@@ -357,10 +357,17 @@ const CHECKPOINT: &str = "update artex.tasks t set checkpoint = $3, status = 'ru
 
 // Gives back what is assigned to the worker, except the tasks it is running (their start
 // may not be written yet).
+// The slot it offered to new tasks (migrations/V62) goes back first, so that no task is
+// born assigned to it after this; an insert that holds the offer now gives it a task all
+// the same, which the drain's last release gives back (`worker::drain`).
 const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
-    from artex.set_context($1, $2) ctx
+    from artex.set_context($1, $2) ctx, (select artex.withdraw_offers($1)) offers
     where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($3::uuid[])
     returning t.id";
+
+// A worker that found nothing waiting offers a slot to new tasks (migrations/V62): the
+// next task submitted is born assigned to it, and it only reads it.
+const OFFER_SLOT: &str = "select artex.offer_slot($1)";
 
 const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
     from artex.task_dependencies d join artex.tasks u on u.id = d.depends_on
@@ -626,6 +633,14 @@ impl WorkerBoard {
             .query(RELEASE_ASSIGNED, &[&worker, &reason, &running])
             .await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Offers one slot of `worker` to new tasks (`artex.offer_slot`, migrations/V62): at
+    /// most one out, never its last free slot, only while it is online. Whether an offer
+    /// of it is out.
+    pub async fn offer_slot(&self, worker: &str) -> Result<bool> {
+        let client = self.bb.client().await?;
+        Ok(client.query_one(OFFER_SLOT, &[&worker]).await?.try_get(0)?)
     }
 
     /// The results of task `id`'s upstream tasks, by their names in the flow (empty for

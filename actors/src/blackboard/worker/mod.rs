@@ -157,12 +157,14 @@ const REGISTER: &str = "with r as (insert into artex.workers
 // A heartbeat also writes the worker's capacity ($3), which moves with its local queue's
 // depth; when it grows, the planners are woken: there are free slots to fill. It refreshes
 // `held`, shown in the workers' list, from the two counters the planners read (see
-// migrations/V12__held_released_apart.sql).
+// migrations/V12__held_released_apart.sql), less the slot it offers to new tasks (V62),
+// which the planners count as taken.
 const HEARTBEAT: &str = "with before as (select capacity from artex.workers where id = $1),
     beat as (
         update artex.workers w set last_seen = now(), inflight = $2, capacity = $3,
             held = least(greatest(w.taken - coalesce(
-                (select r.released from artex.worker_released r where r.worker = w.id), 0),
+                (select r.released from artex.worker_released r where r.worker = w.id), 0)
+                - (select count(*) from artex.worker_offers o where o.worker = w.id),
                 0), 2147483647)::int4
         where id = $1
         returning state::text, wake_failed_at is not null as unreachable
