@@ -9,9 +9,10 @@
 -- traced, not bound to another host, with no runnable task of its kind waiting before
 -- it, takes the oldest such offer (`for update skip locked`) and is written `assigned`
 -- to that worker with its lease: the claim's write rides on the insert, and the worker
--- only reads. The insert's commit tells the worker: on its channel for a worker woken
--- by NOTIFY, through the planners (`given:<worker>` on artex_wake, as `cancel:`) for
--- one woken over HTTP.
+-- takes it from its wake-up, which carries it as a round's do: the insert's commit
+-- tells the worker on its channel for a worker woken by NOTIFY, and through the
+-- planners for one woken over HTTP (`given:[worker, payload]` on artex_wake, passed on
+-- as `cancel:` is).
 --
 -- The offer is a row of its own, not a column of the worker: the users' inserting
 -- transactions may stay open for seconds, and they lock only the offer they took,
@@ -192,12 +193,21 @@ begin
     if not artex.wakeups_deferred() then
         perform pg_notify('artex_events', '');
     end if;
-    -- The workers given tasks born assigned: told at the commit, on their own channel,
-    -- or through the planners for a worker woken over HTTP.
-    perform case when w.wake_addr is null then pg_notify(w.channel, '')
-                 else pg_notify('artex_wake', 'given:' || w.id) end
-    from artex.workers w
-    where w.id in (select n.assigned_to from new_rows n where n.status = 'assigned');
+    -- The workers given tasks born assigned, told at the commit with the tasks carried
+    -- as a planner's round carries them (`artex.wake_round`): on the worker's own
+    -- channel, or through the planners for a worker woken over HTTP: `given:` and the
+    -- JSON array [worker, the push's payload], the payload empty (a plain wake-up) when
+    -- the note would not fit a notification.
+    if exists (select 1 from new_rows n where n.status = 'assigned') then
+        perform pg_notify('artex_wake', 'given:' ||
+                          case when octet_length(g.note) <= 7900 then g.note
+                               else json_build_array(g.worker, '')::text end)
+        from (select r.worker, json_build_array(r.worker, r.payload)::text as note
+              from artex.wake_round(
+                  array(select distinct n.assigned_to from new_rows n where n.status = 'assigned'),
+                  array(select n.id from new_rows n where n.status = 'assigned')) r
+              where r.wake_addr is not null) g;
+    end if;
     -- The latest time among the pending rows: at or before now (every insert of
     -- runnable tasks only) they are all runnable, and one look suffices; the insert
     -- then costs what it did before (a one-row insert: within 0.01 ms).
@@ -220,7 +230,7 @@ end
 $$;
 
 comment on function artex.tasks_after_insert() is
-    'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned (their channel, or given:<worker> on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
+    'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned, carrying them (their channel, or given:[worker, payload] on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 -- A worker's claim that finds tasks waiting for it gives its offer back first: that slot
 -- takes one of them now. The rest of the function is V51's and V53's.

@@ -2050,12 +2050,21 @@ begin
     if not artex.wakeups_deferred() then
         perform pg_notify('artex_events', '');
     end if;
-    -- The workers given tasks born assigned: told at the commit, on their own channel,
-    -- or through the planners for a worker woken over HTTP.
-    perform case when w.wake_addr is null then pg_notify(w.channel, '')
-                 else pg_notify('artex_wake', 'given:' || w.id) end
-    from artex.workers w
-    where w.id in (select n.assigned_to from new_rows n where n.status = 'assigned');
+    -- The workers given tasks born assigned, told at the commit with the tasks carried
+    -- as a planner's round carries them (`artex.wake_round`): on the worker's own
+    -- channel, or through the planners for a worker woken over HTTP: `given:` and the
+    -- JSON array [worker, the push's payload], the payload empty (a plain wake-up) when
+    -- the note would not fit a notification.
+    if exists (select 1 from new_rows n where n.status = 'assigned') then
+        perform pg_notify('artex_wake', 'given:' ||
+                          case when octet_length(g.note) <= 7900 then g.note
+                               else json_build_array(g.worker, '')::text end)
+        from (select r.worker, json_build_array(r.worker, r.payload)::text as note
+              from artex.wake_round(
+                  array(select distinct n.assigned_to from new_rows n where n.status = 'assigned'),
+                  array(select n.id from new_rows n where n.status = 'assigned')) r
+              where r.wake_addr is not null) g;
+    end if;
     -- The latest time among the pending rows: at or before now (every insert of
     -- runnable tasks only) they are all runnable, and one look suffices; the insert
     -- then costs what it did before (a one-row insert: within 0.01 ms).
@@ -2081,7 +2090,7 @@ $$;
 -- Name: FUNCTION tasks_after_insert(); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned (their channel, or given:<worker> on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
+COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned, carrying them (their channel, or given:[worker, payload] on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 --
 -- Name: tasks_after_update(); Type: FUNCTION; Schema: artex; Owner: -

@@ -29,7 +29,8 @@ use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
 use crate::blackboard::{
-    parse_due_at, parse_wait_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS, TASKS_CHANNEL,
+    parse_due_at, parse_given, parse_wait_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS,
+    TASKS_CHANNEL,
 };
 use crate::flight::SingleFlight;
 use crate::scheduler::WaitDue;
@@ -39,11 +40,6 @@ use crate::waker::Waker;
 /// The channel on which the database announces a canceled task held by a worker woken
 /// over HTTP (payload `cancel:<worker id>`; migrations/V14).
 pub const WAKE_CHANNEL: &str = "artex_wake";
-
-/// The payload on [`WAKE_CHANNEL`] that says a task was born assigned to a worker woken
-/// over HTTP (`given:<worker id>`, migrations/V62): the planners pass it on as a plain
-/// wake-up.
-pub const GIVEN_PREFIX: &str = "given:";
 
 /// How long the round waits after a quiet fleet's worker was woken to claim new tasks:
 /// its claim takes about a millisecond; the round then finds what it left.
@@ -255,8 +251,10 @@ impl Actor for Scanner {
                                     }
                                 }
                                 _ if n.channel == WAKE_CHANNEL => {
-                                    match (n.payload.strip_prefix(GIVEN_PREFIX), &waker) {
-                                        (Some(worker), Some(waker)) => waker.given(worker).await,
+                                    match (parse_given(&n.payload), &waker) {
+                                        (Some((worker, carried)), Some(waker)) => {
+                                            waker.given(&worker, &carried).await
+                                        }
                                         (Some(_), None) => {}
                                         (None, _) => tasks = true,
                                     }

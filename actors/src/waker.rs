@@ -197,12 +197,13 @@ impl Waker {
         self.pass_on(worker, CANCEL_PAYLOAD, "a cancel").await;
     }
 
-    /// Tells `worker` that a task was born assigned to it (`given:<worker>` on
-    /// `artex_wake`, migrations/V62): it reads its assignments now. None to a worker whose
-    /// pushes fail: it polls.
-    pub async fn given(&self, worker: &str) {
+    /// Tells `worker` that tasks were born assigned to it (`given:` on `artex_wake`,
+    /// migrations/V62): `carried` is the push's payload the insert made, the tasks
+    /// carried as a round carries them (or empty: a plain wake-up, and it reads them).
+    /// None to a worker whose pushes fail: it polls.
+    pub async fn given(&self, worker: &str, carried: &str) {
         if !lock(&self.inner.unreachable).contains_key(worker) {
-            self.pass_on(worker, "", "a task given to it").await;
+            self.pass_on(worker, carried, "tasks given to it").await;
         }
     }
 

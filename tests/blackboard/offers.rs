@@ -9,6 +9,9 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+use artex_actors::blackboard::carried::parse_carried;
+use artex_actors::blackboard::{parse_given, Registration};
+
 use crate::common::{fixtures, TestDb};
 
 /// Worker `w`'s counters: the slots the planners count taken, its offers out, and
@@ -102,8 +105,19 @@ async fn an_idle_workers_offer_gives_it_the_next_task_born_assigned() {
     assert_eq!(slots(&c).await, (1, 0), "the offer is the task's slot now");
     let got = tokio::time::timeout(Duration::from_secs(10), told.recv())
         .await
-        .expect("the worker is told on its channel within 10 s");
-    assert_eq!(got.map(|n| n.channel).as_deref(), Some("artex_w_w"));
+        .expect("the worker is told on its channel within 10 s")
+        .expect("a notification");
+    assert_eq!(got.channel, "artex_w_w");
+    let carried = parse_carried(&got.payload).unwrap();
+    assert_eq!(
+        carried
+            .iter()
+            .map(|c| (c.task.id, c.task.epoch))
+            .collect::<Vec<_>>(),
+        [(id, 1)],
+        "the wake-up carries the task, as a round's: {}",
+        got.payload
+    );
 
     let (_, second, _) = insert(&c, "", "").await;
     assert_eq!(second, "pending", "one offer, one task");
@@ -337,4 +351,38 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
     // The last free slot is never offered.
     fixtures::worker(&db.bb, "w", &["echo"], 1).await;
     assert!(!offer(&c).await, "one slot: nothing offered");
+}
+
+/// A worker woken over HTTP is told through the planners: `given:` on `artex_wake`, with
+/// its push's payload carrying the task.
+#[tokio::test]
+async fn a_worker_woken_over_http_is_told_through_the_planners_channel() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fixtures::register(
+        &db.bb,
+        &Registration {
+            wake_addr: Some("127.0.0.1:9".into()),
+            ..fixtures::registration("w", &["echo"], 4)
+        },
+    )
+    .await;
+    let mut planners = db
+        .bb
+        .feed()
+        .listen(&["artex_wake".to_string()])
+        .await
+        .unwrap();
+    assert!(offer(&c).await);
+    let (id, status, _) = insert(&c, "", "").await;
+    assert_eq!(status, "assigned");
+    let got = tokio::time::timeout(Duration::from_secs(10), planners.recv())
+        .await
+        .expect("the planners are told within 10 s")
+        .expect("a notification");
+    let (worker, payload) = parse_given(&got.payload).unwrap_or_else(|| panic!("{got:?}"));
+    assert_eq!(worker, "w");
+    let carried = parse_carried(&payload).unwrap();
+    assert_eq!(carried.len(), 1, "{payload}");
+    assert_eq!((carried[0].task.id, carried[0].task.epoch), (id, 1));
 }

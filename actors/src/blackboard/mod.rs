@@ -155,6 +155,17 @@ pub fn parse_wait_at(payload: &str) -> Option<std::time::SystemTime> {
     time_after(payload, WAIT_AT)
 }
 
+/// The prefix of the payload on `artex_wake` that says tasks were born assigned to a
+/// worker woken over HTTP (migrations/V62): `given:` and the JSON array [worker id, the
+/// push's payload] (the tasks carried, or empty for a plain wake-up).
+pub const GIVEN: &str = "given:";
+
+/// The worker and the push's payload a [`GIVEN`] payload names; `None` for any other
+/// payload, or one that is not that JSON.
+pub fn parse_given(payload: &str) -> Option<(String, String)> {
+    serde_json::from_str(payload.strip_prefix(GIVEN)?).ok()
+}
+
 /// The payload of the notification a worker gets on its channel when a task it holds is
 /// canceled (by the flow trigger): stop that task's handler now.
 pub const CANCEL_PAYLOAD: &str = "cancel";
@@ -404,7 +415,7 @@ fn build_pool(config: tokio_postgres::Config, size: usize, limits: &DbLimits) ->
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{due_at, parse_due_at, parse_wait_at};
+    use super::{due_at, parse_due_at, parse_given, parse_wait_at};
 
     #[test]
     fn a_due_time_survives_its_payload_to_the_millisecond_and_nothing_else_parses() {
@@ -431,6 +442,26 @@ mod tests {
         assert_eq!(parse_wait_at("wait-at:1765000000123"), Some(at));
         for other in ["at:1765000000123", "wait-at:", "wait-at:x", "new", ""] {
             assert_eq!(parse_wait_at(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_given_payload_names_its_worker_whatever_its_id_and_nothing_else_parses() {
+        let given = |w: &str, p: &str| Some((w.to_string(), p.to_string()));
+        assert_eq!(parse_given(r#"given:["h:1:a", ""]"#), given("h:1:a", ""));
+        // A worker id may hold any character; the payload is the carried tasks' JSON.
+        assert_eq!(
+            parse_given(r#"given:["a\"]:b\n", "[[\"x\"]]"]"#),
+            given("a\"]:b\n", r#"[["x"]]"#)
+        );
+        for other in [
+            "given:",
+            "given:w1",
+            r#"given:["w1"]"#,
+            "cancel:w1",
+            r#"["w", ""]"#,
+        ] {
+            assert_eq!(parse_given(other), None, "{other:?}");
         }
     }
 }

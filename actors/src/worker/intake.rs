@@ -193,6 +193,10 @@ impl Handler<Carried> for Worker {
         self.refill(new, free_slots, ctx);
         if left_over {
             self.fetch(ctx);
+        } else if !self.intake.backlog {
+            // A task born assigned to its offered slot came carried (migrations/V62): it
+            // offers again for the next, as after a read.
+            self.offer(ctx);
         }
     }
 }
