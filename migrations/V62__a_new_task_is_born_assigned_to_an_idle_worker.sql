@@ -41,10 +41,11 @@ create index worker_offers_worker on artex.worker_offers (worker);
 comment on table artex.worker_offers is
     'Slots idle workers offer to new tasks (V62): one row per offered slot, counted in the worker''s taken; an insert that takes it deletes it and is born assigned to the worker.';
 
--- The worker leaves one offer: only while it is online, has no offer out, and has two
--- free slots or more (the last free slot is never offered, so that tasks that become
--- runnable by an update — retries, flows, tasks due later — always find room). True when
--- an offer of it is out after the call.
+-- The worker leaves one offer: only while it is online, has no offer out, has two free
+-- slots or more (the last free slot is never offered, so that tasks that become runnable
+-- by an update — retries, flows, tasks due later — always find room), and no runnable
+-- task it may claim waits (those are claimed, not offered for). True when an offer of it
+-- is out after the call.
 create function artex.offer_slot(p_worker text)
 returns boolean
 language plpgsql
@@ -61,6 +62,10 @@ begin
         where w.id = p_worker and w.state = 'online'
           and w.capacity - (w.taken - coalesce(
                   (select r.released from artex.worker_released r where r.worker = w.id), 0)) >= 2
+          and not exists (
+              select 1 from artex.tasks t
+              where t.listed = 'pending' and not t.limited and t.run_at <= now()
+                and t.kind = any(w.kinds) and (t.host is null or t.host = w.host))
         for update of w
     ),
     offer as (
@@ -74,7 +79,7 @@ end
 $fn$;
 
 comment on function artex.offer_slot(text) is
-    'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot. True when an offer of it is out after the call.';
+    'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while tasks it may claim wait. True when an offer of it is out after the call.';
 
 -- Gives back the worker's offers no insert is taking (`skip locked`): their slots are
 -- released as an outcome releases one. How many.

@@ -1253,6 +1253,10 @@ begin
         where w.id = p_worker and w.state = 'online'
           and w.capacity - (w.taken - coalesce(
                   (select r.released from artex.worker_released r where r.worker = w.id), 0)) >= 2
+          and not exists (
+              select 1 from artex.tasks t
+              where t.listed = 'pending' and not t.limited and t.run_at <= now()
+                and t.kind = any(w.kinds) and (t.host is null or t.host = w.host))
         for update of w
     ),
     offer as (
@@ -1269,7 +1273,7 @@ $$;
 -- Name: FUNCTION offer_slot(p_worker text); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.offer_slot(p_worker text) IS 'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot. True when an offer of it is out after the call.';
+COMMENT ON FUNCTION artex.offer_slot(p_worker text) IS 'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while tasks it may claim wait. True when an offer of it is out after the call.';
 
 --
 -- Name: over_limits(uuid[]); Type: FUNCTION; Schema: artex; Owner: -

@@ -219,7 +219,7 @@ pub const BORN_SQL: &[Sql] = &[
     ),
     Sql::function(
         "offer_slot",
-        "66bef6d038411ddcdae7b302f5de956b431304aaa2df137ee9857b1f179d9ee2",
+        "903035ff1f5b3874642d38d82b7e8aef931483651014033ff4d4a648b41e8867",
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).

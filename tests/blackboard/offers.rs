@@ -337,6 +337,22 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
     assert_eq!(claimed, 1);
     assert_eq!(slots(&c).await, (1, 0), "the offer's slot took the task");
 
+    // While a task it may claim waits, it claims; it does not offer.
+    let (waiting, _, _) = insert(&c, ", run_at", ", now() + interval '1 h'").await;
+    c.execute(
+        "update artex.tasks set run_at = now() where id = $1",
+        &[&waiting],
+    )
+    .await
+    .unwrap();
+    assert!(!offer(&c).await, "a task waits for it: nothing offered");
+    c.execute(
+        "update artex.tasks set status = 'canceled', finished_at = now() where id = $1",
+        &[&waiting],
+    )
+    .await
+    .unwrap();
+
     // A drain gives the offer back with the unstarted tasks.
     assert!(offer(&c).await);
     let released = db

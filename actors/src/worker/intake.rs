@@ -193,9 +193,10 @@ impl Handler<Carried> for Worker {
         self.refill(new, free_slots, ctx);
         if left_over {
             self.fetch(ctx);
-        } else if !self.intake.backlog {
-            // A task born assigned to its offered slot came carried (migrations/V62): it
-            // offers again for the next, as after a read.
+        } else if !self.intake.backlog && self.held.queue.is_empty() {
+            // What came started at once: a task born assigned to its offered slot
+            // (migrations/V62), or a round's few. It offers again for the next, as after a
+            // read; not while a backlog's rounds fill its queue.
             self.offer(ctx);
         }
     }
@@ -339,12 +340,13 @@ impl Worker {
             db_clock_ms: read_back.db_clock_ms,
         });
         self.refill(new, free_seen, ctx);
-        if !self.intake.backlog {
+        if !self.intake.backlog && self.held.queue.is_empty() {
             self.offer(ctx);
         }
     }
 
-    /// Nothing waited for it at its last read: it offers one slot to new tasks
+    /// Nothing waited for it at its last read, and what it took started at once: it
+    /// offers one slot to new tasks
     /// (`artex.offer_slot`, migrations/V62), so that the next task submitted is born
     /// assigned to it and it only reads it. Not while it drains, nor while planners cannot
     /// reach it (a task given to it would wait for its poll), nor with fewer than two free
