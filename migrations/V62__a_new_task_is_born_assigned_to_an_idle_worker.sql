@@ -41,11 +41,30 @@ create index worker_offers_worker on artex.worker_offers (worker);
 comment on table artex.worker_offers is
     'Slots idle workers offer to new tasks (V62): one row per offered slot, counted in the worker''s taken; an insert that takes it deletes it and is born assigned to the worker.';
 
+-- Whether a runnable task of a limited kind among `p_kinds` waits: the planners place
+-- those, and a slot offered to new tasks (which a limited kind's never take) would keep
+-- one of them waiting. Walks `tasks_limited_waiting` by kind. PL/pgSQL, so that its
+-- plan is kept (V56).
+create function artex.limited_waiting_for(p_kinds text[])
+returns boolean
+language plpgsql
+stable
+as $fn$
+begin
+    return exists (select 1 from artex.tasks t
+                   where t.listed = 'pending' and t.limited and t.kind = any(p_kinds)
+                     and t.run_at <= now());
+end
+$fn$;
+
+comment on function artex.limited_waiting_for(text[]) is
+    'Whether a runnable task of a limited kind among p_kinds waits (V62): no slot is offered to new tasks then, and one offered is given back.';
+
 -- The worker leaves one offer: only while it is online, has no offer out, has two free
 -- slots or more (the last free slot is never offered, so that tasks that become runnable
 -- by an update — retries, flows, tasks due later — always find room), and no runnable
--- task it may claim waits (those are claimed, not offered for). True when an offer of it
--- is out after the call.
+-- task of its kinds waits (it claims those, or the planners place them: a limited
+-- kind's). True when an offer of it is out after the call.
 create function artex.offer_slot(p_worker text)
 returns boolean
 language plpgsql
@@ -66,6 +85,7 @@ begin
               select 1 from artex.tasks t
               where t.listed = 'pending' and not t.limited and t.run_at <= now()
                 and t.kind = any(w.kinds) and (t.host is null or t.host = w.host))
+          and not artex.limited_waiting_for(w.kinds)
         for update of w
     ),
     offer as (
@@ -79,7 +99,7 @@ end
 $fn$;
 
 comment on function artex.offer_slot(text) is
-    'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while tasks it may claim wait. True when an offer of it is out after the call.';
+    'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while runnable tasks of its kinds wait. True when an offer of it is out after the call.';
 
 -- Gives back the worker's offers no insert is taking (`skip locked`): their slots are
 -- released as an outcome releases one. How many.
@@ -238,7 +258,7 @@ comment on function artex.tasks_after_insert() is
     'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned, carrying them (their channel, or given:[worker, payload] on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 -- A worker's claim that finds tasks waiting for it gives its offer back first: that slot
--- takes one of them now. The rest of the function is V51's and V53's.
+-- takes one of them now (or, for a limited kind's tasks, the planners place one there). The rest of the function is V51's and V53's.
 create or replace function artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean, traced_claims uuid[], traced_runnable_at timestamp with time zone[])
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
@@ -268,8 +288,11 @@ begin
     into v_room, v_waiting, v_offered
     from artex.workers w
     where w.id = $1 and w.state = 'online';
-    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now.
-    if v_waiting and v_offered and artex.withdraw_offers($1) > 0 then
+    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now,
+    -- or, for a limited kind's, is the planners' to place.
+    if v_offered and (v_waiting or artex.limited_waiting_for(
+            (select w.kinds from artex.workers w where w.id = $1)))
+       and artex.withdraw_offers($1) > 0 and v_waiting then
         v_room := true;
     end if;
     if v_waiting and not v_room then

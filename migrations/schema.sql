@@ -298,8 +298,11 @@ begin
     into v_room, v_waiting, v_offered
     from artex.workers w
     where w.id = $1 and w.state = 'online';
-    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now.
-    if v_waiting and v_offered and artex.withdraw_offers($1) > 0 then
+    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now,
+    -- or, for a limited kind's, is the planners' to place.
+    if v_offered and (v_waiting or artex.limited_waiting_for(
+            (select w.kinds from artex.workers w where w.id = $1)))
+       and artex.withdraw_offers($1) > 0 and v_waiting then
         v_room := true;
     end if;
     if v_waiting and not v_room then
@@ -1153,6 +1156,26 @@ $$;
 COMMENT ON FUNCTION artex.limited_waiting() IS 'Whether any task of a limited kind waits: the round''s probe for its small statement (V34). Run with sequential scans off, so that it always looks in the limited tasks'' index, whatever the statistics (V51); PL/pgSQL, so that its plan is made once per session and kept (V54).';
 
 --
+-- Name: limited_waiting_for(text[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.limited_waiting_for(p_kinds text[]) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+begin
+    return exists (select 1 from artex.tasks t
+                   where t.listed = 'pending' and t.limited and t.kind = any(p_kinds)
+                     and t.run_at <= now());
+end
+$$;
+
+--
+-- Name: FUNCTION limited_waiting_for(p_kinds text[]); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.limited_waiting_for(p_kinds text[]) IS 'Whether a runnable task of a limited kind among p_kinds waits (V62): no slot is offered to new tasks then, and one offered is given back.';
+
+--
 -- Name: lock_unique_key(text); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1257,6 +1280,7 @@ begin
               select 1 from artex.tasks t
               where t.listed = 'pending' and not t.limited and t.run_at <= now()
                 and t.kind = any(w.kinds) and (t.host is null or t.host = w.host))
+          and not artex.limited_waiting_for(w.kinds)
         for update of w
     ),
     offer as (
@@ -1273,7 +1297,7 @@ $$;
 -- Name: FUNCTION offer_slot(p_worker text); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.offer_slot(p_worker text) IS 'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while tasks it may claim wait. True when an offer of it is out after the call.';
+COMMENT ON FUNCTION artex.offer_slot(p_worker text) IS 'An idle worker offers one slot to new tasks (V62): counted in its taken under its row lock, a row of artex.worker_offers; at most one out, never its last free slot, none while runnable tasks of its kinds wait. True when an offer of it is out after the call.';
 
 --
 -- Name: over_limits(uuid[]); Type: FUNCTION; Schema: artex; Owner: -

@@ -194,7 +194,8 @@ impl Waker {
     /// Tells `worker` that a task it holds was canceled (the planners' `artex_wake`
     /// channel said so): it checks its leases and stops that handler.
     pub async fn cancel(&self, worker: &str) {
-        self.pass_on(worker, CANCEL_PAYLOAD, "a cancel").await;
+        self.pass_on(worker, CANCEL_PAYLOAD, Vec::new(), "a cancel")
+            .await;
     }
 
     /// Tells `worker` that tasks were born assigned to it (`given:` on `artex_wake`,
@@ -203,13 +204,20 @@ impl Waker {
     /// None to a worker whose pushes fail: it polls.
     pub async fn given(&self, worker: &str, carried: &str) {
         if !lock(&self.inner.unreachable).contains_key(worker) {
-            self.pass_on(worker, carried, "tasks given to it").await;
+            // The tasks carried, so that a push refused (the worker's process is gone)
+            // gives them back at once, as a round's are, instead of a lease later.
+            let tasks = crate::blackboard::carried::parse_carried(carried)
+                .map(|c| c.iter().map(|c| c.task.id).collect())
+                .unwrap_or_default();
+            self.pass_on(worker, carried, tasks, "tasks given to it")
+                .await;
         }
     }
 
-    /// Pushes `payload` to `worker` at the address its link has, or else the one the
-    /// blackboard says; `what` names it in the warning when neither can be had.
-    async fn pass_on(&self, worker: &str, payload: &str, what: &str) {
+    /// Pushes `payload` (carrying `tasks`) to `worker` at the address its link has, or
+    /// else the one the blackboard says; `what` names it in the warning when neither
+    /// can be had.
+    async fn pass_on(&self, worker: &str, payload: &str, tasks: Vec<Uuid>, what: &str) {
         let known = lock(&self.inner.links).get(worker).map(|l| l.addr.clone());
         let addr = match known {
             Some(a) => Some(a),
@@ -223,7 +231,7 @@ impl Waker {
                 worker: worker.to_string(),
                 addr,
                 payloads: vec![payload.to_string()],
-                tasks: Vec::new(),
+                tasks,
             });
         }
     }

@@ -204,7 +204,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read",
-        "a95a436bbd527ae827c7982ee13024633c6aa5fcb51c1a253677eb60d21924d8",
+        "989789619e2923fbafc152410f8be11e3324208340d67710f13edabbb312f291",
     ),
     Sql::function(
         "runnable_head",
@@ -219,7 +219,7 @@ pub const BORN_SQL: &[Sql] = &[
     ),
     Sql::function(
         "offer_slot",
-        "903035ff1f5b3874642d38d82b7e8aef931483651014033ff4d4a648b41e8867",
+        "7cdd91e23cfe74531e3017edd92b1bd9d3edd8996fc66a30be422edd15f638a9",
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).

@@ -353,6 +353,33 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
     .await
     .unwrap();
 
+    // Nor while a task of a limited kind it runs waits: the planners place those, and
+    // an offer out is given back by its next claim.
+    assert!(offer(&c).await);
+    c.batch_execute(
+        "insert into artex.kind_limits (kind, concurrency, updated_by) values ('echo', 5, 'test');
+         insert into artex.tasks (kind) values ('echo')",
+    )
+    .await
+    .unwrap();
+    c.query(
+        "select * from artex.claim_and_read('w', 4, 1000000, true)",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(slots(&c).await, (1, 0), "the claim gave the offer back");
+    assert!(
+        !offer(&c).await,
+        "a limited kind's task waits: nothing offered"
+    );
+    c.batch_execute(
+        "update artex.tasks set status = 'canceled', finished_at = now() where status = 'pending';
+         delete from artex.kind_limits",
+    )
+    .await
+    .unwrap();
+
     // A drain gives the offer back with the unstarted tasks.
     assert!(offer(&c).await);
     let released = db

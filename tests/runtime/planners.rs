@@ -297,6 +297,60 @@ async fn a_task_submitted_to_an_idle_fleet_is_born_assigned_to_its_worker() {
     assert_no_double_run(&c).await;
 }
 
+/// A task born assigned to a worker whose process was just killed (its row still online,
+/// heard from a moment ago) is given back as soon as the planner's push is refused, as a
+/// round's task is, and runs on the other worker: not a lease (here 60 s) later.
+#[tokio::test]
+async fn a_task_born_assigned_to_a_killed_worker_is_recalled_when_its_push_is_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _p = Proc::planner("planner", &db.url, &[]);
+    let long_lease = ["--lease-ms", "60000"];
+    let a = Proc::worker("worker-a", &db.url, &long_lease);
+    let b = Proc::worker("worker-b", &db.url, &long_lease);
+    let (ida, idb) = (worker_id(&c, &a).await, worker_id(&c, &b).await);
+    // Both offer; an insert takes the oldest offer.
+    let oldest = wait_for("both workers' offers", Duration::from_secs(30), || async {
+        let rows = c
+            .query("select worker from artex.worker_offers order by id", &[])
+            .await
+            .unwrap();
+        (rows.len() == 2).then(|| rows[0].get::<_, String>(0))
+    })
+    .await;
+    let (victim, survivor) = if oldest == ida { (a, idb) } else { (b, ida) };
+    victim.signal(Signal::SIGKILL);
+    let id = db
+        .bb
+        .operator()
+        .submit(&NewTask::new("echo", json!({})), "test")
+        .await
+        .unwrap();
+    wait_status(&db.bb, id, "succeeded", Duration::from_secs(20)).await;
+    let steps: Vec<(String, Option<String>, Option<String>)> = c
+        .query(
+            "select to_status::text, reason, worker from artex.task_transitions
+             where task_id = $1 order by id",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert!(
+        steps.iter().any(|(to, reason, _)| to == "pending"
+            && reason.as_deref() == Some(&format!("wake-up not delivered to worker {oldest}"))),
+        "born assigned to the killed worker, then recalled: {steps:?}"
+    );
+    assert_eq!(
+        steps.last().and_then(|s| s.2.clone()),
+        Some(survivor),
+        "{steps:?}"
+    );
+    drop(victim);
+}
+
 /// Submits an echo task due `after` from now.
 async fn submit_echo_due(db: &TestDb, after: chrono::Duration) -> uuid::Uuid {
     let task = NewTask {
