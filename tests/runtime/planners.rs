@@ -224,12 +224,13 @@ async fn a_quiet_fleet_s_worker_claims_new_tasks_without_a_round() {
     let mut assigned_before = None;
     let mut claimed = 0;
     for n in 0..6 {
-        let id = db
-            .bb
-            .operator()
-            .submit(&NewTask::new("echo", json!({ "n": n })), "test")
-            .await
-            .unwrap();
+        // Traced: a traced task is never born assigned to the worker's offered slot
+        // (V62), so that the wake-up and claim of V52 are what is tested here.
+        let task = NewTask {
+            traceparent: Some(format!("00-{:032x}-{:016x}-01", 0xabc0 + n, 0x10 + n)),
+            ..NewTask::new("echo", json!({ "n": n }))
+        };
+        let id = db.bb.operator().submit(&task, "test").await.unwrap();
         wait_status(&db.bb, id, "succeeded", Duration::from_secs(10)).await;
         // Two more rounds: the second began after this task ended, and saw the worker
         // idle and nothing waiting.
