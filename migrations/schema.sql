@@ -2343,10 +2343,13 @@ begin
     new.updated_at := now();
     -- Born assigned (V62): a task runnable now takes an idle worker's offer, when one
     -- fits and nothing of its kind waits before it. A traced task goes the planners' way,
-    -- which makes its assignment's span.
+    -- which makes its assignment's span. A transaction that found no offer for a task
+    -- looks for none again (`artex.offerless`): a bulk insert of runnable tasks pays
+    -- the look once, not once a row (20,000 rows: 369–390 ms looking at each, 331–346
+    -- with the mark, 337–351 without the look at all).
     if new.status = 'pending' and new.run_at <= now() and not new.limited
        and new.traceparent is null
-       and exists (select 1 from artex.worker_offers) then
+       and current_setting('artex.offerless', true) is distinct from 'on' then
         select o.id, w.id as worker, w.lease_ms into offer
         from artex.worker_offers o join artex.workers w on w.id = o.worker
         where w.state = 'online' and w.wake_failed_at is null
@@ -2360,7 +2363,9 @@ begin
         order by o.id
         limit 1
         for update of o skip locked;
-        if offer.id is not null then
+        if offer.id is null then
+            perform set_config('artex.offerless', 'on', true);
+        else
             delete from artex.worker_offers o where o.id = offer.id;
             new.status := 'assigned';
             new.assigned_to := offer.worker;

@@ -215,7 +215,7 @@ pub const WORKER_CLAIM_SQL: &[Sql] = &[
 pub const BORN_SQL: &[Sql] = &[
     Sql::function(
         "tasks_before_insert",
-        "2e66ae4a58d233ade37e2b9e33f81bfc7825c1a06bfbe8b07a46c3294d5fd955",
+        "443c02cd8735f4b5cdff67c56d6a5edf86d9ab3c7637019ffd0a47e484494302",
     ),
     Sql::function(
         "offer_slot",

@@ -429,3 +429,27 @@ async fn a_worker_woken_over_http_is_told_through_the_planners_channel() {
     assert_eq!(carried.len(), 1, "{payload}");
     assert_eq!((carried[0].task.id, carried[0].task.epoch), (id, 1));
 }
+
+/// A transaction that found no offer for a task looks for none again: a bulk insert of
+/// runnable tasks pays the look once. The next transaction looks again.
+#[tokio::test]
+async fn a_transaction_that_found_no_offer_looks_for_none_again() {
+    let db = TestDb::new().await;
+    let (a, b) = (db.client().await, db.client().await);
+    fixtures::worker(&db.bb, "w", &["echo"], 4).await;
+    a.batch_execute("begin").await.unwrap();
+    assert_eq!(insert(&a, "", "").await.1, "pending", "no offer out yet");
+    // (The task above is not committed: no task waits for the worker, as `b` sees it.)
+    assert!(offer(&b).await);
+    assert_eq!(
+        insert(&a, "", "").await.1,
+        "pending",
+        "the transaction looks no more"
+    );
+    a.batch_execute("rollback").await.unwrap();
+    assert_eq!(
+        insert(&a, "", "").await.1,
+        "assigned",
+        "a new transaction looks again"
+    );
+}
