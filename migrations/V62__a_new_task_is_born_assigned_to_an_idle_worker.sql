@@ -115,18 +115,18 @@ begin
         where o.id in (select x.id from artex.worker_offers x where x.worker = p_worker
                        for update skip locked)
         returning 1
-    ),
-    counted as (select count(*)::int as n from gone)
-    insert into artex.worker_released as r (worker, released)
-    select p_worker, c.n from counted c where c.n > 0
-    on conflict (worker) do update set released = r.released + excluded.released;
-    get diagnostics n = row_count;
+    )
+    select count(*) into n from gone;
+    if n > 0 then
+        insert into artex.worker_released as r (worker, released) values (p_worker, n)
+        on conflict (worker) do update set released = r.released + excluded.released;
+    end if;
     return n;
 end
 $fn$;
 
 comment on function artex.withdraw_offers(text) is
-    'Gives back the worker''s offers no insert holds (V62), releasing their slots; nonzero when it gave any back.';
+    'Gives back the worker''s offers no insert holds (V62), releasing their slots; how many.';
 
 create or replace function artex.tasks_before_insert() returns trigger
     language plpgsql
@@ -275,6 +275,7 @@ declare
     v_room boolean;
     v_waiting boolean;
     v_offered boolean;
+    v_kinds text[];
 begin
     -- How many it claimed, for the read below (a statement of its own that `plans.rs`
     -- prepares alone: it names no variable of this function).
@@ -289,16 +290,17 @@ begin
                where t.listed = 'pending' and not t.limited and t.run_at <= now()
                  and t.kind = any(w.kinds)
                  and (t.host is null or t.host = w.host)),
-           exists (select 1 from artex.worker_offers o where o.worker = w.id)
-    into v_room, v_waiting, v_offered
+           exists (select 1 from artex.worker_offers o where o.worker = w.id),
+           w.kinds
+    into v_room, v_waiting, v_offered, v_kinds
     from artex.workers w
     where w.id = $1 and w.state = 'online';
-    -- Tasks wait for it: the slot it offered to new tasks (V62) takes one of them now,
-    -- or, for a limited kind's, is the planners' to place.
-    if v_offered and (v_waiting or artex.limited_waiting_for(
-            (select w.kinds from artex.workers w where w.id = $1)))
-       and artex.withdraw_offers($1) > 0 and v_waiting then
-        v_room := true;
+    -- Tasks wait for it: the slot it offered to new tasks (V62) goes back, to take one
+    -- of them now (or, for a limited kind's, for the planners to place one there).
+    if v_offered and (v_waiting or artex.limited_waiting_for(v_kinds)) then
+        if artex.withdraw_offers($1) > 0 then
+            v_room := v_room or v_waiting;
+        end if;
     end if;
     if v_waiting and not v_room then
         -- Tasks it may run wait, and the blackboard counts every slot of it taken: its

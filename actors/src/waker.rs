@@ -144,10 +144,10 @@ impl Waker {
         }
     }
 
-    /// A plain wake-up to each worker it has pushed to, but those pushes do not reach:
-    /// after the planner's LISTEN session came back, a `given:` sent while it was away
-    /// (a task born assigned, migrations/V62) may be lost, and the worker reads now
-    /// instead of at its poll.
+    /// A plain wake-up to each worker it has pushed to (but the unreachable ones, as
+    /// [`Waker::nudge`]): after the planner's LISTEN session came back, a `given:` sent
+    /// while it was away (a task born assigned, migrations/V62) may be lost, and the
+    /// worker reads now instead of at its poll.
     pub fn wake_linked(&self) {
         let linked: Vec<(String, String)> = lock(&self.inner.links)
             .iter()

@@ -204,7 +204,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read",
-        "989789619e2923fbafc152410f8be11e3324208340d67710f13edabbb312f291",
+        "c4b8eb8870f1d4760d1ddc7abec100f94c4a36659f72c9d43179f96ad520e5a5",
     ),
     Sql::function(
         "runnable_head",
@@ -295,8 +295,13 @@ pub const DRAIN_SQL: &[Sql] = &[
     ),
     Sql::constant(
         ATTEMPTS_RS,
+        "WITHDRAW_OFFERS",
+        "b003c505b4aded50619c2336906bf82b64879401b3c0c213630c7a2d2be4e3e5",
+    ),
+    Sql::constant(
+        ATTEMPTS_RS,
         "RELEASE_ASSIGNED",
-        "bf41a0ae0d2ce34a866e071391fb70346cc537c1e90153942141f5bd846986dc",
+        "dfd72bc05f4fe3bd398bebf396bb8c831ce42620bfeb1c7123ecff29236234c0",
     ),
 ];
 /// The status machine every step's status change is checked against

@@ -99,7 +99,7 @@ async fn an_idle_workers_offer_gives_it_the_next_task_born_assigned() {
     let lease: f64 = r.get(1);
     assert!(
         (25.0..=30.0).contains(&lease),
-        "the planner's lease: {lease} s"
+        "30 s for a worker that states no lease, as a claim gives: {lease} s"
     );
     assert!(r.get::<_, bool>(2));
     assert_eq!(slots(&c).await, (1, 0), "the offer is the task's slot now");
@@ -390,6 +390,23 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
         .unwrap();
     assert_eq!(released, [id]);
     assert_eq!(slots(&c).await, (0, 0));
+    // And with nothing assigned to give back (the task given back is pending: canceled,
+    // so that nothing waits for the worker).
+    c.execute(
+        "update artex.tasks set status = 'canceled', finished_at = now() where id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    assert!(offer(&c).await);
+    let released = db
+        .bb
+        .worker()
+        .release_assigned("w", "released by a draining worker", &[])
+        .await
+        .unwrap();
+    assert!(released.is_empty());
+    assert_eq!(slots(&c).await, (0, 0), "a drain with nothing to give back");
 
     // The last free slot is never offered.
     fixtures::worker(&db.bb, "w", &["echo"], 1).await;

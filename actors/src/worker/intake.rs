@@ -193,10 +193,9 @@ impl Handler<Carried> for Worker {
         self.refill(new, free_slots, ctx);
         if left_over {
             self.fetch(ctx);
-        } else if !self.intake.backlog && self.held.queue.is_empty() {
-            // What came started at once: a task born assigned to its offered slot
-            // (migrations/V62), or a round's few. It offers again for the next, as after a
-            // read; not while a backlog's rounds fill its queue.
+        } else {
+            // A task born assigned to its offered slot (migrations/V62) came this way: it
+            // offers again for the next, as after a read.
             self.offer(ctx);
         }
     }
@@ -340,21 +339,21 @@ impl Worker {
             db_clock_ms: read_back.db_clock_ms,
         });
         self.refill(new, free_seen, ctx);
-        if !self.intake.backlog && self.held.queue.is_empty() {
-            self.offer(ctx);
-        }
+        self.offer(ctx);
     }
 
-    /// Nothing waited for it at its last read, and what it took started at once: it
-    /// offers one slot to new tasks
-    /// (`artex.offer_slot`, migrations/V62), so that the next task submitted is born
-    /// assigned to it and it only reads it. Not while it drains, nor while planners cannot
-    /// reach it (a task given to it would wait for its poll), nor with fewer than two free
-    /// slots (the blackboard checks that too). One call at a time; one that finds an offer
-    /// out writes nothing.
+    /// Offers one slot to new tasks (`artex.offer_slot`, migrations/V62), so that the next
+    /// task submitted is born assigned to it and comes carried in its wake-up: when nothing
+    /// waited for it at its last read (no backlog) and what it took started at once (its
+    /// queue is empty; a backlog's rounds fill it). Not while it drains, nor while planners
+    /// cannot reach it (a task given to it would wait for its poll), nor with fewer than
+    /// two free slots (the blackboard checks that too, and that no task waits for it).
+    /// One call at a time; one that finds an offer out writes nothing.
     fn offer(&mut self, ctx: &mut Context<Self>) {
         let free = self.capacity().saturating_sub(self.held.ledger.held());
-        if self.stopping.draining
+        if self.intake.backlog
+            || !self.held.queue.is_empty()
+            || self.stopping.draining
             || self.intake.wake_unreachable
             || free < 2
             || !self.intake.offer.try_start()

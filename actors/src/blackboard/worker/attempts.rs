@@ -357,13 +357,17 @@ const CHECKPOINT: &str = "update artex.tasks t set checkpoint = $3, status = 'ru
 
 // Gives back what is assigned to the worker, except the tasks it is running (their start
 // may not be written yet).
-// The slot it offered to new tasks (migrations/V62) goes back first, so that no task is
-// born assigned to it after this; an insert that holds the offer now gives it a task all
-// the same, which the drain's last release gives back (`worker::drain`).
 const RELEASE_ASSIGNED: &str = "update artex.tasks t set status = 'pending'
-    from artex.set_context($1, $2) ctx, (select artex.withdraw_offers($1)) offers
+    from artex.set_context($1, $2) ctx
     where ctx and t.assigned_to = $1 and t.status = 'assigned' and t.id <> all($3::uuid[])
     returning t.id";
+
+// Before that release, the slot it offered to new tasks (migrations/V62) goes back, so
+// that no task is born assigned to it after it; an insert that holds the offer now gives
+// it a task all the same, which the drain's last release gives back (`worker::drain`).
+// A statement of its own: a function called in the release's FROM ran only when the
+// release found a row to join it with.
+const WITHDRAW_OFFERS: &str = "select artex.withdraw_offers($1)";
 
 // A worker that found nothing waiting offers a slot to new tasks (migrations/V62): the
 // next task submitted is born assigned to it, and it only reads it.
@@ -620,8 +624,9 @@ impl WorkerBoard {
             .is_some())
     }
 
-    /// Gives back every task assigned to `worker` except the ones in `running` (whose
-    /// handlers run, their start perhaps not written yet).
+    /// Gives back the slot `worker` offered to new tasks (migrations/V62), then every task
+    /// assigned to it except the ones in `running` (whose handlers run, their start
+    /// perhaps not written yet).
     pub async fn release_assigned(
         &self,
         worker: &str,
@@ -629,6 +634,7 @@ impl WorkerBoard {
         running: &[Uuid],
     ) -> Result<Vec<Uuid>> {
         let client = self.bb.client().await?;
+        client.execute(WITHDRAW_OFFERS, &[&worker]).await?;
         let rows = client
             .query(RELEASE_ASSIGNED, &[&worker, &reason, &running])
             .await?;
