@@ -1,5 +1,5 @@
 //! timers: how late what is due at a time starts, on an idle planner and worker
-//! (`artex-bench`). Two sets, each `n` (30; 5 with `--quick`):
+//! (`artex-bench`). Three sets, each `n` (30; 5 with `--quick`):
 //! - a flow of `for` timers of 1,500 ms + 173 ms × i, reached at its submission: each
 //!   wait's end after its `due_at` (ended by the planner's Scheduler);
 //! - a flow of `noop` tasks, each followed by a `for` timer of 300 ms, reached when its

@@ -200,17 +200,20 @@ fn start_driver() -> (Child, String) {
             .process_group(0)
             .spawn()
             .expect("chromedriver must be installed (scripts/test.sh installs chromium-driver)");
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        // Reads the port from "… started successfully on port N.", then drains the pipes.
+        // Reads the port from "… started successfully on port N.", and keeps every line
+        // for the panic's message, until the pipe closes.
         let out = driver.stdout.take().expect("chromedriver's stdout");
         let err = driver.stderr.take().expect("chromedriver's stderr");
-        for pipe in [
+        let readers: Vec<_> = [
             Box::new(out) as Box<dyn std::io::Read + Send>,
             Box::new(err),
-        ] {
-            let (tx, lines) = (tx.clone(), lines.clone());
+        ]
+        .into_iter()
+        .map(|pipe| {
+            let tx = tx.clone();
             std::thread::spawn(move || {
+                let mut lines = Vec::new();
                 for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                     if line.contains("successfully") {
                         if let Some(rest) = line.split("on port ").nth(1) {
@@ -218,20 +221,24 @@ fn start_driver() -> (Child, String) {
                             let _ = tx.send(port);
                         }
                     }
-                    lines.lock().expect("chromedriver's lines").push(line);
+                    lines.push(line);
                 }
-            });
-        }
+                lines
+            })
+        })
+        .collect();
         drop(tx);
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(port) => return (driver, port),
             Err(e) => {
                 let status = end_group(&mut driver);
-                // The pipes close with the group; give the readers a moment to finish.
-                std::thread::sleep(Duration::from_millis(100));
+                // The pipes close with the group: each reader ends with what it read.
+                let lines: Vec<String> = readers
+                    .into_iter()
+                    .flat_map(|r| r.join().unwrap_or_default())
+                    .collect();
                 said.push(format!(
-                    "start {attempt}: {e:?}, exit {status:?}, said: {:?}",
-                    lines.lock().expect("chromedriver's lines")
+                    "start {attempt}: {e:?}, exit {status:?}, said: {lines:?}"
                 ));
             }
         }
