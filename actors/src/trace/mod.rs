@@ -8,10 +8,17 @@
 //! - `traceparent`: [`TraceParent`], the W3C header's value, parsed and checked (pure).
 //! - `queue`: the bounded span queue in front of the OTLP/HTTP exporter, and the counts
 //!   of spans exported and dropped.
+//! - `otlp`: the exporter: its configuration, and the HTTP/1.1 client that posts each
+//!   batch.
+//! - `protobuf`: a batch's OTLP protobuf, written straight from the SDK's span data.
 //! - `spans`: the submission, queue, assignment and attempt spans.
 
+mod otlp;
+mod protobuf;
 mod queue;
 mod spans;
+#[cfg(test)]
+mod testing;
 mod traceparent;
 
 use std::sync::atomic::Ordering;
@@ -19,7 +26,6 @@ use std::sync::OnceLock;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
@@ -71,11 +77,11 @@ pub fn init(role: &str) -> Result<Option<Flush>, String> {
     if !configured() || TRACER.get().is_some() {
         return Ok(None);
     }
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(protocol()?)
-        .build()
-        .map_err(|e| format!("traces: the OTLP exporter: {e}"))?;
+    protocol()?;
+    let Some(export) = otlp::ExportConfig::from_env().map_err(|e| format!("traces: {e}"))? else {
+        return Ok(None);
+    };
+    let exporter = otlp::Exporter::new(export);
     let config = QueueConfig::from_env().map_err(|e| format!("traces: {e}"))?;
     let processor = queue::QueueProcessor::start(exporter, config)
         .map_err(|e| format!("traces: the export thread: {e}"))?;
@@ -97,13 +103,13 @@ pub fn init(role: &str) -> Result<Option<Flush>, String> {
 
 /// The OTLP protocol: `http/protobuf` (what collectors expect by default) unless
 /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or `OTEL_EXPORTER_OTLP_PROTOCOL` says otherwise;
-/// gRPC is not built in.
-fn protocol() -> Result<opentelemetry_otlp::Protocol, String> {
+/// gRPC and JSON are not built in.
+fn protocol() -> Result<(), String> {
     let asked = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
         .unwrap_or_default();
     match asked.trim() {
-        "" | "http/protobuf" => Ok(opentelemetry_otlp::Protocol::HttpBinary),
+        "" | "http/protobuf" => Ok(()),
         other => Err(format!(
             "OTEL_EXPORTER_OTLP_PROTOCOL {other:?}: artex exports traces over http/protobuf only"
         )),
