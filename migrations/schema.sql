@@ -2068,6 +2068,7 @@ CREATE FUNCTION artex.tasks_after_insert() RETURNS trigger
 declare
     due      timestamptz;
     runnable boolean;
+    limited  boolean;
 begin
     -- A task born assigned (V62) was submitted pending: its history is a claimed task's.
     insert into artex.task_history
@@ -2097,19 +2098,22 @@ begin
     end if;
     -- The latest time among the pending rows: at or before now (every insert of
     -- runnable tasks only) they are all runnable, and one look suffices; the insert
-    -- then costs what it did before (a one-row insert: within 0.01 ms).
-    select max(n.run_at) into due from new_rows n where n.status = 'pending';
+    -- then costs what it did before (a one-row insert: within 0.01 ms). `new limited`
+    -- when a runnable row is of a limited kind: no worker claims it, the round must.
+    select max(n.run_at), bool_or(n.limited) into due, limited
+    from new_rows n where n.status = 'pending';
     if due is null then
         return null;
     elsif due <= now() then
-        perform pg_notify('artex_tasks', 'new');
+        perform pg_notify('artex_tasks', case when limited then 'new limited' else 'new' end);
         return null;
     end if;
-    select bool_or(n.run_at <= now()), min(n.run_at) filter (where n.run_at > now())
-    into runnable, due
+    select bool_or(n.run_at <= now()), bool_or(n.limited and n.run_at <= now()),
+           min(n.run_at) filter (where n.run_at > now())
+    into runnable, limited, due
     from new_rows n where n.status = 'pending';
     if runnable then
-        perform pg_notify('artex_tasks', 'new');
+        perform pg_notify('artex_tasks', case when limited then 'new limited' else 'new' end);
     end if;
     perform pg_notify('artex_tasks', 'at:' || floor(extract(epoch from due) * 1000)::int8);
     return null;
@@ -2120,7 +2124,7 @@ $$;
 -- Name: FUNCTION tasks_after_insert(); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned, carrying them (their channel, or given:[worker, payload] on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
+COMMENT ON FUNCTION artex.tasks_after_insert() IS 'After an insert: the history''s first row of each task (to pending for a task born assigned, V62), and the wake-ups: the workers given tasks born assigned, carrying them (their channel, or given:[worker, payload] on artex_wake), `new` on artex_tasks for tasks runnable now (V52), `new limited` when one of them is of a limited kind (V63: no worker claims it, a round now), `at:<Unix ms>` for the soonest pending task due later (V57), artex_events for the feed.';
 
 --
 -- Name: tasks_after_update(); Type: FUNCTION; Schema: artex; Owner: -

@@ -29,8 +29,8 @@ use actix::prelude::*;
 
 use crate::assigner::{AssignNow, Assigner};
 use crate::blackboard::{
-    parse_due_at, parse_given, parse_wait_at, AssignReport, ListenEvent, PlannerBoard, NEW_TASKS,
-    TASKS_CHANNEL,
+    parse_due_at, parse_given, parse_wait_at, AssignReport, ListenEvent, PlannerBoard,
+    NEW_LIMITED_TASKS, NEW_TASKS, TASKS_CHANNEL,
 };
 use crate::flight::SingleFlight;
 use crate::scheduler::WaitDue;
@@ -243,6 +243,8 @@ impl Actor for Scanner {
                     }
                     ListenEvent::Notified(batch) => {
                         let (mut tasks, mut new, mut due) = (false, false, Vec::new());
+                        // A limited kind's new tasks (V63): a round now, no claim first.
+                        let mut limited = false;
                         for n in batch {
                             match n.payload.strip_prefix("cancel:") {
                                 Some(worker) if n.channel == WAKE_CHANNEL => {
@@ -262,6 +264,11 @@ impl Actor for Scanner {
                                 _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {
                                     new = true
                                 }
+                                _ if n.channel == TASKS_CHANNEL
+                                    && n.payload == NEW_LIMITED_TASKS =>
+                                {
+                                    limited = true
+                                }
                                 _ if n.channel == TASKS_CHANNEL => {
                                     let wait = parse_wait_at(&n.payload).zip(scheduler.as_ref());
                                     if let Some(at) = parse_due_at(&n.payload) {
@@ -278,7 +285,9 @@ impl Actor for Scanner {
                         if !due.is_empty() {
                             me.do_send(Due(due));
                         }
-                        if new {
+                        if limited {
+                            me.do_send(Wake);
+                        } else if new {
                             me.do_send(Submitted);
                         } else if tasks {
                             me.do_send(Wake);

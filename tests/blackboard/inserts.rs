@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use artex_actors::blackboard::TASKS_CHANNEL;
+use artex_actors::blackboard::{DUE_AT, NEW_LIMITED_TASKS, NEW_TASKS, TASKS_CHANNEL};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
@@ -162,4 +162,65 @@ async fn a_plain_insert_of_a_pending_task_notifies_listeners() {
         .await
         .expect("no notification within 10 s");
     assert_eq!(got.map(|n| n.channel).as_deref(), Some("artex_tasks"));
+}
+
+/// V63: an insert says `new limited` when a runnable row is of a limited kind (no worker
+/// claims it; the planners run a round at once), `new` otherwise; a limited row due
+/// later changes nothing but its `at:`.
+#[tokio::test]
+async fn an_insert_of_a_limited_kind_s_runnable_task_asks_for_a_round_at_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "insert into artex.kind_limits (kind, fair, updated_by) values ('fairly', true, 'test')",
+    )
+    .await
+    .unwrap();
+    let mut listener = db
+        .bb
+        .feed()
+        .listen(&[TASKS_CHANNEL.to_string()])
+        .await
+        .unwrap();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("no notification within 10 s")
+            .expect("the listener")
+            .payload
+    };
+    for (insert, said) in [
+        (
+            "insert into artex.tasks (kind) values ('echo')",
+            vec![NEW_TASKS],
+        ),
+        (
+            "insert into artex.tasks (kind) values ('fairly')",
+            vec![NEW_LIMITED_TASKS],
+        ),
+        (
+            "insert into artex.tasks (kind) values ('echo'), ('fairly')",
+            vec![NEW_LIMITED_TASKS],
+        ),
+        (
+            "insert into artex.tasks (kind, run_at)
+             values ('echo', now()), ('fairly', now() + interval '1 hour')",
+            vec![NEW_TASKS, "at:"],
+        ),
+        (
+            "insert into artex.tasks (kind, run_at)
+             values ('fairly', now()), ('echo', now() + interval '1 hour')",
+            vec![NEW_LIMITED_TASKS, "at:"],
+        ),
+    ] {
+        c.batch_execute(insert).await.unwrap();
+        for want in said {
+            let got = next().await;
+            if want == "at:" {
+                assert!(got.starts_with(DUE_AT), "{insert}: {got:?}");
+            } else {
+                assert_eq!(got, want, "{insert}");
+            }
+        }
+    }
 }

@@ -503,4 +503,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // to run a round, and the worker reads its task at its next poll.
         change: Change::Expand,
     },
+    Migration {
+        version: 63,
+        name: "a_limited_kind_s_new_task_asks_for_a_round_at_once",
+        sql: include_str!(
+            "../../../migrations/V63__a_limited_kind_s_new_task_asks_for_a_round_at_once.sql"
+        ),
+        // A function's body replaced in place; planners of earlier builds take its new
+        // payload as any request for a round.
+        change: Change::Expand,
+    },
 ];

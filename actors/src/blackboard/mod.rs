@@ -120,6 +120,10 @@ pub const TASKS_CHANNEL: &str = "artex_tasks";
 /// The payload of a [`TASKS_CHANNEL`] notification sent by an insert of runnable tasks
 /// (migrations/V52); freed capacity and tasks back to `pending` send an empty one.
 pub const NEW_TASKS: &str = "new";
+/// The payload of a [`TASKS_CHANNEL`] notification sent by an insert of runnable tasks
+/// of which one is of a limited kind (migrations/V63): no worker claims it, so the
+/// planners run a round at once instead of waking a worker to claim first.
+pub const NEW_LIMITED_TASKS: &str = "new limited";
 
 /// The prefix of a [`TASKS_CHANNEL`] payload saying when pending tasks not yet runnable
 /// fall due (migrations/V57: an insert's, a worker's retries and snoozes): [`DUE_AT`]
