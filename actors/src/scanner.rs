@@ -13,7 +13,9 @@
 //! did not take (another kind, more than its slots), skipping what it holds locked. A
 //! round is a read, a write and a push before the worker hears of a task; the claim
 //! takes the round's read and write off the path of a quiet queue's lone task (W2). A
-//! busy queue, where the last round found tasks, keeps its rounds. The worker makes the
+//! busy queue, where the last round found tasks, keeps its rounds. No worker claims a
+//! limited kind's task: an insert with one says `new limited` (V63), and the round runs
+//! at once. The notifications are read by `asked`, a pure function. The worker makes the
 //! claimed tasks' spans of their time in queue and assignment (V53), as the round would
 //! have.
 //!
@@ -74,6 +76,108 @@ impl Quiet {
         let i = self.given % self.idle.len();
         self.given = self.given.wrapping_add(1);
         Some(self.idle[i].clone())
+    }
+}
+
+/// What one notification on the planners' channels asks of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Asked {
+    /// A canceled task's worker, woken over HTTP, is told (`cancel:` on `artex_wake`).
+    Cancel(String),
+    /// Tasks born assigned to a worker woken over HTTP: its push, passed on (`given:`
+    /// on `artex_wake`, migrations/V62).
+    Given {
+        /// The worker.
+        worker: String,
+        /// The push's payload (the tasks carried, or empty: a plain wake-up).
+        carried: String,
+    },
+    /// Runnable tasks were inserted: a quiet fleet's worker claims them first (V52).
+    New,
+    /// Runnable tasks were inserted, one of a limited kind that no worker claims: a
+    /// round at once (V63).
+    NewLimited,
+    /// Pending tasks fall due at this time (V57).
+    DueAt(SystemTime),
+    /// A flow's wait falls due at this time: the Scheduler's (V61).
+    WaitAt(SystemTime),
+    /// Anything else: work may wait, a round.
+    Round,
+}
+
+/// What the notification `payload` on `channel` asks.
+fn asked(channel: &str, payload: &str) -> Asked {
+    if channel == WAKE_CHANNEL {
+        if let Some(worker) = payload.strip_prefix("cancel:") {
+            return Asked::Cancel(worker.to_string());
+        }
+        return match parse_given(payload) {
+            Some((worker, carried)) => Asked::Given { worker, carried },
+            None => Asked::Round,
+        };
+    }
+    if channel != TASKS_CHANNEL {
+        return Asked::Round;
+    }
+    match payload {
+        NEW_TASKS => Asked::New,
+        NEW_LIMITED_TASKS => Asked::NewLimited,
+        _ => {
+            if let Some(at) = parse_due_at(payload) {
+                Asked::DueAt(at)
+            } else if let Some(at) = parse_wait_at(payload) {
+                Asked::WaitAt(at)
+            } else {
+                Asked::Round
+            }
+        }
+    }
+}
+
+/// What a batch of notifications asks of the Scanner together (cancels and given tasks
+/// are passed on as they come, wait times to the Scheduler).
+#[derive(Debug, Default)]
+struct Hints {
+    round: bool,
+    new: bool,
+    new_limited: bool,
+    due: Vec<SystemTime>,
+}
+
+/// What the Scanner does for a batch.
+#[derive(Debug, PartialEq, Eq)]
+enum Then {
+    /// A round now.
+    Round,
+    /// A quiet fleet's worker claims first, the round follows ([`Submitted`]).
+    ClaimFirst,
+}
+
+impl Hints {
+    fn add(&mut self, a: Asked) {
+        match a {
+            Asked::New => self.new = true,
+            Asked::NewLimited => self.new_limited = true,
+            Asked::DueAt(at) => self.due.push(at),
+            // Passed on to their worker as they come: nothing for the Scanner.
+            Asked::Cancel(_) | Asked::Given { .. } => {}
+            // A wait's time with no Scheduler to keep it: the round finds what is due.
+            Asked::WaitAt(_) | Asked::Round => self.round = true,
+        }
+    }
+
+    /// A limited kind's new tasks take a round now (no worker would claim them); other
+    /// new tasks a claim first, which its round follows; any other hint a round.
+    fn then(&self) -> Option<Then> {
+        if self.new_limited {
+            Some(Then::Round)
+        } else if self.new {
+            Some(Then::ClaimFirst)
+        } else if self.round {
+            Some(Then::Round)
+        } else {
+            None
+        }
     }
 }
 
@@ -242,55 +346,33 @@ impl Actor for Scanner {
                         me.do_send(Wake)
                     }
                     ListenEvent::Notified(batch) => {
-                        let (mut tasks, mut new, mut due) = (false, false, Vec::new());
-                        // A limited kind's new tasks (V63): a round now, no claim first.
-                        let mut limited = false;
+                        let mut hints = Hints::default();
                         for n in batch {
-                            match n.payload.strip_prefix("cancel:") {
-                                Some(worker) if n.channel == WAKE_CHANNEL => {
+                            match asked(&n.channel, &n.payload) {
+                                Asked::Cancel(worker) => {
                                     if let Some(waker) = &waker {
-                                        waker.cancel(worker).await;
+                                        waker.cancel(&worker).await;
                                     }
                                 }
-                                _ if n.channel == WAKE_CHANNEL => {
-                                    match (parse_given(&n.payload), &waker) {
-                                        (Some((worker, carried)), Some(waker)) => {
-                                            waker.given(&worker, &carried).await
-                                        }
-                                        (Some(_), None) => {}
-                                        (None, _) => tasks = true,
+                                Asked::Given { worker, carried } => {
+                                    if let Some(waker) = &waker {
+                                        waker.given(&worker, &carried).await;
                                     }
                                 }
-                                _ if n.channel == TASKS_CHANNEL && n.payload == NEW_TASKS => {
-                                    new = true
-                                }
-                                _ if n.channel == TASKS_CHANNEL
-                                    && n.payload == NEW_LIMITED_TASKS =>
-                                {
-                                    limited = true
-                                }
-                                _ if n.channel == TASKS_CHANNEL => {
-                                    let wait = parse_wait_at(&n.payload).zip(scheduler.as_ref());
-                                    if let Some(at) = parse_due_at(&n.payload) {
-                                        due.push(at);
-                                    } else if let Some((at, s)) = wait {
-                                        s.do_send(WaitDue(at));
-                                    } else {
-                                        tasks = true;
-                                    }
-                                }
-                                _ => tasks = true,
+                                Asked::WaitAt(at) => match &scheduler {
+                                    Some(s) => s.do_send(WaitDue(at)),
+                                    None => hints.add(Asked::Round),
+                                },
+                                other => hints.add(other),
                             }
                         }
-                        if !due.is_empty() {
-                            me.do_send(Due(due));
+                        if !hints.due.is_empty() {
+                            me.do_send(Due(std::mem::take(&mut hints.due)));
                         }
-                        if limited {
-                            me.do_send(Wake);
-                        } else if new {
-                            me.do_send(Submitted);
-                        } else if tasks {
-                            me.do_send(Wake);
+                        match hints.then() {
+                            Some(Then::Round) => me.do_send(Wake),
+                            Some(Then::ClaimFirst) => me.do_send(Submitted),
+                            None => {}
                         }
                     }
                     ListenEvent::Lost(_) => {}
@@ -408,6 +490,54 @@ impl Handler<ScanNow> for Scanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_notification_asks_for_what_its_payload_says() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_765_000_000_123);
+        let cases = [
+            (WAKE_CHANNEL, "cancel:w1", Asked::Cancel("w1".into())),
+            (
+                WAKE_CHANNEL,
+                r#"given:["w:1","{}"]"#,
+                Asked::Given {
+                    worker: "w:1".into(),
+                    carried: "{}".into(),
+                },
+            ),
+            (WAKE_CHANNEL, "", Asked::Round),
+            (WAKE_CHANNEL, "given:[", Asked::Round),
+            // Only artex_tasks says new tasks or times.
+            (WAKE_CHANNEL, NEW_TASKS, Asked::Round),
+            (TASKS_CHANNEL, "new", Asked::New),
+            (TASKS_CHANNEL, "new limited", Asked::NewLimited),
+            (TASKS_CHANNEL, "at:1765000000123", Asked::DueAt(at)),
+            (TASKS_CHANNEL, "wait-at:1765000000123", Asked::WaitAt(at)),
+            (TASKS_CHANNEL, "", Asked::Round),
+            (TASKS_CHANNEL, "cancel:w1", Asked::Round),
+            (TASKS_CHANNEL, "new  limited", Asked::Round),
+            ("artex_other", "new", Asked::Round),
+        ];
+        for (channel, payload, want) in cases {
+            assert_eq!(asked(channel, payload), want, "{channel} {payload:?}");
+        }
+    }
+
+    #[test]
+    fn a_limited_kind_s_new_tasks_take_a_round_now_and_others_a_claim_first() {
+        let then = |asks: Vec<Asked>| {
+            let mut h = Hints::default();
+            asks.into_iter().for_each(|a| h.add(a));
+            h.then()
+        };
+        assert_eq!(then(vec![]), None);
+        assert_eq!(then(vec![Asked::New]), Some(Then::ClaimFirst));
+        assert_eq!(then(vec![Asked::Round, Asked::New]), Some(Then::ClaimFirst));
+        assert_eq!(then(vec![Asked::New, Asked::NewLimited]), Some(Then::Round));
+        assert_eq!(then(vec![Asked::Round]), Some(Then::Round));
+        let at = SystemTime::UNIX_EPOCH;
+        // Times alone are the Due handler's: no round now.
+        assert_eq!(then(vec![Asked::DueAt(at)]), None);
+    }
 
     fn workers(ids: &[&str]) -> Vec<(String, String)> {
         ids.iter()
