@@ -492,28 +492,22 @@ mod tests {
             std::env::remove_var(v);
         }
         assert_eq!(ExportConfig::from_env(), Ok(None));
+        // Where a configuration sends: host, port, `Host` header, path.
+        let target = |c: ExportConfig| (c.host, c.port, c.authority, c.path);
+        let strings = |h: &str, p: u16, a: &str, path: &str| {
+            (h.to_string(), p, a.to_string(), path.to_string())
+        };
         std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/");
         let c = ExportConfig::from_env().unwrap().unwrap();
-        assert_eq!(
-            (
-                c.host.as_str(),
-                c.port,
-                c.authority.as_str(),
-                c.path.as_str()
-            ),
-            ("collector", 4318, "collector:4318", "/v1/traces")
-        );
         assert_eq!(c.timeout, Duration::from_secs(10));
-        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1]/base");
-        let c = ExportConfig::from_env().unwrap().unwrap();
         assert_eq!(
-            (
-                c.host.as_str(),
-                c.port,
-                c.authority.as_str(),
-                c.path.as_str()
-            ),
-            ("::1", 80, "[::1]", "/base/v1/traces")
+            target(c),
+            strings("collector", 4318, "collector:4318", "/v1/traces")
+        );
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1]/base");
+        assert_eq!(
+            target(ExportConfig::from_env().unwrap().unwrap()),
+            strings("::1", 80, "[::1]", "/base/v1/traces")
         );
         // The traces' own endpoint is used as it is, and wins.
         std::env::set_var(
