@@ -381,14 +381,15 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
     .unwrap();
 
     // A drain gives the offer back with the unstarted tasks.
+    let drain = || async {
+        db.bb
+            .worker()
+            .release_assigned("w", "released by a draining worker", &[])
+            .await
+            .unwrap()
+    };
     assert!(offer(&c).await);
-    let released = db
-        .bb
-        .worker()
-        .release_assigned("w", "released by a draining worker", &[])
-        .await
-        .unwrap();
-    assert_eq!(released, [id]);
+    assert_eq!(drain().await, [id]);
     assert_eq!(slots(&c).await, (0, 0));
     // And with nothing assigned to give back (the task given back is pending: canceled,
     // so that nothing waits for the worker).
@@ -399,13 +400,7 @@ async fn a_claim_that_finds_tasks_waiting_and_a_drain_give_the_offer_back() {
     .await
     .unwrap();
     assert!(offer(&c).await);
-    let released = db
-        .bb
-        .worker()
-        .release_assigned("w", "released by a draining worker", &[])
-        .await
-        .unwrap();
-    assert!(released.is_empty());
+    assert!(drain().await.is_empty());
     assert_eq!(slots(&c).await, (0, 0), "a drain with nothing to give back");
 
     // The last free slot is never offered.
