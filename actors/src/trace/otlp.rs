@@ -260,33 +260,29 @@ impl Exporter {
         let deadline = Instant::now() + self.config.timeout;
         let reused = self.conn.is_some();
         match self.send(deadline) {
-            Err(Failure::Before(_)) if reused => {
-                // The collector closed the idle connection: once more on a new one.
-                self.conn = None;
-                self.send(deadline).map_err(Failure::into_message)
-            }
-            other => other.map_err(Failure::into_message),
+            // The collector closed the idle connection: once more, on a new one.
+            Err(Failure::Before(_)) if reused => self.send(deadline),
+            other => other,
         }
-        .inspect_err(|_| self.conn = None)
+        .map_err(Failure::into_message)
     }
 
+    /// One request, on the kept connection or a new one; the connection is kept again
+    /// only when the answer leaves it open (a failure drops it).
     fn send(&mut self, deadline: Instant) -> Result<Sent, Failure> {
-        if self.conn.is_none() {
-            self.conn = Some(BufReader::new(
-                connect(&self.config, deadline).map_err(Failure::Other)?,
-            ));
-        }
-        let conn = self.conn.as_mut().expect("connected above");
-        let mut head = self.head.clone();
-        head.push_str(&format!("{}\r\n\r\n", self.body.len()));
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => BufReader::new(connect(&self.config, deadline).map_err(Failure::Other)?),
+        };
+        let head = format!("{}{}\r\n\r\n", self.head, self.body.len());
         let stream = conn.get_mut();
         let io = |e: std::io::Error| Failure::Before(format!("sending: {e}"));
         set_timeouts(stream, deadline).map_err(io)?;
         stream.write_all(head.as_bytes()).map_err(io)?;
         stream.write_all(&self.body).map_err(io)?;
-        let (status, keep, body) = read_response(conn, deadline)?;
-        if !keep {
-            self.conn = None;
+        let (status, keep, body) = read_response(&mut conn, deadline)?;
+        if keep {
+            self.conn = Some(conn);
         }
         if !(200..300).contains(&status) {
             let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
