@@ -146,16 +146,20 @@ async fn a_plain_insert_gets_a_time_ordered_id_stamped_now() {
     assert_eq!(flow.get_version_num(), 7, "flow id {flow}");
 }
 
+/// A LISTEN session on the planners' tasks channel.
+async fn tasks_listener(db: &TestDb) -> artex_actors::blackboard::Listener {
+    db.bb
+        .feed()
+        .listen(&[TASKS_CHANNEL.to_string()])
+        .await
+        .expect("a LISTEN session")
+}
+
 #[tokio::test]
 async fn a_plain_insert_of_a_pending_task_notifies_listeners() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let mut listener = db
-        .bb
-        .feed()
-        .listen(&[TASKS_CHANNEL.to_string()])
-        .await
-        .unwrap();
+    let mut listener = tasks_listener(&db).await;
     assert_eq!(TASKS_CHANNEL, "artex_tasks");
     insert_task(&c).await;
     let got = tokio::time::timeout(Duration::from_secs(10), listener.recv())
@@ -176,12 +180,7 @@ async fn an_insert_of_a_limited_kind_s_runnable_task_asks_for_a_round_at_once() 
     )
     .await
     .unwrap();
-    let mut listener = db
-        .bb
-        .feed()
-        .listen(&[TASKS_CHANNEL.to_string()])
-        .await
-        .unwrap();
+    let mut listener = tasks_listener(&db).await;
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(10), listener.recv())
             .await
