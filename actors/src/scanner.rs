@@ -1,8 +1,9 @@
 //! The Scanner: notices runnable work and drives the Assigner. Woken by NOTIFY on
 //! `artex_tasks` (new tasks, freed capacity) with a poll as the safety net — NOTIFY is a
 //! hint, the tables are the truth. It also listens on `artex_wake` for canceled tasks
-//! held by workers woken over HTTP, and has the [`Waker`] pass each cancel on. Wake-ups that arrive while a round runs fold into one
-//! more round, so a burst of notifications costs one extra round, not one each.
+//! held by workers woken over HTTP and for tasks born assigned to them (V62), and has
+//! the [`Waker`] pass each on. Wake-ups that arrive while a round runs fold into one more
+//! round, so a burst of notifications costs one extra round, not one each.
 //!
 //! **A quiet fleet.** When the last round found nothing waiting and workers with a free
 //! handler slot ([`Quiet`]), new tasks (the insert's notification says `new`:
