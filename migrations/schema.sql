@@ -114,7 +114,7 @@ begin
         returning t.id, t.assigned_to, t.kind, t.payload, t.lease_epoch, t.retries,
                   t.max_retries, t.timeout_ms, t.checkpoint, t.flow_id, t.payload_bytes,
                   t.xmin::text::int8 as version, t.lease_until, t.priority, t.run_at,
-                  t.limited, t.traceparent
+                  t.limited, t.traceparent, t.limit_key
     ),
     counted as (
         update artex.workers w
@@ -130,15 +130,22 @@ begin
     -- would return them, with the row version's `xmin` and the lease's end, in start
     -- order, in notifications of at most ~7,500 bytes; a task longer than 1,000 bytes as
     -- JSON is not carried (its worker gets a plain wake-up and reads it), nor one whose
-    -- payload or checkpoint could not fit (measured before it is written: V27), nor
-    -- (V44) one of a fair kind: the read brings its priority and limit key, which the
-    -- worker's local queue takes turns by.
+    -- payload or checkpoint could not fit (measured before it is written: V27). A fair
+    -- kind's task carries its traceparent (or null), priority and limit key after the
+    -- rest (V64): the worker's local queue takes turns by them.
     held as materialized (
         select a.id, a.assigned_to as worker, a.traceparent, a.run_at,
                case when coalesce(a.payload_bytes, octet_length(a.payload::text)) <= 1000
                      and coalesce(pg_column_size(a.checkpoint), 0) <= 1000
-                     and not (a.limited and a.kind in (select kind from artex.kind_limits where fair))
-               then case when a.traceparent is null
+               then case when a.limited
+                          and a.kind in (select kind from artex.kind_limits where fair)
+                    then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
+                        a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
+                        coalesce(a.payload_bytes, octet_length(a.payload::text)),
+                        a.version,
+                        (extract(epoch from a.lease_until) * 1000)::float8,
+                        a.traceparent, a.priority, a.limit_key)::text
+                    when a.traceparent is null
                     then json_build_array(a.id, a.kind, a.payload, a.lease_epoch, a.retries,
                         a.max_retries, a.timeout_ms, a.checkpoint, a.flow_id,
                         coalesce(a.payload_bytes, octet_length(a.payload::text)),
@@ -190,7 +197,7 @@ $_$;
 -- Name: FUNCTION assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35), not a fair kind''s (V44), a traced task with its traceparent (V45). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.assign_and_wake(p_actor text, p_ids uuid[], p_workers text[], p_lease_secs double precision, p_limited uuid[]) IS 'The planner round''s write: the assignments, each worker''s slots under its row lock, within the kinds'' limits; the fencing tokens and the workers'' holdings in the same statement (V25); and the chosen workers'' wake-ups with the tasks they carry (V35), a fair kind''s with its priority and limit key (V64), a traced task with its traceparent (V45). Called by planner/dispatch.rs (ASSIGN_CALL); the statement lives only here.';
 
 --
 -- Name: assign_round(text, uuid[], text[], double precision, uuid[]); Type: FUNCTION; Schema: artex; Owner: -

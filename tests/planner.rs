@@ -281,6 +281,75 @@ async fn a_wake_up_carries_the_assigned_tasks_and_a_later_read_sees_them() {
     assert!(read.db_clock_ms > 0.0);
 }
 
+/// A fair kind's tasks come carried too, each with its priority and limit key, which the
+/// worker's local queue takes turns by (migrations/V64; before, their worker got a plain
+/// wake-up and read them).
+#[tokio::test]
+async fn a_fair_kind_s_wake_up_carries_its_tasks_with_their_priority_and_key() {
+    use artex_actors::blackboard::carried::{carries_assignments, parse_carried};
+    use artex_actors::blackboard::LimitSpec;
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    fixtures::worker(&db.bb, "w1", &["fk", "echo"], 10).await;
+    let spec = LimitSpec {
+        fair: true,
+        concurrency: None,
+        key_concurrency: None,
+        rate_per_sec: None,
+    };
+    ops.set_kind_limit("fk", &spec, "test").await.unwrap();
+    let mut listener = db
+        .bb
+        .feed()
+        .listen(&["artex_w_w1".to_string()])
+        .await
+        .unwrap();
+    let tasks = vec![
+        NewTask {
+            limit_key: Some("a".into()),
+            priority: 5,
+            ..NewTask::new("fk", json!({ "n": 0 }))
+        },
+        NewTask::new("fk", json!({ "n": 1 })),
+        NewTask::new("echo", json!({ "n": 2 })),
+    ];
+    let ids = ops.submit_many(&tasks, "test").await.unwrap();
+    let report = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
+    assert_eq!((report.assigned, report.workers_notified), (3, 1));
+    let mut carried = Vec::new();
+    while carried.len() < 3 {
+        let n = listener.recv().await.expect("the session is up");
+        assert!(
+            carries_assignments(&n.payload),
+            "every task carried, no plain wake-up: {:?}",
+            n.payload
+        );
+        carried.extend(parse_carried(&n.payload).unwrap());
+    }
+    let got: Vec<_> = carried
+        .iter()
+        .map(|c| {
+            (
+                c.task.id,
+                c.task.kind.as_str(),
+                c.task.priority,
+                c.task.limit_key.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (ids[0], "fk", 5, Some("a")),
+            (ids[1], "fk", 0, None),
+            (ids[2], "echo", 0, None)
+        ],
+        "in start order; a plain kind's task carries no key"
+    );
+}
+
 /// The worker's outcomes never wait for the worker row an assignment locks (issue 13):
 /// with that row locked as a planner's assignment locks it until its commit, the worker
 /// records its starts and finishes all the same, and the slots they free are assigned

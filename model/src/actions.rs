@@ -164,7 +164,7 @@ pub const CLAIM_SQL: &[Sql] = &[
 /// fencing tokens, wake-ups).
 pub const ASSIGN_SQL: &[Sql] = &[Sql::function(
     "assign_and_wake",
-    "88f15dcf3df9948f2155372c816c3158adc3ecce3dd2299fe8a60e6ee6e9a785",
+    "16181419695e8a105d6da98e06a85b372e407edcc460c6f47f2f9939d526150a",
 )];
 /// `Push`: a failed push records when pushes began to fail, and recalls unstarted tasks.
 pub const PUSH_SQL: &[Sql] = &[

@@ -82,7 +82,9 @@ pub fn carries_assignments(payload: &str) -> bool {
 /// `artex.assign_and_wake` (see blackboard/planner/dispatch.rs), each `[id, kind, payload,
 /// epoch, retries, max_retries, timeout_ms, checkpoint, flow_id, payload_bytes, xmin,
 /// lease_until_ms]`, and a traced task's `traceparent` after them (V45: an untraced
-/// task's array is as before, which older workers read).
+/// task's array is as before, which older workers read); a fair kind's task ends with
+/// `traceparent` (or null), `priority`, `limit_key` (V64), which its turns in the
+/// worker's local queue go by.
 pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
     #[derive(serde::Deserialize)]
     struct Row(
@@ -98,6 +100,8 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
         i64,
         i64,
         f64,
+        #[serde(default)] Option<String>,
+        #[serde(default)] i32,
         #[serde(default)] Option<String>,
     );
     let rows: Vec<Row> = serde_json::from_str(payload).map_err(|e| {
@@ -123,10 +127,10 @@ pub fn parse_carried(payload: &str) -> Result<Vec<CarriedTask>> {
                     flow_id: r.8,
                     payload_bytes: r.9,
                     lease_left_ms: 0.0,
-                    // Not carried: a fair kind's tasks, whose turns go by these, are
-                    // read (migrations/V44); the others start in the order they came.
-                    priority: 0,
-                    limit_key: None,
+                    // Carried for a fair kind's task only (its turns go by them); the
+                    // others start in the order they came.
+                    priority: r.13,
+                    limit_key: r.14,
                     traceparent: r.12.as_deref().and_then(|tp| TraceParent::parse(tp).ok()),
                 },
                 xid,
@@ -152,6 +156,28 @@ mod tests {
         let traced = parse_carried(&traced).unwrap();
         assert_eq!(
             traced[0].task.traceparent.map(|t| t.to_string()).as_deref(),
+            Some(tp)
+        );
+    }
+
+    #[test]
+    fn a_fair_kind_s_carried_task_brings_its_priority_and_limit_key() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let id = "0190b3a0-0000-7000-8000-000000000001";
+        let plain = format!(r#"[["{id}", "echo", {{}}, 1, 0, 3, null, null, null, 2, 77, 1.5]]"#);
+        let fair = plain.replace("1.5]", r#"1.5, null, 7, "tenant-a"]"#);
+        let fair_traced = plain.replace("1.5]", &format!(r#"1.5, "{tp}", -2, null]"#));
+        let plain = &parse_carried(&plain).unwrap()[0].task;
+        assert_eq!((plain.priority, plain.limit_key.as_deref()), (0, None));
+        let fair = &parse_carried(&fair).unwrap()[0].task;
+        assert_eq!(
+            (fair.priority, fair.limit_key.as_deref(), fair.traceparent),
+            (7, Some("tenant-a"), None)
+        );
+        let traced = &parse_carried(&fair_traced).unwrap()[0].task;
+        assert_eq!((traced.priority, traced.limit_key.as_deref()), (-2, None));
+        assert_eq!(
+            traced.traceparent.map(|t| t.to_string()).as_deref(),
             Some(tp)
         );
     }

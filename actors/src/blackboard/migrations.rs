@@ -513,4 +513,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // payload as any request for a round.
         change: Change::Expand,
     },
+    Migration {
+        version: 64,
+        name: "a_fair_kind_s_task_comes_carried",
+        sql: include_str!("../../../migrations/V64__a_fair_kind_s_task_comes_carried.sql"),
+        // A function's body replaced in place; a worker of an earlier build cannot parse
+        // a fair kind's longer carried array, and reads those tasks as it did before.
+        change: Change::Expand,
+    },
 ];
