@@ -588,10 +588,20 @@ begin
         from roster r cross join lateral unnest(r.kinds) as k(kind)
         group by k.kind
     ),
+    -- Each waiting key with the tasks the fleet holds of it, by an aggregate over both
+    -- (V65): never a join of two CTEs, which PostgreSQL may run as a nested loop, every
+    -- key against every held one, when its estimate of `held` is small.
+    keys_held as (
+        select x.kind, x.key, sum(x.n)::int8 as n
+        from (select k.kind, k.key, 0::int8 as n, true as waiting from keys k
+              union all
+              select h.kind, h.key, h.n, false from held h) x
+        group by x.kind, x.key
+        having bool_or(x.waiting)
+    ),
     waiting as (
-        select w.*, k.key, coalesce(l.fair, false) as fair, h.n is null as idle_key
-        from keys k left join room l on l.kind = k.kind
-             left join held h on h.kind = k.kind and h.key = k.key
+        select w.*, k.key, coalesce(l.fair, false) as fair, k.n = 0 as idle_key
+        from keys_held k left join room l on l.kind = k.kind
         cross join lateral (
             select t.id, t.kind, t.priority, t.run_at from artex.tasks t
             where t.listed = 'pending' and t.limited and t.kind = k.kind
@@ -599,7 +609,7 @@ begin
               and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
             order by t.priority desc, t.run_at, t.id
             limit greatest(least((select p.n from kind_places p where p.kind = k.kind),
-                case when k.key <> '' then l.key_concurrency - coalesce(h.n, 0) end,
+                case when k.key <> '' then l.key_concurrency - k.n end,
                 l.kind_room, l.tokens), 0)
         ) w
     ),
@@ -654,14 +664,19 @@ begin
     -- as they are (V50). Only a head that does not fit is ranked by key and by kind
     -- (three sorts of `ahead`'s rows).
     head_whole as materialized (
+        -- Counted by an aggregate over the head and `held` together, not a join of the
+        -- two (V65: a nested loop of 1,447 × 754 rows took 35–130 ms a round).
         select not exists (
-                   select 1 from ahead a
-                   left join room l on l.kind = a.kind
-                   left join held h on h.kind = a.kind and h.key = a.key
-                   where a.nth <= (select n from places) and a.key <> ''
-                     and l.key_concurrency is not null
-                   group by a.kind, a.key, l.key_concurrency, h.n
-                   having count(*) > l.key_concurrency - coalesce(h.n, 0))
+                   select 1 from (
+                       select a.kind, a.key, 1 as asked, 0::int8 as held from ahead a
+                       where a.nth <= (select n from places) and a.key <> ''
+                       union all
+                       select h.kind, h.key, 0, h.n from held h
+                   ) x join room l on l.kind = x.kind
+                   where l.key_concurrency is not null
+                   group by x.kind, x.key, l.key_concurrency
+                   having sum(x.asked) > 0
+                      and sum(x.asked) > l.key_concurrency - sum(x.held))
                and not exists (
                    select 1 from ahead a join room l on l.kind = a.kind
                    where a.nth <= (select n from places)
@@ -677,14 +692,22 @@ begin
                    row_number() over (partition by k.kind collate "C"
                                       order by k.priority desc, k.run_at, k.id) as nth_of_kind
             from (
-                select a.*,
-                       row_number() over (partition by a.kind collate "C", a.key collate "C"
-                                          order by a.priority desc, a.run_at, a.id) as nth_of_key
-                from ahead a
+                -- The head's tasks with their keys' held tasks beside them, by window
+                -- over both (V65; a join of `ahead` and `held` could go by nested loop).
+                select u.*,
+                       row_number() over (partition by u.kind collate "C", u.key collate "C"
+                                          order by u.id is null, u.priority desc, u.run_at,
+                                                   u.id) as nth_of_key,
+                       sum(u.held) over (partition by u.kind collate "C", u.key collate "C")
+                           as key_held
+                from (select a.id, a.kind, a.key, a.priority, a.run_at, 0::int8 as held
+                      from ahead a
+                      union all
+                      select null, h.kind, h.key, null, null, h.n from held h) u
             ) k left join room l on l.kind = k.kind
-                left join held h on h.kind = k.kind and h.key = k.key
-            where k.key = '' or l.key_concurrency is null
-               or k.nth_of_key <= l.key_concurrency - coalesce(h.n, 0)
+            where k.id is not null
+              and (k.key = '' or l.key_concurrency is null
+                   or k.nth_of_key <= l.key_concurrency - k.key_held)
         ) f left join room l on l.kind = f.kind
         where (l.kind_room is null or f.nth_of_kind <= l.kind_room)
           and (l.tokens is null or f.nth_of_kind <= l.tokens)
@@ -744,7 +767,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50), and the unlimited one''s by runnable_head (V51). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50), and the unlimited one''s by runnable_head (V51). What the keys hold is set beside the head and the keys by aggregates and windows, never a join of two CTEs (V65). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

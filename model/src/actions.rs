@@ -145,7 +145,7 @@ impl Action {
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
-        "dc838658fbffe2e53980b882cc4eaa247a69f1e7cf9702f89e742a006123f7a5",
+        "89db1669368a63bac52f8b3eeb10d31836072a089db28be44b7365909ac2f6f8",
     ),
     Sql::function(
         "claim_head",

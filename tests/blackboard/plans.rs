@@ -350,6 +350,88 @@ async fn a_limited_round_walks_its_head_in_order_with_stale_statistics() {
     assert_eq!(claimed, 100);
 }
 
+/// The node of a plan (EXPLAIN ANALYZE's JSON) that handled the most rows over all its
+/// loops (those it returned and those its filters and join filters removed): a join
+/// that compares every pair shows there, as a nested loop's rescans or a merge join's
+/// re-read inner side.
+fn busiest_node(node: &Value) -> (String, f64) {
+    let n = |key: &str| node[key].as_f64().unwrap_or(0.0);
+    let here = (
+        format!(
+            "{} {}",
+            node["Node Type"].as_str().unwrap_or_default(),
+            node["CTE Name"].as_str().unwrap_or_default()
+        ),
+        (n("Actual Rows") + n("Rows Removed by Filter") + n("Rows Removed by Join Filter"))
+            * n("Actual Loops"),
+    );
+    node["Plans"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(busiest_node)
+        .fold(here, |a, b| if b.1 > a.1 { b } else { a })
+}
+
+/// A limited round sets its head beside what each key holds without comparing every
+/// pair (V65): analyzed while nothing was held, then 1,000 keys holding a task each, the
+/// round's checks of its head (whether it fits whole; what fits when it does not) and
+/// its walk of the keys handle each row of `held` once, not once per task or key (1,447 ×
+/// 754 rows took 35–130 ms a round late in a burst).
+#[tokio::test]
+async fn a_limited_round_counts_held_tasks_without_a_quadratic_join() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fixtures::worker(&db.bb, "sim", &["echo"], 100_000).await;
+    c.batch_execute(
+        "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+             values ('echo', 100000, 5, 'test');
+         insert into artex.tasks (kind, limit_key)
+             select 'echo', 'k' || (g % 1000) from generate_series(1, 4000) g;
+         analyze artex.tasks;",
+    )
+    .await
+    .unwrap();
+    assert_eq!(fixtures::assign(&db.bb).await.assigned, 1000);
+    let round = "begin;
+         select count(*) from artex.dispatch_round(600, 1000, 1, '{}', '{}', true);
+         rollback";
+    let claimed = || async {
+        c.query_one(
+            "select count(*) from artex.dispatch_round(600, 1000, 1, '{}', '{}', true)
+             where task is not null",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    // Five a key: the head's first 1,000 fit whole. One a key: none fits, and the round
+    // walks the keys.
+    for (key_concurrency, fits) in [(5, 1000), (1, 0)] {
+        c.execute(
+            "update artex.kind_limits set key_concurrency = $1",
+            &[&key_concurrency],
+        )
+        .await
+        .unwrap();
+        for (text, plan) in explained(&db, round, true).await {
+            let rescans = rescanned_ctes(&plan);
+            assert!(
+                rescans.is_empty(),
+                "{key_concurrency} a key: CTEs scanned again and again (name, rows, scans): {rescans:?}\n{text}\n{plan:#}"
+            );
+            // 3,000 tasks wait and 1,000 keys hold one: a million rows is every pair.
+            let (node, rows) = busiest_node(&plan);
+            assert!(
+                rows < 100_000.0,
+                "{key_concurrency} a key: {node} handled {rows} rows\n{text}\n{plan:#}"
+            );
+        }
+        assert_eq!(claimed().await, fits, "{key_concurrency} a key");
+    }
+}
+
 /// A fresh blackboard's `tasks` is empty when its planner and workers first claim (its
 /// statistics say so too: building its indexes counted no row), and each session keeps
 /// the plans it made then until the table is analyzed again: a minute or more after a
