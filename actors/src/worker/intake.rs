@@ -149,6 +149,10 @@ impl Handler<Carried> for Worker {
             return;
         };
         let free_slots = self.capacity().saturating_sub(self.held.count());
+        // The planner gave what the blackboard saw free, which still counts a finished
+        // task whose outcome is not written: a starved queue is one that push filled (as
+        // for a claim's refill, d2be17f).
+        let free_seen = self.capacity().saturating_sub(self.held.ledger.held());
         let mut room = self.config.queue_max_bytes as i64 - self.held.bytes();
         let mut holds_nothing = self.held.count() == 0;
         let mut left_over = false;
@@ -190,7 +194,7 @@ impl Handler<Carried> for Worker {
             self.intake.maybe_more = true;
             self.intake.unread = true;
         }
-        self.refill(new, free_slots, ctx);
+        self.refill(new, free_seen, ctx);
         if left_over {
             self.fetch(ctx);
         } else {
@@ -383,8 +387,8 @@ impl Worker {
     }
 
     /// New tasks it took (read, or carried by a wake-up) into the queue, and started
-    /// what fits. `free_slots`: its free slots when they were asked for (for a claim, as the
-    /// blackboard counted them).
+    /// what fits. `free_slots`: its free slots when they were asked for or given, as the
+    /// blackboard counted them.
     pub(super) fn refill(
         &mut self,
         new: Vec<AssignedTask>,
