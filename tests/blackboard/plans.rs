@@ -251,23 +251,33 @@ fn rescanned_ctes(node: &Value) -> Vec<(String, f64, f64)> {
     found
 }
 
+/// `tasks` tasks of a limited kind (5 a key) over 1,000 keys, analyzed while none is
+/// held (as a fresh backlog is), then the first 1,000 assigned: one held by every key.
+async fn thousand_keys_holding_one(db: &TestDb, c: &tokio_postgres::Client, tasks: i32) {
+    fixtures::worker(&db.bb, "sim", &["echo"], 100_000).await;
+    c.execute(
+        "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
+             values ('echo', 100000, 5, 'test')",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "insert into artex.tasks (kind, limit_key)
+             select 'echo', 'k' || (g % 1000) from generate_series(1, $1) g",
+        &[&tasks],
+    )
+    .await
+    .unwrap();
+    c.batch_execute("analyze artex.tasks").await.unwrap();
+    assert_eq!(fixtures::assign(&db.bb).await.assigned, 1000);
+}
+
 #[tokio::test]
 async fn the_limits_check_counts_held_tasks_without_a_quadratic_join() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // 2,000 tasks of a limited kind over 1,000 keys, analyzed while none is held (as a
-    // fresh backlog is), then the first 1,000 assigned: one held by every key.
-    fixtures::worker(&db.bb, "sim", &["echo"], 100_000).await;
-    c.batch_execute(
-        "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
-             values ('echo', 100000, 5, 'test');
-         insert into artex.tasks (kind, limit_key)
-             select 'echo', 'k' || (g % 1000) from generate_series(1, 2000) g;
-         analyze artex.tasks;",
-    )
-    .await
-    .unwrap();
-    assert_eq!(fixtures::assign(&db.bb).await.assigned, 1000);
+    thousand_keys_holding_one(&db, &c, 2000).await;
     let ask = "select artex.over_limits(array(
                    select id from artex.tasks where status = 'pending' order by id))";
     // Its answer: the next task of every key fits under 5 a key, none under 1.
@@ -382,17 +392,7 @@ fn busiest_node(node: &Value) -> (String, f64) {
 async fn a_limited_round_counts_held_tasks_without_a_quadratic_join() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    fixtures::worker(&db.bb, "sim", &["echo"], 100_000).await;
-    c.batch_execute(
-        "insert into artex.kind_limits (kind, concurrency, key_concurrency, updated_by)
-             values ('echo', 100000, 5, 'test');
-         insert into artex.tasks (kind, limit_key)
-             select 'echo', 'k' || (g % 1000) from generate_series(1, 4000) g;
-         analyze artex.tasks;",
-    )
-    .await
-    .unwrap();
-    assert_eq!(fixtures::assign(&db.bb).await.assigned, 1000);
+    thousand_keys_holding_one(&db, &c, 4000).await;
     let round = "begin;
          select count(*) from artex.dispatch_round(600, 1000, 1, '{}', '{}', true);
          rollback";
