@@ -13,7 +13,7 @@
 //! the upgrade channel's frames (upgrade/src/{bundle,channel}/tests/fuzz.rs), the
 //! `/upgrade` form reader and the new side's listener pass (src/hot_upgrade/…/fuzz.rs),
 //! the upload protocol (tests/uploads/fuzz.rs) and limits on a real database
-//! (tests/planner.rs). A long run goes past nextest's 2-minute kill: run it with
+//! (tests/planner/limits.rs). A long run goes past nextest's 2-minute kill: run it with
 //! `cargo test` instead (it starts the test cluster itself), e.g.
 //! `ARTEX_FUZZ_CASES=20000 ARTEX_FUZZ_SEED=7 cargo test -p artex-upgrade --lib fuzz`.
 
