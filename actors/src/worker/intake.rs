@@ -149,10 +149,9 @@ impl Handler<Carried> for Worker {
             return;
         };
         let free_slots = self.capacity().saturating_sub(self.held.count());
-        // The planner gave what the blackboard saw free, which still counts a finished
-        // task whose outcome is not written: a starved queue is one that push filled (as
-        // for a claim's refill, d2be17f).
-        let free_seen = self.capacity().saturating_sub(self.held.ledger.held());
+        // The planner gave what the blackboard saw free: a starved queue is one that push
+        // filled, as for a claim's refill (d2be17f).
+        let free_seen = self.free_seen();
         let mut room = self.config.queue_max_bytes as i64 - self.held.bytes();
         let mut holds_nothing = self.held.count() == 0;
         let mut left_over = false;
@@ -243,8 +242,7 @@ impl Worker {
         let asked = Asked {
             limit,
             free_slots: limit - self.held.count(),
-            // The blackboard still counts a finished task whose outcome is not written.
-            free_seen: limit.saturating_sub(self.held.ledger.held()),
+            free_seen: self.free_seen(),
             budget: room.max(0),
         };
         let sent = Instant::now();
@@ -387,12 +385,12 @@ impl Worker {
     }
 
     /// New tasks it took (read, or carried by a wake-up) into the queue, and started
-    /// what fits. `free_slots`: its free slots when they were asked for or given, as the
-    /// blackboard counted them.
+    /// what fits. `free_seen`: its free slots when they were asked for or given, as the
+    /// blackboard counted them ([`Worker::free_seen`]).
     pub(super) fn refill(
         &mut self,
         new: Vec<AssignedTask>,
-        free_slots: usize,
+        free_seen: usize,
         ctx: &mut Context<Self>,
     ) {
         if new.is_empty() {
@@ -403,7 +401,7 @@ impl Worker {
         }
         // Every free slot filled after the handlers ran dry: a backlog larger than the
         // queue. Deepen it now.
-        if std::mem::take(&mut self.intake.ran_dry) && new.len() >= free_slots {
+        if std::mem::take(&mut self.intake.ran_dry) && new.len() >= free_seen {
             if let Some(depth) = self.depth.starved() {
                 tracing::debug!(worker = %self.config.id, depth,
                     "local queue deepened: refills run dry");

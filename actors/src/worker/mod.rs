@@ -252,6 +252,12 @@ impl Worker {
         (self.config.concurrency + self.depth.current()).max(1)
     }
 
+    /// Its free slots as the blackboard counts them, which still holds a finished task
+    /// whose outcome is not written: what a claim may take and a planner sees free.
+    fn free_seen(&self) -> usize {
+        self.capacity().saturating_sub(self.held.ledger.held())
+    }
+
     /// Samples the completion rate; when the queue's depth moved, has the new capacity
     /// written at once. A deeper queue wakes the planners (the heartbeat statement does),
     /// a shallower one only stops new assignments until the worker holds less.
