@@ -215,7 +215,7 @@ enum Command {
 /// Parses the command line and runs it with `registry`'s handlers; the whole `main` of a
 /// worker binary.
 pub fn main_with(registry: Registry) -> ExitCode {
-    artex_upgrade::malloc::cap_arenas();
+    artex_upgrade::malloc::tune();
     let cli = Cli::parse();
     // The local run shows every task flowing; servers log per-task lines only on demand.
     let default_log = match cli.command {

@@ -15,8 +15,9 @@
 //! - [`clone_spawn`]: starting a program without copying our address space
 //!   (`CLONE_VM | CLONE_VFORK`), for [`task_process`].
 //! - [`error`]: the crate's one [`Error`] type and [`Result`] alias.
-//! - [`malloc`]: the allocator's arenas capped at start (a process tunable, like the
-//!   subreaper's; here because this crate is where artex's few system calls live).
+//! - [`malloc`]: the allocator's arenas and large-block threshold set at start (process
+//!   tunables, like the subreaper's; here because this crate is where artex's few system
+//!   calls live).
 //! - [`notify`]: systemd's `sd_notify` (`READY=1`, `MAINPID=`) without libsystemd.
 //! - [`private_dir`]: folders only this user can enter (upgrade folder, upgrade channel
 //!   sockets).
