@@ -63,6 +63,9 @@ pub async fn run_worker(
     // Every read its start needs comes before its registration: once its row is there,
     // a database that goes away no longer stops the process.
     let facts = StartFacts::read(&bb, patience).await?;
+    // A folder it cannot keep uploads in stops it before it is registered, and before
+    // any actor starts (an actor started and never run panics as the runtime drops it).
+    let uploads = open_uploads(&bb, args, &config, facts.blackboard)?;
     register(&bb, &config, &registry, new_side.is_some(), patience).await?;
     // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
@@ -80,7 +83,7 @@ pub async fn run_worker(
     let worker = start_worker(&bb, &config, registry, &stats, &metrics).await;
     let passed = Arc::new(AtomicBool::new(false));
     let parts = (&worker, upgrade, access, stats, &listener, &passed, metrics);
-    let app = WorkerApp::new(&bb, replica, args, &config, facts, parts)?;
+    let app = WorkerApp::new(&bb, replica, args, &config, facts, uploads, parts)?;
     let sweeping = actix::spawn(sweep_uploads(
         app.uploads.clone(),
         ms(args.uploads.upload_sweep_ms),
@@ -288,15 +291,16 @@ struct WorkerApp {
 }
 
 impl WorkerApp {
-    /// `parts`: the worker actor, the upgrade settings, the access rules, the actors'
-    /// statistics, the listener (a duplicate serves the listener pass) and the flag the
-    /// pass raises.
+    /// `uploads`: the upload folder, opened before the worker registered. `parts`: the
+    /// worker actor, the upgrade settings, the access rules, the actors' statistics, the
+    /// listener (a duplicate serves the listener pass) and the flag the pass raises.
     fn new(
         bb: &Blackboard,
         replica: Option<Replica>,
         args: &WorkerArgs,
         config: &WorkerConfig,
         facts: StartFacts,
+        uploads: Arc<Uploads>,
         parts: AppParts<'_>,
     ) -> Result<WorkerApp> {
         let (worker, upgrade, access, stats, listener, listener_passed, metrics) = parts;
@@ -342,7 +346,7 @@ impl WorkerApp {
                 args.access.max_event_streams as usize,
             ),
             upgrader,
-            uploads: open_uploads(bb, args, config, facts.blackboard)?,
+            uploads,
             wake_target,
             api: args.api.then(|| api_state(bb, replica, config)),
         })

@@ -4,6 +4,8 @@ use artex_testkit::http::Request;
 use serde_json::{json, Value};
 
 use crate::common::count;
+use crate::common::procs::{Proc, FAST_WORKER};
+use crate::common::TestDb;
 use crate::{call, chunk, create, data, entries, fleet, put, setup, sha};
 
 #[tokio::test]
@@ -330,4 +332,33 @@ async fn a_chunk_sent_again_with_other_bytes_is_409_and_the_first_bytes_stay() {
     crate::common::procs::wait_status(&db.bb, task, "succeeded", wait).await;
     let result = db.bb.operator().task(task).await.unwrap().result.unwrap();
     assert_eq!(result["sha256"], sha(&file), "the file is the first bytes");
+}
+
+/// A worker given an upload folder others can enter stops at once with a message naming
+/// it and what is wrong: not registered (no worker row left behind to look online until
+/// its heartbeat lapses), and without a panic as it goes.
+#[tokio::test]
+async fn a_worker_refuses_an_upload_folder_others_can_enter_before_it_registers() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = TestDb::new().await;
+    let root = tempfile::tempdir().unwrap();
+    let folder = root.path().join("open");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut args = vec!["worker", "--upload-dir", folder.to_str().unwrap()];
+    args.extend(FAST_WORKER);
+    let mut p = Proc::start("worker", &db.url, &args, &[]);
+    let status = p
+        .wait_exit(std::time::Duration::from_secs(30))
+        .expect("the worker stops");
+    assert!(!status.success(), "{status:?}");
+    let log = p.log_text();
+    assert!(
+        log.contains(&format!("upload folder {} refused", folder.display()))
+            && log.contains("mode 0755 gives group or others access"),
+        "the message names the folder and what is wrong: {log}"
+    );
+    assert!(!log.contains("panicked"), "it stops without a panic: {log}");
+    let c = db.client().await;
+    assert_eq!(count(&c, "select count(*) from artex.workers").await, 0);
 }
