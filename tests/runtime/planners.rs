@@ -305,7 +305,7 @@ async fn a_task_submitted_to_an_idle_fleet_is_born_assigned_to_its_worker() {
 async fn a_task_born_assigned_to_a_killed_worker_is_recalled_when_its_push_is_refused() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let _p = Proc::planner("planner", &db.url, &[]);
+    let planner = Proc::planner("planner", &db.url, &[]);
     let long_lease = ["--lease-ms", "60000"];
     let a = Proc::worker("worker-a", &db.url, &long_lease);
     let b = Proc::worker("worker-b", &db.url, &long_lease);
@@ -320,6 +320,10 @@ async fn a_task_born_assigned_to_a_killed_worker_is_recalled_when_its_push_is_re
     })
     .await;
     let (victim, survivor) = if oldest == ida { (a, idb) } else { (b, ida) };
+    // The planner is held still from the kill to the insert: a push to the dead worker
+    // in between (refused, so its pushes are marked failing) would keep its offer from
+    // being taken, and the recall this test is about would never come into play.
+    planner.signal(Signal::SIGSTOP);
     victim.signal(Signal::SIGKILL);
     let id = db
         .bb
@@ -327,6 +331,7 @@ async fn a_task_born_assigned_to_a_killed_worker_is_recalled_when_its_push_is_re
         .submit(&NewTask::new("echo", json!({})), "test")
         .await
         .unwrap();
+    planner.signal(Signal::SIGCONT);
     wait_status(&db.bb, id, "succeeded", Duration::from_secs(20)).await;
     let steps: Vec<(String, Option<String>, Option<String>)> = c
         .query(
