@@ -1345,10 +1345,16 @@ begin
     if ids is null or cardinality(ids) = 0 then
         return '{}';
     end if;
+    -- Only a kind with a limit can refuse a task (V66).
     perform 1 from artex.kind_limits l
     where l.kind in (select t.kind from artex.tasks t where t.id = any(ids))
+      and (l.concurrency is not null or l.key_concurrency is not null
+           or l.rate_per_sec is not null)
     order by l.kind
     for update;
+    if not found then
+        return '{}';
+    end if;
     with lim as materialized (
         select l.kind, l.concurrency, l.key_concurrency, l.rate_per_sec,
                case when l.rate_per_sec is not null then
@@ -1358,6 +1364,8 @@ begin
                end as tokens
         from artex.kind_limits l
         where l.kind in (select t.kind from artex.tasks t where t.id = any(ids))
+          and (l.concurrency is not null or l.key_concurrency is not null
+               or l.rate_per_sec is not null)
     ),
     held as materialized (
         select t.kind, t.limit_key, count(*) as n
@@ -1405,7 +1413,7 @@ $$;
 -- Name: FUNCTION over_limits(ids uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql); run with nested loops off, so that no join of its CTEs compares every pair of rows (V49).';
+COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql); run with nested loops off, so that no join of its CTEs compares every pair of rows (V49). A kind that is only fair has no limit to exceed: it is neither locked nor counted (V66).';
 
 --
 -- Name: pause_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -

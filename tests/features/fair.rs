@@ -263,3 +263,79 @@ async fn a_busy_worker_keeps_a_place_for_a_late_key() {
         "the late task was assigned only after the backlog's first task ended"
     );
 }
+
+/// A kind that is only fair has no limit to exceed: a round's write neither locks its
+/// row of `artex.kind_limits` nor counts what the fleet holds of it (V66), so a
+/// transaction holding that row (an operator changing the kind, another planner's
+/// write) does not hold its assignments back. A kind with a limit still waits for its
+/// row: its count must see every assignment before it.
+#[tokio::test]
+async fn a_fair_kind_s_round_does_not_wait_for_its_kind_s_row() {
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    fixtures::worker(&db.bb, "w-fair", &["fair"], 4).await;
+    fixtures::worker(&db.bb, "w-capped", &["capped"], 4).await;
+    let fair = LimitSpec {
+        fair: true,
+        ..LimitSpec::default()
+    };
+    let capped = LimitSpec {
+        concurrency: Some(2),
+        ..LimitSpec::default()
+    };
+    ops.set_kind_limit("fair", &fair, "test").await.unwrap();
+    ops.set_kind_limit("capped", &capped, "test").await.unwrap();
+    let holder = db.client().await;
+    let c = db.client().await;
+    let round = || {
+        let planner = db.bb.planner();
+        tokio::spawn(async move { Assigner::run_once(&planner, &crate::round_config()).await })
+    };
+    let held = |kind: &'static str| {
+        let c = &c;
+        async move {
+            count(
+                c,
+                &format!("select count(*) from artex.tasks where kind = '{kind}' and assigned_to is not null"),
+            )
+            .await
+        }
+    };
+    // The fair kind's row held: its round goes through.
+    ops.submit_many(&keyed("fair", "a", 0, 3), "test")
+        .await
+        .unwrap();
+    holder
+        .batch_execute("begin; select 1 from artex.kind_limits where kind = 'fair' for update")
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), round())
+        .await
+        .expect("the round waited for the fair kind's row")
+        .unwrap()
+        .unwrap();
+    assert_eq!(held("fair").await, 3);
+    holder.batch_execute("rollback").await.unwrap();
+    // The capped kind's row held: its round waits for it, then counts.
+    ops.submit_many(&keyed("capped", "a", 0, 3), "test")
+        .await
+        .unwrap();
+    holder
+        .batch_execute("begin; select 1 from artex.kind_limits where kind = 'capped' for update")
+        .await
+        .unwrap();
+    let mut waiting = round();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .is_err(),
+        "a round of a kind with a limit went by its row's lock"
+    );
+    holder.batch_execute("rollback").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the round once the row was free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(held("capped").await, 2, "its limit of 2 holds");
+}

@@ -528,4 +528,11 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body replaced in place, its answers the same.
         change: Change::Expand,
     },
+    Migration {
+        version: 66,
+        name: "a_fair_kind_without_limits_is_not_counted",
+        sql: include_str!("../../../migrations/V66__a_fair_kind_without_limits_is_not_counted.sql"),
+        // A function's body replaced in place, its answers the same.
+        change: Change::Expand,
+    },
 ];
