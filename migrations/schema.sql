@@ -489,6 +489,9 @@ $$;
 CREATE FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean DEFAULT true) RETURNS TABLE(worker text, kinds text[], capacity integer, held integer, host text, task uuid, task_kind text, task_host text, wake_addr text, task_limited boolean, slots integer, task_fresh boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_sort TO 'off'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $_$
 #variable_conflict use_column
 begin
@@ -604,10 +607,14 @@ begin
         from keys_held k left join room l on l.kind = k.kind
         cross join lateral (
             select t.id, t.kind, t.priority, t.run_at from artex.tasks t
+            -- The key as a range of one (V67): an equality would make the key's place
+            -- in the order below redundant, and then `tasks_limited_runnable` would hold
+            -- that order too; as it is, only `tasks_limited_waiting` does.
             where t.listed = 'pending' and t.limited and t.kind = k.kind
-              and coalesce(t.limit_key, '') = k.key and t.run_at <= now()
+              and coalesce(t.limit_key, '') >= k.key and coalesce(t.limit_key, '') <= k.key
+              and t.run_at <= now()
               and ($3::int4 <= 1 or t.shard % $3::int4 = any($4::int4[]))
-            order by t.priority desc, t.run_at, t.id
+            order by coalesce(t.limit_key, ''), t.priority desc, t.run_at, t.id
             limit greatest(least((select p.n from kind_places p where p.kind = k.kind),
                 case when k.key <> '' then l.key_concurrency - k.n end,
                 l.kind_room, l.tokens), 0)
@@ -767,7 +774,7 @@ $_$;
 -- Name: FUNCTION dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50), and the unlimited one''s by runnable_head (V51). What the keys hold is set beside the head and the keys by aggregates and windows, never a join of two CTEs (V65). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.dispatch_round(p_alive_secs double precision, p_batch bigint, p_shard_count integer, p_shards integer[], p_unreachable text[], p_walk boolean) IS 'The planner round''s read: the roster and the claim, of the kinds of workers with a free slot but the paused ones (V38); the tasks of limited kinds by the head of their queue when the limits do not bind there and no kind is fair, else (when p_walk, or always with a fair kind) by a walk of their keys, a fair kind''s round-robin across its keys (V29, V37, V43), a head whose first places fit whole taken as it is (V50); each roster row with the worker''s slots, each fair kind''s task saying whether it may take the place a worker''s local queue keeps for a key holding nothing (V48); the head of the limited queue read in its order (V50), and the unlimited one''s by runnable_head (V51). What the keys hold is set beside the head and the keys by aggregates and windows, never a join of two CTEs (V65). Run with sorts and sequential scans off (and JIT off, which the penalty of its sorts in its cost would start), so that its walks of the limited queue and its lookups go by their indexes whatever the statistics (V67). Called by planner/dispatch.rs (DISPATCH_CALL); the statement lives only here.';
 
 --
 -- Name: drop_history_partitions(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -

@@ -145,7 +145,7 @@ impl Action {
 pub const CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "dispatch_round",
-        "89db1669368a63bac52f8b3eeb10d31836072a089db28be44b7365909ac2f6f8",
+        "333a331bee9a56f3cb7ee3e30d2dd932616a7f70d97ab012e56871c488d8928c",
     ),
     Sql::function(
         "claim_head",

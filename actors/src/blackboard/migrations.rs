@@ -535,4 +535,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body replaced in place, its answers the same.
         change: Change::Expand,
     },
+    Migration {
+        version: 67,
+        name: "a_round_walks_a_limited_kind_s_keys_by_their_index",
+        sql: include_str!(
+            "../../../migrations/V67__a_round_walks_a_limited_kind_s_keys_by_their_index.sql"
+        ),
+        // A function's body and settings replaced in place, its answers the same.
+        change: Change::Expand,
+    },
 ];
