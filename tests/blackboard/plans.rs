@@ -433,6 +433,15 @@ async fn a_limited_round_counts_held_tasks_without_a_quadratic_join() {
     }
 }
 
+/// The statements of `plans` that read over `most` task rows: (rows, statement).
+fn reading_over(plans: &[(String, Value)], most: f64) -> Vec<(f64, &str)> {
+    plans
+        .iter()
+        .map(|(text, plan)| (rows_read(plan, "tasks"), text.as_str()))
+        .filter(|(read, _)| *read > most)
+        .collect()
+}
+
 /// A fresh blackboard's `tasks` is empty when its planner and workers first claim (its
 /// statistics say so too: building its indexes counted no row), and each session keeps
 /// the plans it made then until the table is analyzed again: a minute or more after a
@@ -466,11 +475,7 @@ async fn the_claims_walk_the_queue_in_order_with_plans_made_on_an_empty_table() 
     // Each claim takes the worker's 100 free places: it reads them, then updates them
     // by their keys (a few rows more for the look that anything waits). No statement of
     // the session reads more.
-    let over: Vec<(f64, &str)> = plans
-        .iter()
-        .map(|(text, plan)| (rows_read(plan, "tasks"), text.as_str()))
-        .filter(|(read, _)| *read > 250.0)
-        .collect();
+    let over = reading_over(&plans, 250.0);
     assert!(
         over.is_empty(),
         "statements that read over 250 task rows to take 100 (rows, statement): {over:#?}"
@@ -515,11 +520,7 @@ async fn a_fair_round_walks_each_key_by_its_index_with_plans_made_on_an_empty_ta
     .await;
     // The worker's 100 places: each key's first 100 tasks at most, the keys walked, and
     // the 100 taken looked up. No statement of the session reads more.
-    let over: Vec<(f64, &str)> = plans
-        .iter()
-        .map(|(text, plan)| (rows_read(plan, "tasks"), text.as_str()))
-        .filter(|(read, _)| *read > 1000.0)
-        .collect();
+    let over = reading_over(&plans, 1000.0);
     assert!(
         over.is_empty(),
         "statements that read over 1,000 task rows to take 100 (rows, statement): {over:#?}"
