@@ -1473,6 +1473,9 @@ declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
     n      bigint;
 begin
+    if not pg_try_advisory_xact_lock(hashtext('artex.prune_finished_tasks')) then
+        return 0;
+    end if;
     with doomed as (
         select t.id from artex.tasks t
         where t.finished_at < cutoff
@@ -1490,6 +1493,12 @@ begin
     return n;
 end
 $$;
+
+--
+-- Name: FUNCTION prune_finished_tasks(p_now timestamp with time zone, p_batch integer); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0.';
 
 --
 -- Name: prune_history_rows(timestamp with time zone, integer); Type: FUNCTION; Schema: artex; Owner: -

@@ -112,6 +112,45 @@ async fn retention_drops_whole_partitions_held_back_by_a_live_consumer_until_it_
     assert_eq!(out.lines().count(), 0);
 }
 
+/// Every planner runs the maintenance: a prune of finished tasks while another is under
+/// way leaves the retention to that one and deletes nothing, instead of waiting for the
+/// rows it holds (two of them deadlocked after a failover in the fleet soak: V68).
+#[tokio::test]
+async fn a_prune_while_another_runs_leaves_the_retention_to_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "insert into artex.tasks (kind) select 'echo' from generate_series(1, 100);
+         update artex.tasks set status = 'canceled';",
+    )
+    .await
+    .unwrap();
+    let later = Utc::now() + chrono::Duration::days(15);
+    let prune = "select artex.prune_finished_tasks($1, 1000)";
+    let first = db.client().await;
+    first.batch_execute("begin").await.unwrap();
+    let n: i64 = first.query_one(prune, &[&later]).await.unwrap().get(0);
+    assert_eq!(n, 100);
+    // The first's transaction still holds the rows it deleted.
+    let second: i64 = tokio::time::timeout(Duration::from_secs(10), c.query_one(prune, &[&later]))
+        .await
+        .expect("the second prune waited for the first")
+        .unwrap()
+        .get(0);
+    assert_eq!(second, 0, "the second deletes nothing");
+    first.batch_execute("commit").await.unwrap();
+    assert_eq!(count(&c, "select count(*) from artex.tasks").await, 0);
+    // Alone, it prunes.
+    c.batch_execute(
+        "insert into artex.tasks (kind) values ('echo');
+         update artex.tasks set status = 'canceled';",
+    )
+    .await
+    .unwrap();
+    let alone: i64 = c.query_one(prune, &[&later]).await.unwrap().get(0);
+    assert_eq!(alone, 1);
+}
+
 #[tokio::test]
 async fn finished_tasks_past_the_retention_go_unless_an_unfinished_flow_needs_them() {
     let db = TestDb::new().await;

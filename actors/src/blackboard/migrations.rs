@@ -544,4 +544,12 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body and settings replaced in place, its answers the same.
         change: Change::Expand,
     },
+    Migration {
+        version: 68,
+        name: "one_prune_of_finished_tasks_at_a_time",
+        sql: include_str!("../../../migrations/V68__one_prune_of_finished_tasks_at_a_time.sql"),
+        // A function's body replaced in place; a process of an earlier build prunes as
+        // before (a deadlock, when two meet, aborts one of them, as it did).
+        change: Change::Expand,
+    },
 ];
