@@ -9,7 +9,7 @@
 -- made its plans then), PostgreSQL costed the two alike and sometimes took the second:
 -- behind a backlog of 20,000 tasks of one key, every round walked all of them to find
 -- another key's task, 120–145 ms a round instead of about 1.4, and that key's tasks
--- waited 195–225 ms instead of 7–8 (a scratch run, 2 of 13 runs at one code; every run
+-- waited 195–225 ms instead of 7–8 (scratch runs: 2 of 15 at one code, and the one
 -- whose table was analyzed empty before the burst). With the statistics of an empty
 -- table the same plan also walked the keys and each key's tasks by scanning the table
 -- and sorting it, and looked up each task it took by scanning the table again.
