@@ -10,11 +10,11 @@
 //! serving a block from its own map (`mmap`) to the size of each such block freed, so
 //! after the first upload's 1 MiB hashing buffer every later one came from an arena, and
 //! the arena's top was trimmed only past twice that. 80 uploads of 0.1–3 MiB took a
-//! worker from 17 to 19.5–22.8 MiB, up and down with the order of frees (the soak failed
-//! once on a 10% step of its upload worker); with the threshold fixed at glibc's default,
-//! 128 KiB, it stayed at 17.9 MiB. Blocks that large are rare on the hot path (a batch's
-//! buffers), and a burst of 20,000 tasks ran as fast either way (six runs each, within
-//! their spread).
+//! worker from 16.6 to 19.1–22.3 MiB, up and down with the order of frees (the soak
+//! failed once on a 10% step of its upload worker); with the threshold fixed at glibc's
+//! default, 128 KiB, it stayed at 17.2–17.6 MiB. Blocks that large are rare on the hot
+//! path (a batch's buffers), and a burst of 20,000 tasks ran as fast either way (six
+//! runs each, within their spread).
 
 /// glibc's default threshold, fixed: blocks from 128 KiB come from `mmap` and go back
 /// when freed.
