@@ -222,6 +222,28 @@ fn random_limits_are_never_exceeded_and_never_starve_a_task() {
     );
 }
 
+/// Kind `lk` limited to `key_concurrency` tasks a key, and three tasks of each of the
+/// keys c, a and b at priorities 1, 9 and 5 (submitted in that order).
+async fn three_keys(db: &TestDb, key_concurrency: i32) {
+    let ops = db.bb.operator();
+    let spec = artex_actors::blackboard::LimitSpec {
+        key_concurrency: Some(key_concurrency),
+        ..Default::default()
+    };
+    ops.set_kind_limit("lk", &spec, "test").await.unwrap();
+    let tasks: Vec<NewTask> = [("c", 1), ("a", 9), ("b", 5)]
+        .iter()
+        .flat_map(|&(key, priority)| {
+            (0..3).map(move |_| NewTask {
+                limit_key: Some(key.to_string()),
+                priority,
+                ..NewTask::new("lk", json!({}))
+            })
+        })
+        .collect();
+    ops.submit_many(&tasks, "test").await.unwrap();
+}
+
 /// A round takes a limited kind's tasks in claim order within its keys' room, whether it
 /// finds them by the head of the queue (migrations/V29: the limits do not bind there) or
 /// by the walk of the keys (they do). Three keys of three tasks at priorities 9, 5 and 1,
@@ -232,7 +254,6 @@ fn random_limits_are_never_exceeded_and_never_starve_a_task() {
 /// with room for two: the head's first two fit whole, and are taken as they are (V50).
 #[tokio::test]
 async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
-    use artex_actors::blackboard::LimitSpec;
     let cases = [
         (4, 2, vec![("a", 2), ("b", 2)]),
         (8, 2, vec![("a", 2), ("b", 2), ("c", 2)]),
@@ -241,26 +262,8 @@ async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
     ];
     for (capacity, key_concurrency, want) in cases {
         let db = TestDb::new().await;
-        let ops = db.bb.operator();
         fixtures::worker(&db.bb, "w1", &["lk"], capacity).await;
-        let spec = LimitSpec {
-            fair: false,
-            concurrency: None,
-            key_concurrency: Some(key_concurrency),
-            rate_per_sec: None,
-        };
-        ops.set_kind_limit("lk", &spec, "test").await.unwrap();
-        let tasks: Vec<NewTask> = [("c", 1), ("a", 9), ("b", 5)]
-            .iter()
-            .flat_map(|&(key, priority)| {
-                (0..3).map(move |_| NewTask {
-                    limit_key: Some(key.to_string()),
-                    priority,
-                    ..NewTask::new("lk", json!({}))
-                })
-            })
-            .collect();
-        ops.submit_many(&tasks, "test").await.unwrap();
+        three_keys(&db, key_concurrency).await;
         let round = Assigner::run_once(&db.bb.planner(), &config())
             .await
             .unwrap();
@@ -292,28 +295,10 @@ async fn a_round_takes_limited_tasks_in_claim_order_within_their_keys_room() {
 #[tokio::test]
 async fn a_round_that_may_not_walk_takes_what_fits_of_the_head() {
     use artex_actors::assigner::plan;
-    use artex_actors::blackboard::{LimitSpec, Round};
+    use artex_actors::blackboard::Round;
     let db = TestDb::new().await;
-    let ops = db.bb.operator();
     fixtures::worker(&db.bb, "w1", &["lk"], 3).await;
-    let spec = LimitSpec {
-        fair: false,
-        concurrency: None,
-        key_concurrency: Some(1),
-        rate_per_sec: None,
-    };
-    ops.set_kind_limit("lk", &spec, "test").await.unwrap();
-    let tasks: Vec<NewTask> = [("c", 1), ("a", 9), ("b", 5)]
-        .iter()
-        .flat_map(|&(key, priority)| {
-            (0..3).map(move |_| NewTask {
-                limit_key: Some(key.to_string()),
-                priority,
-                ..NewTask::new("lk", json!({}))
-            })
-        })
-        .collect();
-    ops.submit_many(&tasks, "test").await.unwrap();
+    three_keys(&db, 1).await;
     let client = db.client().await;
     let held = || async {
         client
