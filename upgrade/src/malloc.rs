@@ -18,6 +18,7 @@
 
 /// glibc's default threshold, fixed: blocks from 128 KiB come from `mmap` and go back
 /// when freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
 
 /// Caps the process at two malloc arenas and fixes the threshold above which a block is
