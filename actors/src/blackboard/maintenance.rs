@@ -37,7 +37,8 @@ const PRUNE_HISTORY_ROWS: &str =
     "select artex.prune_history_rows(coalesce($1::timestamptz, now()), $2::int4)";
 
 // Finished tasks past the retention that no unfinished flow needs, oldest first, at most
-// `$2` (and flows left empty).
+// `$2` (and flows left empty); none while another process prunes (V68: every planner runs
+// the maintenance, and two prunes at once deadlocked).
 const PRUNE_TASKS: &str =
     "select artex.prune_finished_tasks(coalesce($1::timestamptz, now()), $2::int4)";
 
@@ -126,7 +127,7 @@ impl MaintenanceBoard {
     }
 
     /// Deletes up to `batch` finished tasks past the retention that no unfinished flow
-    /// needs; returns how many.
+    /// needs; returns how many (0 while another process prunes: it leaves them to it).
     pub async fn prune_finished_tasks(
         &self,
         now: Option<DateTime<Utc>>,
