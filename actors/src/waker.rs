@@ -12,8 +12,11 @@
 //! `pending` at once (a compare-and-set: a start it wrote first wins). Any other failure
 //! (a timeout, a reset, an error status) may come from a worker that read its tasks, by
 //! this push or its poll, and runs them with their start not written yet: those stay
-//! its, and come back through their leases if it is gone (the model check found the
-//! overlap a recall there allows: docs/model.md). The planner's rounds give it nothing
+//! its until a probe is refused, and come back through their leases if none is (the
+//! model check found the overlap a recall on any failure allows: docs/model.md). A
+//! killed worker's push can be reset rather than refused — its listening socket takes
+//! the connection while the process is torn down — and its next probe, a second later,
+//! is refused. The planner's rounds give it nothing
 //! (the roster excludes it), and the Waker probes it every [`PROBE_EVERY`] with a plain
 //! wake-up until one is answered. A killed worker is so excluded by the first round
 //! after its death, as its vanished LISTEN backend used to exclude it.
@@ -324,12 +327,10 @@ async fn link(
                 } else if first_failure {
                     tracing::warn!(%worker, %addr, %why, "cannot push a wake-up: the worker gets nothing until it answers again or is heard from");
                 }
-                if !polling && why.refused() {
-                    let tasks: Vec<Uuid> =
-                        batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
-                    recall(&inner, &worker, &tasks).await;
-                }
-                if !probe(&inner, &mut conn, &worker, &addr, &mut rx).await {
+                let mut unsettled: Vec<Uuid> =
+                    batch.iter().flat_map(|p| p.tasks.iter().copied()).collect();
+                settle(&inner, &worker, &mut unsettled).await;
+                if !probe(&inner, &mut conn, &worker, &addr, &mut rx, unsettled).await {
                     // Pushed meanwhile: sent, or failing again, like any other.
                     next = forget(&inner, &worker, &addr, &mut rx);
                     if next.is_none() {
@@ -418,14 +419,16 @@ async fn recall(inner: &Inner, worker: &str, tasks: &[Uuid]) {
 /// Meanwhile a worker not heard from is looked for in the blackboard after each probe:
 /// once heard from, it is polling (given work again). Pushes that come meanwhile are set
 /// aside: a polling worker reads its tasks at its poll (and a cancel at its next
-/// renewal); the tasks they announce to a worker not heard from (a round under way as
-/// it was found unreachable) go back to `pending`.
+/// renewal). The tasks announced to a worker not heard from — by the push that failed,
+/// or by a round under way as it was found unreachable — are `unsettled`: they go back
+/// to `pending` as soon as a push or probe is refused ([`settle`]).
 async fn probe(
     inner: &Inner,
     conn: &mut Option<BufStream<TcpStream>>,
     worker: &str,
     addr: &str,
     rx: &mut mpsc::UnboundedReceiver<Push>,
+    mut unsettled: Vec<Uuid>,
 ) -> bool {
     let since = Instant::now();
     while since.elapsed() < FORGET_AFTER {
@@ -434,7 +437,10 @@ async fn probe(
             tokio::select! {
                 () = tokio::time::sleep_until(at) => break,
                 p = rx.recv() => match p {
-                    Some(p) => set_aside(inner, worker, p).await,
+                    Some(p) => {
+                        unsettled.extend(p.tasks);
+                        settle(inner, worker, &mut unsettled).await;
+                    }
                     // Replaced by a link to the worker's new address.
                     None => return false,
                 },
@@ -446,6 +452,7 @@ async fn probe(
             worker,
             probed.as_ref().is_err_and(PushError::refused),
         );
+        settle(inner, worker, &mut unsettled).await;
         if probed.is_ok() {
             lock(&inner.unreachable).remove(worker);
             tracing::info!(%worker, %addr, "worker reachable again");
@@ -479,11 +486,18 @@ fn is_polling(inner: &Inner, worker: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// A push that came while its worker is unreachable: see [`probe`]. Its tasks go back
-/// to `pending` only when the worker's last push or probe was refused (its process gone).
-async fn set_aside(inner: &Inner, worker: &str, p: Push) {
-    if !is_polling(inner, worker) && lock(&inner.refused).contains(worker) {
-        recall(inner, worker, &p.tasks).await;
+/// Tasks announced to an unreachable worker by pushes that did not reach it: see
+/// [`probe`]. A polling worker reads them at its poll: nothing to do. Else they go back
+/// to `pending` once the worker's last push or probe was refused (its process gone, and
+/// its handlers with it), and not before: a push reset or unanswered may have been read.
+/// A refused probe is as good a sign as a refused push — a killed worker's listening
+/// socket may still take a connection (and reset it) while its process is being torn
+/// down, and only the next probe is refused.
+async fn settle(inner: &Inner, worker: &str, unsettled: &mut Vec<Uuid>) {
+    if is_polling(inner, worker) {
+        unsettled.clear();
+    } else if lock(&inner.refused).contains(worker) {
+        recall(inner, worker, &std::mem::take(unsettled)).await;
     }
 }
 

@@ -211,6 +211,83 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
     assert_eq!(read_push(&mut sock).await, r#"["cancel"]"#);
 }
 
+/// Found by CI: a killed worker's listening socket may take a connection while its
+/// process is being torn down, and reset it; the push is not refused, so its tasks were
+/// left to their leases. A reset push keeps them the worker's (it may have read them), and
+/// the first probe refused gives them back.
+#[tokio::test]
+async fn a_push_reset_keeps_its_tasks_until_a_probe_is_refused() {
+    use artex_actors::blackboard::Push;
+    use artex_actors::waker::Waker;
+    use common::procs::wait_for;
+    use std::time::Duration;
+    use tokio::io::BufReader;
+    use tokio::time::timeout;
+
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
+    let id = fixtures::task(&db.bb, "echo").await;
+    let report = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
+    assert_eq!(report.assigned, 1);
+    let status = || async {
+        c.query_one("select status::text from artex.tasks where id = $1", &[&id])
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+
+    let waker = Waker::start(db.bb.planner(), "test-planner").await.unwrap();
+    let worker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = worker.local_addr().unwrap().to_string();
+    waker.deliver(vec![Push {
+        worker: "w1".into(),
+        addr: addr.clone(),
+        payloads: vec![String::new()],
+        tasks: vec![id],
+    }]);
+    let within = Duration::from_secs(30);
+    let (sock, _) = timeout(within, worker.accept()).await.unwrap().unwrap();
+    let mut sock = BufReader::new(sock);
+    read_push(&mut sock).await;
+    // The push is read, then reset, as a dying process's kernel does.
+    sock.get_ref().set_zero_linger().unwrap();
+    drop(sock);
+    wait_for("the push to fail", within, || async {
+        waker
+            .unreachable()
+            .contains(&"w1".to_string())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        status().await,
+        "assigned",
+        "a reset push may have been read"
+    );
+
+    // The port closes: the next probe is refused, and the task comes back.
+    drop(worker);
+    wait_for("the task given back", within, || async {
+        (status().await == "pending").then_some(())
+    })
+    .await;
+    let reason: Option<String> = c
+        .query_one(
+            "select reason from artex.task_transitions where task_id = $1 order by id desc limit 1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reason.as_deref(),
+        Some("wake-up not delivered to worker w1")
+    );
+}
+
 /// A worker whose wake-up address stops answering (its port behind a proxy that refuses)
 /// is found alive by its heartbeats, given work and polls for it; when the address
 /// answers again, pushes go through again and every reader of the roster says so.
