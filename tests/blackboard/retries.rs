@@ -9,7 +9,7 @@ use serde_json::json;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::common::{fixtures, TestDb};
+use crate::common::{self, fixtures, TestDb};
 use crate::{finish, msg, pair, reap_params, start, status_of, task_in, transitions};
 
 async fn insert_task_with_budget(c: &Client, max_retries: i32) -> Uuid {
@@ -68,15 +68,11 @@ async fn a_failed_attempt_is_retried_later_until_the_budget_is_spent() {
         r.get::<_, bool>(4),
         "run_at is not pushed back by the backoff"
     );
-    let reason: Option<String> = c
-        .query_one(
-            "select reason from artex.task_transitions where task_id = $1 order by id desc limit 1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(reason.as_deref(), Some("boom 1"), "the audit says why");
+    assert_eq!(
+        common::last_reason(&c, id).await.as_deref(),
+        Some("boom 1"),
+        "the audit says why"
+    );
     // Not runnable before its backoff ends, though a worker has free slots for its kind.
     fixtures::worker(&db.bb, "sim", &["echo"], 10).await;
     let dispatch = crate::common::function_statement(&c, "dispatch_round").await;

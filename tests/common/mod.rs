@@ -379,6 +379,17 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// The reason the last transition of task `id` in its history gives.
+pub async fn last_reason(c: &Client, id: uuid::Uuid) -> Option<String> {
+    c.query_one(
+        "select reason from artex.task_transitions where task_id = $1 order by id desc limit 1",
+        &[&id],
+    )
+    .await
+    .expect("the task's last transition")
+    .get(0)
+}
+
 /// The rows of `sql`'s two columns, as pairs: in a `Vec` (in order) or a map.
 pub async fn pairs<A, B, C>(c: &Client, sql: &str) -> C
 where

@@ -274,16 +274,8 @@ async fn a_push_reset_keeps_its_tasks_until_a_probe_is_refused() {
         (status().await == "pending").then_some(())
     })
     .await;
-    let reason: Option<String> = c
-        .query_one(
-            "select reason from artex.task_transitions where task_id = $1 order by id desc limit 1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
     assert_eq!(
-        reason.as_deref(),
+        common::last_reason(&c, id).await.as_deref(),
         Some("wake-up not delivered to worker w1")
     );
 }
