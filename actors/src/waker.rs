@@ -452,7 +452,6 @@ async fn probe(
             worker,
             probed.as_ref().is_err_and(PushError::refused),
         );
-        settle(inner, worker, &mut unsettled).await;
         if probed.is_ok() {
             lock(&inner.unreachable).remove(worker);
             tracing::info!(%worker, %addr, "worker reachable again");
@@ -460,19 +459,21 @@ async fn probe(
             return true;
         }
         *conn = None;
-        if is_polling(inner, worker) {
-            continue;
-        }
-        match inner.bb.heard_since_wake_failed(worker).await {
-            Ok(Some(true)) => {
-                lock(&inner.unreachable).insert(worker.to_string(), true);
-                tracing::warn!(%worker, %addr, "the worker is alive but pushes do not reach it: it is given work again and takes it by polling");
-            }
-            Ok(Some(false)) | Err(_) => {}
-            Ok(None) => {
-                tracing::info!(%worker, %addr, "unreachable worker gone; forgetting it");
-                return false;
-            }
+        // Whether it is alive comes first: a worker heard from keeps what it was given.
+        let gone = !is_polling(inner, worker)
+            && match inner.bb.heard_since_wake_failed(worker).await {
+                Ok(Some(true)) => {
+                    lock(&inner.unreachable).insert(worker.to_string(), true);
+                    tracing::warn!(%worker, %addr, "the worker is alive but pushes do not reach it: it is given work again and takes it by polling");
+                    false
+                }
+                Ok(Some(false)) | Err(_) => false,
+                Ok(None) => true,
+            };
+        settle(inner, worker, &mut unsettled).await;
+        if gone {
+            tracing::info!(%worker, %addr, "unreachable worker gone; forgetting it");
+            return false;
         }
     }
     tracing::info!(%worker, %addr, "worker unreachable for {FORGET_AFTER:?}; forgetting it");

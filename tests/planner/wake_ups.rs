@@ -2,7 +2,8 @@
 //! the connections a planner pushes them over.
 
 use artex_actors::assigner::Assigner;
-use artex_actors::blackboard::NewTask;
+use artex_actors::blackboard::{NewTask, Push};
+use artex_actors::waker::Waker;
 use serde_json::json;
 
 use crate::common::{self, count, fixtures, TestDb};
@@ -173,8 +174,6 @@ async fn read_push(sock: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> St
 /// the next push opens another.
 #[tokio::test]
 async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once() {
-    use artex_actors::blackboard::Push;
-    use artex_actors::waker::Waker;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
     use tokio::time::timeout;
 
@@ -217,67 +216,86 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
 /// the first probe refused gives them back.
 #[tokio::test]
 async fn a_push_reset_keeps_its_tasks_until_a_probe_is_refused() {
-    use artex_actors::blackboard::Push;
-    use artex_actors::waker::Waker;
-    use common::procs::wait_for;
-    use std::time::Duration;
-    use tokio::io::BufReader;
-    use tokio::time::timeout;
-
     let db = TestDb::new().await;
     let c = db.client().await;
-    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
-    let id = fixtures::task(&db.bb, "echo").await;
-    let report = Assigner::run_once(&db.bb.planner(), &config())
-        .await
-        .unwrap();
-    assert_eq!(report.assigned, 1);
-    let status = || async {
-        c.query_one("select status::text from artex.tasks where id = $1", &[&id])
-            .await
-            .unwrap()
-            .get::<_, String>(0)
-    };
-
-    let waker = Waker::start(db.bb.planner(), "test-planner").await.unwrap();
-    let worker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = worker.local_addr().unwrap().to_string();
-    waker.deliver(vec![Push {
-        worker: "w1".into(),
-        addr: addr.clone(),
-        payloads: vec![String::new()],
-        tasks: vec![id],
-    }]);
-    let within = Duration::from_secs(30);
-    let (sock, _) = timeout(within, worker.accept()).await.unwrap().unwrap();
-    let mut sock = BufReader::new(sock);
-    read_push(&mut sock).await;
-    // The push is read, then reset, as a dying process's kernel does.
-    sock.get_ref().set_zero_linger().unwrap();
-    drop(sock);
-    wait_for("the push to fail", within, || async {
-        waker
-            .unreachable()
-            .contains(&"w1".to_string())
-            .then_some(())
-    })
-    .await;
+    let (id, waker, port) = a_push_reset(&db).await;
     assert_eq!(
-        status().await,
+        status(&c, id).await,
         "assigned",
         "a reset push may have been read"
     );
-
     // The port closes: the next probe is refused, and the task comes back.
-    drop(worker);
-    wait_for("the task given back", within, || async {
-        (status().await == "pending").then_some(())
+    drop(port);
+    common::procs::wait_for("the task given back", WITHIN, || async {
+        (status(&c, id).await == "pending").then_some(())
     })
     .await;
     assert_eq!(
         common::last_reason(&c, id).await.as_deref(),
         Some("wake-up not delivered to worker w1")
     );
+    drop(waker);
+}
+
+/// A worker heard from since its push was reset is alive (polling: a proxy in front of
+/// it refuses, say): a refused probe then gives nothing back, it reads its tasks itself.
+#[tokio::test]
+async fn a_worker_heard_from_since_its_push_failed_keeps_its_tasks_when_a_probe_is_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (id, waker, port) = a_push_reset(&db).await;
+    db.bb.worker().heartbeat("w1", 0, 10).await.unwrap();
+    drop(port);
+    common::procs::wait_for("the worker found polling", WITHIN, || async {
+        waker.polling().contains(&"w1".to_string()).then_some(())
+    })
+    .await;
+    assert_eq!(status(&c, id).await, "assigned");
+}
+
+const WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn status(c: &tokio_postgres::Client, id: uuid::Uuid) -> String {
+    c.query_one("select status::text from artex.tasks where id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A task assigned to worker `w1`, whose port (returned, still open) read the push that
+/// announced it and reset the connection, as a dying process's kernel does; returned
+/// once the Waker found the worker unreachable.
+async fn a_push_reset(db: &TestDb) -> (uuid::Uuid, Waker, tokio::net::TcpListener) {
+    use tokio::io::BufReader;
+    use tokio::time::timeout;
+
+    fixtures::worker(&db.bb, "w1", &["echo"], 10).await;
+    let id = fixtures::task(&db.bb, "echo").await;
+    let report = Assigner::run_once(&db.bb.planner(), &config())
+        .await
+        .unwrap();
+    assert_eq!(report.assigned, 1);
+    let waker = Waker::start(db.bb.planner(), "test-planner").await.unwrap();
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    waker.deliver(vec![Push {
+        worker: "w1".into(),
+        addr: port.local_addr().unwrap().to_string(),
+        payloads: vec![String::new()],
+        tasks: vec![id],
+    }]);
+    let (sock, _) = timeout(WITHIN, port.accept()).await.unwrap().unwrap();
+    let mut sock = BufReader::new(sock);
+    read_push(&mut sock).await;
+    sock.get_ref().set_zero_linger().unwrap();
+    drop(sock);
+    common::procs::wait_for("the push to fail", WITHIN, || async {
+        waker
+            .unreachable()
+            .contains(&"w1".to_string())
+            .then_some(())
+    })
+    .await;
+    (id, waker, port)
 }
 
 /// A worker whose wake-up address stops answering (its port behind a proxy that refuses)
