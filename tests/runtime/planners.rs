@@ -300,7 +300,8 @@ async fn a_task_submitted_to_an_idle_fleet_is_born_assigned_to_its_worker() {
 
 /// A task born assigned to a worker whose process was just killed (its row still online,
 /// heard from a moment ago) is given back as soon as the planner's push is refused, as a
-/// round's task is, and runs on the other worker: not a lease (here 60 s) later.
+/// round's task is, and runs on the other worker: not a lease (here 60 s) later. (A push
+/// reset by the process being torn down gives it back at the next probe, refused.)
 #[tokio::test]
 async fn a_task_born_assigned_to_a_killed_worker_is_recalled_when_its_push_is_refused() {
     let db = TestDb::new().await;
