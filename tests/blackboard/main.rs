@@ -38,7 +38,7 @@ mod unique;
 
 use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, ReapParams, Step};
 use chrono::{DateTime, Utc};
-use common::{start_assigned, TestDb};
+use common::{start_assigned, status_of, TestDb};
 use serde_json::Value;
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -105,13 +105,6 @@ async fn assign(c: &Client, id: Uuid, worker: &str) {
         .await
         .unwrap_or_else(|e| panic!("assigning to {worker}: {}", msg(&e)));
     assert_eq!(n, 1, "task {id} was not pending");
-}
-
-async fn status_of(c: &Client, id: Uuid) -> String {
-    c.query_one("select status::text from artex.tasks where id = $1", &[&id])
-        .await
-        .expect("reading a status")
-        .get(0)
 }
 
 /// The history rows the change feed shows: real status changes, not assignments nor

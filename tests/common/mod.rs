@@ -379,6 +379,14 @@ pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// Task `id`'s status.
+pub async fn status_of(c: &Client, id: uuid::Uuid) -> String {
+    c.query_one("select status::text from artex.tasks where id = $1", &[&id])
+        .await
+        .expect("reading a status")
+        .get(0)
+}
+
 /// The reason the last transition of task `id` in its history gives.
 pub async fn last_reason(c: &Client, id: uuid::Uuid) -> Option<String> {
     c.query_one(

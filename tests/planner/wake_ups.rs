@@ -6,7 +6,7 @@ use artex_actors::blackboard::{NewTask, Push};
 use artex_actors::waker::Waker;
 use serde_json::json;
 
-use crate::common::{self, count, fixtures, TestDb};
+use crate::common::{self, count, fixtures, status_of, TestDb};
 use crate::config;
 
 /// A worker's wake-up carries the tasks it was given, as its own read would return them,
@@ -218,23 +218,22 @@ async fn a_wake_up_connection_the_worker_closes_is_closed_by_the_planner_at_once
 async fn a_push_reset_keeps_its_tasks_until_a_probe_is_refused() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let (id, waker, port) = a_push_reset(&db).await;
+    let (id, _waker, port) = a_push_reset(&db).await;
     assert_eq!(
-        status(&c, id).await,
+        status_of(&c, id).await,
         "assigned",
         "a reset push may have been read"
     );
     // The port closes: the next probe is refused, and the task comes back.
     drop(port);
     common::procs::wait_for("the task given back", WITHIN, || async {
-        (status(&c, id).await == "pending").then_some(())
+        (status_of(&c, id).await == "pending").then_some(())
     })
     .await;
     assert_eq!(
         common::last_reason(&c, id).await.as_deref(),
         Some("wake-up not delivered to worker w1")
     );
-    drop(waker);
 }
 
 /// A worker heard from since its push was reset is alive (polling: a proxy in front of
@@ -250,17 +249,10 @@ async fn a_worker_heard_from_since_its_push_failed_keeps_its_tasks_when_a_probe_
         waker.polling().contains(&"w1".to_string()).then_some(())
     })
     .await;
-    assert_eq!(status(&c, id).await, "assigned");
+    assert_eq!(status_of(&c, id).await, "assigned");
 }
 
 const WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
-
-async fn status(c: &tokio_postgres::Client, id: uuid::Uuid) -> String {
-    c.query_one("select status::text from artex.tasks where id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
-}
 
 /// A task assigned to worker `w1`, whose port (returned, still open) read the push that
 /// announced it and reset the connection, as a dying process's kernel does; returned
