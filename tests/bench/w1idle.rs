@@ -190,11 +190,18 @@ async fn timeline(c: &Client) {
         .await
         .expect("first rounds")
         .get(0);
-    println!("# W1 from idle: first rounds (tasks@ms after run_at): {firsts}");
+    println!("# W1 from idle: first rounds (tasks@ms after run_at, worker): {firsts}");
     let r = c
         .query_one(sql::FINISHED_AFTER_RUN_AT_MS, &[])
         .await
         .expect("finishes");
     let (f10, f50, f100): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
     println!("# W1 from idle: 10% finished +{f10} ms, 50% +{f50} ms, all +{f100} ms after run_at");
+    let r = c
+        .query_one(sql::PER_50_MS_AFTER_RUN_AT, &[])
+        .await
+        .expect("per 50 ms");
+    let (assigned, finished): (String, String) = (r.get(0), r.get(1));
+    println!("# W1 from idle: assigned per 50 ms after run_at: {assigned}");
+    println!("# W1 from idle: finished per 50 ms after run_at: {finished}");
 }
