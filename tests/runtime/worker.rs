@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
+use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio_postgres::Client;
 
 use super::{assert_no_double_run, wait_all_finished};
 use crate::common::procs::{http_get, wait_for, wait_status, worker_http, worker_id, Proc};
-use crate::common::{self, TestDb};
+use crate::common::{self, count, TestDb};
 
 #[tokio::test]
 async fn worker_http_reports_health_and_status() {
@@ -133,6 +134,80 @@ async fn a_worker_without_prefetch_sizes_its_queue_to_its_pace() {
     )
     .await;
     assert_no_double_run(&c).await;
+}
+
+/// A burst after idle deepens every worker's queue at its first full refill, whether it
+/// claimed its tasks or a planner's round pushed them, and a worker that never ran a
+/// task yet as one idle since its last; and every worker claims the rest of the backlog
+/// itself once its outcomes are written, the pushed one too, with no round needed.
+/// Each worker idles with a slot offered to new tasks (migrations/V62), which a round
+/// cannot fill: a round-fed worker once counted that slot free, never saw its queue
+/// starved, and waited for the rounds (whose roster, kept through a backlog, missed
+/// its freed slots) at its first refill's size while the other ran deep.
+#[tokio::test]
+async fn a_burst_deepens_and_feeds_every_workers_queue_whether_claimed_or_pushed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let planner = Proc::planner("planner", &db.url, &[]);
+    // Polls never due: every task reaches a worker by a push or its own claim.
+    let args = ["--concurrency", "2", "--worker-poll-ms", "600000"];
+    let (a, b) = (
+        Proc::worker("worker-a", &db.url, &args),
+        Proc::worker("worker-b", &db.url, &args),
+    );
+    let ids = [worker_id(&c, &a).await, worker_id(&c, &b).await];
+    wait_for("both workers' offers", Duration::from_secs(30), || async {
+        let n = count(&c, "select count(*) from artex.worker_offers").await;
+        (n == 2).then_some(())
+    })
+    .await;
+    // Due a second from now: none is born assigned to an offer; they come as a burst.
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload, run_at)
+         select 'sleep', '{\"ms\": 200}', now() + interval '1 second'
+         from generate_series(1, 200)",
+    )
+    .await
+    .unwrap();
+    // What worker `id` holds now, and has finished: one snapshot.
+    let counts = |id: String| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "select (select count(*) from artex.tasks where assigned_to = $1),
+                            (select count(*) from artex.task_transitions
+                             where worker = $1 and to_status = 'succeeded')",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, i64>(0), r.get::<_, i64>(1))
+        }
+    };
+    // 2 slots and 4 queued (6 held at most) before; 2 + 4 × 8 (the starved queue's
+    // growth) after the first refill.
+    for id in &ids {
+        wait_for(
+            &format!("worker {id} to hold more than its shallow queue's 6"),
+            Duration::from_secs(10),
+            || async { (counts(id.clone()).await.0 >= 20).then_some(()) },
+        )
+        .await;
+    }
+    // No more rounds: what either worker finishes past what it held and had finished
+    // now, it claimed.
+    planner.signal(Signal::SIGSTOP);
+    for id in &ids {
+        let (held, done) = counts(id.clone()).await;
+        wait_for(
+            &format!("worker {id} to finish more than the {held} it held without rounds"),
+            Duration::from_secs(30),
+            || async { (counts(id.clone()).await.1 > done + held).then_some(()) },
+        )
+        .await;
+    }
+    planner.signal(Signal::SIGCONT);
 }
 
 /// A handler decides what follows its failure: discard (failed now, retries left),

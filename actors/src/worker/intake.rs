@@ -25,6 +25,12 @@ pub(super) struct Intake {
     pub flight: SingleFlight,
     /// Its offer of a slot to new tasks is on its way (migrations/V62).
     pub offer: SingleFlight,
+    /// An offer of its slot to new tasks is out, as far as it knows: set by the offer's
+    /// answer, cleared by a read that found tasks waiting (its claim gives the offer back
+    /// first). The blackboard counts that slot taken, so a planner's round, which cannot
+    /// fill it, fills every other free slot: without it counted, a worker fed by rounds
+    /// never saw its queue starved (a burst after idle ran on its shallowest queue).
+    pub offered: bool,
     /// The last read returned as many tasks as it asked for, or stopped at the memory
     /// budget: there may be more.
     pub maybe_more: bool,
@@ -57,7 +63,8 @@ pub(super) struct Intake {
     /// tasks since: how long the planner takes to refill it is part of the depth.
     pub gave_back: Option<Instant>,
     /// A handler slot went idle with the queue empty since the last refill: the queue,
-    /// not the handlers, held the pace back (see `QueueDepth::starved`).
+    /// not the handlers, held the pace back (see `QueueDepth::starved`). True at start:
+    /// a new worker's slots are idle, as an idle one's are.
     pub ran_dry: bool,
 }
 
@@ -67,6 +74,7 @@ impl Intake {
         Intake {
             flight: SingleFlight::default(),
             offer: SingleFlight::default(),
+            offered: false,
             maybe_more: false,
             unread: false,
             last_read: None,
@@ -77,7 +85,7 @@ impl Intake {
             polled_at: Instant::now(),
             poll_every: poll,
             gave_back: None,
-            ran_dry: false,
+            ran_dry: true,
         }
     }
 
@@ -192,6 +200,14 @@ impl Handler<Carried> for Worker {
         if left_over {
             self.intake.maybe_more = true;
             self.intake.unread = true;
+        }
+        // The round filled every slot the blackboard saw free: more may wait. Its next
+        // written outcome claims again, as after a claim that took tasks, rather than
+        // waiting for a round (whose roster, kept through a backlog, may not see the
+        // slots freed meanwhile): in a burst after idle, the workers fed by rounds
+        // trickled at their first refill's size while the one that claimed ran deep.
+        if !new.is_empty() && new.len() >= free_seen {
+            self.intake.backlog = true;
         }
         self.refill(new, free_seen, ctx);
         if left_over {
@@ -316,6 +332,9 @@ impl Worker {
         // tasks whose outcomes were not written yet. Either way its next written outcome
         // claims again.
         self.intake.backlog = read_back.claimed > 0 || read_back.no_room;
+        if self.intake.backlog {
+            self.intake.offered = false;
+        }
         self.metrics
             .claimed
             .add(u64::try_from(read_back.claimed).unwrap_or(0));
@@ -368,8 +387,11 @@ impl Worker {
             .into_actor(self)
             .map(|res, act, _ctx| {
                 act.intake.offer.end();
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "cannot offer a slot to new tasks; the next read offers again");
+                match res {
+                    Ok(out) => act.intake.offered = out,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot offer a slot to new tasks; the next read offers again");
+                    }
                 }
             })
             .spawn(ctx);

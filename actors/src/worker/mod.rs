@@ -253,9 +253,13 @@ impl Worker {
     }
 
     /// Its free slots as the blackboard counts them, which still holds a finished task
-    /// whose outcome is not written: what a claim may take and a planner sees free.
+    /// whose outcome is not written, and its slot offered to new tasks: what a planner
+    /// sees free (a claim that finds tasks waiting gives the offer back first, and may
+    /// take one more).
     fn free_seen(&self) -> usize {
-        self.capacity().saturating_sub(self.held.ledger.held())
+        self.capacity()
+            .saturating_sub(self.held.ledger.held())
+            .saturating_sub(usize::from(self.intake.offered))
     }
 
     /// Samples the completion rate; when the queue's depth moved, has the new capacity
