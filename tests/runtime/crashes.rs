@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use artex_actors::blackboard::NewTask;
+use artex_actors::Blackboard;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
@@ -319,7 +320,7 @@ async fn postgres_restart_mid_run_loses_nothing() {
 #[tokio::test]
 async fn a_worker_whose_database_restarts_before_it_registers_waits_for_it() {
     let private = common::PrivateCluster::start().await;
-    let (cluster, url, bb) = (private.cluster.clone(), private.url.clone(), &private.bb);
+    let (cluster, url) = (private.cluster.clone(), private.url.clone());
     let _p = Proc::planner("planner", &url, &[]);
     let args = with_defaults("worker", FAST_WORKER, &[]);
     let mut w = Proc::start(
@@ -341,12 +342,15 @@ async fn a_worker_whose_database_restarts_before_it_registers_waits_for_it() {
     })
     .await
     .unwrap();
+    // A pool of its own: the test's connections from before the restart may be found
+    // closed only at their first use.
+    let bb = Blackboard::connect(&url, 2).unwrap();
     let id = bb
         .operator()
         .submit(&NewTask::new("echo", json!({"after": "restart"})), "test")
         .await
         .unwrap();
-    wait_status(bb, id, "succeeded", Duration::from_secs(60)).await;
+    wait_status(&bb, id, "succeeded", Duration::from_secs(60)).await;
     assert!(w.exited_now().is_none(), "{}", w.log_text());
     assert!(
         w.log_text()
@@ -364,7 +368,7 @@ async fn a_worker_whose_database_restarts_before_it_registers_waits_for_it() {
 #[tokio::test]
 async fn processes_started_before_their_database_come_up_with_it() {
     let private = common::PrivateCluster::start().await;
-    let (cluster, url, bb) = (&private.cluster, private.url.clone(), &private.bb);
+    let (cluster, url) = (&private.cluster, private.url.clone());
     cluster.stop().unwrap();
     let (code, _, err) = common::run_cli(
         &url,
@@ -393,12 +397,15 @@ async fn processes_started_before_their_database_come_up_with_it() {
     }
 
     cluster.start().unwrap();
+    // A pool of its own: the test's connection from before the server was stopped may be
+    // found closed only at its first use (seen under load).
+    let bb = Blackboard::connect(&url, 2).unwrap();
     let id = bb
         .operator()
         .submit(&NewTask::new("echo", json!({"up": true})), "test")
         .await
         .unwrap();
-    wait_status(bb, id, "succeeded", Duration::from_secs(60)).await;
+    wait_status(&bb, id, "succeeded", Duration::from_secs(60)).await;
     common::procs::serve_address(&serve).await;
     for p in [&mut planner, &mut worker, &mut serve] {
         assert!(p.exited_now().is_none(), "{}", p.log_text());
