@@ -460,8 +460,10 @@ async fn probe(
         }
         *conn = None;
         // Whether it is alive comes first: a worker heard from keeps what it was given.
-        let gone = !is_polling(inner, worker)
-            && match inner.bb.heard_since_wake_failed(worker).await {
+        let gone = if is_polling(inner, worker) {
+            false
+        } else {
+            match inner.bb.heard_since_wake_failed(worker).await {
                 Ok(Some(true)) => {
                     lock(&inner.unreachable).insert(worker.to_string(), true);
                     tracing::warn!(%worker, %addr, "the worker is alive but pushes do not reach it: it is given work again and takes it by polling");
@@ -469,7 +471,8 @@ async fn probe(
                 }
                 Ok(Some(false)) | Err(_) => false,
                 Ok(None) => true,
-            };
+            }
+        };
         settle(inner, worker, &mut unsettled).await;
         if gone {
             tracing::info!(%worker, %addr, "unreachable worker gone; forgetting it");
