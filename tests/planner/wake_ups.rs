@@ -238,15 +238,32 @@ async fn a_push_reset_keeps_its_tasks_until_a_probe_is_refused() {
 
 /// A worker heard from since its push was reset is alive (polling: a proxy in front of
 /// it refuses, say): a refused probe then gives nothing back, it reads its tasks itself.
+/// Its address answers again afterwards, so that the probe loop is seen past the
+/// refused probe's handling (a give-back there would be written by then).
 #[tokio::test]
 async fn a_worker_heard_from_since_its_push_failed_keeps_its_tasks_when_a_probe_is_refused() {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    use tokio::time::timeout;
+
     let db = TestDb::new().await;
     let c = db.client().await;
     let (id, waker, port) = a_push_reset(&db).await;
+    let addr = port.local_addr().unwrap();
     db.bb.worker().heartbeat("w1", 0, 10).await.unwrap();
     drop(port);
     common::procs::wait_for("the worker found polling", WITHIN, || async {
         waker.polling().contains(&"w1".to_string()).then_some(())
+    })
+    .await;
+    // The address answers the next probe: the worker is reachable again.
+    let port = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let (sock, _) = timeout(WITHIN, port.accept()).await.unwrap().unwrap();
+    let mut sock = BufReader::new(sock);
+    assert_eq!(read_push(&mut sock).await, r#"[""]"#, "a probe");
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+    sock.get_mut().write_all(answer).await.unwrap();
+    common::procs::wait_for("the worker reachable again", WITHIN, || async {
+        (!waker.unreachable().contains(&"w1".to_string())).then_some(())
     })
     .await;
     assert_eq!(status_of(&c, id).await, "assigned");
