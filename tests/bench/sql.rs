@@ -186,24 +186,35 @@ pub const NOT_UUID7: &str = "select count(*) from artex.tasks where substr(id::t
 pub const FIRST_START_AFTER_RUN_AT_MS: &str = "select
     round((extract(epoch from min(started_at) - min(run_at)) * 1000)::numeric)::float8
     from artex.tasks";
-/// Assignment rounds (when a task was assigned: its start row's `assigned_at`, or its own
-/// row when it ended unstarted — both its transaction's start): count, mean, min and max
-/// size, span in ms.
-pub const ROUNDS: &str = "with r as (select coalesce(assigned_at, at) at, count(*) n
-        from artex.task_transitions where assigned_at is not null or to_status = 'assigned'
-        group by 1)
+/// Every assignment as a row of `at` and `worker`: a task's start row's `assigned_at`,
+/// or its own row when it ended unstarted (both its assigning transaction's start).
+macro_rules! assignments {
+    () => {
+        "(select coalesce(assigned_at, at) at, worker from artex.task_transitions
+          where assigned_at is not null or to_status = 'assigned')"
+    };
+}
+/// Assignment rounds (the assignments of one instant): count, mean, min and max size,
+/// span in ms.
+pub const ROUNDS: &str = concat!(
+    "with r as (select at, count(*) n from ",
+    assignments!(),
+    " x group by 1)
     select count(*), round(avg(n))::int8, min(n), max(n),
         round((extract(epoch from max(at) - min(at)) * 1000)::numeric)::int8
-    from r";
+    from r"
+);
 /// The first 12 rounds as `tasks@ms after run_at` and the worker they went to (`w1`,
 /// `w2`, … in the order of the workers' ids).
-pub const FIRST_ROUNDS: &str = "with r as (select coalesce(assigned_at, at) at, worker, count(*) n
-        from artex.task_transitions where assigned_at is not null or to_status = 'assigned'
-        group by 1, 2)
+pub const FIRST_ROUNDS: &str = concat!(
+    "with r as (select at, worker, count(*) n from ",
+    assignments!(),
+    " x group by 1, 2)
     select string_agg(n::text || '@' || round((extract(epoch from at
             - (select min(run_at) from artex.tasks)) * 1000)::numeric) || w, ' ' order by at)
     from (select r.*, 'w' || dense_rank() over (order by worker) w from r
-          order by at limit 12) f";
+          order by at limit 12) f"
+);
 /// 10%, 50% and all finished, ms after run_at.
 pub const FINISHED_AFTER_RUN_AT_MS: &str = "select
     round((extract(epoch from percentile_disc(0.1) within group (order by finished_at) - min(run_at)) * 1000)::numeric)::int8,
@@ -212,16 +223,19 @@ pub const FINISHED_AFTER_RUN_AT_MS: &str = "select
     from artex.tasks";
 
 /// Tasks assigned and tasks finished in each 50 ms after run_at, space-separated.
-pub const PER_50_MS_AFTER_RUN_AT: &str = "with z as (select min(run_at) z from artex.tasks),
-    a as (select floor(extract(epoch from coalesce(assigned_at, at) - z) * 20)::int b, count(*) n
-        from artex.task_transitions, z where assigned_at is not null or to_status = 'assigned'
-        group by 1),
+pub const PER_50_MS_AFTER_RUN_AT: &str = concat!(
+    "with z as (select min(run_at) z from artex.tasks),
+    a as (select floor(extract(epoch from at - z) * 20)::int b, count(*) n
+        from ",
+    assignments!(),
+    " x, z group by 1),
     f as (select floor(extract(epoch from finished_at - z) * 20)::int b, count(*) n
         from artex.tasks, z where finished_at is not null group by 1),
     s as (select generate_series(0, greatest((select max(b) from a), (select max(b) from f))) b)
     select string_agg(coalesce(a.n, 0)::text, ' ' order by s.b),
         string_agg(coalesce(f.n, 0)::text, ' ' order by s.b)
-    from s left join a using (b) left join f using (b)";
+    from s left join a using (b) left join f using (b)"
+);
 
 // ---- W2 ---------------------------------------------------------------------------------
 
