@@ -195,8 +195,8 @@ async fn a_burst_deepens_and_feeds_every_workers_queue_whether_claimed_or_pushed
         )
         .await;
     }
-    // No more rounds: what either worker finishes past what it held and had finished
-    // now, it claimed.
+    // No more rounds nor pushes: what either worker finishes past what it held and had
+    // finished now, its own claims and reads took.
     planner.signal(Signal::SIGSTOP);
     for id in &ids {
         let (held, done) = counts(id.clone()).await;
@@ -208,6 +208,9 @@ async fn a_burst_deepens_and_feeds_every_workers_queue_whether_claimed_or_pushed
         .await;
     }
     planner.signal(Signal::SIGCONT);
+    // The claims of pushed workers ran nothing twice.
+    wait_all_finished(&c, Duration::from_secs(60)).await;
+    assert_no_double_run(&c).await;
 }
 
 /// A handler decides what follows its failure: discard (failed now, retries left),
