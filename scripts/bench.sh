@@ -40,7 +40,7 @@
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
 # without those indexes; ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
 # time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet,
-# and W1 from idle's PostgreSQL CPU by process.
+# and W1 from idle's PostgreSQL CPU by process and its statements running at once.
 #
 # The workloads are Rust: tests/bench, the ignored test `bench`, run here on one cluster
 # of its own.

@@ -192,3 +192,86 @@ pub fn cpu_split_print(
         );
     }
 }
+
+/// With ARTEX_BENCH_PROFILE=1, samples what artex's statements in database `db` are doing
+/// (from `from` on, every 2 ms, from a connection of its own) until [`Activity::print`]:
+/// how often 0, 1, 2 … of them ran at once, and what the running ones waited on. Says
+/// whether a run keeps PostgreSQL's cores busy or leaves them idle between statements.
+/// The sampling's own statements count in the run's PostgreSQL CPU.
+pub struct Activity(Option<Sampling>);
+
+/// The sampler's stop and what it will have sampled: one list of what each active
+/// statement did, per sample.
+type Sampling = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Vec<Vec<String>>>,
+);
+
+impl Activity {
+    pub async fn start(rig: &crate::rig::Rig, db: &str, from: std::time::Duration) -> Activity {
+        if !profiling() {
+            return Activity(None);
+        }
+        let c = rig.client(db).await;
+        let db = db.to_string();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let samples = tokio::spawn(async move {
+            tokio::time::sleep(from).await;
+            let mut out: Vec<Vec<String>> = Vec::new();
+            while stopped.try_recv().is_err() {
+                let row = c
+                    .query_one(crate::sql::ACTIVITY_SAMPLE, &[&db])
+                    .await
+                    .expect("pg_stat_activity");
+                out.push(row.get(0));
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            // The idle end (the drain's last poll) left out.
+            while out.last().is_some_and(Vec::is_empty) {
+                out.pop();
+            }
+            out
+        });
+        Activity(Some((stop, samples)))
+    }
+
+    pub async fn print(self, label: &str) {
+        let Some((stop, samples)) = self.0 else {
+            return;
+        };
+        let _ = stop.send(());
+        let samples = samples.await.expect("the sampler");
+        let n = samples.len().max(1) as f64;
+        let mut at_once = std::collections::BTreeMap::<usize, usize>::new();
+        let mut doing = std::collections::BTreeMap::<&str, usize>::new();
+        for s in &samples {
+            *at_once.entry(s.len().min(4)).or_default() += 1;
+            for what in s {
+                *doing.entry(what).or_default() += 1;
+            }
+        }
+        let at_once: Vec<String> = at_once
+            .iter()
+            .map(|(k, v)| {
+                let k = if *k == 4 {
+                    "4+".to_string()
+                } else {
+                    k.to_string()
+                };
+                format!("{k}: {}%", fixed(*v as f64 * 100.0 / n, 0))
+            })
+            .collect();
+        let mut doing: Vec<(&str, usize)> = doing.into_iter().collect();
+        doing.sort_by_key(|d| std::cmp::Reverse(d.1));
+        let doing: Vec<String> = doing
+            .iter()
+            .map(|(w, v)| format!("{w} {}", fixed(*v as f64 / n, 2)))
+            .collect();
+        println!(
+            "# artex statements running at once, {label} ({} samples): {}",
+            samples.len(),
+            at_once.join(", ")
+        );
+        println!("#   on average per sample: {}", doing.join(", "));
+    }
+}

@@ -361,7 +361,12 @@ impl Rig {
 
     /// CPU seconds the running processes have spent.
     pub fn procs_cpu_s(&self) -> f64 {
-        self.pids().into_iter().map(cpu_s).sum()
+        self.procs_cpu_each_s().iter().sum()
+    }
+
+    /// CPU seconds each running process (planners and workers, in start order) has spent.
+    pub fn procs_cpu_each_s(&self) -> Vec<f64> {
+        self.pids().into_iter().map(cpu_s).collect()
     }
 
     /// SIGTERM to every process, and their ends awaited.

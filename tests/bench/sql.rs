@@ -176,6 +176,9 @@ commit;
 /// The insert finished inside its lead: nothing runnable yet, nothing started.
 pub const W1IDLE_WITHIN_LEAD: &str =
     "select max(run_at) > now() and min(started_at) is null from artex.tasks";
+/// Seconds from now until the burst's tasks are due (0 if they are).
+pub const W1IDLE_UNTIL_RUN_AT: &str = "select greatest(extract(epoch from
+        (select min(run_at) from artex.tasks) - clock_timestamp()), 0)::float8";
 pub const CAPACITIES: &str = "select coalesce(string_agg(capacity::text, ' '), '')
     from artex.workers where state = 'online'";
 /// The HTTP addresses of the online workers (their `/metrics`).
@@ -305,6 +308,7 @@ pub const PREPARED: &[&str] = &[
     FIRST_START_TO_LAST_FINISH_S,
     FINISH_SPAN,
     W1IDLE_WITHIN_LEAD,
+    W1IDLE_UNTIL_RUN_AT,
     CAPACITIES,
     ONLINE_HTTP,
     NOT_UUID7,
@@ -366,6 +370,7 @@ pub const PREPARED: &[&str] = &[
     WORKER_HTTP,
     CLIENT_BACKENDS,
     PROCESSES,
+    ACTIVITY_SAMPLE,
 ];
 
 // ---- W6 (and W3): the planner round's read ----------------------------------------------
@@ -518,6 +523,16 @@ pub const PROCESSES: &str = "select pid, case when backend_type = 'client backen
              || coalesce(nullif(application_name, ''), '(unnamed)')
         else backend_type end
     from pg_stat_activity";
+
+/// ARTEX_BENCH_PROFILE=1: what database `$1`'s client backends (artex's, by application
+/// name) are doing now: one `cpu` (active, not waiting) or `Type:event` (active,
+/// waiting) per active statement; none when nothing runs.
+pub const ACTIVITY_SAMPLE: &str =
+    "select coalesce(array_agg(coalesce(wait_event_type || ':' || wait_event, 'cpu')),
+        '{}')
+    from pg_stat_activity
+    where datname = $1 and backend_type = 'client backend' and state = 'active'
+      and application_name = 'artex' and pid <> pg_backend_pid()";
 
 // ---- W3: claim cost against the backlog ---------------------------------------------------
 

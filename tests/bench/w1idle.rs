@@ -16,7 +16,8 @@
 use tokio_postgres::Client;
 
 use crate::report::{
-    cpu_split_print, fixed, median, profile_print, profile_reset, repeats, result, Progress,
+    cpu_split_print, fixed, median, profile_print, profile_reset, repeats, result, Activity,
+    Progress,
 };
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
@@ -117,11 +118,30 @@ async fn burst(bench: &mut Bench) -> Burst {
     );
     profile_reset(&c).await;
     let split0 = bench.rig.pg_cpu_by_process().await;
+    let runtime0 = bench.rig.procs_cpu_each_s();
+    let due: f64 = c
+        .query_one(sql::W1IDLE_UNTIL_RUN_AT, &[])
+        .await
+        .expect("run_at")
+        .get(0);
+    let activity = Activity::start(&bench.rig, DB, std::time::Duration::from_secs_f64(due)).await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
+    activity.print("W1 from idle (the run)").await;
     let split1 = bench.rig.pg_cpu_by_process().await;
+    let runtime1 = bench.rig.procs_cpu_each_s();
     profile_print(&c, "W1 from idle (the run)", n).await;
     cpu_split_print("W1 from idle (the run)", &split0, &split1, n);
+    // The two cores are the budget of every process, not PostgreSQL's alone.
+    let runtime: Vec<String> = runtime0
+        .iter()
+        .zip(&runtime1)
+        .map(|(a, b)| fixed((b - a) * 1e6 / f64::from(n), 1))
+        .collect();
+    println!(
+        "# W1 from idle: CPU us per task of the planner and each worker (the run): {}",
+        runtime.join(" / ")
+    );
     let wal2 = bench.rig.counters(DB).await.wal;
     let pg2 = bench.rig.pg_cpu_s();
     let capacity: String = c
