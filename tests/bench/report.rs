@@ -265,6 +265,7 @@ impl Activity {
         doing.sort_by_key(|d| std::cmp::Reverse(d.1));
         let doing: Vec<String> = doing
             .iter()
+            .take(12)
             .map(|(w, v)| format!("{w} {}", fixed(*v as f64 / n, 2)))
             .collect();
         println!(
@@ -272,6 +273,9 @@ impl Activity {
             samples.len(),
             at_once.join(", ")
         );
-        println!("#   on average per sample: {}", doing.join(", "));
+        println!(
+            "#   on average per sample (the first 12): {}",
+            doing.join(", ")
+        );
     }
 }

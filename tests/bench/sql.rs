@@ -525,10 +525,11 @@ pub const PROCESSES: &str = "select pid, case when backend_type = 'client backen
     from pg_stat_activity";
 
 /// ARTEX_BENCH_PROFILE=1: what database `$1`'s client backends (artex's, by application
-/// name) are doing now: one `cpu` (active, not waiting) or `Type:event` (active,
-/// waiting) per active statement; none when nothing runs.
+/// name) are doing now: per active statement, `cpu` (not waiting) or `Type:event`, and
+/// the artex function it runs (`in claim_and_read`); none when nothing runs.
 pub const ACTIVITY_SAMPLE: &str =
-    "select coalesce(array_agg(coalesce(wait_event_type || ':' || wait_event, 'cpu')),
+    "select coalesce(array_agg(coalesce(wait_event_type || ':' || wait_event, 'cpu')
+            || coalesce(' in ' || substring(query from 'artex\\.([a-z_]+)\\('), '')),
         '{}')
     from pg_stat_activity
     where datname = $1 and backend_type = 'client backend' and state = 'active'
