@@ -142,7 +142,7 @@ pub async fn profile_print(c: &tokio_postgres::Client, label: &str, tasks: u32) 
     }
     println!("# pg_stat_statements, {label} (nested = run by a trigger):");
     println!(
-        "#   calls | per task | total ms | mean ms | plans | plan ms | WAL bytes per task | statement"
+        "#   calls | per task | total ms | mean ms | plans | plan ms | WAL bytes per task | rows per task | statement"
     );
     let rows = c
         .query(crate::sql::PROFILE_TOP, &[&(tasks as i32)])

@@ -509,7 +509,8 @@ pub const PROFILE_RESET: &str = "select pg_stat_statements_reset()";
 pub const PROFILE_TOP: &str = "select calls::text || ' | ' || round(calls::numeric / $1::int4, 3)
         || ' | ' || round(total_exec_time::numeric) || ' | ' || round(mean_exec_time::numeric, 3)
         || ' | ' || plans || ' | ' || round(total_plan_time::numeric)
-        || ' | ' || round(wal_bytes::numeric / $1::int4) || ' | '
+        || ' | ' || round(wal_bytes::numeric / $1::int4)
+        || ' | ' || round(rows::numeric / $1::int4, 2) || ' | '
         || case when toplevel then '' else 'nested ' end
         || left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
     from pg_stat_statements where dbid = (select oid from pg_database where datname = current_database())
