@@ -38,7 +38,8 @@
 # idle's and W5's workers (at defaults otherwise);
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
-# without those indexes; ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
+# without those indexes, ARTEX_BENCH_DROP_TRIGGERS="tasks_held_after_update" without
+# those triggers on artex.tasks (experiments: what they keep is then not kept); ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
 # time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet,
 # and W1 from idle's PostgreSQL CPU by process and its statements running at once.
 #

@@ -41,7 +41,8 @@ pub struct Rig {
 
 impl Rig {
     /// Copies the binaries, starts the cluster, applies ARTEX_BENCH_PG_SETTINGS and
-    /// ARTEX_BENCH_DROP_INDEXES, and creates the bench's helpers in `artex`.
+    /// ARTEX_BENCH_DROP_INDEXES and ARTEX_BENCH_DROP_TRIGGERS, and creates the bench's
+    /// helpers in `artex`.
     pub async fn start(bin_dir: &Path) -> Rig {
         let tmp = tempfile::Builder::new()
             .prefix("artex-bench.")
@@ -99,6 +100,12 @@ impl Rig {
             for ix in indexes.split_whitespace() {
                 exec(&artex, &sql::drop_index(ix)).await;
                 println!("# without index artex.{ix}");
+            }
+        }
+        if let Ok(triggers) = std::env::var("ARTEX_BENCH_DROP_TRIGGERS") {
+            for tg in triggers.split_whitespace() {
+                exec(&artex, &sql::drop_trigger(tg)).await;
+                println!("# without trigger {tg} on artex.tasks");
             }
         }
         rig

@@ -29,6 +29,12 @@ pub fn drop_index(index: &str) -> String {
     format!("drop index artex.{index}")
 }
 
+/// Drops one of the triggers on `artex.tasks` (ARTEX_BENCH_DROP_TRIGGERS): an experiment
+/// on what a trigger costs the hot path (whose writes it may leave undone elsewhere).
+pub fn drop_trigger(trigger: &str) -> String {
+    format!("drop trigger {trigger} on artex.tasks")
+}
+
 /// The bench's helpers in the `artex` database (and so in every clone of it): task ids
 /// made as artex makes them (UUIDv7, time-ordered), so bulk inserts stay on the right edge.
 pub const BENCH_SCHEMA: &str = "
