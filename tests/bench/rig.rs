@@ -96,16 +96,17 @@ impl Rig {
             .batch_execute(sql::BENCH_SCHEMA)
             .await
             .expect("the bench schema");
-        if let Ok(indexes) = std::env::var("ARTEX_BENCH_DROP_INDEXES") {
-            for ix in indexes.split_whitespace() {
-                exec(&artex, &sql::drop_index(ix)).await;
-                println!("# without index artex.{ix}");
-            }
-        }
-        if let Ok(triggers) = std::env::var("ARTEX_BENCH_DROP_TRIGGERS") {
-            for tg in triggers.split_whitespace() {
-                exec(&artex, &sql::drop_trigger(tg)).await;
-                println!("# without trigger {tg} on artex.tasks");
+        for (var, drop) in [
+            (
+                "ARTEX_BENCH_DROP_INDEXES",
+                sql::drop_index as fn(&str) -> String,
+            ),
+            ("ARTEX_BENCH_DROP_TRIGGERS", sql::drop_trigger),
+        ] {
+            for name in std::env::var(var).unwrap_or_default().split_whitespace() {
+                let statement = drop(name);
+                exec(&artex, &statement).await;
+                println!("# without it: {statement}");
             }
         }
         rig

@@ -179,12 +179,11 @@ commit;
 
 // ---- W1 from idle -----------------------------------------------------------------------
 
-/// The insert finished inside its lead: nothing runnable yet, nothing started.
-pub const W1IDLE_WITHIN_LEAD: &str =
-    "select max(run_at) > now() and min(started_at) is null from artex.tasks";
-/// Seconds from now until the burst's tasks are due (0 if they are).
-pub const W1IDLE_UNTIL_RUN_AT: &str = "select greatest(extract(epoch from
-        (select min(run_at) from artex.tasks) - clock_timestamp()), 0)::float8";
+/// Whether the insert finished inside its lead (nothing runnable yet, nothing started),
+/// and the seconds from now until the burst's tasks are due (0 if they are).
+pub const W1IDLE_WITHIN_LEAD: &str = "select max(run_at) > now() and min(started_at) is null,
+        greatest(extract(epoch from min(run_at) - clock_timestamp()), 0)::float8
+    from artex.tasks";
 pub const CAPACITIES: &str = "select coalesce(string_agg(capacity::text, ' '), '')
     from artex.workers where state = 'online'";
 /// The HTTP addresses of the online workers (their `/metrics`).
@@ -314,7 +313,6 @@ pub const PREPARED: &[&str] = &[
     FIRST_START_TO_LAST_FINISH_S,
     FINISH_SPAN,
     W1IDLE_WITHIN_LEAD,
-    W1IDLE_UNTIL_RUN_AT,
     CAPACITIES,
     ONLINE_HTTP,
     NOT_UUID7,

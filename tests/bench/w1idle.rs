@@ -107,24 +107,19 @@ async fn burst(bench: &mut Bench) -> Burst {
         .expect("the insert");
     let wal1 = bench.rig.counters(DB).await.wal;
     let pg1 = bench.rig.pg_cpu_s();
-    let in_time: bool = c
+    let lead_row = c
         .query_one(sql::W1IDLE_WITHIN_LEAD, &[])
         .await
-        .expect("lead")
-        .get(0);
+        .expect("lead");
     assert!(
-        in_time,
+        lead_row.get::<_, bool>(0),
         "w1idle: the insert took longer than the {lead} s lead"
     );
+    let due = std::time::Duration::from_secs_f64(lead_row.get(1));
     profile_reset(&c).await;
     let split0 = bench.rig.pg_cpu_by_process().await;
     let runtime0 = bench.rig.procs_cpu_each_s();
-    let due: f64 = c
-        .query_one(sql::W1IDLE_UNTIL_RUN_AT, &[])
-        .await
-        .expect("run_at")
-        .get(0);
-    let activity = Activity::start(&bench.rig, DB, std::time::Duration::from_secs_f64(due)).await;
+    let activity = Activity::start(&bench.rig, DB, due).await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
     activity.print("W1 from idle (the run)").await;
