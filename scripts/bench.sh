@@ -39,9 +39,10 @@
 # ARTEX_BENCH_PG_SETTINGS="shared_buffers=1GB max_wal_size=8GB"
 # tries server settings; ARTEX_BENCH_DROP_INDEXES="tasks_listed tasks_kind_id" runs
 # without those indexes, ARTEX_BENCH_DROP_TRIGGERS="tasks_held_after_update" without
-# those triggers on artex.tasks (experiments: what they keep is then not kept); ARTEX_BENCH_PROFILE=1 also prints the statements that cost the
-# time (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet,
-# and W1 from idle's PostgreSQL CPU by process and its statements running at once.
+# those triggers on artex.tasks (experiments: what they keep is then not kept);
+# ARTEX_BENCH_PROFILE=1 also prints the statements that cost the time
+# (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet, and
+# W1 from idle's PostgreSQL CPU by process and its statements running at once.
 #
 # The workloads are Rust: tests/bench, the ignored test `bench`, run here on one cluster
 # of its own.
@@ -52,7 +53,8 @@ quick=0
 case "${1:-}" in
     '') ;;
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    # The header: the comment lines after the shebang.
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "scripts/bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 all=limit,w1,w1idle,w5,w2,w3,w4,w6,history,cycle,unique,limits,fair,trace,programs,api,dash,replica,upload,fleet,upgrade
