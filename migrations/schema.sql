@@ -874,6 +874,55 @@ $$;
 COMMENT ON FUNCTION artex.fact_refused(p_table text, p_row text, p_constraint text) IS 'Raises the error of a task''s or a worker''s fact that breaks its rule, under the name of the constraint that checked it before V59.';
 
 --
+-- Name: feed_position_at(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.feed_position_at(p_at timestamp with time zone) RETURNS xid8
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+declare
+    lo numeric;
+    hi numeric;
+    mid numeric;
+    x xid8;
+    a timestamptz;
+begin
+    select h.xid::text::numeric into lo from artex.task_history h order by h.xid, h.id limit 1;
+    select h.xid::text::numeric into hi from artex.task_history h
+    order by h.xid desc, h.id desc limit 1;
+    if lo is null then
+        return '0'::xid8;
+    end if;
+    -- The smallest transaction id whose first history row is dated p_at or later, by a
+    -- search of the feed index: rows are dated by their transaction's start and ordered
+    -- by the id it drew at its first write, so the dates rise with the position but for
+    -- a transaction that waited before it wrote (callers give a margin for those).
+    hi := hi + 1;
+    while lo < hi loop
+        mid := floor((lo + hi) / 2);
+        select h.xid, h.at into x, a from artex.task_history h
+        where h.xid >= mid::text::xid8 order by h.xid, h.id limit 1;
+        if a < p_at then
+            lo := x::text::numeric + 1;
+        else
+            hi := mid;
+        end if;
+    end loop;
+    -- The transaction id of the first row there (none past the last row: lo).
+    select h.xid into x from artex.task_history h
+    where h.xid >= lo::text::xid8 order by h.xid, h.id limit 1;
+    return coalesce(x, lo::text::xid8);
+end
+$$;
+
+--
+-- Name: FUNCTION feed_position_at(p_at timestamp with time zone); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.feed_position_at(p_at timestamp with time zone) IS 'The feed position (the transaction id of the first history row) from which the history''s rows are dated p_at or later (past the last row: the id after it), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';
+
+--
 -- Name: fire_due_waits(timestamp with time zone, text, integer); Type: FUNCTION; Schema: artex; Owner: -
 --
 
@@ -1471,26 +1520,45 @@ CREATE FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_bat
     AS $$
 declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
+    -- The smallest time-ordered id of the cutoff's millisecond, and of a day past now.
+    below  uuid := artex.uuid_v7_floor(cutoff);
+    above  uuid := artex.uuid_v7_floor(p_now + interval '1 day');
     n      bigint;
+    m      bigint := 0;
 begin
     if not pg_try_advisory_xact_lock(hashtext('artex.prune_finished_tasks')) then
         return 0;
     end if;
     with doomed as (
         select t.id from artex.tasks t
-        where t.finished_at < cutoff
+        where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
+          and t.id < below
+          and t.finished_at < cutoff
           and (t.flow_id is null
                or not exists (select 1 from artex.tasks u
                               where u.flow_id = t.flow_id and u.finished_at is null))
-        order by t.finished_at
         limit p_batch
     )
     delete from artex.tasks t using doomed where t.id = doomed.id;
     get diagnostics n = row_count;
+    if n < p_batch then
+        with doomed as (
+            select t.id from artex.tasks t
+            where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
+              and t.id >= above
+              and t.finished_at < cutoff
+              and (t.flow_id is null
+                   or not exists (select 1 from artex.tasks u
+                                  where u.flow_id = t.flow_id and u.finished_at is null))
+            limit p_batch - n
+        )
+        delete from artex.tasks t using doomed where t.id = doomed.id;
+        get diagnostics m = row_count;
+    end if;
     delete from artex.flows f
     where f.created_at < cutoff
       and not exists (select 1 from artex.tasks t where t.flow_id = f.id);
-    return n;
+    return n + m;
 end
 $$;
 
@@ -1498,7 +1566,7 @@ $$;
 -- Name: FUNCTION prune_finished_tasks(p_now timestamp with time zone, p_batch integer); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0.';
+COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest time-ordered id, then the ids that are not time-ordered (V69).';
 
 --
 -- Name: prune_history_rows(timestamp with time zone, integer); Type: FUNCTION; Schema: artex; Owner: -
@@ -2837,6 +2905,23 @@ $$;
 --
 
 COMMENT ON FUNCTION artex.uuid_v7() IS 'A time-ordered UUID (version 7, RFC 9562): the default id of tasks and flows.';
+
+--
+-- Name: uuid_v7_floor(timestamp with time zone); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.uuid_v7_floor(p_at timestamp with time zone) RETURNS uuid
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    select encode(substring(int8send(floor(extract(epoch from p_at) * 1000)::bigint) from 3)
+                  || '\x7000'::bytea || '\x8000000000000000'::bytea, 'hex')::uuid
+$$;
+
+--
+-- Name: FUNCTION uuid_v7_floor(p_at timestamp with time zone); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.uuid_v7_floor(p_at timestamp with time zone) IS 'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69; operator/tasks.rs v7_floor is the same rule).';
 
 --
 -- Name: wake_round(text[], uuid[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -4192,12 +4277,6 @@ CREATE INDEX task_transitions_feed ON ONLY artex.task_history USING btree (xid, 
 --
 
 CREATE INDEX task_history_default_xid_id_idx ON artex.task_transitions_default USING btree (xid, id);
-
---
--- Name: tasks_finished; Type: INDEX; Schema: artex; Owner: -
---
-
-CREATE INDEX tasks_finished ON artex.tasks USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 --
 -- Name: tasks_flow_id; Type: INDEX; Schema: artex; Owner: -

@@ -101,3 +101,76 @@ async fn workers_and_statistics_are_read_from_the_blackboard() {
             .error(400, Some(field));
     }
 }
+
+/// The overview's recent figures read the history back from its end (V69): the walk
+/// stops at the feed position from which the history is dated within the window, which
+/// `artex.feed_position_at` finds by a search of the feed index.
+#[tokio::test]
+async fn the_recent_figures_walk_the_history_back_to_the_window_s_start() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Four tasks submitted and canceled, each in transactions of its own, their history
+    // and end then dated 3, 2 and 1 hours ago and now (plain SQL: no API dates them).
+    let mut xids = Vec::new();
+    for (i, hours) in [3.0f64, 2.0, 1.0, 0.0].into_iter().enumerate() {
+        let r = c
+            .query_one(
+                "insert into artex.tasks (kind, payload) values ('echo', $1)
+                 returning id, pg_current_xact_id()::text",
+                &[&json!(i)],
+            )
+            .await
+            .unwrap();
+        let id: uuid::Uuid = r.get(0);
+        xids.push(r.get::<_, String>(1));
+        c.execute(
+            "update artex.tasks set status = 'canceled' where id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "update artex.task_history set at = at - make_interval(secs => $2::float8 * 3600)
+             where task_id = $1",
+            &[&id, &hours],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "update artex.tasks set finished_at = finished_at - make_interval(secs => $2::float8 * 3600)
+             where id = $1",
+            &[&id, &hours],
+        )
+        .await
+        .unwrap();
+    }
+    let position = |ago: &'static str| {
+        let c = &c;
+        async move {
+            let x: String = c
+                .query_one(
+                    &format!("select artex.feed_position_at(now() - interval '{ago}')::text"),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            x
+        }
+    };
+    assert_eq!(position("90 minutes").await, xids[2]);
+    assert_eq!(position("150 minutes").await, xids[1]);
+    assert_eq!(position("4 hours").await, xids[0]);
+    // Past the end: the position after the last row.
+    let next: u64 = xids[3].parse::<u64>().unwrap();
+    assert!(position("-1 hour").await.parse::<u64>().unwrap() > next);
+    let board = db.bb.operator();
+    let recent = |minutes| {
+        let board = &board;
+        async move { board.stats(minutes, None).await.unwrap().recent }
+    };
+    assert_eq!(recent(1).await.finished, 1);
+    assert_eq!(recent(90).await.finished, 2);
+    assert_eq!(recent(150).await.finished, 3);
+    assert_eq!(recent(240).await.finished, 4);
+}

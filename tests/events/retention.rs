@@ -439,3 +439,83 @@ async fn tables_whose_statistics_the_server_forgot_are_analyzed_once() {
         .unwrap();
     assert!(r.tables_analyzed.is_empty(), "{r:?}");
 }
+
+/// The retention walks the finished tasks by status and id (V69: no index of finish
+/// times): a task with a time-ordered id goes once the cutoff passes its end, one that
+/// ended after the cutoff stays however old its id, and one whose id is not time-ordered
+/// (named by plain SQL) goes as the others do. The bound the walk stops at is the rule
+/// `artex.uuid_v7` makes its ids by.
+#[tokio::test]
+async fn finished_tasks_are_pruned_by_their_ids_time_order_whatever_their_ids() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The bound: every id made at or after a time is at least its floor, and below the
+    // floor of the next millisecond after it.
+    for _ in 0..20 {
+        let before: DateTime<Utc> = c
+            .query_one("select clock_timestamp()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let id: uuid::Uuid = c
+            .query_one("select artex.uuid_v7()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let after: DateTime<Utc> = c
+            .query_one("select clock_timestamp()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let r = c
+            .query_one(
+                "select artex.uuid_v7_floor($1::timestamptz) <= $2, $2 < artex.uuid_v7_floor($3::timestamptz + interval '1 millisecond')",
+                &[&before, &id, &after],
+            )
+            .await
+            .unwrap();
+        assert!(
+            r.get::<_, bool>(0) && r.get::<_, bool>(1),
+            "{before} {id} {after}"
+        );
+    }
+    // Four ended tasks: `made` by artex, `late` ended a week from now, `random` named by
+    // a random (version 4) id above every time-ordered one, `low` by one below them all.
+    c.batch_execute(
+        "insert into artex.tasks (kind, payload) values ('echo', '\"made\"'), ('echo', '\"late\"');
+         insert into artex.tasks (id, kind, payload) values
+             ('f1e2d3c4-b5a6-4978-8a6b-5c4d3e2f1a0b', 'echo', '\"random\"'),
+             ('00a1b2c3-d4e5-4f60-8172-8394a5b6c7d8', 'echo', '\"low\"');
+         update artex.tasks set status = 'canceled';
+         update artex.tasks set finished_at = now() + interval '7 days' where payload = '\"late\"';
+         insert into artex.tasks (kind, payload) values ('echo', '\"open\"');",
+    )
+    .await
+    .unwrap();
+    let left = || async {
+        let mut left: Vec<String> = c
+            .query("select payload #>> '{}' from artex.tasks", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        left.sort();
+        left
+    };
+    let prune = "select artex.prune_finished_tasks($1, 1000)";
+    // Fifteen days on (retention 14 days: the cutoff a day from now), all but the late
+    // one and the unfinished one go.
+    let later = Utc::now() + chrono::Duration::days(15);
+    let n: i64 = c.query_one(prune, &[&later]).await.unwrap().get(0);
+    assert_eq!(n, 3);
+    assert_eq!(left().await, ["late", "open"]);
+    // Once the cutoff passes the late one's end, it goes too.
+    let n: i64 = c
+        .query_one(prune, &[&(later + chrono::Duration::days(7))])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    assert_eq!(left().await, ["open"]);
+}

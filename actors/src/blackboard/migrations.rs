@@ -552,4 +552,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // before (a deadlock, when two meet, aborts one of them, as it did).
         change: Change::Expand,
     },
+    Migration {
+        version: 69,
+        name: "a_task_s_end_writes_no_finish_time_index_entry",
+        sql: include_str!(
+            "../../../migrations/V69__a_task_s_end_writes_no_finish_time_index_entry.sql"
+        ),
+        // An index dropped, a function's body replaced, two functions added: a process of
+        // an earlier build prunes and samples as before, by a walk of the primary key.
+        change: Change::Expand,
+    },
 ];

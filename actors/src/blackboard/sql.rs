@@ -152,6 +152,10 @@ impl Heard {
     }
 }
 
+/// How [`Conn::walked_one`] begins its transaction.
+pub(crate) const WALKED: &str =
+    "begin; set local enable_seqscan = off; set local enable_sort = off; set local jit = off";
+
 /// A pooled connection; every statement of artex runs through one (see the
 /// [module](self)).
 pub(crate) struct Conn {
@@ -244,6 +248,23 @@ impl Conn {
         let rows = rows?;
         committed?;
         Ok(rows)
+    }
+
+    /// The one row `sql` returns, run in a transaction of its own with sequential scans and
+    /// sorts off: a read whose index walk stops early (a limit, a bound found by a
+    /// subquery) that PostgreSQL would otherwise plan as a scan of the whole table, by a
+    /// guess at how much of it the walk reads. One round trip, as [`Conn::relaxed`].
+    pub(crate) async fn walked_one(&self, sql: &str, params: &[&dyn Param]) -> Result<Row> {
+        let (begun, row, committed) = futures_util::future::join3(
+            self.batch(WALKED),
+            self.query_one(sql, params),
+            self.batch("commit"),
+        )
+        .await;
+        begun?;
+        let row = row?;
+        committed?;
+        Ok(row)
     }
 
     /// Waits for a statement, cancelling it past the statement timeout.

@@ -1,7 +1,8 @@
 //! What the HTTP API shows about the whole cluster: the workers' roster as stored, and
 //! statistics (tasks by status, recent throughput and latency). Every read is bounded
 //! whatever the tables hold: capped counts walked on an index, and a sample of at most
-//! [`RECENT_SAMPLE`] recently finished tasks (migrations/V8__api_indexes.sql).
+//! [`RECENT_SAMPLE`] recently finished tasks (migrations/V8__api_indexes.sql; read
+//! from the history since V69).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::OperatorBoard;
-use crate::blackboard::sql::Param;
+use crate::blackboard::sql::{Param, WALKED};
 use crate::blackboard::{TaskStatus, WorkerState};
 use crate::error::Result;
 
@@ -186,13 +187,23 @@ fn status_counts_sql() -> String {
 }
 
 /// The most recent `$2` tasks finished in the last `$1` seconds before `$3` (now by
-/// default), walked down `tasks_finished`, and what they say.
+/// default), and what they say. Read back from the history's end (V69: no index of
+/// finish times): its feed index walked backwards from its end down to the position of
+/// the window's start less five minutes (`artex.feed_position_at`, found once: the rows
+/// of a transaction that waited before it wrote are dated earlier than their position),
+/// each terminal transition's task by its id; the latest first in the feed's order.
+/// Run by `Conn::walked_one`: a plan made for a third of the history (what PostgreSQL
+/// guesses of a subquery's bound) would scan it all and sort it.
 const RECENT: &str = "with recent as materialized (
-        select kind, status::text as status, created_at, started_at, finished_at
-        from artex.tasks
-        where finished_at > coalesce($3::timestamptz, now()) - make_interval(secs => $1::float8)
-          and finished_at <= coalesce($3::timestamptz, now())
-        order by finished_at desc limit $2
+        select t.kind, t.status::text as status, t.created_at, t.started_at, t.finished_at
+        from artex.task_history h
+        join artex.tasks t on t.id = h.task_id
+        where h.xid >= (select artex.feed_position_at(coalesce($3::timestamptz, now())
+                            - make_interval(secs => $1::float8) - interval '5 minutes'))
+          and h.to_status in ('succeeded', 'failed', 'timeout', 'canceled')
+          and t.finished_at > coalesce($3::timestamptz, now()) - make_interval(secs => $1::float8)
+          and t.finished_at <= coalesce($3::timestamptz, now())
+        order by h.xid desc, h.id desc limit $2
     ),
     queue as (select extract(epoch from started_at - created_at)::float8 * 1000 as ms
               from recent where started_at is not null),
@@ -307,7 +318,7 @@ impl OperatorBoard {
         };
         let window_secs = f64::from(window_minutes) * 60.0;
         let r = client
-            .query_one(RECENT, &[&window_secs, &sample, &now])
+            .walked_one(RECENT, &[&window_secs, &sample, &now])
             .await?;
         let at: DateTime<Utc> = r.try_get(0)?;
         let finished: i64 = r.try_get(1)?;
@@ -377,7 +388,16 @@ impl OperatorBoard {
         ];
         let mut plans = Vec::new();
         for (name, sql, params) in reads {
-            let rows = client.query(&format!("explain {sql}"), &params).await?;
+            // Planned as it runs: the recent figures by `walked_one`.
+            let explain = format!("explain {sql}");
+            let rows = if sql == RECENT {
+                client.batch(WALKED).await?;
+                let rows = client.query(&explain, &params).await;
+                client.batch("commit").await?;
+                rows?
+            } else {
+                client.query(&explain, &params).await?
+            };
             let plan = rows
                 .iter()
                 .map(|r| r.try_get::<_, String>(0))

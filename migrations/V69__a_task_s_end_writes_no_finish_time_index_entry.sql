@@ -1,0 +1,124 @@
+-- V69: a task's end writes no entry of a finish-time index (issue 39). Expand: builds
+-- that predate it prune and sample as before, by plans that no longer find the index
+-- (a walk of the primary key: slower on a large table, the same answers).
+--
+-- `tasks_finished` (finished_at, V8) took an entry at every task's end: one of the
+-- eight index entries a task writes in W1 from idle's run, ~5% of its rate
+-- (docs/performance.md, "What an index entry costs"). Its two readers go elsewhere:
+--
+-- * The retention (`prune_finished_tasks`) walks `tasks_listed` by status and id. Ids
+--   are time-ordered (V7: a task's id is never later than its creation, hence than its
+--   end), so every task that finished before the cutoff and has such an id lies below
+--   the cutoff's smallest id; the walk stops there. Ids that are not time-ordered (a
+--   plain-SQL insert naming a random one) sort above every id of the next day and are
+--   walked apart; the few such ids in between (a millionth of the random ones) are
+--   reached once the cutoff passes them. Oldest created first, no longer oldest ended.
+-- * The overview's sample of recent finishes (operator/overview.rs, RECENT) walks the
+--   history's feed index backwards, from its end to the position of the window's start
+--   less a margin (`feed_position_at`, a binary search of that index), and reads each
+--   terminal transition's task by its id: a terminal transition is written with the
+--   task's end, and a terminal status is never left.
+
+drop index if exists artex.tasks_finished;
+
+create or replace function artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) returns bigint
+language plpgsql
+as $$
+declare
+    cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
+    -- The smallest time-ordered id of the cutoff's millisecond, and of a day past now.
+    below  uuid := artex.uuid_v7_floor(cutoff);
+    above  uuid := artex.uuid_v7_floor(p_now + interval '1 day');
+    n      bigint;
+    m      bigint := 0;
+begin
+    if not pg_try_advisory_xact_lock(hashtext('artex.prune_finished_tasks')) then
+        return 0;
+    end if;
+    with doomed as (
+        select t.id from artex.tasks t
+        where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
+          and t.id < below
+          and t.finished_at < cutoff
+          and (t.flow_id is null
+               or not exists (select 1 from artex.tasks u
+                              where u.flow_id = t.flow_id and u.finished_at is null))
+        limit p_batch
+    )
+    delete from artex.tasks t using doomed where t.id = doomed.id;
+    get diagnostics n = row_count;
+    if n < p_batch then
+        with doomed as (
+            select t.id from artex.tasks t
+            where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
+              and t.id >= above
+              and t.finished_at < cutoff
+              and (t.flow_id is null
+                   or not exists (select 1 from artex.tasks u
+                                  where u.flow_id = t.flow_id and u.finished_at is null))
+            limit p_batch - n
+        )
+        delete from artex.tasks t using doomed where t.id = doomed.id;
+        get diagnostics m = row_count;
+    end if;
+    delete from artex.flows f
+    where f.created_at < cutoff
+      and not exists (select 1 from artex.tasks t where t.flow_id = f.id);
+    return n + m;
+end
+$$;
+
+comment on function artex.prune_finished_tasks(timestamp with time zone, integer) is
+    'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest time-ordered id, then the ids that are not time-ordered (V69).';
+
+create or replace function artex.uuid_v7_floor(p_at timestamp with time zone) returns uuid
+language sql immutable parallel safe
+as $$
+    select encode(substring(int8send(floor(extract(epoch from p_at) * 1000)::bigint) from 3)
+                  || '\x7000'::bytea || '\x8000000000000000'::bytea, 'hex')::uuid
+$$;
+
+comment on function artex.uuid_v7_floor(timestamp with time zone) is
+    'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69; operator/tasks.rs v7_floor is the same rule).';
+
+create or replace function artex.feed_position_at(p_at timestamp with time zone) returns xid8
+language plpgsql stable
+set plan_cache_mode to 'force_custom_plan'
+as $$
+declare
+    lo numeric;
+    hi numeric;
+    mid numeric;
+    x xid8;
+    a timestamptz;
+begin
+    select h.xid::text::numeric into lo from artex.task_history h order by h.xid, h.id limit 1;
+    select h.xid::text::numeric into hi from artex.task_history h
+    order by h.xid desc, h.id desc limit 1;
+    if lo is null then
+        return '0'::xid8;
+    end if;
+    -- The smallest transaction id whose first history row is dated p_at or later, by a
+    -- search of the feed index: rows are dated by their transaction's start and ordered
+    -- by the id it drew at its first write, so the dates rise with the position but for
+    -- a transaction that waited before it wrote (callers give a margin for those).
+    hi := hi + 1;
+    while lo < hi loop
+        mid := floor((lo + hi) / 2);
+        select h.xid, h.at into x, a from artex.task_history h
+        where h.xid >= mid::text::xid8 order by h.xid, h.id limit 1;
+        if a < p_at then
+            lo := x::text::numeric + 1;
+        else
+            hi := mid;
+        end if;
+    end loop;
+    -- The transaction id of the first row there (none past the last row: lo).
+    select h.xid into x from artex.task_history h
+    where h.xid >= lo::text::xid8 order by h.xid, h.id limit 1;
+    return coalesce(x, lo::text::xid8);
+end
+$$;
+
+comment on function artex.feed_position_at(timestamp with time zone) is
+    'The feed position (the transaction id of the first history row) from which the history''s rows are dated p_at or later (past the last row: the id after it), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';
