@@ -113,12 +113,14 @@ begin
             hi := mid;
         end if;
     end loop;
-    -- The transaction id of the first row there (none past the last row: lo).
+    -- The transaction before it: the search reads a transaction's first row, and one
+    -- may write rows of several dates (a worker's batch dates an assignment it gives
+    -- back by when it was made), so the one that straddles p_at is walked too.
     select h.xid into x from artex.task_history h
-    where h.xid >= lo::text::xid8 order by h.xid, h.id limit 1;
+    where h.xid < lo::text::xid8 order by h.xid desc, h.id desc limit 1;
     return coalesce(x, lo::text::xid8);
 end
 $$;
 
 comment on function artex.feed_position_at(timestamp with time zone) is
-    'The feed position (the transaction id of the first history row) from which the history''s rows are dated p_at or later (past the last row: the id after it), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';
+    'The feed position from which the history''s rows are dated p_at or later: the transaction id of the last row before the first transaction whose first row is so dated (the one that straddles p_at is walked too), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';

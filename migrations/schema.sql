@@ -909,9 +909,11 @@ begin
             hi := mid;
         end if;
     end loop;
-    -- The transaction id of the first row there (none past the last row: lo).
+    -- The transaction before it: the search reads a transaction's first row, and one
+    -- may write rows of several dates (a worker's batch dates an assignment it gives
+    -- back by when it was made), so the one that straddles p_at is walked too.
     select h.xid into x from artex.task_history h
-    where h.xid >= lo::text::xid8 order by h.xid, h.id limit 1;
+    where h.xid < lo::text::xid8 order by h.xid desc, h.id desc limit 1;
     return coalesce(x, lo::text::xid8);
 end
 $$;
@@ -920,7 +922,7 @@ $$;
 -- Name: FUNCTION feed_position_at(p_at timestamp with time zone); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.feed_position_at(p_at timestamp with time zone) IS 'The feed position (the transaction id of the first history row) from which the history''s rows are dated p_at or later (past the last row: the id after it), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';
+COMMENT ON FUNCTION artex.feed_position_at(p_at timestamp with time zone) IS 'The feed position from which the history''s rows are dated p_at or later: the transaction id of the last row before the first transaction whose first row is so dated (the one that straddles p_at is walked too), found by a binary search of the feed index (V69). Rows of a transaction that waited before its first write are dated earlier than their position says: give a margin.';
 
 --
 -- Name: fire_due_waits(timestamp with time zone, text, integer); Type: FUNCTION; Schema: artex; Owner: -

@@ -111,7 +111,8 @@ async fn the_recent_figures_walk_the_history_back_to_the_window_s_start() {
     let c = db.client().await;
     // Four tasks submitted and canceled, each in transactions of its own, their history
     // and end then dated 3, 2 and 1 hours ago and now (plain SQL: no API dates them).
-    let mut xids = Vec::new();
+    // The transaction ids of each task's submission and end.
+    let (mut submitted, mut ended) = (Vec::new(), Vec::new());
     for (i, hours) in [3.0f64, 2.0, 1.0, 0.0].into_iter().enumerate() {
         let r = c
             .query_one(
@@ -122,13 +123,16 @@ async fn the_recent_figures_walk_the_history_back_to_the_window_s_start() {
             .await
             .unwrap();
         let id: uuid::Uuid = r.get(0);
-        xids.push(r.get::<_, String>(1));
-        c.execute(
-            "update artex.tasks set status = 'canceled' where id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap();
+        submitted.push(r.get::<_, String>(1));
+        let r = c
+            .query_one(
+                "update artex.tasks set status = 'canceled' where id = $1
+                 returning pg_current_xact_id()::text",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        ended.push(r.get::<_, String>(0));
         c.execute(
             "update artex.task_history set at = at - make_interval(secs => $2::float8 * 3600)
              where task_id = $1",
@@ -137,7 +141,8 @@ async fn the_recent_figures_walk_the_history_back_to_the_window_s_start() {
         .await
         .unwrap();
         c.execute(
-            "update artex.tasks set finished_at = finished_at - make_interval(secs => $2::float8 * 3600)
+            "update artex.tasks
+             set finished_at = finished_at - make_interval(secs => $2::float8 * 3600)
              where id = $1",
             &[&id, &hours],
         )
@@ -158,12 +163,13 @@ async fn the_recent_figures_walk_the_history_back_to_the_window_s_start() {
             x
         }
     };
-    assert_eq!(position("90 minutes").await, xids[2]);
-    assert_eq!(position("150 minutes").await, xids[1]);
-    assert_eq!(position("4 hours").await, xids[0]);
-    // Past the end: the position after the last row.
-    let next: u64 = xids[3].parse::<u64>().unwrap();
-    assert!(position("-1 hour").await.parse::<u64>().unwrap() > next);
+    // The first transaction dated within 90 minutes submitted the third task: the walk
+    // starts at the one before it (it may straddle the bound), the second task's end.
+    assert_eq!(position("90 minutes").await, ended[1]);
+    assert_eq!(position("150 minutes").await, ended[0]);
+    // Before all: the first submission; past all: the last end.
+    assert_eq!(position("4 hours").await, submitted[0]);
+    assert_eq!(position("-1 hour").await, ended[3]);
     let board = db.bb.operator();
     let recent = |minutes| {
         let board = &board;

@@ -688,7 +688,10 @@ pub const BUSY_HOUR_HISTORY: &str = "insert into artex.task_history
     select id, 'assigned', status, error, 'bench', 'bench', 1, finished_at, kind,
         started_at, nextval('artex.history_id_seq')
     from artex.tasks where finished_at is not null order by id";
-pub const VACUUM_ANALYZE_TASKS: &str = "vacuum analyze artex.tasks";
+/// The tasks and their history as autovacuum would leave them (unanalyzed history makes
+/// PostgreSQL guess a lookup of a task's rows at thousands of them, and compile a page's
+/// statement with JIT: half a second).
+pub const VACUUM_ANALYZE_TASKS: &str = "vacuum analyze artex.tasks, artex.task_history";
 /// Tasks by status, in status order (the dash part's context line).
 pub const STATUSES: &str = "select string_agg(status || ' ' || n, ', ')
     from (select status, count(*) n from artex.tasks group by 1 order by 1) c";
