@@ -238,16 +238,11 @@ impl Conn {
     /// wake-ups, rewritten every few seconds, whose loss in a crash costs nothing. One
     /// round trip: the `begin`, the statement and the `commit` are pipelined.
     pub(crate) async fn relaxed(&self, sql: &str, params: &[&dyn Param]) -> Result<Vec<Row>> {
-        let (begun, rows, committed) = futures_util::future::join3(
-            self.batch("begin; set local synchronous_commit = off"),
+        self.alone(
+            "begin; set local synchronous_commit = off",
             self.query(sql, params),
-            self.batch("commit"),
         )
-        .await;
-        begun?;
-        let rows = rows?;
-        committed?;
-        Ok(rows)
+        .await
     }
 
     /// The one row `sql` returns, run in a transaction of its own with sequential scans and
@@ -255,16 +250,18 @@ impl Conn {
     /// subquery) that PostgreSQL would otherwise plan as a scan of the whole table, by a
     /// guess at how much of it the walk reads. One round trip, as [`Conn::relaxed`].
     pub(crate) async fn walked_one(&self, sql: &str, params: &[&dyn Param]) -> Result<Row> {
-        let (begun, row, committed) = futures_util::future::join3(
-            self.batch(WALKED),
-            self.query_one(sql, params),
-            self.batch("commit"),
-        )
-        .await;
+        self.alone(WALKED, self.query_one(sql, params)).await
+    }
+
+    /// `statement` in a transaction of its own that `begin` opens, pipelined with it and
+    /// the `commit`: the answers come back in the order the three were sent.
+    async fn alone<T>(&self, begin: &str, statement: impl Future<Output = Result<T>>) -> Result<T> {
+        let (begun, out, committed) =
+            futures_util::future::join3(self.batch(begin), statement, self.batch("commit")).await;
         begun?;
-        let row = row?;
+        let out = out?;
         committed?;
-        Ok(row)
+        Ok(out)
     }
 
     /// Waits for a statement, cancelling it past the statement timeout.
