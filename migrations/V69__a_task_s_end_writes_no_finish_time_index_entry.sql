@@ -6,13 +6,16 @@
 -- eight index entries a task writes in W1 from idle's run, ~5% of its rate
 -- (docs/performance.md, "What an index entry costs"). Its two readers go elsewhere:
 --
--- * The retention (`prune_finished_tasks`) walks `tasks_listed` by status and id. Ids
---   are time-ordered (V7: a task's id is never later than its creation, hence than its
---   end), so every task that finished before the cutoff and has such an id lies below
---   the cutoff's smallest id; the walk stops there. Ids that are not time-ordered (a
---   plain-SQL insert naming a random one) sort above every id of the next day and are
---   walked apart; the few such ids in between (a millionth of the random ones) are
---   reached once the cutoff passes them. Oldest created first, no longer oldest ended.
+-- * The retention (`prune_finished_tasks`) walks `tasks_listed` by status and id. The
+--   ids artex makes are UUIDv7, time-ordered (V7), taken at or before the task's
+--   creation, hence before its end: every such task that ended before the cutoff lies
+--   below the cutoff's smallest id, where the walk stops. (An id made by a host whose
+--   clock runs ahead of the database's lies later: its task goes once the cutoff
+--   passes the id's time, late by the skew.) Ids that are not UUIDv7 (a plain-SQL
+--   insert naming a random one) are pruned by their end as before, through a partial
+--   index of their finish times, `tasks_finished_unordered`, that holds no entry for
+--   a UUIDv7: no task artex makes writes to it. Oldest created first, then the others
+--   oldest ended.
 -- * The overview's sample of recent finishes (operator/overview.rs, RECENT) walks the
 --   history's feed index backwards, from its end to the position of the window's start
 --   less a margin (`feed_position_at`, a binary search of that index), and reads each
@@ -21,14 +24,21 @@
 
 drop index if exists artex.tasks_finished;
 
+-- Built inside the migration's transaction, so not `concurrently`; on a large table it
+-- reads the table once and, for artex's own ids, writes nothing.
+create index tasks_finished_unordered on artex.tasks (finished_at)
+    where finished_at is not null and get_byte(uuid_send(id), 6) >> 4 <> 7;
+
+comment on index artex.tasks_finished_unordered is
+    'Finish times of the finished tasks whose ids are not UUIDv7 (named by plain SQL): the retention prunes them by this (V69); a task artex makes has a UUIDv7 and no entry here.';
+
 create or replace function artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) returns bigint
 language plpgsql
 as $$
 declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
-    -- The smallest time-ordered id of the cutoff's millisecond, and of a day past now.
+    -- The smallest UUIDv7 of the cutoff's millisecond.
     below  uuid := artex.uuid_v7_floor(cutoff);
-    above  uuid := artex.uuid_v7_floor(p_now + interval '1 day');
     n      bigint;
     m      bigint := 0;
 begin
@@ -50,12 +60,12 @@ begin
     if n < p_batch then
         with doomed as (
             select t.id from artex.tasks t
-            where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
-              and t.id >= above
-              and t.finished_at < cutoff
+            where t.finished_at < cutoff
+              and get_byte(uuid_send(t.id), 6) >> 4 <> 7
               and (t.flow_id is null
                    or not exists (select 1 from artex.tasks u
                                   where u.flow_id = t.flow_id and u.finished_at is null))
+            order by t.finished_at
             limit p_batch - n
         )
         delete from artex.tasks t using doomed where t.id = doomed.id;
@@ -69,7 +79,7 @@ end
 $$;
 
 comment on function artex.prune_finished_tasks(timestamp with time zone, integer) is
-    'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest time-ordered id, then the ids that are not time-ordered (V69).';
+    'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
 
 create or replace function artex.uuid_v7_floor(p_at timestamp with time zone) returns uuid
 language sql immutable parallel safe

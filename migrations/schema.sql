@@ -1522,9 +1522,8 @@ CREATE FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_bat
     AS $$
 declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
-    -- The smallest time-ordered id of the cutoff's millisecond, and of a day past now.
+    -- The smallest UUIDv7 of the cutoff's millisecond.
     below  uuid := artex.uuid_v7_floor(cutoff);
-    above  uuid := artex.uuid_v7_floor(p_now + interval '1 day');
     n      bigint;
     m      bigint := 0;
 begin
@@ -1546,12 +1545,12 @@ begin
     if n < p_batch then
         with doomed as (
             select t.id from artex.tasks t
-            where t.listed in ('succeeded', 'failed', 'timeout', 'canceled')
-              and t.id >= above
-              and t.finished_at < cutoff
+            where t.finished_at < cutoff
+              and get_byte(uuid_send(t.id), 6) >> 4 <> 7
               and (t.flow_id is null
                    or not exists (select 1 from artex.tasks u
                                   where u.flow_id = t.flow_id and u.finished_at is null))
+            order by t.finished_at
             limit p_batch - n
         )
         delete from artex.tasks t using doomed where t.id = doomed.id;
@@ -1568,7 +1567,7 @@ $$;
 -- Name: FUNCTION prune_finished_tasks(p_now timestamp with time zone, p_batch integer); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest time-ordered id, then the ids that are not time-ordered (V69).';
+COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
 
 --
 -- Name: prune_history_rows(timestamp with time zone, integer); Type: FUNCTION; Schema: artex; Owner: -
@@ -4279,6 +4278,18 @@ CREATE INDEX task_transitions_feed ON ONLY artex.task_history USING btree (xid, 
 --
 
 CREATE INDEX task_history_default_xid_id_idx ON artex.task_transitions_default USING btree (xid, id);
+
+--
+-- Name: tasks_finished_unordered; Type: INDEX; Schema: artex; Owner: -
+--
+
+CREATE INDEX tasks_finished_unordered ON artex.tasks USING btree (finished_at) WHERE ((finished_at IS NOT NULL) AND ((get_byte(uuid_send(id), 6) >> 4) <> 7));
+
+--
+-- Name: INDEX tasks_finished_unordered; Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON INDEX artex.tasks_finished_unordered IS 'Finish times of the finished tasks whose ids are not UUIDv7 (named by plain SQL): the retention prunes them by this (V69); a task artex makes has a UUIDv7 and no entry here.';
 
 --
 -- Name: tasks_flow_id; Type: INDEX; Schema: artex; Owner: -

@@ -441,9 +441,11 @@ async fn tables_whose_statistics_the_server_forgot_are_analyzed_once() {
 }
 
 /// The retention walks the finished tasks by status and id (V69: no index of finish
-/// times): a task with a time-ordered id goes once the cutoff passes its end, one that
-/// ended after the cutoff stays however old its id, and one whose id is not time-ordered
-/// (named by plain SQL) goes as the others do. The bound the walk stops at is the rule
+/// times for the tasks artex makes): a task with a UUIDv7 goes once the cutoff passes
+/// its end, one that ended after the cutoff stays however old its id, one whose id a
+/// host with a clock ahead made goes once the cutoff passes that id's time, and one
+/// whose id is not a UUIDv7 (named by plain SQL) goes by its end, through the partial
+/// index that holds only such tasks. The bound the walk stops at is the rule
 /// `artex.uuid_v7` makes its ids by.
 #[tokio::test]
 async fn finished_tasks_are_pruned_by_their_ids_time_order_whatever_their_ids() {
@@ -479,11 +481,13 @@ async fn finished_tasks_are_pruned_by_their_ids_time_order_whatever_their_ids() 
             "{before} {id} {after}"
         );
     }
-    // Four ended tasks: `made` by artex, `late` ended a week from now, `random` named by
-    // a random (version 4) id above every time-ordered one, `low` by one below them all.
+    // Five ended tasks: `made` by artex, `late` ended a week from now, `ahead` with a
+    // UUIDv7 of three days from now, `random` named by a random (version 4) id above
+    // every UUIDv7, `low` by one below them all.
     c.batch_execute(
         "insert into artex.tasks (kind, payload) values ('echo', '\"made\"'), ('echo', '\"late\"');
          insert into artex.tasks (id, kind, payload) values
+             (artex.uuid_v7_floor(now() + interval '3 days'), 'echo', '\"ahead\"'),
              ('f1e2d3c4-b5a6-4978-8a6b-5c4d3e2f1a0b', 'echo', '\"random\"'),
              ('00a1b2c3-d4e5-4f60-8172-8394a5b6c7d8', 'echo', '\"low\"');
          update artex.tasks set status = 'canceled';
@@ -504,18 +508,29 @@ async fn finished_tasks_are_pruned_by_their_ids_time_order_whatever_their_ids() 
         left
     };
     let prune = "select artex.prune_finished_tasks($1, 1000)";
+    // Only the tasks whose ids are not UUIDv7 are in the partial index.
+    let unordered: i64 = c
+        .query_one(
+            "select count(*) from artex.tasks
+             where finished_at is not null and get_byte(uuid_send(id), 6) >> 4 <> 7",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unordered, 2);
     // Fifteen days on (retention 14 days: the cutoff a day from now), all but the late
-    // one and the unfinished one go.
+    // one, the one ahead and the unfinished one go.
     let later = Utc::now() + chrono::Duration::days(15);
     let n: i64 = c.query_one(prune, &[&later]).await.unwrap().get(0);
     assert_eq!(n, 3);
-    assert_eq!(left().await, ["late", "open"]);
-    // Once the cutoff passes the late one's end, it goes too.
+    assert_eq!(left().await, ["ahead", "late", "open"]);
+    // Once the cutoff passes the late one's end and the other's id, they go too.
     let n: i64 = c
         .query_one(prune, &[&(later + chrono::Duration::days(7))])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 1);
+    assert_eq!(n, 2);
     assert_eq!(left().await, ["open"]);
 }
