@@ -255,7 +255,11 @@ impl Conn {
 
     /// `statement` in a transaction of its own that `begin` opens, pipelined with it and
     /// the `commit`: the answers come back in the order the three were sent.
-    async fn alone<T>(&self, begin: &str, statement: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn alone<T>(
+        &self,
+        begin: &str,
+        statement: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let (begun, out, committed) =
             futures_util::future::join3(self.batch(begin), statement, self.batch("commit")).await;
         begun?;

@@ -391,10 +391,9 @@ impl OperatorBoard {
             // Planned as it runs: the recent figures by `walked_one`.
             let explain = format!("explain {sql}");
             let rows = if sql == RECENT {
-                client.batch(WALKED).await?;
-                let rows = client.query(&explain, &params).await;
-                client.batch("commit").await?;
-                rows?
+                client
+                    .alone(WALKED, client.query(&explain, &params))
+                    .await?
             } else {
                 client.query(&explain, &params).await?
             };
