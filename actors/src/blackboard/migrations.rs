@@ -558,8 +558,9 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!(
             "../../../migrations/V69__a_task_s_end_writes_no_finish_time_index_entry.sql"
         ),
-        // An index dropped, a function's body replaced, two functions added: a process of
-        // an earlier build prunes and samples as before, by a walk of the primary key.
+        // An index dropped and a partial one added, a function's body replaced, two
+        // functions added: a process of an earlier build prunes and samples as before,
+        // by a walk of the primary key.
         change: Change::Expand,
     },
 ];
