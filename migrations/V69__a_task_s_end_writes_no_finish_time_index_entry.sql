@@ -14,8 +14,8 @@
 --   passes the id's time, late by the skew.) Ids that are not UUIDv7 (a plain-SQL
 --   insert naming a random one) are pruned by their end as before, through a partial
 --   index of their finish times, `tasks_finished_unordered`, that holds no entry for
---   a UUIDv7: no task artex makes writes to it. Oldest created first, then the others
---   oldest ended.
+--   a UUIDv7: no task artex makes writes to it. Status by status, oldest created
+--   first, then the others oldest ended.
 -- * The overview's sample of recent finishes (operator/overview.rs, RECENT) walks the
 --   history's feed index backwards, from its end to the position of the window's start
 --   less a margin (`feed_position_at`, a binary search of that index), and reads each
@@ -32,8 +32,12 @@ create index tasks_finished_unordered on artex.tasks (finished_at)
 comment on index artex.tasks_finished_unordered is
     'Finish times of the finished tasks whose ids are not UUIDv7 (named by plain SQL): the retention prunes them by this (V69); a task artex makes has a UUIDv7 and no entry here.';
 
+-- JIT off, as for the hot functions: the walk's plan is estimated at the whole range
+-- below the bound (a million-row table: a cost past jit_above_cost), and PostgreSQL
+-- would compile it at every call (150 ms) to read nothing.
 create or replace function artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) returns bigint
 language plpgsql
+set jit to 'off'
 as $$
 declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
@@ -53,6 +57,9 @@ begin
           and (t.flow_id is null
                or not exists (select 1 from artex.tasks u
                               where u.flow_id = t.flow_id and u.finished_at is null))
+        -- In the index's order: without it, the generic plan of a table holding many
+        -- tasks below the bound scans it whole (190 ms on 1,200,000 rows, 3 ms so).
+        order by t.listed, t.id
         limit p_batch
     )
     delete from artex.tasks t using doomed where t.id = doomed.id;
@@ -79,7 +86,7 @@ end
 $$;
 
 comment on function artex.prune_finished_tasks(timestamp with time zone, integer) is
-    'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
+    'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, status by status and oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
 
 create or replace function artex.uuid_v7_floor(p_at timestamp with time zone) returns uuid
 language sql immutable parallel safe

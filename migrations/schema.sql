@@ -1519,6 +1519,7 @@ $$;
 
 CREATE FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) RETURNS bigint
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 declare
     cutoff timestamptz := p_now - (select r.keep from artex.event_retention r);
@@ -1538,6 +1539,9 @@ begin
           and (t.flow_id is null
                or not exists (select 1 from artex.tasks u
                               where u.flow_id = t.flow_id and u.finished_at is null))
+        -- In the index's order: without it, the generic plan of a table holding many
+        -- tasks below the bound scans it whole (190 ms on 1,200,000 rows, 3 ms so).
+        order by t.listed, t.id
         limit p_batch
     )
     delete from artex.tasks t using doomed where t.id = doomed.id;
@@ -1567,7 +1571,7 @@ $$;
 -- Name: FUNCTION prune_finished_tasks(p_now timestamp with time zone, p_batch integer); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
+COMMENT ON FUNCTION artex.prune_finished_tasks(p_now timestamp with time zone, p_batch integer) IS 'Deletes up to p_batch finished tasks past the retention that no unfinished flow needs, status by status and oldest created first, and the flows left empty; returns how many tasks. One at a time (V68): a call while another runs deletes nothing and returns 0. Walks tasks_listed by status and id below the cutoff''s smallest UUIDv7, then the tasks whose ids are not UUIDv7 by tasks_finished_unordered (V69).';
 
 --
 -- Name: prune_history_rows(timestamp with time zone, integer); Type: FUNCTION; Schema: artex; Owner: -
