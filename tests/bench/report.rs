@@ -194,9 +194,10 @@ pub fn cpu_split_print(
 }
 
 /// With ARTEX_BENCH_PROFILE=1, samples what artex's statements in database `db` are doing
-/// (from `from` on, every 2 ms, from a connection of its own) until [`Activity::print`]:
-/// how often 0, 1, 2 … of them ran at once, and what the running ones waited on. Says
-/// whether a run keeps PostgreSQL's cores busy or leaves them idle between statements.
+/// (from the instant `from` on, every 2 ms, from a connection of its own) until
+/// [`Activity::print`]: how often 0, 1, 2 … of them ran at once, and what the running
+/// ones waited on. Says whether a run keeps PostgreSQL's cores busy or leaves them idle
+/// between statements.
 /// The sampling's own statements count in the run's PostgreSQL CPU.
 pub struct Activity(Option<Sampling>);
 
@@ -208,7 +209,7 @@ type Sampling = (
 );
 
 impl Activity {
-    pub async fn start(rig: &crate::rig::Rig, db: &str, from: std::time::Duration) -> Activity {
+    pub async fn start(rig: &crate::rig::Rig, db: &str, from: tokio::time::Instant) -> Activity {
         if !profiling() {
             return Activity(None);
         }
@@ -216,7 +217,7 @@ impl Activity {
         let db = db.to_string();
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let samples = tokio::spawn(async move {
-            tokio::time::sleep(from).await;
+            tokio::time::sleep_until(from).await;
             let mut out: Vec<Vec<String>> = Vec::new();
             while stopped.try_recv().is_err() {
                 let row = c

@@ -115,11 +115,13 @@ async fn burst(bench: &mut Bench) -> Burst {
         lead_row.get::<_, bool>(0),
         "w1idle: the insert took longer than the {lead} s lead"
     );
-    let due = std::time::Duration::from_secs_f64(lead_row.get(1));
+    // The instant the burst is due, as of this answer: the steps below take time of
+    // their own, and the sampling must start at `run_at`, not that long after it.
+    let run_at = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(lead_row.get(1));
     profile_reset(&c).await;
     let split0 = bench.rig.pg_cpu_by_process().await;
     let runtime0 = bench.rig.procs_cpu_each_s();
-    let activity = Activity::start(&bench.rig, DB, due).await;
+    let activity = Activity::start(&bench.rig, DB, run_at).await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
     activity.print("W1 from idle (the run)").await;
