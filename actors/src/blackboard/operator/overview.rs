@@ -367,17 +367,12 @@ impl OperatorBoard {
         let none: Option<DateTime<Utc>> = None;
         let by_status = status_counts_sql();
         let no_id: Option<uuid::Uuid> = None;
-        let reads: [(&'static str, &str, Vec<&dyn Param>); 9] = [
+        let reads: [(&'static str, &str, Vec<&dyn Param>); 8] = [
             ("stats: backlog", BACKLOG, vec![&none]),
             ("events: head", crate::blackboard::feed::FEED_HEAD, vec![]),
             ("flows", super::flow_list::FLOWS_PAGE, vec![&no_id, &limit]),
             ("workers", WORKERS, vec![&limit]),
             ("stats: by status", &by_status, vec![&STATUS_COUNT_CAP]),
-            (
-                "stats: recent",
-                RECENT,
-                vec![&window, &RECENT_SAMPLE, &none],
-            ),
             ("flow", super::flows::FLOW, vec![&id]),
             ("flow: tasks", super::flows::FLOW_TASKS, vec![&id]),
             (
@@ -388,23 +383,26 @@ impl OperatorBoard {
         ];
         let mut plans = Vec::new();
         for (name, sql, params) in reads {
-            // Planned as it runs: the recent figures by `walked_one`.
-            let explain = format!("explain {sql}");
-            let rows = if sql == RECENT {
-                client
-                    .alone(WALKED, client.query(&explain, &params))
-                    .await?
-            } else {
-                client.query(&explain, &params).await?
-            };
-            let plan = rows
-                .iter()
-                .map(|r| r.try_get::<_, String>(0))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            plans.push((name, plan));
+            let rows = client.query(&format!("explain {sql}"), &params).await?;
+            plans.push((name, plan_lines(&rows)?));
         }
+        // Planned as it runs: in `walked_one`'s transaction.
+        let explain = format!("explain {RECENT}");
+        let params: [&dyn Param; 3] = [&window, &RECENT_SAMPLE, &none];
+        let rows = client
+            .alone(WALKED, client.query(&explain, &params))
+            .await?;
+        plans.push(("stats: recent", plan_lines(&rows)?));
         Ok(plans)
     }
+}
+
+/// An `explain`'s answer, one line per node.
+fn plan_lines(rows: &[tokio_postgres::Row]) -> Result<Vec<String>> {
+    Ok(rows
+        .iter()
+        .map(|r| r.try_get::<_, String>(0))
+        .collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
