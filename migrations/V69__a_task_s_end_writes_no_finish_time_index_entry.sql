@@ -96,7 +96,7 @@ as $$
 $$;
 
 comment on function artex.uuid_v7_floor(timestamp with time zone) is
-    'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69; operator/tasks.rs v7_floor is the same rule).';
+    'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69): the retention''s bound, and the id bounds of the task lists'' time ranges (operator/tasks.rs).';
 
 create or replace function artex.feed_position_at(p_at timestamp with time zone) returns xid8
 language plpgsql stable

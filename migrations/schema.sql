@@ -2926,7 +2926,7 @@ $$;
 -- Name: FUNCTION uuid_v7_floor(p_at timestamp with time zone); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.uuid_v7_floor(p_at timestamp with time zone) IS 'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69; operator/tasks.rs v7_floor is the same rule).';
+COMMENT ON FUNCTION artex.uuid_v7_floor(p_at timestamp with time zone) IS 'The smallest UUIDv7 of the millisecond of p_at: every id artex.uuid_v7() made at that millisecond or later is at least this (V69): the retention''s bound, and the id bounds of the task lists'' time ranges (operator/tasks.rs).';
 
 --
 -- Name: wake_round(text[], uuid[]); Type: FUNCTION; Schema: artex; Owner: -

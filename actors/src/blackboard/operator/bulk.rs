@@ -118,7 +118,6 @@ impl OperatorBoard {
         dry_run: bool,
     ) -> Result<BulkReport> {
         let status = filter.status.map(TaskStatus::as_str);
-        let bounds = filter.bounds();
         let mut report = BulkReport {
             action,
             matched: 0,
@@ -140,9 +139,7 @@ impl OperatorBoard {
         let client = self.bb.client().await?;
         if dry_run {
             let sql = format!("select count(*) from artex.tasks where {filter_sql}");
-            let row = client
-                .query_one(&sql, &filter.params(&status, &bounds))
-                .await?;
+            let row = client.query_one(&sql, &filter.params(&status)).await?;
             report.matched = row.try_get::<_, i64>(0)? as u64;
             return Ok(report);
         }
@@ -161,7 +158,7 @@ impl OperatorBoard {
         let reason = reason.unwrap_or(&default_reason);
         let mut cursor: Option<Uuid> = None;
         loop {
-            let mut params = filter.params(&status, &bounds);
+            let mut params = filter.params(&status);
             params.push(&cursor);
             params.push(&BULK_BATCH);
             let ids: Vec<Uuid> = client

@@ -74,18 +74,12 @@ pub struct TaskFilter {
     pub limit: i64,
 }
 
-/// The smallest UUIDv7 of millisecond `ms`: every id artex made at `ms` or later is at
-/// least this (ids are time-ordered: migrations/V7__time_ordered_ids.sql).
-fn v7_floor(at: DateTime<Utc>) -> Uuid {
-    let ms = at.timestamp_millis().clamp(0, (1 << 48) - 1) as u64;
-    Uuid::from_u128((u128::from(ms) << 80) | (0x7u128 << 76) | (0b10u128 << 62))
-}
-
 impl TaskFilter {
     /// The conditions of the filters given after `$first` (each `$n` numbered by
     /// `next`), as [`TaskFilter::params`] gives their values. The time range bounds the
-    /// id too (ids are time-ordered), so that the walk of the primary key starts and
-    /// stops at the range's ends.
+    /// id too (ids are time-ordered: `artex.uuid_v7_floor`, the smallest UUIDv7 of a
+    /// time, V69), so that the walk of the primary key starts and stops at the range's
+    /// ends.
     pub(super) fn conditions(&self, next: &mut impl FnMut() -> usize) -> Vec<String> {
         let mut conds = Vec::new();
         if let Some(status) = self.status {
@@ -112,12 +106,16 @@ impl TaskFilter {
             ));
         }
         if self.since.is_some() {
-            let (t, id) = (next(), next());
-            conds.push(format!("created_at >= ${t} and id >= ${id}"));
+            let t = next();
+            conds.push(format!(
+                "created_at >= ${t} and id >= artex.uuid_v7_floor(${t})"
+            ));
         }
         if self.until.is_some() {
-            let (t, id) = (next(), next());
-            conds.push(format!("created_at < ${t} and id < ${id}"));
+            let t = next();
+            conds.push(format!(
+                "created_at < ${t} and id < artex.uuid_v7_floor(${t})"
+            ));
         }
         if self.payload_contains.is_some() {
             conds.push(format!("payload @> ${}::jsonb", next()));
@@ -126,12 +124,8 @@ impl TaskFilter {
     }
 
     /// The values of [`TaskFilter::conditions`], in order; `status` is the status's
-    /// name, and `bounds` the time range's id bounds (see [`TaskFilter::bounds`]).
-    pub(super) fn params<'a>(
-        &'a self,
-        status: &'a Option<&'static str>,
-        bounds: &'a (Option<Uuid>, Option<Uuid>),
-    ) -> Vec<&'a dyn Param> {
+    /// name.
+    pub(super) fn params<'a>(&'a self, status: &'a Option<&'static str>) -> Vec<&'a dyn Param> {
         let mut params: Vec<&dyn Param> = Vec::new();
         if let Some(s) = status {
             params.push(s);
@@ -148,13 +142,11 @@ impl TaskFilter {
         if let Some(t) = &self.tag {
             params.push(t);
         }
-        if let (Some(t), Some(id)) = (&self.since, &bounds.0) {
+        if let Some(t) = &self.since {
             params.push(t);
-            params.push(id);
         }
-        if let (Some(t), Some(id)) = (&self.until, &bounds.1) {
+        if let Some(t) = &self.until {
             params.push(t);
-            params.push(id);
         }
         if let Some(p) = &self.payload_contains {
             params.push(p);
@@ -194,11 +186,6 @@ impl TaskFilter {
         )
     }
 
-    /// The time range's bounds on ids.
-    pub(super) fn bounds(&self) -> (Option<Uuid>, Option<Uuid>) {
-        (self.since.map(v7_floor), self.until.map(v7_floor))
-    }
-
     /// The page's statement: the filters given (each an index's leading column), newest
     /// first by id; `$1` is the cut (see [`TaskPreview`]). Only the page's rows are read
     /// whole, after the page is chosen. One statement per set of filters given, so each
@@ -223,12 +210,8 @@ impl TaskFilter {
     }
 
     /// The page's parameters after the cut, in [`TaskFilter::page_sql`]'s order.
-    fn page_params<'a>(
-        &'a self,
-        status: &'a Option<&'static str>,
-        bounds: &'a (Option<Uuid>, Option<Uuid>),
-    ) -> Vec<&'a dyn Param> {
-        let mut params = self.params(status, bounds);
+    fn page_params<'a>(&'a self, status: &'a Option<&'static str>) -> Vec<&'a dyn Param> {
+        let mut params = self.params(status);
         if let Some(a) = &self.after {
             params.push(a);
         }
@@ -307,9 +290,8 @@ impl OperatorBoard {
     pub async fn tasks_page(&self, filter: &TaskFilter, cut: i32) -> Result<Vec<TaskPreview>> {
         let client = self.bb.client().await?;
         let status = filter.status.map(TaskStatus::as_str);
-        let bounds = filter.bounds();
         let mut params: Vec<&dyn Param> = vec![&cut];
-        params.extend(filter.page_params(&status, &bounds));
+        params.extend(filter.page_params(&status));
         let rows = client.query(&filter.page_sql(), &params).await?;
         rows.iter().map(preview_from_row).collect()
     }
@@ -321,9 +303,8 @@ impl OperatorBoard {
         let sql = format!("explain {}", filter.page_sql());
         let status = filter.status.map(TaskStatus::as_str);
         let cut = 0i32;
-        let bounds = filter.bounds();
         let mut params: Vec<&dyn Param> = vec![&cut];
-        params.extend(filter.page_params(&status, &bounds));
+        params.extend(filter.page_params(&status));
         let rows = client.query(&sql, &params).await?;
         rows.iter()
             .map(|r| Ok(r.try_get::<_, String>(0)?))
