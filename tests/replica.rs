@@ -190,6 +190,26 @@ async fn pause_replay(standby: &Client) {
     .await;
 }
 
+/// Waits until the standby has received the WAL up to `lsn` (replayed or not).
+async fn received(standby: &Client, lsn: &str) {
+    wait_for(
+        "the standby to receive",
+        Duration::from_secs(30),
+        || async {
+            standby
+                .query_one(
+                    "select pg_last_wal_receive_lsn() >= $1::text::pg_lsn",
+                    &[&lsn],
+                )
+                .await
+                .ok()?
+                .get::<_, bool>(0)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Waits until the standby has replayed the WAL up to `lsn`.
 async fn replayed(standby: &Client, lsn: &str) {
     wait_for("the standby to replay", Duration::from_secs(30), || async {
@@ -685,7 +705,10 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
 
     // A conflict: the standby cancels a read at once to replay a lock it conflicts with
     // (max_standby_streaming_delay = 0); the read is made again on the primary. The read
-    // walks 300,000 tasks for a payload none has, long enough to be caught running.
+    // walks 300,000 tasks for a payload none has. The lock is taken while the standby's
+    // replay is paused, so its WAL is there before the read starts; replay resumes once
+    // the read is seen running and cancels it within milliseconds, however slowly WAL
+    // travels on a loaded host (a read of ~70 ms used to end before it arrived).
     let standby = connect(&pair.replica_url).await;
     let conf = pair.standby.join("postgresql.auto.conf");
     let mut auto = std::fs::read_to_string(&conf).expect("postgresql.auto.conf");
@@ -708,9 +731,21 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
         .expect("lsn")
         .get(0);
     replayed(&standby, &lsn).await;
-    let before = fallbacks(&addr, "conflict");
     let mut conflicted = false;
     for _ in 0..10 {
+        replica_becomes(&addr, "ok").await;
+        let before = fallbacks(&addr, "conflict");
+        pause_replay(&standby).await;
+        primary
+            .batch_execute("begin; lock table artex.tasks in access exclusive mode; commit")
+            .await
+            .expect("a lock the standby replays");
+        let lsn: String = primary
+            .query_one("select pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .expect("lsn")
+            .get(0);
+        received(&standby, &lsn).await;
         let reader = {
             let addr = addr.clone();
             std::thread::spawn(move || {
@@ -744,15 +779,14 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
             },
         )
         .await;
-        if running {
-            primary
-                .batch_execute("begin; lock table artex.tasks in access exclusive mode; commit")
-                .await
-                .expect("a lock the standby replays");
-        }
+        standby
+            .batch_execute("select pg_wal_replay_resume()")
+            .await
+            .expect("resuming replay");
         let (page, from, status) = reader.join().expect("the read");
         assert_eq!((status, &page["tasks"]), (200, &json!([])), "{page}");
-        if running && from.as_deref() == Some("primary") {
+        if running && fallbacks(&addr, "conflict") > before {
+            assert_eq!(from.as_deref(), Some("primary"), "a cancelled read");
             conflicted = true;
             break;
         }
@@ -761,6 +795,5 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
         conflicted,
         "no read was cancelled by a conflict in ten tries"
     );
-    assert!(fallbacks(&addr, "conflict") > before);
     drop(serve);
 }
