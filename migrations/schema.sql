@@ -1399,13 +1399,26 @@ CREATE FUNCTION artex.over_limits(ids uuid[]) RETURNS uuid[]
     AS $$
 declare
     denied uuid[];
+    a_ids uuid[];
+    a_ns int8[];
+    a_kinds text[];
+    a_keys text[];
+    kinds text[];
 begin
     if ids is null or cardinality(ids) = 0 then
         return '{}';
     end if;
+    -- The tasks asked for, read once: their kinds name the limits to lock, and their keys
+    -- are counted below. The round holds their rows locked (its read's `for update`).
+    select array_agg(v.id order by v.n), array_agg(v.n order by v.n),
+           array_agg(t.kind order by v.n), array_agg(t.limit_key order by v.n),
+           array_agg(distinct t.kind)
+    into a_ids, a_ns, a_kinds, a_keys, kinds
+    from unnest(ids) with ordinality as v(id, n) join artex.tasks t on t.id = v.id
+    where t.id = any(ids);
     -- Only a kind with a limit can refuse a task (V66).
     perform 1 from artex.kind_limits l
-    where l.kind in (select t.kind from artex.tasks t where t.id = any(ids))
+    where l.kind = any(kinds)
       and (l.concurrency is not null or l.key_concurrency is not null
            or l.rate_per_sec is not null)
     order by l.kind
@@ -1421,7 +1434,7 @@ begin
                                     * extract(epoch from clock_timestamp() - l.refilled_at))
                end as tokens
         from artex.kind_limits l
-        where l.kind in (select t.kind from artex.tasks t where t.id = any(ids))
+        where l.kind = any(kinds)
           and (l.concurrency is not null or l.key_concurrency is not null
                or l.rate_per_sec is not null)
     ),
@@ -1432,10 +1445,10 @@ begin
         group by t.kind, t.limit_key
     ),
     asked as materialized (
-        select v.id, v.n, t.kind, t.limit_key,
-               row_number() over (partition by t.kind, t.limit_key order by v.n) as nth_of_key
-        from unnest(ids) with ordinality as v(id, n) join artex.tasks t on t.id = v.id
-        where t.id = any(ids) and t.kind in (select kind from lim)
+        select a.id, a.n, a.kind, a.limit_key,
+               row_number() over (partition by a.kind, a.limit_key order by a.n) as nth_of_key
+        from unnest(a_ids, a_ns, a_kinds, a_keys) as a(id, n, kind, limit_key)
+        where a.kind in (select kind from lim)
     ),
     held_kind as materialized (
         select h.kind, sum(h.n) as n from held h group by h.kind
@@ -1471,7 +1484,7 @@ $$;
 -- Name: FUNCTION over_limits(ids uuid[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql); run with nested loops off, so that no join of its CTEs compares every pair of rows (V49). A kind that is only fair has no limit to exceed: it is neither locked nor counted (V66).';
+COMMENT ON FUNCTION artex.over_limits(ids uuid[]) IS 'Of the tasks a planner is about to assign, those that would exceed their kind''s limits, counted under the kinds'' row locks (migrations/V18__tags_and_limits.sql); run with nested loops off, so that no join of its CTEs compares every pair of rows (V49). A kind that is only fair has no limit to exceed: it is neither locked nor counted (V66). The tasks asked for are read once, for their kinds and keys (V70).';
 
 --
 -- Name: pause_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -

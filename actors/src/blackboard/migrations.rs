@@ -563,4 +563,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // by a walk of the primary key.
         change: Change::Expand,
     },
+    Migration {
+        version: 70,
+        name: "a_round_s_limits_check_reads_its_tasks_once",
+        sql: include_str!(
+            "../../../migrations/V70__a_round_s_limits_check_reads_its_tasks_once.sql"
+        ),
+        // A function's body replaced in place, its answers the same.
+        change: Change::Expand,
+    },
 ];
