@@ -192,37 +192,29 @@ async fn pause_replay(standby: &Client) {
 
 /// Waits until the standby has received the WAL up to `lsn` (replayed or not).
 async fn received(standby: &Client, lsn: &str) {
+    standby_at(standby, lsn, "receive").await;
+}
+
+/// Waits until the standby has replayed the WAL up to `lsn`.
+async fn replayed(standby: &Client, lsn: &str) {
+    standby_at(standby, lsn, "replay").await;
+}
+
+/// Waits until the standby's WAL position `pg_last_wal_{step}_lsn()` reaches `lsn`.
+async fn standby_at(standby: &Client, lsn: &str, step: &str) {
+    let sql = format!("select pg_last_wal_{step}_lsn() >= $1::text::pg_lsn");
     wait_for(
-        "the standby to receive",
+        &format!("the standby to {step}"),
         Duration::from_secs(30),
         || async {
             standby
-                .query_one(
-                    "select pg_last_wal_receive_lsn() >= $1::text::pg_lsn",
-                    &[&lsn],
-                )
+                .query_one(sql.as_str(), &[&lsn])
                 .await
                 .ok()?
                 .get::<_, bool>(0)
                 .then_some(())
         },
     )
-    .await;
-}
-
-/// Waits until the standby has replayed the WAL up to `lsn`.
-async fn replayed(standby: &Client, lsn: &str) {
-    wait_for("the standby to replay", Duration::from_secs(30), || async {
-        standby
-            .query_one(
-                "select pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-                &[&lsn],
-            )
-            .await
-            .ok()?
-            .get::<_, bool>(0)
-            .then_some(())
-    })
     .await;
 }
 
