@@ -256,6 +256,25 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     // killed: once the schedule stands past now, its slots run from its first minute to
     // its last without a gap, one task each.
     let primary = formation.client(1).await;
+    // The schedule was made after the formation started, so the faults may all end
+    // before its first minute comes (CI met it: 58 s from the schedule to this check,
+    // no minute boundary between). Its first slot fires within the minute either way.
+    wait_for(
+        "the probe schedule's first slot",
+        Duration::from_secs(90),
+        || async {
+            let row = primary
+                .query_one(
+                    "select exists (select 1 from artex.tasks
+                         where unique_key like 'schedule:failover-probe:%')",
+                    &[],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
     wait_for(
         "the probe schedule to stand past now",
         Duration::from_secs(90),
@@ -290,8 +309,9 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
                 / 60
         })
         .collect();
-    // The test spans at least one minute boundary (it runs over a minute), not always
-    // two: every minute it spans fired, once, and none is missing between them.
+    // The test spans at least one minute boundary (it waits for the first slot above),
+    // not always two: every minute it spans fired, once, and none is missing between
+    // them.
     assert!(!minutes.is_empty(), "{slots:?}");
     assert!(
         minutes.windows(2).all(|w| w[1] == w[0] + 1),
