@@ -279,6 +279,25 @@ $$;
 CREATE FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean, traced_claims uuid[], traced_runnable_at timestamp with time zone[])
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    AS $_$
+begin
+    return query select * from artex.claim_and_read_unknown($1, $2, $3, $4, '{}', '{}');
+end
+$_$;
+
+--
+-- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'The claim and read of workers of builds before V71: claim_and_read_unknown with nothing known.';
+
+--
+-- Name: claim_and_read_unknown(text, bigint, bigint, boolean, uuid[], bigint[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text, claimed bigint, no_room boolean, traced_claims uuid[], traced_runnable_at timestamp with time zone[])
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     SET enable_bitmapscan TO 'off'
     AS $_$
 #variable_conflict use_column
@@ -373,16 +392,16 @@ begin
            case when r.n = 0 then current_setting('artex.claimed') = '-1' end,
            case when r.n = 0 then nullif(current_setting('artex.traced'), '')::uuid[] end,
            case when r.n = 0 then nullif(current_setting('artex.traced_at'), '')::timestamptz[] end
-    from artex.read_assigned($1, $2, $3, $4) r
+    from artex.read_assigned_unknown($1, $2, $3, $4, $5, $6) r
     order by r.n;
 end
 $_$;
 
 --
--- Name: FUNCTION claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
+-- Name: FUNCTION claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned''s rows (the read itself), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Tasks waiting for it take back the slot it offered to new tasks first (V62). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned_unknown''s rows (the read itself, leaving out the tasks at the epochs it knows: V71), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Tasks waiting for it take back the slot it offered to new tasks first (V62). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: claim_head(text[], bigint, integer, integer[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1708,6 +1727,25 @@ COMMENT ON FUNCTION artex.reach_waits(p_ids uuid[]) IS 'Reaches the waits among 
 CREATE FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    AS $_$
+begin
+    return query select * from artex.read_assigned_unknown($1, $2, $3, $4, '{}', '{}');
+end
+$_$;
+
+--
+-- Name: FUNCTION read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'The read of workers of builds before V71: read_assigned_unknown with nothing known.';
+
+--
+-- Name: read_assigned_unknown(text, bigint, bigint, boolean, uuid[], bigint[]); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.read_assigned_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) RETURNS TABLE(id uuid, kind text, payload jsonb, lease_epoch bigint, retries integer, max_retries integer, timeout_ms integer, checkpoint jsonb, flow_id uuid, payload_bytes bigint, lease_left_ms double precision, snapshot text, db_clock_ms double precision, n bigint, priority integer, limit_key text, traceparent text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     SET enable_bitmapscan TO 'off'
     SET enable_seqscan TO 'off'
     AS $_$
@@ -1725,6 +1763,8 @@ begin
                  row_number() over (order by priority desc, run_at, id) as n
           from artex.tasks
           where assigned_to = $1 and status = 'assigned'
+            and (id, lease_epoch) not in (
+                select k.id, k.epoch from unnest($5::uuid[], $6::int8[]) as k(id, epoch))
           order by priority desc, run_at, id
           limit $2) t
     where upto <= $3 or (n = 1 and $4)
@@ -1737,10 +1777,10 @@ end
 $_$;
 
 --
--- Name: FUNCTION read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean); Type: COMMENT; Schema: artex; Owner: -
+-- Name: FUNCTION read_assigned_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.read_assigned(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean) IS 'A worker''s read of the tasks assigned to it and not started, with their priority and limit key (V44) and traceparent (V45). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.read_assigned_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) IS 'A worker''s read of the tasks assigned to it and not started but those at the epochs it knows (p_known, p_known_epochs: V71), with their priority and limit key (V44) and traceparent (V45). Called by worker/attempts.rs (FETCH_CALL); the statement lives only here.';
 
 --
 -- Name: record_attempts(text, uuid[], bigint[], text[], jsonb[], text[], boolean[], double precision[], double precision[]); Type: FUNCTION; Schema: artex; Owner: -

@@ -200,11 +200,12 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `WorkerClaim`: a worker's claim in its read (V46; V47 only adds the snapshot row's
 /// `no_room`, which changes no row), the head of the queue locked by `runnable_head`
 /// (V51), as the round's. V62 gives the worker's offered slot back first when tasks wait:
-/// slots are not in the model, and no task's row changes.
+/// slots are not in the model, and no task's row changes. V71's read leaves out the
+/// (task, epoch) pairs the worker knows, as `Read` does.
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
-        "claim_and_read",
-        "c4b8eb8870f1d4760d1ddc7abec100f94c4a36659f72c9d43179f96ad520e5a5",
+        "claim_and_read_unknown",
+        "7bf78fddac855350cd3d59a750748f5d8c8f3a3a1f1e61362849ba156b9a0490",
     ),
     Sql::function(
         "runnable_head",
@@ -223,9 +224,11 @@ pub const BORN_SQL: &[Sql] = &[
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).
+/// V71 leaves out the (task, epoch) pairs the worker knows: the model's read takes a task
+/// only at an epoch the worker does not hold.
 pub const READ_SQL: &[Sql] = &[Sql::function(
-    "read_assigned",
-    "9cfb135c4a56b9969fd47a08a3080ad4e16ef1ec14dde0abf65c6063b3f55d78",
+    "read_assigned_unknown",
+    "d15a15d8b233e15d5490b35c9e414cbb6bf8d91c9afaef81ad8aaefc892fc0e0",
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(

@@ -167,12 +167,7 @@ async fn a_worker_claims_what_the_assigner_would_give_it() {
 
 /// `worker`'s claim and read, as a worker reads (up to 10 tasks, no byte budget).
 async fn claim(db: &TestDb, worker: &str) -> AssignedRead {
-    db.bb
-        .worker()
-        .claim_and_read(worker, 10, i64::MAX, true)
-        .await
-        .expect("a claim and read")
-        .expect("a read with a limit and a budget")
+    claim_with(db, worker, &[]).await
 }
 
 /// A real worker with no planner running takes a task by itself: its poll's read claims
@@ -246,4 +241,84 @@ async fn a_worker_claims_again_when_its_outcomes_free_slots() {
         20.0,
         "every task claimed by the worker"
     );
+}
+
+/// A read leaves out the tasks at the epochs the worker knows (migrations/V71): a claim
+/// after each written outcome no longer sends back the whole queue. A task given back
+/// and assigned to it again, at a new epoch, is read.
+#[tokio::test]
+async fn a_read_leaves_out_the_tasks_the_worker_knows() {
+    let db = TestDb::new().await;
+    let ops = db.bb.operator();
+    let c = db.client().await;
+    fixtures::worker(&db.bb, "w1", &["a"], 4).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(
+            ops.submit(&NewTask::new("a", json!({ "n": n })), "test")
+                .await
+                .unwrap(),
+        );
+    }
+    let first = claim(&db, "w1").await;
+    let mut known: Vec<(Uuid, i64)> = first.tasks.iter().map(|t| (t.id, t.epoch)).collect();
+    known.sort();
+    let mut all: Vec<(Uuid, i64)> = ids.iter().map(|id| (*id, 1)).collect();
+    all.sort();
+    assert_eq!(known, all, "the claim took the three, at their first epoch");
+
+    let read = |known: Vec<(Uuid, i64)>| {
+        let bb = db.bb.clone();
+        async move {
+            bb.worker()
+                .claim_and_read("w1", 10, i64::MAX, true, &known)
+                .await
+                .expect("a read")
+                .expect("a read with a limit and a budget")
+                .tasks
+                .into_iter()
+                .map(|t| (t.id, t.epoch))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        read(known.clone()).await,
+        [],
+        "every task it holds left out"
+    );
+    assert_eq!(
+        read(known[1..].to_vec()).await,
+        [known[0]],
+        "the one it does not know, read"
+    );
+    // The first task given back and assigned to it again: its new epoch is read, though
+    // the worker still knows the old one.
+    c.execute(
+        "update artex.tasks set status = 'pending', assigned_to = null, lease_until = null
+         where id = $1",
+        &[&known[0].0],
+    )
+    .await
+    .unwrap();
+    let again = claim_with(&db, "w1", &known[1..]).await;
+    assert_eq!(
+        again
+            .tasks
+            .iter()
+            .map(|t| (t.id, t.epoch))
+            .collect::<Vec<_>>(),
+        [(known[0].0, 2)],
+        "given back and claimed again: epoch 2"
+    );
+    assert_eq!(read(known.clone()).await, [(known[0].0, 2)]);
+}
+
+/// `worker`'s claim and read, leaving out the tasks at the epochs `known`.
+async fn claim_with(db: &TestDb, worker: &str, known: &[(Uuid, i64)]) -> AssignedRead {
+    db.bb
+        .worker()
+        .claim_and_read(worker, 10, i64::MAX, true, known)
+        .await
+        .expect("a claim and read")
+        .expect("a read with a limit and a budget")
 }

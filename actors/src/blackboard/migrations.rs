@@ -572,4 +572,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body replaced in place, its answers the same.
         change: Change::Expand,
     },
+    Migration {
+        version: 71,
+        name: "a_worker_s_read_leaves_out_the_tasks_it_holds",
+        sql: include_str!(
+            "../../../migrations/V71__a_worker_s_read_leaves_out_the_tasks_it_holds.sql"
+        ),
+        // Two functions added beside their earlier forms, which call them: a worker of an
+        // earlier build reads as before.
+        change: Change::Expand,
+    },
 ];

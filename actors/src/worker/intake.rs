@@ -248,6 +248,7 @@ impl Worker {
         self.intake.flight.start();
         self.intake.read_at = Instant::now();
         let read = self.held.ledger.start_read();
+        let known = self.held.ledger.known();
         let bb = self.bb.clone();
         let id = self.config.id.clone();
         let limit = self.capacity();
@@ -263,7 +264,7 @@ impl Worker {
         };
         let sent = Instant::now();
         async move {
-            bb.claim_and_read(&id, limit as i64, room, holds_nothing)
+            bb.claim_and_read(&id, limit as i64, room, holds_nothing, &known)
                 .await
         }
         .into_actor(self)

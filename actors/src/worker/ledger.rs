@@ -111,6 +111,12 @@ impl Ledger {
         self.entries.remove(&key);
     }
 
+    /// Every (task, epoch) it knows, held or let go: a read need not return them, since
+    /// [`Ledger::read_returned`] would take none of them (migrations/V71).
+    pub fn known(&self) -> Vec<Key> {
+        self.entries.keys().copied().collect()
+    }
+
     /// How many tasks it holds as the blackboard counts them: taken and not let go
     /// (queued, running, suspended, or finished with the outcome not written yet).
     pub fn held(&self) -> usize {

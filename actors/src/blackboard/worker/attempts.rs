@@ -391,8 +391,10 @@ const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
 // migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
 // ($2); only the rows that fit are read whole.
 // One row more, sorted first, says the snapshot the read saw and the database's clock
-// (see blackboard/carried.rs); its task columns are null.
-const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
+// (see blackboard/carried.rs); its task columns are null. The tasks at the epochs the
+// worker knows ($5, $6: its ledger's) are left out (V71): a claim after each written
+// outcome would otherwise send back its whole queue.
+const FETCH_CALL: &str = "select * from artex.read_assigned_unknown($1, $2, $3, $4, $5, $6)";
 // `artex.claim_and_read` (V46):
 // The worker's own read: it first claims the runnable tasks it may run, up to its free
 // slots (those of the kinds it runs but the paused and the limited, not bound to another
@@ -400,7 +402,7 @@ const FETCH_CALL: &str = "select * from artex.read_assigned($1, $2, $3, $4)";
 // It looks before it locks: a read of an idle queue writes nothing. Its read is
 // `read_assigned` itself, the snapshot's row also saying how many it claimed
 // (`claimed`) and whether tasks waited that it had no free slot for (`no_room`).
-const CLAIM_CALL: &str = "select * from artex.claim_and_read($1, $2, $3, $4)";
+const CLAIM_CALL: &str = "select * from artex.claim_and_read_unknown($1, $2, $3, $4, $5, $6)";
 // `artex.record_attempts`:
 // Statements that name their rows by id find each through the primary key. Their
 // `status` test is written `status::text = …` on purpose: as a plain enum test it lets
@@ -415,8 +417,8 @@ const RECORD_CALL: &str = "select * from artex.record_attempts($1, $2, $3, $4, $
 
 /// The functions a worker's intake and outcomes call, with the calls it sends.
 pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
-    ("read_assigned", FETCH_CALL),
-    ("claim_and_read", CLAIM_CALL),
+    ("read_assigned_unknown", FETCH_CALL),
+    ("claim_and_read_unknown", CLAIM_CALL),
     ("record_attempts", RECORD_CALL),
 ];
 
@@ -433,25 +435,28 @@ impl WorkerBoard {
         max_bytes: i64,
         holds_nothing: bool,
     ) -> Result<Option<AssignedRead>> {
-        self.read(false, worker, limit, max_bytes, holds_nothing)
+        self.read(false, worker, limit, max_bytes, holds_nothing, &[])
             .await
     }
 
     /// As [`read_assigned`](Self::read_assigned), after claiming for `worker` the
     /// runnable tasks it may run, up to its free slots (migrations/V46): what a worker
     /// reads with, so that a task reaches it in one statement, without a planner's round.
+    /// The tasks at the (id, epoch) in `known` (the ones it holds) are not read again.
     pub async fn claim_and_read(
         &self,
         worker: &str,
         limit: i64,
         max_bytes: i64,
         holds_nothing: bool,
+        known: &[(Uuid, i64)],
     ) -> Result<Option<AssignedRead>> {
-        self.read(true, worker, limit, max_bytes, holds_nothing)
+        self.read(true, worker, limit, max_bytes, holds_nothing, known)
             .await
     }
 
-    /// The read, after the claim when `claim` (see [`claim_and_read`](Self::claim_and_read)).
+    /// The read, after the claim when `claim` (see [`claim_and_read`](Self::claim_and_read)),
+    /// leaving out the tasks at the epochs `known`.
     async fn read(
         &self,
         claim: bool,
@@ -459,14 +464,26 @@ impl WorkerBoard {
         limit: i64,
         max_bytes: i64,
         holds_nothing: bool,
+        known: &[(Uuid, i64)],
     ) -> Result<Option<AssignedRead>> {
         if limit <= 0 || (max_bytes <= 0 && !holds_nothing) {
             return Ok(None);
         }
         let call = if claim { CLAIM_CALL } else { FETCH_CALL };
+        let (known_ids, known_epochs): (Vec<Uuid>, Vec<i64>) = known.iter().copied().unzip();
         let client = self.bb.client().await?;
         let rows = client
-            .query(call, &[&worker, &limit, &max_bytes, &holds_nothing])
+            .query(
+                call,
+                &[
+                    &worker,
+                    &limit,
+                    &max_bytes,
+                    &holds_nothing,
+                    &known_ids,
+                    &known_epochs,
+                ],
+            )
             .await?;
         // The snapshot's row sorts first; the tasks follow in start order.
         let mut rows = rows.into_iter();
