@@ -231,6 +231,8 @@ struct Asked {
     free_seen: usize,
     /// Bytes of payload at most.
     budget: i64,
+    /// Tasks it told the read it knows, which the read left out (migrations/V71).
+    known: usize,
 }
 
 impl Worker {
@@ -261,6 +263,7 @@ impl Worker {
             free_slots: limit - self.held.count(),
             free_seen: self.free_seen(),
             budget: room.max(0),
+            known: known.len(),
         };
         let sent = Instant::now();
         async move {
@@ -325,6 +328,7 @@ impl Worker {
             free_slots,
             free_seen,
             budget,
+            known,
         }: Asked,
         sent: Instant,
         ctx: &mut Context<Self>,
@@ -344,8 +348,11 @@ impl Worker {
         }
         let tasks = read_back.tasks;
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
-        // Near the budget, the next task may not have fitted.
-        self.intake.maybe_more = tasks.len() == limit || bytes * 2 > budget;
+        // As many as it asked for, counting the ones it knows that the read left out
+        // (V71; a read of them all would have returned them): a full queue's worth, so
+        // more may wait once the queue empties. Near the budget, the next task may not
+        // have fitted.
+        self.intake.maybe_more = tasks.len() + known >= limit || bytes * 2 > budget;
         self.intake.unread = !tasks.is_empty() || free_slots < limit;
         let new = self
             .held
