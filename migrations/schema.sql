@@ -384,9 +384,9 @@ begin
               from assigned a where a.traceparent is not null) traced;
         perform set_config('artex.hot', '', true);
     end if;
-    -- The read is `read_assigned`'s own, the snapshot's row (n = 0) saying how many the
-    -- claim took, and which of them carry a trace context, with when each became
-    -- runnable.
+    -- The read is `read_assigned_unknown`'s own, the snapshot's row (n = 0) saying how
+    -- many the claim took, and which of them carry a trace context, with when each
+    -- became runnable.
     return query select r.*,
            case when r.n = 0 then greatest(current_setting('artex.claimed')::int8, 0) end,
            case when r.n = 0 then current_setting('artex.claimed') = '-1' end,

@@ -205,7 +205,7 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read_unknown",
-        "7bf78fddac855350cd3d59a750748f5d8c8f3a3a1f1e61362849ba156b9a0490",
+        "4f9b0c1bfe22c2d51958c4c941cf41828322093c5f0836e21503891e21a0860c",
     ),
     Sql::function(
         "runnable_head",

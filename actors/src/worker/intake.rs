@@ -348,10 +348,11 @@ impl Worker {
         }
         let tasks = read_back.tasks;
         let bytes: i64 = tasks.iter().map(|t| t.payload_bytes).sum();
-        // As many as it asked for, counting the ones it knows that the read left out
-        // (V71; a read of them all would have returned them): a full queue's worth, so
-        // more may wait once the queue empties. Near the budget, the next task may not
-        // have fitted.
+        // As many as it asked for, counting the ones it knows, which the read left out
+        // (V71): a read of them all would have returned those still assigned here, and
+        // counting the rest too errs toward one read more. A full queue's worth: more
+        // may wait once the queue empties. Near the budget, the next task may not have
+        // fitted.
         self.intake.maybe_more = tasks.len() + known >= limit || bytes * 2 > budget;
         self.intake.unread = !tasks.is_empty() || free_slots < limit;
         let new = self

@@ -381,26 +381,25 @@ const UPSTREAM_RESULTS: &str = "select u.flow_task, u.result
 // (migrations/V16), each written once, there: read them in migrations/schema.sql. Tests
 // EXPLAIN them through the functions' own source.
 //
-// `artex.read_assigned`:
-// What the worker holds and has not read yet is what it reads: no write, no lock (the
-// tasks are its own, fenced by their epoch). It reads up to its capacity in start order
-// and skips the ones it already has.
+// `artex.read_assigned_unknown` (`read_assigned` before V71):
+// What is assigned to the worker and it has not read yet is what it reads: no write, no
+// lock (the tasks are its own, fenced by their epoch). It reads up to its capacity in
+// start order, leaving out the tasks at the epochs it knows ($5, $6: its ledger's; a
+// claim after each written outcome would otherwise send back its whole queue).
 // The worker reads what it may hold in memory: in order, while the payloads read so far
 // ($3: bytes it may still take) fit, and always the first when it holds nothing ($4), so
 // a task larger than the whole budget still runs, alone. The sizes (kept per row, see
 // migrations/V5__fleet_capacity_and_liveness.sql) are summed over at most `limit` rows
 // ($2); only the rows that fit are read whole.
 // One row more, sorted first, says the snapshot the read saw and the database's clock
-// (see blackboard/carried.rs); its task columns are null. The tasks at the epochs the
-// worker knows ($5, $6: its ledger's) are left out (V71): a claim after each written
-// outcome would otherwise send back its whole queue.
+// (see blackboard/carried.rs); its task columns are null.
 const FETCH_CALL: &str = "select * from artex.read_assigned_unknown($1, $2, $3, $4, $5, $6)";
-// `artex.claim_and_read` (V46):
+// `artex.claim_and_read_unknown` (V46 as `claim_and_read`; V71):
 // The worker's own read: it first claims the runnable tasks it may run, up to its free
 // slots (those of the kinds it runs but the paused and the limited, not bound to another
-// host), under its row lock and only while it is online, then reads as `read_assigned`.
-// It looks before it locks: a read of an idle queue writes nothing. Its read is
-// `read_assigned` itself, the snapshot's row also saying how many it claimed
+// host), under its row lock and only while it is online, then reads as
+// `read_assigned_unknown`. It looks before it locks: a read of an idle queue writes
+// nothing. Its read is `read_assigned_unknown` itself, the snapshot's row also saying how many it claimed
 // (`claimed`) and whether tasks waited that it had no free slot for (`no_room`).
 const CLAIM_CALL: &str = "select * from artex.claim_and_read_unknown($1, $2, $3, $4, $5, $6)";
 // `artex.record_attempts`:
