@@ -256,38 +256,26 @@ async fn acknowledged_tasks_survive_a_primary_failover_and_none_runs_twice() {
     // killed: once the schedule stands past now, its slots run from its first minute to
     // its last without a gap, one task each.
     let primary = formation.client(1).await;
+    // Until `sql` answers true on the primary.
+    let until = |what: &'static str, sql: &'static str| {
+        let primary = &primary;
+        wait_for(what, Duration::from_secs(90), move || async move {
+            let row = primary.query_one(sql, &[]).await.ok()?;
+            row.get::<_, bool>(0).then_some(())
+        })
+    };
     // The schedule was made after the formation started, so the faults may all end
     // before its first minute comes (CI met it: 58 s from the schedule to this check,
     // no minute boundary between). Its first slot fires within the minute either way.
-    wait_for(
+    until(
         "the probe schedule's first slot",
-        Duration::from_secs(90),
-        || async {
-            let row = primary
-                .query_one(
-                    "select exists (select 1 from artex.tasks
-                         where unique_key like 'schedule:failover-probe:%')",
-                    &[],
-                )
-                .await
-                .ok()?;
-            row.get::<_, bool>(0).then_some(())
-        },
+        "select exists (select 1 from artex.tasks
+             where unique_key like 'schedule:failover-probe:%')",
     )
     .await;
-    wait_for(
+    until(
         "the probe schedule to stand past now",
-        Duration::from_secs(90),
-        || async {
-            let row = primary
-                .query_one(
-                    "select next_slot > now() from artex.schedules where name = 'failover-probe'",
-                    &[],
-                )
-                .await
-                .ok()?;
-            row.get::<_, bool>(0).then_some(())
-        },
+        "select next_slot > now() from artex.schedules where name = 'failover-probe'",
     )
     .await;
     let slots: Vec<(String, i64)> = common::pairs(

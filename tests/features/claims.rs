@@ -260,34 +260,18 @@ async fn a_read_leaves_out_the_tasks_the_worker_knows() {
                 .unwrap(),
         );
     }
-    let first = claim(&db, "w1").await;
-    let mut known: Vec<(Uuid, i64)> = first.tasks.iter().map(|t| (t.id, t.epoch)).collect();
+    let mut known = pairs(&claim(&db, "w1").await);
     known.sort();
     let mut all: Vec<(Uuid, i64)> = ids.iter().map(|id| (*id, 1)).collect();
     all.sort();
     assert_eq!(known, all, "the claim took the three, at their first epoch");
-
-    let read = |known: Vec<(Uuid, i64)>| {
-        let bb = db.bb.clone();
-        async move {
-            bb.worker()
-                .claim_and_read("w1", 10, i64::MAX, true, &known)
-                .await
-                .expect("a read")
-                .expect("a read with a limit and a budget")
-                .tasks
-                .into_iter()
-                .map(|t| (t.id, t.epoch))
-                .collect::<Vec<_>>()
-        }
-    };
     assert_eq!(
-        read(known.clone()).await,
+        pairs(&claim_with(&db, "w1", &known).await),
         [],
         "every task it holds left out"
     );
     assert_eq!(
-        read(known[1..].to_vec()).await,
+        pairs(&claim_with(&db, "w1", &known[1..]).await),
         [known[0]],
         "the one it does not know, read"
     );
@@ -300,17 +284,20 @@ async fn a_read_leaves_out_the_tasks_the_worker_knows() {
     )
     .await
     .unwrap();
-    let again = claim_with(&db, "w1", &known[1..]).await;
     assert_eq!(
-        again
-            .tasks
-            .iter()
-            .map(|t| (t.id, t.epoch))
-            .collect::<Vec<_>>(),
+        pairs(&claim_with(&db, "w1", &known[1..]).await),
         [(known[0].0, 2)],
         "given back and claimed again: epoch 2"
     );
-    assert_eq!(read(known.clone()).await, [(known[0].0, 2)]);
+    assert_eq!(
+        pairs(&claim_with(&db, "w1", &known).await),
+        [(known[0].0, 2)]
+    );
+}
+
+/// The (task, epoch) pairs a read returned, in its order.
+fn pairs(read: &AssignedRead) -> Vec<(Uuid, i64)> {
+    read.tasks.iter().map(|t| (t.id, t.epoch)).collect()
 }
 
 /// `worker`'s claim and read, leaving out the tasks at the epochs `known`.
