@@ -190,6 +190,15 @@ async fn pause_replay(standby: &Client) {
     .await;
 }
 
+/// The primary's WAL insert position now.
+async fn insert_position(primary: &Client) -> String {
+    primary
+        .query_one("select pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .expect("the WAL insert position")
+        .get(0)
+}
+
 /// Waits until the standby has received the WAL up to `lsn` (replayed or not).
 async fn received(standby: &Client, lsn: &str) {
     standby_at(standby, lsn, "receive").await;
@@ -717,12 +726,7 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
         )
         .await
         .expect("300,000 tasks");
-    let lsn: String = primary
-        .query_one("select pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .expect("lsn")
-        .get(0);
-    replayed(&standby, &lsn).await;
+    replayed(&standby, &insert_position(&primary).await).await;
     let mut conflicted = false;
     for _ in 0..10 {
         replica_becomes(&addr, "ok").await;
@@ -732,12 +736,7 @@ async fn reads_go_to_the_primary_while_the_replica_lags_is_down_or_conflicts() {
             .batch_execute("begin; lock table artex.tasks in access exclusive mode; commit")
             .await
             .expect("a lock the standby replays");
-        let lsn: String = primary
-            .query_one("select pg_current_wal_insert_lsn()::text", &[])
-            .await
-            .expect("lsn")
-            .get(0);
-        received(&standby, &lsn).await;
+        received(&standby, &insert_position(&primary).await).await;
         let reader = {
             let addr = addr.clone();
             std::thread::spawn(move || {
