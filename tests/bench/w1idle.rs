@@ -3,7 +3,8 @@
 //! `run_at` 8 s ahead while 1 planner + 2 workers at default flags (no --prefetch: the
 //! queue sizes itself) sit idle. Tasks/s from the first start to the last finish (the
 //! scanner finds the batch at its next poll, ≤ 200 ms after run_at: no NOTIFY announces
-//! a time); WAL bytes and PostgreSQL CPU per task, of the insert and of the run; and
+//! a time); WAL bytes and PostgreSQL CPU per task, of the insert, of the run (from the
+//! insert's end, so with the lead's idling) and of the burst alone (from `run_at`); and
 //! how many tasks the workers claimed in their own reads rather than a planner placed
 //! (their `artex_worker_tasks_claimed_total`: the workers serve `/metrics` without a
 //! token here, `ARTEX_PUBLIC_READ`, on loopback).
@@ -31,11 +32,15 @@ struct Burst {
     rate: f64,
     /// The first start, ms after run_at.
     first_ms: f64,
-    /// WAL bytes and PostgreSQL CPU µs per task, of the insert and of the run.
+    /// WAL bytes and PostgreSQL CPU µs per task, of the insert and of the run (from the
+    /// insert's end: the lead's idling counted too).
     wal_insert: f64,
     wal_run: f64,
     cpu_insert: f64,
     cpu_run: f64,
+    /// The same of the burst alone: from just before `run_at` to the drain seen.
+    wal_burst: f64,
+    cpu_burst: f64,
 }
 
 /// One figure of a burst.
@@ -47,13 +52,15 @@ pub async fn run(bench: &mut Bench) {
     for i in 1..=runs {
         let b = burst(bench).await;
         println!(
-            "# W1 from idle, burst {i} of {runs}: {} tasks/s; first start +{} ms; per task WAL {} / {} B, PostgreSQL CPU {} / {} us (insert / run)",
+            "# W1 from idle, burst {i} of {runs}: {} tasks/s; first start +{} ms; per task WAL {} / {} B, PostgreSQL CPU {} / {} us (insert / run); the burst alone {} B, {} us",
             fixed(b.rate, 0),
             b.first_ms,
             fixed(b.wal_insert, 0),
             fixed(b.wal_run, 0),
             fixed(b.cpu_insert, 0),
             fixed(b.cpu_run, 0),
+            fixed(b.wal_burst, 0),
+            fixed(b.cpu_burst, 1),
         );
         bursts.push(b);
     }
@@ -66,8 +73,10 @@ pub async fn run(bench: &mut Bench) {
         of(|b| b.first_ms),
         "ms",
     );
-    // The run's CPU includes the seconds of idling around it (polls, heartbeats).
-    let per_task: [(&str, Figure, &str); 4] = [
+    // The run's CPU includes the seconds of idling around it (the lead's 8 s: the
+    // fleet's polls and heartbeats, the drain's polls, the insert's autovacuum); the
+    // burst's does not.
+    let per_task: [(&str, Figure, &str); 6] = [
         (
             "w1idle_wal_bytes_per_task_insert",
             |b| b.wal_insert,
@@ -80,6 +89,12 @@ pub async fn run(bench: &mut Bench) {
             "us",
         ),
         ("w1idle_cpu_us_per_task_postgres_run", |b| b.cpu_run, "us"),
+        ("w1idle_wal_bytes_per_task_burst", |b| b.wal_burst, "bytes"),
+        (
+            "w1idle_cpu_us_per_task_postgres_burst",
+            |b| b.cpu_burst,
+            "us",
+        ),
     ];
     for (name, figure, unit) in per_task {
         result(name, fixed(of(figure), 0), unit);
@@ -122,8 +137,13 @@ async fn burst(bench: &mut Bench) -> Burst {
     let split0 = bench.rig.pg_cpu_by_process().await;
     let runtime0 = bench.rig.procs_cpu_each_s();
     let activity = Activity::start(&bench.rig, DB, run_at).await;
+    // The burst's own readings: just before `run_at` (its first start comes 7–20 ms
+    // after it) and as soon as the drain is seen.
+    tokio::time::sleep_until(run_at - std::time::Duration::from_millis(5)).await;
+    let (wal_at, pg_at) = (bench.rig.counters(DB).await.wal, bench.rig.pg_cpu_s());
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
+    let (pg_drained, wal_drained) = (bench.rig.pg_cpu_s(), bench.rig.counters(DB).await.wal);
     activity.print("W1 from idle (the run)").await;
     let split1 = bench.rig.pg_cpu_by_process().await;
     let runtime1 = bench.rig.procs_cpu_each_s();
@@ -168,6 +188,8 @@ async fn burst(bench: &mut Bench) -> Burst {
         wal_run: per_task((wal2 - wal1) as f64),
         cpu_insert: per_task((pg1 - pg0) * 1e6),
         cpu_run: per_task((pg2 - pg1) * 1e6),
+        wal_burst: per_task((wal_drained - wal_at) as f64),
+        cpu_burst: per_task((pg_drained - pg_at) * 1e6),
     }
 }
 
