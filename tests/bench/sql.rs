@@ -126,7 +126,8 @@ pub const PENDING_NONE: &str =
 pub const ONLINE: &str =
     "select (select count(*) from artex.workers where state = 'online') = $1::int8";
 
-/// Tasks finished so far (the progress line; through the finished-tasks index).
+/// Tasks finished so far (the progress line): a walk of the whole table since V69 dropped
+/// the finish-time index, hence counted only every 10 s.
 pub const FINISHED: &str = "select count(*) from artex.tasks where finished_at is not null";
 
 /// Every one of $1 tasks succeeded, with exactly its three history rows: new → pending,
