@@ -399,8 +399,9 @@ const FETCH_CALL: &str = "select * from artex.read_assigned_unknown($1, $2, $3, 
 // slots (those of the kinds it runs but the paused and the limited, not bound to another
 // host), under its row lock and only while it is online, then reads as
 // `read_assigned_unknown`. It looks before it locks: a read of an idle queue writes
-// nothing. Its read is `read_assigned_unknown` itself, the snapshot's row also saying how many it claimed
-// (`claimed`) and whether tasks waited that it had no free slot for (`no_room`).
+// nothing. Its read is `read_assigned_unknown` itself, the snapshot's row also saying
+// how many it claimed (`claimed`) and whether tasks waited that it had no free slot for
+// (`no_room`).
 const CLAIM_CALL: &str = "select * from artex.claim_and_read_unknown($1, $2, $3, $4, $5, $6)";
 // `artex.record_attempts`:
 // Statements that name their rows by id find each through the primary key. Their
