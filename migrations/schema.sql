@@ -316,11 +316,7 @@ begin
     -- queue costs no write.
     select w.capacity > w.taken - coalesce(
                (select r.released from artex.worker_released r where r.worker = w.id), 0),
-           exists (
-               select 1 from artex.tasks t
-               where t.listed = 'pending' and not t.limited and t.run_at <= now()
-                 and t.kind = any(w.kinds)
-                 and (t.host is null or t.host = w.host)),
+           artex.runnable_waiting_for(w.kinds, w.host),
            exists (select 1 from artex.worker_offers o where o.worker = w.id),
            w.kinds
     into v_room, v_waiting, v_offered, v_kinds
@@ -401,7 +397,7 @@ $_$;
 -- Name: FUNCTION claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned_unknown''s rows (the read itself, leaving out the tasks at the epochs it knows: V71), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Tasks waiting for it take back the slot it offered to new tasks first (V62). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.claim_and_read_unknown(p_worker text, p_limit bigint, p_max_bytes bigint, p_holds_nothing boolean, p_known uuid[], p_known_epochs bigint[]) IS 'A worker''s read: first the runnable tasks it may run claimed for itself, up to its free slots, under its row lock (online only; its kinds but the paused and the limited; no task bound to another host; the head of the queue by runnable_head, V51), then read_assigned_unknown''s rows (the read itself, leaving out the tasks at the epochs it knows: V71), the snapshot row saying how many it claimed, in no_room whether such tasks wait while the blackboard counts every slot of it taken (its outcomes not yet written: it claims again once they are) (V46, V47), and in traced_claims and traced_runnable_at the claimed tasks that carry a trace context with their run_at, for the worker''s spans (V53). Tasks waiting for it take back the slot it offered to new tasks first (V62). Whether anything waits is artex.runnable_waiting_for''s look (V72). Called by worker/attempts.rs (CLAIM_CALL); the statement lives only here.';
 
 --
 -- Name: claim_head(text[], bigint, integer, integer[]); Type: FUNCTION; Schema: artex; Owner: -
@@ -1385,10 +1381,7 @@ begin
         where w.id = p_worker and w.state = 'online'
           and w.capacity - (w.taken - coalesce(
                   (select r.released from artex.worker_released r where r.worker = w.id), 0)) >= 2
-          and not exists (
-              select 1 from artex.tasks t
-              where t.listed = 'pending' and not t.limited and t.run_at <= now()
-                and t.kind = any(w.kinds) and (t.host is null or t.host = w.host))
+          and not artex.runnable_waiting_for(w.kinds, w.host)
           and not artex.limited_waiting_for(w.kinds)
         for update of w
     ),
@@ -1964,6 +1957,31 @@ $$;
 --
 
 COMMENT ON FUNCTION artex.runnable_head(p_kinds text[], p_host text, p_shard_count integer, p_shards integer[], p_n bigint) IS 'The first p_n runnable tasks of kinds that are not limited among p_kinds, in the shards given, bound to no host or to p_host (any host when p_host is null), by priority and age, locked for update (skip locked): the head of the queue a planner round or a worker''s claim takes (V51). Run with sorts off, so that it always walks tasks_runnable in its order and stops there, whatever the statistics.';
+
+--
+-- Name: runnable_waiting_for(text[], text); Type: FUNCTION; Schema: artex; Owner: -
+--
+
+CREATE FUNCTION artex.runnable_waiting_for(p_kinds text[], p_host text) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET enable_sort TO 'off'
+    AS $$
+begin
+    return coalesce((
+        select true from artex.tasks t
+        where t.listed = 'pending' and not t.limited and t.run_at <= now()
+          and t.kind = any(p_kinds)
+          and (t.host is null or p_host is null or t.host = p_host)
+        order by t.priority desc, t.run_at, t.id
+        limit 1), false);
+end
+$$;
+
+--
+-- Name: FUNCTION runnable_waiting_for(p_kinds text[], p_host text); Type: COMMENT; Schema: artex; Owner: -
+--
+
+COMMENT ON FUNCTION artex.runnable_waiting_for(p_kinds text[], p_host text) IS 'Whether a runnable task of p_kinds that may run on p_host (any host when null) waits, not counting limited kinds'' (V72): the head of the runnable queue looked up in its order, so that it reads tasks_runnable''s first rows whatever the statistics (sorts off). The look of a worker''s claim (claim_and_read_unknown) and of an idle worker''s offer (offer_slot).';
 
 --
 -- Name: schedules_audit(); Type: FUNCTION; Schema: artex; Owner: -

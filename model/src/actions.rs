@@ -201,18 +201,21 @@ pub const MARK_GONE_SQL: &[Sql] = &[Sql::constant(
 /// `no_room`, which changes no row), the head of the queue locked by `runnable_head`
 /// (V51), as the round's. V62 gives the worker's offered slot back first when tasks wait:
 /// slots are not in the model, and no task's row changes. V71's read leaves out the
-/// (task, epoch) pairs the worker knows, as `Read` does.
+/// (task, epoch) pairs the worker knows, as `Read` does. V72's look whether a task waits
+/// (`runnable_waiting_for`, which writes nothing) gives the answers of the `exists` it
+/// replaces, read by the runnable queue's index.
 pub const WORKER_CLAIM_SQL: &[Sql] = &[
     Sql::function(
         "claim_and_read_unknown",
-        "4f9b0c1bfe22c2d51958c4c941cf41828322093c5f0836e21503891e21a0860c",
+        "ed141ca5391f792ea179dbea7f35a10a5650b533b265db1eea1d02ab66fb35cc",
     ),
     Sql::function(
         "runnable_head",
         "fedff6b302fba8b11a34913f409c009980d125b39f36e51b439e87466a4f8933",
     ),
 ];
-/// `Born`: an insert that takes a worker's offered slot (V62), and the offer itself.
+/// `Born`: an insert that takes a worker's offered slot (V62), and the offer itself (whose
+/// look whether a task waits is `runnable_waiting_for` since V72: the same answers).
 pub const BORN_SQL: &[Sql] = &[
     Sql::function(
         "tasks_before_insert",
@@ -220,7 +223,7 @@ pub const BORN_SQL: &[Sql] = &[
     ),
     Sql::function(
         "offer_slot",
-        "7cdd91e23cfe74531e3017edd92b1bd9d3edd8996fc66a30be422edd15f638a9",
+        "99db081a96cf51422939b081aa8ee48c6ac82b355279fbcf0dd036d48849689d",
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).

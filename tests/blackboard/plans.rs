@@ -492,6 +492,65 @@ async fn the_claims_walk_the_queue_in_order_with_plans_made_on_an_empty_table() 
     assert_eq!(claimed, 100, "the worker's claim takes its 100 free places");
 }
 
+/// A worker's claim and an idle worker's offer first look whether a runnable task of
+/// their kinds waits. With plans made while most tasks were runnable (a worker started
+/// on a backlog: its session keeps the plan) that look scanned the table from its start,
+/// through every task that has left the queue since: 18,981 rows for the first runnable
+/// one once 19,000 of 20,000 had ended. Since V72 it walks the runnable queue's index in
+/// its order whatever the statistics.
+#[tokio::test]
+async fn the_looks_for_a_runnable_task_walk_the_queue_with_plans_made_on_a_backlog() {
+    let db = TestDb::new().await;
+    fixtures::worker(&db.bb, "sim", &["echo"], 100).await;
+    // One session, as a worker's: a claim and an offer plan their statements on the
+    // backlog (rolled back), then 19,000 tasks at the queue's front leave it (paused here,
+    // unseen by auto_explain), then the same claim; then the rest leave it too, and the
+    // same offer. (A block rolled back would take back the settings of the statements
+    // before it in the batch: the first one commits.)
+    let plans = explained(
+        &db,
+        "begin;
+         set auto_explain.log_min_duration = -1;
+         insert into artex.tasks (kind) select 'echo' from generate_series(1, 20000);
+         analyze artex.tasks;
+         set auto_explain.log_min_duration = 0;
+         commit;
+         begin;
+         select count(*) from artex.claim_and_read_unknown('sim', 1000, 1000000, true, '{}', '{}');
+         rollback;
+         begin;
+         select artex.offer_slot('sim');
+         rollback;
+         begin;
+         set auto_explain.log_min_duration = -1;
+         update artex.tasks set status = 'paused'
+             where id in (select id from artex.tasks order by id limit 19000);
+         set auto_explain.log_min_duration = 0;
+         commit;
+         begin;
+         select count(*) from artex.claim_and_read_unknown('sim', 1000, 1000000, true, '{}', '{}');
+         rollback;
+         begin;
+         set auto_explain.log_min_duration = -1;
+         update artex.tasks set status = 'paused' where status = 'pending';
+         set auto_explain.log_min_duration = 0;
+         commit;
+         begin;
+         select artex.offer_slot('sim');
+         rollback",
+        true,
+    )
+    .await;
+    // Each claim takes the worker's 100 free places: it reads them, then updates them
+    // by their keys, and its look reads the queue's first row; the offer's look finds
+    // the queue empty.
+    let over = reading_over(&plans, 250.0);
+    assert!(
+        over.is_empty(),
+        "statements that read over 250 task rows to take 100 (rows, statement): {over:#?}"
+    );
+}
+
 /// A fair kind's round on plans made while the table was empty (a fresh blackboard, or
 /// a planner started on an idle queue): behind a backlog of 20,000 tasks of one key, it
 /// reaches another key's task by `tasks_limited_waiting`, walks the keys by it too, and

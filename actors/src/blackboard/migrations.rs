@@ -582,4 +582,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // earlier build reads as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 72,
+        name: "the_looks_for_a_runnable_task_walk_the_queue_in_order",
+        sql: include_str!(
+            "../../../migrations/V72__the_looks_for_a_runnable_task_walk_the_queue_in_order.sql"
+        ),
+        // A function added and two replaced with the same answers: an earlier build runs
+        // on it as before.
+        change: Change::Expand,
+    },
 ];
