@@ -3,17 +3,23 @@
 //! `artex.record_attempts` on one connection, from a checkpoint; no process of artex runs.
 //! The WAL and the cluster's CPU per task that a change of the schema or of the two
 //! functions makes, without what a run counts with them (heartbeats, renewals, reads and
-//! the length of the run, which moves with the host's speed).
-
+//! the length of the run, which moves with the host's speed). Then the same tasks by the
+//! worker's own path (`cycle_claim_*`): its claim and read (`artex.claim_and_read_unknown`)
+//! with the tasks it holds passed as known, and its outcomes, as a worker of 2,010 slots
+//! runs them in a burst. With ARTEX_BENCH_PROFILE=1, each half's statements.
 use uuid::Uuid;
 
 use crate::history::lsn;
-use crate::report::{fixed, result, Progress};
+use crate::report::{fixed, profile_print, profile_reset, result, Progress};
 use crate::rig::exec;
 use crate::w1::insert_noops;
 use crate::{sql, Bench};
 
 const DB: &str = "bench_cycle";
+const DB_CLAIMS: &str = "bench_cycle_claims";
+/// The claims' worker: its slots (and the most a read returns), and its read's bytes.
+const CLAIM_LIMIT: i64 = 2010;
+const CLAIM_BYTES: i64 = 64 << 20;
 /// Tasks assigned, then ended, per round.
 const ROUND: i64 = 500;
 
@@ -23,6 +29,7 @@ pub async fn run(bench: &mut Bench) {
     exec(&c, sql::CYCLE_WORKER).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
+    profile_reset(&c).await;
     let (wal0, cpu0) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
     let mut progress = Progress::new("cycle", n.into());
     let mut done = 0u64;
@@ -50,6 +57,7 @@ pub async fn run(bench: &mut Bench) {
     }
     progress.end();
     let (wal1, cpu1) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
+    profile_print(&c, "cycle", n).await;
     bench.rig.check_all_succeeded(&c, DB, n.into()).await;
     println!("# cycle: {n} tasks, rounds of {ROUND}, plain SQL");
     let per_task = f64::from(n);
@@ -60,8 +68,69 @@ pub async fn run(bench: &mut Bench) {
     );
     result(
         "cycle_cpu_us_per_task_postgres",
-        fixed((cpu1 - cpu0) * 1e6 / per_task, 0),
+        fixed((cpu1 - cpu0) * 1e6 / per_task, 1),
         "us",
     );
     bench.rig.drop_db(DB, c).await;
+    claims(bench).await;
+}
+
+/// The worker's path: W1's tasks claimed and read by `artex.claim_and_read_unknown` (the
+/// worker's own statement) by a worker of 2,010 slots, its oldest 500 ended by
+/// `artex.record_attempts` after each claim, so that each claim finds the room the last
+/// outcomes freed and passes the tasks it still holds as known, as a worker does in a
+/// burst.
+async fn claims(bench: &mut Bench) {
+    let n = bench.sizes.w1;
+    let c = bench.rig.new_db(DB_CLAIMS).await;
+    exec(&c, sql::CYCLE_CLAIM_WORKER).await;
+    insert_noops(&c, n).await;
+    exec(&c, sql::CHECKPOINT).await;
+    profile_reset(&c).await;
+    let (wal0, cpu0) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
+    let mut progress = Progress::new("cycle, claims", n.into());
+    let mut held: std::collections::VecDeque<(Uuid, i64)> = Default::default();
+    let mut done = 0u64;
+    while done < u64::from(n) {
+        let (known, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
+        let read = c
+            .query(
+                sql::CYCLE_CLAIM,
+                &[&CLAIM_LIMIT, &CLAIM_BYTES, &known, &epochs],
+            )
+            .await
+            .expect("a claim and its read");
+        held.extend(
+            read.iter()
+                .filter(|r| r.get::<_, i64>(2) > 0)
+                .map(|r| (r.get(0), r.get(1))),
+        );
+        let take = held.len().min(ROUND as usize);
+        assert!(take > 0, "cycle: a claim found nothing at {done}/{n}");
+        let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.drain(..take).unzip();
+        let ended = c
+            .query(sql::CYCLE_RECORD, &[&ids, &epochs])
+            .await
+            .expect("the oldest outcomes");
+        assert_eq!(ended.len(), ids.len(), "cycle: outcomes refused");
+        done += ids.len() as u64;
+        progress.show(done);
+    }
+    progress.end();
+    let (wal1, cpu1) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
+    profile_print(&c, "cycle, claims", n).await;
+    bench.rig.check_all_succeeded(&c, DB_CLAIMS, n.into()).await;
+    println!("# cycle, claims: {n} tasks, a worker of {CLAIM_LIMIT} slots, outcomes of {ROUND}");
+    let per_task = f64::from(n);
+    result(
+        "cycle_claim_wal_bytes_per_task",
+        fixed((wal1 - wal0) as f64 / per_task, 0),
+        "bytes",
+    );
+    result(
+        "cycle_claim_cpu_us_per_task_postgres",
+        fixed((cpu1 - cpu0) * 1e6 / per_task, 1),
+        "us",
+    );
+    bench.rig.drop_db(DB_CLAIMS, c).await;
 }

@@ -153,7 +153,7 @@ pub async fn profile_print(c: &tokio_postgres::Client, label: &str, tasks: u32) 
     }
 }
 
-/// With ARTEX_BENCH_PROFILE=1, where the cluster's CPU went between two readings of
+/// Where the cluster's CPU went between two readings of
 /// [`crate::rig::Rig::pg_cpu_by_process`], per task, by what each process is (clients
 /// by database and application name: a pool's connections together, each LISTEN
 /// session apart), largest first. A process that came and went between the readings is
@@ -164,9 +164,6 @@ pub fn cpu_split_print(
     after: &[(u32, String, f64)],
     tasks: u32,
 ) {
-    if !profiling() {
-        return;
-    }
     let mut by_what: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
     for (pid, what, s) in after {
         let was = before

@@ -43,9 +43,10 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Copies the binaries, starts the cluster, applies ARTEX_BENCH_PG_SETTINGS and
-    /// ARTEX_BENCH_DROP_INDEXES and ARTEX_BENCH_DROP_TRIGGERS, and creates the bench's
-    /// helpers in `artex`.
+    /// Copies the binaries, starts the cluster, applies ARTEX_BENCH_PG_SETTINGS,
+    /// ARTEX_BENCH_DROP_INDEXES, ARTEX_BENCH_DROP_TRIGGERS and ARTEX_BENCH_EXTRA_SQL (SQL
+    /// run on the migrated template, e.g. a table's storage setting: an experiment, as the
+    /// drops are), and creates the bench's helpers in `artex`.
     pub async fn start(bin_dir: &Path) -> Rig {
         let tmp = tempfile::Builder::new()
             .prefix("artex-bench.")
@@ -111,6 +112,13 @@ impl Rig {
                 exec(&artex, &statement).await;
                 println!("# without it: {statement}");
             }
+        }
+        if let Ok(extra) = std::env::var("ARTEX_BENCH_EXTRA_SQL") {
+            artex
+                .batch_execute(&extra)
+                .await
+                .unwrap_or_else(|e| panic!("ARTEX_BENCH_EXTRA_SQL {extra:?}: {e}"));
+            println!("# with: {extra}");
         }
         rig
     }

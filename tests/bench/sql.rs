@@ -362,6 +362,8 @@ pub const PREPARED: &[&str] = &[
     CYCLE_ASSIGN,
     CYCLE_HELD,
     CYCLE_RECORD,
+    CYCLE_CLAIM_WORKER,
+    CYCLE_CLAIM,
     INSERT_PROGRAM_TASKS,
     RUNNING_AT_LEAST,
     RELMAP,
@@ -632,6 +634,15 @@ pub const CYCLE_RECORD: &str = "select * from artex.record_attempts('bench-cycle
     array_fill(false, array[cardinality($1::uuid[])]),
     array_fill(0::float8, array[cardinality($1::uuid[])]),
     array_fill(1::float8, array[cardinality($1::uuid[])]))";
+/// cycle, the worker's path: a worker whose slots and queue hold 2,010 tasks, as a
+/// default worker's do in W1 from idle.
+pub const CYCLE_CLAIM_WORKER: &str =
+    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
+    values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', 2010)";
+/// cycle, the worker's path: its claim and read, up to $1 tasks of at most $2 bytes,
+/// leaving out the tasks $3 at epochs $4 it holds (the worker's own statement).
+pub const CYCLE_CLAIM: &str =
+    "select id, lease_epoch, n from artex.claim_and_read_unknown('bench-cycle', $1, $2, false, $3, $4)";
 /// programs: $2 tasks of kind $1, by plain SQL.
 pub const INSERT_PROGRAM_TASKS: &str =
     "insert into artex.tasks (kind) select $1::text from generate_series(1, $2::int4)";

@@ -17,8 +17,8 @@
 use tokio_postgres::Client;
 
 use crate::report::{
-    cpu_split_print, fixed, median, profile_print, profile_reset, repeats, result, Activity,
-    Progress,
+    cpu_split_print, fixed, median, profile_print, profile_reset, profiling, repeats, result,
+    Activity, Progress,
 };
 use crate::rig::{exec, run_rate};
 use crate::{sql, Bench};
@@ -141,14 +141,25 @@ async fn burst(bench: &mut Bench) -> Burst {
     // after it) and as soon as the drain is seen.
     tokio::time::sleep_until(run_at - std::time::Duration::from_millis(5)).await;
     let (wal_at, pg_at) = (bench.rig.counters(DB).await.wal, bench.rig.pg_cpu_s());
+    let split_at = bench.rig.pg_cpu_by_process().await;
     let mut progress = Progress::new("W1 from idle", n.into());
     bench.rig.drained(&c, &mut progress).await;
     let (pg_drained, wal_drained) = (bench.rig.pg_cpu_s(), bench.rig.counters(DB).await.wal);
+    // By process, unprofiled too: the burst's client backends against the `cycle` part's
+    // one connection (what the workers' statements cost beyond it).
+    cpu_split_print(
+        "W1 from idle (the burst)",
+        &split_at,
+        &bench.rig.pg_cpu_by_process().await,
+        n,
+    );
     activity.print("W1 from idle (the run)").await;
     let split1 = bench.rig.pg_cpu_by_process().await;
     let runtime1 = bench.rig.procs_cpu_each_s();
     profile_print(&c, "W1 from idle (the run)", n).await;
-    cpu_split_print("W1 from idle (the run)", &split0, &split1, n);
+    if profiling() {
+        cpu_split_print("W1 from idle (the run)", &split0, &split1, n);
+    }
     // The two cores are the budget of every process, not PostgreSQL's alone.
     let runtime: Vec<String> = runtime0
         .iter()
