@@ -141,8 +141,12 @@ impl Worker {
                     return;
                 }
             }
-            // Slots given back while tasks wait: it claims them itself at once.
-            if act.intake.backlog && batch.iter().any(|c| !c.step.is_start()) {
+            // Slots given back while tasks wait: it claims them itself, once enough are
+            // free for the claim's read (`CLAIM_FREE_SHARE`).
+            if act.intake.backlog
+                && batch.iter().any(|c| !c.step.is_start())
+                && act.claim_worth_it()
+            {
                 act.fetch(ctx);
             }
             act.flush(ctx);
