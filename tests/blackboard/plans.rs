@@ -433,13 +433,18 @@ async fn a_limited_round_counts_held_tasks_without_a_quadratic_join() {
     }
 }
 
-/// The statements of `plans` that read over `most` task rows: (rows, statement).
-fn reading_over(plans: &[(String, Value)], most: f64) -> Vec<(f64, &str)> {
-    plans
+/// Fails naming every statement of `plans` that read more than `most` task rows, to
+/// take `what`.
+fn assert_none_read_over(plans: &[(String, Value)], most: f64, what: &str) {
+    let over: Vec<(f64, &str)> = plans
         .iter()
         .map(|(text, plan)| (rows_read(plan, "tasks"), text.as_str()))
         .filter(|(read, _)| *read > most)
-        .collect()
+        .collect();
+    assert!(
+        over.is_empty(),
+        "statements that read over {most} task rows to take {what} (rows, statement): {over:#?}"
+    );
 }
 
 /// A fresh blackboard's `tasks` is empty when its planner and workers first claim (its
@@ -475,11 +480,7 @@ async fn the_claims_walk_the_queue_in_order_with_plans_made_on_an_empty_table() 
     // Each claim takes the worker's 100 free places: it reads them, then updates them
     // by their keys (a few rows more for the look that anything waits). No statement of
     // the session reads more.
-    let over = reading_over(&plans, 250.0);
-    assert!(
-        over.is_empty(),
-        "statements that read over 250 task rows to take 100 (rows, statement): {over:#?}"
-    );
+    assert_none_read_over(&plans, 250.0, "100");
     let c = db.client().await;
     let claimed: i64 = c
         .query_one(
@@ -544,11 +545,7 @@ async fn the_looks_for_a_runnable_task_walk_the_queue_with_plans_made_on_a_backl
     // Each claim takes the worker's 100 free places: it reads them, then updates them
     // by their keys, and its look reads the queue's first row; the offer's look finds
     // the queue empty.
-    let over = reading_over(&plans, 250.0);
-    assert!(
-        over.is_empty(),
-        "statements that read over 250 task rows to take 100 (rows, statement): {over:#?}"
-    );
+    assert_none_read_over(&plans, 250.0, "100");
 }
 
 /// A fair kind's round on plans made while the table was empty (a fresh blackboard, or
@@ -579,11 +576,7 @@ async fn a_fair_round_walks_each_key_by_its_index_with_plans_made_on_an_empty_ta
     .await;
     // The worker's 100 places: each key's first 100 tasks at most, the keys walked, and
     // the 100 taken looked up. No statement of the session reads more.
-    let over = reading_over(&plans, 1000.0);
-    assert!(
-        over.is_empty(),
-        "statements that read over 1,000 task rows to take 100 (rows, statement): {over:#?}"
-    );
+    assert_none_read_over(&plans, 1000.0, "100");
     // The late key's task is among them.
     let c = db.client().await;
     let small: i64 = c
