@@ -154,14 +154,6 @@ pub const POLICY_REFRESH: Duration = Duration::from_secs(1);
 /// any lease (a fifth of it).
 pub const IDLE_TICK: Duration = Duration::from_millis(500);
 
-/// A worker with a backlog claims again after a written outcome once this share of its
-/// capacity is free (a quarter), or sooner when its queue runs short: each claim's read
-/// visits every task the worker holds (~2,000 at full depth) to leave out those it
-/// knows, so a claim after every outcome (~290 tasks a claim in W1 from idle's burst)
-/// paid that visit 69 times a burst where 51 do. Its queue keeps three quarters of its
-/// depth meanwhile: the handlers never wait on the claim.
-pub const CLAIM_FREE_SHARE: usize = 4;
-
 /// The Worker actor: the composition of its parts, each owning its own state (see the
 /// module doc).
 pub struct Worker {
@@ -271,11 +263,14 @@ impl Worker {
     }
 
     /// Whether a claim after a written outcome is worth its read of every task the worker
-    /// holds: a [`CLAIM_FREE_SHARE`] of its capacity is free, or its queue holds less
-    /// than two turns of its handlers.
+    /// holds ([`intake::claim_after_outcome`]).
     fn claim_worth_it(&self) -> bool {
-        self.free_seen() * CLAIM_FREE_SHARE >= self.capacity()
-            || self.held.queue.len() < 2 * self.config.concurrency
+        intake::claim_after_outcome(
+            self.free_seen(),
+            self.capacity(),
+            self.held.queue.len(),
+            self.config.concurrency,
+        )
     }
 
     /// Samples the completion rate; when the queue's depth moved, has the new capacity
