@@ -7,6 +7,7 @@
 //! worker's own path (`cycle_claim_*`): its claim and read (`artex.claim_and_read_unknown`)
 //! with the tasks it holds passed as known, and its outcomes, as a worker of 2,010 slots
 //! runs them in a burst. With ARTEX_BENCH_PROFILE=1, each half's statements.
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::history::lsn;
@@ -29,8 +30,7 @@ pub async fn run(bench: &mut Bench) {
     exec(&c, sql::CYCLE_WORKER).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
-    profile_reset(&c).await;
-    let (wal0, cpu0) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
+    let from = start(bench, &c).await;
     let mut progress = Progress::new("cycle", n.into());
     let mut done = 0u64;
     while done < u64::from(n) {
@@ -56,22 +56,8 @@ pub async fn run(bench: &mut Bench) {
         progress.show(done);
     }
     progress.end();
-    let (wal1, cpu1) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
-    profile_print(&c, "cycle", n).await;
-    bench.rig.check_all_succeeded(&c, DB, n.into()).await;
     println!("# cycle: {n} tasks, rounds of {ROUND}, plain SQL");
-    let per_task = f64::from(n);
-    result(
-        "cycle_wal_bytes_per_task",
-        fixed((wal1 - wal0) as f64 / per_task, 0),
-        "bytes",
-    );
-    result(
-        "cycle_cpu_us_per_task_postgres",
-        fixed((cpu1 - cpu0) * 1e6 / per_task, 1),
-        "us",
-    );
-    bench.rig.drop_db(DB, c).await;
+    report(bench, c, DB, "cycle", n, from).await;
     claims(bench).await;
 }
 
@@ -86,8 +72,7 @@ async fn claims(bench: &mut Bench) {
     exec(&c, sql::CYCLE_CLAIM_WORKER).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
-    profile_reset(&c).await;
-    let (wal0, cpu0) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
+    let from = start(bench, &c).await;
     let mut progress = Progress::new("cycle, claims", n.into());
     let mut held: std::collections::VecDeque<(Uuid, i64)> = Default::default();
     let mut done = 0u64;
@@ -117,20 +102,34 @@ async fn claims(bench: &mut Bench) {
         progress.show(done);
     }
     progress.end();
-    let (wal1, cpu1) = (lsn(&c).await.1, bench.rig.pg_cpu_s());
-    profile_print(&c, "cycle, claims", n).await;
-    bench.rig.check_all_succeeded(&c, DB_CLAIMS, n.into()).await;
     println!("# cycle, claims: {n} tasks, a worker of {CLAIM_LIMIT} slots, outcomes of {ROUND}");
+    report(bench, c, DB_CLAIMS, "cycle_claim", n, from).await;
+}
+
+/// Where a half starts: the WAL's position and the cluster's CPU seconds, after its
+/// profile's reset.
+async fn start(bench: &Bench, c: &Client) -> (i64, f64) {
+    profile_reset(c).await;
+    (lsn(c).await.1, bench.rig.pg_cpu_s())
+}
+
+/// A half's end: its statements (profiled), every task succeeded, its WAL and the
+/// cluster's CPU per task since `from` as `{prefix}_wal_bytes_per_task` and
+/// `{prefix}_cpu_us_per_task_postgres`, its database dropped.
+async fn report(bench: &mut Bench, c: Client, db: &str, prefix: &str, n: u32, from: (i64, f64)) {
+    let (wal, cpu) = (lsn(&c).await.1 - from.0, bench.rig.pg_cpu_s() - from.1);
+    profile_print(&c, prefix, n).await;
+    bench.rig.check_all_succeeded(&c, db, n.into()).await;
     let per_task = f64::from(n);
     result(
-        "cycle_claim_wal_bytes_per_task",
-        fixed((wal1 - wal0) as f64 / per_task, 0),
+        &format!("{prefix}_wal_bytes_per_task"),
+        fixed(wal as f64 / per_task, 0),
         "bytes",
     );
     result(
-        "cycle_claim_cpu_us_per_task_postgres",
-        fixed((cpu1 - cpu0) * 1e6 / per_task, 1),
+        &format!("{prefix}_cpu_us_per_task_postgres"),
+        fixed(cpu * 1e6 / per_task, 1),
         "us",
     );
-    bench.rig.drop_db(DB_CLAIMS, c).await;
+    bench.rig.drop_db(db, c).await;
 }
