@@ -18,7 +18,10 @@ use crate::{sql, Bench};
 
 const DB: &str = "bench_cycle";
 const DB_CLAIMS: &str = "bench_cycle_claims";
-/// The claims' worker: its slots (and the most a read returns), and its read's bytes.
+/// The rounds' worker: slots enough that a round never finds it full.
+const ROUNDS_WORKER: i64 = 2_000_000_000;
+/// The claims' worker: its slots, as a default worker's at full depth in W1 from idle
+/// (and the most a read returns), and its read's bytes.
 const CLAIM_LIMIT: i64 = 2010;
 const CLAIM_BYTES: i64 = 64 << 20;
 /// Tasks assigned, then ended, per round.
@@ -27,7 +30,7 @@ const ROUND: i64 = 500;
 pub async fn run(bench: &mut Bench) {
     let n = bench.sizes.w1;
     let c = bench.rig.new_db(DB).await;
-    exec(&c, sql::CYCLE_WORKER).await;
+    worker(&c, ROUNDS_WORKER).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
     let from = start(bench, &c).await;
@@ -69,7 +72,7 @@ pub async fn run(bench: &mut Bench) {
 async fn claims(bench: &mut Bench) {
     let n = bench.sizes.w1;
     let c = bench.rig.new_db(DB_CLAIMS).await;
-    exec(&c, sql::CYCLE_CLAIM_WORKER).await;
+    worker(&c, CLAIM_LIMIT).await;
     insert_noops(&c, n).await;
     exec(&c, sql::CHECKPOINT).await;
     let from = start(bench, &c).await;
@@ -104,6 +107,14 @@ async fn claims(bench: &mut Bench) {
     progress.end();
     println!("# cycle, claims: {n} tasks, a worker of {CLAIM_LIMIT} slots, outcomes of {ROUND}");
     report(bench, c, DB_CLAIMS, "cycle_claim", n, from).await;
+}
+
+/// The half's worker, of `slots` slots.
+async fn worker(c: &Client, slots: i64) {
+    let slots = i32::try_from(slots).expect("slots fit a worker's capacity");
+    c.execute(sql::CYCLE_WORKER, &[&slots])
+        .await
+        .expect("the cycle's worker");
 }
 
 /// Where a half starts: the WAL's position and the cluster's CPU seconds, after its

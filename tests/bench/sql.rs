@@ -362,7 +362,6 @@ pub const PREPARED: &[&str] = &[
     CYCLE_ASSIGN,
     CYCLE_HELD,
     CYCLE_RECORD,
-    CYCLE_CLAIM_WORKER,
     CYCLE_CLAIM,
     INSERT_PROGRAM_TASKS,
     RUNNING_AT_LEAST,
@@ -613,10 +612,11 @@ pub const W4_SIZES: &str = "select pg_relation_size('artex.tasks'),
 pub const WAL_KEEP: &str = "alter system set wal_keep_size = '4GB'";
 pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
 /// The WAL position, as text (for pg_waldump) and as bytes.
-/// cycle: the worker its tasks are assigned to, registered and never seen to go.
+/// cycle: the worker its tasks are assigned to, of $1 slots, registered and never seen to
+/// go.
 pub const CYCLE_WORKER: &str =
     "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-    values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', 2000000000)";
+    values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', $1::int4)";
 /// cycle: a round's assignment (and its wake-up) of the $1 first pending tasks to that worker.
 pub const CYCLE_ASSIGN: &str = "with picked as (
         select id from artex.tasks where listed = 'pending' order by id limit $1
@@ -634,11 +634,6 @@ pub const CYCLE_RECORD: &str = "select * from artex.record_attempts('bench-cycle
     array_fill(false, array[cardinality($1::uuid[])]),
     array_fill(0::float8, array[cardinality($1::uuid[])]),
     array_fill(1::float8, array[cardinality($1::uuid[])]))";
-/// cycle, the worker's path: a worker whose slots and queue hold 2,010 tasks, as a
-/// default worker's do in W1 from idle.
-pub const CYCLE_CLAIM_WORKER: &str =
-    "insert into artex.workers (id, host, pid, version, channel, kinds, capacity)
-    values ('bench-cycle', 'bench', 1, 'bench', 'bench_cycle', '{noop}', 2010)";
 /// cycle, the worker's path: its claim and read, up to $1 tasks of at most $2 bytes,
 /// leaving out the tasks $3 at epochs $4 it holds (the worker's own statement).
 pub const CYCLE_CLAIM: &str =
