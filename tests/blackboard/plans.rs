@@ -447,6 +447,19 @@ fn assert_none_read_over(plans: &[(String, Value)], most: f64, what: &str) {
     );
 }
 
+/// `sql` in a block of its own, committed, that auto_explain does not log, for a session
+/// script of [`explained`]. (Committed: a block rolled back would take back the settings
+/// of every statement before it in the batch, auto_explain's among them.)
+fn unlogged(sql: &str) -> String {
+    format!(
+        "begin;
+         set auto_explain.log_min_duration = -1;
+         {sql};
+         set auto_explain.log_min_duration = 0;
+         commit;"
+    )
+}
+
 /// A fresh blackboard's `tasks` is empty when its planner and workers first claim (its
 /// statistics say so too: building its indexes counted no row), and each session keeps
 /// the plans it made then until the table is analyzed again: a minute or more after a
@@ -506,42 +519,27 @@ async fn the_looks_for_a_runnable_task_walk_the_queue_with_plans_made_on_a_backl
     // One session, as a worker's: a claim and an offer plan their statements on the
     // backlog (rolled back), then 19,000 tasks at the queue's front leave it (paused here,
     // unseen by auto_explain), then the same claim; then the rest leave it too, and the
-    // same offer. (A block rolled back would take back the settings of the statements
-    // before it in the batch: the first one commits.)
-    let plans = explained(
-        &db,
-        "begin;
-         set auto_explain.log_min_duration = -1;
-         insert into artex.tasks (kind) select 'echo' from generate_series(1, 20000);
-         analyze artex.tasks;
-         set auto_explain.log_min_duration = 0;
-         commit;
-         begin;
+    // same offer.
+    let claim = "begin;
          select count(*) from artex.claim_and_read_unknown('sim', 1000, 1000000, true, '{}', '{}');
-         rollback;
-         begin;
-         select artex.offer_slot('sim');
-         rollback;
-         begin;
-         set auto_explain.log_min_duration = -1;
-         update artex.tasks set status = 'paused'
-             where id in (select id from artex.tasks order by id limit 19000);
-         set auto_explain.log_min_duration = 0;
-         commit;
-         begin;
-         select count(*) from artex.claim_and_read_unknown('sim', 1000, 1000000, true, '{}', '{}');
-         rollback;
-         begin;
-         set auto_explain.log_min_duration = -1;
-         update artex.tasks set status = 'paused' where status = 'pending';
-         set auto_explain.log_min_duration = 0;
-         commit;
-         begin;
-         select artex.offer_slot('sim');
-         rollback",
-        true,
-    )
-    .await;
+         rollback;";
+    let offer = "begin; select artex.offer_slot('sim'); rollback;";
+    let script = [
+        unlogged(
+            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 20000);
+             analyze artex.tasks",
+        ),
+        claim.into(),
+        offer.into(),
+        unlogged(
+            "update artex.tasks set status = 'paused'
+                 where id in (select id from artex.tasks order by id limit 19000)",
+        ),
+        claim.into(),
+        unlogged("update artex.tasks set status = 'paused' where status = 'pending'"),
+        offer.into(),
+    ];
+    let plans = explained(&db, &script.join("\n"), true).await;
     // Each claim takes the worker's 100 free places: it reads them, then updates them
     // by their keys, and its look reads the queue's first row; the offer's look finds
     // the queue empty.
