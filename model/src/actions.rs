@@ -213,6 +213,10 @@ pub const WORKER_CLAIM_SQL: &[Sql] = &[
         "runnable_head",
         "fedff6b302fba8b11a34913f409c009980d125b39f36e51b439e87466a4f8933",
     ),
+    Sql::function(
+        "runnable_waiting_for",
+        "51532d33a31b545625fcd4501619706169e7f375d1b6e497f280861e2e56bf22",
+    ),
 ];
 /// `Born`: an insert that takes a worker's offered slot (V62), and the offer itself (whose
 /// look whether a task waits is `runnable_waiting_for` since V72: the same answers).
@@ -224,6 +228,10 @@ pub const BORN_SQL: &[Sql] = &[
     Sql::function(
         "offer_slot",
         "99db081a96cf51422939b081aa8ee48c6ac82b355279fbcf0dd036d48849689d",
+    ),
+    Sql::function(
+        "runnable_waiting_for",
+        "51532d33a31b545625fcd4501619706169e7f375d1b6e497f280861e2e56bf22",
     ),
 ];
 /// `Read`: a worker's read of its assignments (V51 only sets a planner setting on it).
