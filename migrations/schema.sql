@@ -1782,10 +1782,13 @@ COMMENT ON FUNCTION artex.read_assigned_unknown(p_worker text, p_limit bigint, p
 CREATE FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) RETURNS SETOF uuid
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $_$
 #variable_conflict use_column
 declare
     ended text;
+    nestloop text := current_setting('enable_nestloop');
 begin
     perform artex.set_context($1, null), artex.defer_wakeups(),
             set_config('artex.hot', 'on', true), set_config('artex.ended', '', true);
@@ -1793,6 +1796,8 @@ begin
     -- (an unstarted task given back: its assignment and its return; a start; a start and
     -- an end in one write: both), the holder's released count, and the ended tasks that
     -- have dependents, for the flows after the statement.
+    -- Planned (once a session) with hash joins only: see V73.
+    perform set_config('enable_nestloop', 'off', true);
     return query with v as (
         select * from unnest($2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[],
                              $7::bool[], $8::float8[], $9::float8[])
@@ -1819,14 +1824,20 @@ begin
                                         and t.retries + v.failed::int > t.max_retries)
                                then now() else t.finished_at end,
             updated_at = now()
-        from v join artex.tasks o on o.id = v.id
-        where t.id = v.id and t.lease_epoch = v.epoch and t.assigned_to = $1
+        from v
+        -- The batch's rows read by their keys once, hashed against the outcomes (V73):
+        -- the key's test is the only one an index serves.
+        where t.id = any($2) and t.id::text = v.id::text and t.lease_epoch = v.epoch
+          and coalesce(t.assigned_to, '') = $1
           and (t.status::text = 'running'
                or (t.status::text = 'assigned'
                    and (v.started_ago_ms is not null or v.status = 'pending')))
         returning t.id, t.status, t.flow_id, t.kind, t.error, t.lease_epoch, t.started_at,
-                  o.status as was, o.updated_at as was_at,
-                  o.status = 'assigned' and v.started_ago_ms is not null
+                  -- The row as it was: the statement's snapshot sees the old version.
+                  (select o.status from artex.tasks o where o.id = t.id) as was,
+                  (select o.updated_at from artex.tasks o where o.id = t.id) as was_at,
+                  (select o.status from artex.tasks o where o.id = t.id) = 'assigned'
+                      and v.started_ago_ms is not null
                       and t.status not in ('assigned', 'running') as ran
     ),
     steps as (
@@ -1874,10 +1885,12 @@ begin
                           true) as ended
         from written w
         where w.status in ('succeeded', 'failed', 'timeout')
-          and exists (select 1 from artex.task_dependencies d where d.depends_on = w.id)
+          -- A lookup per ended task (offset 0 keeps it a subplan, not a join).
+          and exists (select 1 from artex.task_dependencies d where d.depends_on = w.id
+                      offset 0)
     )
     select w.id from written w, flows;
-    perform set_config('artex.hot', '', true);
+    perform set_config('artex.hot', '', true), set_config('enable_nestloop', nestloop, true);
     ended := current_setting('artex.ended');
     if ended <> '' then
         perform set_config('artex.ended', '', true);
@@ -1892,7 +1905,7 @@ $_$;
 -- Name: FUNCTION record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Its tasks are found by key from the outcomes, never by the holder''s index (V73). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
 
 --
 -- Name: resume_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -

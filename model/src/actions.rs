@@ -248,11 +248,15 @@ pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
     "c756de45bcea0aa8eb55ae510b77dc9a33cb8adc78008f3249d384f843b093ee",
 )];
 /// `RecordStart` and `RecordOutcome`: the batch of starts and outcomes, and the status
-/// an outcome ends in.
+/// an outcome ends in. V73 only changes how the update reaches its rows (the batch's ids
+/// by key, hashed against the outcomes; the holder's test written so that no index
+/// serves it) and reads each row as it was (subqueries of its `returning` on the
+/// statement's snapshot, for the join it had): the same compare-and-set on id, epoch and
+/// holder, the same history.
 pub const RECORD_SQL: &[Sql] = &[
     Sql::function(
         "record_attempts",
-        "c4f4616c86791a7744e0c0d31a876b165abe0280eb08cc177175a4dbe9c2e759",
+        "c012cc089ed9f2df4c1b8432ea5f9ef6214368b6b4d20f0936f3c5728342e24c",
     ),
     Sql::function(
         "attempt_status",

@@ -546,6 +546,89 @@ async fn the_looks_for_a_runnable_task_walk_the_queue_with_plans_made_on_a_backl
     assert_none_read_over(&plans, 250.0, "100");
 }
 
+/// A worker's outcomes name their tasks by id. With the plan its session made on a table
+/// whose statistics said no task was held (a fresh blackboard), `record_attempts` walked
+/// every task the worker holds by the holder's index and hashed them against the batch:
+/// ~2,000 rows and ~2,000 old rows a batch at a default worker's full depth, whatever the
+/// batch's size. Since V73 it finds each task by key from the outcomes.
+#[tokio::test]
+async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
+    let db = TestDb::new().await;
+    fixtures::worker(&db.bb, "sim", &["echo"], 2100).await;
+    // One session, as a worker's: its first batch plans on the empty table (nothing
+    // written), then it holds 2,000 tasks and writes the outcomes of 100 of them.
+    let script = [
+        unlogged("analyze artex.tasks"),
+        "select count(*) from artex.record_attempts('sim', '{}', '{}', '{}', '{}', '{}', '{}',
+             '{}', '{}')"
+            .into(),
+        unlogged(
+            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 2000);
+             select count(*) from artex.claim_and_read_unknown('sim', 2100, 1000000000, false,
+                 '{}', '{}');
+             create table batch as select id, lease_epoch from artex.tasks
+                 where assigned_to = 'sim' order by id limit 100",
+        ),
+        "select count(*) from artex.record_attempts('sim',
+             (select array_agg(id order by id) from batch),
+             (select array_agg(lease_epoch order by id) from batch),
+             array_fill('succeeded'::text, array[100]), array_fill(null::jsonb, array[100]),
+             array_fill(null::text, array[100]), array_fill(false, array[100]),
+             array_fill(0::float8, array[100]), array_fill(1::float8, array[100]))"
+            .into(),
+    ];
+    let plans = explained(&db, &script.join(";\n"), true).await;
+    // Each of the 100 is looked up by its key, and its row as it was by its key (five
+    // reads a task: 500); the walk of the 2,000 it holds read 4,100. No statement reads
+    // what it holds.
+    assert_none_read_over(&plans, 1000.0, "100 outcomes with 2,000 held");
+    // A session that plans on statistics of a full table (a worker started on a
+    // backlog of 20,000, 1,900 of them held): the batch's keys are scanned once, not once per outcome (a scan by
+    // `id = any(…)` inside a loop over the outcomes descends once per key each time).
+    let script = [
+        unlogged(
+            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 18000);
+             analyze artex.tasks;
+             create table batch2 as select id, lease_epoch from artex.tasks
+                 where assigned_to = 'sim' and status = 'assigned' order by id limit 500",
+        ),
+        "select count(*) from artex.record_attempts('sim',
+             (select array_agg(id order by id) from batch2),
+             (select array_agg(lease_epoch order by id) from batch2),
+             array_fill('succeeded'::text, array[500]), array_fill(null::jsonb, array[500]),
+             array_fill(null::text, array[500]), array_fill(false, array[500]),
+             array_fill(0::float8, array[500]), array_fill(1::float8, array[500]))"
+            .into(),
+    ];
+    let plans = explained(&db, &script.join(";\n"), true).await;
+    assert_none_read_over(&plans, 5000.0, "500 outcomes, planned on statistics");
+    for (text, plan) in &plans {
+        assert_eq!(
+            key_scans_repeated(plan),
+            0,
+            "a scan of the batch's keys runs once per outcome: {text}"
+        );
+    }
+}
+
+/// Scans of `tasks` by a key array (`id = ANY (…)`) that run more than once.
+fn key_scans_repeated(plan: &Value) -> usize {
+    match plan {
+        Value::Object(o) => {
+            let cond = o.get("Index Cond").and_then(Value::as_str).unwrap_or("");
+            let loops = o.get("Actual Loops").and_then(Value::as_f64).unwrap_or(0.0);
+            let here = usize::from(
+                o.get("Relation Name").and_then(Value::as_str) == Some("tasks")
+                    && cond.contains("ANY")
+                    && loops > 1.0,
+            );
+            here + o.values().map(key_scans_repeated).sum::<usize>()
+        }
+        Value::Array(a) => a.iter().map(key_scans_repeated).sum(),
+        _ => 0,
+    }
+}
+
 /// A fair kind's round on plans made while the table was empty (a fresh blackboard, or
 /// a planner started on an idle queue): behind a backlog of 20,000 tasks of one key, it
 /// reaches another key's task by `tasks_limited_waiting`, walks the keys by it too, and

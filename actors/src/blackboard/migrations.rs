@@ -592,4 +592,13 @@ pub const MIGRATIONS: &[Migration] = &[
         // on it as before.
         change: Change::Expand,
     },
+    Migration {
+        version: 73,
+        name: "a_worker_s_outcomes_find_their_tasks_by_key",
+        sql: include_str!(
+            "../../../migrations/V73__a_worker_s_outcomes_find_their_tasks_by_key.sql"
+        ),
+        // A function's body replaced in place, its answers the same.
+        change: Change::Expand,
+    },
 ];

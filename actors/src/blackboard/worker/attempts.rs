@@ -408,7 +408,9 @@ const CLAIM_CALL: &str = "select * from artex.claim_and_read_unknown($1, $2, $3,
 // `status` test is written `status::text = …` on purpose: as a plain enum test it lets
 // PostgreSQL drive the join from a partial index (`tasks_held`) that statistics show
 // nearly empty, and with hundreds of tasks held it compares every held row with every
-// listed one (seen: 250,000 comparisons for one batch of 500).
+// listed one (seen: 250,000 comparisons for one batch of 500). `record_attempts` goes
+// further (V73): its plan, made once a session on whatever statistics there were, reads
+// only the batch's rows by their keys, never the tasks the worker holds.
 //
 // Starts and outcomes, one statement per batch. A task still `assigned` whose handler
 // ran (`started_ago_ms` given) gets its start time with its outcome (or with `running`);
