@@ -569,13 +569,7 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
              create table batch as select id, lease_epoch from artex.tasks
                  where assigned_to = 'sim' order by id limit 100",
         ),
-        "select count(*) from artex.record_attempts('sim',
-             (select array_agg(id order by id) from batch),
-             (select array_agg(lease_epoch order by id) from batch),
-             array_fill('succeeded'::text, array[100]), array_fill(null::jsonb, array[100]),
-             array_fill(null::text, array[100]), array_fill(false, array[100]),
-             array_fill(0::float8, array[100]), array_fill(1::float8, array[100]))"
-            .into(),
+        succeeded_from("batch", 100),
     ];
     let plans = explained(&db, &script.join(";\n"), true).await;
     // Each of the 100 is looked up by its key, and its row as it was by its key (five
@@ -583,8 +577,9 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
     // what it holds.
     assert_none_read_over(&plans, 1000.0, "100 outcomes with 2,000 held");
     // A session that plans on statistics of a full table (a worker started on a
-    // backlog of 20,000, 1,900 of them held): the batch's keys are scanned once, not once per outcome (a scan by
-    // `id = any(…)` inside a loop over the outcomes descends once per key each time).
+    // backlog of 20,000, 1,900 of them held): the batch's keys are scanned once, not
+    // once per outcome (a scan by `id = any(…)` inside a loop over the outcomes
+    // descends once per key each time).
     let script = [
         unlogged(
             "insert into artex.tasks (kind) select 'echo' from generate_series(1, 18000);
@@ -592,13 +587,7 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
              create table batch2 as select id, lease_epoch from artex.tasks
                  where assigned_to = 'sim' and status = 'assigned' order by id limit 500",
         ),
-        "select count(*) from artex.record_attempts('sim',
-             (select array_agg(id order by id) from batch2),
-             (select array_agg(lease_epoch order by id) from batch2),
-             array_fill('succeeded'::text, array[500]), array_fill(null::jsonb, array[500]),
-             array_fill(null::text, array[500]), array_fill(false, array[500]),
-             array_fill(0::float8, array[500]), array_fill(1::float8, array[500]))"
-            .into(),
+        succeeded_from("batch2", 500),
     ];
     let plans = explained(&db, &script.join(";\n"), true).await;
     assert_none_read_over(&plans, 5000.0, "500 outcomes, planned on statistics");
@@ -609,6 +598,18 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
             "a scan of the batch's keys runs once per outcome: {text}"
         );
     }
+}
+
+/// `sim`'s outcomes, all succeeded, of the `n` tasks (id, lease_epoch) in table `batch`.
+fn succeeded_from(batch: &str, n: usize) -> String {
+    format!(
+        "select count(*) from artex.record_attempts('sim',
+             (select array_agg(id order by id) from {batch}),
+             (select array_agg(lease_epoch order by id) from {batch}),
+             array_fill('succeeded'::text, array[{n}]), array_fill(null::jsonb, array[{n}]),
+             array_fill(null::text, array[{n}]), array_fill(false, array[{n}]),
+             array_fill(0::float8, array[{n}]), array_fill(1::float8, array[{n}]))"
+    )
 }
 
 /// Scans of `tasks` by a key array (`id = ANY (…)`) that run more than once.
