@@ -17,9 +17,10 @@
 --   is planned (a loop over the outcomes would run the key scan, one descent per key,
 --   for each: seen at 124 µs a task), and sequential scans and JIT off in the function
 --   (that setting's cost would JIT-compile each call: 0.5 s);
--- - each task's row as it was is read by its key in subqueries of `returning` (the
---   statement's snapshot sees the old version), not joined (`tasks o`, which a plan on
---   an empty table scanned whole, with the outcomes inside the loop);
+-- - each task's row as it was is read by its key, once per outcome, in a lateral
+--   subquery that cannot be flattened (`offset 0`), the one loop of the plan: a plain
+--   join with `tasks o`, on a plan made on an empty table, scanned it whole with the
+--   outcomes inside the loop;
 -- - the look for dependents stays a lookup per ended task (`offset 0`: not a join).
 -- Its answers are the same (a task's `assigned_to` is never ''). The body is as V32 left
 -- it but for those lines and settings.
@@ -69,7 +70,10 @@ begin
                                         and t.retries + v.failed::int > t.max_retries)
                                then now() else t.finished_at end,
             updated_at = now()
-        from v
+        -- Each task's row as it was, by its key (offset 0: a lookup per outcome, never a
+        -- scan joined with them).
+        from v cross join lateral (
+            select o.status, o.updated_at from artex.tasks o where o.id = v.id offset 0) o
         -- The batch's rows read by their keys once, hashed against the outcomes (V73):
         -- the key's test is the only one an index serves.
         where t.id = any($2) and t.id::text = v.id::text and t.lease_epoch = v.epoch
@@ -78,11 +82,8 @@ begin
                or (t.status::text = 'assigned'
                    and (v.started_ago_ms is not null or v.status = 'pending')))
         returning t.id, t.status, t.flow_id, t.kind, t.error, t.lease_epoch, t.started_at,
-                  -- The row as it was: the statement's snapshot sees the old version.
-                  (select o.status from artex.tasks o where o.id = t.id) as was,
-                  (select o.updated_at from artex.tasks o where o.id = t.id) as was_at,
-                  (select o.status from artex.tasks o where o.id = t.id) = 'assigned'
-                      and v.started_ago_ms is not null
+                  o.status as was, o.updated_at as was_at,
+                  o.status = 'assigned' and v.started_ago_ms is not null
                       and t.status not in ('assigned', 'running') as ran
     ),
     steps as (

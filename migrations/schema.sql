@@ -1824,7 +1824,10 @@ begin
                                         and t.retries + v.failed::int > t.max_retries)
                                then now() else t.finished_at end,
             updated_at = now()
-        from v
+        -- Each task's row as it was, by its key (offset 0: a lookup per outcome, never a
+        -- scan joined with them).
+        from v cross join lateral (
+            select o.status, o.updated_at from artex.tasks o where o.id = v.id offset 0) o
         -- The batch's rows read by their keys once, hashed against the outcomes (V73):
         -- the key's test is the only one an index serves.
         where t.id = any($2) and t.id::text = v.id::text and t.lease_epoch = v.epoch
@@ -1833,11 +1836,8 @@ begin
                or (t.status::text = 'assigned'
                    and (v.started_ago_ms is not null or v.status = 'pending')))
         returning t.id, t.status, t.flow_id, t.kind, t.error, t.lease_epoch, t.started_at,
-                  -- The row as it was: the statement's snapshot sees the old version.
-                  (select o.status from artex.tasks o where o.id = t.id) as was,
-                  (select o.updated_at from artex.tasks o where o.id = t.id) as was_at,
-                  (select o.status from artex.tasks o where o.id = t.id) = 'assigned'
-                      and v.started_ago_ms is not null
+                  o.status as was, o.updated_at as was_at,
+                  o.status = 'assigned' and v.started_ago_ms is not null
                       and t.status not in ('assigned', 'running') as ran
     ),
     steps as (

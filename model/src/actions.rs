@@ -250,13 +250,13 @@ pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
 /// `RecordStart` and `RecordOutcome`: the batch of starts and outcomes, and the status
 /// an outcome ends in. V73 only changes how the update reaches its rows (the batch's ids
 /// by key, hashed against the outcomes; the holder's test written so that no index
-/// serves it) and reads each row as it was (subqueries of its `returning` on the
-/// statement's snapshot, for the join it had): the same compare-and-set on id, epoch and
-/// holder, the same history.
+/// serves it) and reads each row as it was (a lateral lookup by key on the statement's
+/// snapshot, for the join it had): the same compare-and-set on id, epoch and holder,
+/// the same history.
 pub const RECORD_SQL: &[Sql] = &[
     Sql::function(
         "record_attempts",
-        "c012cc089ed9f2df4c1b8432ea5f9ef6214368b6b4d20f0936f3c5728342e24c",
+        "12587ac6efb046e4fcb43548a5677b6f389cd8848187632081ad4d6014301a8d",
     ),
     Sql::function(
         "attempt_status",

@@ -572,9 +572,8 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
         succeeded_from("batch", 100),
     ];
     let plans = explained(&db, &script.join(";\n"), true).await;
-    // Each of the 100 is looked up by its key, and its row as it was by its key (five
-    // reads a task: 500); the walk of the 2,000 it holds read 4,100. No statement reads
-    // what it holds.
+    // Each of the 100 is looked up by its key, and its row as it was by its key; the walk
+    // of the 2,000 it holds read 4,100. No statement reads what it holds.
     assert_none_read_over(&plans, 1000.0, "100 outcomes with 2,000 held");
     // A session that plans on statistics of a full table (a worker started on a
     // backlog of 20,000, 1,900 of them held): the batch's keys are scanned once, not
