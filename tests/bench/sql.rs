@@ -611,7 +611,6 @@ pub const W4_SIZES: &str = "select pg_relation_size('artex.tasks'),
 
 pub const WAL_KEEP: &str = "alter system set wal_keep_size = '4GB'";
 pub const WAL_KEEP_RESET: &str = "alter system reset wal_keep_size";
-/// The WAL position, as text (for pg_waldump) and as bytes.
 /// cycle: the worker its tasks are assigned to, of $1 slots, registered and never seen to
 /// go.
 pub const CYCLE_WORKER: &str =
@@ -644,11 +643,11 @@ pub const INSERT_PROGRAM_TASKS: &str =
 /// programs: at least $1 tasks running.
 pub const RUNNING_AT_LEAST: &str =
     "select count(*) >= $1::int8 from artex.tasks where status = 'running'";
+/// The WAL position, as text (for pg_waldump) and as bytes.
 pub const WAL_LSN: &str = "select pg_current_wal_lsn()::text, (pg_current_wal_lsn() - '0/0')::int8";
 /// Each relfilenode of artex's schema and the table it counts for: a partition as its
-/// parent, an index as `<table>_indexes`.
-/// Each relation's file, named by its table (a partition by its parent; the stored history
-/// `task_history` under its pre-V25 name `task_transitions`, so that figures compare).
+/// parent, an index as `<table>_indexes`, the stored history `task_history` under its
+/// pre-V25 name `task_transitions` (so that figures compare).
 pub const RELMAP: &str = "select c.relfilenode::int8,
         replace(coalesce(pp.relname, t.relname), 'task_history', 'task_transitions')
         || case when c.relkind = 'i' then '_indexes' else '' end
