@@ -575,28 +575,6 @@ async fn a_workers_outcomes_find_their_tasks_by_key_however_many_it_holds() {
     // Each of the 100 is looked up by its key, and its row as it was by its key; the walk
     // of the 2,000 it holds read 4,100. No statement reads what it holds.
     assert_none_read_over(&plans, 1000.0, "100 outcomes with 2,000 held");
-    // A session that plans on statistics of a full table (a worker started on a
-    // backlog of 20,000, 1,900 of them held): the batch's keys are scanned once, not
-    // once per outcome (a scan by `id = any(…)` inside a loop over the outcomes
-    // descends once per key each time).
-    let script = [
-        unlogged(
-            "insert into artex.tasks (kind) select 'echo' from generate_series(1, 18000);
-             analyze artex.tasks;
-             create table batch2 as select id, lease_epoch from artex.tasks
-                 where assigned_to = 'sim' and status = 'assigned' order by id limit 500",
-        ),
-        succeeded_from("batch2", 500),
-    ];
-    let plans = explained(&db, &script.join(";\n"), true).await;
-    assert_none_read_over(&plans, 5000.0, "500 outcomes, planned on statistics");
-    for (text, plan) in &plans {
-        assert_eq!(
-            key_scans_repeated(plan),
-            0,
-            "a scan of the batch's keys runs once per outcome: {text}"
-        );
-    }
 }
 
 /// `sim`'s outcomes, all succeeded, of the `n` tasks (id, lease_epoch) in table `batch`.
@@ -609,24 +587,6 @@ fn succeeded_from(batch: &str, n: usize) -> String {
              array_fill(null::text, array[{n}]), array_fill(false, array[{n}]),
              array_fill(0::float8, array[{n}]), array_fill(1::float8, array[{n}]))"
     )
-}
-
-/// Scans of `tasks` by a key array (`id = ANY (…)`) that run more than once.
-fn key_scans_repeated(plan: &Value) -> usize {
-    match plan {
-        Value::Object(o) => {
-            let cond = o.get("Index Cond").and_then(Value::as_str).unwrap_or("");
-            let loops = o.get("Actual Loops").and_then(Value::as_f64).unwrap_or(0.0);
-            let here = usize::from(
-                o.get("Relation Name").and_then(Value::as_str) == Some("tasks")
-                    && cond.contains("ANY")
-                    && loops > 1.0,
-            );
-            here + o.values().map(key_scans_repeated).sum::<usize>()
-        }
-        Value::Array(a) => a.iter().map(key_scans_repeated).sum(),
-        _ => 0,
-    }
 }
 
 /// A fair kind's round on plans made while the table was empty (a fresh blackboard, or
