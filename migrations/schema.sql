@@ -1779,7 +1779,7 @@ COMMENT ON FUNCTION artex.read_assigned_unknown(p_worker text, p_limit bigint, p
 -- Name: record_attempts(text, uuid[], bigint[], text[], jsonb[], text[], boolean[], double precision[], double precision[]); Type: FUNCTION; Schema: artex; Owner: -
 --
 
-CREATE FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) RETURNS SETOF uuid
+CREATE FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) RETURNS TABLE(id uuid, planners boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -1836,6 +1836,7 @@ begin
                or (t.status::text = 'assigned'
                    and (v.started_ago_ms is not null or v.status = 'pending')))
         returning t.id, t.status, t.flow_id, t.kind, t.error, t.lease_epoch, t.started_at,
+                  t.limited,
                   o.status as was, o.updated_at as was_at,
                   o.status = 'assigned' and v.started_ago_ms is not null
                       and t.status not in ('assigned', 'running') as ran
@@ -1888,8 +1889,23 @@ begin
           -- A lookup per ended task (offset 0 keeps it a subplan, not a join).
           and exists (select 1 from artex.task_dependencies d where d.depends_on = w.id
                       offset 0)
+    ),
+    -- Whether the planners must hear of the write (V74): a limited kind's place given
+    -- back or a limited task waiting for this worker's kinds (no worker's claim takes
+    -- one), a task sent back to pending, dependents to promote (the flows, after the
+    -- statement). Materialized: asked once a statement (inlined, its look for limited
+    -- tasks ran once per row).
+    asks as materialized (
+        select exists (select 1 from written x
+                       where x.status not in ('assigned', 'running')
+                         and (x.limited or x.status = 'pending'))
+               or (exists (select 1 from written x
+                           where x.status not in ('assigned', 'running'))
+                   and artex.limited_waiting_for(
+                           (select k.kinds from artex.workers k where k.id = $1)))
+               as wake
     )
-    select w.id from written w, flows;
+    select w.id, p.wake or f.ended <> '' from written w, flows f, asks p;
     perform set_config('artex.hot', '', true), set_config('enable_nestloop', nestloop, true);
     ended := current_setting('artex.ended');
     if ended <> '' then
@@ -1905,7 +1921,7 @@ $_$;
 -- Name: FUNCTION record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]); Type: COMMENT; Schema: artex; Owner: -
 --
 
-COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Its tasks are found by key from the outcomes, never by the holder''s index (V73). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
+COMMENT ON FUNCTION artex.record_attempts(p_worker text, p_ids uuid[], p_epochs bigint[], p_statuses text[], p_results jsonb[], p_errors text[], p_failed boolean[], p_delays_ms double precision[], p_started_ago_ms double precision[]) IS 'A worker''s batch of starts and outcomes, with their history rows and the holder''s released count in the same statement, then the flows (V25). Its tasks are found by key from the outcomes, never by the holder''s index (V73); the second column says whether the planners must hear of the write beyond the places the worker''s claims refill (V74). Called by worker/attempts.rs (RECORD_CALL); the statement lives only here.';
 
 --
 -- Name: resume_kind(text, text, text); Type: FUNCTION; Schema: artex; Owner: -

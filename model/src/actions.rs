@@ -252,11 +252,12 @@ pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
 /// by key, hashed against the outcomes; the holder's test written so that no index
 /// serves it) and reads each row as it was (a lateral lookup by key on the statement's
 /// snapshot, for the join it had): the same compare-and-set on id, epoch and holder,
-/// the same history.
+/// the same history. V74 adds only an answer (whether the planners must hear of the
+/// write), which changes no row.
 pub const RECORD_SQL: &[Sql] = &[
     Sql::function(
         "record_attempts",
-        "12587ac6efb046e4fcb43548a5677b6f389cd8848187632081ad4d6014301a8d",
+        "38e47430dbe545de663df4f305d42068cdbcb251f60dfce59b326d6635c04754",
     ),
     Sql::function(
         "attempt_status",

@@ -18,6 +18,8 @@
 //! - `retries`: failed and timed-out attempts retried until the budget is spent.
 //! - `submit_sql`: `artex.submit` with random and mutated arguments: a valid task or an
 //!   SQL error with a message, nothing written.
+//! - `planners_hear`: what a worker's written batch asks for: its own claims, a round
+//!   (V74), or nothing.
 //! - `plans`: the scanner's claim on its index, the trigger's joins in bulk updates.
 
 #[path = "../common/mod.rs"]
@@ -29,6 +31,7 @@ mod hot;
 mod inserts;
 mod leases;
 mod offers;
+mod planners_hear;
 mod plans;
 mod retries;
 mod status_machine;

@@ -601,4 +601,14 @@ pub const MIGRATIONS: &[Migration] = &[
         // A function's body replaced in place, its answers the same.
         change: Change::Expand,
     },
+    Migration {
+        version: 74,
+        name: "a_worker_s_outcomes_say_whether_the_planners_must_hear",
+        sql: include_str!(
+            "../../../migrations/V74__a_worker_s_outcomes_say_whether_the_planners_must_hear.sql"
+        ),
+        // A function replaced with one more column in its answer, which an earlier build
+        // does not read: it runs on it as before.
+        change: Change::Expand,
+    },
 ];

@@ -109,8 +109,8 @@ pub use crate::submission::{
 };
 pub use worker::{
     AssignedRead, AssignedTask, AttemptRecord, Beat, KindPolicies, NewUpload, Outcome,
-    ProgressEvent, ProgressNote, Registration, Renewal, Step, UploadRow, WorkerBoard, WorkerState,
-    MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL,
+    ProgressEvent, ProgressNote, Recorded, Registration, Renewal, Step, UploadRow, WorkerBoard,
+    WorkerState, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL,
 };
 
 use crate::error::{Error, Result};

@@ -4,8 +4,8 @@
 //! names the lease epoch, so a worker that lost a task changes nothing.
 //!
 //! While the local queue holds a task for every slot, a batch waits up to [`LINGER`]
-//! for more: each write is a statement, a commit and a planner round whatever its size,
-//! and short tasks arriving one by one made batches of a few dozen (programs: ~25, the
+//! for more: each write is a statement and a commit whatever its size, and short tasks
+//! arriving one by one made batches of a few dozen (programs: ~25, the
 //! write's fixed cost two thirds of PostgreSQL's per task). No slot waits meanwhile (the
 //! queue feeds them); a worker whose queue runs low, or that drains, writes at once.
 //! Starts with no outcome waiting wait [`START_LINGER`] for their handlers' outcomes, so
@@ -18,7 +18,7 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use super::Worker;
-use crate::blackboard::{AttemptRecord, Step, WorkerBoard};
+use crate::blackboard::{AttemptRecord, Recorded, Step, WorkerBoard};
 use crate::flight::SingleFlight;
 
 /// How soon a batch that could not be written is tried again.
@@ -49,7 +49,7 @@ pub(super) struct Outcomes {
 
 /// What writing a batch came to: the ids written, and the refused starts whose task an
 /// operator canceled meanwhile.
-type Written = (crate::Result<Vec<Uuid>>, HashSet<Uuid>);
+type Written = (crate::Result<Recorded>, HashSet<Uuid>);
 
 impl Worker {
     /// Writes the waiting outcomes and the starts not written yet, in one statement.
@@ -116,11 +116,14 @@ impl Worker {
             .collect();
         self.outcomes.flight.start();
         let (bb, id, sent) = (self.bb.clone(), self.config.id.clone(), Instant::now());
+        // With a backlog it claims the places it gives back itself (below): the planners
+        // hear of the write only for what a claim cannot take (migrations/V74).
+        let refills_itself = self.intake.backlog;
         async move {
             if let Err(e) = bb.save_progress(&id, &last_progress, true).await {
                 tracing::debug!(error = %e, "cannot write the last progress of finished tasks");
             }
-            let written = write(&bb, &id, &batch).await;
+            let written = write(&bb, &id, &batch, refills_itself).await;
             (written, batch)
         }
         .into_actor(self)
@@ -128,12 +131,15 @@ impl Worker {
             act.outcomes.flight.end();
             act.liveness.db_result(&res);
             match res {
-                Ok(written) => {
-                    if act.written(&batch, &written, &canceled, sent) {
+                Ok(recorded) => {
+                    if act.written(&batch, &recorded.ids, &canceled, sent) {
                         // A handler stopped, its slot free, and no handler left to
                         // report it: start what waits in the queue.
                         act.pump(ctx);
                     }
+                    // Tasks it may claim wait: it fills the places it gave back itself,
+                    // the planners woken only for what a claim cannot take
+                    // (migrations/V74).
                 }
                 Err(e) => {
                     act.unwritten(batch, &e);
@@ -223,15 +229,21 @@ impl Worker {
     }
 }
 
-/// Writes `batch`; with it, which of its refused starts belong to tasks an operator
-/// canceled meanwhile (their handlers are told, as at a renewal, not stopped at once).
-async fn write(bb: &WorkerBoard, worker: &str, batch: &[AttemptRecord]) -> Written {
-    let res = bb.record(worker, batch).await;
+/// Writes `batch` (see [`WorkerBoard::record_batch`] for `refills_itself`); with it,
+/// which of its refused starts belong to tasks an operator canceled meanwhile (their
+/// handlers are told, as at a renewal, not stopped at once).
+async fn write(
+    bb: &WorkerBoard,
+    worker: &str,
+    batch: &[AttemptRecord],
+    refills_itself: bool,
+) -> Written {
+    let res = bb.record_batch(worker, batch, refills_itself).await;
     let mut canceled = HashSet::new();
     if let Ok(written) = &res {
         let refused: Vec<Uuid> = batch
             .iter()
-            .filter(|c| c.step.is_start() && !written.contains(&c.id))
+            .filter(|c| c.step.is_start() && !written.ids.contains(&c.id))
             .map(|c| c.id)
             .collect();
         if !refused.is_empty() {

@@ -414,8 +414,19 @@ const CLAIM_CALL: &str = "select * from artex.claim_and_read_unknown($1, $2, $3,
 //
 // Starts and outcomes, one statement per batch. A task still `assigned` whose handler
 // ran (`started_ago_ms` given) gets its start time with its outcome (or with `running`);
-// one that did not run can only be given back (`pending`).
+// one that did not run can only be given back (`pending`). Each row also says whether
+// the planners must hear of the write beyond the places the worker's claims refill
+// (V74).
 const RECORD_CALL: &str = "select * from artex.record_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// A batch of starts and outcomes written ([`WorkerBoard::record_batch`]).
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// The ids written; a missing one was fenced off (its lease was lost).
+    pub ids: Vec<Uuid>,
+    /// Whether the planners were woken.
+    pub planners: bool,
+}
 
 /// The functions a worker's intake and outcomes call, with the calls it sends.
 pub(crate) const HOT_CALLS: [(&str, &str); 3] = [
@@ -527,8 +538,26 @@ impl WorkerBoard {
     /// readers. Returns the ids actually written: a missing id was fenced off (its lease
     /// was lost).
     pub async fn record(&self, worker: &str, batch: &[AttemptRecord]) -> Result<Vec<Uuid>> {
+        let r = self.record_batch(worker, batch, false).await?;
+        if !r.ids.is_empty() && !r.planners {
+            self.bb.wake(&[TASKS_CHANNEL]);
+        }
+        Ok(r.ids)
+    }
+
+    /// [`record`](Self::record) for a worker that refills what it gives back by its own
+    /// claims when `refills_itself` (it has a backlog): the planners are woken only when
+    /// the write asks for a round (V74: a limited kind's place given back or a limited
+    /// task waiting for its kinds, a task sent back to pending, dependents to promote),
+    /// the feed's readers always.
+    pub async fn record_batch(
+        &self,
+        worker: &str,
+        batch: &[AttemptRecord],
+        refills_itself: bool,
+    ) -> Result<Recorded> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Recorded::default());
         }
         let mut ids = Vec::with_capacity(batch.len());
         let mut epochs = Vec::with_capacity(batch.len());
@@ -570,8 +599,18 @@ impl WorkerBoard {
                 ],
             )
             .await?;
-        if !rows.is_empty() {
+        // Every row gives the batch's answers.
+        let asked: bool = match rows.first() {
+            Some(r) => r.try_get(1)?,
+            None => false,
+        };
+        let planners = !rows.is_empty() && (asked || !refills_itself);
+        if planners {
             self.bb.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
+        } else if !rows.is_empty() {
+            self.bb.wake(&[EVENTS_CHANNEL]);
+        }
+        if !rows.is_empty() {
             // Retries and snoozes due later: the planners wake when the soonest is due.
             let soonest = statuses
                 .iter()
@@ -584,7 +623,11 @@ impl WorkerBoard {
                 self.bb.notify(&[TASKS_CHANNEL], &due_at(at));
             }
         }
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+        let ids = rows
+            .iter()
+            .map(|r| Ok(r.try_get(0)?))
+            .collect::<Result<Vec<Uuid>>>()?;
+        Ok(Recorded { ids, planners })
     }
 
     /// Extends the leases of the tasks the worker holds, and of those assigned to it that

@@ -23,7 +23,7 @@ mod transfer;
 mod uploads;
 
 pub(crate) use attempts::HOT_CALLS;
-pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Renewal, Step};
+pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Recorded, Renewal, Step};
 pub use progress::{ProgressEvent, ProgressNote, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL};
 pub use uploads::{NewUpload, UploadRow};
 
