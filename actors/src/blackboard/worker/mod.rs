@@ -1,8 +1,8 @@
 //! A worker's statements, and the boundary the connection budget routes through a pooler.
 //! This file: register, heartbeat and state (its [`WorkerState`]), its binary's digest;
 //! `attempts.rs`: read what was assigned to it, record starts and outcomes in batches,
-//! renew leases, save checkpoints, release what it will not run, read a flow task's
-//! upstream results; `progress.rs`: handlers' progress, throttled by the worker and
+//! release what it will not run, read a flow task's upstream results; `leases.rs`: renew
+//! leases, save checkpoints; `progress.rs`: handlers' progress, throttled by the worker and
 //! written in batches; `transfer.rs`: a hot upgrade's task transfer; `uploads.rs`: files
 //! received in chunks, recorded with their task, and swept. Every write to a task names
 //! the lease epoch the worker holds: a worker that lost its lease changes nothing.
@@ -18,12 +18,14 @@
 //! transaction (`sql.rs`).
 
 mod attempts;
+mod leases;
 mod progress;
 mod transfer;
 mod uploads;
 
 pub(crate) use attempts::HOT_CALLS;
-pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Recorded, Renewal, Step};
+pub use attempts::{AssignedRead, AssignedTask, AttemptRecord, Outcome, Recorded, Step};
+pub use leases::Renewal;
 pub use progress::{ProgressEvent, ProgressNote, MAX_PROGRESS_MESSAGE_CHARS, PROGRESS_CHANNEL};
 pub use uploads::{NewUpload, UploadRow};
 
