@@ -439,11 +439,7 @@ impl WorkerBoard {
     /// readers. Returns the ids actually written: a missing id was fenced off (its lease
     /// was lost).
     pub async fn record(&self, worker: &str, batch: &[AttemptRecord]) -> Result<Vec<Uuid>> {
-        let r = self.record_batch(worker, batch, false).await?;
-        if !r.ids.is_empty() && !r.planners {
-            self.bb.wake(&[TASKS_CHANNEL]);
-        }
-        Ok(r.ids)
+        Ok(self.record_batch(worker, batch, false).await?.ids)
     }
 
     /// [`record`](Self::record) for a worker that refills what it gives back by its own
@@ -500,18 +496,15 @@ impl WorkerBoard {
                 ],
             )
             .await?;
-        // Every row gives the batch's answers.
-        let asked: bool = match rows.first() {
-            Some(r) => r.try_get(1)?,
-            None => false,
-        };
-        let planners = !rows.is_empty() && (asked || !refills_itself);
-        if planners {
-            self.bb.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
-        } else if !rows.is_empty() {
-            self.bb.wake(&[EVENTS_CHANNEL]);
-        }
-        if !rows.is_empty() {
+        // Every row gives the batch's answer; no row, nothing written and no one woken.
+        let mut planners = false;
+        if let Some(first) = rows.first() {
+            planners = first.try_get::<_, bool>(1)? || !refills_itself;
+            if planners {
+                self.bb.wake(&[TASKS_CHANNEL, EVENTS_CHANNEL]);
+            } else {
+                self.bb.wake(&[EVENTS_CHANNEL]);
+            }
             // Retries and snoozes due later: the planners wake when the soonest is due.
             let soonest = statuses
                 .iter()
