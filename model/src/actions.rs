@@ -243,7 +243,7 @@ pub const READ_SQL: &[Sql] = &[Sql::function(
 )];
 /// `Checkpoint` and `Suspend`: a handler's saved progress, fenced by its epoch.
 pub const CHECKPOINT_SQL: &[Sql] = &[Sql::constant(
-    ATTEMPTS_RS,
+    LEASES_RS,
     "CHECKPOINT",
     "c756de45bcea0aa8eb55ae510b77dc9a33cb8adc78008f3249d384f843b093ee",
 )];
@@ -266,7 +266,7 @@ pub const RECORD_SQL: &[Sql] = &[
 ];
 /// `Renew`: lease renewals, of held tasks and of those assigned and not read yet.
 pub const RENEW_SQL: &[Sql] = &[Sql::constant(
-    ATTEMPTS_RS,
+    LEASES_RS,
     "RENEW",
     "a8f0907b6a7242186651d095cb8b57d76f19cc9636e75e0ee7cd7d035b3782db",
 )];
@@ -333,6 +333,7 @@ pub const STATUS_MACHINE_SQL: &[Sql] = &[Sql::function(
 const WAKE_RS: &str = "actors/src/blackboard/planner/wake.rs";
 const REAP_RS: &str = "actors/src/blackboard/planner/reap.rs";
 const ATTEMPTS_RS: &str = "actors/src/blackboard/worker/attempts.rs";
+const LEASES_RS: &str = "actors/src/blackboard/worker/leases.rs";
 const WORKER_RS: &str = "actors/src/blackboard/worker/mod.rs";
 const TRANSFER_RS: &str = "actors/src/blackboard/worker/transfer.rs";
 
