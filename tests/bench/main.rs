@@ -8,6 +8,12 @@
 //! `bench` here with `ARTEX_BENCH_*` set). The plain suite runs `statements_prepare`
 //! only: every statement of `sql` prepared against the current schema.
 //!
+//! After each part, `host_steal_pct_<part>` (the share of the machine's CPU time the
+//! hypervisor gave other guests meanwhile) and `host_pace_ns_<part>` (the slower of the
+//! host's pace before and after it: one core's time for a fixed piece of arithmetic).
+//! On this shared host a part ran at half its speed at the same code when the
+//! neighbours were busy, with little steal: parts are comparable at equal paces.
+//!
 //! # Layout
 //! - `rig`: the cluster, the copied binaries, the processes, the counters.
 //! - `sql`: every statement the bench sends.
@@ -164,7 +170,9 @@ async fn bench() {
         println!("# --quick: tiny sizes; the figures mean nothing");
     }
     for part in PARTS.iter().filter(|p| only.contains(p)) {
+        let before = report::host_before();
         run_part(&mut bench, part).await;
+        report::host_print(part, before);
     }
 }
 
