@@ -67,6 +67,11 @@ pub async fn run_worker(
     // any actor starts (an actor started and never run panics as the runtime drops it).
     let uploads = open_uploads(&bb, args, &config, facts.blackboard)?;
     register(&bb, &config, &registry, new_side.is_some(), patience).await?;
+    // Its connections' server processes read the tables and functions its writes use
+    // now, not during its first burst.
+    if let Err(e) = bb.worker().warm_connections(&config.id).await {
+        tracing::debug!(error = %e, "warming the connections failed; the first writes will");
+    }
     // A new process receives the socket only now, registered: one that cannot reach the
     // blackboard never accepts a connection.
     let listener = match (listener, &mut new_side) {

@@ -38,6 +38,7 @@ mod status_machine;
 mod status_model;
 mod submit_sql;
 mod unique;
+mod warm;
 
 use artex_actors::blackboard::{AssignedTask, AttemptRecord, Outcome, ReapParams, Step};
 use chrono::{DateTime, Utc};
