@@ -137,9 +137,6 @@ impl Worker {
                         // report it: start what waits in the queue.
                         act.pump(ctx);
                     }
-                    // Tasks it may claim wait: it fills the places it gave back itself,
-                    // the planners woken only for what a claim cannot take
-                    // (migrations/V74).
                 }
                 Err(e) => {
                     act.unwritten(batch, &e);

@@ -1,8 +1,9 @@
 //! A worker's hot path: read what was assigned to it, record starts and outcomes in
 //! batches (a start after the fact, or together with the outcome: see
 //! migrations/V3__batched_hot_path.sql), release what it will not run, and read a flow
-//! task's upstream results (its leases and checkpoints: `leases.rs`). Every write to a task names the
-//! lease epoch the worker holds: a worker that lost its lease changes nothing.
+//! task's upstream results (its leases and checkpoints: `leases.rs`). Every write to a
+//! task names the lease epoch the worker holds: a worker that lost its lease changes
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
