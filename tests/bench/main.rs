@@ -170,9 +170,9 @@ async fn bench() {
         println!("# --quick: tiny sizes; the figures mean nothing");
     }
     for part in PARTS.iter().filter(|p| only.contains(p)) {
-        let before = report::host_before();
+        let host = report::Host::now();
         run_part(&mut bench, part).await;
-        report::host_print(part, before);
+        host.print_since(part);
     }
 }
 

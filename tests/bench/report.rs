@@ -22,28 +22,60 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The machine's CPU time so far, all of it and what the hypervisor gave other guests
-/// (`steal`), in clock ticks, from /proc/stat's first line; zeros where it cannot be read.
-pub fn host_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let total = ticks.iter().take(8).sum();
-    (total, ticks.get(7).copied().unwrap_or(0))
+/// The host as a part begins: the machine's CPU ticks so far, all of them and the
+/// hypervisor's steal (/proc/stat's first line; zeros where it cannot be read), and its
+/// pace ([`host_pace_ns`]). [`Host::print_since`] reports the part.
+pub struct Host {
+    total: u64,
+    steal: u64,
+    pace: f64,
+}
+
+impl Host {
+    pub fn now() -> Host {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        // user nice system idle iowait irq softirq steal (guest time is inside user).
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        Host {
+            total: ticks.iter().sum(),
+            steal: ticks.get(7).copied().unwrap_or(0),
+            pace: host_pace_ns(),
+        }
+    }
+
+    /// After `part`: the share of the machine's CPU time the hypervisor took away since
+    /// `self` (steal), and the slower of the host's paces before and after. A part whose
+    /// host was busy elsewhere runs slower at the same code, and these tell the two apart.
+    pub fn print_since(&self, part: &str) {
+        let after = Host::now();
+        let total = after.total.saturating_sub(self.total);
+        let steal = after.steal.saturating_sub(self.steal);
+        let pct = 100.0 * steal as f64 / total.max(1) as f64;
+        println!(
+            "# {part}: the host's steal {}% of the CPU time; its pace {} / {} ns (before / after)",
+            fixed(pct, 1),
+            fixed(self.pace, 2),
+            fixed(after.pace, 2)
+        );
+        result(&format!("host_steal_pct_{part}"), fixed(pct, 1), "%");
+        let pace = fixed(self.pace.max(after.pace), 2);
+        result(&format!("host_pace_ns_{part}"), pace, "ns");
+    }
 }
 
 /// The host's pace: nanoseconds one core takes for a fixed piece of arithmetic, the
 /// median of five tries. The same code runs it in the same time on an idle host; on
 /// this shared one it took up to twice as long when the neighbours were busy, which
 /// steal alone did not show.
-pub fn host_pace_ns() -> f64 {
+fn host_pace_ns() -> f64 {
     let tries = (0..5)
         .map(|_| {
             let t = Instant::now();
@@ -51,43 +83,10 @@ pub fn host_pace_ns() -> f64 {
             for i in 0..1_000_000u64 {
                 x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i));
             }
-            std::hint::black_box(x);
             t.elapsed().as_secs_f64() * 1e9 / 1e6
         })
         .collect();
     median(tries)
-}
-
-/// Before a part: the machine's ticks and its pace, for [`host_print`].
-pub fn host_before() -> ((u64, u64), f64) {
-    (host_ticks(), host_pace_ns())
-}
-
-/// After a part: the share of the machine's CPU time the hypervisor took away meanwhile
-/// (steal) and the host's pace before and after it ([`host_pace_ns`]). A part whose host
-/// was busy elsewhere runs slower at the same code, and these tell the two apart.
-pub fn host_print(part: &str, before: ((u64, u64), f64)) {
-    let ((total0, steal0), pace0) = before;
-    let (total, steal) = host_ticks();
-    let (total, steal) = (total.saturating_sub(total0), steal.saturating_sub(steal0));
-    let pct = if total > 0 {
-        100.0 * steal as f64 / total as f64
-    } else {
-        0.0
-    };
-    let pace1 = host_pace_ns();
-    println!(
-        "# {part}: the host's steal {}% of the CPU time; its pace {} / {} ns (before / after)",
-        fixed(pct, 1),
-        fixed(pace0, 2),
-        fixed(pace1, 2)
-    );
-    result(&format!("host_steal_pct_{part}"), fixed(pct, 1), "%");
-    result(
-        &format!("host_pace_ns_{part}"),
-        fixed(pace0.max(pace1), 2),
-        "ns",
-    );
 }
 
 /// How many times a part repeats its measurement: `var` when it is set (at least 1),
