@@ -82,8 +82,14 @@ async fn five_thousand_mixed_tasks_through_one_planner_and_three_workers() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let _p = Proc::planner("planner", &db.url, &[]);
+    // Leases of 15 s, not the tests' 3: each worker's queue grows to ~2,000 tasks here,
+    // and a 3 s lease rewrites every held row each second. On a loaded CI machine a
+    // worker once went 2.4 s without a renewal (the self-fence's margin is a fifth of the
+    // lease), stopped three running `fail` tasks and had their attempts counted, which the
+    // exact attempt counts below do not allow for. Losing a lease is the fencing tests'
+    // subject, not this one's.
     let workers: Vec<Proc> = (0..3)
-        .map(|i| Proc::worker(&format!("worker{i}"), &db.url, &[]))
+        .map(|i| Proc::worker(&format!("worker{i}"), &db.url, &["--lease-ms", "15000"]))
         .collect();
     let mut batch: Vec<NewTask> = (0..3000)
         .map(|i| NewTask::new("echo", json!({ "i": i })))
