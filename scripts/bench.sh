@@ -42,7 +42,9 @@
 # those triggers on artex.tasks (experiments: what they keep is then not kept);
 # ARTEX_BENCH_PROFILE=1 also prints the statements that cost the time
 # (pg_stat_statements) in W1 with 2 workers, W1 from idle, W2 and the idle fleet, and
-# W1 from idle's PostgreSQL CPU by process and its statements running at once.
+# W1 from idle's PostgreSQL CPU by process and its statements running at once;
+# ARTEX_BENCH_STATS_FLUSH=1 has autovacuum's pass for W1 from idle's insert run in its
+# lead rather than in its burst (an experiment).
 #
 # The workloads are Rust: tests/bench, the ignored test `bench`, run here on one cluster
 # of its own.

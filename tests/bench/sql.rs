@@ -49,6 +49,9 @@ $$;";
 pub const PING: &str = "select 1";
 pub const VERSION: &str = "select split_part(version(), ',', 1)";
 pub const CHECKPOINT: &str = "checkpoint";
+/// This session's table counts handed to the shared statistics at its next report
+/// (PostgreSQL 15 holds them back while less than a second passed since the last).
+pub const STATS_FLUSH: &str = "select pg_stat_force_next_flush()";
 pub const VACUUM_ANALYZE: &str = "vacuum analyze";
 
 /// Sessions connected to database $1.
@@ -294,6 +297,7 @@ pub const FINISHES_SINCE_S: &str = "select
 pub const PREPARED: &[&str] = &[
     PING,
     VERSION,
+    STATS_FLUSH,
     SESSIONS,
     COUNTERS,
     INSERT_NOOPS,
