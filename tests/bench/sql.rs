@@ -49,8 +49,9 @@ $$;";
 pub const PING: &str = "select 1";
 pub const VERSION: &str = "select split_part(version(), ',', 1)";
 pub const CHECKPOINT: &str = "checkpoint";
-/// This session's table counts handed to the shared statistics at its next report
-/// (PostgreSQL 15 holds them back while less than a second passed since the last).
+/// This session's table counts handed to the shared statistics at this statement's end
+/// (PostgreSQL 15 sends them at a transaction's end only if a second has passed since
+/// the session last did, else at a later transaction or after 10 s of idling).
 pub const STATS_FLUSH: &str = "select pg_stat_force_next_flush()";
 pub const VACUUM_ANALYZE: &str = "vacuum analyze";
 
