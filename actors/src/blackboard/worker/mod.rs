@@ -297,8 +297,9 @@ impl WorkerBoard {
     /// first look at the tasks table, its indexes and triggers and the functions the
     /// write calls (10–20 ms of server CPU on a fresh connection, measured; 0.5 ms warm).
     /// It changes nothing: an empty batch writes no row, and the transaction is rolled
-    /// back. Best effort: a connection it cannot get or a statement that fails is left
-    /// for the first real write to find.
+    /// back. The first error (no connection within the pool's wait, a failed statement)
+    /// is returned; the caller goes on without the warm-up, whose cost the first real
+    /// writes then pay as before.
     pub async fn warm_connections(&self, worker: &str) -> Result {
         let mut conns = Vec::with_capacity(self.bb.limits.pool_size);
         for _ in 0..self.bb.limits.pool_size {
